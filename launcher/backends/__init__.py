@@ -1,0 +1,1 @@
+"""Backends start the planned processes and hand back ``supervise.Worker`` handles."""

@@ -1,0 +1,129 @@
+"""``launch JOB.yaml``: the command line. Only ``main`` prints errors and exits.
+
+Exit codes: 0 every process succeeded; 1 the run failed (the summary names
+the first failure); 2 bad input (nothing was started); 130 interrupted
+(Ctrl-C or SIGTERM; everything was stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import yaml
+
+from launcher import plan as planning
+from launcher import spec as specs
+from launcher.backends import local
+from launcher.errors import LaunchError, Problem, SpecError
+from launcher.supervise import Console, summary, supervise
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="launch",
+        description="Run one JAX data-parallel training job on the cluster its spec names.",
+        epilog="exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted")
+    parser.add_argument("job", metavar="JOB.yaml", help="the job spec")
+    parser.add_argument("--cluster", metavar="FILE",
+                        help="cluster YAML that replaces the job's cluster: section")
+    parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
+                        help="override a dotted key of the spec, e.g. train.num_steps=50 (repeatable)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the resolved plan (hosts, ids, env, commands) and start nothing")
+    parser.add_argument("--run-dir", metavar="DIR",
+                        help="where logs, events and params go (default runs/<job>/<timestamp>)")
+    return parser
+
+
+def _run_dir(job: specs.JobSpec, requested: str | None) -> str:
+    if requested is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
+        return os.path.abspath(os.path.join("runs", job.name, stamp))
+    run_dir = os.path.abspath(requested)
+    if os.path.isdir(os.path.join(run_dir, "logs")):
+        raise SpecError([Problem("--run-dir", None, "", f"{run_dir} already holds a run; "
+                                 "choose a new directory so nothing is overwritten")])
+    return run_dir
+
+
+def _coordinator_port(job: specs.JobSpec) -> int:
+    port = job.cluster.coordinator_port
+    if port == 0:
+        return local.free_port()
+    if not local.port_is_free(port):
+        raise SpecError([Problem(job.source, None, "cluster.coordinator_port",
+                                 f"port {port} is in use on 127.0.0.1; pick another or use 0")])
+    return port
+
+
+def _write_run_files(plan: planning.Plan) -> None:
+    os.makedirs(os.path.join(plan.run_dir, "logs"), exist_ok=True)
+    resolved = plan.job.to_dict()
+    with open(os.path.join(plan.run_dir, "spec.yaml"), "w", encoding="utf-8") as f:
+        f.write(f"# resolved from {os.path.abspath(plan.job.source)}\n")
+        yaml.safe_dump({**resolved, "cluster": {
+            **resolved["cluster"], "env": planning.masked(resolved["cluster"].get("env", {}))}},
+            f, sort_keys=False)
+    worker_job = {k: v for k, v in resolved.items() if k != "cluster"}
+    worker_job["global_batch_size"] = plan.job.train.global_batch_size
+    with open(plan.job_path, "w", encoding="utf-8") as f:
+        json.dump(worker_job, f, indent=1)
+
+
+def run(argv: list[str] | None = None, console: Console | None = None) -> int:
+    """Parse flags, validate, plan, launch and supervise; return the exit code.
+
+    Raises:
+      SpecError: bad input (``main`` turns it into exit code 2).
+      LaunchError: the run could not be started (exit code 1).
+    """
+    args = _parser().parse_args(argv)
+    console = console or Console()
+    job = specs.load(args.job, args.cluster, tuple(args.overrides))
+    specs.check_task_importable(job)
+    run_dir = _run_dir(job, args.run_dir)
+    port = _coordinator_port(job)
+    plan = planning.make_plan(job, run_dir, port, sys.executable)
+    if args.dry_run:
+        print(planning.describe(plan))
+        return EXIT_OK
+
+    _write_run_files(plan)
+    console.say(f"run directory {run_dir}")
+    console.say(f"starting {plan.num_processes} processes x {job.local_device_count} CPU devices "
+                f"(single-host debug mode), coordinator {plan.coordinator_address}")
+    workers = local.start(plan)
+    result = supervise(workers, job.cluster.grace_s, console)
+    print(summary(result), flush=True)
+    console.say(f"logs: {os.path.join(run_dir, 'logs')}")
+    if job.logging.tensorboard:
+        console.say(f"view: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}")
+    return result.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        code = run(argv)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        print(f"launch: {len(exc.problems)} problem(s) in the input; nothing was started.",
+              file=sys.stderr)
+        code = EXIT_BAD_INPUT
+    except LaunchError as exc:
+        print(f"launch: {exc}", file=sys.stderr)
+        code = EXIT_FAILED
+    except KeyboardInterrupt:
+        print("launch: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The plan: which process runs where, with which id, env and command.
+
+``make_plan`` is a pure function of the spec and a few launch-time facts
+(run directory, coordinator port, python path): no I/O, easy to test and to
+print with ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+
+from launcher.spec import JobSpec
+from worker import contract
+
+_SECRET = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE|AUTH", re.I)
+MASK = "****"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessPlan:
+    """One worker process.
+
+    Attributes:
+      process_id: JAX ``process_id``, 0 .. num_processes-1.
+      host: where it runs ("localhost" in single-host debug mode).
+      local_device_count: devices this process is expected to see.
+      env: variables added to the worker's environment (contract + platform + user).
+      argv: the command, argv[0] being the python interpreter.
+      log_path: the launcher-side log file of this process's output.
+    """
+
+    process_id: int
+    host: str
+    local_device_count: int
+    env: dict
+    argv: tuple
+    log_path: str
+
+    @property
+    def label(self) -> str:
+        return f"p{self.process_id}" if self.host == "localhost" else f"p{self.process_id} {self.host}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    job: JobSpec
+    run_dir: str
+    coordinator_address: str
+    processes: tuple
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.processes)
+
+    @property
+    def job_path(self) -> str:
+        return os.path.join(self.run_dir, "job.json")
+
+
+def is_secret(name: str) -> bool:
+    """Whether an environment variable's value must never be printed."""
+    return bool(_SECRET.search(name))
+
+
+def masked(env: dict) -> dict:
+    """A copy of ``env`` with secret values replaced by ``MASK``."""
+    return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
+
+
+def log_path(run_dir: str, process_id: int) -> str:
+    return os.path.join(run_dir, "logs", f"process-{process_id:03d}.log")
+
+
+def make_plan(job: JobSpec, run_dir: str, coordinator_port: int, python: str) -> Plan:
+    """Lay out every process of a single-host debug run.
+
+    Args:
+      job: the validated spec; ``job.cluster.backend`` must be ``local``.
+      run_dir: absolute path of the run directory.
+      coordinator_port: TCP port of JAX's coordinator on 127.0.0.1 (already chosen).
+      python: interpreter that runs ``-m worker``.
+
+    Returns:
+      A Plan whose processes are ordered by process_id.
+    """
+    cluster = job.cluster
+    coordinator_address = f"127.0.0.1:{coordinator_port}"
+    processes = []
+    for process_id in range(cluster.num_processes):
+        env = {
+            # CPU devices for debug mode; JAX reads these before it starts its backends.
+            "JAX_PLATFORMS": "cpu",
+            "JAX_NUM_CPU_DEVICES": str(cluster.devices_per_process),
+            "PYTHONUNBUFFERED": "1",
+            contract.COORDINATOR_ADDRESS: coordinator_address,
+            contract.NUM_PROCESSES: str(cluster.num_processes),
+            contract.PROCESS_ID: str(process_id),
+            contract.LOCAL_DEVICE_COUNT: str(cluster.devices_per_process),
+            contract.PLATFORM: cluster.platform,
+            contract.JOB: os.path.join(run_dir, "job.json"),
+            contract.RUN_DIR: run_dir,
+            **cluster.env,
+        }
+        processes.append(ProcessPlan(
+            process_id=process_id, host="localhost",
+            local_device_count=cluster.devices_per_process, env=env,
+            argv=(python, "-m", "worker"), log_path=log_path(run_dir, process_id)))
+    return Plan(job=job, run_dir=run_dir, coordinator_address=coordinator_address,
+                processes=tuple(processes))
+
+
+def describe(plan: Plan) -> str:
+    """The ``--dry-run`` text: per process its host, id, env (secrets masked) and command."""
+    job = plan.job
+    lines = [
+        f"job {job.name}: {plan.num_processes} processes x {job.local_device_count} devices "
+        f"= device_count {job.device_count}; global_batch_size {job.train.global_batch_size} "
+        f"= {job.per_device_batch_size} per device",
+        f"coordinator_address {plan.coordinator_address}",
+        f"run directory {plan.run_dir}",
+    ]
+    for process in plan.processes:
+        env = masked(process.env)
+        lines.append(f"{process.label}: host {process.host}, process_id {process.process_id}, "
+                     f"{process.local_device_count} devices, log {process.log_path}")
+        lines.append("  " + " ".join(["env"] + [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+                                     + [shlex.quote(a) for a in process.argv]))
+    return "\n".join(lines)

@@ -1,0 +1,256 @@
+"""Turn plain YAML values into frozen dataclasses, collecting every problem.
+
+A spec section is a frozen dataclass whose fields carry a ``check`` and a
+``doc`` in their metadata (see ``setting``). ``build`` walks a dataclass's
+type hints, converts and checks each value, rejects unknown keys with a
+did-you-mean, and records problems instead of raising at the first one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from typing import Any, Callable, Literal
+
+from launcher.errors import Problem
+from launcher.yamlio import dotted
+
+MISSING = dataclasses.MISSING
+Check = Callable[[Any], "str | None"]
+
+
+def setting(default: Any = MISSING, *, check: Check | None = None, doc: str = ""):
+    """A spec field: its default (MISSING = required), a value check and a doc line."""
+    kwargs: dict[str, Any] = {"metadata": {"check": check, "doc": doc}}
+    if isinstance(default, (dict, list)):
+        kwargs["default_factory"] = (lambda d=default: type(d)(d))
+    elif default is not MISSING:
+        kwargs["default"] = default
+    return dataclasses.field(**kwargs)
+
+
+# ---- checks: return None when fine, else "expected ..." -------------------
+def positive(value) -> str | None:
+    return None if value > 0 else f"expected a number > 0, got {value!r}"
+
+
+def non_negative(value) -> str | None:
+    return None if value >= 0 else f"expected a number >= 0, got {value!r}"
+
+
+def port_or_zero(value) -> str | None:
+    if 0 <= value <= 65535:
+        return None
+    return f"expected a TCP port 1-65535 (or 0 to pick a free one at launch), got {value}"
+
+
+def in_range(low, high) -> Check:
+    def check(value):
+        return None if low <= value <= high else f"expected {low} to {high}, got {value!r}"
+    return check
+
+
+def non_empty(value) -> str | None:
+    return None if value.strip() else "expected a non-empty string"
+
+
+class EnvValue(str):
+    """Type marker: an environment value, written as a string or an integer."""
+
+
+# ---- building --------------------------------------------------------------
+class Context:
+    """Collects problems, with the source and line of each key path."""
+
+    def __init__(self, lines: dict, sources: dict, default_source: str):
+        self.lines = lines          # path tuple -> line
+        self.sources = sources      # path tuple -> source (for --set / cluster file)
+        self.default_source = default_source
+        self.problems: list[Problem] = []
+
+    def where(self, path: tuple) -> tuple[str, int | None]:
+        """The source (file or ``--set``) and line that gave the value at ``path``."""
+        source = self.default_source
+        for cut in range(len(path), -1, -1):
+            if path[:cut] in self.sources:
+                source = self.sources[path[:cut]]
+                break
+        if source == "--set":
+            return source, None
+        for cut in range(len(path), 0, -1):
+            if path[:cut] in self.lines:
+                return source, self.lines[path[:cut]]
+        return source, None
+
+    def error(self, path: tuple, message: str) -> None:
+        source, line = self.where(path)
+        self.problems.append(Problem(source, line, dotted(path), message))
+
+
+def describe(value: Any) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a mapping", type(None): "null"}.get(type(value), "a value")
+    shown = repr(value) if not isinstance(value, (dict, list)) else kind
+    return shown if isinstance(value, (dict, list)) else f"{shown} ({kind})"
+
+
+def _hint(expected: str, value: Any) -> str:
+    """Explain YAML traps when a string arrived where a number or bool was meant."""
+    if isinstance(value, str):
+        lowered = value.lower()
+        if lowered in ("yes", "no", "on", "off", "y", "n"):
+            return " (YAML 1.1 read this as a boolean; podlaunch reads only true/false as booleans)"
+        if value.isdigit() and value.startswith("0"):
+            return f" (leading zeros are ambiguous: YAML 1.1 reads them as octal; write {int(value)} or 0o{value[1:]})"
+        if "_" in value and value.replace("_", "").isdigit():
+            return f" (write {value.replace('_', '')} without underscores)"
+        if ":" in value and all(p.isdigit() for p in value.split(":")):
+            return " (YAML 1.1 reads this as a base-60 number; quote it or write the value)"
+    return ""
+
+
+def convert(tp: Any, value: Any, path: tuple, ctx: Context) -> Any:
+    """Convert ``value`` to type ``tp``; on failure record a problem and return MISSING."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return convert(inner[0], value, path, ctx)
+    if value is None:
+        ctx.error(path, f"expected {_expected(tp)}, got null; remove the key to use the default")
+        return MISSING
+    if origin is Literal:
+        if value in args:
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+        tip = f"; did you mean {close[0]!r}?" if close else ""
+        ctx.error(path, f"expected one of {', '.join(map(str, args))}, got {describe(value)}{tip}")
+        return MISSING
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        ctx.error(path, f"expected true or false, got {describe(value)}{_hint('bool', value)}")
+        return MISSING
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        tip = f" (write {int(value)})" if isinstance(value, float) and value.is_integer() else ""
+        ctx.error(path, f"expected an integer, got {describe(value)}{tip or _hint('int', value)}")
+        return MISSING
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if math.isfinite(value):
+                return float(value)
+            ctx.error(path, f"expected a finite number, got {value!r}")
+            return MISSING
+        ctx.error(path, f"expected a number, got {describe(value)}{_hint('float', value)}")
+        return MISSING
+    if tp is EnvValue:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, str):
+            return value
+        ctx.error(path, f"expected a string or an integer, got {describe(value)}; quote it so "
+                  "it reaches the worker exactly as written")
+        return MISSING
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        ctx.error(path, f"expected a string, got {describe(value)}; quote it if you meant text")
+        return MISSING
+    if tp is Any:
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            ctx.error(path, f"expected a list, got {describe(value)}")
+            return MISSING
+        out = [convert(args[0], item, path + (i,), ctx) for i, item in enumerate(value)]
+        return MISSING if any(o is MISSING for o in out) else tuple(out)
+    if origin is dict:
+        if not isinstance(value, dict):
+            ctx.error(path, f"expected a mapping, got {describe(value)}")
+            return MISSING
+        return {k: convert(args[1], v, path + (k,), ctx) for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, path, ctx)
+    raise TypeError(f"unsupported spec type {tp!r}")  # a bug in a schema, not user input
+
+
+def _expected(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    return names.get(tp, "a mapping" if dataclasses.is_dataclass(tp) else "a value")
+
+
+def build(cls: type, raw: Any, path: tuple, ctx: Context) -> Any:
+    """Build dataclass ``cls`` from mapping ``raw``; problems go to ``ctx``.
+
+    Returns the instance, or MISSING when any of its fields had a problem.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        ctx.error(path, f"expected a mapping of settings, got {describe(raw)}")
+        return MISSING
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in raw:
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+            tip = f"did you mean {close[0]!r}?" if close else \
+                f"known keys: {', '.join(sorted(fields))}"
+            ctx.error(path + (key,), f"unknown key; {tip}")
+    values: dict[str, Any] = {}
+    ok = True
+    for name, field in fields.items():
+        if name not in raw:
+            if field.default is MISSING and field.default_factory is MISSING:
+                ctx.error(path + (name,), f"missing; expected {_expected(hints[name])}"
+                          + (f" ({field.metadata['doc']})" if field.metadata.get("doc") else ""))
+                ok = False
+            continue
+        value = convert(hints[name], raw[name], path + (name,), ctx)
+        if value is MISSING:
+            ok = False
+            continue
+        check = field.metadata.get("check")
+        if check is not None and value is not None:
+            message = check(value)
+            if message:
+                ctx.error(path + (name,), message)
+                ok = False
+                continue
+        values[name] = value
+    if not ok or any(key not in fields for key in raw):
+        return MISSING
+    return cls(**values)
+
+
+def given(raw: Any, key: str) -> bool:
+    """Whether the user wrote ``key`` in mapping ``raw``."""
+    return isinstance(raw, dict) and key in raw
+
+
+def reference(cls: type, prefix: str = "") -> list[str]:
+    """One line per setting: dotted key, default and doc (for the README and --help)."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        key = f"{prefix}{field.name}"
+        if dataclasses.is_dataclass(hints[field.name]):
+            out += reference(hints[field.name], key + ".")
+            continue
+        if field.default is not MISSING:
+            default = repr(field.default)
+        elif field.default_factory is not MISSING:
+            default = repr(field.default_factory())
+        else:
+            default = "required"
+        out.append(f"{key} = {default}: {field.metadata.get('doc', '')}")
+    return out

@@ -1,0 +1,330 @@
+"""The job spec: YAML -> validated, frozen dataclasses, before anything starts.
+
+A spec names a task, its data, an optimizer, the training schedule, logging,
+JAX's distributed settings, and the cluster it runs on. ``load`` reads the
+file (and optionally a separate cluster file and ``--set`` overrides), checks
+everything, and raises one ``SpecError`` listing every problem found:
+
+    jobs/linear.yaml:12: train.learning_rate: expected a number > 0, got 'fast'
+
+Derived values (``num_processes``, ``device_count``, ``per_device_batch_size``)
+are properties, never typed by the user.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+from typing import Any, Literal
+
+from launcher import datafiles, schema, yamlio
+from launcher.errors import Problem, SpecError
+from launcher.schema import MISSING, non_negative, port_or_zero, positive, setting
+
+BUILTIN_TASKS = ("linear_regression",)
+_TASK_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _task_name(value: str) -> str | None:
+    if value in BUILTIN_TASKS or _TASK_REF.match(value):
+        return None
+    return (f"expected a built-in task ({', '.join(BUILTIN_TASKS)}) or 'package.module:function', "
+            f"got {value!r}")
+
+
+def _job_name(value: str) -> str | None:
+    if _NAME.match(value):
+        return None
+    return f"expected letters, digits, '_', '.', '-' (it names the run directory), got {value!r}"
+
+
+def _env_name(env: dict) -> str | None:
+    bad = [k for k in env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
+    return f"expected environment variable names, got {bad}" if bad else None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    name: str = setting("linear_regression", check=_task_name,
+                        doc="built-in task, or 'package.module:function' returning a worker.tasks.Task")
+    args: dict[str, Any] = setting({}, doc="keyword arguments passed to the task's function")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    source: Literal["synthetic", "file"] = setting("synthetic", doc="synthetic or file")
+    num_examples: int = setting(256, check=positive, doc="synthetic: rows in the dataset")
+    in_features: int = setting(4, check=positive, doc="synthetic: features per row")
+    out_features: int = setting(1, check=positive, doc="synthetic: targets per row")
+    noise_std: float = setting(0.1, check=non_negative,
+                               doc="synthetic: std of the Gaussian noise added to x @ w_true + b_true")
+    seed: int = setting(1, check=non_negative, doc="synthetic: seed of the data and of w_true")
+    path: str | None = setting(None, doc="file: .npy, .npz or .csv, relative to the spec file")
+    target_column: int = setting(-1, doc="file (.npy, .csv): index of the target column")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    name: Literal["sgd", "adam", "adamw"] = setting("sgd", doc="optax optimizer")
+    learning_rate: float = setting(0.01, check=positive, doc="step size")
+    momentum: float | None = setting(None, check=schema.in_range(0.0, 1.0),
+                                     doc="sgd only: heavy-ball momentum (None = plain SGD)")
+    weight_decay: float = setting(1e-4, check=non_negative, doc="adamw only")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSpec:
+    num_steps: int = setting(check=positive, doc="optimizer steps to run")
+    global_batch_size: int = setting(check=positive,
+                                     doc="examples per step over all devices; must divide by device_count")
+    seed: int = setting(0, check=non_negative, doc="seed of the parameter initialisation")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoggingSpec:
+    log_every_steps: int = setting(10, check=positive,
+                                   doc="print progress and write TensorBoard scalars every N steps")
+    tensorboard: bool = setting(True, doc="process 0 writes TensorBoard events to <run dir>/tensorboard")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistributedSpec:
+    initialization_timeout_s: int = setting(60, check=positive,
+                                            doc="jax.distributed.initialize: wait this long for all processes")
+    heartbeat_timeout_s: int = setting(30, check=positive,
+                                       doc="JAX's coordination service declares a silent process dead after this")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalCluster:
+    """Single-host debug mode: every process on this machine, CPU devices."""
+
+    backend: Literal["local"] = setting("local", doc="local, ssh or tpu")
+    num_processes: int = setting(2, check=schema.in_range(1, 256), doc="worker processes to start")
+    devices_per_process: int = setting(2, check=schema.in_range(1, 256),
+                                       doc="CPU devices each process sees (JAX_NUM_CPU_DEVICES)")
+    coordinator_port: int = setting(0, check=port_or_zero,
+                                    doc="JAX coordinator port on 127.0.0.1; 0 picks a free one")
+    grace_s: float = setting(3.0, check=non_negative,
+                             doc="after SIGTERM, wait this long before SIGKILL")
+    env: dict[str, schema.EnvValue] = setting({}, check=_env_name, doc="extra environment for every worker")
+
+    @property
+    def platform(self) -> str:
+        return "cpu"
+
+    @property
+    def num_processes_total(self) -> int:
+        return self.num_processes
+
+
+CLUSTERS = {"local": LocalCluster}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A validated job. ``source`` is the spec file it came from."""
+
+    name: str = setting(check=_job_name, doc="job name; names the run directory")
+    task: TaskSpec = setting(TaskSpec())
+    data: DataSpec = setting(DataSpec())
+    optimizer: OptimizerSpec = setting(OptimizerSpec())
+    train: TrainSpec = setting()
+    logging: LoggingSpec = setting(LoggingSpec())
+    distributed: DistributedSpec = setting(DistributedSpec())
+    cluster: Any = setting(LocalCluster(), doc="where it runs; see the cluster reference")
+    source: str = dataclasses.field(default="", compare=False)
+
+    @property
+    def num_processes(self) -> int:
+        return self.cluster.num_processes_total
+
+    @property
+    def local_device_count(self) -> int:
+        return self.cluster.devices_per_process
+
+    @property
+    def device_count(self) -> int:
+        return self.num_processes * self.local_device_count
+
+    @property
+    def per_device_batch_size(self) -> int:
+        return self.train.global_batch_size // self.device_count
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.pop("source")
+        return out
+
+
+def _read(path: str, flag: str | None = None) -> tuple[Any, dict]:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        where = f"{flag} {path}" if flag else path
+        raise SpecError([Problem(where, None, "", f"cannot read: {exc.strerror}; "
+                                 "check the path")]) from None
+    value, lines = yamlio.load(text, path)
+    if value is None:
+        raise SpecError([Problem(path, None, "", "the file is empty; expected a mapping of settings")])
+    if not isinstance(value, dict):
+        raise SpecError([Problem(path, 1, "", f"expected a mapping of settings at the top, "
+                                 f"got {schema.describe(value)}")])
+    return value, lines
+
+
+def parse_override(text: str) -> tuple[tuple, Any]:
+    """Split ``--set train.num_steps=50`` into (('train', 'num_steps'), 50).
+
+    Raises:
+      SpecError: no '=', or an empty key.
+    """
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip() or any(not p for p in key.strip().split(".")):
+        raise SpecError([Problem("--set", None, "", f"expected KEY=VALUE with a dotted KEY "
+                                 f"(e.g. train.num_steps=50), got {text!r}")])
+    try:
+        value = yamlio.load_scalar(raw)
+    except SpecError as exc:
+        raise SpecError([Problem("--set", None, key, p.message) for p in exc.problems]) from None
+    return tuple(key.strip().split(".")), value
+
+
+def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] = ()) -> JobSpec:
+    """Read, merge, validate and freeze a job spec.
+
+    Args:
+      path: the job YAML file.
+      cluster_path: optional cluster YAML; replaces the job's ``cluster:`` section.
+        Its top level is the cluster mapping itself (a ``cluster:`` wrapper is accepted).
+      overrides: ``KEY=VALUE`` strings from ``--set``, applied last, in order.
+
+    Returns:
+      The frozen JobSpec, with ``data.path`` made absolute.
+
+    Raises:
+      SpecError: listing every problem found (nothing has been started).
+    """
+    raw, lines = _read(path)
+    sources: dict = {}
+    if cluster_path is not None:
+        cluster_raw, cluster_lines = _read(cluster_path, "--cluster")
+        if set(cluster_raw) == {"cluster"}:
+            cluster_raw = cluster_raw["cluster"]
+            cluster_lines = {k[1:]: v for k, v in cluster_lines.items() if k[:1] == ("cluster",)}
+        raw["cluster"] = cluster_raw
+        lines = {k: v for k, v in lines.items() if k[:1] != ("cluster",)}
+        lines.update({("cluster",) + k: v for k, v in cluster_lines.items()})
+        sources[("cluster",)] = cluster_path
+    problems: list[Problem] = []
+    for text in overrides:
+        try:
+            keys, value = parse_override(text)
+        except SpecError as exc:
+            problems += exc.problems
+            continue
+        node = raw
+        for i, key in enumerate(keys[:-1]):
+            if not isinstance(node.get(key), dict):
+                if key in node:
+                    problems.append(Problem("--set", None, ".".join(keys[:i + 1]),
+                                            f"is not a mapping, so {'.'.join(keys)} cannot be set"))
+                    break
+                node[key] = {}
+            node = node[key]
+        else:
+            node[keys[-1]] = value
+            sources[keys] = "--set"
+    if problems:
+        raise SpecError(problems)
+
+    ctx = schema.Context(lines, sources, path)
+    cluster_raw = raw.pop("cluster", None)
+    spec = schema.build(JobSpec, raw, (), ctx)
+    cluster = _build_cluster(cluster_raw, ctx)
+    if spec is not MISSING and cluster is not MISSING:
+        spec = dataclasses.replace(spec, cluster=cluster, source=path)
+        spec = _check_job(spec, raw, ctx)
+    if ctx.problems:
+        raise SpecError(ctx.problems)
+    return spec
+
+
+def _build_cluster(raw: Any, ctx: schema.Context) -> Any:
+    if raw is None:
+        return LocalCluster()
+    if not isinstance(raw, dict):
+        ctx.error(("cluster",), f"expected a mapping of settings, got {schema.describe(raw)}")
+        return MISSING
+    backend = raw.get("backend", "local")
+    cls = CLUSTERS.get(backend) if isinstance(backend, str) else None
+    if cls is None:
+        schema.convert(Literal[tuple(CLUSTERS)], backend, ("cluster", "backend"), ctx)
+        return MISSING
+    return schema.build(cls, raw, ("cluster",), ctx)
+
+
+def _check_job(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:
+    """Cross-field checks: batch over devices, data source settings, data files."""
+    train, data = spec.train, spec.data
+    if train.global_batch_size % spec.device_count:
+        ctx.error(("train", "global_batch_size"),
+                  f"{train.global_batch_size} does not divide evenly over device_count "
+                  f"{spec.device_count} ({spec.num_processes} processes x "
+                  f"{spec.local_device_count} devices); use a multiple of {spec.device_count}")
+    raw_data = raw.get("data") or {}
+    if data.source == "synthetic":
+        if data.path is not None:
+            ctx.error(("data", "path"), "only used with data.source: file; set data.source: file "
+                      "or remove data.path")
+        if data.num_examples < train.global_batch_size:
+            ctx.error(("data", "num_examples"),
+                      f"{data.num_examples} rows cannot fill one global batch of "
+                      f"{train.global_batch_size}; raise it or lower train.global_batch_size")
+        return spec
+    for key in ("num_examples", "in_features", "out_features", "noise_std", "seed"):
+        if schema.given(raw_data, key):
+            ctx.error(("data", key), "only used with data.source: synthetic; remove it")
+    if data.path is None:
+        ctx.error(("data", "path"), "missing; data.source: file needs a path to a .npy, .npz or .csv")
+        return spec
+    base = os.path.dirname(os.path.abspath(spec.source))
+    full = os.path.normpath(os.path.join(base, os.path.expanduser(data.path)))
+    if not os.path.exists(full):
+        ctx.error(("data", "path"), f"no such file: {full} (paths are relative to the spec file)")
+        return spec
+    try:
+        rows, columns = datafiles.shape(full)
+    except datafiles.DataFileError as exc:
+        ctx.error(("data", "path"), f"{full}: {exc}")
+        return spec
+    if not full.endswith(".npz") and not -columns <= data.target_column < columns:
+        ctx.error(("data", "target_column"),
+                  f"expected a column index from {-columns} to {columns - 1}, got {data.target_column}")
+    if rows < train.global_batch_size:
+        ctx.error(("train", "global_batch_size"),
+                  f"{train.global_batch_size} is more than the {rows} rows of {full}; lower it")
+    return dataclasses.replace(spec, data=dataclasses.replace(data, path=full))
+
+
+def check_task_importable(spec: JobSpec) -> None:
+    """For local runs: a user task's module must be findable (it is not imported here).
+
+    Raises:
+      SpecError: the module cannot be found on this machine's sys.path.
+    """
+    if spec.task.name in BUILTIN_TASKS:
+        return
+    module = spec.task.name.split(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise SpecError([Problem(spec.source, None, "task.name",
+                                 f"module {module!r} is not importable here; install it or add its "
+                                 "directory to PYTHONPATH")])

@@ -1,0 +1,280 @@
+"""Watch every worker, stream its lines, fail fast, and tear everything down.
+
+Backend-neutral: a backend hands over one ``Worker`` per process (a local
+subprocess, a remote command over SSH, ...) and ``supervise`` does the rest:
+
+* a reader thread per worker writes each line to ``logs/process-NNN.log``
+  first (so nothing is lost) and queues it for the console with a ``[pN]`` prefix;
+* the main thread polls every worker; the first one that exits non-zero, dies
+  by a signal, or is lost, is the root cause. Every other worker then gets
+  TERM to its process group, ``grace_s`` to exit, then KILL;
+* Ctrl-C or SIGTERM to the launcher stops everything the same way.
+
+The failure report leads with the first failure by time, not the cascade it
+caused (as torch.distributed.elastic does).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import queue
+import signal
+import sys
+import threading
+import time
+from typing import Iterable, Iterator, Protocol, TextIO
+
+from launcher.plan import ProcessPlan
+from worker import contract
+
+TAIL_LINES = 15
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+    """How a worker ended: an exit code, a signal, or a lost connection."""
+
+    code: int | None = None
+    signal: int | None = None
+    lost: str | None = None  # why the worker can no longer be watched
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and self.signal is None and self.lost is None
+
+    def __str__(self) -> str:
+        if self.lost:
+            return f"lost: {self.lost}"
+        if self.signal is not None:
+            try:
+                return f"killed by {signal.Signals(self.signal).name}"
+            except ValueError:
+                return f"killed by signal {self.signal}"
+        return f"exit code {self.code}"
+
+
+class Worker(Protocol):
+    """What a backend provides for each process it started."""
+
+    plan: ProcessPlan
+
+    def lines(self) -> Iterator[str]:
+        """Yield the worker's output lines (stdout and stderr) until it closes."""
+
+    def poll(self) -> Exit | None:
+        """The worker's exit, or None while it runs."""
+
+    def terminate(self) -> None:
+        """Ask the worker's whole process group to stop (SIGTERM)."""
+
+    def kill(self) -> None:
+        """Stop the worker's whole process group now (SIGKILL); works on stopped processes."""
+
+
+class State(enum.Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # stopped by the launcher after another failure or Ctrl-C
+
+
+@dataclasses.dataclass
+class Tracked:
+    worker: Worker
+    state: State = State.RUNNING
+    exit: Exit | None = None
+    ended_at: float | None = None
+    last_step: int | None = None
+    tail: collections.deque = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    reader: threading.Thread | None = None
+
+    @property
+    def plan(self) -> ProcessPlan:
+        return self.worker.plan
+
+
+@dataclasses.dataclass
+class Result:
+    """The outcome of a run: per process, in process_id order."""
+
+    processes: list
+    first_failure: Tracked | None
+    interrupted: bool
+    elapsed_s: float
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return 1 if self.first_failure is not None or any(
+            t.state is not State.SUCCEEDED for t in self.processes) else 0
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM reached the launcher."""
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+class Console:
+    """Writes prefixed worker lines and launcher messages to one stream."""
+
+    def __init__(self, stream: TextIO = sys.stdout):
+        self.stream = stream
+
+    def line(self, label: str, text: str) -> None:
+        self.stream.write(f"[{label}] {text}\n")
+        self.stream.flush()
+
+    def say(self, text: str) -> None:
+        self.stream.write(f"podlaunch: {text}\n")
+        self.stream.flush()
+
+
+def _pump(tracked: Tracked, out: queue.Queue) -> None:
+    """Reader thread: log file first, then the console queue."""
+    with open(tracked.plan.log_path, "a", encoding="utf-8", errors="replace") as log:
+        try:
+            for line in tracked.worker.lines():
+                log.write(line + "\n")
+                log.flush()
+                tracked.tail.append(line)
+                step = contract.parse_step(line)
+                if step is not None:
+                    tracked.last_step = step
+                out.put((tracked.plan.label, line))
+        except Exception as exc:  # a reader must never die silently
+            out.put((tracked.plan.label, f"podlaunch: output stream broke: {exc!r}"))
+
+
+def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
+              poll_interval_s: float = 0.05) -> Result:
+    """Run until every worker succeeded, one failed, or the launcher is interrupted.
+
+    Args:
+      workers: started workers, in process_id order.
+      grace_s: seconds between SIGTERM and SIGKILL during teardown.
+      console: where prefixed lines and launcher messages go.
+      poll_interval_s: how often exits are checked.
+
+    Returns:
+      A Result; every worker has ended (or been killed) by the time it returns.
+    """
+    started = time.monotonic()
+    lines: queue.Queue = queue.Queue()
+    tracked = [Tracked(w) for w in workers]
+    for t in tracked:
+        t.reader = threading.Thread(target=_pump, args=(t, lines), daemon=True,
+                                    name=f"reader-{t.plan.process_id}")
+        t.reader.start()
+
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    first_failure: Tracked | None = None
+    interrupted = False
+    try:
+        try:
+            while True:
+                _drain(lines, console, poll_interval_s)
+                for t in tracked:
+                    if t.state is State.RUNNING and _check(t) and not t.exit.ok and first_failure is None:
+                        first_failure = t
+                if first_failure is not None:
+                    console.say(f"{first_failure.plan.label} failed ({first_failure.exit}); "
+                                f"stopping the other {sum(t.state is State.RUNNING for t in tracked)} processes")
+                    break
+                if all(t.state is not State.RUNNING for t in tracked):
+                    break
+        except (KeyboardInterrupt, Interrupted) as exc:
+            interrupted = True
+            console.say(f"interrupted ({exc or 'SIGINT'}); stopping all processes")
+        _teardown(tracked, grace_s, lines, console)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for t in tracked:
+        t.reader.join(timeout=2.0)
+    _drain(lines, console, 0)
+    return Result(tracked, first_failure, interrupted, time.monotonic() - started)
+
+
+def _check(t: Tracked) -> bool:
+    """Poll one running worker; record its end. True when it has ended."""
+    ended = t.worker.poll()
+    if ended is None:
+        return False
+    t.exit = ended
+    t.ended_at = time.monotonic()
+    t.state = State.SUCCEEDED if ended.ok else State.FAILED
+    return True
+
+
+def _drain(lines: queue.Queue, console: Console, wait_s: float) -> None:
+    try:
+        label, text = lines.get(timeout=wait_s) if wait_s else lines.get_nowait()
+        console.line(label, text)
+        while True:
+            label, text = lines.get_nowait()
+            console.line(label, text)
+    except queue.Empty:
+        pass
+
+
+def _teardown(tracked: list, grace_s: float, lines: queue.Queue, console: Console) -> None:
+    """TERM every running worker's process group, wait grace_s, then KILL."""
+    running = [t for t in tracked if t.state is State.RUNNING]
+    if not running:
+        return
+    try:
+        for t in running:
+            t.worker.terminate()
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(t.state is State.RUNNING for t in running):
+            _drain(lines, console, 0.05)
+            for t in running:
+                if t.state is State.RUNNING:
+                    _check(t)
+    except (KeyboardInterrupt, Interrupted):
+        console.say("second interrupt: killing all processes now")
+    still = [t for t in running if t.state is State.RUNNING]
+    if still:
+        console.say(f"sending SIGKILL to {', '.join(t.plan.label for t in still)} "
+                    f"(still running {grace_s:g}s after SIGTERM)")
+        for t in still:
+            t.worker.kill()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(t.state is State.RUNNING for t in still):
+            for t in still:
+                if t.state is State.RUNNING:
+                    _check(t)
+            time.sleep(0.02)
+    for t in running:
+        if t.state is not State.SUCCEEDED:
+            t.state = State.STOPPED
+
+
+def summary(result: Result) -> str:
+    """The end-of-run report; a failure report leads with the first failure's tail."""
+    lines = []
+    first = result.first_failure
+    if first is not None:
+        step = "before its first logged step" if first.last_step is None else f"at step {first.last_step}"
+        lines.append(f"FAILED: process_id {first.plan.process_id} on {first.plan.host} "
+                     f"({first.exit}) {step}; it failed first.")
+        lines.append(f"last lines of {first.plan.log_path}:")
+        lines += [f"  | {line}" for line in first.tail] or ["  | (no output)"]
+    elif result.interrupted:
+        lines.append("INTERRUPTED: every process was stopped.")
+    width = max(len(t.plan.host) for t in result.processes)
+    lines.append("process  host" + " " * (width - 4) + "  state      exit                step")
+    for t in result.processes:
+        state = t.state.value + (" (first)" if t is first else "")
+        lines.append(f"p{t.plan.process_id:<7} {t.plan.host:<{width}}  {state:<10} "
+                     f"{str(t.exit or '-'):<19} {'-' if t.last_step is None else t.last_step}")
+    if first is None and not result.interrupted and result.exit_code == 0:
+        lines.append(f"OK: {len(result.processes)} processes succeeded in {result.elapsed_s:.1f}s.")
+    return "\n".join(lines)

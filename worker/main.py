@@ -1,0 +1,182 @@
+"""One process of a job: identity from the environment, join, check, train.
+
+Order matters: the environment is read and checked before jax is imported
+(JAX reads JAX_PLATFORMS / JAX_NUM_CPU_DEVICES when its backends start), and
+``jax.distributed.initialize`` must run before anything touches a device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+from worker import contract
+
+
+class Mismatch(Exception):
+    """What JAX reports differs from the launcher's plan."""
+
+
+def read_identity(environ=os.environ) -> dict:
+    """The launcher-given identity of this process (see ``worker.contract``).
+
+    Raises:
+      Mismatch: a variable is missing or malformed.
+    """
+    missing = [name for name in contract.ALL if not environ.get(name)]
+    if missing:
+        raise Mismatch(f"missing environment {', '.join(missing)}: start workers with `launch`")
+    try:
+        identity = {
+            "coordinator_address": environ[contract.COORDINATOR_ADDRESS],
+            "num_processes": int(environ[contract.NUM_PROCESSES]),
+            "process_id": int(environ[contract.PROCESS_ID]),
+            "local_device_count": int(environ[contract.LOCAL_DEVICE_COUNT]),
+            "platform": environ[contract.PLATFORM],
+            "job": environ[contract.JOB],
+            "run_dir": environ[contract.RUN_DIR],
+        }
+    except ValueError as exc:
+        raise Mismatch(f"malformed identity in the environment: {exc}") from None
+    if not 0 <= identity["process_id"] < identity["num_processes"]:
+        raise Mismatch(f"process_id {identity['process_id']} is outside 0..{identity['num_processes'] - 1}")
+    return identity
+
+
+def _on_sigterm(signum, frame):
+    # Turn the launcher's SIGTERM into SystemExit so `finally` blocks close
+    # the TensorBoard writer; a worker stuck in a collective gets SIGKILL later.
+    raise SystemExit(128 + signum)
+
+
+def join(identity: dict, job: dict):
+    """``jax.distributed.initialize`` with everything explicit, then check the plan.
+
+    Raises:
+      Mismatch: process_count, process_index, local_device_count or platform
+        differ from the plan.
+    """
+    import jax
+
+    if identity["platform"] == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    dist = job["distributed"]
+    jax.distributed.initialize(
+        coordinator_address=identity["coordinator_address"],
+        num_processes=identity["num_processes"],
+        process_id=identity["process_id"],
+        cluster_detection_method="deactivate",  # the launcher knows better than env sniffing
+        initialization_timeout=dist["initialization_timeout_s"],
+        heartbeat_timeout_seconds=dist["heartbeat_timeout_s"],
+    )
+    seen = {
+        "process_count": (jax.process_count(), identity["num_processes"]),
+        "process_index": (jax.process_index(), identity["process_id"]),
+        "local_device_count": (jax.local_device_count(), identity["local_device_count"]),
+        "device_count": (jax.device_count(),
+                         identity["num_processes"] * identity["local_device_count"]),
+        "platform": (jax.devices()[0].platform, identity["platform"]),
+    }
+    wrong = [f"{name} is {got}, the plan says {want}" for name, (got, want) in seen.items()
+             if got != want]
+    if wrong:
+        raise Mismatch("JAX disagrees with the launcher's plan: " + "; ".join(wrong))
+    return jax
+
+
+def train(identity: dict, job: dict, out=print) -> dict:
+    """Run the job's training loop on this process; process 0 logs and saves.
+
+    Returns:
+      Final params as a dict of numpy arrays (keyed by pytree path).
+    """
+    import jax
+    import numpy as np
+
+    from worker import data as datasets
+    from worker import tasks
+    from worker.tracker import make_tracker
+    from worker.train import make_optimizer, make_train_step, replicate, unreplicate
+
+    process_id = identity["process_id"]
+    run_dir = identity["run_dir"]
+    train_spec, log_every = job["train"], job["logging"]["log_every_steps"]
+    num_steps, global_batch = train_spec["num_steps"], train_spec["global_batch_size"]
+
+    shard = datasets.load_shard(job["data"], global_batch, process_id,
+                                identity["num_processes"], jax.local_device_count())
+    task = tasks.resolve(job["task"]["name"], job["task"]["args"])
+    params = task.init_params(jax.random.PRNGKey(train_spec["seed"]),
+                              shard.in_features, shard.out_features)
+    optimizer = make_optimizer(job["optimizer"])
+    opt_state = optimizer.init(params)
+    params, opt_state = replicate(params), replicate(opt_state)
+    step_fn = make_train_step(task.loss_fn, optimizer)
+    out(f"process {process_id}: {shard.num_batches} batches of "
+        f"{list(shard.x.shape[1:])} x, {list(shard.y.shape[1:])} y on {jax.local_device_count()} "
+        f"{jax.devices()[0].platform} devices")
+
+    tracker = make_tracker(run_dir, process_id, job["logging"]["tensorboard"])
+    step = 0
+    try:
+        last_time, last_step = time.perf_counter(), 0
+        for step in range(1, num_steps + 1):
+            batch = (step - 1) % shard.num_batches
+            params, opt_state, loss = step_fn(params, opt_state, shard.x[batch], shard.y[batch])
+            if task.on_step_end is not None:
+                task.on_step_end(step, process_id)
+            if step % log_every == 0 or step == num_steps:
+                loss_value = float(loss[0])  # the only device sync: at log steps
+                now = time.perf_counter()
+                step_time_s = (now - last_time) / (step - last_step)
+                last_time, last_step = now, step
+                out(contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=loss_value,
+                                                    steps_per_s=1.0 / step_time_s))
+                if not np.isfinite(loss_value):
+                    raise FloatingPointError(f"loss is {loss_value} at step {step}")
+                tracker.scalars(step, {
+                    "loss": loss_value,
+                    "learning_rate": job["optimizer"]["learning_rate"],
+                    "step_time_s": step_time_s,
+                    "examples_per_s": global_batch / step_time_s,
+                })
+        final = {jax.tree_util.keystr(path): leaf for path, leaf in
+                 jax.tree_util.tree_flatten_with_path(unreplicate(params))[0]}
+        if process_id == 0:
+            np.savez(os.path.join(run_dir, "params.npz"), **final)
+        return final
+    except BaseException as exc:
+        if not isinstance(exc, SystemExit):
+            out(contract.FAILED_FORMAT.format(step=step, error=f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        tracker.close()
+
+
+def main() -> None:
+    """Entry point of ``python -m worker``; exits non-zero on any failure."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        identity = read_identity()
+        with open(identity["job"], "r", encoding="utf-8") as f:
+            job = json.load(f)
+        jax = join(identity, job)
+    except Mismatch as exc:
+        print(f"worker: {exc}", flush=True)
+        sys.exit(contract.EXIT_MISMATCH)
+    print(f"process {jax.process_index()}/{jax.process_count()} joined "
+          f"{identity['coordinator_address']}", flush=True)
+    try:
+        train(identity, job, out=lambda text: print(text, flush=True))
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.exit(1)
+    jax.distributed.shutdown()
+    print("done", flush=True)

@@ -1,0 +1,67 @@
+"""The distributed train step: the seed's pmap + value_and_grad + pmean.
+
+This module is the only place that calls ``jax.pmap`` and ``jax.lax.pmean``.
+Inside ``pmap``, ``pmean`` averages over every device of every process (the
+mapped axis spans ``jax.device_count()`` devices in a multi-process job), so
+each device holds the full-batch mean gradient after the collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import optax
+
+AXIS = "batch"  # the seed's axis name
+
+
+def make_optimizer(spec: dict) -> optax.GradientTransformation:
+    """The optax optimizer a spec's ``optimizer`` section names.
+
+    Plain ``sgd`` gives exactly the seed's update ``p - learning_rate * g``
+    (optax scales by ``-learning_rate`` and adds; both are exact negations).
+    """
+    name, lr = spec["name"], spec["learning_rate"]
+    if name == "sgd":
+        return optax.sgd(lr, momentum=spec.get("momentum"))
+    if name == "adam":
+        return optax.adam(lr)
+    if name == "adamw":
+        return optax.adamw(lr, weight_decay=spec["weight_decay"])
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation) -> Callable:
+    """Build the pmapped step ``(params, opt_state, x, y) -> (params, opt_state, loss)``.
+
+    Args (of the returned function), each with a leading ``[local_device_count]`` axis:
+      params, opt_state: replicated pytrees (float32).
+      x: ``[local_device_count, per_device_batch_size, in_features]`` float32.
+      y: ``[local_device_count, per_device_batch_size, out_features]`` float32.
+
+    Returns:
+      New params and opt_state (replicated), and loss ``[local_device_count]``
+      float32, the global-batch mean loss, equal on every device.
+    """
+
+    def train_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        grads = jax.lax.pmean(grads, axis_name=AXIS)
+        loss = jax.lax.pmean(loss, axis_name=AXIS)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.pmap(train_step, axis_name=AXIS, donate_argnums=(0, 1))
+
+
+def replicate(tree: Any) -> Any:
+    """A copy of every leaf per local device: ``[...]`` -> ``[local_device_count, ...]``."""
+    n = jax.local_device_count()
+    return jax.tree.map(lambda a: np.broadcast_to(np.asarray(a), (n,) + np.shape(a)).copy(), tree)
+
+
+def unreplicate(tree: Any) -> Any:
+    """Device 0's copy of every leaf, as numpy."""
+    return jax.tree.map(lambda a: np.asarray(a[0]), tree)
