@@ -17,7 +17,7 @@ import yaml
 
 from launcher import plan as planning
 from launcher import spec as specs
-from launcher.backends import local
+from launcher import backends
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.supervise import Console, summary, supervise
 
@@ -52,16 +52,6 @@ def _run_dir(job: specs.JobSpec, requested: str | None) -> str:
     return run_dir
 
 
-def _coordinator_port(job: specs.JobSpec) -> int:
-    port = job.cluster.coordinator_port
-    if port == 0:
-        return local.free_port()
-    if not local.port_is_free(port):
-        raise SpecError([Problem(job.source, None, "cluster.coordinator_port",
-                                 f"port {port} is in use on 127.0.0.1; pick another or use 0")])
-    return port
-
-
 def _write_run_files(plan: planning.Plan) -> None:
     os.makedirs(os.path.join(plan.run_dir, "logs"), exist_ok=True)
     resolved = plan.job.to_dict()
@@ -86,19 +76,19 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
     args = _parser().parse_args(argv)
     console = console or Console()
     job = specs.load(args.job, args.cluster, tuple(args.overrides))
-    specs.check_task_importable(job)
+    if job.cluster.backend == "local":
+        specs.check_task_importable(job)
     run_dir = _run_dir(job, args.run_dir)
-    port = _coordinator_port(job)
-    plan = planning.make_plan(job, run_dir, port, sys.executable)
+    backend = backends.get(job.cluster.backend)
+    plan = backend.prepare(job, run_dir, sys.executable, console)
     if args.dry_run:
         print(planning.describe(plan))
         return EXIT_OK
 
     _write_run_files(plan)
     console.say(f"run directory {run_dir}")
-    console.say(f"starting {plan.num_processes} processes x {job.local_device_count} CPU devices "
-                f"(single-host debug mode), coordinator {plan.coordinator_address}")
-    workers = local.start(plan)
+    console.say(backend.describe_start(plan))
+    workers = backend.start(plan, console)
     result = supervise(workers, job.cluster.grace_s, console)
     print(summary(result), flush=True)
     console.say(f"logs: {os.path.join(run_dir, 'logs')}")

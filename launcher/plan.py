@@ -74,11 +74,41 @@ def log_path(run_dir: str, process_id: int) -> str:
     return os.path.join(run_dir, "logs", f"process-{process_id:03d}.log")
 
 
-def make_plan(job: JobSpec, run_dir: str, coordinator_port: int, python: str) -> Plan:
-    """Lay out every process of a single-host debug run.
+def worker_env(job: JobSpec, run_dir: str, coordinator_address: str, process_id: int,
+               job_path: str) -> dict:
+    """The environment every backend gives a worker: the contract, then the user's env.
 
     Args:
-      job: the validated spec; ``job.cluster.backend`` must be ``local``.
+      job: the validated spec.
+      run_dir: the run directory as the worker will see it (remote for ssh).
+      coordinator_address: ``host:port``, identical for every process.
+      process_id: this process's id.
+      job_path: path of the resolved job JSON as the worker will see it.
+    """
+    cluster = job.cluster
+    env = {"PYTHONUNBUFFERED": "1"}
+    if cluster.platform == "cpu":
+        # JAX reads these when its backends start, before initialize() returns.
+        env["JAX_PLATFORMS"] = "cpu"
+        env["JAX_NUM_CPU_DEVICES"] = str(job.local_device_count)
+    env.update({
+        contract.COORDINATOR_ADDRESS: coordinator_address,
+        contract.NUM_PROCESSES: str(job.num_processes),
+        contract.PROCESS_ID: str(process_id),
+        contract.LOCAL_DEVICE_COUNT: str(job.local_device_count),
+        contract.PLATFORM: cluster.platform,
+        contract.JOB: job_path,
+        contract.RUN_DIR: run_dir,
+    })
+    env.update(cluster.env)
+    return env
+
+
+def make_plan(job: JobSpec, run_dir: str, coordinator_port: int, python: str) -> Plan:
+    """Lay out every process of a single-host debug run (``cluster.backend: local``).
+
+    Args:
+      job: the validated spec.
       run_dir: absolute path of the run directory.
       coordinator_port: TCP port of JAX's coordinator on 127.0.0.1 (already chosen).
       python: interpreter that runs ``-m worker``.
@@ -86,30 +116,16 @@ def make_plan(job: JobSpec, run_dir: str, coordinator_port: int, python: str) ->
     Returns:
       A Plan whose processes are ordered by process_id.
     """
-    cluster = job.cluster
     coordinator_address = f"127.0.0.1:{coordinator_port}"
-    processes = []
-    for process_id in range(cluster.num_processes):
-        env = {
-            # CPU devices for debug mode; JAX reads these before it starts its backends.
-            "JAX_PLATFORMS": "cpu",
-            "JAX_NUM_CPU_DEVICES": str(cluster.devices_per_process),
-            "PYTHONUNBUFFERED": "1",
-            contract.COORDINATOR_ADDRESS: coordinator_address,
-            contract.NUM_PROCESSES: str(cluster.num_processes),
-            contract.PROCESS_ID: str(process_id),
-            contract.LOCAL_DEVICE_COUNT: str(cluster.devices_per_process),
-            contract.PLATFORM: cluster.platform,
-            contract.JOB: os.path.join(run_dir, "job.json"),
-            contract.RUN_DIR: run_dir,
-            **cluster.env,
-        }
-        processes.append(ProcessPlan(
-            process_id=process_id, host="localhost",
-            local_device_count=cluster.devices_per_process, env=env,
-            argv=(python, "-m", "worker"), log_path=log_path(run_dir, process_id)))
+    job_path = os.path.join(run_dir, "job.json")
+    processes = tuple(
+        ProcessPlan(process_id=process_id, host="localhost",
+                    local_device_count=job.local_device_count,
+                    env=worker_env(job, run_dir, coordinator_address, process_id, job_path),
+                    argv=(python, "-m", "worker"), log_path=log_path(run_dir, process_id))
+        for process_id in range(job.num_processes))
     return Plan(job=job, run_dir=run_dir, coordinator_address=coordinator_address,
-                processes=tuple(processes))
+                processes=processes)
 
 
 def describe(plan: Plan) -> str:

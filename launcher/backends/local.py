@@ -15,8 +15,9 @@ import socket
 import subprocess
 from typing import Iterator
 
-from launcher.errors import LaunchError
-from launcher.plan import Plan, ProcessPlan
+from launcher.errors import LaunchError, Problem, SpecError
+from launcher.plan import Plan, ProcessPlan, make_plan
+from launcher.spec import JobSpec
 from launcher.supervise import Exit
 
 _PR_SET_PDEATHSIG = 1
@@ -91,7 +92,27 @@ class LocalWorker:
         self._signal(signal.SIGKILL)
 
 
-def start(plan: Plan) -> list[LocalWorker]:
+def prepare(job: JobSpec, run_dir: str, python: str, console=None) -> Plan:
+    """Choose the coordinator port (checked free) and plan every process.
+
+    Raises:
+      SpecError: the spec's fixed coordinator_port is in use.
+    """
+    port = job.cluster.coordinator_port
+    if port == 0:
+        port = free_port()
+    elif not port_is_free(port):
+        raise SpecError([Problem(job.source, None, "cluster.coordinator_port",
+                                 f"port {port} is in use on 127.0.0.1; pick another or use 0")])
+    return make_plan(job, run_dir, port, python)
+
+
+def describe_start(plan: Plan) -> str:
+    return (f"starting {plan.num_processes} processes x {plan.job.local_device_count} CPU devices "
+            f"(single-host debug mode), coordinator {plan.coordinator_address}")
+
+
+def start(plan: Plan, console=None) -> list[LocalWorker]:
     """Start every planned process; if one cannot start, stop those already started."""
     workers: list[LocalWorker] = []
     try:
