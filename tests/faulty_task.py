@@ -1,0 +1,50 @@
+"""A controllable test task: the seed's linear regression plus injected faults.
+
+Used as a *user* task (``task.name: faulty_task:make``), so fault tests also
+exercise the plug-in path. Faults act on the host after a step completes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from worker import tasks
+
+
+def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
+         sleep_s: float = 0.0, slow_process_id: int = -1) -> tasks.Task:
+    """The linear task; at ``crash_at_step`` process ``crash_process_id`` misbehaves.
+
+    Args:
+      crash_at_step: completed step after which the fault fires (0 = never).
+      crash_process_id: which process misbehaves.
+      mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``sigkill`` (kills
+        itself with SIGKILL), ``stall`` (sleeps forever: alive, no progress),
+        ``sigstop`` (stops itself).
+      sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
+      slow_process_id: which process is slow (-1 = none).
+    """
+
+    def on_step_end(step: int, process_id: int) -> None:
+        if process_id == slow_process_id and sleep_s:
+            time.sleep(sleep_s)
+        if step != crash_at_step or process_id != crash_process_id:
+            return
+        print(f"faulty_task: injecting {mode} at step {step}", flush=True)
+        if mode == "raise":
+            raise RuntimeError(f"injected failure at step {step}")
+        if mode == "exit":
+            sys.stdout.flush()
+            os._exit(7)
+        if mode == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "sigstop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if mode == "stall":
+            while True:
+                time.sleep(3600)
+
+    return tasks.Task(init_params=tasks.init_linear, loss_fn=tasks.mse, on_step_end=on_step_end)
