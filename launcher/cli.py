@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="print the resolved plan (hosts, ids, env, commands) and start nothing")
     parser.add_argument("--run-dir", metavar="DIR",
                         help="where logs, events and params go (default runs/<job>/<timestamp>)")
+    parser.add_argument("--kill-stale", action="store_true",
+                        help="ssh: stop processes of an earlier run of this job still alive on the "
+                             "hosts (recorded by pid, never matched by name) instead of refusing")
     return parser
 
 
@@ -80,7 +83,11 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
         specs.check_task_importable(job)
     run_dir = _run_dir(job, args.run_dir)
     backend = backends.get(job.cluster.backend)
-    plan = backend.prepare(job, run_dir, sys.executable, console)
+    if args.kill_stale and job.cluster.backend != "ssh":
+        raise SpecError([Problem("--kill-stale", None, "", "only applies to cluster.backend: ssh "
+                                 f"(this job's is {job.cluster.backend}); remove the flag")])
+    extra = {"kill_stale": True} if args.kill_stale else {}
+    plan = backend.prepare(job, run_dir, sys.executable, console, **extra)
     if args.dry_run:
         print(planning.describe(plan))
         return EXIT_OK

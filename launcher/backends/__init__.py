@@ -9,7 +9,7 @@ Each backend module provides:
 
 import importlib
 
-BACKENDS = {"local": "launcher.backends.local"}
+BACKENDS = {"local": "launcher.backends.local", "ssh": "launcher.backends.ssh"}
 
 
 def get(name: str):
