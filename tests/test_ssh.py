@@ -1,0 +1,380 @@
+"""The ssh backend against real OpenSSH servers on 127.0.0.2-127.0.0.5 (tests/sshenv.py).
+
+No mock of fabric or paramiko. All "hosts" are this machine, so each host gets
+its own remote workdir, and "what remains on host i" is read from the process
+table as the processes whose PODLAUNCH_RUN_DIR is host i's remote run dir.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+import sshenv
+from helpers import REPO, TESTS, launch, pids_with_env, start_launch
+from launcher import spec as specs
+from launcher.backends import ssh
+from launcher.errors import LaunchError, SpecError
+
+NUM_HOSTS = 4
+SHORT = ("--set", "train.num_steps=20", "--set", "cluster.devices_per_process=1")
+# Long enough to be interrupted; quiet, so survivors of a dead connection do
+# not die of EPIPE at their next log line before the test looks for them.
+LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=100000")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    if os.geteuid() != 0 or not os.path.exists(sshenv.SSHD):
+        pytest.skip("needs root and /usr/sbin/sshd (apt-get install openssh-server)")
+    with sshenv.SshTestEnv(tmp_path_factory.mktemp("ssh"), NUM_HOSTS) as e:
+        yield e
+
+
+@pytest.fixture
+def hosts(env):
+    """The env, every host restored (up, our key accepted, known_hosts right) after the test."""
+    yield env
+    for i in range(NUM_HOSTS):
+        if i not in env._procs or env._auth_keys[i] != env.authorized_keys:
+            env.accept_client_key(i)
+    env.write_known_hosts()
+
+
+def write_cluster(path, ssh_env, **settings) -> str:
+    cluster = {
+        "backend": "ssh",
+        "hosts": [{"host": h, "workdir": str(path / f"host{i}")} for i, h in enumerate(ssh_env.hosts)],
+        "ssh_config_file": ssh_env.ssh_config,  # gives User, Port, IdentityFile, UserKnownHostsFile
+        "python": sys.executable,
+        "env": {"PYTHONPATH": os.pathsep.join([TESTS, REPO])},
+        "grace_s": 2,
+        "keepalive_interval_s": 1,
+        "keepalive_timeout_s": 4,
+    }
+    cluster.update(settings)
+    file = path / "cluster.yaml"
+    file.write_text(yaml.safe_dump(cluster))
+    return str(file)
+
+
+def remote_run_dirs(path, run_dir, job="linear") -> list[str]:
+    return [str(path / f"host{i}" / "runs" / job / os.path.basename(run_dir)) for i in range(NUM_HOSTS)]
+
+
+def survivors(path, run_dir, timeout_s=15.0) -> dict:
+    """{host index: live pids of this run there}, after waiting up to timeout_s for them to go."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = {i: pids for i, d in enumerate(remote_run_dirs(path, run_dir))
+                 if (pids := pids_with_env("PODLAUNCH_RUN_DIR", d))}
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def wait_for(proc, pattern: str, count: int, timeout_s: float = 90) -> str:
+    """Read the launcher's output until ``pattern`` matched ``count`` lines."""
+    seen, out = 0, []
+    deadline = time.monotonic() + timeout_s
+    while seen < count:
+        assert time.monotonic() < deadline, "".join(out)
+        line = proc.stdout.readline()
+        assert line, "launcher ended early:\n" + "".join(out)
+        out.append(line)
+        seen += bool(re.search(pattern, line))
+    return "".join(out)
+
+
+# ---- no sshd needed ----------------------------------------------------------
+def test_example_cluster_file_loads():
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"),
+                     os.path.join(REPO, "jobs/clusters/ssh-example.yaml"))
+    cluster = job.cluster
+    assert cluster.backend == "ssh" and job.num_processes == 4
+    assert [h.host for h in cluster.hosts] == ["trainer-a", "trainer-b", "10.0.0.12", "10.0.0.13"]
+    assert (cluster.hosts[2].user, cluster.hosts[2].port) == ("ubuntu", 2222)
+    assert cluster.python.startswith("/") and cluster.max_parallel == 32
+
+
+def test_bad_ssh_settings_exit_2_listing_every_problem(tmp_path):
+    file = tmp_path / "c.yaml"
+    file.write_text("backend: ssh\nhosts: []\nport: 70000\nhost_key_policy: yes\nmax_paralel: 4\n")
+    result = launch("jobs/linear.yaml", "--cluster", str(file))
+    assert result.returncode == 2, result.stderr
+    err = result.stderr
+    assert "Traceback" not in err
+    assert f"{file}:2: cluster.hosts: expected at least one host" in err
+    assert f"{file}:3: cluster.port: expected 1 to 65535, got 70000" in err
+    assert "cluster.host_key_policy: expected one of strict, accept-new" in err
+    assert "cluster.max_paralel: unknown key; did you mean 'max_parallel'?" in err
+
+
+def test_precedence_spec_over_ssh_config_over_defaults(tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host alias-a\n  HostName 127.0.0.2\n  User alice\n  Port 2201\n"
+                      "  ConnectTimeout 7\n  UserKnownHostsFile /tmp/kh-from-config\n"
+                      "  StrictHostKeyChecking accept-new\n")
+    file = tmp_path / "c.yaml"
+    file.write_text(yaml.safe_dump({"backend": "ssh", "ssh_config_file": str(config), "hosts": [
+        "alias-a",                                               # all from ssh_config
+        {"host": "alias-a", "user": "bob", "port": 2202},        # per-host spec wins
+        "127.0.0.9"]}))                                          # defaults
+    three = ("train.global_batch_size=24", "data.num_examples=24")
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(file), three + ("cluster.port=2299",))
+    a, b, c = ssh.resolve_hosts(job)
+    assert (a.connection.host, a.connection.user, a.connection.port) == ("127.0.0.2", "alice", 2299)
+    assert (b.connection.user, b.connection.port) == ("bob", 2202)
+    assert (a.connection.connect_timeout, c.connection.connect_timeout) == (7, 10)
+    assert (a.known_hosts_file, a.host_key_policy) == ("/tmp/kh-from-config", "accept-new")
+    assert c.known_hosts_file == os.path.expanduser("~/.ssh/known_hosts")
+    assert c.host_key_policy == "strict" and c.connection.port == 2299
+    assert [h.process_ids for h in (a, b, c)] == [(0,), (1,), (2,)]
+    missing = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(file),
+                         three + ("cluster.ssh_config_file=/nonexistent/config",))
+    with pytest.raises(SpecError, match="no such file: /nonexistent/config"):
+        ssh.resolve_hosts(missing)
+
+
+# ---- preflight (no worker starts) --------------------------------------------
+def _dry_run(tmp_path, ssh_env, *args, **settings):
+    return launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, ssh_env, **settings),
+                  "--dry-run", *SHORT, *args)
+
+
+@pytest.mark.slow
+def test_dry_run_preflights_and_masks_secrets(tmp_path, hosts):
+    result = _dry_run(tmp_path, hosts, env={"PYTHONPATH": f"{TESTS}:{REPO}", "API_TOKEN": "hunter2 $x"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "preflight ok on 4 hosts" in result.stdout
+    assert "hunter2" not in result.stdout + result.stderr
+    assert "API_TOKEN='****'" in result.stdout
+    assert re.search(r"coordinator_address 127\.0\.0\.2:\d+", result.stdout)
+    assert "p3 127.0.0.5: host 127.0.0.5, process_id 3" in result.stdout
+
+
+@pytest.mark.slow
+def test_host_down_and_rejected_key_start_nothing_anywhere(tmp_path, hosts):
+    hosts.stop_host(1)
+    hosts.reject_client_key(3)
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *SHORT,
+                    "--run-dir", str(run_dir))
+    assert result.returncode == 1, result.stdout + result.stderr
+    err = result.stderr
+    assert "Traceback" not in err
+    assert "preflight failed on 2 of 4 hosts; nothing was started anywhere" in err
+    assert re.search(r"127\.0\.0\.3\s+p1\s+unreachable: connection refused", err), err
+    assert re.search(r"127\.0\.0\.5\s+p3\s+authentication failed for user 'root'", err), err
+    assert re.search(r"127\.0\.0\.2\s+p0\s+ok", err), err
+    assert not survivors(tmp_path, run_dir, 0)
+    assert not (run_dir / "logs").exists()
+
+
+@pytest.mark.slow
+def test_changed_host_key_is_refused_unknown_needs_accept_new(tmp_path, hosts):
+    hosts.regenerate_host_key(2)
+    result = _dry_run(tmp_path, hosts, host_key_policy="accept-new")  # never for a changed key
+    assert result.returncode == 1
+    assert re.search(r"127\.0\.0\.4\s+p2\s+host key CHANGED", result.stderr), result.stderr
+    assert "ssh-keygen -R '[127.0.0.4]:" in result.stderr
+
+    known = tmp_path / "known_hosts"
+    lines = open(hosts.known_hosts).read().splitlines()
+    known.write_text("\n".join(lines[:2]) + "\n")  # hosts 2 and 3 unknown
+    result = _dry_run(tmp_path, hosts, known_hosts_file=str(known))
+    assert result.returncode == 1
+    assert re.search(r"127\.0\.0\.5\s+p3\s+unknown host key .*accept-new", result.stderr), result.stderr
+
+    result = _dry_run(tmp_path, hosts, known_hosts_file=str(known), host_key_policy="accept-new")
+    assert result.returncode == 0, result.stderr
+    assert f"[127.0.0.5]:{hosts.port} ssh-ed25519" in known.read_text()
+
+
+@pytest.mark.slow
+def test_preflight_reports_version_and_import_problems(tmp_path, hosts):
+    fake = tmp_path / "fakepy"
+    fake.mkdir()
+    (fake / "jax-0.0.1.dist-info").mkdir()
+    (fake / "jax-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: jax\nVersion: 0.0.1\n")
+    cluster = write_cluster(tmp_path, hosts)
+    raw = yaml.safe_load(open(cluster))
+    raw["hosts"][1]["workdir"] = str(tmp_path / "odd")
+    raw["setup"] = [f'if [ "$PWD" = {tmp_path / "odd"} ]; then export PYTHONPATH={fake}; fi']
+    raw["env"] = {}  # without tests/ on PYTHONPATH the user task's module is not importable
+    open(cluster, "w").write(yaml.safe_dump(raw))
+    result = launch("jobs/linear.yaml", "--cluster", cluster, "--dry-run", *SHORT,
+                    "--set", "task.name=ssh_task:record_env")
+    assert result.returncode == 1
+    err = result.stderr
+    assert re.search(r"127\.0\.0\.3\s+p1\s+version mismatch: jax 0\.0\.1 \(host 127\.0\.0\.2: ", err), err
+    assert re.search(r"127\.0\.0\.2\s+p0\s+not importable: ssh_task; ", err), err
+
+
+@pytest.mark.slow
+def test_sync_dir_copies_only_what_changed(tmp_path, hosts):
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "a.py").write_text("A = 1\n")
+    (src / "b.txt").write_text("b\n")
+    (src / "__pycache__").mkdir()
+    (src / "__pycache__" / "x.pyc").write_text("skip me")
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), write_cluster(tmp_path, hosts), SHORT[1::2])
+    host = ssh.resolve_hosts(job)[0]
+    with host.open() as c:
+        sftp = c.sftp()
+        target = str(tmp_path / "synced")
+        assert ssh.sync_dir(sftp, str(src), target) == 2
+        assert ssh.sync_dir(sftp, str(src), target) == 0
+        (src / "pkg" / "a.py").write_text("A = 22\n")
+        assert ssh.sync_dir(sftp, str(src), target) == 1
+    assert (tmp_path / "synced" / "pkg" / "a.py").read_text() == "A = 22\n"
+    assert not (tmp_path / "synced" / "__pycache__").exists()
+
+
+# ---- runs ----------------------------------------------------------------------
+def _params(run_dir) -> dict:
+    with np.load(os.path.join(run_dir, "params.npz")) as f:
+        return {k: f[k] for k in f.files}
+
+
+@pytest.mark.slow
+def test_four_hosts_match_single_host_debug_mode(tmp_path, hosts):
+    ssh_dir, local_dir = tmp_path / "ssh-run", tmp_path / "local-run"
+    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *SHORT,
+                    "--run-dir", str(ssh_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for i, host in enumerate(hosts.hosts):
+        assert re.search(rf"^\[p{i} {re.escape(host)}\] step 20/20 loss", out, re.M), out
+        log = (ssh_dir / "logs" / f"process-{i:03d}.log").read_text()
+        assert "step 20/20" in log and "podlaunch-" not in log
+    assert "OK: 4 processes succeeded" in out
+    assert re.search(r"127\.0\.0\.2:\d+", out)
+    local = launch("jobs/linear.yaml", *SHORT, "--set", "cluster.num_processes=4",
+                   "--run-dir", str(local_dir))
+    assert local.returncode == 0, local.stdout + local.stderr
+    got, want = _params(ssh_dir), _params(local_dir)
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-7)
+    assert any(n.startswith("events.out.tfevents") for n in os.listdir(ssh_dir / "tensorboard"))
+    assert not survivors(tmp_path, ssh_dir, 0)
+    # the resolved job went to each host once; a second run finds it unchanged
+    assert (tmp_path / "host3" / ".podlaunch" / "linear" / "job.json").exists()
+
+
+@pytest.mark.slow
+def test_env_values_arrive_unchanged(tmp_path, hosts):
+    values = {"SPACES": "a b  c", "QUOTES": "it's \"quoted\"", "DOLLAR": "$HOME ${PATH}",
+              "SEMI": "x; touch /tmp/podlaunch-pwned", "TICKS": "`id` $(id)", "EMPTY": "",
+              "NEWLINE": "one\ntwo", "BACKSLASH": "a\\b\\"}
+    out_dir = tmp_path / "env-out"
+    cluster = write_cluster(tmp_path, hosts, env={"PYTHONPATH": f"{TESTS}:{REPO}", **values},
+                            processes_per_host=2)
+    raw = yaml.safe_load(open(cluster))
+    raw["hosts"] = raw["hosts"][:2]  # 2 hosts x 2 processes
+    open(cluster, "w").write(yaml.safe_dump(raw))
+    result = launch("jobs/linear.yaml", "--cluster", cluster, "--set", "train.num_steps=2",
+                    "--set", "task.name=ssh_task:record_env",
+                    "--set", f"task.args.names={list(values)}", "--set", f"task.args.out_dir={out_dir}",
+                    "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^\[p3 127\.0\.0\.3\] done", result.stdout, re.M)
+    for process_id in range(4):
+        seen = yaml.safe_load((out_dir / f"process-{process_id}.json").read_text())
+        assert seen == values
+    assert not os.path.exists("/tmp/podlaunch-pwned")
+
+
+@pytest.mark.slow
+def test_worker_sigkilled_at_step_k_stops_every_host(tmp_path, hosts):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts),
+                    "--set", "train.num_steps=200", "--set", "logging.log_every_steps=1",
+                    "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=5",
+                    "--set", "task.args.crash_process_id=2", "--set", "task.args.mode=sigkill",
+                    "--run-dir", str(run_dir))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"^FAILED: process_id 2 on 127\.0\.0\.4 \(killed by SIGKILL\) at step [45]; "
+                     r"it failed first\.", result.stdout, re.M), result.stdout
+    assert not survivors(tmp_path, run_dir)
+
+
+@pytest.mark.slow
+def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
+    run_dir = tmp_path / "run"
+    proc = start_launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *LONG,
+                        "--run-dir", str(run_dir))
+    stopped = []
+    try:
+        wait_for(proc, r"\[Gloo\] Rank \d is connected", 4)
+        table = sshenv._proc_table()
+        stopped = [p for p in sshenv._descendants(hosts._procs[1].pid) if table[p][1] == "sshd"]
+        assert stopped
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 1, out
+    assert "FAILED: process_id 1 on 127.0.0.3 (lost: no answer for 4 s)" in out, out
+    assert not survivors(tmp_path, run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
+    run_dir = tmp_path / "run"
+    proc = start_launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *LONG,
+                        "--run-dir", str(run_dir))
+    try:
+        wait_for(proc, r"\[Gloo\] Rank \d is connected", 4)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    assert "INTERRUPTED: every process was stopped." in out
+    assert not survivors(tmp_path, run_dir)
+
+
+@pytest.mark.slow
+def test_sigkilled_launcher_leaves_recorded_survivors_for_the_next_launch(tmp_path, hosts):
+    cluster = write_cluster(tmp_path, hosts)
+    first = tmp_path / "first"
+    proc = start_launch("jobs/linear.yaml", "--cluster", cluster, *LONG, "--run-dir", str(first))
+    try:
+        wait_for(proc, r"\[Gloo\] Rank \d is connected", 4)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        proc.kill()
+    assert set(survivors(tmp_path, first, 0)) == set(range(NUM_HOSTS))  # no pty: they run on
+
+    refused = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--run-dir", str(tmp_path / "second"))
+    assert refused.returncode == 1
+    assert re.search(r"127\.0\.0\.4\s+p2\s+1 process group\(s\) of an earlier run of 'linear' still "
+                     r"alive: p2 \(pgid \d+\) .*--kill-stale", refused.stderr), refused.stderr
+    assert set(survivors(tmp_path, first, 0)) == set(range(NUM_HOSTS))  # refusing kills nothing
+
+    cleaned = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--kill-stale",
+                     "--run-dir", str(tmp_path / "third"))
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert "stopped 4 stale process groups" in cleaned.stdout
+    assert not survivors(tmp_path, first, 0)
+
+
+def test_kill_stale_is_refused_for_local_runs():
+    result = launch("jobs/linear.yaml", "--kill-stale", "--dry-run")
+    assert result.returncode == 2
+    assert "--kill-stale: only applies to cluster.backend: ssh" in result.stderr
