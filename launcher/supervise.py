@@ -85,7 +85,8 @@ class Tracked:
     worker: Worker
     state: State = State.RUNNING
     exit: Exit | None = None
-    ended_at: float | None = None
+    ended_at: float | None = None   # when the launcher noticed the exit
+    eof_at: float | None = None     # when its output closed: the closest we see to its death
     last_step: int | None = None
     tail: collections.deque = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
@@ -150,6 +151,7 @@ def _pump(tracked: Tracked, out: queue.Queue) -> None:
                 out.put((tracked.plan.label, line))
         except Exception as exc:  # a reader must never die silently
             out.put((tracked.plan.label, f"podlaunch: output stream broke: {exc!r}"))
+        tracked.eof_at = time.monotonic()
 
 
 def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
@@ -184,6 +186,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                     if t.state is State.RUNNING and _check(t) and not t.exit.ok and first_failure is None:
                         first_failure = t
                 if first_failure is not None:
+                    first_failure = _root_cause(tracked, lines, console)
                     console.say(f"{first_failure.plan.label} failed ({first_failure.exit}); "
                                 f"stopping the other {sum(t.state is State.RUNNING for t in tracked)} processes")
                     break
@@ -200,6 +203,28 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
         t.reader.join(timeout=2.0)
     _drain(lines, console, 0)
     return Result(tracked, first_failure, interrupted, time.monotonic() - started)
+
+
+def _root_cause(tracked: list, lines: queue.Queue, console: Console,
+                window_s: float = 0.3) -> Tracked:
+    """The failure that came first, by when each failed process's output closed.
+
+    A death cascades in milliseconds (peers see a reset collective and exit
+    too), often within one poll; so wait a short window for the cascade to
+    show, then lead with the earliest. Launcher-side notice order is not
+    evidence: processes are polled in process_id order.
+    """
+    deadline = time.monotonic() + window_s
+    while time.monotonic() < deadline:
+        _drain(lines, console, 0.02)
+        for t in tracked:
+            if t.state is State.RUNNING:
+                _check(t)
+    failed = [t for t in tracked if t.state is State.FAILED]
+    for t in failed:
+        if t.reader is not None:
+            t.reader.join(timeout=0.2)
+    return min(failed, key=lambda t: (t.eof_at or t.ended_at, t.ended_at))
 
 
 def _check(t: Tracked) -> bool:

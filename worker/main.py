@@ -127,8 +127,6 @@ def train(identity: dict, job: dict, out=print) -> dict:
         for step in range(1, num_steps + 1):
             batch = (step - 1) % shard.num_batches
             params, opt_state, loss = step_fn(params, opt_state, shard.x[batch], shard.y[batch])
-            if task.on_step_end is not None:
-                task.on_step_end(step, process_id)
             if step % log_every == 0 or step == num_steps:
                 loss_value = float(loss[0])  # the only device sync: at log steps
                 now = time.perf_counter()
@@ -144,6 +142,8 @@ def train(identity: dict, job: dict, out=print) -> dict:
                     "step_time_s": step_time_s,
                     "examples_per_s": global_batch / step_time_s,
                 })
+            if task.on_step_end is not None:
+                task.on_step_end(step, process_id)
         final = {jax.tree_util.keystr(path): leaf for path, leaf in
                  jax.tree_util.tree_flatten_with_path(unreplicate(params))[0]}
         if process_id == 0:
@@ -157,6 +157,18 @@ def train(identity: dict, job: dict, out=print) -> dict:
         tracker.close()
 
 
+def _exit_now(code: int) -> None:
+    """Exit without Python's atexit hooks.
+
+    JAX registers an atexit hook that joins the coordination service's shutdown
+    barrier; a failed or terminated worker would wait there for peers that will
+    never arrive (up to shutdown_timeout_seconds, 300 s by default).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main() -> None:
     """Entry point of ``python -m worker``; exits non-zero on any failure."""
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -165,18 +177,16 @@ def main() -> None:
         with open(identity["job"], "r", encoding="utf-8") as f:
             job = json.load(f)
         jax = join(identity, job)
+        print(f"process {jax.process_index()}/{jax.process_count()} joined "
+              f"{identity['coordinator_address']}", flush=True)
+        train(identity, job, out=lambda text: print(text, flush=True))
     except Mismatch as exc:
         print(f"worker: {exc}", flush=True)
-        sys.exit(contract.EXIT_MISMATCH)
-    print(f"process {jax.process_index()}/{jax.process_count()} joined "
-          f"{identity['coordinator_address']}", flush=True)
-    try:
-        train(identity, job, out=lambda text: print(text, flush=True))
-    except SystemExit:
-        raise
+        _exit_now(contract.EXIT_MISMATCH)
+    except SystemExit as exc:  # SIGTERM from the launcher
+        _exit_now(exc.code if isinstance(exc.code, int) else 1)
     except BaseException:
         traceback.print_exc()
-        sys.stdout.flush()
-        sys.exit(1)
+        _exit_now(1)
     jax.distributed.shutdown()
     print("done", flush=True)

@@ -1,0 +1,178 @@
+"""Single-host debug mode end to end: real JAX processes, real event files, the process table.
+
+These tests start several JAX processes each, so they are marked slow; CI runs them.
+"""
+
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from helpers import event_files, launch, read_scalars, run_pids, start_launch, wait_gone
+
+pytestmark = pytest.mark.slow
+
+
+def read_params(run_dir) -> list[np.ndarray]:
+    with np.load(os.path.join(run_dir, "params.npz")) as f:
+        return [f[k] for k in sorted(f.files)]
+
+
+def test_main_job_trains_and_logs_to_tensorboard(tmp_path):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert re.search(r"^\[p0\] step 100/100 loss", out, re.M)
+    assert re.search(r"^\[p1\] step 100/100 loss", out, re.M)
+    assert f"tensorboard --logdir {run_dir}/tensorboard" in out
+    assert "OK: 2 processes succeeded" in out
+    # one event file, process 0's, with the loss at every logged step
+    files = event_files(str(run_dir))
+    assert len(files) == 1 and files[0].startswith(str(run_dir / "tensorboard"))
+    scalars = read_scalars(str(run_dir / "tensorboard"))
+    steps = [step for step, _ in scalars["loss"]]
+    assert steps == list(range(10, 101, 10))
+    losses = [value for _, value in scalars["loss"]]
+    assert losses[-1] < losses[0] / 5, losses
+    assert losses[-1] < 0.011  # near the noise floor: noise_std**2 = 0.01
+    for tag in ("learning_rate", "step_time_s", "examples_per_s"):
+        assert [s for s, _ in scalars[tag]] == steps
+    assert sorted(os.listdir(run_dir / "logs")) == ["process-000.log", "process-001.log"]
+    log1 = (run_dir / "logs" / "process-001.log").read_text()
+    assert "step 100/100" in log1 and "[p1]" not in log1
+    assert (run_dir / "spec.yaml").exists()
+    assert not run_pids(str(run_dir))
+
+
+def numpy_gradient_descent(steps: int, lr: float, num_examples=256, in_features=4, noise_std=0.1,
+                           data_seed=1, init_seed=0):
+    """Plain full-batch gradient descent on the same data and init, in float64."""
+    import jax
+
+    from worker.data import synthetic_rows
+    from worker.tasks import init_linear
+
+    x, y = synthetic_rows(data_seed, in_features, 1, noise_std, 0, num_examples)
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    w, b = (np.asarray(a, np.float64) for a in init_linear(jax.random.PRNGKey(init_seed), in_features, 1))
+    for _ in range(steps):
+        residual = x @ w + b - y
+        w = w - lr * (2.0 / num_examples) * (x.T @ residual)
+        b = b - lr * (2.0 / num_examples) * residual.sum(axis=0)
+    return [w, b]
+
+
+def test_params_do_not_depend_on_the_topology_and_equal_numpy_gd(tmp_path):
+    finals = {}
+    for processes, devices in [(1, 1), (1, 4), (2, 2), (4, 1)]:
+        run_dir = tmp_path / f"{processes}x{devices}"
+        result = launch("jobs/linear.yaml", "--run-dir", str(run_dir),
+                        "--set", "train.num_steps=30", "--set", "logging.tensorboard=false",
+                        "--set", f"cluster.num_processes={processes}",
+                        "--set", f"cluster.devices_per_process={devices}")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        finals[(processes, devices)] = read_params(run_dir)
+    reference = numpy_gradient_descent(steps=30, lr=0.1)
+    for topology, params in finals.items():
+        for got, want, base in zip(params, reference, finals[(1, 1)]):
+            np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-7, err_msg=str(topology))
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(topology))
+
+
+def run_until_it_fails(*args, timeout_s=120):
+    """Start a launch, note when the injected fault fires, and wait for the launcher's exit."""
+    proc = start_launch(*args)
+    injected_at, lines = None, []
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stdout:
+        lines.append(line)
+        if injected_at is None and "faulty_task: injecting" in line:
+            injected_at = time.monotonic()
+        assert time.monotonic() < deadline, "".join(lines)
+    proc.wait(timeout=30)
+    return proc.returncode, "".join(lines), injected_at, time.monotonic()
+
+
+@pytest.mark.parametrize("mode,what", [("raise", "exit code 1"), ("sigkill", "killed by SIGKILL")])
+def test_a_crash_stops_every_process_within_5s(tmp_path, mode, what):
+    run_dir = tmp_path / "run"
+    code, out, injected_at, ended_at = run_until_it_fails(
+        "jobs/linear.yaml", "--run-dir", str(run_dir),
+        "--set", "cluster.num_processes=4", "--set", "cluster.devices_per_process=1",
+        "--set", "train.num_steps=100000", "--set", "logging.log_every_steps=1",
+        "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=7",
+        "--set", "task.args.crash_process_id=2", "--set", f"task.args.mode={mode}")
+    assert code == 1, out
+    assert injected_at is not None, out
+    assert ended_at - injected_at < 5.0, out
+    assert not run_pids(str(run_dir))
+    summary = out[out.index("FAILED:"):]
+    assert summary.startswith(f"FAILED: process_id 2 on localhost ({what}) at step 7; it failed first."), summary
+    assert "faulty_task: injecting" in summary  # the tail of the failed process's log
+    if mode == "raise":
+        assert "RuntimeError: injected failure at step 7" in summary
+    assert re.search(r"^p2 +localhost +failed \(first\)", summary, re.M)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_everything_and_exits_130(tmp_path, sig):
+    run_dir = tmp_path / "run"
+    proc = start_launch("jobs/linear.yaml", "--run-dir", str(run_dir),
+                        "--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=50")
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if re.match(r"\[p1\] step \d+/", line):
+            break
+    assert len(run_pids(str(run_dir))) == 2, "".join(lines)
+    proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "INTERRUPTED: every process was stopped." in rest
+    assert not wait_gone(str(run_dir), 1.0)
+
+
+def test_a_user_task_plugs_in(tmp_path):
+    # faulty_task with no fault is a user task from tests/ (on PYTHONPATH): same params as built-in
+    runs = {}
+    for name in ("linear_regression", "faulty_task:make"):
+        run_dir = tmp_path / name.replace(":", "_")
+        result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), "--set", f"task.name={name}",
+                        "--set", "train.num_steps=10", "--set", "cluster.num_processes=1")
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+        runs[name] = read_params(run_dir)
+    for a, b in zip(*runs.values()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_mismatched_plan_is_reported_before_the_first_step(tmp_path):
+    # The worker checks what JAX reports against the plan: here the env says 3 devices
+    # but the launcher's own check says 2, so every process fails with a clear message.
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir),
+                    "--set", "cluster.env.JAX_NUM_CPU_DEVICES=3")
+    assert result.returncode == 1
+    assert "JAX disagrees with the launcher's plan: local_device_count is 3, the plan says 2" in result.stdout
+    assert "exit code 3" in result.stdout
+
+
+def test_diabetes_job_reaches_the_least_squares_optimum(tmp_path):
+    from helpers import REPO
+
+    run_dir = tmp_path / "run"
+    result = launch("jobs/diabetes.yaml", "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    table = np.loadtxt(os.path.join(REPO, "jobs", "data", "diabetes.csv"), delimiter=",", skiprows=1)
+    x, y = table[:, :-1], table[:, -1:]
+    design = np.hstack([x, np.ones((len(x), 1))])
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    optimum = float(np.mean((design @ coef - y) ** 2))
+    w, b = read_params(run_dir)  # keys "[0]" (w) and "[1]" (b)
+    final = float(np.mean((x @ w + b - y) ** 2))
+    assert optimum <= final <= optimum * 1.01, (final, optimum)
+    logged = read_scalars(str(run_dir / "tensorboard"))["loss"]
+    assert logged[-1][0] == 500 and logged[-1][1] <= optimum * 1.01

@@ -1,0 +1,193 @@
+"""Spec loading: YAML traps, every kind of mistake, overrides, and the shipped files.
+
+Bad input goes through the real CLI: exit 2, one path-qualified line per
+problem, no traceback, and nothing started (no run directory appears).
+"""
+
+import glob
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+from helpers import REPO, launch
+from launcher import spec, yamlio
+from launcher.errors import SpecError
+
+GOOD = textwrap.dedent("""\
+    name: t
+    task:
+      name: linear_regression
+    data:
+      source: synthetic
+      num_examples: 64
+    optimizer:
+      name: sgd
+      learning_rate: 0.1
+    train:
+      num_steps: 5
+      global_batch_size: 64
+    logging:
+      log_every_steps: 1
+      tensorboard: true
+    cluster:
+      backend: local
+      num_processes: 2
+      devices_per_process: 2
+    """)
+
+
+def edit(old: str, new: str) -> str:
+    assert old in GOOD, old
+    return GOOD.replace(old, new)
+
+
+# (id, spec text, extra CLI args, substrings every one of which must be in stderr)
+BAD = [
+    ("unknown-top-key", GOOD + "trian: {}\n", [], ["bad.yaml:20: trian: unknown key; did you mean 'train'?"]),
+    ("unknown-nested-key", edit("  num_steps: 5", "  num_stepz: 5"), [],
+     ["bad.yaml:11: train.num_stepz: unknown key; did you mean 'num_steps'?",
+      "train.num_steps: missing"]),
+    ("wrong-type", edit("learning_rate: 0.1", "learning_rate: fast"), [],
+     ["bad.yaml:9: optimizer.learning_rate: expected a number, got 'fast'"]),
+    ("negative-count", edit("num_steps: 5", "num_steps: -5"), [],
+     ["bad.yaml:11: train.num_steps: expected a number > 0, got -5"]),
+    ("zero-processes", edit("num_processes: 2", "num_processes: 0"), [],
+     ["bad.yaml:18: cluster.num_processes: expected 1 to 256, got 0"]),
+    ("batch-does-not-divide", edit("global_batch_size: 64", "global_batch_size: 62"), [],
+     ["bad.yaml:12: train.global_batch_size: 62 does not divide evenly over device_count 4"]),
+    ("missing-data-file", edit("source: synthetic\n  num_examples: 64", "source: file\n  path: nope.csv"),
+     [], ["bad.yaml:6: data.path: no such file", "nope.csv"]),
+    ("missing-required", edit("  global_batch_size: 64\n", ""), [],
+     ["train.global_batch_size: missing; expected an integer"]),
+    ("yaml11-bool", edit("tensorboard: true", "tensorboard: yes"), [],
+     ["bad.yaml:15: logging.tensorboard: expected true or false, got 'yes'", "YAML 1.1"]),
+    ("yaml11-octal", edit("devices_per_process: 2", "devices_per_process: 010"), [],
+     ["bad.yaml:19: cluster.devices_per_process: expected an integer, got '010'", "octal"]),
+    ("duplicate-key", edit("  num_steps: 5\n", "  num_steps: 5\n  num_steps: 6\n"), [],
+     ["bad.yaml:12: train.num_steps: duplicate key (first written on line 11)"]),
+    ("syntax-error", edit("  name: sgd", "  name: [sgd"), [], ["bad.yaml:", "not valid YAML"]),
+    ("empty-file", "", [], ["bad.yaml: the file is empty"]),
+    ("top-level-list", "- a\n- b\n", [], ["bad.yaml:1: expected a mapping of settings at the top"]),
+    ("unknown-optimizer", edit("name: sgd", "name: adm"), [],
+     ["bad.yaml:8: optimizer.name: expected one of sgd, adam, adamw, got 'adm'", "did you mean 'adam'?"]),
+    ("unknown-backend", edit("backend: local", "backend: kubernetes"), [],
+     ["bad.yaml:17: cluster.backend: expected one of local"]),
+    ("path-with-synthetic", edit("num_examples: 64", "num_examples: 64\n  path: x.csv"), [],
+     ["bad.yaml:7: data.path: only used with data.source: file"]),
+    ("synthetic-key-with-file", edit("source: synthetic\n  num_examples: 64",
+                                     "source: file\n  path: data/diabetes.csv\n  noise_std: 0.1"),
+     [], ["data.noise_std: only used with data.source: synthetic"]),
+    ("malformed-task", edit("name: linear_regression", "name: not a task"), [],
+     ["bad.yaml:3: task.name: expected a built-in task"]),
+    ("task-not-importable", edit("name: linear_regression", "name: no_such_module_xyz:make"), [],
+     ["task.name: module 'no_such_module_xyz' is not importable here"]),
+    ("env-float", GOOD + "  env: {RATIO: 1.50}\n", [],
+     ["bad.yaml:20: cluster.env.RATIO: expected a string or an integer, got 1.5", "quote it"]),
+    ("env-bad-name", GOOD + "  env: {A-B: x}\n", [], ["cluster.env: expected environment variable names"]),
+    ("job-name-space", edit("name: t", "name: my job"), [], ["bad.yaml:1: name: expected letters, digits"]),
+    ("too-few-examples", edit("num_examples: 64", "num_examples: 32"), [],
+     ["bad.yaml:6: data.num_examples: 32 rows cannot fill one global batch of 64"]),
+    ("set-without-equals", GOOD, ["--set", "train.num_steps"], ["--set: expected KEY=VALUE"]),
+    ("set-unknown-key", GOOD, ["--set", "train.lr=0.1"], ["--set: train.lr: unknown key"]),
+    ("set-bad-value", GOOD, ["--set", "train.num_steps=many"],
+     ["--set: train.num_steps: expected an integer, got 'many'"]),
+    ("port-out-of-range", GOOD + "  coordinator_port: 70000\n", [],
+     ["bad.yaml:20: cluster.coordinator_port: expected a TCP port 1-65535"]),
+    ("momentum-out-of-range", edit("learning_rate: 0.1", "learning_rate: 0.1\n  momentum: 1.5"), [],
+     ["optimizer.momentum: expected 0.0 to 1.0, got 1.5"]),
+    ("section-not-mapping", edit("logging:\n  log_every_steps: 1\n  tensorboard: true", "logging: 5"), [],
+     ["bad.yaml:13: logging: expected a mapping of settings, got 5"]),
+    ("null-value", edit("learning_rate: 0.1", "learning_rate: ~"), [],
+     ["bad.yaml:9: optimizer.learning_rate: expected a number, got null"]),
+    ("float-for-int", edit("num_steps: 5", "num_steps: 5.0"), [], ["train.num_steps: expected an integer", "write 5"]),
+    ("underscore-number", edit("num_steps: 5", "num_steps: 1_000"), [], ["without underscores"]),
+    ("infinite-rate", edit("learning_rate: 0.1", "learning_rate: .inf"), [], ["expected a finite number"]),
+    ("missing-cluster-file", GOOD, ["--cluster", "no/such/cluster.yaml"], ["--cluster no/such/cluster.yaml: cannot read"]),
+]
+
+
+@pytest.mark.parametrize("text,args,expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_spec_exits_2_with_path_and_starts_nothing(tmp_path, text, args, expected):
+    # data paths are relative to the spec file: put it beside jobs/data
+    path = os.path.join(REPO, "jobs", f".bad-{os.getpid()}-{tmp_path.name}.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    run_dir = tmp_path / "run"
+    try:
+        result = launch(path, "--run-dir", str(run_dir), *args, timeout_s=60)
+    finally:
+        os.remove(path)
+    stderr = result.stderr.replace(os.path.basename(path), "bad.yaml")
+    assert result.returncode == 2, stderr
+    for needle in expected:
+        assert needle in stderr, f"{needle!r} not in:\n{stderr}"
+    assert "Traceback" not in stderr
+    assert "nothing was started" in stderr
+    assert not run_dir.exists()
+
+
+def test_at_least_twenty_kinds_of_mistake():
+    assert len(BAD) >= 20
+
+
+def test_yaml_reads_what_the_user_sees():
+    value, lines = yamlio.load("a: yes\nb: 1e-3\nc: 0755\nd: 12:30\ne: 2024-01-01\nf: on\n"
+                               "g: true\nh: 0o17\ni: 0x1F\nj: 1_000\n", "x.yaml")
+    assert value == {"a": "yes", "b": 0.001, "c": "0755", "d": "12:30", "e": "2024-01-01",
+                     "f": "on", "g": True, "h": 15, "i": 31, "j": "1_000"}
+    assert lines[("c",)] == 3
+
+
+def test_overrides_are_typed_and_validated_like_the_file():
+    job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"),
+                    overrides=("train.num_steps=7", "optimizer.learning_rate=1e-2",
+                               "cluster.env.GREETING=hello world", "cluster.env.N=007"))
+    assert job.train.num_steps == 7 and job.optimizer.learning_rate == 0.01
+    assert job.cluster.env == {"GREETING": "hello world", "N": "007"}
+    with pytest.raises(SpecError) as info:
+        spec.load(os.path.join(REPO, "jobs", "linear.yaml"), overrides=("cluster.num_processes=3",))
+    assert "does not divide evenly over device_count 6" in str(info.value)
+
+
+def test_derived_values_are_computed():
+    job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"),
+                    overrides=("cluster.num_processes=4", "cluster.devices_per_process=2"))
+    assert (job.num_processes, job.device_count, job.per_device_batch_size) == (4, 8, 32)
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "jobs", "*.yaml"))))
+def test_every_shipped_job_loads(path):
+    job = spec.load(path)
+    assert job.train.global_batch_size % job.device_count == 0
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "jobs", "clusters", "*.yaml"))))
+def test_every_shipped_cluster_loads(path):
+    job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"), cluster_path=path)
+    assert job.cluster.backend in ("local", "ssh", "tpu")
+
+
+def test_file_data_rows_are_checked_before_launch(tmp_path):
+    np.save(tmp_path / "d.npy", np.zeros((10, 3), np.float32))
+    (tmp_path / "job.yaml").write_text(GOOD.replace(
+        "source: synthetic\n  num_examples: 64", "source: file\n  path: d.npy"))
+    with pytest.raises(SpecError) as info:
+        spec.load(str(tmp_path / "job.yaml"))
+    assert "train.global_batch_size: 64 is more than the 10 rows" in str(info.value)
+
+
+def test_dry_run_prints_the_plan_masks_secrets_and_starts_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--dry-run", "--run-dir", str(run_dir),
+                    "--set", "cluster.env.API_TOKEN=s3cret", "--set", "cluster.env.MSG=a b $c")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "s3cret" not in out and "API_TOKEN='****'" in out
+    assert "MSG='a b $c'" in out
+    for process_id in (0, 1):
+        assert f"p{process_id}: host localhost, process_id {process_id}, 2 devices" in out
+        assert f"PODLAUNCH_PROCESS_ID={process_id}" in out
+    assert "global_batch_size 256 = 64 per device" in out
+    assert not run_dir.exists()
