@@ -17,6 +17,7 @@ import yaml
 
 from launcher import plan as planning
 from launcher import spec as specs
+from launcher import tpu_rehearsal
 from launcher import backends
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.supervise import Console, summary, supervise
@@ -41,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kill-stale", action="store_true",
                         help="ssh: stop processes of an earlier run of this job still alive on the "
                              "hosts (recorded by pid, never matched by name) instead of refusing")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="tpu: run the pod's exact topology (hosts x chips per host, slices) as "
+                             "local processes with CPU devices, before paying for the pod")
     return parser
 
 
@@ -79,14 +83,18 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
     args = _parser().parse_args(argv)
     console = console or Console()
     job = specs.load(args.job, args.cluster, tuple(args.overrides))
+    if args.rehearse:
+        job = tpu_rehearsal.local_job(job)  # SpecError unless cluster.backend is tpu
     if job.cluster.backend == "local":
         specs.check_task_importable(job)
     run_dir = _run_dir(job, args.run_dir)
-    backend = backends.get(job.cluster.backend)
-    if args.kill_stale and job.cluster.backend != "ssh":
+    backend = tpu_rehearsal if args.rehearse else backends.get(job.cluster.backend)
+    if args.kill_stale and job.cluster.backend not in ("ssh", "tpu"):
         raise SpecError([Problem("--kill-stale", None, "", "only applies to cluster.backend: ssh "
-                                 f"(this job's is {job.cluster.backend}); remove the flag")])
+                                 f"or tpu (this job's is {job.cluster.backend}); remove the flag")])
     extra = {"kill_stale": True} if args.kill_stale else {}
+    if job.cluster.backend == "tpu" and args.dry_run:
+        extra["dry_run"] = True  # a dry run stops no stale holder, it reports them
     plan = backend.prepare(job, run_dir, sys.executable, console, **extra)
     if args.dry_run:
         print(planning.describe(plan))

@@ -138,16 +138,9 @@ class SshHost:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SshCluster:
-    """Real hosts over SSH (``launcher.backends.ssh``); see docs/ssh.md."""
+class SshSettings:
+    """How to reach and run on hosts over SSH; shared by the ssh and tpu clusters."""
 
-    backend: Literal["ssh"] = setting("ssh", doc="local, ssh or tpu")
-    hosts: tuple[SshHost, ...] = setting(check=_non_empty_hosts,
-                                         doc="hosts in process order; host 0 runs the coordinator")
-    processes_per_host: int = setting(1, check=schema.in_range(1, 256), doc="worker processes per host")
-    devices_per_process: int = setting(1, check=schema.in_range(1, 256),
-                                       doc="devices each process sees (cpu: JAX_NUM_CPU_DEVICES)")
-    platform: Literal["cpu", "gpu", "tpu"] = setting("cpu", doc="the platform the workers must report")
     user: str | None = setting(None, doc="login user; unset: ssh_config, then the local user")
     port: int | None = setting(None, check=schema.in_range(1, 65535), doc="sshd port; unset: ssh_config, then 22")
     identity_file: str | None = setting(None, doc="private key tried first; ssh_config's and ssh-agent's keys follow")
@@ -162,8 +155,6 @@ class SshCluster:
     keepalive_timeout_s: float = setting(15.0, check=positive,
                                          doc="a host that answers no keepalive for this long is lost")
     max_parallel: int = setting(32, check=schema.in_range(1, 1024), doc="hosts contacted at once")
-    coordinator_port: int = setting(0, check=port_or_zero,
-                                    doc="JAX coordinator port on host 0; 0 picks a free one there")
     workdir: str = setting("podlaunch", doc="remote working directory (relative paths: from the login home)")
     python: str = setting("python3", check=schema.non_empty,
                           doc="remote python that runs the worker (sshd's PATH is minimal: prefer an absolute path)")
@@ -171,6 +162,21 @@ class SshCluster:
     sync_dir: str | None = setting(None, doc="local directory synced into each host's workdir before start")
     grace_s: float = setting(5.0, check=non_negative, doc="after SIGTERM, wait this long before SIGKILL")
     env: dict[str, schema.EnvValue] = setting({}, check=_env_name, doc="extra environment for every worker")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SshCluster(SshSettings):
+    """Real hosts over SSH (``launcher.backends.ssh``); see docs/ssh.md."""
+
+    backend: Literal["ssh"] = setting("ssh", doc="local, ssh or tpu")
+    hosts: tuple[SshHost, ...] = setting(check=_non_empty_hosts,
+                                         doc="hosts in process order; host 0 runs the coordinator")
+    processes_per_host: int = setting(1, check=schema.in_range(1, 256), doc="worker processes per host")
+    devices_per_process: int = setting(1, check=schema.in_range(1, 256),
+                                       doc="devices each process sees (cpu: JAX_NUM_CPU_DEVICES)")
+    platform: Literal["cpu", "gpu", "tpu"] = setting("cpu", doc="the platform the workers must report")
+    coordinator_port: int = setting(0, check=port_or_zero,
+                                    doc="JAX coordinator port on host 0; 0 picks a free one there")
 
     def processes_on(self, host: SshHost) -> int:
         return host.num_processes or self.processes_per_host
@@ -180,7 +186,89 @@ class SshCluster:
         return sum(self.processes_on(h) for h in self.hosts)
 
 
-CLUSTERS = {"local": LocalCluster, "ssh": SshCluster}
+def _accelerator_type(value: str) -> str | None:
+    from launcher import tpu_topology  # no cycle: tpu_topology imports nothing of ours
+    return tpu_topology.check_accelerator_type(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TpuCluster(SshSettings):
+    """Cloud TPU VM slices, discovered with gcloud, run over SSH; see docs/tpu.md.
+
+    One process per TPU VM host; process_id = slice_index x hosts_per_slice +
+    worker_index (the order JAX's own TPU cluster detection uses).
+    """
+
+    backend: Literal["tpu"] = setting("tpu", doc="local, ssh or tpu")
+    tpu: str | None = setting(None, doc="name of one TPU slice")
+    slices: tuple[str, ...] = setting((), doc="names of several TPU slices (multislice), in slice order")
+    queued_resource: str | None = setting(None, doc="name of a queued resource; its slices, in order")
+    zone: str = setting(check=schema.non_empty, doc="the TPU's zone, e.g. us-central2-b")
+    project: str | None = setting(None, doc="GCP project; unset: gcloud's configured project")
+    accelerator_type: str = setting(check=_accelerator_type,
+                                    doc="e.g. v4-32; checked against gcloud; gives hosts and chips per slice")
+    num_slices: int | None = setting(None, check=schema.in_range(1, 1024),
+                                     doc="queued_resource only: slices it holds (default 1)")
+    ip: Literal["internal", "external"] = setting(
+        "internal", doc="connect to networkEndpoints[].ipAddress (internal) or .accessConfig.externalIp")
+    identity_file: str | None = setting("~/.ssh/google_compute_engine",
+                                        doc="private key tried first (gcloud's key); used only if it exists")
+    platform: Literal["cpu", "gpu", "tpu"] = setting("tpu", doc="the platform the workers must report")
+    local_device_count: int | None = setting(
+        None, check=schema.in_range(1, 256),
+        doc="devices each host's process sees; unset: JAX devices per host of accelerator_type")
+    coordinator_port: int | None = setting(
+        None, check=port_or_zero,
+        doc="JAX coordinator port on slice 0 worker 0; unset: JAX's TPU default for the hosts' jax "
+        "(8482 since jax 0.8.1, 8476 before); 0 picks a free one")
+    megascale_port: int = setting(8080, check=schema.in_range(1, 65535),
+                                  doc="multislice: MEGASCALE_PORT, the DCN port between slices")
+    cluster_detection_method: Literal["deactivate", "gcetpu"] = setting(
+        "deactivate", doc="deactivate: the launcher gives every process its id; gcetpu: JAX reads it "
+        "from TPU metadata (the worker still checks it against the plan)")
+    stop_other_tpu_holders: bool = setting(
+        False, doc="also stop processes not started by podlaunch that hold the TPU devices")
+    tpu_device_paths: tuple[str, ...] = setting(("/dev/accel*", "/dev/vfio/*"),
+                                                doc="globs of the TPU device files checked for holders")
+    libtpu_lockfile: str = setting("/tmp/libtpu_lockfile",
+                                   doc="libtpu's lock file; removed when stale (no holder left)")
+    gcloud: str = setting("gcloud", check=schema.non_empty, doc="the gcloud CLI (found on PATH)")
+    gcloud_timeout_s: float = setting(60.0, check=positive, doc="each gcloud call must answer within this")
+
+    def problems(self) -> list:
+        """Cross-field problems as (key, message) pairs."""
+        given = [k for k in ("tpu", "slices", "queued_resource") if getattr(self, k)]
+        out = []
+        if len(given) != 1:
+            out.append(("tpu", "expected exactly one of tpu (one slice), slices (a list) or "
+                        f"queued_resource, got {', '.join(given) if given else 'none'}"))
+        if self.num_slices is not None and not self.queued_resource:
+            out.append(("num_slices", f"only used with queued_resource; the slice count is "
+                        f"{max(1, len(self.slices))} here; remove it"))
+        if len(set(self.slices)) != len(self.slices):
+            out.append(("slices", f"names a slice twice: {list(self.slices)}"))
+        return out
+
+    @property
+    def slice_count(self) -> int:
+        return len(self.slices) or self.num_slices or 1
+
+    @property
+    def hosts_per_slice(self) -> int:
+        from launcher import tpu_topology
+        return tpu_topology.topology(self.accelerator_type).hosts
+
+    @property
+    def devices_per_process(self) -> int:
+        from launcher import tpu_topology
+        return self.local_device_count or tpu_topology.topology(self.accelerator_type).devices_per_host
+
+    @property
+    def num_processes_total(self) -> int:
+        return self.slice_count * self.hosts_per_slice
+
+
+CLUSTERS = {"local": LocalCluster, "ssh": SshCluster, "tpu": TpuCluster}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -326,7 +414,13 @@ def _build_cluster(raw: Any, ctx: schema.Context) -> Any:
         return MISSING
     if isinstance(raw.get("hosts"), list):  # a plain name is short for {host: name}
         raw = {**raw, "hosts": [{"host": h} if isinstance(h, str) else h for h in raw["hosts"]]}
-    return schema.build(cls, raw, ("cluster",), ctx)
+    cluster = schema.build(cls, raw, ("cluster",), ctx)
+    if cluster is not MISSING and hasattr(cluster, "problems"):
+        for key, message in cluster.problems():
+            ctx.error(("cluster", key), message)
+        if cluster.problems():
+            return MISSING
+    return cluster
 
 
 def _check_job(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:

@@ -48,3 +48,9 @@ def parse_step(line: str):
     if match is None:
         return None
     return int(match.group("done") or match.group("failed"))
+
+# Optional: JAX's cluster_detection_method for jax.distributed.initialize.
+# "deactivate" (the default): the launcher's process_id and num_processes are
+# used as given; "gcetpu": JAX reads them from the TPU VM's metadata and the
+# worker checks them against the plan.
+CLUSTER_DETECTION_METHOD = "PODLAUNCH_CLUSTER_DETECTION_METHOD"

@@ -54,7 +54,12 @@ def _on_sigterm(signum, frame):
 
 
 def join(identity: dict, job: dict):
-    """``jax.distributed.initialize`` with everything explicit, then check the plan.
+    """``jax.distributed.initialize``, then check what JAX reports against the plan.
+
+    By default every argument is explicit (``cluster_detection_method="deactivate"``).
+    When the launcher sets ``contract.CLUSTER_DETECTION_METHOD`` to another of
+    JAX's methods (``gcetpu``: TPU VM metadata), JAX detects process_id and
+    num_processes itself and the checks below catch any disagreement.
 
     Raises:
       Mismatch: process_count, process_index, local_device_count or platform
@@ -65,13 +70,15 @@ def join(identity: dict, job: dict):
     if identity["platform"] == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     dist = job["distributed"]
+    detection = os.environ.get(contract.CLUSTER_DETECTION_METHOD) or "deactivate"
+    explicit = {} if detection != "deactivate" else {
+        "num_processes": identity["num_processes"], "process_id": identity["process_id"]}
     jax.distributed.initialize(
         coordinator_address=identity["coordinator_address"],
-        num_processes=identity["num_processes"],
-        process_id=identity["process_id"],
-        cluster_detection_method="deactivate",  # the launcher knows better than env sniffing
+        cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing
         initialization_timeout=dist["initialization_timeout_s"],
         heartbeat_timeout_seconds=dist["heartbeat_timeout_s"],
+        **explicit,
     )
     seen = {
         "process_count": (jax.process_count(), identity["num_processes"]),
@@ -84,7 +91,8 @@ def join(identity: dict, job: dict):
     wrong = [f"{name} is {got}, the plan says {want}" for name, (got, want) in seen.items()
              if got != want]
     if wrong:
-        raise Mismatch("JAX disagrees with the launcher's plan: " + "; ".join(wrong))
+        source = "" if detection == "deactivate" else f" (identity detected by JAX's {detection})"
+        raise Mismatch("JAX disagrees with the launcher's plan" + source + ": " + "; ".join(wrong))
     return jax
 
 

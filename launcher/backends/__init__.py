@@ -9,7 +9,8 @@ Each backend module provides:
 
 import importlib
 
-BACKENDS = {"local": "launcher.backends.local", "ssh": "launcher.backends.ssh"}
+BACKENDS = {"local": "launcher.backends.local", "ssh": "launcher.backends.ssh",
+            "tpu": "launcher.backends.tpu"}
 
 
 def get(name: str):

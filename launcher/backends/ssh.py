@@ -373,6 +373,20 @@ def table(checks: list) -> str:
     return "\n".join(rows)
 
 
+def refuse_unfit(checks: list, hosts: list, what: str) -> None:
+    """Close every connection and raise if any check has a reason.
+
+    Raises:
+      LaunchError: "<what> failed on k of n hosts; nothing was started anywhere." and the table.
+    """
+    bad = [c for c in checks if c.reason]
+    if bad:
+        for h in hosts:
+            h.close()
+        raise LaunchError(f"{what} failed on {len(bad)} of {len(hosts)} hosts; nothing was "
+                          f"started anywhere.\n{table(checks)}")
+
+
 def preflight(hosts: list, job: JobSpec, kill_stale: bool = False) -> list:
     """Check every host in parallel (at most ``max_parallel`` at once); connections stay open.
 
@@ -387,12 +401,7 @@ def preflight(hosts: list, job: JobSpec, kill_stale: bool = False) -> list:
     with concurrent.futures.ThreadPoolExecutor(min(job.cluster.max_parallel, len(hosts))) as pool:
         checks = list(pool.map(lambda h: _preflight_host(h, job, kill_stale), hosts))
     _judge(checks, job, kill_stale)
-    bad = [c for c in checks if c.reason]
-    if bad:
-        for h in hosts:
-            h.close()
-        raise LaunchError(f"preflight failed on {len(bad)} of {len(hosts)} hosts; nothing was "
-                          f"started anywhere.\n{table(checks)}")
+    refuse_unfit(checks, hosts, "preflight")
     for c in checks:
         c.host.workdir = c.facts["workdir"]
     return checks
@@ -439,16 +448,44 @@ def prepare(job: JobSpec, run_dir: str, python: str, console=None, kill_stale: b
       SpecError: bad cluster settings (a missing ssh_config_file).
       LaunchError: preflight failed on some host (a table of hosts and reasons).
     """
-    cluster: SshCluster = job.cluster
+    hosts, checks = connect(job, console, kill_stale)
+    address = f"{coordinator_ip(hosts[0])}:{checks[0].facts['port']}"
+    return plan_processes(job, run_dir, hosts, address)
+
+
+def connect(job: JobSpec, console=None, kill_stale: bool = False) -> tuple[list, list]:
+    """Resolve, connect and preflight every host (``prepare`` without the plan).
+
+    Returns:
+      (hosts, checks), both in host order; connections stay open.
+
+    Raises:
+      SpecError, LaunchError: as ``prepare``.
+    """
     hosts = resolve_hosts(job)
     started = time.monotonic()
     checks = preflight(hosts, job, kill_stale)
     if console is not None:
-        killed = sum(1 for c in checks for r in c.facts.get("survivors", ()) if r.get("stopped"))
+        killed = len(stopped_survivors(checks))
         console.say(f"preflight ok on {len(hosts)} hosts in {time.monotonic() - started:.1f}s "
                     f"(python {checks[0].facts['python']}, jax {checks[0].facts['jax']})"
                     + (f"; stopped {killed} stale process groups" if killed else ""))
-    address = f"{coordinator_ip(hosts[0])}:{checks[0].facts['port']}"
+    return hosts, checks
+
+
+def stopped_survivors(checks: list) -> list:
+    """Survivor records preflight stopped, once each (hosts may share a filesystem)."""
+    seen = {}
+    for c in checks:
+        for r in c.facts.get("survivors", ()):
+            if r.get("stopped"):
+                seen.setdefault((r["pgid"], r["run_dir"]), r)
+    return list(seen.values())
+
+
+def plan_processes(job: JobSpec, run_dir: str, hosts: list, address: str) -> SshPlan:
+    """Plan every process of ``hosts`` (preflighted), all given ``address`` as coordinator."""
+    cluster: SshCluster = job.cluster
     processes = []
     plan = SshPlan(job=job, run_dir=run_dir, coordinator_address=address, processes=(),
                    hosts=tuple(hosts))

@@ -1,0 +1,276 @@
+"""The tpu backend: gcloud discovery (a stand-in gcloud on PATH), ids, multislice env,
+stale TPU holders, and the CPU rehearsal. Hosts are real sshd on 127.0.0.2-5 (tests/sshenv.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+import fake_gcloud
+import sshenv
+from helpers import LAUNCH, REPO, TESTS, env_for_tests
+from launcher import spec as specs
+from launcher import tpu_topology
+from launcher.backends import tpu
+from launcher.errors import LaunchError
+from launcher.supervise import Console
+
+ZONE = "us-central2-b"
+TWO_SLICES = {"slice-a": ["127.0.0.2", "127.0.0.3"], "slice-b": ["127.0.0.4", "127.0.0.5"]}
+
+
+def run_launch(bin_dir, *args, timeout_s=240) -> subprocess.CompletedProcess:
+    env = env_for_tests(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(LAUNCH + list(args), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+
+def write_cluster(path, ssh_env=None, **settings) -> str:
+    cluster = {"backend": "tpu", "slices": list(TWO_SLICES), "zone": ZONE,
+               "project": fake_gcloud.PROJECT, "accelerator_type": "v4-16",
+               "platform": "cpu", "local_device_count": 1, "python": sys.executable,
+               "workdir": str(path / "remote"), "grace_s": 2,
+               "env": {"PYTHONPATH": os.pathsep.join([TESTS, REPO])}}
+    if ssh_env is not None:
+        cluster.update(ssh_config_file=ssh_env.ssh_config, identity_file=ssh_env.identity_file,
+                       # the loopback "hosts" share one disk; TPU VMs each have their own, so
+                       # give each its own directory (named by the address it was reached at)
+                       setup=['d="h-$(echo "$SSH_CONNECTION" | cut -d" " -f3)"; mkdir -p "$d"; cd "$d"'])
+    cluster.update(settings)
+    file = path / "cluster.yaml"
+    file.write_text(yaml.safe_dump(cluster))
+    return str(file)
+
+
+def install_two_slices(bin_dir, state_b="READY"):
+    return fake_gcloud.install(bin_dir, {
+        "slice-a": fake_gcloud.node("v4-16", TWO_SLICES["slice-a"]),
+        "slice-b": fake_gcloud.node("v4-16", TWO_SLICES["slice-b"], state=state_b)})
+
+
+# ---- topology and ids (no hosts) ------------------------------------------------------
+@pytest.mark.parametrize("accelerator_type,hosts,devices", [
+    ("v4-8", 1, 4), ("v4-32", 4, 4), ("v3-32", 4, 8), ("v5p-16", 2, 4),
+    ("v5litepod-8", 1, 8), ("v5litepod-16", 4, 4), ("v6e-256", 64, 4)])
+def test_topology_table(accelerator_type, hosts, devices):
+    t = tpu_topology.topology(accelerator_type)
+    assert (t.hosts, t.devices_per_host) == (hosts, devices)
+
+
+def test_jax_coordinator_port_follows_jax_version():
+    assert tpu_topology.jax_coordinator_port("0.8.0") == 8476
+    assert tpu_topology.jax_coordinator_port("0.8.1") == 8482
+    assert tpu_topology.jax_coordinator_port("0.10.2") == 8482
+
+
+def test_ids_are_unique_and_megascale_env_per_slice(tmp_path, monkeypatch):
+    ips = {f"s{i}": [f"127.0.0.{10 + 4 * i + w}" for w in range(4)] for i in range(3)}
+    fake_gcloud.install(tmp_path / "bin", {n: fake_gcloud.node("v4-32", a) for n, a in ips.items()})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"),
+                     write_cluster(tmp_path, slices=list(ips), accelerator_type="v4-32"),
+                     ("train.global_batch_size=240",))
+    found = tpu.discover(job)
+    ids = [w.process_id for w in found.workers]
+    assert ids == list(range(12)) and len(set(ids)) == 12
+    assert [(w.slice_index, w.worker_index) for w in found.workers] == \
+        [(s, w) for s in range(3) for w in range(4)]
+    assert found.workers[5].address == ips["s1"][1]
+    env = tpu.slice_env(job.cluster, 5, "127.0.0.10")
+    assert env["MEGASCALE_SLICE_ID"] == "1" and env["MEGASCALE_NUM_SLICES"] == "3"
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "127.0.0.10:8080" and env["MEGASCALE_PORT"] == "8080"
+    assert fake_gcloud.calls(tmp_path / "bin")[0] == [
+        "compute", "tpus", "tpu-vm", "describe", "s0", "--zone", ZONE, "--project",
+        fake_gcloud.PROJECT, "--format=json"]
+
+
+def test_queued_resource_names_its_slices(tmp_path, monkeypatch):
+    fake_gcloud.install(tmp_path / "bin", {
+        "qr-0": fake_gcloud.node("v4-16", TWO_SLICES["slice-a"], queued_resource="qr"),
+        "qr-1": fake_gcloud.node("v4-16", TWO_SLICES["slice-b"], queued_resource="qr")},
+        {"qr": fake_gcloud.queued_resource("v4-16", 2, "qr")})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    cluster = write_cluster(tmp_path, slices=None, queued_resource="qr", num_slices=2)
+    raw = yaml.safe_load(open(cluster))
+    del raw["slices"]
+    open(cluster, "w").write(yaml.safe_dump(raw))
+    found = tpu.discover(specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster))
+    assert [w.address for w in found.workers] == TWO_SLICES["slice-a"] + TWO_SLICES["slice-b"]
+
+
+@pytest.mark.parametrize("name", ["tpu-v4-32.yaml", "tpu-multislice.yaml"])
+def test_shipped_tpu_examples_load(name):
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), os.path.join(REPO, "jobs/clusters", name))
+    assert job.cluster.backend == "tpu"
+    assert (job.num_processes, job.local_device_count) == {"tpu-v4-32.yaml": (4, 4),
+                                                          "tpu-multislice.yaml": (4, 4)}[name]
+
+
+def test_bad_tpu_spec_is_exit_2_with_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("backend: tpu\nzone: z\ntpu: a\nslices: [b]\naccelerator_type: v4-12\n")
+    result = run_launch(tmp_path, "jobs/linear.yaml", "--cluster", str(bad), "--dry-run")
+    assert result.returncode == 2, result.stderr
+    assert f"{bad}:5: cluster.accelerator_type: v4-12: v4 sizes count TensorCores" in result.stderr
+    bad.write_text("backend: tpu\nzone: z\ntpu: a\nslices: [b]\naccelerator_type: v4-8\n")
+    result = run_launch(tmp_path, "jobs/linear.yaml", "--cluster", str(bad), "--dry-run")
+    assert result.returncode == 2
+    assert "cluster.tpu: expected exactly one of tpu (one slice), slices (a list) or queued_resource, " \
+           "got tpu, slices" in result.stderr
+
+
+def test_not_ready_tpu_is_a_clear_error_and_nothing_starts(tmp_path):
+    install_two_slices(tmp_path / "bin", state_b="PREEMPTED")
+    run_dir = tmp_path / "run"
+    result = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster", write_cluster(tmp_path),
+                        "--run-dir", str(run_dir))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "TPU slice-b is PREEMPTED, not READY: it was preempted" in result.stderr
+    assert "Nothing was started." in result.stderr and "Traceback" not in result.stderr
+    assert not run_dir.exists()
+
+
+def test_unknown_tpu_is_bad_input(tmp_path):
+    fake_gcloud.install(tmp_path / "bin", {})
+    result = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster", write_cluster(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert re.search(r"cluster\.slices: 'slice-a' was not found in zone us-central2-b, project "
+                     r"test-project \(gcloud: ERROR: \(gcloud\.compute\.tpus\.tpu-vm\.describe\) "
+                     r"NOT_FOUND: Resource 'projects/test-project/locations/us-central2-b/nodes/slice-a' "
+                     r"was not found\)", result.stderr), result.stderr
+
+
+def test_rehearse_needs_a_tpu_cluster():
+    result = subprocess.run(LAUNCH + ["jobs/linear.yaml", "--rehearse", "--dry-run"], cwd=REPO,
+                            env=env_for_tests(), capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "--rehearse: only applies to cluster.backend: tpu" in result.stderr
+
+
+# ---- on real sshd hosts -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    if os.geteuid() != 0 or not os.path.exists(sshenv.SSHD):
+        pytest.skip("needs root and /usr/sbin/sshd (apt-get install openssh-server)")
+    with sshenv.SshTestEnv(tmp_path_factory.mktemp("tpu-ssh"), 4) as e:
+        yield e
+
+
+def test_dry_run_shows_discovered_hosts_ids_and_megascale(tmp_path, hosts):
+    install_two_slices(tmp_path / "bin")
+    result = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster",
+                        write_cluster(tmp_path, hosts), "--dry-run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "discovered 2 slice(s) x 2 hosts with gcloud:" in out
+    assert re.search(r"slice 1 slice-b \(v4-16, READY\):\n\s+worker 0  127\.0\.0\.4  p2", out), out
+    assert "coordinator_address 127.0.0.2:8482" in out  # jax 0.10 here: JAX's TPU default port
+    for process_id, host in enumerate(sum(TWO_SLICES.values(), [])):
+        line = re.search(rf"^  env .*PODLAUNCH_PROCESS_ID={process_id} .*$",
+                         out.split(f"p{process_id} {host}: host {host}, process_id {process_id}")[1],
+                         re.M).group(0)
+        assert f"MEGASCALE_SLICE_ID={process_id // 2} " in line
+        assert "MEGASCALE_COORDINATOR_ADDRESS=127.0.0.2:8080 MEGASCALE_NUM_SLICES=2" in line
+        assert "MEGASCALE_PORT=8080" in line
+
+
+@pytest.mark.slow
+def test_two_slices_train_with_the_right_identity(tmp_path, hosts):
+    install_two_slices(tmp_path / "bin")
+    out_dir, run_dir = tmp_path / "env-out", tmp_path / "run"
+    names = ["PODLAUNCH_PROCESS_ID", "PODLAUNCH_NUM_PROCESSES", "MEGASCALE_COORDINATOR_ADDRESS",
+             "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID", "MEGASCALE_PORT"]
+    result = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts),
+                        "--set", "train.num_steps=3", "--set", "task.name=ssh_task:record_env",
+                        "--set", f"task.args.names={names}", "--set", f"task.args.out_dir={out_dir}",
+                        "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK: 4 processes succeeded" in result.stdout
+    for process_id in range(4):
+        seen = json.loads((out_dir / f"process-{process_id}.json").read_text())
+        assert seen == {"PODLAUNCH_PROCESS_ID": str(process_id), "PODLAUNCH_NUM_PROCESSES": "4",
+                        "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.2:8080", "MEGASCALE_NUM_SLICES": "2",
+                        "MEGASCALE_SLICE_ID": str(process_id // 2), "MEGASCALE_PORT": "8080"}
+    assert (run_dir / "params.npz").exists()
+
+
+def _holder(tmp_path, held: str, env: dict) -> subprocess.Popen:
+    """A process (own session) that keeps ``held`` open until killed."""
+    code = f"import time; f = open({held!r}, 'a'); print('ready', flush=True); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env},
+                            start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_stale_holders_ours_always_others_only_when_asked(tmp_path, hosts, monkeypatch):
+    install_two_slices(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    lockfile, device = tmp_path / "libtpu_lockfile", tmp_path / "accel0"
+    device.write_text("")
+    cluster = write_cluster(tmp_path, hosts, libtpu_lockfile=str(lockfile),
+                            tpu_device_paths=[str(tmp_path / "accel*")], coordinator_port=0)
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster)
+    # an earlier run of ours, recorded in a pid file as the ssh backend records workers
+    stale_run = str(tmp_path / "remote" / "h-127.0.0.2" / "runs" / "linear" / "old")
+    ours = _holder(tmp_path, str(lockfile), {"PODLAUNCH_RUN_DIR": stale_run})
+    state_dir = tmp_path / "remote" / "h-127.0.0.2" / ".podlaunch" / "linear"
+    state_dir.mkdir(parents=True)
+    (state_dir / "process-000.pid").write_text(json.dumps(
+        {"pgid": ours.pid, "run_dir": stale_run, "process_id": 0, "node": socket.gethostname()}))
+    other = _holder(tmp_path, str(device), {})
+    lines = []
+    console = Console()
+    console.say = lines.append
+    try:
+        with pytest.raises(LaunchError) as refused:
+            tpu.prepare(job, str(tmp_path / "run1"), sys.executable, console)
+        assert ours.wait(10) is not None  # ours: stopped without asking
+        assert re.search(rf"127\.0\.0\.2\s+p0\s+TPU in use: pid {other.pid} \(.*\) holds {device}; "
+                         r"--set cluster.stop_other_tpu_holders=true stops them", str(refused.value))
+        assert other.poll() is None and any("stopped 1 stale process group(s)" in l for l in lines)
+
+        job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster,
+                         ("cluster.stop_other_tpu_holders=true",))
+        lockfile.write_text("")  # left behind by a holder that is gone
+        lines.clear()
+        plan = tpu.prepare(job, str(tmp_path / "run2"), sys.executable, console)
+        for h in plan.hosts:
+            h.close()
+        assert other.wait(10) is not None
+        assert not lockfile.exists()
+        assert any(f"stopped processes holding the TPU: {other.pid}" in l for l in lines), lines
+        assert any(f"removed stale {lockfile} (no process held it)" in l for l in lines), lines
+    finally:
+        ours.kill()
+        other.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_rehearsal_of_v4_32_matches_one_process_with_16_devices(tmp_path):
+    steps = ("--set", "train.num_steps=5", "--set", "train.global_batch_size=64",
+             "--set", "logging.tensorboard=false")
+    rehearsal = run_launch(tmp_path, "jobs/linear.yaml", "--cluster", "jobs/clusters/tpu-v4-32.yaml",
+                           "--rehearse", *steps, "--run-dir", str(tmp_path / "rehearsal"))
+    assert rehearsal.returncode == 0, rehearsal.stdout + rehearsal.stderr
+    assert "rehearsing 1 x v4-32 on this machine: 4 processes (one per TPU host) x 4 CPU devices" \
+        in rehearsal.stdout
+    assert "OK: 4 processes succeeded" in rehearsal.stdout
+    single = run_launch(tmp_path, "jobs/linear.yaml", *steps, "--set", "cluster.num_processes=1",
+                        "--set", "cluster.devices_per_process=16", "--run-dir", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stdout + single.stderr
+    with np.load(tmp_path / "rehearsal" / "params.npz") as got, \
+            np.load(tmp_path / "single" / "params.npz") as want:
+        assert sorted(got.files) == sorted(want.files)
+        for key in want.files:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-7)
