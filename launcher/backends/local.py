@@ -31,7 +31,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a listener could bind ``host:port`` now (TIME_WAIT leftovers do not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

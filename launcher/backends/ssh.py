@@ -509,8 +509,13 @@ def describe_start(plan: SshPlan) -> str:
 
 
 # ---- files to and from hosts -------------------------------------------------
-def _put_if_changed(sftp: paramiko.SFTPClient, local: str, remote: str) -> bool:
-    """Copy ``local`` to ``remote`` unless the remote has the same bytes; True if copied."""
+def _put_if_changed(sftp: paramiko.SFTPClient, local: str, remote: str, writer: str) -> bool:
+    """Copy ``local`` to ``remote`` unless the remote has the same bytes; True if copied.
+
+    ``writer`` makes the temporary name unique: hosts that share a home
+    directory (NFS) upload the same file at once, and must not rename each
+    other's half-written temporary away.
+    """
     with open(local, "rb") as f:
         data = f.read()
     try:
@@ -519,9 +524,10 @@ def _put_if_changed(sftp: paramiko.SFTPClient, local: str, remote: str) -> bool:
                 return False
     except OSError:
         pass
-    with sftp.open(remote + ".tmp", "wb") as f:
+    temporary = f"{remote}.{writer}.tmp"
+    with sftp.open(temporary, "wb") as f:
         f.write(data)
-    sftp.posix_rename(remote + ".tmp", remote)
+    sftp.posix_rename(temporary, remote)
     return True
 
 
@@ -712,7 +718,8 @@ def _start_host(plan: SshPlan, host: Host, console) -> list:
     cluster: SshCluster = plan.job.cluster
     sftp = host.connection.sftp()
     _mkdirs(sftp, _state_dir(host.workdir, plan.job))
-    _put_if_changed(sftp, plan.job_path, plan.remote_job_path(host))
+    _put_if_changed(sftp, plan.job_path, plan.remote_job_path(host),
+                    writer=f"{socket.gethostname()}-{os.getpid()}-{host.index}")
     if cluster.sync_dir:
         copied = sync_dir(sftp, _expand(cluster.sync_dir), host.workdir)
         if console is not None:
@@ -730,7 +737,12 @@ def _start_host(plan: SshPlan, host: Host, console) -> list:
         on_exit = None
         if process.process_id == 0:
             on_exit = _fetcher(plan, host, console)
-        workers.append(SshWorker(process, host, text, cluster.grace_s, on_exit))
+        try:
+            workers.append(SshWorker(process, host, text, cluster.grace_s, on_exit))
+        except BaseException:
+            for started in workers:  # start() never sees these: stop them here
+                started.kill()
+            raise
     return workers
 
 

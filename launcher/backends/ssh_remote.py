@@ -114,6 +114,8 @@ out["missing_modules"] = missing
 port = a["port"]
 if port is not None:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # as JAX's coordinator (gRPC) does: a closed run's TIME_WAIT must not count as in use
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("", port))
         out["port"] = s.getsockname()[1]
