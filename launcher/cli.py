@@ -16,11 +16,12 @@ import sys
 import yaml
 
 from launcher import plan as planning
+from launcher import restarts
 from launcher import spec as specs
 from launcher import tpu_rehearsal
 from launcher import backends
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.supervise import Console, summary, supervise
+from launcher.supervise import Console, summary
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -39,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="print the resolved plan (hosts, ids, env, commands) and start nothing")
     parser.add_argument("--run-dir", metavar="DIR",
                         help="where logs, events and params go (default runs/<job>/<timestamp>)")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its latest complete checkpoint "
+                             "(new logs go to RUN_DIR/logs/attempt-N/)")
     parser.add_argument("--kill-stale", action="store_true",
                         help="ssh: stop processes of an earlier run of this job still alive on the "
                              "hosts (recorded by pid, never matched by name) instead of refusing")
@@ -56,6 +60,26 @@ def _run_dir(job: specs.JobSpec, requested: str | None) -> str:
     if os.path.isdir(os.path.join(run_dir, "logs")):
         raise SpecError([Problem("--run-dir", None, "", f"{run_dir} already holds a run; "
                                  "choose a new directory so nothing is overwritten")])
+    return run_dir
+
+
+def _resume_dir(job: specs.JobSpec, run_dir: str) -> str:
+    """Check that ``--resume RUN_DIR`` names a run of this job.
+
+    Raises:
+      SpecError: no such run directory, or it holds another job's run.
+    """
+    run_dir = os.path.abspath(run_dir)
+    spec_file = os.path.join(run_dir, "spec.yaml")
+    try:
+        with open(spec_file, "r", encoding="utf-8") as f:
+            earlier = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError([Problem("--resume", None, "", f"{run_dir} is not a run directory (cannot "
+                                 f"read {spec_file}: {exc}); pass the directory a launch printed")]) from None
+    if earlier.get("name") != job.name:
+        raise SpecError([Problem("--resume", None, "", f"{run_dir} holds a run of job "
+                                 f"{earlier.get('name')!r}, not {job.name!r}; pass that job's spec")])
     return run_dir
 
 
@@ -87,7 +111,9 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
         job = tpu_rehearsal.local_job(job)  # SpecError unless cluster.backend is tpu
     if job.cluster.backend == "local":
         specs.check_task_importable(job)
-    run_dir = _run_dir(job, args.run_dir)
+    if args.resume and args.run_dir:
+        raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])
+    run_dir = _resume_dir(job, args.resume) if args.resume else _run_dir(job, args.run_dir)
     backend = tpu_rehearsal if args.rehearse else backends.get(job.cluster.backend)
     if args.kill_stale and job.cluster.backend not in ("ssh", "tpu"):
         raise SpecError([Problem("--kill-stale", None, "", "only applies to cluster.backend: ssh "
@@ -100,12 +126,17 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
         print(planning.describe(plan))
         return EXIT_OK
 
+    first_attempt = restarts.next_attempt(run_dir)
     _write_run_files(plan)
-    console.say(f"run directory {run_dir}")
-    console.say(backend.describe_start(plan))
-    workers = backend.start(plan, console)
-    result = supervise(workers, job.cluster.grace_s, console)
+    console.say(f"run directory {run_dir}" + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
+    # a restart's survivors on the hosts are the failed attempt's: ours to stop
+    again = {"kill_stale": True} if job.cluster.backend in ("ssh", "tpu") else {}
+    result, attempts = restarts.run(
+        plan, backend, console, first_attempt=first_attempt, resume=bool(args.resume),
+        prepare=lambda: backend.prepare(job, run_dir, sys.executable, console, **again))
     print(summary(result), flush=True)
+    if len(attempts) > 1 or attempts[-1].number > 0:
+        print(restarts.attempts_table(attempts), flush=True)
     console.say(f"logs: {os.path.join(run_dir, 'logs')}")
     if job.logging.tensorboard:
         console.say(f"view: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}")

@@ -70,8 +70,12 @@ def masked(env: dict) -> dict:
     return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
 
 
-def log_path(run_dir: str, process_id: int) -> str:
-    return os.path.join(run_dir, "logs", f"process-{process_id:03d}.log")
+def log_path(run_dir: str, process_id: int, attempt: int = 0) -> str:
+    """``logs/process-NNN.log`` for attempt 0, ``logs/attempt-N/process-NNN.log`` for restart N."""
+    name = f"process-{process_id:03d}.log"
+    if attempt == 0:
+        return os.path.join(run_dir, "logs", name)
+    return os.path.join(run_dir, "logs", f"attempt-{attempt}", name)
 
 
 def worker_env(job: JobSpec, run_dir: str, coordinator_address: str, process_id: int,

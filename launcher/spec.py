@@ -98,6 +98,43 @@ class DistributedSpec:
                                        doc="JAX's coordination service declares a silent process dead after this")
 
 
+def _exit_codes(codes: tuple) -> str | None:
+    bad = [c for c in codes if not 1 <= c <= 255]
+    return f"expected exit codes 1 to 255, got {bad}" if bad else None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointSpec:
+    every_steps: int = setting(1000, check=non_negative,
+                               doc="process 0 saves params, optimizer state, step and data position "
+                               "every N steps and at the last step (0 = never)")
+    keep: int = setting(3, check=schema.in_range(1, 1000), doc="checkpoints kept (the newest)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RestartSpec:
+    max_restarts: int = setting(0, check=schema.in_range(0, 1000),
+                                doc="relaunches after a retryable failure, from the latest checkpoint")
+    backoff_s: float = setting(5.0, check=non_negative,
+                               doc="wait before the first restart; doubles after each restart")
+    retry_exit_codes: tuple[int, ...] = setting(
+        (143, 137), check=_exit_codes,
+        doc="worker exit codes that are retried (143/137: SIGTERM/SIGKILL as a shell reports them); "
+        "deaths by a signal, stalls and lost hosts are always retried; "
+        "exit 1 (a Python error) is not unless listed")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WatchdogSpec:
+    stall_timeout_s: float | None = setting(
+        300.0, check=positive,
+        doc="a process alive but without step progress this long is a failure (null = off)")
+    first_step_timeout_s: float | None = setting(
+        900.0, check=positive,
+        doc="allowance from start to the first completed step: imports, joining, data, "
+        "compilation (null = off)")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LocalCluster:
     """Single-host debug mode: every process on this machine, CPU devices."""
@@ -282,6 +319,9 @@ class JobSpec:
     train: TrainSpec = setting()
     logging: LoggingSpec = setting(LoggingSpec())
     distributed: DistributedSpec = setting(DistributedSpec())
+    checkpoint: CheckpointSpec = setting(CheckpointSpec())
+    restarts: RestartSpec = setting(RestartSpec())
+    watchdog: WatchdogSpec = setting(WatchdogSpec())
     cluster: Any = setting(LocalCluster(), doc="where it runs; see the cluster reference")
     source: str = dataclasses.field(default="", compare=False)
 

@@ -8,7 +8,15 @@ subprocess, a remote command over SSH, ...) and ``supervise`` does the rest:
 * the main thread polls every worker; the first one that exits non-zero, dies
   by a signal, or is lost, is the root cause. Every other worker then gets
   TERM to its process group, ``grace_s`` to exit, then KILL;
-* Ctrl-C or SIGTERM to the launcher stops everything the same way.
+* Ctrl-C or SIGTERM to the launcher stops everything the same way;
+* the stall watchdog: a worker alive but without step progress (progress,
+  heartbeat or failure lines) for ``stall_timeout_s`` (``first_step_timeout_s``
+  before its first step) is a failure. The launcher reports the last step of
+  every process and SIGKILLs them all at once: a stuck or stopped process
+  cannot act on SIGTERM, and SIGKILL also ends a stopped one.
+
+The failure report leads with the first failure by time, not the cascade it
+caused (as torch.distributed.elastic does).
 
 The failure report leads with the first failure by time, not the cascade it
 caused (as torch.distributed.elastic does).
@@ -39,12 +47,15 @@ class Exit:
     code: int | None = None
     signal: int | None = None
     lost: str | None = None  # why the worker can no longer be watched
+    stalled: str | None = None  # the watchdog's finding: alive, no step progress
 
     @property
     def ok(self) -> bool:
-        return self.code == 0 and self.signal is None and self.lost is None
+        return self.code == 0 and self.signal is None and self.lost is None and self.stalled is None
 
     def __str__(self) -> str:
+        if self.stalled:
+            return f"stalled: {self.stalled}"
         if self.lost:
             return f"lost: {self.lost}"
         if self.signal is not None:
@@ -88,6 +99,8 @@ class Tracked:
     ended_at: float | None = None   # when the launcher noticed the exit
     eof_at: float | None = None     # when its output closed: the closest we see to its death
     last_step: int | None = None
+    progress_at: float | None = None  # when the last step line or heartbeat arrived
+    stall: Exit | None = None         # the watchdog's verdict; its exit once reaped
     tail: collections.deque = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
@@ -112,6 +125,20 @@ class Result:
             return 130
         return 1 if self.first_failure is not None or any(
             t.state is not State.SUCCEEDED for t in self.processes) else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Watchdog:
+    """When a live worker without step progress counts as failed (None = never).
+
+    Attributes:
+      stall_timeout_s: seconds since its last step line or heartbeat.
+      first_step_timeout_s: seconds from the start to its first one (imports,
+        joining, data loading and compilation come first).
+    """
+
+    stall_timeout_s: float | None = None
+    first_step_timeout_s: float | None = None
 
 
 class Interrupted(Exception):
@@ -142,12 +169,14 @@ def _pump(tracked: Tracked, out: queue.Queue) -> None:
     with open(tracked.plan.log_path, "a", encoding="utf-8", errors="replace") as log:
         try:
             for line in tracked.worker.lines():
+                step = contract.parse_step(line)
+                if step is not None:
+                    tracked.last_step, tracked.progress_at = step, time.monotonic()
+                if contract.is_heartbeat(line):
+                    continue  # for the watchdog only
                 log.write(line + "\n")
                 log.flush()
                 tracked.tail.append(line)
-                step = contract.parse_step(line)
-                if step is not None:
-                    tracked.last_step = step
                 out.put((tracked.plan.label, line))
         except Exception as exc:  # a reader must never die silently
             out.put((tracked.plan.label, f"podlaunch: output stream broke: {exc!r}"))
@@ -155,7 +184,7 @@ def _pump(tracked: Tracked, out: queue.Queue) -> None:
 
 
 def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
-              poll_interval_s: float = 0.05) -> Result:
+              poll_interval_s: float = 0.05, watchdog: Watchdog | None = None) -> Result:
     """Run until every worker succeeded, one failed, or the launcher is interrupted.
 
     Args:
@@ -163,6 +192,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
       grace_s: seconds between SIGTERM and SIGKILL during teardown.
       console: where prefixed lines and launcher messages go.
       poll_interval_s: how often exits are checked.
+      watchdog: stall timeouts; None: no watchdog.
 
     Returns:
       A Result; every worker has ended (or been killed) by the time it returns.
@@ -185,6 +215,10 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                 for t in tracked:
                     if t.state is State.RUNNING and _check(t) and not t.exit.ok and first_failure is None:
                         first_failure = t
+                if first_failure is None and watchdog is not None:
+                    first_failure = _stalled(tracked, watchdog, started, console)
+                if first_failure is not None and first_failure.stall is not None:
+                    break
                 if first_failure is not None:
                     first_failure = _root_cause(tracked, lines, console)
                     console.say(f"{first_failure.plan.label} failed ({first_failure.exit}); "
@@ -196,6 +230,9 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
             interrupted = True
             console.say(f"interrupted ({exc or 'SIGINT'}); stopping all processes")
         _teardown(tracked, grace_s, lines, console)
+        if first_failure is not None and first_failure.stall is not None:
+            # killed by us after the teardown polled it; the stall is what it did
+            first_failure.exit, first_failure.state = first_failure.stall, State.FAILED
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -203,6 +240,43 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
         t.reader.join(timeout=2.0)
     _drain(lines, console, 0)
     return Result(tracked, first_failure, interrupted, time.monotonic() - started)
+
+
+def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console) -> Tracked | None:
+    """The running worker that went longest without step progress past its timeout, or None.
+
+    When one is found, every running worker has been sent SIGKILL and the
+    stalled one carries ``stall = Exit(stalled=...)``; ``_teardown`` reaps them.
+    """
+    now = time.monotonic()
+    over = []
+    for t in tracked:
+        if t.state is not State.RUNNING:
+            continue
+        limit = watchdog.first_step_timeout_s if t.progress_at is None else watchdog.stall_timeout_s
+        age = now - (t.progress_at or started)
+        if limit is not None and age > limit:
+            over.append((t.last_step if t.last_step is not None else -1, -age, t))
+    if not over:
+        return None
+    _, neg_age, first = min(over, key=lambda o: o[:2])
+    if first.progress_at is None:
+        what = f"no first step after {-neg_age:.1f} s"
+        limit = f"first_step_timeout_s {watchdog.first_step_timeout_s:g}"
+    else:
+        what = f"no step progress for {-neg_age:.1f} s"
+        limit = f"stall_timeout_s {watchdog.stall_timeout_s:g}"
+    steps = ", ".join(
+        f"{t.plan.label} " + ("none" if t.last_step is None else
+                              f"{t.last_step} ({now - t.progress_at:.1f} s ago)")
+        for t in tracked)
+    console.say(f"{first.plan.label} stalled: {what} ({limit}); last step seen of every process: {steps}; "
+                f"killing every process (SIGKILL: a stuck or stopped process cannot act on SIGTERM)")
+    for t in tracked:
+        if t.state is State.RUNNING:
+            t.worker.kill()
+    first.stall = Exit(stalled=what)
+    return first
 
 
 def _root_cause(tracked: list, lines: queue.Queue, console: Console,

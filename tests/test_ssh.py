@@ -25,9 +25,10 @@ from launcher.errors import LaunchError, SpecError
 
 NUM_HOSTS = 4
 SHORT = ("--set", "train.num_steps=20", "--set", "cluster.devices_per_process=1")
-# Long enough to be interrupted; quiet, so survivors of a dead connection do
-# not die of EPIPE at their next log line before the test looks for them.
-LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=100000")
+# Long enough to be interrupted; quiet (no log lines, no watchdog heartbeats), so
+# survivors of a dead connection do not die of EPIPE before the test looks for them.
+LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=100000",
+        "--set", "watchdog.stall_timeout_s=null")
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,20 @@ Environment (all values are strings):
   PODLAUNCH_LOCAL_DEVICE_COUNT   devices the plan expects this process to see.
   PODLAUNCH_PLATFORM             platform the plan expects (``cpu``, ``gpu``, ``tpu``).
   PODLAUNCH_JOB                  path of the resolved job (JSON) the worker runs.
-  PODLAUNCH_RUN_DIR              directory for TensorBoard events and final params
-                                 (written by process 0 only).
+  PODLAUNCH_RUN_DIR              directory for TensorBoard events, checkpoints and
+                                 final params (written by process 0 only).
 
-Progress lines: a worker prints ``PROGRESS_FORMAT`` lines at every logged step
-and ``FAILED_FORMAT`` when it dies of an exception; the launcher parses both
-with ``STEP_RE`` to know the step each process reached.
+Optional (set by the launcher's restart loop and ``--resume``):
+  PODLAUNCH_ATTEMPT              0 for the first attempt, n for the n-th restart.
+  PODLAUNCH_RESUME               "1": process 0 restores the latest complete
+                                 checkpoint of its run directory and broadcasts it.
+
+
+Progress lines: a worker prints ``PROGRESS_FORMAT`` lines at every logged step,
+``HEARTBEAT_FORMAT`` lines at most every ``heartbeat_interval_s`` between them
+(for the launcher's stall watchdog; the launcher does not echo them), and
+``FAILED_FORMAT`` when it dies of an exception; the launcher parses all three
+with ``parse_step`` to know the step each process reached, and when.
 """
 
 import re
@@ -32,11 +40,15 @@ RUN_DIR = "PODLAUNCH_RUN_DIR"
 
 ALL = (COORDINATOR_ADDRESS, NUM_PROCESSES, PROCESS_ID, LOCAL_DEVICE_COUNT,
        PLATFORM, JOB, RUN_DIR)
+ATTEMPT = "PODLAUNCH_ATTEMPT"
+RESUME = "PODLAUNCH_RESUME"
 
 # "step 40/100 loss 0.012345 | 812.3 steps/s"
 PROGRESS_FORMAT = "step {step}/{num_steps} loss {loss:.6g} | {steps_per_s:.1f} steps/s"
 FAILED_FORMAT = "failed at step {step}: {error}"
-STEP_RE = re.compile(r"^(?:step (?P<done>\d+)/\d+ |failed at step (?P<failed>\d+):)")
+HEARTBEAT_FORMAT = "podlaunch-heartbeat step {step}"
+STEP_RE = re.compile(r"^(?:step (?P<done>\d+)/\d+ |failed at step (?P<failed>\d+):"
+                     r"|podlaunch-heartbeat step (?P<beat>\d+)$)")
 
 # Exit code a worker uses when its own checks (identity, devices) fail.
 EXIT_MISMATCH = 3
@@ -47,7 +59,25 @@ def parse_step(line: str):
     match = STEP_RE.match(line)
     if match is None:
         return None
-    return int(match.group("done") or match.group("failed"))
+    return int(match.group("done") or match.group("failed") or match.group("beat"))
+
+
+def is_heartbeat(line: str) -> bool:
+    """Whether ``line`` is a heartbeat (progress for the watchdog, noise for people)."""
+    return line.startswith("podlaunch-heartbeat step ")
+
+
+def heartbeat_interval_s(stall_timeout_s: float | None) -> float | None:
+    """Seconds between a worker's heartbeats: a tenth of the stall timeout, 0.5 to 10 s.
+
+    None (no heartbeats) when the watchdog is off. Each heartbeat waits for the
+    current step to finish on the device (one sync per interval, not per step),
+    so it proves progress rather than dispatch.
+    """
+    if not stall_timeout_s:
+        return None
+    return min(10.0, max(0.5, stall_timeout_s / 10))
+
 
 # Optional: JAX's cluster_detection_method for jax.distributed.initialize.
 # "deactivate" (the default): the launcher's process_id and num_processes are

@@ -39,6 +39,8 @@ def read_identity(environ=os.environ) -> dict:
             "platform": environ[contract.PLATFORM],
             "job": environ[contract.JOB],
             "run_dir": environ[contract.RUN_DIR],
+            "attempt": int(environ.get(contract.ATTEMPT) or 0),
+            "resume": environ.get(contract.RESUME) == "1",
         }
     except ValueError as exc:
         raise Mismatch(f"malformed identity in the environment: {exc}") from None
@@ -122,6 +124,8 @@ def train(identity: dict, job: dict, out=print) -> dict:
                               shard.in_features, shard.out_features)
     optimizer = make_optimizer(job["optimizer"])
     opt_state = optimizer.init(params)
+    (params, opt_state), first_step = _resume(identity, job, (params, opt_state),
+                                              shard.num_batches, out)
     params, opt_state = replicate(params), replicate(opt_state)
     step_fn = make_train_step(task.loss_fn, optimizer)
     out(f"process {process_id}: {shard.num_batches} batches of "
@@ -131,8 +135,9 @@ def train(identity: dict, job: dict, out=print) -> dict:
     tracker = make_tracker(run_dir, process_id, job["logging"]["tensorboard"])
     step = 0
     try:
-        last_time, last_step = time.perf_counter(), 0
-        for step in range(1, num_steps + 1):
+        last_time, last_step = time.perf_counter(), first_step - 1
+        recovery = _Recovery(identity, job, shard.num_batches, out)
+        for step in range(first_step, num_steps + 1):
             batch = (step - 1) % shard.num_batches
             params, opt_state, loss = step_fn(params, opt_state, shard.x[batch], shard.y[batch])
             if step % log_every == 0 or step == num_steps:
@@ -150,6 +155,7 @@ def train(identity: dict, job: dict, out=print) -> dict:
                     "step_time_s": step_time_s,
                     "examples_per_s": global_batch / step_time_s,
                 })
+            recovery.after_step(step, params, opt_state, loss)
             if task.on_step_end is not None:
                 task.on_step_end(step, process_id)
         final = {jax.tree_util.keystr(path): leaf for path, leaf in
@@ -163,6 +169,60 @@ def train(identity: dict, job: dict, out=print) -> dict:
         raise
     finally:
         tracker.close()
+
+
+def _resume(identity: dict, job: dict, state, num_batches: int, out) -> tuple:
+    """Restore ``state`` (unreplicated ``(params, opt_state)``) when the launcher says resume.
+
+    Returns:
+      ``(state, first_step)``: the checkpoint's state and step + 1, or ``(state, 1)``.
+    """
+    if not identity["resume"]:
+        return state, 1
+    from worker import checkpoint
+
+    state, step = checkpoint.restore_broadcast(identity["run_dir"], identity["process_id"], state,
+                                               num_batches, warn=out)
+    if step:
+        out(f"resumed from the checkpoint of step {step} (attempt {identity['attempt']})")
+    else:
+        out(f"no checkpoint to resume from; starting at step 1 (attempt {identity['attempt']})")
+    return state, step + 1
+
+
+class _Recovery:
+    """Per-step host work for surviving failures: checkpoints (process 0) and heartbeats.
+
+    A heartbeat waits for the step's loss on the device, so it proves the step
+    ran (collectives included) rather than was dispatched; it costs one sync
+    per ``contract.heartbeat_interval_s``, never one per step.
+    """
+
+    def __init__(self, identity: dict, job: dict, num_batches: int, out):
+        ckpt = job.get("checkpoint") or {}
+        self.every, self.keep = ckpt.get("every_steps", 0), ckpt.get("keep", 1)
+        self.num_steps = job["train"]["num_steps"]
+        self.interval_s = contract.heartbeat_interval_s(
+            (job.get("watchdog") or {}).get("stall_timeout_s"))
+        self.identity, self.num_batches, self.out = identity, num_batches, out
+        self.last_beat = -float("inf")  # the first step beats at once: compilation is over
+
+    def after_step(self, step: int, params, opt_state, loss) -> None:
+        import jax
+
+        saving = self.every and (step % self.every == 0 or step == self.num_steps)
+        if saving and self.identity["process_id"] == 0:
+            from worker import checkpoint
+
+            path = checkpoint.save_replicated(self.identity["run_dir"], step, params, opt_state,
+                                              self.num_batches, self.keep)
+            self.out(f"checkpoint of step {step} saved: {path}")
+        if self.interval_s is None:
+            return
+        if saving or time.monotonic() - self.last_beat >= self.interval_s:
+            jax.block_until_ready(loss)
+            self.out(contract.HEARTBEAT_FORMAT.format(step=step))
+            self.last_beat = time.monotonic()
 
 
 def _exit_now(code: int) -> None:

@@ -1,0 +1,207 @@
+"""Bounded restarts: run attempts until one succeeds, a failure is not retryable, or none are left.
+
+Each attempt is one ``backend.start`` + ``supervise``. After a failure the
+launcher has already torn everything down (``supervise`` returns only when
+every worker has ended); it classifies the root cause, waits
+``backoff_s * 2**(restart-1)`` seconds, prepares the backend again (a fresh
+coordinator port; ssh re-runs preflight) and starts every process with
+``PODLAUNCH_RESUME=1``, so process 0 restores the latest complete checkpoint
+and broadcasts it.
+
+What is retried (``classify``): a death by a signal (preemption, OOM killer,
+SIGKILL), a lost host, a stall, and the exit codes in
+``restarts.retry_exit_codes``. Exit code 1 (a Python error in the task) and 3
+(the worker's plan check) are not, unless listed.
+
+Logs: attempt 0 writes ``logs/process-NNN.log``; attempt n >= 1 writes
+``logs/attempt-n/process-NNN.log`` (``plan.log_path``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import time
+from typing import Callable
+
+from launcher import plan as planning
+from launcher.spec import RestartSpec
+from launcher.supervise import Console, Result, Watchdog, summary, supervise
+from worker import contract
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One start of every process, and how it ended.
+
+    Attributes:
+      number: 0 for the first attempt of this run directory, n for the n-th restart.
+      log_dir: where its per-process logs are.
+      result: supervise's Result.
+      verdict: what the launcher did next, in words ("succeeded", "retried after 2 s", ...).
+    """
+
+    number: int
+    log_dir: str
+    result: Result
+    verdict: str = ""
+
+
+def classify(result: Result, policy: RestartSpec) -> tuple[bool, str]:
+    """Whether a failed attempt may be retried, and why, in words.
+
+    Args:
+      result: a failed, not interrupted, attempt.
+      policy: the spec's ``restarts`` section.
+
+    Returns:
+      (retryable, reason).
+    """
+    first = result.first_failure
+    if first is None:
+        return False, "no process failed, yet not every process succeeded"
+    ended, where = first.exit, f"process_id {first.plan.process_id} on {first.plan.host}"
+    if ended.stalled:
+        return True, f"{where} stalled ({ended.stalled})"
+    if ended.lost:
+        return True, f"{where} was lost ({ended.lost})"
+    if ended.signal is not None:
+        return True, f"{where} was {ended} (a preemption or a signal)"
+    codes = ", ".join(map(str, policy.retry_exit_codes)) or "none"
+    if ended.code in policy.retry_exit_codes:
+        return True, f"{where} exited with code {ended.code} (in restarts.retry_exit_codes)"
+    if ended.code == 1:
+        return False, (f"{where} exited with code 1: a Python error in the job, not retried "
+                       f"(restarts.retry_exit_codes: {codes}; add 1 to retry it)")
+    if ended.code == contract.EXIT_MISMATCH:
+        return False, (f"{where} exited with code {ended.code}: JAX disagrees with the plan, "
+                       "a configuration problem that a restart cannot fix")
+    return False, (f"{where} exited with code {ended.code}, not in restarts.retry_exit_codes "
+                   f"({codes})")
+
+
+def backoff_s(policy: RestartSpec, restart: int) -> float:
+    """Seconds to wait before restart number ``restart`` (1, 2, ...): doubling from ``backoff_s``."""
+    return policy.backoff_s * 2 ** (restart - 1)
+
+
+def next_attempt(run_dir: str) -> int:
+    """The first attempt number whose logs do not exist yet in ``run_dir`` (0 for a new run)."""
+    logs = os.path.join(run_dir, "logs")
+    if not os.path.isdir(logs):
+        return 0
+    numbers = [int(m.group(1)) for n in os.listdir(logs) if (m := re.match(r"^attempt-(\d+)$", n))]
+    if numbers:
+        return max(numbers) + 1
+    return 1 if any(n.startswith("process-") for n in os.listdir(logs)) else 0
+
+
+def for_attempt(plan: planning.Plan, attempt: int, resume: bool) -> planning.Plan:
+    """``plan`` with this attempt's log paths and its ``PODLAUNCH_ATTEMPT``/``RESUME`` env."""
+    processes = tuple(dataclasses.replace(
+        p, log_path=planning.log_path(plan.run_dir, p.process_id, attempt),
+        env={**p.env, contract.ATTEMPT: str(attempt), contract.RESUME: "1" if resume else "0"})
+        for p in plan.processes)
+    for p in processes:
+        os.makedirs(os.path.dirname(p.log_path), exist_ok=True)
+    return dataclasses.replace(plan, processes=processes)
+
+
+def _close(plan: planning.Plan) -> None:
+    for host in getattr(plan, "hosts", ()):  # ssh: connections of the ended attempt
+        try:
+            host.close()
+        except Exception:  # noqa: BLE001  teardown of a dead connection may raise anything
+            pass
+
+
+def run(plan: planning.Plan, backend, console: Console, prepare: Callable[[], planning.Plan],
+        first_attempt: int = 0, resume: bool = False,
+        sleep: Callable[[float], None] = time.sleep) -> tuple[Result, list]:
+    """Run attempts of ``plan`` until success, a non-retryable failure, or no restarts left.
+
+    Args:
+      plan: the prepared plan of the first attempt.
+      backend: the backend module (``start``, ``describe_start``).
+      console: where every attempt is announced.
+      prepare: makes the plan of a restart (a fresh coordinator port; ssh re-preflights).
+      first_attempt: number of the first attempt (``next_attempt`` of the run directory).
+      resume: whether the first attempt restores the latest checkpoint (``--resume``).
+      sleep: waits the backoff (tests pass a recorder).
+
+    Returns:
+      (the last attempt's Result, every Attempt in order).
+
+    Raises:
+      LaunchError: a backend could not start an attempt.
+    """
+    job = plan.job
+    policy: RestartSpec = job.restarts
+    watchdog = Watchdog(job.watchdog.stall_timeout_s, job.watchdog.first_step_timeout_s)
+    attempts: list[Attempt] = []
+    attempt, restarts = first_attempt, 0
+    while True:
+        plan = for_attempt(plan, attempt, resume=resume or restarts > 0)
+        log_dir = os.path.dirname(plan.processes[0].log_path)
+        label = f"attempt {attempt}" + (f" (restart {restarts} of {policy.max_restarts})" if restarts else "")
+        console.say(f"{label}: {backend.describe_start(plan)}; logs in {log_dir}")
+        workers = backend.start(plan, console)
+        result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog)
+        attempts.append(Attempt(attempt, log_dir, result))
+        if result.exit_code == 0:
+            attempts[-1].verdict = "succeeded"
+            return result, attempts
+        if result.interrupted:
+            attempts[-1].verdict = "interrupted"
+            return result, attempts
+        retryable, why = classify(result, policy)
+        if not retryable:
+            attempts[-1].verdict = f"failed: {why}"
+            console.say(f"{label} failed: {why}")
+            return result, attempts
+        if restarts >= policy.max_restarts:
+            attempts[-1].verdict = f"failed: {why}; no restarts left"
+            console.say(f"{label} failed: {why}; not retrying: restarts.max_restarts is "
+                        f"{policy.max_restarts} and {restarts} used")
+            return result, attempts
+        print(summary(result), flush=True)  # the last attempt's is printed by the caller
+        restarts += 1
+        wait_s = backoff_s(policy, restarts)
+        attempts[-1].verdict = f"failed: {why}; retried after {wait_s:g} s"
+        console.say(f"{label} failed: {why}; restarting from the latest checkpoint in {wait_s:g} s "
+                    f"(restart {restarts} of {policy.max_restarts})")
+        _close(plan)
+        try:
+            _wait(sleep, wait_s)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            attempts[-1].verdict += "; interrupted while waiting"
+            return result, attempts
+        plan = prepare()
+        attempt += 1
+
+
+def _wait(sleep: Callable[[float], None], wait_s: float) -> None:
+    """Sleep, turning SIGTERM into KeyboardInterrupt meanwhile (supervise does it while running)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        sleep(wait_s)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def attempts_table(attempts: list) -> str:
+    """One line per attempt for the final summary (only worth printing after a restart)."""
+    lines = [f"attempts: {len(attempts)} ({len(attempts) - 1} restart(s))"]
+    for a in attempts:
+        first = a.result.first_failure
+        step = max((t.last_step for t in a.result.processes if t.last_step is not None), default=None)
+        reached = "-" if step is None else str(step)
+        lines.append(f"  attempt {a.number:<3} last step {reached:<8} {a.log_dir}")
+        lines.append(f"      {a.verdict if first is not None or a.verdict else 'succeeded'}")
+    return "\n".join(lines)

@@ -1,0 +1,158 @@
+"""Checkpoint files without JAX processes: atomic, verified, pruned; and the restart policy."""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from launcher import restarts
+from launcher import spec as specs
+from launcher.errors import SpecError
+from launcher.plan import log_path
+from launcher.supervise import Exit, Result, State, Tracked
+from worker import checkpoint, contract
+
+TEMPLATE = [np.zeros((4, 1), np.float32), np.zeros((1,), np.float32), np.zeros((), np.int32)]
+
+
+def state(step: int) -> checkpoint.Checkpoint:
+    leaves = [np.full((4, 1), step, np.float32), np.full((1,), -step, np.float32), np.array(step, np.int32)]
+    return checkpoint.Checkpoint(step=step, leaves=leaves, next_batch=step % 3, num_batches=3)
+
+
+def test_save_then_latest_round_trips_and_keeps_the_newest(tmp_path):
+    for step in (5, 10, 15, 20):
+        checkpoint.save(str(tmp_path), state(step), keep=2)
+    assert checkpoint.list_steps(str(tmp_path)) == [15, 20]
+    got = checkpoint.latest(str(tmp_path), TEMPLATE, num_batches=3)
+    assert (got.step, got.next_batch, got.num_batches) == (20, 2, 3)
+    for a, b in zip(got.leaves, state(20).leaves):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no temporaries left
+
+
+def test_no_checkpoint_is_none(tmp_path):
+    assert checkpoint.latest(str(tmp_path / "absent"), TEMPLATE, 3) is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "manifest", "missing"])
+def test_a_damaged_latest_is_skipped_for_the_previous_with_a_warning(tmp_path, damage):
+    for step in (10, 20):
+        checkpoint.save(str(tmp_path), state(step), keep=3)
+    newest = tmp_path / "step-0000020"
+    data = (newest / "state.npz").read_bytes()
+    if damage == "truncate":
+        (newest / "state.npz").write_bytes(data[: len(data) // 2])
+    elif damage == "flip":  # same size: only the sha256 can tell
+        (newest / "state.npz").write_bytes(data[:-40] + bytes(b ^ 0xFF for b in data[-40:]))
+    elif damage == "manifest":
+        (newest / "manifest.json").write_text('{"step": 20, "sta')
+    else:
+        (newest / "state.npz").unlink()
+    warnings = []
+    got = checkpoint.latest(str(tmp_path), TEMPLATE, 3, warn=warnings.append)
+    assert got.step == 10
+    assert len(warnings) == 1 and "skipping checkpoint" in warnings[0] and "step-0000020" in warnings[0]
+    if damage == "truncate":
+        assert "truncated" in warnings[0]
+    if damage == "flip":
+        assert "sha256" in warnings[0]
+
+
+def test_a_writer_killed_mid_save_leaves_nothing_a_reader_takes(tmp_path):
+    checkpoint.save(str(tmp_path), state(10), keep=3)
+    half = tmp_path / ".tmp-step-0000020-99999"  # what a SIGKILL mid-save leaves
+    half.mkdir()
+    (half / "state.npz").write_bytes(b"PK\x03\x04 partial")
+    assert checkpoint.latest(str(tmp_path), TEMPLATE, 3).step == 10
+    checkpoint.save(str(tmp_path), state(30), keep=3)
+    assert not half.exists()  # the next save cleans it up
+
+
+def test_a_step_saved_again_replaces_the_old_one(tmp_path):
+    checkpoint.save(str(tmp_path), state(10), keep=3)
+    redone = dataclasses.replace(state(10), leaves=[a + 1 for a in state(10).leaves])
+    checkpoint.save(str(tmp_path), redone, keep=3)
+    got = checkpoint.latest(str(tmp_path), TEMPLATE, 3)
+    np.testing.assert_array_equal(got.leaves[0], redone.leaves[0])
+
+
+def test_another_jobs_checkpoint_is_an_error_not_skipped(tmp_path):
+    checkpoint.save(str(tmp_path), state(10), keep=3)
+    with pytest.raises(checkpoint.IncompatibleCheckpoint, match="different model or optimizer"):
+        checkpoint.latest(str(tmp_path), [np.zeros((8, 1), np.float32)] + TEMPLATE[1:], 3)
+    with pytest.raises(checkpoint.IncompatibleCheckpoint, match="different data or batch size"):
+        checkpoint.latest(str(tmp_path), TEMPLATE, num_batches=4)
+    manifest = json.loads((tmp_path / "step-0000010" / "manifest.json").read_text())
+    assert manifest["data"] == {"next_batch": 1, "num_batches": 3}
+    assert len(manifest["state_file"]["sha256"]) == 64
+
+
+# ---- the restart policy (launcher side, no processes) -------------------------
+class _Plan:
+    process_id, host, label, log_path = 2, "h2", "p2 h2", "/x"
+
+
+def failed(ended: Exit) -> Result:
+    t = Tracked(worker=type("W", (), {"plan": _Plan()})(), state=State.FAILED, exit=ended)
+    return Result([t], t, False, 1.0)
+
+
+POLICY = specs.RestartSpec(max_restarts=2, backoff_s=1.5)
+
+
+@pytest.mark.parametrize("ended,retry,words", [
+    (Exit(signal=9), True, "killed by SIGKILL (a preemption or a signal)"),
+    (Exit(code=143), True, "exited with code 143 (in restarts.retry_exit_codes)"),
+    (Exit(stalled="no step progress for 3.0 s"), True, "stalled (no step progress"),
+    (Exit(lost="no answer for 4 s"), True, "was lost"),
+    (Exit(code=1), False, "a Python error in the job, not retried (restarts.retry_exit_codes: 143, 137; add 1"),
+    (Exit(code=contract.EXIT_MISMATCH), False, "a configuration problem"),
+    (Exit(code=7), False, "code 7, not in restarts.retry_exit_codes (143, 137)"),
+])
+def test_classify(ended, retry, words):
+    retryable, why = restarts.classify(failed(ended), POLICY)
+    assert retryable is retry and words in why and why.startswith("process_id 2 on h2")
+
+
+def test_exit_1_is_retried_when_listed_and_backoff_doubles():
+    policy = specs.RestartSpec(retry_exit_codes=(1,), backoff_s=1.5)
+    assert restarts.classify(failed(Exit(code=1)), policy)[0]
+    assert [restarts.backoff_s(policy, n) for n in (1, 2, 3)] == [1.5, 3.0, 6.0]
+
+
+def test_attempt_logs_and_numbering(tmp_path):
+    assert log_path("/r", 3) == "/r/logs/process-003.log"
+    assert log_path("/r", 3, attempt=2) == "/r/logs/attempt-2/process-003.log"
+    assert restarts.next_attempt(str(tmp_path)) == 0
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "process-000.log").write_text("")
+    assert restarts.next_attempt(str(tmp_path)) == 1
+    (tmp_path / "logs" / "attempt-4").mkdir()
+    assert restarts.next_attempt(str(tmp_path)) == 5
+
+
+def test_recovery_settings_are_validated_together():
+    with pytest.raises(SpecError) as err:
+        specs.load("jobs/linear.yaml", overrides=(
+            "checkpoint.keep=0", "restarts.retry_exit_codes=[1,300]", "restarts.max_restart=1",
+            "watchdog.stall_timeout_s=-1", "restarts.backoff_s=soon"))
+    text = str(err.value)
+    assert "--set: checkpoint.keep: expected 1 to 1000, got 0" in text
+    assert "restarts.retry_exit_codes: expected exit codes 1 to 255, got [300]" in text
+    assert "restarts.max_restart: unknown key; did you mean 'max_restarts'?" in text
+    assert "watchdog.stall_timeout_s: expected a number > 0, got -1" in text
+    assert "restarts.backoff_s: expected a number, got 'soon'" in text
+    job = specs.load("jobs/linear.yaml", overrides=("watchdog.stall_timeout_s=null",))
+    assert job.watchdog.stall_timeout_s is None and job.watchdog.first_step_timeout_s == 900
+
+
+def test_heartbeats_parse_as_progress():
+    line = contract.HEARTBEAT_FORMAT.format(step=41)
+    assert contract.parse_step(line) == 41 and contract.is_heartbeat(line)
+    assert not contract.is_heartbeat("step 40/100 loss 0.1 | 3.0 steps/s")
+    assert contract.heartbeat_interval_s(3) == 0.5 and contract.heartbeat_interval_s(300) == 10
+    assert contract.heartbeat_interval_s(None) is None

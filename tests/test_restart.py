@@ -1,0 +1,218 @@
+"""Surviving failures end to end: restarts from checkpoints, --resume, the stall watchdog.
+
+Real JAX processes (2 processes x 1 CPU device), the real CLI, real sshd hosts
+for the ssh case. The fault fires on attempt 0 only (``first_attempt_fault``),
+so a restarted run can finish.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from helpers import REPO, TESTS, launch, pids_with_env, read_scalars, start_launch
+
+pytestmark = pytest.mark.slow
+
+STEPS = 40
+COMMON = ("--set", f"train.num_steps={STEPS}", "--set", "cluster.devices_per_process=1",
+          "--set", "logging.log_every_steps=5", "--set", "checkpoint.every_steps=5",
+          "--set", "restarts.backoff_s=0.2")
+
+
+def first_attempt_fault(**kwargs):
+    """faulty_task.make, but the fault fires only on attempt 0 (a user task: test_restart:first_attempt_fault)."""
+    import faulty_task
+
+    if os.environ.get("PODLAUNCH_ATTEMPT", "0") != "0":
+        kwargs["crash_at_step"] = 0
+    return faulty_task.make(**kwargs)
+
+
+def fault(mode: str, step: int, process_id: int = 1) -> tuple:
+    return ("--set", "task.name=test_restart:first_attempt_fault",
+            "--set", f"task.args.crash_at_step={step}", "--set", f"task.args.crash_process_id={process_id}",
+            "--set", f"task.args.mode={mode}")
+
+
+def params(run_dir) -> dict:
+    with np.load(os.path.join(run_dir, "params.npz")) as f:
+        return {k: f[k] for k in f.files}
+
+
+def assert_same_params(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=0)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    result = launch("jobs/linear.yaml", *COMMON, "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    return params(run_dir)
+
+
+def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_path, uninterrupted):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", *COMMON, *fault("sigkill", 17), "--set", "restarts.max_restarts=1",
+                    "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr
+    assert_same_params(params(run_dir), uninterrupted)
+    # every attempt in the console ...
+    assert "podlaunch: attempt 0: starting 2 processes" in out
+    assert re.search(r"attempt 0 failed: process_id 1 on localhost was killed by SIGKILL \(a preemption "
+                     r"or a signal\); restarting from the latest checkpoint in 0\.2 s \(restart 1 of 1\)", out), out
+    assert "podlaunch: attempt 1 (restart 1 of 1): starting 2 processes" in out
+    assert re.search(r"^\[p0\] resumed from the checkpoint of step 15 \(attempt 1\)$", out, re.M), out
+    assert re.search(r"^\[p1\] resumed from the checkpoint of step 15 \(attempt 1\)$", out, re.M), out
+    # ... in the logs, one file per process per attempt ...
+    logs = run_dir / "logs"
+    assert sorted(os.listdir(logs)) == ["attempt-1", "process-000.log", "process-001.log"]
+    assert sorted(os.listdir(logs / "attempt-1")) == ["process-000.log", "process-001.log"]
+    assert "injecting sigkill at step 17" in (logs / "process-001.log").read_text()
+    second = (logs / "attempt-1" / "process-001.log").read_text()
+    assert "step 40/40" in second and "step 10/40" not in second and "heartbeat" not in second
+    # ... and in the final summary
+    summary = out[out.index("attempts: 2 (1 restart(s))"):]
+    assert "killed by SIGKILL (a preemption or a signal); retried after 0.2 s" in summary
+    assert re.search(r"attempt 1 +last step 40 .*attempt-1\n +succeeded", summary), summary
+    # TensorBoard: the earlier event file stays; the curve continues to the end
+    events = sorted(n for n in os.listdir(run_dir / "tensorboard") if n.startswith("events.out"))
+    assert len(events) == 2, events
+    loss = read_scalars(str(run_dir / "tensorboard"))["loss"]
+    assert sorted({step for step, _ in loss}) == list(range(5, STEPS + 1, 5))
+    by_step: dict = {}
+    for step, value in loss:  # step 15 was logged by both attempts: the same value
+        by_step.setdefault(step, []).append(value)
+    assert all(np.allclose(v, v[0], rtol=1e-6) for v in by_step.values())
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["step-0000030", "step-0000035", "step-0000040"]
+
+
+def test_resume_skips_a_truncated_checkpoint_and_continues(tmp_path, uninterrupted):
+    run_dir = tmp_path / "run"
+    first = launch("jobs/linear.yaml", *COMMON, "--set", "train.num_steps=20", "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    state = run_dir / "checkpoints" / "step-0000020" / "state.npz"
+    state.write_bytes(state.read_bytes()[:100])  # truncated after it was written
+    resumed = launch("jobs/linear.yaml", *COMMON, "--resume", str(run_dir))
+    out = resumed.stdout
+    assert resumed.returncode == 0, out[-4000:] + resumed.stderr
+    assert re.search(r"^\[p0\] warning: skipping checkpoint \S+/step-0000020: state\.npz is 100 bytes, "
+                     r"the manifest says \d+ \(truncated\?\); trying the previous one$", out, re.M), out
+    assert "[p0] resumed from the checkpoint of step 15 (attempt 1)" in out
+    assert f"run directory {run_dir} (resuming; attempt 1)" in out
+    assert_same_params(params(run_dir), uninterrupted)
+    assert (run_dir / "logs" / "attempt-1" / "process-000.log").exists()
+    assert "step 20/20" in (run_dir / "logs" / "process-000.log").read_text()  # attempt 0's log kept
+
+
+def test_resume_refuses_what_is_not_a_run_of_this_job(tmp_path):
+    result = launch("jobs/linear.yaml", "--resume", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--resume: {tmp_path} is not a run directory" in result.stderr
+    (tmp_path / "spec.yaml").write_text("name: other\n")
+    result = launch("jobs/linear.yaml", "--resume", str(tmp_path))
+    assert result.returncode == 2
+    assert f"--resume: {tmp_path} holds a run of job 'other', not 'linear'" in result.stderr
+
+
+def test_a_python_error_is_not_retried_and_says_so(tmp_path):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", *COMMON, *fault("raise", 7), "--set", "restarts.max_restarts=3",
+                    "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 1, out[-3000:]
+    assert ("attempt 0 failed: process_id 1 on localhost exited with code 1: a Python error in the job, "
+            "not retried (restarts.retry_exit_codes: 143, 137; add 1 to retry it)") in out
+    assert "RuntimeError: injected failure at step 7" in out
+    assert "attempt 1" not in out and not (run_dir / "logs" / "attempt-1").exists()
+
+
+def attempt_pids(run_dir, attempt: int) -> list:
+    ours = set(pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir)))
+    return sorted(ours & set(pids_with_env("PODLAUNCH_ATTEMPT", str(attempt))))
+
+
+def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, uninterrupted):
+    run_dir = tmp_path / "run"
+    proc = start_launch("jobs/linear.yaml", *COMMON, *fault("sigstop", 12), "--set", "restarts.max_restarts=1",
+                        "--set", "watchdog.stall_timeout_s=3", "--run-dir", str(run_dir))
+    lines, injected_at, reported_at, gone_after_s = [], None, None, None
+    deadline = time.monotonic() + 120
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            assert time.monotonic() < deadline, "".join(lines)
+            if injected_at is None and "injecting sigstop" in line:
+                injected_at = time.monotonic()
+            if reported_at is None and "stalled: no step progress" in line:
+                reported_at = time.monotonic()
+                while attempt_pids(run_dir, 0) and time.monotonic() - reported_at < 10:
+                    time.sleep(0.05)
+                gone_after_s = time.monotonic() - reported_at
+        proc.wait(30)
+    finally:
+        proc.kill()
+    out = "".join(lines)
+    assert proc.returncode == 0, out[-4000:]
+    assert injected_at is not None and reported_at is not None, out
+    assert reported_at - injected_at > 2.0, out  # stall_timeout_s 3 from the last heartbeat before it
+    assert gone_after_s < 5.0, out
+    # p0 waits in the collective for the stopped p1: both stop making progress within
+    # milliseconds, so either may be named first; every process's last step is reported.
+    assert re.search(r"p[01] stalled: no step progress for 3\.\d s \(stall_timeout_s 3\); last step seen of "
+                     r"every process: p0 \d+ \([\d.]+ s ago\), p1 \d+ \([\d.]+ s ago\); killing every process",
+                     out), out
+    assert re.search(r"^p[01] +localhost +failed \(first\) +stalled: no step progress", out, re.M), out
+    assert "stalled (no step progress for 3." in out and "retried after 0.2 s" in out
+    assert "[p0] resumed from the checkpoint of step 10 (attempt 1)" in out
+    assert_same_params(params(run_dir), uninterrupted)
+    assert not pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir))
+
+
+# ---- over the real sshd hosts ----------------------------------------------------
+@pytest.fixture(scope="module")
+def ssh_hosts(tmp_path_factory):
+    import sshenv
+
+    if os.geteuid() != 0 or not os.path.exists(sshenv.SSHD):
+        pytest.skip("needs root and /usr/sbin/sshd (apt-get install openssh-server)")
+    with sshenv.SshTestEnv(tmp_path_factory.mktemp("ssh"), 2) as env:
+        yield env
+
+
+def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, ssh_hosts, uninterrupted):
+    cluster = {
+        "backend": "ssh", "ssh_config_file": ssh_hosts.ssh_config, "python": sys.executable,
+        "hosts": [{"host": h, "workdir": str(tmp_path / f"host{i}")} for i, h in enumerate(ssh_hosts.hosts)],
+        "env": {"PYTHONPATH": os.pathsep.join([TESTS, REPO])},
+        "grace_s": 2, "keepalive_interval_s": 1, "keepalive_timeout_s": 4,
+    }
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", str(tmp_path / "cluster.yaml"), *COMMON,
+                    *fault("sigkill", 17), "--set", "restarts.max_restarts=1", "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr
+    assert "was killed by SIGKILL (a preemption or a signal); restarting" in out
+    assert out.count("preflight ok on 2 hosts") == 2  # the restart preflights again
+    ports = re.findall(r"coordinator 127\.0\.0\.2:(\d+)", out)
+    assert len(ports) == 2, out
+    assert "[p1 127.0.0.3] resumed from the checkpoint of step 15 (attempt 1)" in out
+    assert_same_params(params(run_dir), uninterrupted)
+    # only process 0's host has checkpoints: process 1 got the state by broadcast
+    remote = [tmp_path / f"host{i}" / "runs" / "linear" / "run" for i in range(2)]
+    assert sorted(os.listdir(remote[0] / "checkpoints"))[-1] == "step-0000040"
+    assert not (remote[1] / "checkpoints").exists()
+    assert (run_dir / "logs" / "attempt-1" / "process-001.log").exists()
+    for d in remote:
+        assert not pids_with_env("PODLAUNCH_RUN_DIR", str(d))

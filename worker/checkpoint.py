@@ -1,0 +1,287 @@
+"""Checkpoints: complete or absent, never half-written; restored by process 0 only.
+
+Layout, inside process 0's run directory::
+
+    checkpoints/
+      step-0000040/
+        state.npz       every leaf of (params, opt_state), unreplicated: leaf_00000, leaf_00001, ...
+        manifest.json   step, data position, leaf shapes/dtypes, size and sha256 of state.npz
+      step-0000050/ ...
+
+A checkpoint is written into a hidden ``.tmp-...`` directory, fsynced, and
+renamed into place (a rename within one filesystem is atomic, POSIX
+rename(2)); readers only look at ``step-*`` directories, so a writer killed
+half-way leaves nothing a reader would take. A checkpoint damaged later
+(truncated, flipped bits) fails its sha256 check and is skipped for the
+previous one, with a warning. Only the last ``keep`` checkpoints are kept.
+
+This module uses numpy only (no jax): the caller flattens and unflattens the
+pytrees, and process 0 broadcasts what it read (``worker.main``), so other
+hosts need no shared filesystem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+from typing import Callable
+
+import numpy as np
+
+STATE_FILE = "state.npz"
+MANIFEST_FILE = "manifest.json"
+FORMAT = 1
+_DIR_RE = re.compile(r"^step-(\d{7,})$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be used: corrupt (skippable) or not this job's (not skippable)."""
+
+
+class IncompatibleCheckpoint(CheckpointError):
+    """A complete checkpoint that does not fit the job (other model shapes or data)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint holds.
+
+    Attributes:
+      step: optimizer steps completed when it was saved (>= 1).
+      leaves: the flattened ``(params, opt_state)`` leaves, unreplicated numpy arrays.
+      next_batch: index of the global batch the next step uses (the data position).
+      num_batches: global batches in the dataset when it was saved.
+      path: the checkpoint directory.
+    """
+
+    step: int
+    leaves: list
+    next_batch: int
+    num_batches: int
+    path: str = ""
+
+
+def directory(run_dir: str) -> str:
+    """``<run_dir>/checkpoints``."""
+    return os.path.join(run_dir, "checkpoints")
+
+
+def step_dir(ckpt_dir: str, step: int) -> str:
+    return os.path.join(ckpt_dir, f"step-{step:07d}")
+
+
+def list_steps(ckpt_dir: str) -> list[int]:
+    """Steps of the (complete-looking) checkpoints in ``ckpt_dir``, oldest first."""
+    try:
+        names = os.listdir(ckpt_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := _DIR_RE.match(n)))
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save(ckpt_dir: str, ckpt: Checkpoint, keep: int) -> str:
+    """Write ``ckpt`` atomically as ``step-NNNNNNN`` and keep only the newest ``keep``.
+
+    Args:
+      ckpt_dir: the checkpoints directory (created if missing).
+      ckpt: what to save; ``leaves`` are numpy arrays (any dtype, any shape).
+      keep: how many checkpoints to keep (>= 1); older ones are deleted.
+
+    Returns:
+      The path of the new checkpoint directory.
+
+    Raises:
+      OSError: the disk refused (nothing half-written is left under a step-* name).
+    """
+    os.makedirs(ckpt_dir, exist_ok=True)
+    final = step_dir(ckpt_dir, ckpt.step)
+    tmp = os.path.join(ckpt_dir, f".tmp-step-{ckpt.step:07d}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    state = os.path.join(tmp, STATE_FILE)
+    with open(state, "wb") as f:
+        np.savez(f, **{f"leaf_{i:05d}": np.asarray(a) for i, a in enumerate(ckpt.leaves)})
+        f.flush()
+        os.fsync(f.fileno())
+    manifest = {
+        "format": FORMAT, "step": ckpt.step,
+        "data": {"next_batch": ckpt.next_batch, "num_batches": ckpt.num_batches},
+        "leaves": [{"shape": list(np.shape(a)), "dtype": str(np.asarray(a).dtype)} for a in ckpt.leaves],
+        "state_file": {"name": STATE_FILE, "size_bytes": os.path.getsize(state), "sha256": _sha256(state)},
+    }
+    with open(os.path.join(tmp, MANIFEST_FILE), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync(tmp)
+    if os.path.exists(final):  # a step redone after resuming from an older checkpoint
+        old = final + f".old-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync(ckpt_dir)
+    _prune(ckpt_dir, keep)
+    return final
+
+
+def _prune(ckpt_dir: str, keep: int) -> None:
+    for step in list_steps(ckpt_dir)[:-keep]:
+        shutil.rmtree(step_dir(ckpt_dir, step), ignore_errors=True)
+    for name in os.listdir(ckpt_dir):  # leftovers of writers that died mid-save
+        if name.startswith(".tmp-step-") and not name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
+
+
+def load(path: str, template: list, num_batches: int) -> Checkpoint:
+    """Read and verify one checkpoint directory against the job's state.
+
+    Args:
+      path: a ``step-NNNNNNN`` directory.
+      template: leaves of the freshly initialised ``(params, opt_state)``;
+        the checkpoint's leaves must have the same count, shapes and dtypes.
+      num_batches: global batches in this job's dataset.
+
+    Returns:
+      The verified Checkpoint.
+
+    Raises:
+      CheckpointError: missing/unreadable files, a size or sha256 mismatch (corrupt).
+      IncompatibleCheckpoint: complete, but other shapes, dtypes or data than this job.
+    """
+    try:
+        with open(os.path.join(path, MANIFEST_FILE), "r", encoding="utf-8") as f:
+            manifest = json.load(f)
+        state = os.path.join(path, manifest["state_file"]["name"])
+        size, digest = manifest["state_file"]["size_bytes"], manifest["state_file"]["sha256"]
+        step, data = int(manifest["step"]), manifest["data"]
+        specs = manifest["leaves"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"unreadable manifest: {type(exc).__name__}: {exc}") from None
+    try:
+        got_size = os.path.getsize(state)
+    except OSError as exc:
+        raise CheckpointError(f"{STATE_FILE}: {exc.strerror}") from None
+    if got_size != size:
+        raise CheckpointError(f"{STATE_FILE} is {got_size} bytes, the manifest says {size} (truncated?)")
+    if _sha256(state) != digest:
+        raise CheckpointError(f"{STATE_FILE} fails its sha256 check (corrupt)")
+    want = [{"shape": list(np.shape(a)), "dtype": str(np.asarray(a).dtype)} for a in template]
+    if specs != want:
+        raise IncompatibleCheckpoint(
+            f"its {len(specs)} leaves {[(s['shape'], s['dtype']) for s in specs]} differ from this "
+            f"job's {[(s['shape'], s['dtype']) for s in want]}: a different model or optimizer")
+    if data["num_batches"] != num_batches or data["next_batch"] != step % num_batches:
+        raise IncompatibleCheckpoint(
+            f"data position {data['next_batch']} of {data['num_batches']} batches does not fit this "
+            f"job's data ({step % num_batches} of {num_batches} at step {step}): different data or batch size")
+    with np.load(state) as arrays:
+        leaves = [arrays[f"leaf_{i:05d}"] for i in range(len(specs))]
+    return Checkpoint(step=step, leaves=leaves, next_batch=data["next_batch"],
+                      num_batches=data["num_batches"], path=path)
+
+
+def latest(ckpt_dir: str, template: list, num_batches: int,
+           warn: Callable[[str], None] = print) -> Checkpoint | None:
+    """The newest checkpoint that verifies; corrupt newer ones are skipped with a warning.
+
+    Returns:
+      The Checkpoint, or None when ``ckpt_dir`` holds no usable one.
+
+    Raises:
+      IncompatibleCheckpoint: the newest complete checkpoint belongs to another job.
+    """
+    for step in reversed(list_steps(ckpt_dir)):
+        path = step_dir(ckpt_dir, step)
+        try:
+            return load(path, template, num_batches)
+        except IncompatibleCheckpoint:
+            raise
+        except CheckpointError as exc:
+            warn(f"warning: skipping checkpoint {path}: {exc}; trying the previous one")
+    return None
+
+
+# ---- with jax: the worker's side -------------------------------------------
+def save_replicated(run_dir: str, step: int, params, opt_state, num_batches: int, keep: int) -> str:
+    """Process 0: save device 0's copy of replicated ``params`` and ``opt_state`` after ``step``.
+
+    Args:
+      run_dir: process 0's run directory (checkpoints go in ``<run_dir>/checkpoints``).
+      step: optimizer steps completed.
+      params, opt_state: replicated pytrees, every leaf ``[local_device_count, ...]``.
+      num_batches: global batches in the dataset (the data position is ``step % num_batches``).
+      keep: checkpoints to keep.
+
+    Returns:
+      The new checkpoint directory.
+    """
+    import jax
+
+    leaves = [np.asarray(a[0]) for a in jax.tree_util.tree_leaves((params, opt_state))]
+    return save(directory(run_dir), Checkpoint(step=step, leaves=leaves, next_batch=step % num_batches,
+                                               num_batches=num_batches), keep)
+
+
+def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
+                      warn: Callable[[str], None] = print):
+    """Process 0 reads the latest good checkpoint; every process gets it by broadcast.
+
+    Only process 0 touches the checkpoint files, so other hosts need no shared
+    filesystem. Every process must call this (it runs collectives:
+    ``jax.experimental.multihost_utils.broadcast_one_to_all``).
+
+    Args:
+      run_dir: this process's run directory (only process 0's is read).
+      process_id: this process's id.
+      state: the freshly initialised, unreplicated ``(params, opt_state)``;
+        the template for shapes and dtypes, and the answer when there is no checkpoint.
+      num_batches: global batches in the dataset.
+      warn: where process 0 reports skipped (corrupt) checkpoints.
+
+    Returns:
+      ``(state, step)``: the restored state and its step, or ``(state, 0)`` unchanged.
+
+    Raises:
+      IncompatibleCheckpoint: the checkpoint does not fit this job (on every process).
+    """
+    import jax
+    from jax.experimental import multihost_utils
+
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    leaves = [np.asarray(a) for a in leaves]
+    found, error, header = None, "", np.zeros(2, np.int32)  # [status 1/0/-1, step]
+    if process_id == 0:
+        try:
+            found = latest(directory(run_dir), leaves, num_batches, warn)
+        except IncompatibleCheckpoint as exc:
+            error = str(exc)
+        header = np.array([-1 if error else int(found is not None), found.step if found else 0], np.int32)
+    status, step = (int(v) for v in multihost_utils.broadcast_one_to_all(header))
+    if status < 0:
+        raise IncompatibleCheckpoint(error or "process 0 could not use its checkpoint (see its log)")
+    if status == 0:
+        return state, 0
+    got = multihost_utils.broadcast_one_to_all(found.leaves if found is not None else leaves)
+    return jax.tree_util.tree_unflatten(treedef, [np.asarray(a) for a in got]), step
