@@ -21,6 +21,7 @@ from launcher import spec as specs
 from launcher import tpu_rehearsal
 from launcher import backends
 from launcher.errors import LaunchError, Problem, SpecError
+from launcher.status import check_show, parse_show
 from launcher.supervise import Console, summary
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -28,9 +29,10 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="launch",
+        prog="launch", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run one JAX data-parallel training job on the cluster its spec names.",
-        epilog="exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted")
+        epilog="also: `launch tensorboard [RUN_DIR]` serves a run's TensorBoard and prints its URL.\n"
+               "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted")
     parser.add_argument("job", metavar="JOB.yaml", help="the job spec")
     parser.add_argument("--cluster", metavar="FILE",
                         help="cluster YAML that replaces the job's cluster: section")
@@ -43,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its latest complete checkpoint "
                              "(new logs go to RUN_DIR/logs/attempt-N/)")
+    parser.add_argument("--show", metavar="IDS", default="all",
+                        help="process_ids whose lines reach the console, e.g. 0 or 0,3-5 (or all, "
+                             "none); every process's lines still go to its log file")
+    parser.add_argument("--status-every", metavar="SECONDS", type=float, default=5.0,
+                        help="when stdout is not a terminal, print a status line this often "
+                             "(default 5; 0 = never); on a terminal it is redrawn in place")
     parser.add_argument("--kill-stale", action="store_true",
                         help="ssh: stop processes of an earlier run of this job still alive on the "
                              "hosts (recorded by pid, never matched by name) instead of refusing")
@@ -105,8 +113,10 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
       LaunchError: the run could not be started (exit code 1).
     """
     args = _parser().parse_args(argv)
-    console = console or Console()
+    show = parse_show(args.show)
+    console = console or Console(show=show, status_every_s=args.status_every)
     job = specs.load(args.job, args.cluster, tuple(args.overrides))
+    check_show(show, job.num_processes)
     if args.rehearse:
         job = tpu_rehearsal.local_job(job)  # SpecError unless cluster.backend is tpu
     if job.cluster.backend == "local":
@@ -145,7 +155,12 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        code = run(argv)
+        argv = sys.argv[1:] if argv is None else argv
+        if argv[:1] == ["tensorboard"]:  # a subcommand beside the positional JOB.yaml
+            from launcher import tensorboard_cmd
+            code = tensorboard_cmd.main(argv[1:])
+        else:
+            code = run(argv)
     except SpecError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)

@@ -87,7 +87,10 @@ class TrainSpec:
 class LoggingSpec:
     log_every_steps: int = setting(10, check=positive,
                                    doc="print progress and write TensorBoard scalars every N steps")
-    tensorboard: bool = setting(True, doc="process 0 writes TensorBoard events to <run dir>/tensorboard")
+    tensorboard: bool = setting(True, doc="process 0 writes TensorBoard events and metrics.jsonl "
+                                "to <run dir>/tensorboard")
+    on_nonfinite_loss: Literal["stop", "warn"] = setting(
+        "stop", doc="a NaN or infinite loss at a log step: stop the run (naming the step) or warn and go on")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

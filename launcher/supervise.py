@@ -35,6 +35,7 @@ import time
 from typing import Iterable, Iterator, Protocol, TextIO
 
 from launcher.plan import ProcessPlan
+from launcher.status import ProcessStats, StatusLine, status_text
 from worker import contract
 
 TAIL_LINES = 15
@@ -104,6 +105,7 @@ class Tracked:
     tail: collections.deque = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
+    stats: ProcessStats = dataclasses.field(default_factory=ProcessStats)  # for status and summary
 
     @property
     def plan(self) -> ProcessPlan:
@@ -150,18 +152,36 @@ def _raise_interrupted(signum, frame):
 
 
 class Console:
-    """Writes prefixed worker lines and launcher messages to one stream."""
+    """Writes prefixed worker lines, launcher messages and the status line to one stream.
 
-    def __init__(self, stream: TextIO = sys.stdout):
+    Args:
+      stream: where everything goes.
+      show: process_ids whose lines are written (None: all); their log files get every line anyway.
+      status_every_s: seconds between plain status lines when ``stream`` is not a terminal (0 = never).
+      tty: redraw the status line in place; default: ``stream.isatty()``.
+    """
+
+    def __init__(self, stream: TextIO = sys.stdout, show: frozenset | None = None,
+                 status_every_s: float = 5.0, tty: bool | None = None):
         self.stream = stream
+        self.show = show
+        self.live = StatusLine(stream, tty=tty, status_every_s=status_every_s)
 
-    def line(self, label: str, text: str) -> None:
-        self.stream.write(f"[{label}] {text}\n")
-        self.stream.flush()
+    def line(self, label: str, text: str, process_id: int | None = None) -> None:
+        if self.show is not None and process_id is not None and process_id not in self.show:
+            return
+        self.live.write(f"[{label}] {text}\n")
 
     def say(self, text: str) -> None:
-        self.stream.write(f"podlaunch: {text}\n")
-        self.stream.flush()
+        self.live.write(f"podlaunch: {text}\n")
+
+    def status(self, tracked: list) -> None:
+        """Refresh the status line from the tracked processes (rate-limited)."""
+        self.live.update(status_text(tracked))
+
+    def end_status(self) -> None:
+        """Take the status line off the terminal."""
+        self.live.end()
 
 
 def _pump(tracked: Tracked, out: queue.Queue) -> None:
@@ -177,7 +197,8 @@ def _pump(tracked: Tracked, out: queue.Queue) -> None:
                 log.write(line + "\n")
                 log.flush()
                 tracked.tail.append(line)
-                out.put((tracked.plan.label, line))
+                tracked.stats.observe(line)
+                out.put((tracked.plan.label, line, tracked.plan.process_id))
         except Exception as exc:  # a reader must never die silently
             out.put((tracked.plan.label, f"podlaunch: output stream broke: {exc!r}"))
         tracked.eof_at = time.monotonic()
@@ -212,6 +233,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
         try:
             while True:
                 _drain(lines, console, poll_interval_s)
+                console.status(tracked)
                 for t in tracked:
                     if t.state is State.RUNNING and _check(t) and not t.exit.ok and first_failure is None:
                         first_failure = t
@@ -239,6 +261,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
     for t in tracked:
         t.reader.join(timeout=2.0)
     _drain(lines, console, 0)
+    console.end_status()
     return Result(tracked, first_failure, interrupted, time.monotonic() - started)
 
 
@@ -314,11 +337,10 @@ def _check(t: Tracked) -> bool:
 
 def _drain(lines: queue.Queue, console: Console, wait_s: float) -> None:
     try:
-        label, text = lines.get(timeout=wait_s) if wait_s else lines.get_nowait()
-        console.line(label, text)
+        # (label, text) or (label, text, process_id): the id lets --show filter
+        console.line(*(lines.get(timeout=wait_s) if wait_s else lines.get_nowait()))
         while True:
-            label, text = lines.get_nowait()
-            console.line(label, text)
+            console.line(*lines.get_nowait())
     except queue.Empty:
         pass
 
@@ -368,12 +390,24 @@ def summary(result: Result) -> str:
         lines += [f"  | {line}" for line in first.tail] or ["  | (no output)"]
     elif result.interrupted:
         lines.append("INTERRUPTED: every process was stopped.")
-    width = max(len(t.plan.host) for t in result.processes)
-    lines.append("process  host" + " " * (width - 4) + "  state      exit                step")
-    for t in result.processes:
-        state = t.state.value + (" (first)" if t is first else "")
-        lines.append(f"p{t.plan.process_id:<7} {t.plan.host:<{width}}  {state:<10} "
-                     f"{str(t.exit or '-'):<19} {'-' if t.last_step is None else t.last_step}")
+    lines += _table(result.processes, first)
     if first is None and not result.interrupted and result.exit_code == 0:
         lines.append(f"OK: {len(result.processes)} processes succeeded in {result.elapsed_s:.1f}s.")
     return "\n".join(lines)
+
+
+def _table(processes: list, first: Tracked | None) -> list:
+    """One row per process: host, state, exit, steps done, mean step time (ms)."""
+    header = ("process", "host", "state", "exit", "steps", "mean step ms")
+    rows = []
+    for t in processes:
+        mean_s = t.stats.mean_step_time_s
+        rows.append((f"p{t.plan.process_id}", t.plan.host,
+                     t.state.value + (" (first)" if t is first else ""), str(t.exit or "-"),
+                     "-" if t.last_step is None else str(t.last_step),
+                     "-" if mean_s is None else f"{mean_s * 1e3:.3f}"))
+    widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
+    numeric = (4, 5)  # right-aligned columns
+    return ["  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
+                      for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+            for row in [header] + rows]

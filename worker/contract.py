@@ -20,7 +20,6 @@ Optional (set by the launcher's restart loop and ``--resume``):
   PODLAUNCH_RESUME               "1": process 0 restores the latest complete
                                  checkpoint of its run directory and broadcasts it.
 
-
 Progress lines: a worker prints ``PROGRESS_FORMAT`` lines at every logged step,
 ``HEARTBEAT_FORMAT`` lines at most every ``heartbeat_interval_s`` between them
 (for the launcher's stall watchdog; the launcher does not echo them), and
@@ -29,6 +28,7 @@ with ``parse_step`` to know the step each process reached, and when.
 """
 
 import re
+from typing import NamedTuple
 
 COORDINATOR_ADDRESS = "PODLAUNCH_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "PODLAUNCH_NUM_PROCESSES"
@@ -43,8 +43,16 @@ ALL = (COORDINATOR_ADDRESS, NUM_PROCESSES, PROCESS_ID, LOCAL_DEVICE_COUNT,
 ATTEMPT = "PODLAUNCH_ATTEMPT"
 RESUME = "PODLAUNCH_RESUME"
 
-# "step 40/100 loss 0.012345 | 812.3 steps/s"
-PROGRESS_FORMAT = "step {step}/{num_steps} loss {loss:.6g} | {steps_per_s:.1f} steps/s"
+# "step 40/100 loss 0.012345 | 812.3 steps/s | step_time_s 0.001231 (own 0.000402)"
+# step_time_s: wall seconds per step since the previous logged step (equal on
+# every process of a synchronous run); own: the part of it this process spent
+# outside JAX, on its own host work: the number that singles out a straggler
+# (see worker/metrics.py).
+PROGRESS_FORMAT = ("step {step}/{num_steps} loss {loss:.6g} | {steps_per_s:.1f} steps/s"
+                   " | step_time_s {step_time_s:.6g} (own {own_step_time_s:.6g})")
+PROGRESS_RE = re.compile(
+    r"^step (?P<step>\d+)/(?P<num_steps>\d+) loss (?P<loss>\S+) \| (?P<steps_per_s>\S+) steps/s"
+    r"(?: \| step_time_s (?P<step_time_s>\S+) \(own (?P<own_step_time_s>\S+)\))?")
 FAILED_FORMAT = "failed at step {step}: {error}"
 HEARTBEAT_FORMAT = "podlaunch-heartbeat step {step}"
 STEP_RE = re.compile(r"^(?:step (?P<done>\d+)/\d+ |failed at step (?P<failed>\d+):"
@@ -52,6 +60,31 @@ STEP_RE = re.compile(r"^(?:step (?P<done>\d+)/\d+ |failed at step (?P<failed>\d+
 
 # Exit code a worker uses when its own checks (identity, devices) fail.
 EXIT_MISMATCH = 3
+
+
+class Progress(NamedTuple):
+    """One parsed progress line; times in seconds (None when the line predates them)."""
+
+    step: int
+    num_steps: int
+    loss: float
+    steps_per_s: float
+    step_time_s: float | None
+    own_step_time_s: float | None
+
+
+def parse_progress(line: str) -> "Progress | None":
+    """Return the ``Progress`` a ``PROGRESS_FORMAT`` line reports, or None for any other line."""
+    match = PROGRESS_RE.match(line)
+    if match is None:
+        return None
+    try:
+        times = [None if match.group(k) is None else float(match.group(k))
+                 for k in ("step_time_s", "own_step_time_s")]
+        return Progress(int(match.group("step")), int(match.group("num_steps")),
+                        float(match.group("loss")), float(match.group("steps_per_s")), *times)
+    except ValueError:
+        return None
 
 
 def parse_step(line: str):
@@ -77,7 +110,6 @@ def heartbeat_interval_s(stall_timeout_s: float | None) -> float | None:
     if not stall_timeout_s:
         return None
     return min(10.0, max(0.5, stall_timeout_s / 10))
-
 
 # Optional: JAX's cluster_detection_method for jax.distributed.initialize.
 # "deactivate" (the default): the launcher's process_id and num_processes are

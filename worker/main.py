@@ -108,13 +108,14 @@ def train(identity: dict, job: dict, out=print) -> dict:
     import numpy as np
 
     from worker import data as datasets
+    from worker import metrics
     from worker import tasks
     from worker.tracker import make_tracker
     from worker.train import make_optimizer, make_train_step, replicate, unreplicate
 
     process_id = identity["process_id"]
     run_dir = identity["run_dir"]
-    train_spec, log_every = job["train"], job["logging"]["log_every_steps"]
+    train_spec = job["train"]
     num_steps, global_batch = train_spec["num_steps"], train_spec["global_batch_size"]
 
     shard = datasets.load_shard(job["data"], global_batch, process_id,
@@ -127,7 +128,7 @@ def train(identity: dict, job: dict, out=print) -> dict:
     (params, opt_state), first_step = _resume(identity, job, (params, opt_state),
                                               shard.num_batches, out)
     params, opt_state = replicate(params), replicate(opt_state)
-    step_fn = make_train_step(task.loss_fn, optimizer)
+    step_fn = make_train_step(task.loss_fn, optimizer, with_norms=True)
     out(f"process {process_id}: {shard.num_batches} batches of "
         f"{list(shard.x.shape[1:])} x, {list(shard.y.shape[1:])} y on {jax.local_device_count()} "
         f"{jax.devices()[0].platform} devices")
@@ -135,26 +136,14 @@ def train(identity: dict, job: dict, out=print) -> dict:
     tracker = make_tracker(run_dir, process_id, job["logging"]["tensorboard"])
     step = 0
     try:
-        last_time, last_step = time.perf_counter(), first_step - 1
+        logger = metrics.StepLogger(job, process_id, identity["num_processes"], tracker, out)
+        step_fn = logger.timed(step_fn)
         recovery = _Recovery(identity, job, shard.num_batches, out)
         for step in range(first_step, num_steps + 1):
             batch = (step - 1) % shard.num_batches
-            params, opt_state, loss = step_fn(params, opt_state, shard.x[batch], shard.y[batch])
-            if step % log_every == 0 or step == num_steps:
-                loss_value = float(loss[0])  # the only device sync: at log steps
-                now = time.perf_counter()
-                step_time_s = (now - last_time) / (step - last_step)
-                last_time, last_step = now, step
-                out(contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=loss_value,
-                                                    steps_per_s=1.0 / step_time_s))
-                if not np.isfinite(loss_value):
-                    raise FloatingPointError(f"loss is {loss_value} at step {step}")
-                tracker.scalars(step, {
-                    "loss": loss_value,
-                    "learning_rate": job["optimizer"]["learning_rate"],
-                    "step_time_s": step_time_s,
-                    "examples_per_s": global_batch / step_time_s,
-                })
+            params, opt_state, loss, norms = step_fn(params, opt_state, shard.x[batch], shard.y[batch])
+            if logger.is_log_step(step):  # the only device sync: at log steps
+                logger.log(step, loss, norms)
             recovery.after_step(step, params, opt_state, loss)
             if task.on_step_end is not None:
                 task.on_step_end(step, process_id)

@@ -1,4 +1,4 @@
-"""Metrics sinks: TensorBoard (process 0) or nothing (everyone else).
+"""Metrics sinks: TensorBoard + metrics.jsonl (process 0) or nothing (everyone else).
 
 Callers never branch on "am I process 0": they get a ``Tracker`` either way,
 as levanter's trackers do.
@@ -6,7 +6,11 @@ as levanter's trackers do.
 
 from __future__ import annotations
 
+import json
+import math
 import os
+
+METRICS_FILE = "metrics.jsonl"
 
 
 class NullTracker:
@@ -18,6 +22,9 @@ class NullTracker:
     def text(self, tag: str, text: str, step: int = 0) -> None:
         pass
 
+    def hparams(self, hparams: dict, metrics: dict) -> None:
+        """Record the run's hyperparameters (flat: bool/int/float/str) and final metrics."""
+
     def close(self) -> None:
         pass
 
@@ -25,31 +32,92 @@ class NullTracker:
 class TensorBoardTracker(NullTracker):
     """Writes TensorBoard event files with tensorboardX.
 
-    Every call flushes, so a run killed mid-way keeps everything logged so far;
-    calls come only every ``log_every_steps``, so flushing costs nothing per step.
+    tensorboardX's writer thread flushes every ``flush_s`` seconds and
+    ``close`` flushes the rest, so a run stopped by SIGTERM or an exception
+    keeps everything, and one killed by SIGKILL loses at most ``flush_s``.
+    An explicit flush per log step would cost ~1 ms (measured: 1.5 ms with,
+    0.4 ms without, for 4 scalars), a third of a step of the seed's model.
     """
 
-    def __init__(self, logdir: str):
+    def __init__(self, logdir: str, flush_s: float = 2.0):
         from tensorboardX import SummaryWriter  # only process 0 pays for the import
 
         os.makedirs(logdir, exist_ok=True)
-        self._writer = SummaryWriter(logdir=logdir, flush_secs=5)
+        self._writer = SummaryWriter(logdir=logdir, flush_secs=flush_s)
 
     def scalars(self, step: int, values: dict) -> None:
         for tag, value in values.items():
             self._writer.add_scalar(tag, float(value), global_step=step)
-        self._writer.flush()
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
         self._writer.add_text(tag, text, global_step=step)
+        self._writer.flush()
+
+    def hparams(self, hparams: dict, metrics: dict) -> None:
+        # SummaryWriter.add_hparams would open a second writer in a subdirectory;
+        # writing the plugin's three summaries here keeps one event file, and the
+        # metric tags are scalars this file already holds.
+        from tensorboardX.summary import hparams as hparams_summaries
+
+        for summary in hparams_summaries(hparams, metrics):
+            self._writer._get_file_writer().add_summary(summary)
         self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()
 
 
+class JsonlTracker(NullTracker):
+    """Appends one JSON object per ``scalars`` call: ``{"step": 40, "loss": 0.0123, ...}``.
+
+    Keys are the TensorBoard tags; NaN and infinities are written as ``null`` so
+    every line is strict JSON.
+    """
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8")
+
+    def scalars(self, step: int, values: dict) -> None:
+        record = {"step": step}
+        record.update({tag: (float(v) if math.isfinite(float(v)) else None)
+                       for tag, v in values.items()})
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Trackers(NullTracker):
+    """Sends every call to each of several trackers."""
+
+    def __init__(self, *trackers):
+        self._trackers = trackers
+
+    def scalars(self, step: int, values: dict) -> None:
+        for tracker in self._trackers:
+            tracker.scalars(step, values)
+
+    def text(self, tag: str, text: str, step: int = 0) -> None:
+        for tracker in self._trackers:
+            tracker.text(tag, text, step)
+
+    def hparams(self, hparams: dict, metrics: dict) -> None:
+        for tracker in self._trackers:
+            tracker.hparams(hparams, metrics)
+
+    def close(self) -> None:
+        for tracker in self._trackers:
+            tracker.close()
+
+
 def make_tracker(run_dir: str, process_id: int, enabled: bool):
-    """A TensorBoardTracker in ``<run_dir>/tensorboard`` for process 0, else a NullTracker."""
+    """Process 0: TensorBoard events and ``metrics.jsonl`` in ``<run_dir>/tensorboard``.
+
+    Every other process, or logging.tensorboard off: a NullTracker.
+    """
     if process_id == 0 and enabled:
-        return TensorBoardTracker(os.path.join(run_dir, "tensorboard"))
+        logdir = os.path.join(run_dir, "tensorboard")
+        return Trackers(TensorBoardTracker(logdir), JsonlTracker(os.path.join(logdir, METRICS_FILE)))
     return NullTracker()

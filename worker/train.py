@@ -33,8 +33,14 @@ def make_optimizer(spec: dict) -> optax.GradientTransformation:
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation) -> Callable:
-    """Build the pmapped step ``(params, opt_state, x, y) -> (params, opt_state, loss)``.
+def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
+                    with_norms: bool = False) -> Callable:
+    """Build the pmapped step ``(params, opt_state, x, y) -> (params, opt_state, loss[, norms])``.
+
+    Args:
+      loss_fn: ``(params, x, y) -> loss``, the per-device batch mean.
+      optimizer: the optax optimizer.
+      with_norms: also return ``norms``; the update is the same either way.
 
     Args (of the returned function), each with a leading ``[local_device_count]`` axis:
       params, opt_state: replicated pytrees (float32).
@@ -43,7 +49,10 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation) 
 
     Returns:
       New params and opt_state (replicated), and loss ``[local_device_count]``
-      float32, the global-batch mean loss, equal on every device.
+      float32, the global-batch mean loss, equal on every device. With
+      ``with_norms``, also ``{"grad_norm", "param_norm"}``: each
+      ``[local_device_count]`` float32, the global L2 norm (``optax.global_norm``)
+      of the averaged gradient and of the updated params, equal on every device.
     """
 
     def train_step(params, opt_state, x, y):
@@ -51,7 +60,13 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation) 
         grads = jax.lax.pmean(grads, axis_name=AXIS)
         loss = jax.lax.pmean(loss, axis_name=AXIS)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        new_params = optax.apply_updates(params, updates)
+        if not with_norms:
+            return new_params, opt_state, loss
+        # Read-only reductions of values the update already made: they add no
+        # collective (grads are averaged already) and do not feed the update.
+        norms = {"grad_norm": optax.global_norm(grads), "param_norm": optax.global_norm(new_params)}
+        return new_params, opt_state, loss, norms
 
     return jax.pmap(train_step, axis_name=AXIS, donate_argnums=(0, 1))
 

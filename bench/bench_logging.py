@@ -1,0 +1,93 @@
+"""Steps/s with everything logged every step, against logging off, in one run.
+
+"on":  logging.log_every_steps=1 and logging.tensorboard=true: every step syncs
+       the device once, prints a progress line, gathers every process's own
+       step time to process 0 (one JAX collective), and process 0 writes every
+       TensorBoard scalar and a metrics.jsonl line.
+"off": logging.tensorboard=false and one log step, the last.
+
+Each side is a real ``launch`` of jobs/linear.yaml (2 processes x 1 CPU
+device by default); rounds alternate off/on so drift on a shared machine hits
+both. Steps/s comes from process 0's progress lines (wall seconds per step,
+compilation excluded), read with the launcher's own parser. The ratio is
+on / off (1.0 = logging is free).
+
+    python bench/bench_logging.py                      # seed shape and 65,536 x 256
+    python bench/bench_logging.py --rounds 5 --shapes large
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from launcher.status import ProcessStats  # noqa: E402  (after the path is set)
+
+SHAPES = {
+    # name: (global_batch_size = num_examples, in_features, num_steps)
+    "seed": (256, 4, 400),
+    "large": (65536, 256, 150),
+}
+SIDES = {
+    "off": ["--set", "logging.tensorboard=false", "--set", "logging.log_every_steps={num_steps}"],
+    "on": ["--set", "logging.tensorboard=true", "--set", "logging.log_every_steps=1"],
+}
+
+
+def run_once(shape: str, side: str, processes: int, devices: int, workdir: str, index: int) -> float:
+    """One launch; returns process 0's steps/s (compilation excluded)."""
+    batch, features, num_steps = SHAPES[shape]
+    run_dir = os.path.join(workdir, f"{shape}-{side}-{index}")
+    args = [sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--run-dir", run_dir,
+            "--show", "none", "--status-every", "0",
+            "--set", f"cluster.num_processes={processes}", "--set", f"cluster.devices_per_process={devices}",
+            "--set", f"train.num_steps={num_steps}", "--set", f"train.global_batch_size={batch}",
+            "--set", f"data.num_examples={batch}", "--set", f"data.in_features={features}"]
+    args += [a.format(num_steps=num_steps) for a in SIDES[side]]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_"))}
+    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"{shape}/{side} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+    stats = ProcessStats()
+    with open(os.path.join(run_dir, "logs", "process-000.log"), encoding="utf-8") as log:
+        for line in log:
+            stats.observe(line.rstrip("\n"))
+    if stats.timed_steps != num_steps:
+        raise SystemExit(f"{shape}/{side}: timed {stats.timed_steps} of {num_steps} steps")
+    return 1.0 / stats.mean_step_time_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--devices", type=int, default=1,
+                        help="CPU devices per process (default 1: see docs/monitoring.md on the gloo hang)")
+    args = parser.parse_args()
+    print(f"{args.processes} processes x {args.devices} CPU devices, {args.rounds} rounds, "
+          f"{os.cpu_count()} cores; median steps/s per side")
+    print(f"{'shape':<28} {'off steps/s':>12} {'on steps/s':>12} {'on/off':>8}")
+    with tempfile.TemporaryDirectory() as workdir:
+        for shape in args.shapes:
+            rates: dict = {"off": [], "on": []}
+            for index in range(args.rounds):
+                for side in ("off", "on"):
+                    rates[side].append(run_once(shape, side, args.processes, args.devices, workdir, index))
+            off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+            batch, features, num_steps = SHAPES[shape]
+            label = f"{shape} ({batch} x {features}, {num_steps} st)"
+            print(f"{label:<28} {off:>12.1f} {on:>12.1f} {on / off:>8.3f}", flush=True)
+            print(f"{'':<28} per round on/off: "
+                  + " ".join(f"{b / a:.3f}" for a, b in zip(rates["off"], rates["on"])), flush=True)
+
+
+if __name__ == "__main__":
+    main()
