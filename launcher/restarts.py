@@ -28,7 +28,7 @@ from typing import Callable
 
 from launcher import plan as planning
 from launcher.spec import RestartSpec
-from launcher.supervise import Console, Result, Watchdog, summary, supervise
+from launcher.supervise import Console, Result, State, Tracked, Watchdog, summary, supervise
 from worker import contract
 
 
@@ -52,6 +52,12 @@ class Attempt:
 def classify(result: Result, policy: RestartSpec) -> tuple[bool, str]:
     """Whether a failed attempt may be retried, and why, in words.
 
+    The first failure by time leads, but a cascade can outrun its cause (a
+    peer's "connection reset" exit 1 reported before the SIGKILLed worker's
+    exit arrives over ssh), so the attempt is retryable when any process that
+    ended by itself (state FAILED, not stopped by the launcher) ended in a
+    retryable way.
+
     Args:
       result: a failed, not interrupted, attempt.
       policy: the spec's ``restarts`` section.
@@ -62,7 +68,18 @@ def classify(result: Result, policy: RestartSpec) -> tuple[bool, str]:
     first = result.first_failure
     if first is None:
         return False, "no process failed, yet not every process succeeded"
-    ended, where = first.exit, f"process_id {first.plan.process_id} on {first.plan.host}"
+    verdict = _classify_one(first, policy)
+    if not verdict[0]:
+        for t in result.processes:
+            if t is not first and t.state is State.FAILED and t.exit is not None:
+                retry, why = _classify_one(t, policy)
+                if retry:
+                    return True, f"{why}, while process_id {first.plan.process_id} ({first.exit}) was reported first"
+    return verdict
+
+
+def _classify_one(t: Tracked, policy: RestartSpec) -> tuple[bool, str]:
+    ended, where = t.exit, f"process_id {t.plan.process_id} on {t.plan.host}"
     if ended.stalled:
         return True, f"{where} stalled ({ended.stalled})"
     if ended.lost:

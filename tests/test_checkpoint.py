@@ -118,6 +118,21 @@ def test_classify(ended, retry, words):
     assert retryable is retry and words in why and why.startswith("process_id 2 on h2")
 
 
+def test_a_cascade_reported_before_its_signal_death_is_still_retried():
+    result = failed(Exit(code=1))  # a peer's "connection reset" arrived first
+    killed = Tracked(worker=type("W", (), {"plan": type("P", (), {
+        "process_id": 1, "host": "h1", "label": "p1 h1", "log_path": "/y"})()})(),
+        state=State.FAILED, exit=Exit(signal=9))
+    stopped = Tracked(worker=killed.worker, state=State.STOPPED, exit=Exit(signal=15))
+    retryable, why = restarts.classify(Result([result.processes[0], killed], result.first_failure, False, 1.0),
+                                       POLICY)
+    assert retryable and why.startswith("process_id 1 on h1 was killed by SIGKILL")
+    assert "while process_id 2 (exit code 1) was reported first" in why
+    # processes the launcher stopped itself do not count
+    assert not restarts.classify(Result([result.processes[0], stopped], result.first_failure, False, 1.0),
+                                 POLICY)[0]
+
+
 def test_exit_1_is_retried_when_listed_and_backoff_doubles():
     policy = specs.RestartSpec(retry_exit_codes=(1,), backoff_s=1.5)
     assert restarts.classify(failed(Exit(code=1)), policy)[0]
