@@ -17,9 +17,6 @@ subprocess, a remote command over SSH, ...) and ``supervise`` does the rest:
 
 The failure report leads with the first failure by time, not the cascade it
 caused (as torch.distributed.elastic does).
-
-The failure report leads with the first failure by time, not the cascade it
-caused (as torch.distributed.elastic does).
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ def train(identity: dict, job: dict, out=print) -> dict:
     from worker import metrics
     from worker import tasks
     from worker.tracker import make_tracker
-    from worker.train import make_optimizer, make_train_step, replicate, unreplicate
+    from worker.train import (InFlight, make_optimizer, make_train_step, place, replicate,
+                              unreplicate)
 
     process_id = identity["process_id"]
     run_dir = identity["run_dir"]
@@ -129,6 +130,7 @@ def train(identity: dict, job: dict, out=print) -> dict:
                                               shard.num_batches, out)
     params, opt_state = replicate(params), replicate(opt_state)
     step_fn = make_train_step(task.loss_fn, optimizer, with_norms=True)
+    xs, ys = place(shard.x), place(shard.y)
     out(f"process {process_id}: {shard.num_batches} batches of "
         f"{list(shard.x.shape[1:])} x, {list(shard.y.shape[1:])} y on {jax.local_device_count()} "
         f"{jax.devices()[0].platform} devices")
@@ -139,9 +141,11 @@ def train(identity: dict, job: dict, out=print) -> dict:
         logger = metrics.StepLogger(job, process_id, identity["num_processes"], tracker, out)
         step_fn = logger.timed(step_fn)
         recovery = _Recovery(identity, job, shard.num_batches, out)
+        in_flight = InFlight()
         for step in range(first_step, num_steps + 1):
             batch = (step - 1) % shard.num_batches
-            params, opt_state, loss, norms = step_fn(params, opt_state, shard.x[batch], shard.y[batch])
+            params, opt_state, loss, norms = step_fn(params, opt_state, xs[batch], ys[batch])
+            in_flight.add(loss)
             if logger.is_log_step(step):  # the only device sync: at log steps
                 logger.log(step, loss, norms)
             recovery.after_step(step, params, opt_state, loss)
