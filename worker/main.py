@@ -139,13 +139,18 @@ def train(identity: dict, job: dict, out=print) -> dict:
     step = 0
     try:
         logger = metrics.StepLogger(job, process_id, identity["num_processes"], tracker, out)
-        step_fn = logger.timed(step_fn)
-        recovery = _Recovery(identity, job, shard.num_batches, out)
         in_flight = InFlight()
+
+        def dispatch(*args):
+            outputs = step_fn(*args)
+            in_flight.add(outputs[2])  # waiting on the devices is JAX time, not the host's own
+            return outputs
+
+        timed_step = logger.timed(dispatch)
+        recovery = _Recovery(identity, job, shard.num_batches, out)
         for step in range(first_step, num_steps + 1):
             batch = (step - 1) % shard.num_batches
-            params, opt_state, loss, norms = step_fn(params, opt_state, xs[batch], ys[batch])
-            in_flight.add(loss)
+            params, opt_state, loss, norms = timed_step(params, opt_state, xs[batch], ys[batch])
             if logger.is_log_step(step):  # the only device sync: at log steps
                 logger.log(step, loss, norms)
             recovery.after_step(step, params, opt_state, loss)
