@@ -2,9 +2,10 @@
 
 The seed side is shared/seed.md's loop as written (pmap of value_and_grad with
 pmean, arrays stacked with jnp). The podlaunch side is what the worker runs:
-worker.train.make_train_step with optax SGD, the batch taken from this
-process's shard, TensorBoard logging (tensorboardX) every ``--log-every``
-steps with the one device sync that needs. Rounds alternate seed/podlaunch so
+worker.train.make_train_step with optax SGD, the batch placed on the devices
+once, at most two steps in flight (worker.train.InFlight), and TensorBoard
+logging (tensorboardX) every ``--log-every`` steps with the one device sync
+that needs. Rounds alternate seed/podlaunch so
 drift on a shared machine hits both; the ratio is podlaunch / seed steps/s
 (>= 1.0 means no slower than the seed).
 
@@ -38,7 +39,7 @@ def main() -> None:
 
     from worker import tasks
     from worker.tracker import TensorBoardTracker
-    from worker.train import make_optimizer, make_train_step, place, replicate
+    from worker.train import InFlight, make_optimizer, make_train_step, place, replicate
 
     n = jax.local_device_count()
 
@@ -77,8 +78,10 @@ def main() -> None:
         jax.block_until_ready(loss)
         start = time.perf_counter()
         last = start
+        in_flight = InFlight()
         for step in range(1, steps + 1):
             params, opt_state, loss = step_fn(params, opt_state, xs, ys)
+            in_flight.add(loss)
             if step % args.log_every == 0:
                 now = time.perf_counter()
                 tracker.scalars(step, {"loss": float(loss[0]), "learning_rate": 0.01,
