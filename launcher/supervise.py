@@ -45,6 +45,7 @@ class Exit:
     code: int | None = None
     signal: int | None = None
     lost: str | None = None  # why the worker can no longer be watched
+    at: float | None = None  # wall-clock time it ended, as its own host saw it (ssh)
     stalled: str | None = None  # the watchdog's finding: alive, no step progress
 
     @property
@@ -301,7 +302,8 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
 
 def _root_cause(tracked: list, lines: queue.Queue, console: Console,
                 window_s: float = 0.3) -> Tracked:
-    """The failure that came first, by when each failed process's output closed.
+    """The failure that came first: by the end time its host reported (ssh), else
+    by when its output closed at the launcher (local).
 
     A death cascades in milliseconds (peers see a reset collective and exit
     too), often within one poll; so wait a short window for the cascade to
@@ -318,6 +320,11 @@ def _root_cause(tracked: list, lines: queue.Queue, console: Console,
     for t in failed:
         if t.reader is not None:
             t.reader.join(timeout=0.2)
+    if all(t.exit.at is not None for t in failed):
+        # Each host timed its own process's end: arrival order at the launcher
+        # depends on the network, the host clocks (NTP) far less than a cascade's
+        # milliseconds of traceback printing.
+        return min(failed, key=lambda t: t.exit.at)
     return min(failed, key=lambda t: (t.eof_at or t.ended_at, t.ended_at))
 
 

@@ -669,8 +669,11 @@ class SshWorker:
         if lost is not None and self._reported is None:
             return self._finish(Exit(lost=lost), cleanup=True)
         if self._reported is not None:
-            kind, _, value = self._reported.partition("=")
-            return self._finish(Exit(signal=int(value)) if kind == "signal" else Exit(code=int(value)))
+            fields = dict(item.partition("=")[::2] for item in self._reported.split())
+            at = float(fields["at"]) if "at" in fields else None
+            if "signal" in fields:
+                return self._finish(Exit(signal=int(fields["signal"]), at=at))
+            return self._finish(Exit(code=int(fields["code"]), at=at))
         if not self._eof.is_set():
             return None
         # Output ended without the wrapper's report: setup failed, or the

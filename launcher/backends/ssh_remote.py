@@ -128,7 +128,7 @@ print("''' + PREFLIGHT_MARK + r'''" + json.dumps(out), flush=True)
 '''
 
 WRAPPER = r'''
-import json, os, signal, socket, subprocess, sys
+import json, os, signal, socket, subprocess, sys, time
 a = json.loads(sys.argv[1])
 os.makedirs(os.path.dirname(a["pid_file"]), exist_ok=True)
 os.makedirs(a["run_dir"], exist_ok=True)
@@ -144,6 +144,7 @@ try:
 except OSError:
     pass
 code = p.wait()
+ended_at = time.time()  # the host's clock orders a cascade better than arrival order
 try:
     os.killpg(p.pid, signal.SIGKILL)  # whatever the worker left in its group
 except OSError:
@@ -153,7 +154,8 @@ try:
 except OSError:
     pass
 try:
-    print("''' + EXIT_MARK + r'''" + ("signal=%d" % -code if code < 0 else "code=%d" % code), flush=True)
+    print("''' + EXIT_MARK + r'''" + ("signal=%d" % -code if code < 0 else "code=%d" % code)
+          + " at=%.6f" % ended_at, flush=True)
 except OSError:
     pass
 sys.exit(128 - code if code < 0 else code)
