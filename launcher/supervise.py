@@ -277,15 +277,20 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
         limit = watchdog.first_step_timeout_s if t.progress_at is None else watchdog.stall_timeout_s
         age = now - (t.progress_at or started)
         if limit is not None and age > limit:
-            over.append((t.last_step if t.last_step is not None else -1, -age, t))
+            # A stopped process is the cause, not its peers blocked in a collective
+            # within milliseconds of it: their ages tie, their states do not.
+            stopped = getattr(t.worker, "stopped", lambda: False)()
+            over.append((not stopped, t.last_step if t.last_step is not None else -1, -age, t))
     if not over:
         return None
-    _, neg_age, first = min(over, key=lambda o: o[:2])
+    is_running, _, neg_age, first = min(over, key=lambda o: o[:3])
     if first.progress_at is None:
         what = f"no first step after {-neg_age:.1f} s"
         limit = f"first_step_timeout_s {watchdog.first_step_timeout_s:g}"
     else:
         what = f"no step progress for {-neg_age:.1f} s"
+    if not is_running:
+        what += " (the process is stopped, e.g. by SIGSTOP)"
         limit = f"stall_timeout_s {watchdog.stall_timeout_s:g}"
     steps = ", ".join(
         f"{t.plan.label} " + ("none" if t.last_step is None else

@@ -90,6 +90,15 @@ class LocalWorker:
         self._signal(signal.SIGTERM)
         self._signal(signal.SIGCONT)  # a stopped process must run to act on SIGTERM
 
+    def stopped(self) -> bool:
+        """Whether the worker is stopped (state T: SIGSTOP, or a tracer), from /proc."""
+        try:
+            with open(f"/proc/{self._proc.pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state in (b"T", b"t")
+
     def kill(self) -> None:
         self._signal(signal.SIGKILL)
 
