@@ -138,8 +138,9 @@ def train(identity: dict, job: dict, out=print) -> dict:
     tracker = make_tracker(run_dir, process_id, job["logging"]["tensorboard"])
     step = 0
     try:
-        logger = metrics.StepLogger(job, process_id, identity["num_processes"], tracker, out)
         in_flight = InFlight()
+        logger = metrics.StepLogger(job, process_id, identity["num_processes"], tracker, out,
+                                    lag=in_flight.max_steps)
 
         def dispatch(*args):
             outputs = step_fn(*args)
@@ -151,11 +152,14 @@ def train(identity: dict, job: dict, out=print) -> dict:
         for step in range(first_step, num_steps + 1):
             batch = (step - 1) % shard.num_batches
             params, opt_state, loss, norms = timed_step(params, opt_state, xs[batch], ys[batch])
-            if logger.is_log_step(step):  # the only device sync: at log steps
-                logger.log(step, loss, norms)
+            logger.after_dispatch(step, loss, norms)  # logs finished log steps: no sync
+            if recovery.saves(step):  # the save waits for this step anyway: check its loss first
+                logger.flush()
             recovery.after_step(step, params, opt_state, loss)
             if task.on_step_end is not None:
+                logger.flush()  # a hook (which may end the process) runs after its step is logged
                 task.on_step_end(step, process_id)
+        logger.flush()  # the only device sync for logging: the last log steps, after the loop
         final = {jax.tree_util.keystr(path): leaf for path, leaf in
                  jax.tree_util.tree_flatten_with_path(unreplicate(params))[0]}
         if process_id == 0:
@@ -163,7 +167,8 @@ def train(identity: dict, job: dict, out=print) -> dict:
         return final
     except BaseException as exc:
         if not isinstance(exc, SystemExit):
-            out(contract.FAILED_FORMAT.format(step=step, error=f"{type(exc).__name__}: {exc}"))
+            failed_at = getattr(exc, "step", step)  # a non-finite loss names its (earlier) step
+            out(contract.FAILED_FORMAT.format(step=failed_at, error=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
         tracker.close()
@@ -205,10 +210,14 @@ class _Recovery:
         self.identity, self.num_batches, self.out = identity, num_batches, out
         self.last_beat = -float("inf")  # the first step beats at once: compilation is over
 
+    def saves(self, step: int) -> bool:
+        """Whether ``step`` is a checkpoint step (on every process; process 0 writes it)."""
+        return bool(self.every) and (step % self.every == 0 or step == self.num_steps)
+
     def after_step(self, step: int, params, opt_state, loss) -> None:
         import jax
 
-        saving = self.every and (step % self.every == 0 or step == self.num_steps)
+        saving = self.saves(step)
         if saving and self.identity["process_id"] == 0:
             from worker import checkpoint
 

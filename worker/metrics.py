@@ -7,29 +7,37 @@ The training loop stays a few lines; everything it reports goes through one
   compile + dispatch, so ``compile_time_s`` needs no device sync), to count
   steps, and to sum the time spent inside the calls. Per step that is two
   clock reads and no device sync.
-* ``log(step, loss, norms)`` runs at log steps only. It reads the clock when
-  this process arrives, fetches loss and norms in one ``device_get`` (the one
-  device sync), prints the progress line, and, when TensorBoard is on,
-  gathers every process's own step time to process 0 with one JAX collective
-  (``multihost_utils.process_allgather``).
+* ``after_dispatch(step, loss, norms)``: notes a log step's outputs and logs
+  the log steps whose outputs are ready without waiting: at most
+  ``lag`` (``InFlight.max_steps``) steps are in flight, so step s has finished
+  once step s + lag has been dispatched. Logging reads loss and norms in one
+  ``device_get``, prints the progress line, gathers every process's own step
+  time to process 0 when TensorBoard is on (one JAX collective,
+  ``multihost_utils.process_allgather``; every process logs the same steps at
+  the same points), writes the scalars, and checks the loss. No step is ever
+  waited for here.
+* ``flush()`` after the loop: waits for and logs the remaining log steps
+  (the last step among them).
 
 Two step times (seconds per step since the previous log step):
 
-* ``step_time_s``: wall time. In a synchronous data-parallel run every process
-  waits for the slowest one inside the collectives, so this is the same on
-  every process: it says how fast the run goes, not who holds it back.
-* ``own_step_time_s``: the wall time minus the time this process spent inside
-  JAX (the step calls, where a process blocks when its peers are behind, and
-  the log step's sync): its own host work per step (input, Python, a task's
-  hooks). A straggling host (slow input, a busy CPU) has the largest. Time
-  blocked in a step call is left out because it mixes a process's own dispatch
-  with waiting for peers (the first steps wait for the slowest compilation);
-  so a device that computes slowly is not singled out here, it shows in
-  everyone's ``step_time_s``.
+* ``step_time_s``: wall time, between the moments two log steps are read. In
+  a synchronous data-parallel run every process waits for the slowest one
+  inside the collectives, so this is the same on every process: it says how
+  fast the run goes, not who holds it back.
+* ``own_step_time_s``: that wall time minus the time this process spent
+  inside JAX (the step calls, where a process blocks when its peers are
+  behind, reading log steps back, and the gather): its own host work per
+  step (input, Python, a task's hooks). A straggling host (slow input, a busy
+  CPU) has the largest. Time blocked in a step call is left out because it mixes a
+  process's own dispatch with waiting for peers (the first steps wait for the
+  slowest compilation); so a device that computes slowly is not singled out
+  here, it shows in everyone's ``step_time_s``.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import time
@@ -84,10 +92,11 @@ class StepLogger:
       tracker: a ``worker.tracker`` tracker (real on process 0, no-op elsewhere).
       out: prints one line (progress lines go to the launcher).
       clock: seconds, monotonic (``time.perf_counter``).
+      lag: steps after which a dispatched step has finished (``InFlight.max_steps``).
     """
 
     def __init__(self, job: dict, process_id: int, num_processes: int, tracker, out=print,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, lag: int = 2):
         logging = job["logging"]
         self.log_every = logging["log_every_steps"]
         self.on_nonfinite = logging.get("on_nonfinite_loss", "stop")
@@ -101,14 +110,15 @@ class StepLogger:
         self.global_batch_size = job["train"]["global_batch_size"]
         self.learning_rate = job["optimizer"]["learning_rate"]
         self.process_id, self.num_processes = process_id, num_processes
-        self.tracker, self.out, self.clock = tracker, out, clock
+        self.tracker, self.out, self.clock, self.lag = tracker, out, clock, lag
         self.hparams = flatten({k: v for k, v in job.items() if k != "cluster"})
         self.compile_time_s: float | None = None
         self.last_loss: float | None = None
         self._calls = 0
-        self._mark: float | None = None   # clock after the previous sync (or the first dispatch)
+        self._pending: collections.deque = collections.deque()  # (step, calls, loss, norms)
+        self._mark: float | None = None    # clock when the previous log step was read
         self._mark_calls = 0
-        self._in_jax_s = 0.0               # time inside step calls since the mark
+        self._in_jax_s = 0.0               # time inside JAX since the mark
         tracker.text("spec", spec_markdown(job), step=0)
         if self.gather:  # compile the gather now, not inside the first timed interval
             gather_process_values(0.0)
@@ -121,7 +131,7 @@ class StepLogger:
             end = self.clock()
             if self._mark is None:
                 self.compile_time_s = end - start
-                # The first step ran after its dispatch returned: count it in the interval.
+                # The first step ran after its dispatch returned: count it in the intervals.
                 self._mark, self._mark_calls = end, self._calls
             else:
                 self._in_jax_s += end - start
@@ -133,30 +143,53 @@ class StepLogger:
         """Log steps: every ``log_every_steps``-th step, and the last one."""
         return step % self.log_every == 0 or step == self.num_steps
 
-    def log(self, step: int, loss, norms: dict) -> dict:
-        """At a log step: sync once, print progress, gather, write scalars, check the loss.
+    def after_dispatch(self, step: int, loss, norms: dict) -> None:
+        """After dispatching ``step``: note it if it is a log step; log every ready log step.
 
         Args:
           step: the step just dispatched (counts from 1).
           loss: ``[local_device_count]`` float32 device array (equal on every device).
           norms: ``{"grad_norm", "param_norm"}``, each ``[local_device_count]`` float32.
 
+        Raises:
+          FloatingPointError: see ``log``.
+        """
+        if self.is_log_step(step):
+            self._pending.append((step, self._calls, loss, norms))
+        while self._pending and self._pending[0][0] <= step - self.lag:
+            self.log(*self._pending.popleft())
+
+    def flush(self) -> None:
+        """After the last dispatch: wait for the log steps not logged yet and log them."""
+        while self._pending:
+            self.log(*self._pending.popleft())
+
+    def log(self, step: int, calls: int, loss, norms: dict) -> dict:
+        """Log one log step: read its outputs, print progress, write scalars, check the loss.
+
+        Args:
+          step: the log step.
+          calls: step calls made up to and including ``step``'s.
+          loss, norms: that step's outputs (see ``after_dispatch``).
+
         Returns:
           The scalars written (tag -> float), also for non-zero processes.
 
         Raises:
           FloatingPointError: the loss is NaN or infinite and
-            ``logging.on_nonfinite_loss`` is ``stop``; the message names the step.
+            ``logging.on_nonfinite_loss`` is ``stop``; the message names the step,
+            and so does the exception's ``step`` attribute.
         """
         import jax
 
-        arrived = self.clock()
-        fetched = jax.device_get({"loss": loss, **norms})  # the one device sync of a log step
+        start = self.clock()
+        fetched = jax.device_get({"loss": loss, **norms})  # no wait once the step has finished
         synced = self.clock()
-        steps = max(1, self._calls - self._mark_calls)
+        self._in_jax_s += synced - start  # flush() may wait for the step: not this host's own time
+        steps = max(1, calls - self._mark_calls)
         step_time_s = (synced - self._mark) / steps
-        own_step_time_s = max(0.0, arrived - self._mark - self._in_jax_s) / steps
-        self._mark, self._mark_calls, self._in_jax_s = synced, self._calls, 0.0
+        own_step_time_s = max(0.0, synced - self._mark - self._in_jax_s) / steps
+        self._mark, self._mark_calls, self._in_jax_s = synced, calls, 0.0
 
         values = {name: float(value[0]) for name, value in fetched.items()}
         loss_value = values["loss"]
@@ -167,7 +200,9 @@ class StepLogger:
         values.update(learning_rate=self.learning_rate, step_time_s=step_time_s,
                       examples_per_s=self.global_batch_size / step_time_s)
         if self.gather:
-            for process_id, own in enumerate(gather_process_values(own_step_time_s)):
+            gathered = gather_process_values(own_step_time_s)
+            self._in_jax_s += self.clock() - synced  # waits for every peer: not own time
+            for process_id, own in enumerate(gathered):
                 values[process_tag(process_id)] = float(own)
         else:
             values[process_tag(self.process_id)] = own_step_time_s
@@ -183,8 +218,10 @@ class StepLogger:
         if not finite:
             message = f"loss is {loss_value} at step {step}"
             if self.on_nonfinite == "stop":
-                raise FloatingPointError(
+                error = FloatingPointError(
                     f"{message} (logging.on_nonfinite_loss: stop; set it to warn to keep going)")
+                error.step = step
+                raise error
             self.out(f"warning: {message}; continuing (logging.on_nonfinite_loss: warn)")
         return values
 

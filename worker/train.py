@@ -107,6 +107,9 @@ class InFlight:
     x 2 devices and 50 steps between logs, every time. Waiting for step
     s - max_steps + 1 before dispatching more keeps the devices fed (a step is
     always queued) without a sync on the step just dispatched.
+
+    So once step s + max_steps has been dispatched, step s has finished and its
+    outputs can be read without waiting (``worker.metrics`` reads log steps then).
     """
 
     def __init__(self, max_steps: int = 2):
