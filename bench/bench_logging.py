@@ -2,8 +2,8 @@
 
 "on":  logging.log_every_steps=1 and logging.tensorboard=true: every step is
        read back (two steps late, when it has finished: no extra sync), prints
-       a progress line, gathers every process's own step time (inside the train
-       step's loss all-reduce), and process 0 writes every TensorBoard scalar
+       a progress line, gathers every process's own step time to process 0
+       (one JAX collective), and process 0 writes every TensorBoard scalar
        and a metrics.jsonl line.
 "off": logging.tensorboard=false and one log step, the last.
 
