@@ -64,11 +64,31 @@ def _run_dir(job: specs.JobSpec, requested: str | None) -> str:
     if requested is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
         return os.path.abspath(os.path.join("runs", job.name, stamp))
+    if not requested.strip():
+        raise SpecError([Problem("--run-dir", None, "", "is empty; name a new directory, "
+                                 "or leave the flag out for runs/<job>/<timestamp>")])
     run_dir = os.path.abspath(requested)
     if os.path.isdir(os.path.join(run_dir, "logs")):
         raise SpecError([Problem("--run-dir", None, "", f"{run_dir} already holds a run; "
-                                 "choose a new directory so nothing is overwritten")])
+                                 "choose a new directory so nothing is overwritten "
+                                 "(or continue it with --resume)")])
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise SpecError([Problem("--run-dir", None, "", f"{run_dir} is a file; name a directory")])
+    if os.path.isdir(run_dir) and os.listdir(run_dir):
+        raise SpecError([Problem("--run-dir", None, "", f"{run_dir} is not empty; a run's files "
+                                 "would mix with what is there: name a new or empty directory")])
     return run_dir
+
+
+def _check_creatable(path: str, flag: str) -> None:
+    """Bad input unless ``path`` exists as a directory or could be made (nothing is made here)."""
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        what = "is a file" if not os.path.isdir(parent) else "is not writable"
+        raise SpecError([Problem(flag, None, "", f"cannot create {path}: {parent} {what}; "
+                                 "choose another directory")])
 
 
 def _resume_dir(job: specs.JobSpec, run_dir: str) -> str:
@@ -124,6 +144,7 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
     if args.resume and args.run_dir:
         raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])
     run_dir = _resume_dir(job, args.resume) if args.resume else _run_dir(job, args.run_dir)
+    _check_creatable(run_dir, "--resume" if args.resume else "--run-dir")
     backend = tpu_rehearsal if args.rehearse else backends.get(job.cluster.backend)
     if args.kill_stale and job.cluster.backend not in ("ssh", "tpu"):
         raise SpecError([Problem("--kill-stale", None, "", "only applies to cluster.backend: ssh "
@@ -137,7 +158,12 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
         return EXIT_OK
 
     first_attempt = restarts.next_attempt(run_dir)
-    _write_run_files(plan)
+    try:
+        _write_run_files(plan)
+    except OSError as exc:  # nothing has started yet: this is bad input
+        raise SpecError([Problem("--resume" if args.resume else "--run-dir", None, "",
+                                 f"cannot write into {run_dir}: {exc.strerror}; "
+                                 "choose another directory")]) from None
     console.say(f"run directory {run_dir}" + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
     # a restart's survivors on the hosts are the failed attempt's: ours to stop
     again = {"kill_stale": True} if job.cluster.backend in ("ssh", "tpu") else {}

@@ -27,6 +27,10 @@ def _npy_shape(stream: IO[bytes], name: str) -> tuple[int, ...]:
     size_format = "<H" if major == 1 else "<I"
     (header_len,) = struct.unpack(size_format, stream.read(struct.calcsize(size_format)))
     header = ast.literal_eval(stream.read(header_len).decode("latin1"))
+    descr = header.get("descr")
+    if not isinstance(descr, str) or descr[1:2] not in ("f", "i", "u", "b"):
+        raise DataFileError(f"{name} holds dtype {descr!r}; expected numbers (float, int or bool): "
+                            "save it with numpy.asarray(a, dtype=numpy.float32)")
     if header.get("fortran_order"):
         raise DataFileError(f"{name} is in Fortran order; save it with C order "
                             "(numpy.ascontiguousarray) so rows can be memory-mapped")
@@ -66,18 +70,46 @@ def shape(path: str) -> tuple[int, int]:
                                     f"got x {x} and y {y}")
             return x[0], x[1]
         if path.endswith(".csv"):
-            with open(path, "r", encoding="utf-8") as f:
-                first = f.readline()
-                columns = len(first.split(","))
-                rows = sum(1 for line in f if line.strip())
-            if not _is_numeric_row(first):
-                return rows, columns
-            return rows + 1, columns
+            return _csv_shape(path)
     except OSError as exc:
         raise DataFileError(f"cannot read the file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise DataFileError("not UTF-8 text; a .csv must be text") from None
     except (zipfile.BadZipFile, ValueError, SyntaxError, KeyError, struct.error) as exc:
         raise DataFileError(f"cannot read the file's header: {exc}") from None
     raise DataFileError(f"expected a file ending in {', '.join(SUFFIXES)}")
+
+
+def _csv_shape(path: str) -> tuple[int, int]:
+    """Rows and columns of a CSV; every row must have as many numbers as the first.
+
+    Every cell is parsed here, so a bad cell is reported with its line before
+    launch instead of crashing one worker (or, for a short row, hanging the
+    job on mismatched shapes). Linear in the file's size: use .npy for large data.
+    """
+    rows, columns = 0, None
+    with open(path, "r", encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            cells = line.rstrip("\n").split(",")
+            if columns is None:
+                columns = len(cells)
+                if not _is_numeric_row(line):
+                    continue  # a header
+            if len(cells) != columns:
+                raise DataFileError(f"line {number} has {len(cells)} columns, expected {columns} "
+                                    "like the first line")
+            for index, cell in enumerate(cells):
+                try:
+                    float(cell)
+                except ValueError:
+                    raise DataFileError(f"line {number}, column {index + 1}: {cell.strip()!r} is "
+                                        "not a number") from None
+            rows += 1
+    if columns is None:
+        raise DataFileError("the file is empty")
+    return rows, columns
 
 
 def _is_numeric_row(line: str) -> bool:

@@ -358,6 +358,10 @@ def _read(path: str, flag: str | None = None) -> tuple[Any, dict]:
         where = f"{flag} {path}" if flag else path
         raise SpecError([Problem(where, None, "", f"cannot read: {exc.strerror}; "
                                  "check the path")]) from None
+    except UnicodeDecodeError as exc:
+        where = f"{flag} {path}" if flag else path
+        raise SpecError([Problem(where, None, "", f"not UTF-8 text (byte {exc.start}); "
+                                 "a spec is a YAML text file")]) from None
     value, lines = yamlio.load(text, path)
     if value is None:
         raise SpecError([Problem(path, None, "", "the file is empty; expected a mapping of settings")])

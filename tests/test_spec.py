@@ -191,3 +191,40 @@ def test_dry_run_prints_the_plan_masks_secrets_and_starts_nothing(tmp_path):
         assert f"PODLAUNCH_PROCESS_ID={process_id}" in out
     assert "global_batch_size 256 = 64 per device" in out
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("name,content,expected", [
+    ("nonnum.csv", "a,b,c\n1,2,3\n4,x,6\n7,8,9\n", "nonnum.csv: line 3, column 2: 'x' is not a number"),
+    ("ragged.csv", "1,2,3\n4,5\n1,2,3\n1,2,3\n", "ragged.csv: line 2 has 2 columns, expected 3"),
+    ("empty.csv", "", "empty.csv: the file is empty"),
+])
+def test_bad_data_file_content_is_reported_before_launch(tmp_path, name, content, expected):
+    (tmp_path / name).write_text(content)
+    (tmp_path / "job.yaml").write_text(GOOD.replace(
+        "source: synthetic\n  num_examples: 64", f"source: file\n  path: {name}").replace(
+        "global_batch_size: 64", "global_batch_size: 4").replace("num_processes: 2", "num_processes: 1"))
+    result = launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "job.yaml:6: data.path: " in result.stderr and expected in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_spec_that_is_not_utf8_is_bad_input(tmp_path):
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe bad\n")
+    result = launch(str(tmp_path / "bin.yaml"))
+    assert result.returncode == 2 and "bin.yaml: not UTF-8 text" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["empty", "file", "under-a-file", "not-empty"])
+def test_an_unusable_run_dir_is_bad_input_even_in_a_dry_run(tmp_path, kind):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    run_dir = {"empty": "", "file": str(tmp_path / "afile"), "under-a-file": str(tmp_path / "afile" / "run"),
+               "not-empty": str(tmp_path / "full")}[kind]
+    for extra in ((), ("--dry-run",)):
+        result = launch("jobs/linear.yaml", "--run-dir", run_dir, *extra)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.startswith("error: --run-dir: ") and "Traceback" not in result.stderr
+    assert sorted(os.listdir(tmp_path / "full")) == ["notes.txt"]
