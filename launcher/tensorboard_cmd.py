@@ -1,6 +1,6 @@
 """``launch tensorboard [RUN_DIR]``: serve a run's TensorBoard on a free port and print its URL.
 
-TensorBoard is an optional extra (``pip install 'podlaunch[tensorboard]'``);
+TensorBoard is an optional extra (``pip install -e '.[tensorboard]'``);
 the launcher never imports it, it runs ``python -m tensorboard.main`` as a
 child process, so ``launch --help`` stays instant.
 """
@@ -11,15 +11,16 @@ import argparse
 import glob
 import importlib.util
 import os
-import socket
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
 
+from launcher.backends.local import die_with_parent, free_port
 from launcher.errors import LaunchError, Problem, SpecError
 
-INSTALL = "pip install 'podlaunch[tensorboard]'"  # the extra in pyproject.toml
+INSTALL = "pip install -e '.[tensorboard]'"  # the extra in pyproject.toml, from a checkout
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,12 +71,6 @@ def logdir_for(run_dir: str | None) -> str:
     return events if os.path.isdir(events) else run_dir
 
 
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -107,9 +102,13 @@ def main(argv: list[str]) -> int:
     port = args.port or free_port(args.host)
     shown_host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     url = f"http://{shown_host}:{port}/"
+    # Its own process group (TensorBoard starts a data server child) that dies
+    # with us, and SIGTERM/SIGHUP (a closed terminal) stop it like Ctrl-C does.
     proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", logdir,
                              "--host", args.host, "--port", str(port)],
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=die_with_parent)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         _wait_ready(f"http://{args.host}:{port}/", proc, args.startup_timeout_s)
         print(f"podlaunch: TensorBoard of {logdir} at {url} (Ctrl-C stops it)", flush=True)
@@ -117,9 +116,29 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        if proc.poll() is None:
-            proc.terminate()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _stop_group(proc)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """TERM TensorBoard's process group, then KILL what is left after 10 s."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:  # the leader is gone; make sure its children are too
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return

@@ -128,7 +128,7 @@ def test_launch_tensorboard_names_the_install_command_when_it_is_missing(tmp_pat
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "TensorBoard is not installed" in result.stderr
-    assert "pip install 'podlaunch[tensorboard]'" in result.stderr
+    assert "pip install -e '.[tensorboard]'" in result.stderr
 
 
 # ---- slow: real runs ----------------------------------------------------------

@@ -41,7 +41,7 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -58,7 +58,7 @@ class LocalWorker:
         try:
             self._proc = subprocess.Popen(
                 list(plan.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
                 text=True, encoding="utf-8", errors="replace", bufsize=1)
         except OSError as exc:
             raise LaunchError(f"cannot start process_id {plan.process_id}: {plan.argv[0]}: "
