@@ -252,6 +252,10 @@ def main() -> None:
         with open(identity["job"], "r", encoding="utf-8") as f:
             job = json.load(f)
         jax = join(identity, job)
+        # jax.distributed.initialize installs its preemption notifier's SIGTERM
+        # handler, which swallows the launcher's TERM: the worker then sat out
+        # grace_s until SIGKILL, with its TensorBoard writer never closed.
+        signal.signal(signal.SIGTERM, _on_sigterm)
         print(f"process {jax.process_index()}/{jax.process_count()} joined "
               f"{identity['coordinator_address']}", flush=True)
         train(identity, job, out=lambda text: print(text, flush=True))
