@@ -24,6 +24,7 @@ separation; the remote user is root).  No pytest in here: wrap it in a fixture::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -289,3 +290,17 @@ Subsystem sftp internal-sftp
     def sshd_pids(self) -> list[int]:
         """PIDs of the running listener sshd processes."""
         return [p.pid for p in self._procs.values() if p.poll() is None]
+
+
+@contextlib.contextmanager
+def hosts_or_skip(base_dir, num_hosts: int):
+    """An SshTestEnv for a test module; skips the module where sshd cannot run here.
+
+    CI installs openssh-server and runs as root (.ci/run), so there it always runs.
+    """
+    import pytest
+
+    if os.geteuid() != 0 or not os.path.exists(SSHD):
+        pytest.skip("needs root and /usr/sbin/sshd (apt-get install openssh-server)")
+    with SshTestEnv(base_dir, num_hosts) as env:
+        yield env

@@ -185,9 +185,7 @@ def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, u
 def ssh_hosts(tmp_path_factory):
     import sshenv
 
-    if os.geteuid() != 0 or not os.path.exists(sshenv.SSHD):
-        pytest.skip("needs root and /usr/sbin/sshd (apt-get install openssh-server)")
-    with sshenv.SshTestEnv(tmp_path_factory.mktemp("ssh"), 2) as env:
+    with sshenv.hosts_or_skip(tmp_path_factory.mktemp("ssh"), 2) as env:
         yield env
 
 

@@ -21,21 +21,21 @@ import sshenv
 from helpers import REPO, TESTS, launch, pids_with_env, start_launch
 from launcher import spec as specs
 from launcher.backends import ssh
-from launcher.errors import LaunchError, SpecError
+from launcher.errors import SpecError
 
 NUM_HOSTS = 4
 SHORT = ("--set", "train.num_steps=20", "--set", "cluster.devices_per_process=1")
 # Long enough to be interrupted; quiet (no log lines, no watchdog heartbeats), so
 # survivors of a dead connection do not die of EPIPE before the test looks for them.
+# Quiet on purpose: an orphaned remote worker dies of a broken pipe at its next output
+# line (progress, heartbeat, checkpoint message), which the survivor test must avoid.
 LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=100000",
-        "--set", "watchdog.stall_timeout_s=null")
+        "--set", "watchdog.stall_timeout_s=null", "--set", "checkpoint.every_steps=0")
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    if os.geteuid() != 0 or not os.path.exists(sshenv.SSHD):
-        pytest.skip("needs root and /usr/sbin/sshd (apt-get install openssh-server)")
-    with sshenv.SshTestEnv(tmp_path_factory.mktemp("ssh"), NUM_HOSTS) as e:
+    with sshenv.hosts_or_skip(tmp_path_factory.mktemp("ssh"), NUM_HOSTS) as e:
         yield e
 
 
@@ -371,7 +371,9 @@ def test_sigkilled_launcher_leaves_recorded_survivors_for_the_next_launch(tmp_pa
     cleaned = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--kill-stale",
                      "--run-dir", str(tmp_path / "third"))
     assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
-    assert "stopped 4 stale process groups" in cleaned.stdout
+    # stopping one group can make its peers exit (a reset collective) before their own
+    # host gets to them: at least one, at most all four, were stopped by us
+    assert re.search(r"stopped [1-4] stale process groups", cleaned.stdout), cleaned.stdout
     assert not survivors(tmp_path, first, 0)
 
 

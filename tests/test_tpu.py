@@ -159,9 +159,7 @@ def test_rehearse_needs_a_tpu_cluster():
 # ---- on real sshd hosts -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
-    if os.geteuid() != 0 or not os.path.exists(sshenv.SSHD):
-        pytest.skip("needs root and /usr/sbin/sshd (apt-get install openssh-server)")
-    with sshenv.SshTestEnv(tmp_path_factory.mktemp("tpu-ssh"), 4) as e:
+    with sshenv.hosts_or_skip(tmp_path_factory.mktemp("tpu-ssh"), 4) as e:
         yield e
 
 
