@@ -103,12 +103,15 @@ def main(argv: list[str]) -> int:
     shown_host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     url = f"http://{shown_host}:{port}/"
     # Its own process group (TensorBoard starts a data server child) that dies
-    # with us, and SIGTERM/SIGHUP (a closed terminal) stop it like Ctrl-C does.
+    # with us; Ctrl-C, SIGTERM and SIGHUP (a closed terminal) all stop it.
     proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", logdir,
                              "--host", args.host, "--port", str(port)],
                             stdin=subprocess.DEVNULL, start_new_session=True,
                             preexec_fn=die_with_parent)
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGINT too: a launcher started from a background job inherits SIGINT ignored,
+    # and Python then never raises KeyboardInterrupt.
+    previous = {sig: signal.signal(sig, _interrupt)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         _wait_ready(f"http://{args.host}:{port}/", proc, args.startup_timeout_s)
         print(f"podlaunch: TensorBoard of {logdir} at {url} (Ctrl-C stops it)", flush=True)
