@@ -199,7 +199,8 @@ def build(cls: type, raw: Any, path: tuple, ctx: Context) -> Any:
         ctx.error(path, f"expected a mapping of settings, got {describe(raw)}")
         return MISSING
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    # "internal" fields (the spec's own file name) are set by the loader, never by the user
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
     for key in raw:
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
@@ -242,6 +243,8 @@ def reference(cls: type, prefix: str = "") -> list[str]:
     out = []
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
+        if field.metadata.get("internal"):
+            continue
         key = f"{prefix}{field.name}"
         if dataclasses.is_dataclass(hints[field.name]):
             out += reference(hints[field.name], key + ".")

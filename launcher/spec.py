@@ -326,7 +326,7 @@ class JobSpec:
     restarts: RestartSpec = setting(RestartSpec())
     watchdog: WatchdogSpec = setting(WatchdogSpec())
     cluster: Any = setting(LocalCluster(), doc="where it runs; see the cluster reference")
-    source: str = dataclasses.field(default="", compare=False)
+    source: str = dataclasses.field(default="", compare=False, metadata={"internal": True})
 
     @property
     def num_processes(self) -> int:
@@ -429,6 +429,7 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
                                             f"is not a mapping, so {'.'.join(keys)} cannot be set"))
                     break
                 node[key] = {}
+                sources[keys[:i + 1]] = "--set"  # errors under a section --set made name --set
             node = node[key]
         else:
             node[keys[-1]] = value

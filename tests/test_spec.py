@@ -91,6 +91,8 @@ BAD = [
      ["bad.yaml:6: data.num_examples: 32 rows cannot fill one global batch of 64"]),
     ("set-without-equals", GOOD, ["--set", "train.num_steps"], ["--set: expected KEY=VALUE"]),
     ("set-unknown-key", GOOD, ["--set", "train.lr=0.1"], ["--set: train.lr: unknown key"]),
+    ("set-unknown-section", GOOD, ["--set", "a.b.c=1"], ["--set: a: unknown key"]),
+    ("internal-field-is-not-a-key", GOOD + "source: x.yaml\n", [], ["bad.yaml:20: source: unknown key"]),
     ("set-bad-value", GOOD, ["--set", "train.num_steps=many"],
      ["--set: train.num_steps: expected an integer, got 'many'"]),
     ("port-out-of-range", GOOD + "  coordinator_port: 70000\n", [],
