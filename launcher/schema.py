@@ -236,24 +236,3 @@ def build(cls: type, raw: Any, path: tuple, ctx: Context) -> Any:
 def given(raw: Any, key: str) -> bool:
     """Whether the user wrote ``key`` in mapping ``raw``."""
     return isinstance(raw, dict) and key in raw
-
-
-def reference(cls: type, prefix: str = "") -> list[str]:
-    """One line per setting: dotted key, default and doc (for the README and --help)."""
-    out = []
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        if field.metadata.get("internal"):
-            continue
-        key = f"{prefix}{field.name}"
-        if dataclasses.is_dataclass(hints[field.name]):
-            out += reference(hints[field.name], key + ".")
-            continue
-        if field.default is not MISSING:
-            default = repr(field.default)
-        elif field.default_factory is not MISSING:
-            default = repr(field.default_factory())
-        else:
-            default = "required"
-        out.append(f"{key} = {default}: {field.metadata.get('doc', '')}")
-    return out
