@@ -1,10 +1,10 @@
 """Steps/s with everything logged every step, against logging off, in one run.
 
 "on":  logging.log_every_steps=1 and logging.tensorboard=true: every step is
-       read back (two steps late, when it has finished: no extra sync), prints
-       a progress line, gathers every process's own step time to process 0
-       (one JAX collective), and process 0 writes every TensorBoard scalar
-       and a metrics.jsonl line.
+       read back (once finished, in batches at most every 0.25 s: no extra
+       sync), prints a progress line, posts every process's own step time to
+       process 0 (the coordination service's key-value store), and process 0
+       writes every TensorBoard scalar and a metrics.jsonl line.
 "off": logging.tensorboard=false and one log step, the last.
 
 Each side is a real ``launch`` of jobs/linear.yaml (2 processes x 1 CPU

@@ -136,7 +136,7 @@ def train(identity: dict, job: dict, out=print) -> dict:
         f"{jax.devices()[0].platform} devices")
 
     tracker = make_tracker(run_dir, process_id, job["logging"]["tensorboard"])
-    step = 0
+    step, logger = 0, None
     try:
         in_flight = InFlight()
         logger = metrics.StepLogger(job, process_id, identity["num_processes"], tracker, out,
@@ -159,7 +159,7 @@ def train(identity: dict, job: dict, out=print) -> dict:
             if task.on_step_end is not None:
                 logger.flush()  # a hook (which may end the process) runs after its step is logged
                 task.on_step_end(step, process_id)
-        logger.flush()  # the only device sync for logging: the last log steps, after the loop
+        logger.finish()  # the only device sync for logging: the last log steps, after the loop
         final = {jax.tree_util.keystr(path): leaf for path, leaf in
                  jax.tree_util.tree_flatten_with_path(unreplicate(params))[0]}
         if process_id == 0:
@@ -171,6 +171,8 @@ def train(identity: dict, job: dict, out=print) -> dict:
             out(contract.FAILED_FORMAT.format(step=failed_at, error=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        if logger is not None:
+            logger.close()  # records held for other processes' values: written with what came
         tracker.close()
 
 

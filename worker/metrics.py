@@ -7,32 +7,45 @@ The training loop stays a few lines; everything it reports goes through one
   compile + dispatch, so ``compile_time_s`` needs no device sync), to count
   steps, and to sum the time spent inside the calls. Per step that is two
   clock reads and no device sync.
-* ``after_dispatch(step, loss, norms)``: notes a log step's outputs and logs
-  the log steps whose outputs are ready without waiting: at most
-  ``lag`` (``InFlight.max_steps``) steps are in flight, so step s has finished
-  once step s + lag has been dispatched. Logging reads loss and norms in one
-  ``device_get``, prints the progress line, gathers every process's own step
-  time to process 0 when TensorBoard is on (one JAX collective,
-  ``multihost_utils.process_allgather``; every process logs the same steps at
-  the same points), writes the scalars, and checks the loss. No step is ever
-  waited for here.
-* ``flush()`` after the loop: waits for and logs the remaining log steps
-  (the last step among them).
+* ``after_dispatch(step, loss, norms)``: at a log step, takes its times (below)
+  and keeps its output arrays. Log steps are read in batches: once the
+  oldest kept one has finished (at most ``lag`` = ``InFlight.max_steps``
+  steps are in flight, so step s has finished once step s + lag has been
+  dispatched) and ``read_every_s`` has passed since the last read. A batch is
+  one ``device_get``, one write of its progress lines, one post of this
+  process's own step times to process 0 (``worker.gather``: the coordination
+  service's key-value store, no device collective), then process 0 writes the
+  TensorBoard scalars and metrics.jsonl of every log step whose per-process
+  values have all arrived, and the losses are checked. Nothing here waits for
+  a step or for another process. With slow steps (longer than
+  ``read_every_s``) every log step is its own batch, read ``lag`` steps late;
+  with fast ones, a batch holds the log steps of ``read_every_s``, so the
+  cost per step stays small (docs/monitoring.md has the figures).
+* ``flush()`` (before a checkpoint, a task's hook): reads every kept log step,
+  waiting for it.
+* ``finish()`` after the loop: ``flush()``, then process 0 waits for the other
+  processes' last values and writes everything it holds.
+* ``close()`` when the loop ends early (an error, SIGTERM): writes what
+  process 0 holds, with the per-process values that have arrived, without
+  waiting.
 
-Two step times (seconds per step since the previous log step):
+Two step times (seconds per step since the previous log step), taken when a
+log step has been dispatched (once ``lag`` steps are in flight, a dispatch
+returns when the step ``lag`` before it has finished, so the intervals are
+the steps' own):
 
-* ``step_time_s``: wall time, between the moments two log steps are read. In
-  a synchronous data-parallel run every process waits for the slowest one
+* ``step_time_s``: wall time between the dispatches of two log steps. In a
+  synchronous data-parallel run every process waits for the slowest one
   inside the collectives, so this is the same on every process: it says how
   fast the run goes, not who holds it back.
 * ``own_step_time_s``: that wall time minus the time this process spent
   inside JAX (the step calls, where a process blocks when its peers are
-  behind, reading log steps back, and the gather): its own host work per
-  step (input, Python, a task's hooks). A straggling host (slow input, a busy
-  CPU) has the largest. Time blocked in a step call is left out because it mixes a
-  process's own dispatch with waiting for peers (the first steps wait for the
-  slowest compilation); so a device that computes slowly is not singled out
-  here, it shows in everyone's ``step_time_s``.
+  behind, and reading log steps back): its own host work per step (input,
+  Python, a task's hooks, logging). A straggling host (slow input, a busy
+  CPU) has the largest. Time blocked in a step call is left out because it
+  mixes a process's own dispatch with waiting for peers (the first steps wait
+  for the slowest compilation); so a device that computes slowly is not
+  singled out here, it shows in everyone's ``step_time_s``.
 """
 
 from __future__ import annotations
@@ -90,38 +103,50 @@ class StepLogger:
         ``logging`` (``log_every_steps``, ``tensorboard``, ``on_nonfinite_loss``).
       process_id, num_processes: this process's identity.
       tracker: a ``worker.tracker`` tracker (real on process 0, no-op elsewhere).
-      out: prints one line (progress lines go to the launcher).
+      out: prints text (progress lines go to the launcher); called once per
+        batch with its lines joined by newlines.
       clock: seconds, monotonic (``time.perf_counter``).
       lag: steps after which a dispatched step has finished (``InFlight.max_steps``).
+      read_every_s: seconds between reads of finished log steps (see the module).
+      gather: a ``worker.gather.KeyValueGather``-like object, or None to make
+        one when TensorBoard is on and there are several processes.
+      gather_timeout_s: seconds process 0 waits at the end for the other
+        processes' last values.
     """
 
     def __init__(self, job: dict, process_id: int, num_processes: int, tracker, out=print,
-                 clock: Callable[[], float] = time.perf_counter, lag: int = 2):
+                 clock: Callable[[], float] = time.perf_counter, lag: int = 2,
+                 read_every_s: float = 0.25, gather=None, gather_timeout_s: float = 60.0):
         logging = job["logging"]
         self.log_every = logging["log_every_steps"]
         self.on_nonfinite = logging.get("on_nonfinite_loss", "stop")
         if self.on_nonfinite not in NONFINITE_MODES:
             raise ValueError(f"logging.on_nonfinite_loss: expected one of {NONFINITE_MODES}, "
                              f"got {self.on_nonfinite!r}")
-        # Every process takes the same branch (the spec is shared), so the
-        # collective in log() is entered by all of them or by none.
-        self.gather = bool(logging["tensorboard"]) and num_processes > 1
         self.num_steps = job["train"]["num_steps"]
         self.global_batch_size = job["train"]["global_batch_size"]
         self.learning_rate = job["optimizer"]["learning_rate"]
         self.process_id, self.num_processes = process_id, num_processes
         self.tracker, self.out, self.clock, self.lag = tracker, out, clock, lag
+        self.read_every_s, self.gather_timeout_s = read_every_s, gather_timeout_s
+        # Every process takes the same branch (the spec is shared): all post
+        # their own step times to process 0 or none do.
+        if gather is None and logging["tensorboard"] and num_processes > 1:
+            from worker.gather import KeyValueGather
+
+            gather = KeyValueGather(process_id, num_processes)
+        self.gather = gather
         self.hparams = flatten({k: v for k, v in job.items() if k != "cluster"})
         self.compile_time_s: float | None = None
         self.last_loss: float | None = None
         self._calls = 0
-        self._pending: collections.deque = collections.deque()  # (step, calls, loss, norms)
-        self._mark: float | None = None    # clock when the previous log step was read
+        self._kept: collections.deque = collections.deque()  # (step, times, loss, norms)
+        self._held: collections.deque = collections.deque()  # process 0: (step, values) to write
+        self._mark: float | None = None    # clock when the previous log step was dispatched
         self._mark_calls = 0
         self._in_jax_s = 0.0               # time inside JAX since the mark
+        self._last_read = -float("inf")
         tracker.text("spec", spec_markdown(job), step=0)
-        if self.gather:  # compile the gather now, not inside the first timed interval
-            gather_process_values(0.0)
 
     def timed(self, step_fn: Callable) -> Callable:
         """``step_fn`` that times its first call and counts every call; results unchanged."""
@@ -144,7 +169,7 @@ class StepLogger:
         return step % self.log_every == 0 or step == self.num_steps
 
     def after_dispatch(self, step: int, loss, norms: dict) -> None:
-        """After dispatching ``step``: note it if it is a log step; log every ready log step.
+        """After dispatching ``step``: keep it if it is a log step; read a batch when due.
 
         Args:
           step: the step just dispatched (counts from 1).
@@ -152,92 +177,122 @@ class StepLogger:
           norms: ``{"grad_norm", "param_norm"}``, each ``[local_device_count]`` float32.
 
         Raises:
-          FloatingPointError: see ``log``.
+          FloatingPointError: see ``read``.
         """
         if self.is_log_step(step):
-            self._pending.append((step, self._calls, loss, norms))
-        while self._pending and self._pending[0][0] <= step - self.lag:
-            self.log(*self._pending.popleft())
+            now = self.clock()
+            steps = max(1, self._calls - self._mark_calls)
+            times = ((now - self._mark) / steps, max(0.0, now - self._mark - self._in_jax_s) / steps)
+            self._mark, self._mark_calls, self._in_jax_s = now, self._calls, 0.0
+            self._kept.append((step, times, loss, norms))
+        if not self._kept or self._kept[0][0] > step - self.lag:
+            return  # nothing finished yet
+        if self.clock() - self._last_read >= self.read_every_s:
+            finished = 0
+            while finished < len(self._kept) and self._kept[finished][0] <= step - self.lag:
+                finished += 1
+            self.read([self._kept.popleft() for _ in range(finished)])
 
     def flush(self) -> None:
-        """After the last dispatch: wait for the log steps not logged yet and log them."""
-        while self._pending:
-            self.log(*self._pending.popleft())
+        """Read every kept log step, waiting for it (before a checkpoint, a task's hook)."""
+        if self._kept:
+            kept, self._kept = list(self._kept), collections.deque()
+            self.read(kept)
 
-    def log(self, step: int, calls: int, loss, norms: dict) -> dict:
-        """Log one log step: read its outputs, print progress, write scalars, check the loss.
+    def finish(self) -> None:
+        """After the last dispatch: ``flush``, then write every record process 0 holds.
+
+        Process 0 waits up to ``gather_timeout_s`` for the other processes'
+        values; a value that does not come is written as NaN.
+        """
+        self.flush()
+        if self._held:
+            self._write_held(self.gather.wait([step for step, _ in self._held],
+                                              self.gather_timeout_s))
+
+    def close(self) -> None:
+        """Write what process 0 holds, with the values that have arrived (the loop ended early)."""
+        if not self._held:
+            return
+        try:
+            arrived = self.gather.collect(step for step, _ in self._held)
+        except Exception:  # noqa: BLE001 - the coordinator may be gone already
+            arrived = {}
+        self._write_held(arrived, everything=True)
+
+    def read(self, kept: list) -> list:
+        """Read a batch of finished log steps: progress lines, own times posted, scalars written.
 
         Args:
-          step: the log step.
-          calls: step calls made up to and including ``step``'s.
-          loss, norms: that step's outputs (see ``after_dispatch``).
+          kept: ``[(step, (step_time_s, own_step_time_s), loss, norms), ...]`` in step order.
 
         Returns:
-          The scalars written (tag -> float), also for non-zero processes.
+          Each step's scalars (tag -> float), also on processes other than 0.
+          On process 0 with several processes the ``step_time_s/process_NNN``
+          values are added to these dicts when all have arrived.
 
         Raises:
-          FloatingPointError: the loss is NaN or infinite and
+          FloatingPointError: a loss is NaN or infinite and
             ``logging.on_nonfinite_loss`` is ``stop``; the message names the step,
-            and so does the exception's ``step`` attribute.
+            and so does the exception's ``step`` attribute. The steps before it
+            are logged, the ones after it are not.
         """
         import jax
 
         start = self.clock()
-        fetched = jax.device_get({"loss": loss, **norms})  # no wait once the step has finished
-        synced = self.clock()
-        self._in_jax_s += synced - start  # flush() may wait for the step: not this host's own time
-        steps = max(1, calls - self._mark_calls)
-        step_time_s = (synced - self._mark) / steps
-        own_step_time_s = max(0.0, synced - self._mark - self._in_jax_s) / steps
-        self._mark, self._mark_calls, self._in_jax_s = synced, calls, 0.0
-
-        values = {name: float(value[0]) for name, value in fetched.items()}
-        loss_value = values["loss"]
-        self.last_loss = loss_value
-        self.out(contract.PROGRESS_FORMAT.format(
-            step=step, num_steps=self.num_steps, loss=loss_value, steps_per_s=1.0 / step_time_s,
-            step_time_s=step_time_s, own_step_time_s=own_step_time_s))
-        values.update(learning_rate=self.learning_rate, step_time_s=step_time_s,
-                      examples_per_s=self.global_batch_size / step_time_s)
-        if self.gather:
-            gathered = gather_process_values(own_step_time_s)
-            self._in_jax_s += self.clock() - synced  # waits for every peer: not own time
-            for process_id, own in enumerate(gathered):
-                values[process_tag(process_id)] = float(own)
+        fetched = jax.device_get([{"loss": loss, **norms} for _, _, loss, norms in kept])
+        end = self.clock()
+        self._in_jax_s += end - start  # flush() may wait for the step: not this host's own time
+        self._last_read = end
+        records, lines, error = [], [], None
+        for (step, (step_time_s, own_step_time_s), _, _), arrays in zip(kept, fetched):
+            values = {name: float(value[0]) for name, value in arrays.items()}
+            loss_value = values["loss"]
+            self.last_loss = loss_value
+            lines.append(contract.PROGRESS_FORMAT.format(
+                step=step, num_steps=self.num_steps, loss=loss_value,
+                steps_per_s=1.0 / step_time_s, step_time_s=step_time_s,
+                own_step_time_s=own_step_time_s))
+            values.update(learning_rate=self.learning_rate, step_time_s=step_time_s,
+                          examples_per_s=self.global_batch_size / step_time_s)
+            if self.compile_time_s is not None:
+                values["compile_time_s"] = self.compile_time_s
+                self.compile_time_s = None  # once, at the first log step
+            if step == self.num_steps:
+                values["final_loss"] = loss_value
+            records.append((step, own_step_time_s, values))
+            if not math.isfinite(loss_value):
+                message = f"loss is {loss_value} at step {step}"
+                if self.on_nonfinite == "stop":
+                    error = FloatingPointError(
+                        f"{message} (logging.on_nonfinite_loss: stop; set it to warn to keep going)")
+                    error.step = step
+                    break
+                lines.append(f"warning: {message}; continuing (logging.on_nonfinite_loss: warn)")
+        self.out("\n".join(lines))
+        if self.gather is None:
+            for step, own, values in records:
+                values[process_tag(self.process_id)] = own
+                self._write(step, values)
         else:
-            values[process_tag(self.process_id)] = own_step_time_s
-        if self.compile_time_s is not None:
-            values["compile_time_s"] = self.compile_time_s
-            self.compile_time_s = None  # once, at the first log step
-        finite = math.isfinite(loss_value)
-        if step == self.num_steps:
-            values["final_loss"] = loss_value
+            self.gather.post((step, own) for step, own, _ in records)
+            if self.process_id == 0:  # held until every process's value is in
+                self._held.extend((step, values) for step, _, values in records)
+                self._write_held(self.gather.collect(step for step, _ in self._held))
+        self.tracker.flush()
+        if error is not None:
+            raise error
+        return [values for _, _, values in records]
+
+    def _write_held(self, arrived: dict, everything: bool = False) -> None:
+        """Write held records in step order while their per-process values have arrived."""
+        while self._held and (everything or self._held[0][0] in arrived):
+            step, values = self._held.popleft()
+            values.update(zip(map(process_tag, range(self.num_processes)), arrived.get(step, ())))
+            self._write(step, values)
+        self.tracker.flush()
+
+    def _write(self, step: int, values: dict) -> None:
         self.tracker.scalars(step, values)
         if step == self.num_steps:
-            self.tracker.hparams(self.hparams, {"final_loss": loss_value})
-        if not finite:
-            message = f"loss is {loss_value} at step {step}"
-            if self.on_nonfinite == "stop":
-                error = FloatingPointError(
-                    f"{message} (logging.on_nonfinite_loss: stop; set it to warn to keep going)")
-                error.step = step
-                raise error
-            self.out(f"warning: {message}; continuing (logging.on_nonfinite_loss: warn)")
-        return values
-
-
-def gather_process_values(value: float):
-    """Every process's ``value``, on every process, with one JAX collective.
-
-    Must be called by all processes at the same point (it is a collective).
-
-    Args:
-      value: a host scalar (seconds, here).
-
-    Returns:
-      ``[num_processes]`` float32 numpy array, indexed by process_id.
-    """
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(np.float32(value))).reshape(-1)
+            self.tracker.hparams(self.hparams, {"final_loss": values["loss"]})

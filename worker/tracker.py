@@ -25,6 +25,9 @@ class NullTracker:
     def hparams(self, hparams: dict, metrics: dict) -> None:
         """Record the run's hyperparameters (flat: bool/int/float/str) and final metrics."""
 
+    def flush(self) -> None:
+        """Hand what was written so far to the OS (called once per batch of log steps)."""
+
     def close(self) -> None:
         pass
 
@@ -39,12 +42,14 @@ class TensorBoardTracker(NullTracker):
     0.4 ms without, for 4 scalars), a third of a step of the seed's model.
     """
 
-    def __init__(self, logdir: str, flush_s: float = 2.0):
+    def __init__(self, logdir: str, flush_s: float = 2.0, max_queue: int = 1024):
         from tensorboardX import SummaryWriter  # only process 0 pays for the import
         from tensorboardX.proto.summary_pb2 import Summary
 
         os.makedirs(logdir, exist_ok=True)
-        self._writer = SummaryWriter(logdir=logdir, flush_secs=flush_s)
+        # max_queue: a batch of log steps is put at once; tensorboardX's default
+        # (10) would block the training loop until its writer thread caught up.
+        self._writer = SummaryWriter(logdir=logdir, flush_secs=flush_s, max_queue=max_queue)
         self._summary = Summary
 
     def scalars(self, step: int, values: dict) -> None:
@@ -76,6 +81,8 @@ class TensorBoardTracker(NullTracker):
 class JsonlTracker(NullTracker):
     """Appends one JSON object per ``scalars`` call: ``{"step": 40, "loss": 0.0123, ...}``.
 
+    Lines reach the file at ``flush`` (once per batch of log steps) and ``close``.
+
     Keys are the TensorBoard tags; NaN and infinities are written as ``null`` so
     every line is strict JSON.
     """
@@ -89,6 +96,8 @@ class JsonlTracker(NullTracker):
         record.update({tag: (float(v) if math.isfinite(float(v)) else None)
                        for tag, v in values.items()})
         self._file.write(json.dumps(record) + "\n")
+
+    def flush(self) -> None:
         self._file.flush()
 
     def close(self) -> None:
@@ -112,6 +121,10 @@ class Trackers(NullTracker):
     def hparams(self, hparams: dict, metrics: dict) -> None:
         for tracker in self._trackers:
             tracker.hparams(hparams, metrics)
+
+    def flush(self) -> None:
+        for tracker in self._trackers:
+            tracker.flush()
 
     def close(self) -> None:
         for tracker in self._trackers:
