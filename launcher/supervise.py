@@ -98,6 +98,7 @@ class Tracked:
     ended_at: float | None = None   # when the launcher noticed the exit
     eof_at: float | None = None     # when its output closed: the closest we see to its death
     last_step: int | None = None
+    failed_at_step: bool = False      # last_step came from the worker's own "failed at step" line
     progress_at: float | None = None  # when the last step line or heartbeat arrived
     stall: Exit | None = None         # the watchdog's verdict; its exit once reaped
     tail: collections.deque = dataclasses.field(
@@ -190,6 +191,7 @@ def _pump(tracked: Tracked, out: queue.Queue) -> None:
                 step = contract.parse_step(line)
                 if step is not None:
                     tracked.last_step, tracked.progress_at = step, time.monotonic()
+                    tracked.failed_at_step = contract.is_failure(line)
                 if contract.is_heartbeat(line):
                     continue  # for the watchdog only
                 log.write(line + "\n")
@@ -392,7 +394,12 @@ def summary(result: Result) -> str:
     lines = []
     first = result.first_failure
     if first is not None:
-        step = "before its first logged step" if first.last_step is None else f"at step {first.last_step}"
+        if first.last_step is None:
+            step = "before its first logged step"
+        elif first.failed_at_step:  # the worker said where it failed
+            step = f"at step {first.last_step}"
+        else:  # killed or exited without a word: log steps are read in batches, up to 0.25 s late
+            step = f"after step {first.last_step}, its last logged step"
         lines.append(f"FAILED: process_id {first.plan.process_id} on {first.plan.host} "
                      f"({first.exit}) {step}; it failed first.")
         lines.append(f"last lines of {first.plan.log_path}:")

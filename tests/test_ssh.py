@@ -304,8 +304,8 @@ def test_worker_sigkilled_at_step_k_stops_every_host(tmp_path, hosts):
                     "--set", "task.args.crash_process_id=2", "--set", "task.args.mode=sigkill",
                     "--run-dir", str(run_dir))
     assert result.returncode == 1, result.stdout + result.stderr
-    assert re.search(r"^FAILED: process_id 2 on 127\.0\.0\.4 \(killed by SIGKILL\) at step [45]; "
-                     r"it failed first\.", result.stdout, re.M), result.stdout
+    assert re.search(r"^FAILED: process_id 2 on 127\.0\.0\.4 \(killed by SIGKILL\) after step [45], its last "
+                     r"logged step; it failed first\.", result.stdout, re.M), result.stdout
     assert not survivors(tmp_path, run_dir)
 
 

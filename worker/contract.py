@@ -95,6 +95,11 @@ def parse_step(line: str):
     return int(match.group("done") or match.group("failed") or match.group("beat"))
 
 
+def is_failure(line: str) -> bool:
+    """Whether ``line`` is a worker's own ``FAILED_FORMAT`` report (it names the exact step)."""
+    return line.startswith("failed at step ")
+
+
 def is_heartbeat(line: str) -> bool:
     """Whether ``line`` is a heartbeat (progress for the watchdog, noise for people)."""
     return line.startswith("podlaunch-heartbeat step ")
