@@ -35,14 +35,17 @@ p2.post([(10, 3.0)])
 out["step_10"] = p0.collect([10])
 out["again"] = p0.collect([10])                    # written once, not twice
 
-# A process that posts more batches than there are slots before process 0 reads:
-steps = list(range(100, 100 + SLOTS + 3))
+# Processes that post more batches than there are slots before process 0 reads:
+steps = list(range(100, 111))  # 11 batches each, SLOTS (4) kept
 for step in steps:
     p0.post([(step, 0.0)])
     p1.post([(step, 1.0)])
     p2.post([(step, 2.0)])
 got = p0.collect(steps)
-out["overwritten"] = {"complete": sorted(got), "lost_p1_p2": p0.lost_batches}
+assert SLOTS == 4, SLOTS
+out["overwritten"] = {"values": {step: [None if math.isnan(v) else v for v in got[step]]
+                                 for step in sorted(got)},
+                      "lost_p1_p2": p0.lost_batches}
 
 p0.post([(200, 0.1)])
 p1.post([(200, 0.2)])
@@ -68,10 +71,15 @@ def test_key_value_gather_completes_steps_exactly_once_and_reports_what_it_lost(
     assert out["step_5_only"] == {"5": [0.5, 1.0 / 3.0, 2.0]}  # floats survive exactly
     assert out["step_10"] == {"10": [0.25, 1e-7, 3.0]}
     assert out["again"] == {}
-    slots = 8
-    # the newest SLOTS batches of each process survive; the 3 older ones of p1 and of p2 are lost
-    assert out["overwritten"]["complete"] == list(range(100 + 3, 100 + slots + 3))
-    assert out["overwritten"]["lost_p1_p2"] == 3 + 3
+    # the newest 4 (SLOTS) batches of each process survive; the 7 older ones of p1 and of p2 are
+    # lost, and their steps are complete anyway (newer steps came), with NaN (None) for them
+    values = out["overwritten"]["values"]
+    assert sorted(map(int, values)) == list(range(100, 111))
+    for step in range(100, 107):
+        assert values[str(step)] == [0.0, None, None], step
+    for step in range(107, 111):
+        assert values[str(step)] == [0.0, 1.0, 2.0], step
+    assert out["overwritten"]["lost_p1_p2"] == 7 + 7
     assert out["wait"]["values"] == [0.1, 0.2, None]  # p2 never posted: NaN after the timeout
     assert 0.3 <= out["wait"]["seconds"] < 5
     assert out["codec"] == [7, [[3, "0.1"], [4, "inf"]]]

@@ -129,7 +129,7 @@ def train(identity: dict, job: dict, out=print) -> dict:
     (params, opt_state), first_step = _resume(identity, job, (params, opt_state),
                                               shard.num_batches, out)
     params, opt_state = replicate(params), replicate(opt_state)
-    step_fn = make_train_step(task.loss_fn, optimizer, with_norms=True)
+    step_fn = make_train_step(task.loss_fn, optimizer, with_metrics=True)
     xs, ys = place(shard.x), place(shard.y)
     out(f"process {process_id}: {shard.num_batches} batches of "
         f"{list(shard.x.shape[1:])} x, {list(shard.y.shape[1:])} y on {jax.local_device_count()} "
@@ -151,11 +151,12 @@ def train(identity: dict, job: dict, out=print) -> dict:
         recovery = _Recovery(identity, job, shard.num_batches, out)
         for step in range(first_step, num_steps + 1):
             batch = (step - 1) % shard.num_batches
-            params, opt_state, loss, norms = timed_step(params, opt_state, xs[batch], ys[batch])
-            logger.after_dispatch(step, loss, norms)  # logs finished log steps: no sync
+            params, opt_state, loss, step_metrics = timed_step(params, opt_state, xs[batch],
+                                                               ys[batch])
+            logger.after_dispatch(step, step_metrics)  # logs finished log steps: no sync
             if recovery.saves(step):  # the save waits for this step anyway: check its loss first
                 logger.flush()
-            recovery.after_step(step, params, opt_state, loss)
+            recovery.after_step(step, params, opt_state, loss, wait=logger.wait)
             if task.on_step_end is not None:
                 logger.flush()  # a hook (which may end the process) runs after its step is logged
                 task.on_step_end(step, process_id)
@@ -216,9 +217,17 @@ class _Recovery:
         """Whether ``step`` is a checkpoint step (on every process; process 0 writes it)."""
         return bool(self.every) and (step % self.every == 0 or step == self.num_steps)
 
-    def after_step(self, step: int, params, opt_state, loss) -> None:
+    def after_step(self, step: int, params, opt_state, loss, wait=None) -> None:
+        """Save a checkpoint at checkpoint steps (process 0); beat when one is due.
+
+        Args:
+          wait: blocks until a device array is ready (default
+            ``jax.block_until_ready``; the loop passes ``StepLogger.wait`` so the
+            wait is not counted as the host's own step time).
+        """
         import jax
 
+        wait = wait or jax.block_until_ready
         saving = self.saves(step)
         if saving and self.identity["process_id"] == 0:
             from worker import checkpoint
@@ -229,7 +238,7 @@ class _Recovery:
         if self.interval_s is None:
             return
         if saving or time.monotonic() - self.last_beat >= self.interval_s:
-            jax.block_until_ready(loss)
+            wait(loss)
             self.out(contract.HEARTBEAT_FORMAT.format(step=step))
             self.last_beat = time.monotonic()
 

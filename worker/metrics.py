@@ -7,7 +7,7 @@ The training loop stays a few lines; everything it reports goes through one
   compile + dispatch, so ``compile_time_s`` needs no device sync), to count
   steps, and to sum the time spent inside the calls. Per step that is two
   clock reads and no device sync.
-* ``after_dispatch(step, loss, norms)``: at a log step, takes its times (below)
+* ``after_dispatch(step, step_metrics)``: at a log step, takes its times (below)
   and keeps its output arrays. Log steps are read in batches: once the
   oldest kept one has finished (at most ``lag`` = ``InFlight.max_steps``
   steps are in flight, so step s has finished once step s + lag has been
@@ -57,6 +57,9 @@ import time
 from typing import Any, Callable
 
 from worker import contract
+
+# The columns of the train step's metrics array (worker.train.make_train_step).
+STEP_METRICS = ("loss", "grad_norm", "param_norm")
 
 NONFINITE_MODES = ("stop", "warn")
 
@@ -140,12 +143,14 @@ class StepLogger:
         self.compile_time_s: float | None = None
         self.last_loss: float | None = None
         self._calls = 0
-        self._kept: collections.deque = collections.deque()  # (step, times, loss, norms)
+        # Log steps dispatched, not read yet: [step, calls, times or None, step_metrics].
+        self._kept: collections.deque = collections.deque()
         self._held: collections.deque = collections.deque()  # process 0: (step, values) to write
-        self._mark: float | None = None    # clock when the previous log step was dispatched
+        self._mark: float | None = None    # clock when the previous log step was timed
         self._mark_calls = 0
-        self._in_jax_s = 0.0               # time inside JAX since the mark
-        self._last_read = -float("inf")
+        self._not_own_s = 0.0              # time in JAX and in logging's reads since the mark
+        self._last_read = self._last_collect = -float("inf")
+        self._warned_lost = 0
         tracker.text("spec", spec_markdown(job), step=0)
 
     def timed(self, step_fn: Callable) -> Callable:
@@ -159,7 +164,7 @@ class StepLogger:
                 # The first step ran after its dispatch returned: count it in the intervals.
                 self._mark, self._mark_calls = end, self._calls
             else:
-                self._in_jax_s += end - start
+                self._not_own_s += end - start
             self._calls += 1
             return result
         return counted
@@ -168,30 +173,54 @@ class StepLogger:
         """Log steps: every ``log_every_steps``-th step, and the last one."""
         return step % self.log_every == 0 or step == self.num_steps
 
-    def after_dispatch(self, step: int, loss, norms: dict) -> None:
-        """After dispatching ``step``: keep it if it is a log step; read a batch when due.
+    def after_dispatch(self, step: int, step_metrics) -> None:
+        """After dispatching ``step``: keep it if it is a log step; time and read what finished.
+
+        A log step is timed when it is known to have finished (step + lag has
+        been dispatched), and read in the next batch that is due.
 
         Args:
           step: the step just dispatched (counts from 1).
-          loss: ``[local_device_count]`` float32 device array (equal on every device).
-          norms: ``{"grad_norm", "param_norm"}``, each ``[local_device_count]`` float32.
+          step_metrics: ``[local_device_count, len(STEP_METRICS)]`` float32 device
+            array, the train step's loss, grad_norm and param_norm (equal on every
+            device; ``worker.train.make_train_step``). One array, so reading a log
+            step back is one transfer.
 
         Raises:
           FloatingPointError: see ``read``.
         """
         if self.is_log_step(step):
-            now = self.clock()
-            steps = max(1, self._calls - self._mark_calls)
-            times = ((now - self._mark) / steps, max(0.0, now - self._mark - self._in_jax_s) / steps)
-            self._mark, self._mark_calls, self._in_jax_s = now, self._calls, 0.0
-            self._kept.append((step, times, loss, norms))
-        if not self._kept or self._kept[0][0] > step - self.lag:
-            return  # nothing finished yet
-        if self.clock() - self._last_read >= self.read_every_s:
-            finished = 0
-            while finished < len(self._kept) and self._kept[finished][0] <= step - self.lag:
-                finished += 1
+            self._kept.append([step, self._calls, None, step_metrics])
+        finished = 0
+        for entry in self._kept:
+            if entry[0] > step - self.lag:
+                break
+            if entry[2] is None:
+                self._time(entry)
+            finished += 1
+        now = self.clock()
+        if finished and now - self._last_read >= self.read_every_s:
             self.read([self._kept.popleft() for _ in range(finished)])
+        elif self._held and now - self._last_collect >= self.read_every_s:
+            # Process 0 between its own reads: other processes' values may have come.
+            self._collect_and_write()
+            self._not_own_s += self._last_collect - now  # logging's work, as in read()
+
+    def wait(self, array) -> None:
+        """``jax.block_until_ready(array)``, the time counted as JAX's, not the host's own."""
+        import jax
+
+        start = self.clock()
+        jax.block_until_ready(array)
+        self._not_own_s += self.clock() - start
+
+    def _time(self, entry: list) -> None:
+        """Set ``entry``'s (step_time_s, own_step_time_s) from the interval since the mark."""
+        now = self.clock()
+        steps = max(1, entry[1] - self._mark_calls)
+        entry[2] = ((now - self._mark) / steps,
+                    max(0.0, now - self._mark - self._not_own_s) / steps)
+        self._mark, self._mark_calls, self._not_own_s = now, entry[1], 0.0
 
     def flush(self) -> None:
         """Read every kept log step, waiting for it (before a checkpoint, a task's hook)."""
@@ -211,20 +240,21 @@ class StepLogger:
                                               self.gather_timeout_s))
 
     def close(self) -> None:
-        """Write what process 0 holds, with the values that have arrived (the loop ended early)."""
-        if not self._held:
-            return
-        try:
-            arrived = self.gather.collect(step for step, _ in self._held)
-        except Exception:  # noqa: BLE001 - the coordinator may be gone already
-            arrived = {}
-        self._write_held(arrived, everything=True)
+        """Write what process 0 holds, without waiting (the loop ended early).
+
+        Each record gets process 0's own value and whatever the other processes
+        posted; values that did not come are NaN (``null`` in metrics.jsonl).
+        """
+        if self._held:
+            self._write_held(self.gather.wait([step for step, _ in self._held], timeout_s=0))
 
     def read(self, kept: list) -> list:
         """Read a batch of finished log steps: progress lines, own times posted, scalars written.
 
         Args:
-          kept: ``[(step, (step_time_s, own_step_time_s), loss, norms), ...]`` in step order.
+          kept: ``[step, calls, times, step_metrics]`` entries in step order;
+            ``times`` is None for a step not known to have finished: it is
+            waited for, then timed.
 
         Returns:
           Each step's scalars (tag -> float), also on processes other than 0.
@@ -239,14 +269,15 @@ class StepLogger:
         """
         import jax
 
+        for entry in kept:  # flush(): wait for each in turn, so each gets its own interval
+            if entry[2] is None:
+                self.wait(entry[3])  # waiting for the device: not host work
+                self._time(entry)
         start = self.clock()
-        fetched = jax.device_get([{"loss": loss, **norms} for _, _, loss, norms in kept])
-        end = self.clock()
-        self._in_jax_s += end - start  # flush() may wait for the step: not this host's own time
-        self._last_read = end
+        fetched = jax.device_get([step_metrics for _, _, _, step_metrics in kept])
         records, lines, error = [], [], None
-        for (step, (step_time_s, own_step_time_s), _, _), arrays in zip(kept, fetched):
-            values = {name: float(value[0]) for name, value in arrays.items()}
+        for (step, _, (step_time_s, own_step_time_s), _), rows in zip(kept, fetched):
+            values = dict(zip(STEP_METRICS, map(float, rows[0])))  # device 0's row
             loss_value = values["loss"]
             self.last_loss = loss_value
             lines.append(contract.PROGRESS_FORMAT.format(
@@ -274,19 +305,34 @@ class StepLogger:
             for step, own, values in records:
                 values[process_tag(self.process_id)] = own
                 self._write(step, values)
+            self.tracker.flush()
         else:
             self.gather.post((step, own) for step, own, _ in records)
             if self.process_id == 0:  # held until every process's value is in
                 self._held.extend((step, values) for step, _, values in records)
-                self._write_held(self.gather.collect(step for step, _ in self._held))
-        self.tracker.flush()
+                self._collect_and_write()
+        end = self.clock()
+        # A batch's reading and writing is logging's work, not the host's own
+        # step time: charged to the one step after it, it would spike the curves.
+        self._not_own_s += end - start
+        self._last_read = end
         if error is not None:
             raise error
         return [values for _, _, values in records]
 
-    def _write_held(self, arrived: dict, everything: bool = False) -> None:
+    def _collect_and_write(self) -> None:
+        """Process 0: read the other processes' posted values; write the records now complete."""
+        self._write_held(self.gather.collect(step for step, _ in self._held))
+        self._last_collect = self.clock()
+        lost = self.gather.lost_batches
+        if lost > self._warned_lost:
+            self._warned_lost = lost
+            self.out(f"warning: {lost} batches of other processes' step times were overwritten "
+                     "before process 0 read them; their per-process values are NaN")
+
+    def _write_held(self, arrived: dict) -> None:
         """Write held records in step order while their per-process values have arrived."""
-        while self._held and (everything or self._held[0][0] in arrived):
+        while self._held and self._held[0][0] in arrived:
             step, values = self._held.popleft()
             values.update(zip(map(process_tag, range(self.num_processes)), arrived.get(step, ())))
             self._write(step, values)
