@@ -8,10 +8,11 @@
 "off": logging.tensorboard=false and one log step, the last.
 
 Each side is a real ``launch`` of jobs/linear.yaml (2 processes x 1 CPU
-device by default); rounds alternate off/on so drift on a shared machine hits
-both. Steps/s comes from process 0's progress lines (wall seconds per step,
+device by default). Each round runs both sides back to back (off, on; then
+on, off: no order bias), so drift on a shared machine hits both alike.
+Steps/s comes from process 0's progress lines (wall seconds per step,
 compilation excluded), read with the launcher's own parser. The ratio is
-on / off (1.0 = logging is free).
+on / off (1.0 = logging is free): the median of the rounds' ratios.
 
     python bench/bench_logging.py                      # seed shape and 65,536 x 256
     python bench/bench_logging.py --rounds 5 --shapes large
@@ -33,8 +34,8 @@ from launcher.status import ProcessStats  # noqa: E402  (after the path is set)
 
 SHAPES = {
     # name: (global_batch_size = num_examples, in_features, num_steps)
-    "seed": (256, 4, 400),
-    "large": (65536, 256, 150),
+    "seed": (256, 4, 2000),
+    "large": (65536, 256, 600),
 }
 SIDES = {
     "off": ["--set", "logging.tensorboard=false", "--set", "logging.log_every_steps={num_steps}"],
@@ -74,20 +75,20 @@ def main() -> None:
                         help="CPU devices per process (default 1: see docs/monitoring.md on the gloo hang)")
     args = parser.parse_args()
     print(f"{args.processes} processes x {args.devices} CPU devices, {args.rounds} rounds, "
-          f"{os.cpu_count()} cores; median steps/s per side")
+          f"{os.cpu_count()} cores; median steps/s per side; on/off: median of the rounds' ratios")
     print(f"{'shape':<28} {'off steps/s':>12} {'on steps/s':>12} {'on/off':>8}")
     with tempfile.TemporaryDirectory() as workdir:
         for shape in args.shapes:
             rates: dict = {"off": [], "on": []}
             for index in range(args.rounds):
-                for side in ("off", "on"):
+                for side in ("off", "on") if index % 2 == 0 else ("on", "off"):  # ABBA: no order bias
                     rates[side].append(run_once(shape, side, args.processes, args.devices, workdir, index))
             off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+            ratios = [b / a for a, b in zip(rates["off"], rates["on"])]
             batch, features, num_steps = SHAPES[shape]
             label = f"{shape} ({batch} x {features}, {num_steps} st)"
-            print(f"{label:<28} {off:>12.1f} {on:>12.1f} {on / off:>8.3f}", flush=True)
-            print(f"{'':<28} per round on/off: "
-                  + " ".join(f"{b / a:.3f}" for a, b in zip(rates["off"], rates["on"])), flush=True)
+            print(f"{label:<28} {off:>12.1f} {on:>12.1f} {statistics.median(ratios):>8.3f}", flush=True)
+            print(f"{'':<28} per round on/off: " + " ".join(f"{r:.3f}" for r in ratios), flush=True)
 
 
 if __name__ == "__main__":
