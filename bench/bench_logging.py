@@ -12,7 +12,10 @@ device by default). Each round runs both sides back to back (off, on; then
 on, off: no order bias), so drift on a shared machine hits both alike.
 Steps/s comes from process 0's progress lines (wall seconds per step,
 compilation excluded), read with the launcher's own parser. The ratio is
-on / off (1.0 = logging is free): the median of the rounds' ratios.
+on / off (1.0 = logging is free): the median of the rounds' ratios, and
+the ratio of each side's best round (as ``timeit`` advises: on a shared
+machine other load only ever slows a run down, so the fastest round is the
+closest to the code's own speed).
 
     python bench/bench_logging.py                      # seed shape and 65,536 x 256
     python bench/bench_logging.py --rounds 5 --shapes large
@@ -89,6 +92,9 @@ def main() -> None:
             label = f"{shape} ({batch} x {features}, {num_steps} st)"
             print(f"{label:<28} {off:>12.1f} {on:>12.1f} {statistics.median(ratios):>8.3f}", flush=True)
             print(f"{'':<28} per round on/off: " + " ".join(f"{r:.3f}" for r in ratios), flush=True)
+            best_off, best_on = max(rates["off"]), max(rates["on"])
+            print(f"{'':<28} best of {args.rounds}: off {best_off:.1f}, on {best_on:.1f} steps/s, "
+                  f"on/off {best_on / best_off:.3f}", flush=True)
 
 
 if __name__ == "__main__":
