@@ -327,6 +327,9 @@ class JobSpec:
     watchdog: WatchdogSpec = setting(WatchdogSpec())
     cluster: Any = setting(LocalCluster(), doc="where it runs; see the cluster reference")
     source: str = dataclasses.field(default="", compare=False, metadata={"internal": True})
+    # (file or "--set", line) of task.name, for errors found after loading
+    task_name_at: tuple = dataclasses.field(default=("", None), compare=False,
+                                            metadata={"internal": True})
 
     @property
     def num_processes(self) -> int:
@@ -347,6 +350,7 @@ class JobSpec:
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out.pop("source")
+        out.pop("task_name_at")
         return out
 
 
@@ -442,7 +446,8 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
     spec = schema.build(JobSpec, raw, (), ctx)
     cluster = _build_cluster(cluster_raw, ctx)
     if spec is not MISSING and cluster is not MISSING:
-        spec = dataclasses.replace(spec, cluster=cluster, source=path)
+        spec = dataclasses.replace(spec, cluster=cluster, source=path,
+                                   task_name_at=ctx.where(("task", "name")))
         spec = _check_job(spec, raw, ctx)
     if ctx.problems:
         raise SpecError(ctx.problems)
@@ -528,6 +533,7 @@ def check_task_importable(spec: JobSpec) -> None:
     except (ImportError, ValueError):
         found = None
     if found is None:
-        raise SpecError([Problem(spec.source, None, "task.name",
+        source, line = spec.task_name_at if spec.task_name_at[0] else (spec.source, None)
+        raise SpecError([Problem(source, line, "task.name",
                                  f"module {module!r} is not importable here; install it or add its "
                                  "directory to PYTHONPATH")])
