@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import time
 
@@ -212,6 +213,37 @@ def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, ssh_hosts, 
     remote = [tmp_path / f"host{i}" / "runs" / "linear" / "run" for i in range(2)]
     assert sorted(os.listdir(remote[0] / "checkpoints"))[-1] == "step-0000040"
     assert not (remote[1] / "checkpoints").exists()
+    # and a copy of host 0's newest checkpoints (keep: 3) in the local run directory, byte for byte
+    local = sorted(os.listdir(run_dir / "checkpoints"))
+    assert local == sorted(os.listdir(remote[0] / "checkpoints"))[-3:] == \
+        ["step-0000030", "step-0000035", "step-0000040"], local
+    for name in local:
+        for entry in ("manifest.json", "state.npz"):
+            assert (run_dir / "checkpoints" / name / entry).read_bytes() == \
+                (remote[0] / "checkpoints" / name / entry).read_bytes()
     assert (run_dir / "logs" / "attempt-1" / "process-001.log").exists()
     for d in remote:
         assert not pids_with_env("PODLAUNCH_RUN_DIR", str(d))
+
+
+def test_resume_over_ssh_puts_back_the_checkpoints_a_new_host_0_lacks(tmp_path, ssh_hosts, uninterrupted):
+    cluster = {
+        "backend": "ssh", "ssh_config_file": ssh_hosts.ssh_config, "python": sys.executable,
+        "hosts": [{"host": h, "workdir": str(tmp_path / f"host{i}")} for i, h in enumerate(ssh_hosts.hosts)],
+        "env": {"PYTHONPATH": os.pathsep.join([TESTS, REPO])},
+    }
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    run_dir = tmp_path / "run"
+    first = launch("jobs/linear.yaml", "--cluster", str(tmp_path / "cluster.yaml"), *COMMON,
+                   "--set", "train.num_steps=20", "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["step-0000010", "step-0000015", "step-0000020"]
+    # host 0 is replaced by a machine that has none of the run's files
+    shutil.rmtree(tmp_path / "host0" / "runs")
+    again = launch("jobs/linear.yaml", "--cluster", str(tmp_path / "cluster.yaml"), *COMMON,
+                   "--resume", str(run_dir))
+    out = again.stdout
+    assert again.returncode == 0, out[-3000:] + again.stderr
+    assert "127.0.0.2: put back 3 checkpoints it lacked (newest step-0000020)" in out, out[-3000:]
+    assert "[p0 127.0.0.2] resumed from the checkpoint of step 20 (attempt 1)" in out, out[-3000:]
+    assert_same_params(params(run_dir), uninterrupted)  # 20 + 20 steps == 40 uninterrupted

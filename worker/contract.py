@@ -55,6 +55,9 @@ PROGRESS_RE = re.compile(
     r"(?: \| step_time_s (?P<step_time_s>\S+) \(own (?P<own_step_time_s>\S+)\))?")
 FAILED_FORMAT = "failed at step {step}: {error}"
 HEARTBEAT_FORMAT = "podlaunch-heartbeat step {step}"
+# Process 0, once a checkpoint is complete (renamed into place): over ssh the
+# launcher copies it from host 0 into the local run directory when it sees this.
+CHECKPOINT_FORMAT = "checkpoint of step {step} saved: {path}"
 STEP_RE = re.compile(r"^(?:step (?P<done>\d+)/\d+ |failed at step (?P<failed>\d+):"
                      r"|podlaunch-heartbeat step (?P<beat>\d+)$)")
 
@@ -93,6 +96,11 @@ def parse_step(line: str):
     if match is None:
         return None
     return int(match.group("done") or match.group("failed") or match.group("beat"))
+
+
+def is_checkpoint_saved(line: str) -> bool:
+    """Whether ``line`` is process 0's ``CHECKPOINT_FORMAT`` line."""
+    return line.startswith("checkpoint of step ") and " saved: " in line
 
 
 def is_failure(line: str) -> bool:

@@ -234,7 +234,7 @@ class _Recovery:
 
             path = checkpoint.save_replicated(self.identity["run_dir"], step, params, opt_state,
                                               self.num_batches, self.keep)
-            self.out(f"checkpoint of step {step} saved: {path}")
+            self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path))
         if self.interval_s is None:
             return
         if saving or time.monotonic() - self.last_beat >= self.interval_s:

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import socket
 import stat
 import threading
@@ -41,6 +42,7 @@ from launcher.backends import ssh_remote
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.spec import BUILTIN_TASKS, JobSpec, SshCluster, SshHost
 from launcher.supervise import Exit
+from worker import contract
 
 DEFAULT_CONNECT_TIMEOUT_S = 10
 COMMAND_TIMEOUT_S = 60.0
@@ -606,17 +608,122 @@ def fetch_results(plan: SshPlan, host: Host) -> int:
     return count
 
 
+# ---- checkpoints: a copy on the launching machine ------------------------------------
+def _is_step_dir(name: str) -> bool:
+    return name.startswith("step-") and name[5:].isdigit()
+
+
+class CheckpointMirror:
+    """Keeps process 0's checkpoints in the local run directory too, and puts them back.
+
+    Process 0 writes checkpoints on host 0 (``worker.checkpoint``: complete
+    ``step-NNNNNNN`` directories appear by rename). ``sync`` copies every one
+    the local ``<run dir>/checkpoints`` lacks (among host 0's newest
+    ``checkpoint.keep``) into a hidden temporary directory, then renames it into
+    place, and drops local ones beyond the newest ``keep``; the worker
+    triggers it with each ``contract.CHECKPOINT_FORMAT`` line and at the end.
+    ``push`` (before a resumed or restarted attempt starts) uploads the local
+    checkpoints host 0 lacks, the same way: so a run survives losing host 0
+    (a preempted VM replaced by a new one, a wiped disk).
+
+    Copies run on their own SFTP channel, one at a time (a lock), in the
+    background while training goes on; a failed copy is reported once and
+    retried at the next checkpoint.
+    """
+
+    def __init__(self, plan: "SshPlan", host: Host, console=None):
+        self.host, self.console = host, console
+        self.local = os.path.join(plan.run_dir, "checkpoints")
+        self.remote = f"{plan.remote_run_dir(host)}/checkpoints"
+        self.keep = plan.job.checkpoint.keep
+        self._lock = threading.Lock()
+        self._sftp: paramiko.SFTPClient | None = None
+        self._warned = False
+
+    def _channel(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._sftp = paramiko.SFTPClient.from_transport(self.host.connection.transport)
+        return self._sftp
+
+    def on_line(self, line: str) -> None:
+        """Start a background ``sync`` when ``line`` says a checkpoint was saved."""
+        if contract.is_checkpoint_saved(line):
+            threading.Thread(target=self.sync, name="checkpoint-mirror", daemon=True).start()
+
+    def sync(self) -> list:
+        """Copy host 0's newest checkpoints that are not here yet. Returns the names copied."""
+        copied = []
+        with self._lock:
+            try:
+                sftp = self._channel()
+                try:
+                    names = sorted(n for n in sftp.listdir(self.remote) if _is_step_dir(n))
+                except FileNotFoundError:
+                    return copied
+                for name in names[-self.keep:]:
+                    if not os.path.exists(os.path.join(self.local, name)):
+                        self._get(sftp, name)
+                        copied.append(name)
+                local = sorted(n for n in os.listdir(self.local) if _is_step_dir(n)) \
+                    if os.path.isdir(self.local) else []
+                for name in local[:-self.keep]:
+                    shutil.rmtree(os.path.join(self.local, name), ignore_errors=True)
+            except Exception as exc:  # noqa: BLE001 - the run goes on; say it once
+                self._sftp = None
+                if not self._warned and self.console is not None:
+                    self._warned = True
+                    self.console.say(f"could not copy a checkpoint from {self.host.name} into "
+                                     f"{self.local}: {exc} (retried at the next checkpoint)")
+        return copied
+
+    def _get(self, sftp: paramiko.SFTPClient, name: str) -> None:
+        tmp = os.path.join(self.local, f".tmp-copy-{name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        for entry in sftp.listdir(f"{self.remote}/{name}"):
+            sftp.get(f"{self.remote}/{name}/{entry}", os.path.join(tmp, entry))
+        os.rename(tmp, os.path.join(self.local, name))
+
+    def push(self, sftp: paramiko.SFTPClient) -> list:
+        """Upload the local checkpoints host 0 lacks. Returns the names uploaded.
+
+        Raises:
+          OSError: the upload failed (the attempt must not start without them).
+        """
+        if not os.path.isdir(self.local):
+            return []
+        local = sorted(n for n in os.listdir(self.local) if _is_step_dir(n))
+        try:
+            there = set(sftp.listdir(self.remote))
+        except FileNotFoundError:
+            _mkdirs(sftp, self.remote)
+            there = set()
+        pushed = []
+        for name in local[-self.keep:]:
+            if name in there:
+                continue
+            tmp = f"{self.remote}/.tmp-push-{name}"
+            _mkdirs(sftp, tmp)
+            for entry in os.listdir(os.path.join(self.local, name)):
+                sftp.put(os.path.join(self.local, name, entry), f"{tmp}/{entry}")
+            sftp.posix_rename(tmp, f"{self.remote}/{name}")
+            pushed.append(name)
+        return pushed
+
+
 # ---- workers -----------------------------------------------------------------
 class SshWorker:
     """One remote worker: its channel, output, pgid and exit."""
 
     def __init__(self, plan: planning.ProcessPlan, host: Host, script: str, grace_s: float,
-                 on_exit: Callable[[], None] | None = None):
+                 on_exit: Callable[[], None] | None = None,
+                 on_line: Callable[[str], None] | None = None):
         self.plan = plan
         self.host = host
         self.grace_s = grace_s
         self.pgid: int | None = None
         self._on_exit = on_exit
+        self._on_line = on_line
         self._reported: str | None = None   # the wrapper's EXIT_MARK payload
         self._eof = threading.Event()
         self._pgid_known = threading.Event()
@@ -643,6 +750,8 @@ class SshWorker:
                 for raw in complete:
                     line = raw.decode("utf-8", "replace").rstrip("\r")
                     if not self._control(line):
+                        if self._on_line is not None:
+                            self._on_line(line)
                         yield line
             if buffer:
                 line = buffer.decode("utf-8", "replace")
@@ -737,11 +846,17 @@ def _start_host(plan: SshPlan, host: Host, console) -> list:
             "argv": list(process.argv), "pid_file": pid_file, "run_dir": run_dir,
             "process_id": process.process_id})
         text = ssh_remote.script(host.workdir, cluster.setup, process.env, argv)
-        on_exit = None
+        on_exit = on_line = None
         if process.process_id == 0:
-            on_exit = _fetcher(plan, host, console)
+            mirror = CheckpointMirror(plan, host, console)
+            if process.env.get(contract.RESUME) == "1":  # host 0 may be a new machine
+                pushed = mirror.push(sftp)
+                if pushed and console is not None:
+                    console.say(f"{host.name}: put back {len(pushed)} checkpoints it lacked "
+                                f"(newest {pushed[-1]}) from {mirror.local}")
+            on_exit, on_line = _fetcher(plan, host, console, mirror), mirror.on_line
         try:
-            workers.append(SshWorker(process, host, text, cluster.grace_s, on_exit))
+            workers.append(SshWorker(process, host, text, cluster.grace_s, on_exit, on_line))
         except BaseException:
             for started in workers:  # start() never sees these: stop them here
                 started.kill()
@@ -749,8 +864,9 @@ def _start_host(plan: SshPlan, host: Host, console) -> list:
     return workers
 
 
-def _fetcher(plan: SshPlan, host: Host, console) -> Callable[[], None]:
+def _fetcher(plan: SshPlan, host: Host, console, mirror: CheckpointMirror) -> Callable[[], None]:
     def fetch():
+        mirror.sync()  # waits for a copy in progress, then takes the last checkpoints
         try:
             count = fetch_results(plan, host)
         except Exception as exc:  # noqa: BLE001  the run's outcome stands; say what is missing
