@@ -49,13 +49,17 @@ class ProcessStats:
     progress: contract.Progress | None = None
     timed_steps: int = 0
     timed_s: float = 0.0
+    resumed_at: int = 0  # a resumed attempt's checkpoint step: its first interval starts there
 
     def observe(self, line: str) -> contract.Progress | None:
         """Update from one output line; returns its Progress, or None for other lines."""
         progress = contract.parse_progress(line)
         if progress is None:
+            resumed = contract.parse_resumed_step(line)
+            if resumed is not None and self.progress is None:
+                self.resumed_at = resumed
             return None
-        previous = self.progress.step if self.progress is not None else 0
+        previous = self.progress.step if self.progress is not None else self.resumed_at
         if progress.step_time_s is not None and progress.step > previous:
             steps = progress.step - previous
             self.timed_steps += steps

@@ -27,7 +27,7 @@ import pytest
 from helpers import LAUNCH, REPO, env_for_tests, event_files, launch, read_scalars
 from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
-from launcher.status import CLEAR_LINE, StatusLine, parse_show, status_text
+from launcher.status import CLEAR_LINE, ProcessStats, StatusLine, parse_show, status_text
 from launcher.supervise import Exit, Result, State, Tracked, summary
 from worker import contract
 
@@ -54,6 +54,20 @@ def test_progress_lines_round_trip():
     old = contract.parse_progress("step 7/9 loss nan | 3.0 steps/s")  # a worker without step times
     assert old.step == 7 and np.isnan(old.loss) and old.own_step_time_s is None
     assert contract.parse_progress("[Gloo] step 3/4") is None
+
+
+def test_mean_step_time_of_a_resumed_attempt_counts_from_its_checkpoint():
+    lines = [contract.RESUMED_FORMAT.format(step=1000, attempt=1),
+             _progress(1010, 0.0, step_time_s=0.02), _progress(1020, 0.0, step_time_s=0.04)]
+    stats = ProcessStats()
+    for line in lines:
+        stats.observe(line)
+    assert stats.timed_steps == 20  # steps 1001-1020, not 1020
+    assert stats.mean_step_time_s == pytest.approx(0.03)
+    fresh = ProcessStats()
+    for line in lines[1:]:
+        fresh.observe(line)
+    assert fresh.timed_steps == 1020  # a fresh run's first interval starts at step 1
 
 
 def _tracked(process_id, host="localhost", lines=(), state=State.RUNNING, exit=None):

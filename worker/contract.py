@@ -55,6 +55,10 @@ PROGRESS_RE = re.compile(
     r"(?: \| step_time_s (?P<step_time_s>\S+) \(own (?P<own_step_time_s>\S+)\))?")
 FAILED_FORMAT = "failed at step {step}: {error}"
 HEARTBEAT_FORMAT = "podlaunch-heartbeat step {step}"
+# Every process of a resumed attempt, before its first step: the steps before
+# N + 1 were done by an earlier attempt (the launcher's mean step time needs it).
+RESUMED_FORMAT = "resumed from the checkpoint of step {step} (attempt {attempt})"
+RESUMED_RE = re.compile(r"^resumed from the checkpoint of step (?P<step>\d+) \(attempt \d+\)$")
 # Process 0, once a checkpoint is complete (renamed into place): over ssh the
 # launcher copies it from host 0 into the local run directory when it sees this.
 CHECKPOINT_FORMAT = "checkpoint of step {step} saved: {path}"
@@ -96,6 +100,12 @@ def parse_step(line: str):
     if match is None:
         return None
     return int(match.group("done") or match.group("failed") or match.group("beat"))
+
+
+def parse_resumed_step(line: str):
+    """The checkpoint step a ``RESUMED_FORMAT`` line names, or None for any other line."""
+    match = RESUMED_RE.match(line)
+    return int(match.group("step")) if match else None
 
 
 def is_checkpoint_saved(line: str) -> bool:

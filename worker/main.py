@@ -190,7 +190,7 @@ def _resume(identity: dict, job: dict, state, num_batches: int, out) -> tuple:
     state, step = checkpoint.restore_broadcast(identity["run_dir"], identity["process_id"], state,
                                                num_batches, warn=out)
     if step:
-        out(f"resumed from the checkpoint of step {step} (attempt {identity['attempt']})")
+        out(contract.RESUMED_FORMAT.format(step=step, attempt=identity["attempt"]))
     else:
         out(f"no checkpoint to resume from; starting at step 1 (attempt {identity['attempt']})")
     return state, step + 1

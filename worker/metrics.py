@@ -150,6 +150,8 @@ class StepLogger:
         self._mark_calls = 0
         self._not_own_s = 0.0              # time in JAX and in logging's reads since the mark
         self._last_read = self._last_collect = -float("inf")
+        self._dispatched = 0               # the last step dispatched
+        self._stopped = False              # a non-finite loss stopped the run: log nothing after it
         self._warned_lost = 0
         tracker.text("spec", spec_markdown(job), step=0)
 
@@ -189,6 +191,7 @@ class StepLogger:
         Raises:
           FloatingPointError: see ``read``.
         """
+        self._dispatched = step
         if self.is_log_step(step):
             self._kept.append([step, self._calls, None, step_metrics])
         finished = 0
@@ -239,22 +242,36 @@ class StepLogger:
             self._write_held(self.gather.wait([step for step, _ in self._held],
                                               self.gather_timeout_s))
 
-    def close(self) -> None:
-        """Write what process 0 holds, without waiting (the loop ended early).
+    def close(self, wait_s: float = 0.5) -> None:
+        """Log what can be logged without waiting for a device (the loop ended early).
 
-        Each record gets process 0's own value and whatever the other processes
-        posted; values that did not come are NaN (``null`` in metrics.jsonl).
+        Reads the kept log steps that have finished (``lag`` steps before the
+        last dispatch), unless a non-finite loss stopped the run; then process 0
+        writes every record it holds, waiting up to ``wait_s`` for the other
+        processes' values (they may be logging the same steps as it ends):
+        values that do not come are NaN (``null`` in metrics.jsonl). Errors
+        are swallowed: the process is ending already.
         """
+        finished = [entry for entry in self._kept if entry[0] <= self._dispatched - self.lag]
+        self._kept.clear()
+        if finished and not self._stopped:
+            try:
+                # Other processes do not post: process 0 may be gone with the store.
+                self.read(finished, post=self.process_id == 0)
+            except Exception:  # noqa: BLE001 - a non-finite loss among them, or a closed stdout
+                pass
         if self._held:
-            self._write_held(self.gather.wait([step for step, _ in self._held], timeout_s=0))
+            self._write_held(self.gather.wait([step for step, _ in self._held], timeout_s=wait_s))
 
-    def read(self, kept: list) -> list:
+    def read(self, kept: list, post: bool = True) -> list:
         """Read a batch of finished log steps: progress lines, own times posted, scalars written.
 
         Args:
           kept: ``[step, calls, times, step_metrics]`` entries in step order;
             ``times`` is None for a step not known to have finished: it is
             waited for, then timed.
+          post: send this process's own step times to process 0 (``close``
+            skips it on other processes).
 
         Returns:
           Each step's scalars (tag -> float), also on processes other than 0.
@@ -306,7 +323,7 @@ class StepLogger:
                 values[process_tag(self.process_id)] = own
                 self._write(step, values)
             self.tracker.flush()
-        else:
+        elif post:
             self.gather.post((step, own) for step, own, _ in records)
             if self.process_id == 0:  # held until every process's value is in
                 self._held.extend((step, values) for step, _, values in records)
@@ -317,6 +334,7 @@ class StepLogger:
         self._not_own_s += end - start
         self._last_read = end
         if error is not None:
+            self._stopped = True
             raise error
         return [values for _, _, values in records]
 
