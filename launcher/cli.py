@@ -141,6 +141,7 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
         job = tpu_rehearsal.local_job(job)  # SpecError unless cluster.backend is tpu
     if job.cluster.backend == "local":
         specs.check_task_importable(job)
+        specs.check_fits_in_memory(job)
     if args.resume and args.run_dir:
         raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])
     run_dir = _resume_dir(job, args.resume) if args.resume else _run_dir(job, args.run_dir)

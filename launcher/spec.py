@@ -327,9 +327,9 @@ class JobSpec:
     watchdog: WatchdogSpec = setting(WatchdogSpec())
     cluster: Any = setting(LocalCluster(), doc="where it runs; see the cluster reference")
     source: str = dataclasses.field(default="", compare=False, metadata={"internal": True})
-    # (file or "--set", line) of task.name, for errors found after loading
-    task_name_at: tuple = dataclasses.field(default=("", None), compare=False,
-                                            metadata={"internal": True})
+    # key path -> (file or "--set", line), for the checks made after loading (LATE_CHECKED)
+    locations: dict = dataclasses.field(default_factory=dict, compare=False,
+                                        metadata={"internal": True})
 
     @property
     def num_processes(self) -> int:
@@ -347,10 +347,14 @@ class JobSpec:
     def per_device_batch_size(self) -> int:
         return self.train.global_batch_size // self.device_count
 
+    def where(self, key: tuple) -> tuple:
+        """(file or ``--set``, line or None) that set ``key`` (one of ``LATE_CHECKED``)."""
+        return self.locations.get(key, (self.source, None))
+
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out.pop("source")
-        out.pop("task_name_at")
+        out.pop("locations")
         return out
 
 
@@ -447,7 +451,7 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
     cluster = _build_cluster(cluster_raw, ctx)
     if spec is not MISSING and cluster is not MISSING:
         spec = dataclasses.replace(spec, cluster=cluster, source=path,
-                                   task_name_at=ctx.where(("task", "name")))
+                                   locations={key: ctx.where(key) for key in LATE_CHECKED})
         spec = _check_job(spec, raw, ctx)
     if ctx.problems:
         raise SpecError(ctx.problems)
@@ -519,6 +523,39 @@ def _check_job(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:
     return dataclasses.replace(spec, data=dataclasses.replace(data, path=full))
 
 
+# Keys checked after loading, for one backend only (task importable, memory).
+LATE_CHECKED = (("task", "name"), ("data", "num_examples"))
+
+
+def check_fits_in_memory(spec: JobSpec, memory_bytes: int | None = None) -> None:
+    """For local runs: synthetic data that cannot fit in this machine's memory is refused.
+
+    Every process holds its rows of every global batch twice (numpy, and the
+    copy on its CPU devices: ``worker.train.place``), so the processes on this
+    machine together need ``2 x rows x (in_features + out_features) x 4`` bytes,
+    rows being the ``num_examples`` that fill whole global batches.
+
+    Raises:
+      SpecError: that exceeds 80% of the machine's memory (``memory_bytes``,
+        default the physical memory from ``sysconf``).
+    """
+    data = spec.data
+    if data.source != "synthetic":
+        return
+    if memory_bytes is None:
+        memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    rows = data.num_examples // spec.train.global_batch_size * spec.train.global_batch_size
+    need = 2 * rows * (data.in_features + data.out_features) * 4
+    if need > 0.8 * memory_bytes:
+        gib = 1 << 30
+        raise SpecError([Problem(*spec.where(("data", "num_examples")), "data.num_examples",
+                                 f"{rows} rows x {data.in_features + data.out_features} float32 "
+                                 f"columns need about {need / gib:.1f} GiB here (every process "
+                                 f"holds its rows twice), more than 80% of this machine's "
+                                 f"{memory_bytes / gib:.1f} GiB; lower data.num_examples or "
+                                 "data.in_features")])
+
+
 def check_task_importable(spec: JobSpec) -> None:
     """For local runs: a user task's module must be findable (it is not imported here).
 
@@ -533,7 +570,6 @@ def check_task_importable(spec: JobSpec) -> None:
     except (ImportError, ValueError):
         found = None
     if found is None:
-        source, line = spec.task_name_at if spec.task_name_at[0] else (spec.source, None)
-        raise SpecError([Problem(source, line, "task.name",
+        raise SpecError([Problem(*spec.where(("task", "name")), "task.name",
                                  f"module {module!r} is not importable here; install it or add its "
                                  "directory to PYTHONPATH")])

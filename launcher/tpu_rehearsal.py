@@ -53,6 +53,7 @@ def local_job(job: specs.JobSpec) -> specs.JobSpec:
                                  f"{rehearsal.device_count} devices of {cluster.slice_count} x "
                                  f"{cluster.accelerator_type}; use a multiple of {rehearsal.device_count}")])
     specs.check_task_importable(rehearsal)
+    specs.check_fits_in_memory(rehearsal)  # the whole pod's data, on this one machine
     return rehearsal
 
 
