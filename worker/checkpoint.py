@@ -26,16 +26,16 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 from typing import Callable
 
 import numpy as np
 
+from worker import contract
+
 STATE_FILE = "state.npz"
 MANIFEST_FILE = "manifest.json"
 FORMAT = 1
-_DIR_RE = re.compile(r"^step-(\d{7,})$")
 
 
 class CheckpointError(Exception):
@@ -67,7 +67,7 @@ class Checkpoint:
 
 def directory(run_dir: str) -> str:
     """``<run_dir>/checkpoints``."""
-    return os.path.join(run_dir, "checkpoints")
+    return os.path.join(run_dir, contract.CHECKPOINTS_DIR)
 
 
 def step_dir(ckpt_dir: str, step: int) -> str:
@@ -80,7 +80,7 @@ def list_steps(ckpt_dir: str) -> list[int]:
         names = os.listdir(ckpt_dir)
     except FileNotFoundError:
         return []
-    return sorted(int(m.group(1)) for n in names if (m := _DIR_RE.match(n)))
+    return [step for step, _ in contract.checkpoints_in(names)]
 
 
 def _fsync(path: str) -> None:

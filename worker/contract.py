@@ -108,6 +108,17 @@ def parse_resumed_step(line: str):
     return int(match.group("step")) if match else None
 
 
+# A run directory's checkpoints: <run_dir>/CHECKPOINTS_DIR/step-NNNNNNN/, each
+# complete once it has that name (worker.checkpoint renames it into place).
+CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_DIR_RE = re.compile(r"^step-(\d{7,})$")
+
+
+def checkpoints_in(names) -> list:
+    """``(step, name)`` of the checkpoint directories among ``names``, oldest first."""
+    return sorted((int(m.group(1)), name) for name in names if (m := CHECKPOINT_DIR_RE.match(name)))
+
+
 def is_checkpoint_saved(line: str) -> bool:
     """Whether ``line`` is process 0's ``CHECKPOINT_FORMAT`` line."""
     return line.startswith("checkpoint of step ") and " saved: " in line

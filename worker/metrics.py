@@ -25,9 +25,9 @@ The training loop stays a few lines; everything it reports goes through one
   waiting for it.
 * ``finish()`` after the loop: ``flush()``, then process 0 waits for the other
   processes' last values and writes everything it holds.
-* ``close()`` when the loop ends early (an error, SIGTERM): writes what
-  process 0 holds, with the per-process values that have arrived, without
-  waiting.
+* ``close()`` when the loop ends early (an error, SIGTERM): reads the kept
+  log steps that have finished, then process 0 writes what it holds, waiting
+  at most 0.5 s for the other processes' values.
 
 Two step times (seconds per step since the previous log step), taken when a
 log step has been dispatched (once ``lag`` steps are in flight, a dispatch
@@ -150,7 +150,7 @@ class StepLogger:
         self._mark_calls = 0
         self._not_own_s = 0.0              # time in JAX and in logging's reads since the mark
         self._last_read = self._last_collect = -float("inf")
-        self._dispatched = 0               # the last step dispatched
+        self._finished = 0                 # the first this many kept steps have finished (timed)
         self._stopped = False              # a non-finite loss stopped the run: log nothing after it
         self._warned_lost = 0
         tracker.text("spec", spec_markdown(job), step=0)
@@ -191,18 +191,14 @@ class StepLogger:
         Raises:
           FloatingPointError: see ``read``.
         """
-        self._dispatched = step
         if self.is_log_step(step):
             self._kept.append([step, self._calls, None, step_metrics])
-        finished = 0
-        for entry in self._kept:
-            if entry[0] > step - self.lag:
-                break
-            if entry[2] is None:
-                self._time(entry)
-            finished += 1
+        while self._finished < len(self._kept) and self._kept[self._finished][0] <= step - self.lag:
+            self._time(self._kept[self._finished])
+            self._finished += 1
         now = self.clock()
-        if finished and now - self._last_read >= self.read_every_s:
+        if self._finished and now - self._last_read >= self.read_every_s:
+            finished, self._finished = self._finished, 0
             self.read([self._kept.popleft() for _ in range(finished)])
         elif self._held and now - self._last_collect >= self.read_every_s:
             # Process 0 between its own reads: other processes' values may have come.
@@ -228,7 +224,7 @@ class StepLogger:
     def flush(self) -> None:
         """Read every kept log step, waiting for it (before a checkpoint, a task's hook)."""
         if self._kept:
-            kept, self._kept = list(self._kept), collections.deque()
+            kept, self._kept, self._finished = list(self._kept), collections.deque(), 0
             self.read(kept)
 
     def finish(self) -> None:
@@ -252,8 +248,9 @@ class StepLogger:
         values that do not come are NaN (``null`` in metrics.jsonl). Errors
         are swallowed: the process is ending already.
         """
-        finished = [entry for entry in self._kept if entry[0] <= self._dispatched - self.lag]
+        finished = list(self._kept)[:self._finished]
         self._kept.clear()
+        self._finished = 0
         if finished and not self._stopped:
             try:
                 # Other processes do not post: process 0 may be gone with the store.

@@ -609,10 +609,6 @@ def fetch_results(plan: SshPlan, host: Host) -> int:
 
 
 # ---- checkpoints: a copy on the launching machine ------------------------------------
-def _is_step_dir(name: str) -> bool:
-    return name.startswith("step-") and name[5:].isdigit()
-
-
 class CheckpointMirror:
     """Keeps process 0's checkpoints in the local run directory too, and puts them back.
 
@@ -633,12 +629,16 @@ class CheckpointMirror:
 
     def __init__(self, plan: "SshPlan", host: Host, console=None):
         self.host, self.console = host, console
-        self.local = os.path.join(plan.run_dir, "checkpoints")
-        self.remote = f"{plan.remote_run_dir(host)}/checkpoints"
+        self.local = os.path.join(plan.run_dir, contract.CHECKPOINTS_DIR)
+        self.remote = f"{plan.remote_run_dir(host)}/{contract.CHECKPOINTS_DIR}"
         self.keep = plan.job.checkpoint.keep
         self._lock = threading.Lock()
         self._sftp: paramiko.SFTPClient | None = None
         self._warned = False
+
+    def _local_names(self) -> list:
+        names = os.listdir(self.local) if os.path.isdir(self.local) else []
+        return [name for _, name in contract.checkpoints_in(names)]
 
     def _channel(self) -> paramiko.SFTPClient:
         if self._sftp is None:
@@ -657,16 +657,14 @@ class CheckpointMirror:
             try:
                 sftp = self._channel()
                 try:
-                    names = sorted(n for n in sftp.listdir(self.remote) if _is_step_dir(n))
+                    names = [name for _, name in contract.checkpoints_in(sftp.listdir(self.remote))]
                 except FileNotFoundError:
                     return copied
                 for name in names[-self.keep:]:
                     if not os.path.exists(os.path.join(self.local, name)):
                         self._get(sftp, name)
                         copied.append(name)
-                local = sorted(n for n in os.listdir(self.local) if _is_step_dir(n)) \
-                    if os.path.isdir(self.local) else []
-                for name in local[:-self.keep]:
+                for name in self._local_names()[:-self.keep]:
                     shutil.rmtree(os.path.join(self.local, name), ignore_errors=True)
             except Exception as exc:  # noqa: BLE001 - the run goes on; say it once
                 self._sftp = None
@@ -690,9 +688,9 @@ class CheckpointMirror:
         Raises:
           OSError: the upload failed (the attempt must not start without them).
         """
-        if not os.path.isdir(self.local):
+        local = self._local_names()
+        if not local:
             return []
-        local = sorted(n for n in os.listdir(self.local) if _is_step_dir(n))
         try:
             there = set(sftp.listdir(self.remote))
         except FileNotFoundError:
@@ -736,29 +734,32 @@ class SshWorker:
         self._chan.shutdown_write()
 
     def lines(self) -> Iterator[str]:
-        buffer = b""
         try:
-            while True:
-                try:
-                    data = self._chan.recv(65536)
-                except (OSError, EOFError, paramiko.SSHException):
-                    data = b""
-                if not data:
-                    break
-                buffer += data
-                *complete, buffer = buffer.split(b"\n")
-                for raw in complete:
-                    line = raw.decode("utf-8", "replace").rstrip("\r")
-                    if not self._control(line):
-                        if self._on_line is not None:
-                            self._on_line(line)
-                        yield line
-            if buffer:
-                line = buffer.decode("utf-8", "replace")
-                if not self._control(line):
-                    yield line
+            for line in self._received_lines():
+                if self._control(line):
+                    continue
+                if self._on_line is not None:
+                    self._on_line(line)
+                yield line
         finally:
             self._eof.set()
+
+    def _received_lines(self) -> Iterator[str]:
+        """The channel's output split into lines (the last one may lack its newline)."""
+        buffer = b""
+        while True:
+            try:
+                data = self._chan.recv(65536)
+            except (OSError, EOFError, paramiko.SSHException):
+                data = b""
+            if not data:
+                break
+            buffer += data
+            *complete, buffer = buffer.split(b"\n")
+            for raw in complete:
+                yield raw.decode("utf-8", "replace").rstrip("\r")
+        if buffer:
+            yield buffer.decode("utf-8", "replace").rstrip("\r")
 
     def _control(self, line: str) -> bool:
         """Consume the wrapper's marker lines; True when ``line`` was one."""
