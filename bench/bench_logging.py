@@ -33,7 +33,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from launcher.status import ProcessStats  # noqa: E402  (after the path is set)
+from launcher.state import ProcessStats  # noqa: E402  (after the path is set)
 
 SHAPES = {
     # name: (global_batch_size = num_examples, in_features, num_steps)

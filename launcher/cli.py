@@ -15,14 +15,14 @@ import sys
 
 import yaml
 
+from launcher import backends
 from launcher import plan as planning
 from launcher import restarts
 from launcher import spec as specs
-from launcher import tpu_rehearsal
-from launcher import backends
+from launcher.backends.base import Options
+from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.status import check_show, parse_show
-from launcher.supervise import Console, summary
+from launcher.status import check_show, parse_show, summary
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -137,40 +137,38 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
     console = console or Console(show=show, status_every_s=args.status_every)
     job = specs.load(args.job, args.cluster, tuple(args.overrides))
     check_show(show, job.num_processes)
+    backend = backends.for_job(job)
     if args.rehearse:
-        job = tpu_rehearsal.local_job(job)  # SpecError unless cluster.backend is tpu
-    if job.cluster.backend == "local":
-        specs.check_task_importable(job)
-        specs.check_fits_in_memory(job)
+        backend = backend.rehearsal(job)  # SpecError unless the backend has one
+    if args.kill_stale and not backend.stops_stale:
+        raise SpecError([Problem("--kill-stale", None, "", "only applies to backends whose "
+                                 f"hosts can outlive a launcher (ssh, tpu); this job's is "
+                                 f"{backend.name}; remove the flag")])
+    options = Options(python=sys.executable, kill_stale=args.kill_stale, dry_run=args.dry_run)
+    backend.check(job, options)
     if args.resume and args.run_dir:
         raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])
     run_dir = _resume_dir(job, args.resume) if args.resume else _run_dir(job, args.run_dir)
     _check_creatable(run_dir, "--resume" if args.resume else "--run-dir")
-    backend = tpu_rehearsal if args.rehearse else backends.get(job.cluster.backend)
-    if args.kill_stale and job.cluster.backend not in ("ssh", "tpu"):
-        raise SpecError([Problem("--kill-stale", None, "", "only applies to cluster.backend: ssh "
-                                 f"or tpu (this job's is {job.cluster.backend}); remove the flag")])
-    extra = {"kill_stale": True} if args.kill_stale else {}
-    if job.cluster.backend == "tpu" and args.dry_run:
-        extra["dry_run"] = True  # a dry run stops no stale holder, it reports them
-    plan = backend.prepare(job, run_dir, sys.executable, console, **extra)
-    if args.dry_run:
-        print(planning.describe(plan))
-        return EXIT_OK
-
-    first_attempt = restarts.next_attempt(run_dir)
+    session = backend.session(job, run_dir, console, options)
     try:
-        _write_run_files(plan)
-    except OSError as exc:  # nothing has started yet: this is bad input
-        raise SpecError([Problem("--resume" if args.resume else "--run-dir", None, "",
-                                 f"cannot write into {run_dir}: {exc.strerror}; "
-                                 "choose another directory")]) from None
-    console.say(f"run directory {run_dir}" + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
-    # a restart's survivors on the hosts are the failed attempt's: ours to stop
-    again = {"kill_stale": True} if job.cluster.backend in ("ssh", "tpu") else {}
-    result, attempts = restarts.run(
-        plan, backend, console, first_attempt=first_attempt, resume=bool(args.resume),
-        prepare=lambda: backend.prepare(job, run_dir, sys.executable, console, **again))
+        plan = session.plan()
+        if args.dry_run:
+            print(planning.describe(plan))
+            return EXIT_OK
+        first_attempt = restarts.next_attempt(run_dir)
+        try:
+            _write_run_files(plan)
+        except OSError as exc:  # nothing has started yet: this is bad input
+            raise SpecError([Problem("--resume" if args.resume else "--run-dir", None, "",
+                                     f"cannot write into {run_dir}: {exc.strerror}; "
+                                     "choose another directory")]) from None
+        console.say(f"run directory {run_dir}"
+                    + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
+        result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
+                                        resume=bool(args.resume))
+    finally:
+        session.close()
     print(summary(result), flush=True)
     if len(attempts) > 1 or attempts[-1].number > 0:
         print(restarts.attempts_table(attempts), flush=True)

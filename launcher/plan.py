@@ -1,8 +1,12 @@
-"""The plan: which process runs where, with which id, env and command.
+"""The plan: which process runs where, with which id, environment and command.
 
-``make_plan`` is a pure function of the spec and a few launch-time facts
-(run directory, coordinator port, python path): no I/O, easy to test and to
-print with ``--dry-run``.
+A backend says where processes go (``Placement``s, one per host, in process
+order, and the coordinator's address); ``make_plan`` turns a spec plus
+placements into every process's ``ProcessPlan``. It is a pure function: no
+I/O, no live resource (connections stay in the backend's session), so it is
+easy to test and to print with ``--dry-run``. Process ids are assigned here
+and only here: dense, unique, in placement order (backends order placements
+slice-major where slices exist, as JAX's TPU cluster detection does).
 """
 
 from __future__ import annotations
@@ -12,11 +16,38 @@ import os
 import re
 import shlex
 
-from launcher.spec import JobSpec
 from worker import contract
 
 _SECRET = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE|AUTH", re.I)
 MASK = "****"
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """The processes of one host.
+
+    Attributes:
+      host: the host's name as the user wrote it ("localhost" on this machine).
+      num_processes: worker processes on this host.
+      local_device_count: devices each of them must see.
+      platform: ``cpu``, ``gpu`` or ``tpu``, the platform each must report.
+      python: the interpreter that runs ``-m worker`` there.
+      run_dir: the run directory as the workers there see it.
+      job_path: the resolved job JSON as the workers there see it.
+      env: extra environment for this host's workers (the user's ``cluster.env``
+        and anything the backend adds, e.g. a TPU slice's MEGASCALE values).
+      label_host: whether console labels name the host (``[p3 host-c]``).
+    """
+
+    host: str
+    num_processes: int
+    local_device_count: int
+    platform: str
+    python: str
+    run_dir: str
+    job_path: str
+    env: dict = dataclasses.field(default_factory=dict)
+    label_host: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +61,7 @@ class ProcessPlan:
       env: variables added to the worker's environment (contract + platform + user).
       argv: the command, argv[0] being the python interpreter.
       log_path: the launcher-side log file of this process's output.
+      label: the console prefix, ``p3`` or ``p3 host-c``.
     """
 
     process_id: int
@@ -38,18 +70,18 @@ class ProcessPlan:
     env: dict
     argv: tuple
     log_path: str
-
-    @property
-    def label(self) -> str:
-        return f"p{self.process_id}" if self.host == "localhost" else f"p{self.process_id} {self.host}"
+    label: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    job: JobSpec
+    """Every process of one attempt, in process_id order, and where the run's files go."""
+
+    job: object
     run_dir: str
     coordinator_address: str
     processes: tuple
+    placements: tuple = ()
 
     @property
     def num_processes(self) -> int:
@@ -57,7 +89,13 @@ class Plan:
 
     @property
     def job_path(self) -> str:
+        """The resolved job JSON on this machine (backends copy it where placements say)."""
         return os.path.join(self.run_dir, "job.json")
+
+    def on_host(self, index: int) -> tuple:
+        """The processes of placement ``index``, in process_id order."""
+        first = sum(p.num_processes for p in self.placements[:index])
+        return self.processes[first:first + self.placements[index].num_processes]
 
 
 def is_secret(name: str) -> bool:
@@ -78,58 +116,74 @@ def log_path(run_dir: str, process_id: int, attempt: int = 0) -> str:
     return os.path.join(run_dir, "logs", f"attempt-{attempt}", name)
 
 
-def worker_env(job: JobSpec, run_dir: str, coordinator_address: str, process_id: int,
-               job_path: str) -> dict:
-    """The environment every backend gives a worker: the contract, then the user's env.
+def worker_env(job, placement: Placement, coordinator_address: str, process_id: int) -> dict:
+    """The environment a worker gets: platform variables, the contract, then the placement's env.
 
     Args:
       job: the validated spec.
-      run_dir: the run directory as the worker will see it (remote for ssh).
+      placement: the host the process runs on.
       coordinator_address: ``host:port``, identical for every process.
       process_id: this process's id.
-      job_path: path of the resolved job JSON as the worker will see it.
     """
-    cluster = job.cluster
     env = {"PYTHONUNBUFFERED": "1"}
-    if cluster.platform == "cpu":
+    if placement.platform == "cpu":
         # JAX reads these when its backends start, before initialize() returns.
         env["JAX_PLATFORMS"] = "cpu"
-        env["JAX_NUM_CPU_DEVICES"] = str(job.local_device_count)
+        env["JAX_NUM_CPU_DEVICES"] = str(placement.local_device_count)
     env.update({
         contract.COORDINATOR_ADDRESS: coordinator_address,
         contract.NUM_PROCESSES: str(job.num_processes),
         contract.PROCESS_ID: str(process_id),
-        contract.LOCAL_DEVICE_COUNT: str(job.local_device_count),
-        contract.PLATFORM: cluster.platform,
-        contract.JOB: job_path,
-        contract.RUN_DIR: run_dir,
+        contract.LOCAL_DEVICE_COUNT: str(placement.local_device_count),
+        contract.PLATFORM: placement.platform,
+        contract.JOB: placement.job_path,
+        contract.RUN_DIR: placement.run_dir,
     })
-    env.update(cluster.env)
+    env.update(placement.env)
     return env
 
 
-def make_plan(job: JobSpec, run_dir: str, coordinator_port: int, python: str) -> Plan:
-    """Lay out every process of a single-host debug run (``cluster.backend: local``).
+def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
+    """Lay out every process: ids in placement order, each with its env, command and log.
 
     Args:
-      job: the validated spec.
-      run_dir: absolute path of the run directory.
-      coordinator_port: TCP port of JAX's coordinator on 127.0.0.1 (already chosen).
-      python: interpreter that runs ``-m worker``.
+      job: the validated spec (``num_processes`` must equal the placements' total).
+      placements: one per host, in process order.
+      run_dir: absolute path of the local run directory (logs go there).
+      coordinator_address: ``host:port`` of JAX's coordinator (placement 0's host).
 
     Returns:
-      A Plan whose processes are ordered by process_id.
+      A Plan whose processes are ordered by process_id 0 .. num_processes-1.
+
+    Raises:
+      ValueError: the placements hold another number of processes than the spec.
     """
-    coordinator_address = f"127.0.0.1:{coordinator_port}"
-    job_path = os.path.join(run_dir, "job.json")
-    processes = tuple(
-        ProcessPlan(process_id=process_id, host="localhost",
-                    local_device_count=job.local_device_count,
-                    env=worker_env(job, run_dir, coordinator_address, process_id, job_path),
-                    argv=(python, "-m", "worker"), log_path=log_path(run_dir, process_id))
-        for process_id in range(job.num_processes))
+    placements = tuple(placements)
+    total = sum(p.num_processes for p in placements)
+    if total != job.num_processes:
+        raise ValueError(f"placements hold {total} processes, the spec {job.num_processes}")
+    processes = []
+    for placement in placements:
+        for _ in range(placement.num_processes):
+            process_id = len(processes)
+            label = f"p{process_id} {placement.host}" if placement.label_host else f"p{process_id}"
+            processes.append(ProcessPlan(
+                process_id=process_id, host=placement.host,
+                local_device_count=placement.local_device_count,
+                env=worker_env(job, placement, coordinator_address, process_id),
+                argv=(placement.python, "-m", "worker"),
+                log_path=log_path(run_dir, process_id), label=label))
     return Plan(job=job, run_dir=run_dir, coordinator_address=coordinator_address,
-                processes=processes)
+                processes=tuple(processes), placements=placements)
+
+
+def for_attempt(plan: Plan, attempt: int, resume: bool) -> Plan:
+    """``plan`` with this attempt's log paths and its ``PODLAUNCH_ATTEMPT``/``RESUME`` env."""
+    processes = tuple(dataclasses.replace(
+        p, log_path=log_path(plan.run_dir, p.process_id, attempt),
+        env={**p.env, contract.ATTEMPT: str(attempt), contract.RESUME: "1" if resume else "0"})
+        for p in plan.processes)
+    return dataclasses.replace(plan, processes=processes)
 
 
 def describe(plan: Plan) -> str:

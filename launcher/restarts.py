@@ -1,10 +1,10 @@
 """Bounded restarts: run attempts until one succeeds, a failure is not retryable, or none are left.
 
-Each attempt is one ``backend.start`` + ``supervise``. After a failure the
+Each attempt is one ``session.start`` + ``supervise``. After a failure the
 launcher has already torn everything down (``supervise`` returns only when
 every worker has ended); it classifies the root cause, waits
-``backoff_s * 2**(restart-1)`` seconds, prepares the backend again (a fresh
-coordinator port; ssh re-runs preflight) and starts every process with
+``backoff_s * 2**(restart-1)`` seconds, plans again through the backend's
+session (a fresh coordinator port; ssh re-runs preflight) and starts every process with
 ``PODLAUNCH_RESUME=1``, so process 0 restores the latest complete checkpoint
 and broadcasts it.
 
@@ -27,8 +27,11 @@ import time
 from typing import Callable
 
 from launcher import plan as planning
-from launcher.spec import RestartSpec
-from launcher.supervise import Console, Result, State, Tracked, Watchdog, summary, supervise
+from launcher.backends.base import Session
+from launcher.console import Console
+from launcher.state import Result, State, Tracked, Watchdog
+from launcher.status import summary
+from launcher.supervise import supervise
 from worker import contract
 
 
@@ -49,7 +52,7 @@ class Attempt:
     verdict: str = ""
 
 
-def classify(result: Result, policy: RestartSpec) -> tuple[bool, str]:
+def classify(result: Result, policy) -> tuple[bool, str]:
     """Whether a failed attempt may be retried, and why, in words.
 
     The first failure by time leads, but a cascade can outrun its cause (a
@@ -78,7 +81,7 @@ def classify(result: Result, policy: RestartSpec) -> tuple[bool, str]:
     return verdict
 
 
-def _classify_one(t: Tracked, policy: RestartSpec) -> tuple[bool, str]:
+def _classify_one(t: Tracked, policy) -> tuple[bool, str]:
     ended, where = t.exit, f"process_id {t.plan.process_id} on {t.plan.host}"
     if ended.stalled:
         return True, f"{where} stalled ({ended.stalled})"
@@ -99,7 +102,7 @@ def _classify_one(t: Tracked, policy: RestartSpec) -> tuple[bool, str]:
                    f"({codes})")
 
 
-def backoff_s(policy: RestartSpec, restart: int) -> float:
+def backoff_s(policy, restart: int) -> float:
     """Seconds to wait before restart number ``restart`` (1, 2, ...): doubling from ``backoff_s``."""
     return policy.backoff_s * 2 ** (restart - 1)
 
@@ -115,35 +118,15 @@ def next_attempt(run_dir: str) -> int:
     return 1 if any(n.startswith("process-") for n in os.listdir(logs)) else 0
 
 
-def for_attempt(plan: planning.Plan, attempt: int, resume: bool) -> planning.Plan:
-    """``plan`` with this attempt's log paths and its ``PODLAUNCH_ATTEMPT``/``RESUME`` env."""
-    processes = tuple(dataclasses.replace(
-        p, log_path=planning.log_path(plan.run_dir, p.process_id, attempt),
-        env={**p.env, contract.ATTEMPT: str(attempt), contract.RESUME: "1" if resume else "0"})
-        for p in plan.processes)
-    for p in processes:
-        os.makedirs(os.path.dirname(p.log_path), exist_ok=True)
-    return dataclasses.replace(plan, processes=processes)
-
-
-def _close(plan: planning.Plan) -> None:
-    for host in getattr(plan, "hosts", ()):  # ssh: connections of the ended attempt
-        try:
-            host.close()
-        except Exception:  # noqa: BLE001  teardown of a dead connection may raise anything
-            pass
-
-
-def run(plan: planning.Plan, backend, console: Console, prepare: Callable[[], planning.Plan],
-        first_attempt: int = 0, resume: bool = False,
-        sleep: Callable[[float], None] = time.sleep) -> tuple[Result, list]:
+def run(session: Session, plan: planning.Plan, console: Console, first_attempt: int = 0,
+        resume: bool = False, sleep: Callable[[float], None] = time.sleep) -> tuple[Result, list]:
     """Run attempts of ``plan`` until success, a non-retryable failure, or no restarts left.
 
     Args:
+      session: the backend's session (``start``, ``describe_start``, ``end_attempt``,
+        and ``plan(restart=True)`` for each restart).
       plan: the prepared plan of the first attempt.
-      backend: the backend module (``start``, ``describe_start``).
       console: where every attempt is announced.
-      prepare: makes the plan of a restart (a fresh coordinator port; ssh re-preflights).
       first_attempt: number of the first attempt (``next_attempt`` of the run directory).
       resume: whether the first attempt restores the latest checkpoint (``--resume``).
       sleep: waits the backoff (tests pass a recorder).
@@ -155,16 +138,17 @@ def run(plan: planning.Plan, backend, console: Console, prepare: Callable[[], pl
       LaunchError: a backend could not start an attempt.
     """
     job = plan.job
-    policy: RestartSpec = job.restarts
+    policy = job.restarts
     watchdog = Watchdog(job.watchdog.stall_timeout_s, job.watchdog.first_step_timeout_s)
     attempts: list[Attempt] = []
     attempt, restarts = first_attempt, 0
     while True:
-        plan = for_attempt(plan, attempt, resume=resume or restarts > 0)
+        plan = planning.for_attempt(plan, attempt, resume=resume or restarts > 0)
         log_dir = os.path.dirname(plan.processes[0].log_path)
+        os.makedirs(log_dir, exist_ok=True)
         label = f"attempt {attempt}" + (f" (restart {restarts} of {policy.max_restarts})" if restarts else "")
-        console.say(f"{label}: {backend.describe_start(plan)}; logs in {log_dir}")
-        workers = backend.start(plan, console)
+        console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
+        workers = session.start(plan)
         result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog)
         attempts.append(Attempt(attempt, log_dir, result))
         if result.exit_code == 0:
@@ -189,14 +173,14 @@ def run(plan: planning.Plan, backend, console: Console, prepare: Callable[[], pl
         attempts[-1].verdict = f"failed: {why}; retried after {wait_s:g} s"
         console.say(f"{label} failed: {why}; restarting from the latest checkpoint in {wait_s:g} s "
                     f"(restart {restarts} of {policy.max_restarts})")
-        _close(plan)
+        session.end_attempt()
         try:
             _wait(sleep, wait_s)
         except KeyboardInterrupt:
             result.interrupted = True
             attempts[-1].verdict += "; interrupted while waiting"
             return result, attempts
-        plan = prepare()
+        plan = session.plan(restart=True)
         attempt += 1
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from typing import Any, Callable, Literal
@@ -51,6 +52,12 @@ def in_range(low, high) -> Check:
     def check(value):
         return None if low <= value <= high else f"expected {low} to {high}, got {value!r}"
     return check
+
+
+def env_names(env: dict) -> str | None:
+    """Check of an ``env`` mapping: every key an environment variable name."""
+    bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    return f"expected environment variable names, got {bad}" if bad else None
 
 
 def non_empty(value) -> str | None:

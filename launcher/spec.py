@@ -19,11 +19,11 @@ import os
 import re
 from typing import Any, Literal
 
-from launcher import datafiles, schema, yamlio
+from launcher import backends, datafiles, schema, yamlio
+from launcher.checks import BUILTIN_TASKS
 from launcher.errors import Problem, SpecError
 from launcher.schema import MISSING, non_negative, port_or_zero, positive, setting
 
-BUILTIN_TASKS = ("linear_regression",)
 _TASK_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -39,11 +39,6 @@ def _job_name(value: str) -> str | None:
     if _NAME.match(value):
         return None
     return f"expected letters, digits, '_', '.', '-' (it names the run directory), got {value!r}"
-
-
-def _env_name(env: dict) -> str | None:
-    bad = [k for k in env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
-    return f"expected environment variable names, got {bad}" if bad else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,179 +134,6 @@ class WatchdogSpec:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LocalCluster:
-    """Single-host debug mode: every process on this machine, CPU devices."""
-
-    backend: Literal["local"] = setting("local", doc="local, ssh or tpu")
-    num_processes: int = setting(2, check=schema.in_range(1, 256), doc="worker processes to start")
-    devices_per_process: int = setting(2, check=schema.in_range(1, 256),
-                                       doc="CPU devices each process sees (JAX_NUM_CPU_DEVICES)")
-    coordinator_port: int = setting(0, check=port_or_zero,
-                                    doc="JAX coordinator port on 127.0.0.1; 0 picks a free one")
-    grace_s: float = setting(3.0, check=non_negative,
-                             doc="after SIGTERM, wait this long before SIGKILL")
-    env: dict[str, schema.EnvValue] = setting({}, check=_env_name, doc="extra environment for every worker")
-
-    @property
-    def platform(self) -> str:
-        return "cpu"
-
-    @property
-    def num_processes_total(self) -> int:
-        return self.num_processes
-
-
-def _non_empty_hosts(hosts: tuple) -> str | None:
-    return None if hosts else "expected at least one host (a name, an address, or a mapping with host:)"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SshHost:
-    """One SSH host; unset fields fall back to the cluster's, then ~/.ssh/config."""
-
-    host: str = setting(check=schema.non_empty, doc="host name (or ssh_config alias) or address")
-    user: str | None = setting(None, doc="login user (default: cluster.user)")
-    port: int | None = setting(None, check=schema.in_range(1, 65535), doc="sshd port (default: cluster.port)")
-    num_processes: int | None = setting(None, check=schema.in_range(1, 256),
-                                        doc="worker processes on this host (default: cluster.processes_per_host)")
-    workdir: str | None = setting(None, doc="remote working directory (default: cluster.workdir)")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SshSettings:
-    """How to reach and run on hosts over SSH; shared by the ssh and tpu clusters."""
-
-    user: str | None = setting(None, doc="login user; unset: ssh_config, then the local user")
-    port: int | None = setting(None, check=schema.in_range(1, 65535), doc="sshd port; unset: ssh_config, then 22")
-    identity_file: str | None = setting(None, doc="private key tried first; ssh_config's and ssh-agent's keys follow")
-    ssh_config_file: str = setting("~/.ssh/config", doc="OpenSSH client config read for every host")
-    known_hosts_file: str | None = setting(None, doc="unset: ssh_config UserKnownHostsFile, then ~/.ssh/known_hosts")
-    host_key_policy: Literal["strict", "accept-new"] | None = setting(
-        None, doc="strict refuses unknown hosts; accept-new records them; a changed key is always refused; "
-        "unset: ssh_config StrictHostKeyChecking accept-new, else strict")
-    connect_timeout_s: int | None = setting(None, check=positive,
-                                            doc="TCP connect + handshake; unset: ssh_config ConnectTimeout, then 10")
-    keepalive_interval_s: float = setting(2.0, check=positive, doc="seconds between keepalive requests")
-    keepalive_timeout_s: float = setting(15.0, check=positive,
-                                         doc="a host that answers no keepalive for this long is lost")
-    max_parallel: int = setting(32, check=schema.in_range(1, 1024), doc="hosts contacted at once")
-    workdir: str = setting("podlaunch", doc="remote working directory (relative paths: from the login home)")
-    python: str = setting("python3", check=schema.non_empty,
-                          doc="remote python that runs the worker (sshd's PATH is minimal: prefer an absolute path)")
-    setup: tuple[str, ...] = setting((), doc="shell commands run on each host before the worker (not quoted)")
-    sync_dir: str | None = setting(None, doc="local directory synced into each host's workdir before start")
-    grace_s: float = setting(5.0, check=non_negative, doc="after SIGTERM, wait this long before SIGKILL")
-    env: dict[str, schema.EnvValue] = setting({}, check=_env_name, doc="extra environment for every worker")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SshCluster(SshSettings):
-    """Real hosts over SSH (``launcher.backends.ssh``); see docs/ssh.md."""
-
-    backend: Literal["ssh"] = setting("ssh", doc="local, ssh or tpu")
-    hosts: tuple[SshHost, ...] = setting(check=_non_empty_hosts,
-                                         doc="hosts in process order; host 0 runs the coordinator")
-    processes_per_host: int = setting(1, check=schema.in_range(1, 256), doc="worker processes per host")
-    devices_per_process: int = setting(1, check=schema.in_range(1, 256),
-                                       doc="devices each process sees (cpu: JAX_NUM_CPU_DEVICES)")
-    platform: Literal["cpu", "gpu", "tpu"] = setting("cpu", doc="the platform the workers must report")
-    coordinator_port: int = setting(0, check=port_or_zero,
-                                    doc="JAX coordinator port on host 0; 0 picks a free one there")
-
-    def processes_on(self, host: SshHost) -> int:
-        return host.num_processes or self.processes_per_host
-
-    @property
-    def num_processes_total(self) -> int:
-        return sum(self.processes_on(h) for h in self.hosts)
-
-
-def _accelerator_type(value: str) -> str | None:
-    from launcher import tpu_topology  # no cycle: tpu_topology imports nothing of ours
-    return tpu_topology.check_accelerator_type(value)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TpuCluster(SshSettings):
-    """Cloud TPU VM slices, discovered with gcloud, run over SSH; see docs/tpu.md.
-
-    One process per TPU VM host; process_id = slice_index x hosts_per_slice +
-    worker_index (the order JAX's own TPU cluster detection uses).
-    """
-
-    backend: Literal["tpu"] = setting("tpu", doc="local, ssh or tpu")
-    tpu: str | None = setting(None, doc="name of one TPU slice")
-    slices: tuple[str, ...] = setting((), doc="names of several TPU slices (multislice), in slice order")
-    queued_resource: str | None = setting(None, doc="name of a queued resource; its slices, in order")
-    zone: str = setting(check=schema.non_empty, doc="the TPU's zone, e.g. us-central2-b")
-    project: str | None = setting(None, doc="GCP project; unset: gcloud's configured project")
-    accelerator_type: str = setting(check=_accelerator_type,
-                                    doc="e.g. v4-32; checked against gcloud; gives hosts and chips per slice")
-    num_slices: int | None = setting(None, check=schema.in_range(1, 1024),
-                                     doc="queued_resource only: slices it holds (default 1)")
-    ip: Literal["internal", "external"] = setting(
-        "internal", doc="connect to networkEndpoints[].ipAddress (internal) or .accessConfig.externalIp")
-    identity_file: str | None = setting("~/.ssh/google_compute_engine",
-                                        doc="private key tried first (gcloud's key); used only if it exists")
-    platform: Literal["cpu", "gpu", "tpu"] = setting("tpu", doc="the platform the workers must report")
-    local_device_count: int | None = setting(
-        None, check=schema.in_range(1, 256),
-        doc="devices each host's process sees; unset: JAX devices per host of accelerator_type")
-    coordinator_port: int | None = setting(
-        None, check=port_or_zero,
-        doc="JAX coordinator port on slice 0 worker 0; unset: JAX's TPU default for the hosts' jax "
-        "(8482 since jax 0.8.1, 8476 before); 0 picks a free one")
-    megascale_port: int = setting(8080, check=schema.in_range(1, 65535),
-                                  doc="multislice: MEGASCALE_PORT, the DCN port between slices")
-    cluster_detection_method: Literal["deactivate", "gcetpu"] = setting(
-        "deactivate", doc="deactivate: the launcher gives every process its id; gcetpu: JAX reads it "
-        "from TPU metadata (the worker still checks it against the plan)")
-    stop_other_tpu_holders: bool = setting(
-        False, doc="also stop processes not started by podlaunch that hold the TPU devices")
-    tpu_device_paths: tuple[str, ...] = setting(("/dev/accel*", "/dev/vfio/*"),
-                                                doc="globs of the TPU device files checked for holders")
-    libtpu_lockfile: str = setting("/tmp/libtpu_lockfile",
-                                   doc="libtpu's lock file; removed when stale (no holder left)")
-    gcloud: str = setting("gcloud", check=schema.non_empty, doc="the gcloud CLI (found on PATH)")
-    gcloud_timeout_s: float = setting(60.0, check=positive, doc="each gcloud call must answer within this")
-
-    def problems(self) -> list:
-        """Cross-field problems as (key, message) pairs."""
-        given = [k for k in ("tpu", "slices", "queued_resource") if getattr(self, k)]
-        out = []
-        if len(given) != 1:
-            out.append(("tpu", "expected exactly one of tpu (one slice), slices (a list) or "
-                        f"queued_resource, got {', '.join(given) if given else 'none'}"))
-        if self.num_slices is not None and not self.queued_resource:
-            out.append(("num_slices", f"only used with queued_resource; the slice count is "
-                        f"{max(1, len(self.slices))} here; remove it"))
-        if len(set(self.slices)) != len(self.slices):
-            out.append(("slices", f"names a slice twice: {list(self.slices)}"))
-        return out
-
-    @property
-    def slice_count(self) -> int:
-        return len(self.slices) or self.num_slices or 1
-
-    @property
-    def hosts_per_slice(self) -> int:
-        from launcher import tpu_topology
-        return tpu_topology.topology(self.accelerator_type).hosts
-
-    @property
-    def devices_per_process(self) -> int:
-        from launcher import tpu_topology
-        return self.local_device_count or tpu_topology.topology(self.accelerator_type).devices_per_host
-
-    @property
-    def num_processes_total(self) -> int:
-        return self.slice_count * self.hosts_per_slice
-
-
-CLUSTERS = {"local": LocalCluster, "ssh": SshCluster, "tpu": TpuCluster}
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """A validated job. ``source`` is the spec file it came from."""
 
@@ -325,7 +147,8 @@ class JobSpec:
     checkpoint: CheckpointSpec = setting(CheckpointSpec())
     restarts: RestartSpec = setting(RestartSpec())
     watchdog: WatchdogSpec = setting(WatchdogSpec())
-    cluster: Any = setting(LocalCluster(), doc="where it runs; see the cluster reference")
+    cluster: Any = setting(None, doc="where it runs (default: cluster.backend local); see the "
+                           "cluster reference")
     source: str = dataclasses.field(default="", compare=False, metadata={"internal": True})
     # key path -> (file or "--set", line), for the checks made after loading (LATE_CHECKED)
     locations: dict = dataclasses.field(default_factory=dict, compare=False,
@@ -460,24 +283,24 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
 
 def _build_cluster(raw: Any, ctx: schema.Context) -> Any:
     if raw is None:
-        return LocalCluster()
+        raw = {}
     if not isinstance(raw, dict):
         ctx.error(("cluster",), f"expected a mapping of settings, got {schema.describe(raw)}")
         return MISSING
     backend = raw.get("backend", "local")
-    cls = CLUSTERS.get(backend) if isinstance(backend, str) else None
+    cls = backends.cluster_type(backend) if isinstance(backend, str) else None
     if cls is None:
-        schema.convert(Literal[tuple(CLUSTERS)], backend, ("cluster", "backend"), ctx)
+        schema.convert(Literal[backends.names()], backend, ("cluster", "backend"), ctx)
         return MISSING
     if isinstance(raw.get("hosts"), list):  # a plain name is short for {host: name}
         raw = {**raw, "hosts": [{"host": h} if isinstance(h, str) else h for h in raw["hosts"]]}
     cluster = schema.build(cls, raw, ("cluster",), ctx)
-    if cluster is not MISSING and hasattr(cluster, "problems"):
-        for key, message in cluster.problems():
-            ctx.error(("cluster", key), message)
-        if cluster.problems():
-            return MISSING
-    return cluster
+    if cluster is MISSING:
+        return MISSING
+    problems = cluster.problems()
+    for key, message in problems:
+        ctx.error(("cluster", key), message)
+    return MISSING if problems else cluster
 
 
 def _check_job(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:
@@ -525,51 +348,3 @@ def _check_job(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:
 
 # Keys checked after loading, for one backend only (task importable, memory).
 LATE_CHECKED = (("task", "name"), ("data", "num_examples"))
-
-
-def check_fits_in_memory(spec: JobSpec, memory_bytes: int | None = None) -> None:
-    """For local runs: synthetic data that cannot fit in this machine's memory is refused.
-
-    Every process holds its rows of every global batch twice (numpy, and the
-    copy on its CPU devices: ``worker.train.place``), so the processes on this
-    machine together need ``2 x rows x (in_features + out_features) x 4`` bytes,
-    rows being the ``num_examples`` that fill whole global batches.
-
-    Raises:
-      SpecError: that exceeds 80% of the machine's memory (``memory_bytes``,
-        default the physical memory from ``sysconf``).
-    """
-    data = spec.data
-    if data.source != "synthetic":
-        return
-    if memory_bytes is None:
-        memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    rows = data.num_examples // spec.train.global_batch_size * spec.train.global_batch_size
-    need = 2 * rows * (data.in_features + data.out_features) * 4
-    if need > 0.8 * memory_bytes:
-        gib = 1 << 30
-        raise SpecError([Problem(*spec.where(("data", "num_examples")), "data.num_examples",
-                                 f"{rows} rows x {data.in_features + data.out_features} float32 "
-                                 f"columns need about {need / gib:.1f} GiB here (every process "
-                                 f"holds its rows twice), more than 80% of this machine's "
-                                 f"{memory_bytes / gib:.1f} GiB; lower data.num_examples or "
-                                 "data.in_features")])
-
-
-def check_task_importable(spec: JobSpec) -> None:
-    """For local runs: a user task's module must be findable (it is not imported here).
-
-    Raises:
-      SpecError: the module cannot be found on this machine's sys.path.
-    """
-    if spec.task.name in BUILTIN_TASKS:
-        return
-    module = spec.task.name.split(":")[0]
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise SpecError([Problem(*spec.where(("task", "name")), "task.name",
-                                 f"module {module!r} is not importable here; install it or add its "
-                                 "directory to PYTHONPATH")])

@@ -1,4 +1,4 @@
-"""The live status line, ``--show``, and the per-process numbers of the summary table.
+"""What the console says about processes: the status line's text, ``--show``, the summary.
 
 Everything here is derived on the launcher side from the progress lines
 workers already print (``worker.contract.PROGRESS_FORMAT``); no worker sends
@@ -16,62 +16,18 @@ The status line reads::
   workers that do not report it, the process with the lowest logged step.
   A process that has logged nothing while others have is the slowest.
 
-On a terminal the line is redrawn in place (worker lines scroll above it); on
-anything else it is printed as a plain ``podlaunch: status: ...`` line every
-``status_every_s`` seconds.
+``launcher.console`` draws it: on a terminal the line is redrawn in place
+(worker lines scroll above it); on anything else it is printed as a plain
+``podlaunch: status: ...`` line every ``status_every_s`` seconds.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import shutil
 import statistics
-import threading
-import time
-from typing import Sequence, TextIO
+from typing import Sequence
 
 from launcher.errors import Problem, SpecError
-from worker import contract
-
-CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
-
-
-@dataclasses.dataclass
-class ProcessStats:
-    """What one process's progress lines said so far.
-
-    Attributes:
-      progress: the latest ``contract.Progress``, or None before the first.
-      timed_steps: steps covered by reported intervals.
-      timed_s: seconds those steps took (sum of step_time_s x steps per interval).
-    """
-
-    progress: contract.Progress | None = None
-    timed_steps: int = 0
-    timed_s: float = 0.0
-    resumed_at: int = 0  # a resumed attempt's checkpoint step: its first interval starts there
-
-    def observe(self, line: str) -> contract.Progress | None:
-        """Update from one output line; returns its Progress, or None for other lines."""
-        progress = contract.parse_progress(line)
-        if progress is None:
-            resumed = contract.parse_resumed_step(line)
-            if resumed is not None and self.progress is None:
-                self.resumed_at = resumed
-            return None
-        previous = self.progress.step if self.progress is not None else self.resumed_at
-        if progress.step_time_s is not None and progress.step > previous:
-            steps = progress.step - previous
-            self.timed_steps += steps
-            self.timed_s += progress.step_time_s * steps
-        self.progress = progress
-        return progress
-
-    @property
-    def mean_step_time_s(self) -> float | None:
-        """Seconds per step over every reported interval (compilation excluded), or None."""
-        return self.timed_s / self.timed_steps if self.timed_steps else None
-
+from launcher.state import Result, State, Tracked
 
 def parse_show(text: str) -> frozenset | None:
     """``--show`` value -> the process_ids whose lines reach the console.
@@ -120,8 +76,6 @@ def _ms(seconds: float) -> str:
 
 def status_text(tracked: Sequence) -> str:
     """One status line for ``supervise.Tracked`` processes (each with ``.stats`` and ``.state``)."""
-    from launcher.supervise import State  # supervise imports this module
-
     running = [t for t in tracked if t.state is State.RUNNING]
     head = f"{len(running)}/{len(tracked)} running"
     reported = [t for t in tracked if t.stats.progress is not None]
@@ -148,76 +102,41 @@ def status_text(tracked: Sequence) -> str:
     return " | ".join(parts)
 
 
-class StatusLine:
-    """Draws the status line on a terminal, or prints it every few seconds elsewhere.
+def summary(result: Result) -> str:
+    """The end-of-run report; a failure report leads with the first failure's tail."""
+    lines = []
+    first = result.first_failure
+    if first is not None:
+        if first.last_step is None:
+            step = "before its first logged step"
+        elif first.failed_at_step:  # the worker said where it failed
+            step = f"at step {first.last_step}"
+        else:  # killed or exited without a word: log steps are read in batches, up to 0.25 s late
+            step = f"after step {first.last_step}, its last logged step"
+        lines.append(f"FAILED: process_id {first.plan.process_id} on {first.plan.host} "
+                     f"({first.exit}) {step}; it failed first.")
+        lines.append(f"last lines of {first.plan.log_path}:")
+        lines += [f"  | {line}" for line in first.tail] or ["  | (no output)"]
+    elif result.interrupted:
+        lines.append("INTERRUPTED: every process was stopped.")
+    lines += _table(result.processes, first)
+    if first is None and not result.interrupted and result.exit_code == 0:
+        lines.append(f"OK: {len(result.processes)} processes succeeded in {result.elapsed_s:.1f}s.")
+    return "\n".join(lines)
 
-    Args:
-      stream: the console stream.
-      tty: redraw in place; default: ``stream.isatty()``.
-      status_every_s: seconds between plain status lines when not a terminal (0 = never).
-      redraw_every_s: the least seconds between redraws on a terminal.
-    """
 
-    def __init__(self, stream: TextIO, tty: bool | None = None, status_every_s: float = 5.0,
-                 redraw_every_s: float = 0.2, clock=time.monotonic):
-        self.stream = stream
-        if tty is None:
-            try:
-                tty = stream.isatty()
-            except (AttributeError, ValueError):
-                tty = False
-        self.tty = tty
-        self.status_every_s = status_every_s
-        self.redraw_every_s = redraw_every_s
-        self.clock = clock
-        self.lock = threading.RLock()
-        self._text = ""      # what is (or would be) drawn
-        self._drawn = False  # a status line is on the terminal now
-        self._last = None    # clock of the last draw or plain line
-
-    def write(self, text: str) -> None:
-        """Write finished lines; on a terminal they go above the status line."""
-        with self.lock:
-            if self._drawn:
-                self.stream.write(CLEAR_LINE)
-            self.stream.write(text)
-            if self._drawn:
-                self.stream.write(self._fit(self._text))
-            self.stream.flush()
-
-    def update(self, text: str) -> None:
-        """Show ``text`` as the current status (rate-limited)."""
-        with self.lock:
-            now = self.clock()
-            if self.tty:
-                if text == self._text and self._drawn:
-                    return
-                if self._last is not None and now - self._last < self.redraw_every_s:
-                    return
-                self._text, self._drawn, self._last = text, True, now
-                self.stream.write(CLEAR_LINE + self._fit(text))
-                self.stream.flush()
-                return
-            if self.status_every_s <= 0:
-                return
-            if self._last is None:
-                self._last = now  # the first plain line comes after one interval, not at once
-                return
-            if now - self._last >= self.status_every_s:
-                self._last = now
-                self.stream.write(f"podlaunch: status: {text}\n")
-                self.stream.flush()
-
-    def end(self) -> None:
-        """Erase the terminal status line (before the summary is printed)."""
-        with self.lock:
-            if self._drawn:
-                self.stream.write(CLEAR_LINE)
-                self.stream.flush()
-            self._drawn, self._last, self._text = False, None, ""
-
-    @staticmethod
-    def _fit(text: str) -> str:
-        # A line wider than the terminal wraps, and \r then redraws only its last row.
-        columns = shutil.get_terminal_size((120, 24)).columns
-        return text if len(text) < columns else text[:max(columns - 2, 10)] + "…"
+def _table(processes: list, first: Tracked | None) -> list:
+    """One row per process: host, state, exit, steps done, mean step time (ms)."""
+    header = ("process", "host", "state", "exit", "steps", "mean step ms")
+    rows = []
+    for t in processes:
+        mean_s = t.stats.mean_step_time_s
+        rows.append((f"p{t.plan.process_id}", t.plan.host,
+                     t.state.value + (" (first)" if t is first else ""), str(t.exit or "-"),
+                     "-" if t.last_step is None else str(t.last_step),
+                     "-" if mean_s is None else f"{mean_s * 1e3:.3f}"))
+    widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
+    numeric = (4, 5)  # right-aligned columns
+    return ["  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
+                      for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+            for row in [header] + rows]

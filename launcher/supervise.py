@@ -21,125 +21,15 @@ caused (as torch.distributed.elastic does).
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import enum
 import queue
 import signal
-import sys
 import threading
 import time
-from typing import Iterable, Iterator, Protocol, TextIO
+from typing import Iterable
 
-from launcher.plan import ProcessPlan
-from launcher.status import ProcessStats, StatusLine, status_text
+from launcher.console import Console
+from launcher.state import Exit, Result, State, Tracked, Watchdog, Worker
 from worker import contract
-
-TAIL_LINES = 15
-
-
-@dataclasses.dataclass(frozen=True)
-class Exit:
-    """How a worker ended: an exit code, a signal, or a lost connection."""
-
-    code: int | None = None
-    signal: int | None = None
-    lost: str | None = None  # why the worker can no longer be watched
-    at: float | None = None  # wall-clock time it ended, as its own host saw it (ssh)
-    stalled: str | None = None  # the watchdog's finding: alive, no step progress
-
-    @property
-    def ok(self) -> bool:
-        return self.code == 0 and self.signal is None and self.lost is None and self.stalled is None
-
-    def __str__(self) -> str:
-        if self.stalled:
-            return f"stalled: {self.stalled}"
-        if self.lost:
-            return f"lost: {self.lost}"
-        if self.signal is not None:
-            try:
-                return f"killed by {signal.Signals(self.signal).name}"
-            except ValueError:
-                return f"killed by signal {self.signal}"
-        return f"exit code {self.code}"
-
-
-class Worker(Protocol):
-    """What a backend provides for each process it started."""
-
-    plan: ProcessPlan
-
-    def lines(self) -> Iterator[str]:
-        """Yield the worker's output lines (stdout and stderr) until it closes."""
-
-    def poll(self) -> Exit | None:
-        """The worker's exit, or None while it runs."""
-
-    def terminate(self) -> None:
-        """Ask the worker's whole process group to stop (SIGTERM)."""
-
-    def kill(self) -> None:
-        """Stop the worker's whole process group now (SIGKILL); works on stopped processes."""
-
-
-class State(enum.Enum):
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"  # stopped by the launcher after another failure or Ctrl-C
-
-
-@dataclasses.dataclass
-class Tracked:
-    worker: Worker
-    state: State = State.RUNNING
-    exit: Exit | None = None
-    ended_at: float | None = None   # when the launcher noticed the exit
-    eof_at: float | None = None     # when its output closed: the closest we see to its death
-    last_step: int | None = None
-    failed_at_step: bool = False      # last_step came from the worker's own "failed at step" line
-    progress_at: float | None = None  # when the last step line or heartbeat arrived
-    stall: Exit | None = None         # the watchdog's verdict; its exit once reaped
-    tail: collections.deque = dataclasses.field(
-        default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
-    reader: threading.Thread | None = None
-    stats: ProcessStats = dataclasses.field(default_factory=ProcessStats)  # for status and summary
-
-    @property
-    def plan(self) -> ProcessPlan:
-        return self.worker.plan
-
-
-@dataclasses.dataclass
-class Result:
-    """The outcome of a run: per process, in process_id order."""
-
-    processes: list
-    first_failure: Tracked | None
-    interrupted: bool
-    elapsed_s: float
-
-    @property
-    def exit_code(self) -> int:
-        if self.interrupted:
-            return 130
-        return 1 if self.first_failure is not None or any(
-            t.state is not State.SUCCEEDED for t in self.processes) else 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Watchdog:
-    """When a live worker without step progress counts as failed (None = never).
-
-    Attributes:
-      stall_timeout_s: seconds since its last step line or heartbeat.
-      first_step_timeout_s: seconds from the start to its first one (imports,
-        joining, data loading and compilation come first).
-    """
-
-    stall_timeout_s: float | None = None
-    first_step_timeout_s: float | None = None
 
 
 class Interrupted(Exception):
@@ -148,39 +38,6 @@ class Interrupted(Exception):
 
 def _raise_interrupted(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
-
-
-class Console:
-    """Writes prefixed worker lines, launcher messages and the status line to one stream.
-
-    Args:
-      stream: where everything goes.
-      show: process_ids whose lines are written (None: all); their log files get every line anyway.
-      status_every_s: seconds between plain status lines when ``stream`` is not a terminal (0 = never).
-      tty: redraw the status line in place; default: ``stream.isatty()``.
-    """
-
-    def __init__(self, stream: TextIO = sys.stdout, show: frozenset | None = None,
-                 status_every_s: float = 5.0, tty: bool | None = None):
-        self.stream = stream
-        self.show = show
-        self.live = StatusLine(stream, tty=tty, status_every_s=status_every_s)
-
-    def line(self, label: str, text: str, process_id: int | None = None) -> None:
-        if self.show is not None and process_id is not None and process_id not in self.show:
-            return
-        self.live.write(f"[{label}] {text}\n")
-
-    def say(self, text: str) -> None:
-        self.live.write(f"podlaunch: {text}\n")
-
-    def status(self, tracked: list) -> None:
-        """Refresh the status line from the tracked processes (rate-limited)."""
-        self.live.update(status_text(tracked))
-
-    def end_status(self) -> None:
-        """Take the status line off the terminal."""
-        self.live.end()
 
 
 def _pump(tracked: Tracked, out: queue.Queue) -> None:
@@ -281,7 +138,7 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
         if limit is not None and age > limit:
             # A stopped process is the cause, not its peers blocked in a collective
             # within milliseconds of it: their ages tie, their states do not.
-            stopped = getattr(t.worker, "stopped", lambda: False)()
+            stopped = t.worker.stopped()
             over.append((not stopped, t.last_step if t.last_step is not None else -1, -age, t))
     if not over:
         return None
@@ -389,41 +246,3 @@ def _teardown(tracked: list, grace_s: float, lines: queue.Queue, console: Consol
             t.state = State.STOPPED
 
 
-def summary(result: Result) -> str:
-    """The end-of-run report; a failure report leads with the first failure's tail."""
-    lines = []
-    first = result.first_failure
-    if first is not None:
-        if first.last_step is None:
-            step = "before its first logged step"
-        elif first.failed_at_step:  # the worker said where it failed
-            step = f"at step {first.last_step}"
-        else:  # killed or exited without a word: log steps are read in batches, up to 0.25 s late
-            step = f"after step {first.last_step}, its last logged step"
-        lines.append(f"FAILED: process_id {first.plan.process_id} on {first.plan.host} "
-                     f"({first.exit}) {step}; it failed first.")
-        lines.append(f"last lines of {first.plan.log_path}:")
-        lines += [f"  | {line}" for line in first.tail] or ["  | (no output)"]
-    elif result.interrupted:
-        lines.append("INTERRUPTED: every process was stopped.")
-    lines += _table(result.processes, first)
-    if first is None and not result.interrupted and result.exit_code == 0:
-        lines.append(f"OK: {len(result.processes)} processes succeeded in {result.elapsed_s:.1f}s.")
-    return "\n".join(lines)
-
-
-def _table(processes: list, first: Tracked | None) -> list:
-    """One row per process: host, state, exit, steps done, mean step time (ms)."""
-    header = ("process", "host", "state", "exit", "steps", "mean step ms")
-    rows = []
-    for t in processes:
-        mean_s = t.stats.mean_step_time_s
-        rows.append((f"p{t.plan.process_id}", t.plan.host,
-                     t.state.value + (" (first)" if t is first else ""), str(t.exit or "-"),
-                     "-" if t.last_step is None else str(t.last_step),
-                     "-" if mean_s is None else f"{mean_s * 1e3:.3f}"))
-    widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
-    numeric = (4, 5)  # right-aligned columns
-    return ["  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
-                      for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
-            for row in [header] + rows]

@@ -17,7 +17,8 @@ import sys
 import time
 import urllib.request
 
-from launcher.backends.local import die_with_parent, free_port
+from launcher.backends.local import die_with_parent
+from launcher.proctl import free_port
 from launcher.errors import LaunchError, Problem, SpecError
 
 INSTALL = "pip install -e '.[tensorboard]'"  # the extra in pyproject.toml, from a checkout

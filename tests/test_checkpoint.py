@@ -11,7 +11,7 @@ from launcher import restarts
 from launcher import spec as specs
 from launcher.errors import SpecError
 from launcher.plan import log_path
-from launcher.supervise import Exit, Result, State, Tracked
+from launcher.state import Exit, Result, State, Tracked
 from worker import checkpoint, contract
 
 TEMPLATE = [np.zeros((4, 1), np.float32), np.zeros((1,), np.float32), np.zeros((), np.int32)]

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from helpers import REPO, env_for_tests
-from launcher.backends.local import free_port
+from launcher.proctl import free_port
 
 SCRIPT = r"""
 import json, math, sys, time

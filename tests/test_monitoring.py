@@ -27,8 +27,9 @@ import pytest
 from helpers import LAUNCH, REPO, env_for_tests, event_files, launch, read_scalars
 from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
-from launcher.status import CLEAR_LINE, ProcessStats, StatusLine, parse_show, status_text
-from launcher.supervise import Exit, Result, State, Tracked, summary
+from launcher.console import CLEAR_LINE, StatusLine
+from launcher.state import Exit, ProcessStats, Result, State, Tracked
+from launcher.status import parse_show, status_text, summary
 from worker import contract
 
 LOGGED = ("loss", "learning_rate", "grad_norm", "param_norm", "step_time_s", "examples_per_s")
@@ -72,7 +73,8 @@ def test_mean_step_time_of_a_resumed_attempt_counts_from_its_checkpoint():
 
 def _tracked(process_id, host="localhost", lines=(), state=State.RUNNING, exit=None):
     plan = ProcessPlan(process_id=process_id, host=host, local_device_count=1, env={}, argv=(),
-                       log_path=f"/tmp/process-{process_id:03d}.log")
+                       log_path=f"/tmp/process-{process_id:03d}.log",
+                       label=f"p{process_id}" if host == "localhost" else f"p{process_id} {host}")
     t = Tracked(types.SimpleNamespace(plan=plan), state=state, exit=exit)
     for line in lines:
         t.stats.observe(line)

@@ -1,18 +1,42 @@
-"""Backends start the planned processes and hand back ``supervise.Worker`` handles.
+"""The backend registry, keyed by ``cluster.backend``.
 
-Each backend module provides:
-  prepare(job, run_dir, python, console) -> Plan   choose ports, discover hosts,
-      run preflight checks; raises SpecError (bad input) or LaunchError.
-  describe_start(plan) -> str                      one line for the console.
-  start(plan, console) -> list[Worker]             start every process, in process_id order.
+Each entry names a ``launcher.backends.base.Backend`` subclass as
+``module:Class``; its module is imported only when a spec names it, so
+``launch --help`` and a local run never import fabric. Nothing outside this
+registry compares ``cluster.backend`` to a name.
 """
+
+from __future__ import annotations
 
 import importlib
 
-BACKENDS = {"local": "launcher.backends.local", "ssh": "launcher.backends.ssh",
-            "tpu": "launcher.backends.tpu"}
+REGISTRY = {
+    "local": "launcher.backends.local:LocalBackend",
+    "ssh": "launcher.backends.ssh:SshBackend",
+    "tpu": "launcher.backends.tpu:TpuBackend",
+}
+
+
+def names() -> tuple:
+    """The ``cluster.backend`` values a spec may use."""
+    return tuple(REGISTRY)
 
 
 def get(name: str):
-    """The backend module for ``cluster.backend``."""
-    return importlib.import_module(BACKENDS[name])
+    """A ``Backend`` instance for ``name``, or None when no backend has that name."""
+    entry = REGISTRY.get(name)
+    if entry is None:
+        return None
+    module, _, cls = entry.partition(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def cluster_type(name: str):
+    """The ``cluster:`` settings dataclass of backend ``name``, or None."""
+    backend = get(name)
+    return None if backend is None else backend.cluster_type
+
+
+def for_job(job):
+    """The ``Backend`` of a validated spec."""
+    return get(job.cluster.backend)

@@ -1,6 +1,7 @@
 """Single-host debug mode: every process is a subprocess of the launcher.
 
-Each worker leads its own session (so its process group can be signalled as a
+The smallest backend, and the one docs/backends.md walks through. Each
+worker leads its own session (so its process group can be signalled as a
 whole, and a Ctrl-C in the terminal reaches only the launcher, which then
 tears down in order) and gets PR_SET_PDEATHSIG, so even a SIGKILLed launcher
 leaves no worker behind.
@@ -9,39 +10,49 @@ leaves no worker behind.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import signal
-import socket
 import subprocess
-from typing import Iterator
+from typing import Iterator, Literal
 
+from launcher import checks, proctl, schema
+from launcher.backends.base import Backend, ClusterSettings, Options, Session
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.plan import Plan, ProcessPlan, make_plan
-from launcher.spec import JobSpec
-from launcher.supervise import Exit
+from launcher.plan import Placement, Plan, ProcessPlan
+from launcher.schema import non_negative, port_or_zero, setting
+from launcher.state import Exit
 
 _PR_SET_PDEATHSIG = 1
+HOST = "127.0.0.1"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalCluster(ClusterSettings):
+    """Single-host debug mode: every process on this machine, CPU devices."""
 
+    backend: Literal["local"] = setting("local", doc="local, ssh or tpu")
+    num_processes: int = setting(2, check=schema.in_range(1, 256), doc="worker processes to start")
+    devices_per_process: int = setting(2, check=schema.in_range(1, 256),
+                                       doc="CPU devices each process sees (JAX_NUM_CPU_DEVICES)")
+    coordinator_port: int = setting(0, check=port_or_zero,
+                                    doc="JAX coordinator port on 127.0.0.1; 0 picks a free one")
+    grace_s: float = setting(3.0, check=non_negative,
+                             doc="after SIGTERM, wait this long before SIGKILL")
+    env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names,
+                                              doc="extra environment for every worker")
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a listener could bind ``host:port`` now (TIME_WAIT leftovers do not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+    @property
+    def platform(self) -> str:
+        return "cpu"
+
+    @property
+    def num_processes_total(self) -> int:
+        return self.num_processes
 
 
 def die_with_parent() -> None:
+    """In a child before exec: get SIGKILL when the launcher dies (Linux PR_SET_PDEATHSIG)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -77,54 +88,22 @@ class LocalWorker:
         code = self._proc.poll()
         if code is None:
             return None
-        self._signal(signal.SIGKILL)  # anything the worker left in its group goes too
+        proctl.signal_group(self._proc.pid, (signal.SIGKILL,))  # anything left in its group goes too
         return Exit(signal=-code) if code < 0 else Exit(code=code)
 
-    def _signal(self, sig: int) -> None:
-        try:
-            os.killpg(self._proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
     def terminate(self) -> None:
-        self._signal(signal.SIGTERM)
-        self._signal(signal.SIGCONT)  # a stopped process must run to act on SIGTERM
-
-    def stopped(self) -> bool:
-        """Whether the worker is stopped (state T: SIGSTOP, or a tracer), from /proc."""
-        try:
-            with open(f"/proc/{self._proc.pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state in (b"T", b"t")
+        # CONT: a stopped process must run to act on SIGTERM
+        proctl.signal_group(self._proc.pid, (signal.SIGTERM, signal.SIGCONT))
 
     def kill(self) -> None:
-        self._signal(signal.SIGKILL)
+        proctl.signal_group(self._proc.pid, (signal.SIGKILL,))
+
+    def stopped(self) -> bool:
+        return proctl.is_stopped(self._proc.pid)
 
 
-def prepare(job: JobSpec, run_dir: str, python: str, console=None) -> Plan:
-    """Choose the coordinator port (checked free) and plan every process.
-
-    Raises:
-      SpecError: the spec's fixed coordinator_port is in use.
-    """
-    port = job.cluster.coordinator_port
-    if port == 0:
-        port = free_port()
-    elif not port_is_free(port):
-        raise SpecError([Problem(job.source, None, "cluster.coordinator_port",
-                                 f"port {port} is in use on 127.0.0.1; pick another or use 0")])
-    return make_plan(job, run_dir, port, python)
-
-
-def describe_start(plan: Plan) -> str:
-    return (f"starting {plan.num_processes} processes x {plan.job.local_device_count} CPU devices "
-            f"(single-host debug mode), coordinator {plan.coordinator_address}")
-
-
-def start(plan: Plan, console=None) -> list[LocalWorker]:
-    """Start every planned process; if one cannot start, stop those already started."""
+def start_all(plan: Plan) -> list:
+    """Start every planned process here; if one cannot start, kill those already started."""
     workers: list[LocalWorker] = []
     try:
         for process in plan.processes:
@@ -134,3 +113,55 @@ def start(plan: Plan, console=None) -> list[LocalWorker]:
             w.kill()
         raise
     return workers
+
+
+def coordinator_port(job) -> int:
+    """The spec's coordinator port, checked free on 127.0.0.1, or a free one for 0.
+
+    Raises:
+      SpecError: the spec's fixed port is in use.
+    """
+    port = job.cluster.coordinator_port or 0
+    if port == 0:
+        return proctl.free_port(HOST)
+    error = proctl.bind_error(port, HOST)
+    if error is not None:
+        raise SpecError([Problem(job.source, None, "cluster.coordinator_port",
+                                 f"{error} on {HOST}; pick another or use 0")])
+    return port
+
+
+def local_placement(job, run_dir: str, python: str, num_processes: int,
+                    local_device_count: int, env: dict) -> Placement:
+    """All ``num_processes`` on this machine, with CPU devices."""
+    return Placement(host="localhost", num_processes=num_processes,
+                     local_device_count=local_device_count, platform="cpu", python=python,
+                     run_dir=run_dir, job_path=os.path.join(run_dir, "job.json"), env=env,
+                     label_host=False)
+
+
+class LocalSession(Session):
+    def prepare(self, restart: bool = False) -> tuple[tuple, str]:
+        job = self.job
+        placement = local_placement(job, self.run_dir, self.options.python, job.num_processes,
+                                    job.local_device_count, dict(job.cluster.env))
+        return (placement,), f"{HOST}:{coordinator_port(job)}"
+
+    def describe_start(self, plan: Plan) -> str:
+        return (f"starting {plan.num_processes} processes x {plan.job.local_device_count} CPU "
+                f"devices (single-host debug mode), coordinator {plan.coordinator_address}")
+
+    def start(self, plan: Plan) -> list:
+        return start_all(plan)
+
+
+class LocalBackend(Backend):
+    name = "local"
+    cluster_type = LocalCluster
+
+    def check(self, job, options: Options) -> None:
+        checks.check_task_importable(job)
+        checks.check_fits_in_memory(job)
+
+    def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:
+        return LocalSession(job, run_dir, console, options)

@@ -1,0 +1,158 @@
+"""The backend interface: where processes go, and the live session that runs them.
+
+A backend answers one question, *where do the processes go* (``Placement``s
+and a coordinator address), and owns the live resources needed to start them
+(connections, gcloud answers, allocations) in a ``Session`` with an explicit
+lifecycle. Everything else is shared and never names a backend: the plan
+(``launcher.plan.make_plan``, a pure function), supervision, restarts, the
+console and the summary.
+
+The shape follows JAX's ``jax/_src/clusters/`` (one base class, one small
+module per environment) and torch elastic's agent (a few overridable hooks
+around one run loop, ``launcher.restarts.run``)::
+
+    backend = backends.for_job(job)           # registry, keyed by cluster.backend
+    backend.check(job, options)               # local checks; SpecError = exit 2
+    session = backend.session(job, run_dir, console, options)
+    try:
+        plan = session.plan()                 # prepare(): discover, preflight, placements
+        workers = session.start(plan)         # one Worker per process, process_id order
+        ...                                   # supervise; on a retryable failure:
+        session.end_attempt(); plan = session.plan(restart=True); ...
+    finally:
+        session.close()
+
+Adding a backend is one module with a ``Backend`` subclass (and its cluster
+settings dataclass) plus one entry in ``launcher.backends.REGISTRY``; see
+docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import ClassVar
+
+from launcher import plan as planning
+from launcher.console import NullConsole
+from launcher.errors import Problem, SpecError
+
+
+class ClusterSettings:
+    """Base of every backend's ``cluster:`` dataclass (frozen, kw_only, built by ``schema``).
+
+    Subclasses provide ``backend`` (a Literal of the backend's name), ``env``,
+    ``grace_s``, and the three facts the spec derives its sizes from:
+    ``num_processes_total``, ``devices_per_process`` and ``platform``.
+    """
+
+    def problems(self) -> list:
+        """Cross-field problems as ``(key under cluster, message)`` pairs; none by default."""
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What the command line asks of a backend.
+
+    Attributes:
+      python: this machine's interpreter (local workers run ``python -m worker``).
+      kill_stale: stop survivors of an earlier run of this job instead of refusing.
+      dry_run: prepare and plan only; change nothing anywhere (stop no process,
+        remove no file).
+    """
+
+    python: str
+    kill_stale: bool = False
+    dry_run: bool = False
+
+
+class Session(abc.ABC):
+    """One run's live resources on one backend, from preflight to teardown.
+
+    Lifecycle: ``prepare`` (via ``plan``) once per attempt, ``start`` once per
+    attempt, ``end_attempt`` after each attempt that is followed by another,
+    ``close`` exactly once at the end (also after errors). ``close`` must be
+    safe to call at any point.
+    """
+
+    def __init__(self, job, run_dir: str, console=None, options: Options | None = None):
+        self.job = job
+        self.run_dir = run_dir
+        self.console = console if console is not None else NullConsole()
+        self.options = options or Options(python="python3")
+
+    @abc.abstractmethod
+    def prepare(self, restart: bool = False) -> tuple[tuple, str]:
+        """Discover and check where the processes go.
+
+        Args:
+          restart: this prepares a restart after a failed attempt (the failed
+            attempt's survivors, if any, are ours to stop).
+
+        Returns:
+          (placements in process order, coordinator_address ``host:port``).
+
+        Raises:
+          SpecError: bad input found only now (nothing was started).
+          LaunchError: the cluster cannot run the job now.
+        """
+
+    def plan(self, restart: bool = False) -> planning.Plan:
+        """``prepare``, then the pure plan of every process."""
+        placements, coordinator_address = self.prepare(restart=restart)
+        return planning.make_plan(self.job, placements, self.run_dir, coordinator_address)
+
+    @abc.abstractmethod
+    def describe_start(self, plan: planning.Plan) -> str:
+        """One line for the console: what is about to start, and where."""
+
+    @abc.abstractmethod
+    def start(self, plan: planning.Plan) -> list:
+        """Start every planned process; return one ``Worker`` each, in process_id order.
+
+        Raises:
+          LaunchError: some process could not start; every one already started
+            has been stopped.
+        """
+
+    def end_attempt(self) -> None:
+        """Release what only the ended attempt used (connections, channels)."""
+
+    def close(self) -> None:
+        """Release everything; safe to call more than once."""
+        self.end_attempt()
+
+
+class Backend(abc.ABC):
+    """One kind of cluster. Subclasses set the class attributes and ``session``.
+
+    Attributes:
+      name: the ``cluster.backend`` value that selects it.
+      cluster_type: the frozen settings dataclass of ``cluster:`` (schema checked).
+      stops_stale: whether ``--kill-stale`` applies (hosts that outlive a launcher).
+    """
+
+    name: ClassVar[str]
+    cluster_type: ClassVar[type]
+    stops_stale: ClassVar[bool] = False
+
+    def check(self, job, options: Options) -> None:
+        """Checks of this machine that only this backend needs (before any run file).
+
+        Raises:
+          SpecError: e.g. a user task not importable here (local backends).
+        """
+
+    def rehearsal(self, job) -> "Backend":
+        """The backend that rehearses this one on this machine (``--rehearse``).
+
+        Raises:
+          SpecError: this backend has no rehearsal.
+        """
+        raise SpecError([Problem("--rehearse", None, "", "only applies to cluster.backend: tpu "
+                                 f"(this job's is {self.name}); remove the flag")])
+
+    @abc.abstractmethod
+    def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:
+        """A new session for one run of ``job`` (nothing is contacted yet)."""

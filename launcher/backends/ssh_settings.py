@@ -1,0 +1,79 @@
+"""The ``cluster:`` settings of the ssh backend (and the SSH part of the tpu backend's).
+
+Plain frozen dataclasses checked by ``launcher.schema``; importing this module
+imports no SSH library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from launcher import schema
+from launcher.backends.base import ClusterSettings
+from launcher.schema import non_negative, port_or_zero, positive, setting
+
+
+def _non_empty_hosts(hosts: tuple) -> str | None:
+    return None if hosts else "expected at least one host (a name, an address, or a mapping with host:)"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SshHost:
+    """One SSH host; unset fields fall back to the cluster's, then ~/.ssh/config."""
+
+    host: str = setting(check=schema.non_empty, doc="host name (or ssh_config alias) or address")
+    user: str | None = setting(None, doc="login user (default: cluster.user)")
+    port: int | None = setting(None, check=schema.in_range(1, 65535), doc="sshd port (default: cluster.port)")
+    num_processes: int | None = setting(None, check=schema.in_range(1, 256),
+                                        doc="worker processes on this host (default: cluster.processes_per_host)")
+    workdir: str | None = setting(None, doc="remote working directory (default: cluster.workdir)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SshSettings:
+    """How to reach and run on hosts over SSH; shared by the ssh and tpu clusters."""
+
+    user: str | None = setting(None, doc="login user; unset: ssh_config, then the local user")
+    port: int | None = setting(None, check=schema.in_range(1, 65535), doc="sshd port; unset: ssh_config, then 22")
+    identity_file: str | None = setting(None, doc="private key tried first; ssh_config's and ssh-agent's keys follow")
+    ssh_config_file: str = setting("~/.ssh/config", doc="OpenSSH client config read for every host")
+    known_hosts_file: str | None = setting(None, doc="unset: ssh_config UserKnownHostsFile, then ~/.ssh/known_hosts")
+    host_key_policy: Literal["strict", "accept-new"] | None = setting(
+        None, doc="strict refuses unknown hosts; accept-new records them; a changed key is always refused; "
+        "unset: ssh_config StrictHostKeyChecking accept-new, else strict")
+    connect_timeout_s: int | None = setting(None, check=positive,
+                                            doc="TCP connect + handshake; unset: ssh_config ConnectTimeout, then 10")
+    keepalive_interval_s: float = setting(2.0, check=positive, doc="seconds between keepalive requests")
+    keepalive_timeout_s: float = setting(15.0, check=positive,
+                                         doc="a host that answers no keepalive for this long is lost")
+    max_parallel: int = setting(32, check=schema.in_range(1, 1024), doc="hosts contacted at once")
+    workdir: str = setting("podlaunch", doc="remote working directory (relative paths: from the login home)")
+    python: str = setting("python3", check=schema.non_empty,
+                          doc="remote python that runs the worker (sshd's PATH is minimal: prefer an absolute path)")
+    setup: tuple[str, ...] = setting((), doc="shell commands run on each host before the worker (not quoted)")
+    sync_dir: str | None = setting(None, doc="local directory synced into each host's workdir before start")
+    grace_s: float = setting(5.0, check=non_negative, doc="after SIGTERM, wait this long before SIGKILL")
+    env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names, doc="extra environment for every worker")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SshCluster(SshSettings, ClusterSettings):
+    """Real hosts over SSH (``launcher.backends.ssh``); see docs/ssh.md."""
+
+    backend: Literal["ssh"] = setting("ssh", doc="local, ssh or tpu")
+    hosts: tuple[SshHost, ...] = setting(check=_non_empty_hosts,
+                                         doc="hosts in process order; host 0 runs the coordinator")
+    processes_per_host: int = setting(1, check=schema.in_range(1, 256), doc="worker processes per host")
+    devices_per_process: int = setting(1, check=schema.in_range(1, 256),
+                                       doc="devices each process sees (cpu: JAX_NUM_CPU_DEVICES)")
+    platform: Literal["cpu", "gpu", "tpu"] = setting("cpu", doc="the platform the workers must report")
+    coordinator_port: int = setting(0, check=port_or_zero,
+                                    doc="JAX coordinator port on host 0; 0 picks a free one there")
+
+    def processes_on(self, host: SshHost) -> int:
+        return host.num_processes or self.processes_per_host
+
+    @property
+    def num_processes_total(self) -> int:
+        return sum(self.processes_on(h) for h in self.hosts)

@@ -1,0 +1,146 @@
+"""The console: prefixed worker lines, launcher messages and the live status line.
+
+One sink for everything the user sees while a run goes on. ``NullConsole``
+takes the same calls and shows nothing (tests, the dry run's internals), so
+no caller branches on whether there is a console.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+from typing import TextIO
+
+from launcher.status import status_text
+
+CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
+
+
+class Console:
+    """Writes prefixed worker lines, launcher messages and the status line to one stream.
+
+    Args:
+      stream: where everything goes.
+      show: process_ids whose lines are written (None: all); their log files get every line anyway.
+      status_every_s: seconds between plain status lines when ``stream`` is not a terminal (0 = never).
+      tty: redraw the status line in place; default: ``stream.isatty()``.
+    """
+
+    def __init__(self, stream: TextIO = sys.stdout, show: frozenset | None = None,
+                 status_every_s: float = 5.0, tty: bool | None = None):
+        self.stream = stream
+        self.show = show
+        self.live = StatusLine(stream, tty=tty, status_every_s=status_every_s)
+
+    def line(self, label: str, text: str, process_id: int | None = None) -> None:
+        if self.show is not None and process_id is not None and process_id not in self.show:
+            return
+        self.live.write(f"[{label}] {text}\n")
+
+    def say(self, text: str) -> None:
+        self.live.write(f"podlaunch: {text}\n")
+
+    def status(self, tracked: list) -> None:
+        """Refresh the status line from the tracked processes (rate-limited)."""
+        self.live.update(status_text(tracked))
+
+    def end_status(self) -> None:
+        """Take the status line off the terminal."""
+        self.live.end()
+
+
+
+class NullConsole(Console):
+    """A console that shows nothing."""
+
+    def __init__(self):
+        super().__init__(stream=None, tty=False, status_every_s=0)
+
+    def line(self, label: str, text: str, process_id: int | None = None) -> None:
+        pass
+
+    def say(self, text: str) -> None:
+        pass
+
+    def status(self, tracked: list) -> None:
+        pass
+
+    def end_status(self) -> None:
+        pass
+
+
+class StatusLine:
+    """Draws the status line on a terminal, or prints it every few seconds elsewhere.
+
+    Args:
+      stream: the console stream.
+      tty: redraw in place; default: ``stream.isatty()``.
+      status_every_s: seconds between plain status lines when not a terminal (0 = never).
+      redraw_every_s: the least seconds between redraws on a terminal.
+    """
+
+    def __init__(self, stream: TextIO, tty: bool | None = None, status_every_s: float = 5.0,
+                 redraw_every_s: float = 0.2, clock=time.monotonic):
+        self.stream = stream
+        if tty is None:
+            try:
+                tty = stream.isatty()
+            except (AttributeError, ValueError):
+                tty = False
+        self.tty = tty
+        self.status_every_s = status_every_s
+        self.redraw_every_s = redraw_every_s
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._text = ""      # what is (or would be) drawn
+        self._drawn = False  # a status line is on the terminal now
+        self._last = None    # clock of the last draw or plain line
+
+    def write(self, text: str) -> None:
+        """Write finished lines; on a terminal they go above the status line."""
+        with self.lock:
+            if self._drawn:
+                self.stream.write(CLEAR_LINE)
+            self.stream.write(text)
+            if self._drawn:
+                self.stream.write(self._fit(self._text))
+            self.stream.flush()
+
+    def update(self, text: str) -> None:
+        """Show ``text`` as the current status (rate-limited)."""
+        with self.lock:
+            now = self.clock()
+            if self.tty:
+                if text == self._text and self._drawn:
+                    return
+                if self._last is not None and now - self._last < self.redraw_every_s:
+                    return
+                self._text, self._drawn, self._last = text, True, now
+                self.stream.write(CLEAR_LINE + self._fit(text))
+                self.stream.flush()
+                return
+            if self.status_every_s <= 0:
+                return
+            if self._last is None:
+                self._last = now  # the first plain line comes after one interval, not at once
+                return
+            if now - self._last >= self.status_every_s:
+                self._last = now
+                self.stream.write(f"podlaunch: status: {text}\n")
+                self.stream.flush()
+
+    def end(self) -> None:
+        """Erase the terminal status line (before the summary is printed)."""
+        with self.lock:
+            if self._drawn:
+                self.stream.write(CLEAR_LINE)
+                self.stream.flush()
+            self._drawn, self._last, self._text = False, None, ""
+
+    @staticmethod
+    def _fit(text: str) -> str:
+        # A line wider than the terminal wraps, and \r then redraws only its last row.
+        columns = shutil.get_terminal_size((120, 24)).columns
+        return text if len(text) < columns else text[:max(columns - 2, 10)] + "…"

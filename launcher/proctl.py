@@ -1,0 +1,227 @@
+"""Process control shared by the launcher and the programs it ships to hosts.
+
+One definition of: the stop sequence (TERM and CONT, wait, KILL, wait), the
+port check that JAX's coordinator would pass, and the ``/proc`` readers
+(process state, process group members, environment, open files). Used by the
+local backend, supervision, ``launch tensorboard`` and, shipped by source
+(``launcher.remote.source``), by the programs that run on SSH and TPU hosts.
+
+Rules for this module, because it runs on hosts as well: standard library
+only, no ``from __future__`` import, no annotations newer than Python 3.8
+accepts at run time, no import of anything from ``launcher``.
+
+Linux ``/proc`` layout: proc(5), ``/proc/PID/stat`` fields after the
+parenthesised command: state (3rd field of the line), ppid, pgrp.
+"""
+
+import os
+import signal
+import socket
+import time
+
+POLL_S = 0.05
+
+
+# ---- /proc -----------------------------------------------------------------------
+def pids():
+    """Every pid in ``/proc`` now (ints, unsorted)."""
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def stat_fields(pid):
+    """``(state, ppid, pgrp)`` of ``pid`` from ``/proc/PID/stat``, or None if it is gone.
+
+    state is one letter as bytes (b"R", b"S", b"T", b"Z", ...).
+    """
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def state(pid):
+    """The process state letter of ``pid`` as a str ("R", "S", "T", "Z", ...), or None if gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else fields[0].decode("ascii", "replace")
+
+
+def is_stopped(pid):
+    """Whether ``pid`` is stopped (state T: SIGSTOP or job control; t: a tracer)."""
+    return state(pid) in ("T", "t")
+
+
+def environ(pid):
+    """The environment of ``pid`` as a list of ``b"NAME=value"`` items ([] when unreadable)."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def cmdline(pid, limit=120):
+    """The command line of ``pid``, arguments joined by spaces, cut to ``limit`` characters."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:limit]
+    except OSError:
+        return "?"
+
+
+def group_members(pgid, env_item=None):
+    """Live (non-zombie) pids in process group ``pgid``.
+
+    Args:
+      pgid: the process group id.
+      env_item: if given (bytes ``b"NAME=value"``), only processes whose
+        environment holds exactly that item count: pids are reused, a run's
+        marker in the environment is not.
+    """
+    found = []
+    for pid in pids():
+        fields = stat_fields(pid)
+        if fields is None or fields[0] == b"Z" or fields[2] != pgid:
+            continue
+        if env_item is not None and env_item not in environ(pid):
+            continue
+        found.append(pid)
+    return found
+
+
+def open_files(paths, skip_pid=None):
+    """Processes with any of ``paths`` open: ``({pid: set(paths held)}, unreadable count)``.
+
+    ``paths`` must be real paths (``os.path.realpath``). Processes whose fd
+    table cannot be read (another user's, without root) are counted, not listed.
+    """
+    paths = set(paths)
+    found, unreadable = {}, 0
+    for pid in pids():
+        if pid == skip_pid:
+            continue
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except PermissionError:
+            unreadable += 1
+            continue
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if target in paths:
+                found.setdefault(pid, set()).add(target)
+    return found, unreadable
+
+
+# ---- signals ---------------------------------------------------------------------
+def signal_group(pgid, signals):
+    """Send each of ``signals`` (ints or names like "TERM") to process group ``pgid``.
+
+    A group that is gone, or not ours to signal, is ignored: teardown goes on.
+    """
+    for sig in signals:
+        if isinstance(sig, str):
+            sig = getattr(signal, "SIG" + sig)
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def signal_pid(pid, signals):
+    """Send each of ``signals`` to ``pid``, ignoring a process that is gone."""
+    for sig in signals:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def wait_until(done, timeout_s, poll_s=POLL_S, clock=time.monotonic, sleep=time.sleep):
+    """Poll ``done()`` until it is true or ``timeout_s`` seconds passed; return its last value."""
+    deadline = clock() + timeout_s
+    while True:
+        result = done()
+        if result or clock() >= deadline:
+            return result
+        sleep(poll_s)
+
+
+def stop(send, alive, grace_s, kill_wait_s=5.0):
+    """The stop sequence: TERM (and CONT, so a stopped process can act on it),
+    up to ``grace_s`` seconds, then KILL, then up to ``kill_wait_s`` seconds.
+
+    Args:
+      send: called with a tuple of signals, e.g. ``(SIGTERM, SIGCONT)``.
+      alive: returns whether anything to stop is still alive.
+      grace_s: seconds between TERM and KILL.
+      kill_wait_s: seconds to wait for the KILL to take effect.
+
+    Returns:
+      True when nothing is alive at the end.
+    """
+    if not alive():
+        return True
+    send((signal.SIGTERM, signal.SIGCONT))
+    if wait_until(lambda: not alive(), grace_s):
+        return True
+    send((signal.SIGKILL,))
+    return bool(wait_until(lambda: not alive(), kill_wait_s))
+
+
+def stop_group(pgid, grace_s, env_item=None, kill_wait_s=5.0):
+    """``stop`` every process of group ``pgid`` (optionally only those with ``env_item``).
+
+    Returns:
+      The pids of the group still alive at the end ([] when it is gone).
+    """
+    alive = lambda: group_members(pgid, env_item)  # noqa: E731
+    stop(lambda sigs: signal_group(pgid, sigs), alive, grace_s, kill_wait_s)
+    return alive()
+
+
+def stop_pids(pid_list, grace_s, alive_pids, kill_wait_s=5.0):
+    """``stop`` the processes ``pid_list``; ``alive_pids()`` says which of them still live.
+
+    Returns:
+      The pids still alive at the end.
+    """
+    def send(sigs):
+        for pid in set(pid_list) & set(alive_pids()):
+            signal_pid(pid, sigs)
+    stop(send, lambda: set(pid_list) & set(alive_pids()), grace_s, kill_wait_s)
+    return sorted(set(pid_list) & set(alive_pids()))
+
+
+# ---- ports -----------------------------------------------------------------------
+def bind_error(port, host=""):
+    """Why a listener could not bind ``host:port`` now, or None if it could.
+
+    SO_REUSEADDR as gRPC (JAX's coordinator) sets it: connections of an
+    earlier run left in TIME_WAIT do not count as in use. Port 0 asks the OS
+    for a free port; see ``free_port``.
+    """
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as exc:
+        return "port %d is in use (%s)" % (port, exc.strerror)
+    finally:
+        s.close()
+    return None
+
+
+def free_port(host=""):
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()

@@ -1,0 +1,164 @@
+"""Process state: how each worker stands and how it ended; no printing, no I/O.
+
+``supervise`` moves each process through the states (RUNNING, then SUCCEEDED,
+FAILED, or STOPPED by the launcher); ``launcher.status`` and
+``launcher.console`` only read them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import signal
+import threading
+from typing import Iterator, Protocol
+
+from launcher.plan import ProcessPlan
+from worker import contract
+
+TAIL_LINES = 15
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+    """How a worker ended: an exit code, a signal, or a lost connection."""
+
+    code: int | None = None
+    signal: int | None = None
+    lost: str | None = None  # why the worker can no longer be watched
+    at: float | None = None  # wall-clock time it ended, as its own host saw it (ssh)
+    stalled: str | None = None  # the watchdog's finding: alive, no step progress
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and self.signal is None and self.lost is None and self.stalled is None
+
+    def __str__(self) -> str:
+        if self.stalled:
+            return f"stalled: {self.stalled}"
+        if self.lost:
+            return f"lost: {self.lost}"
+        if self.signal is not None:
+            try:
+                return f"killed by {signal.Signals(self.signal).name}"
+            except ValueError:
+                return f"killed by signal {self.signal}"
+        return f"exit code {self.code}"
+
+
+class Worker(Protocol):
+    """What a backend provides for each process it started."""
+
+    plan: ProcessPlan
+
+    def lines(self) -> Iterator[str]:
+        """Yield the worker's output lines (stdout and stderr) until it closes."""
+
+    def poll(self) -> Exit | None:
+        """The worker's exit, or None while it runs."""
+
+    def terminate(self) -> None:
+        """Ask the worker's whole process group to stop (SIGTERM)."""
+
+    def kill(self) -> None:
+        """Stop the worker's whole process group now (SIGKILL); works on stopped processes."""
+
+    def stopped(self) -> bool:
+        """Whether the process is stopped (SIGSTOP, a tracer) as its host sees it."""
+
+
+@dataclasses.dataclass
+class ProcessStats:
+    """What one process's progress lines said so far (for the status line and summary).
+
+    Attributes:
+      progress: the latest ``contract.Progress``, or None before the first.
+      timed_steps: steps covered by reported intervals.
+      timed_s: seconds those steps took (sum of step_time_s x steps per interval).
+    """
+
+    progress: contract.Progress | None = None
+    timed_steps: int = 0
+    timed_s: float = 0.0
+    resumed_at: int = 0  # a resumed attempt's checkpoint step: its first interval starts there
+
+    def observe(self, line: str) -> contract.Progress | None:
+        """Update from one output line; returns its Progress, or None for other lines."""
+        progress = contract.parse_progress(line)
+        if progress is None:
+            resumed = contract.parse_resumed_step(line)
+            if resumed is not None and self.progress is None:
+                self.resumed_at = resumed
+            return None
+        previous = self.progress.step if self.progress is not None else self.resumed_at
+        if progress.step_time_s is not None and progress.step > previous:
+            steps = progress.step - previous
+            self.timed_steps += steps
+            self.timed_s += progress.step_time_s * steps
+        self.progress = progress
+        return progress
+
+    @property
+    def mean_step_time_s(self) -> float | None:
+        """Seconds per step over every reported interval (compilation excluded), or None."""
+        return self.timed_s / self.timed_steps if self.timed_steps else None
+
+
+class State(enum.Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # stopped by the launcher after another failure or Ctrl-C
+
+
+@dataclasses.dataclass
+class Tracked:
+    worker: Worker
+    state: State = State.RUNNING
+    exit: Exit | None = None
+    ended_at: float | None = None   # when the launcher noticed the exit
+    eof_at: float | None = None     # when its output closed: the closest we see to its death
+    last_step: int | None = None
+    failed_at_step: bool = False      # last_step came from the worker's own "failed at step" line
+    progress_at: float | None = None  # when the last step line or heartbeat arrived
+    stall: Exit | None = None         # the watchdog's verdict; its exit once reaped
+    tail: collections.deque = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    reader: threading.Thread | None = None
+    stats: ProcessStats = dataclasses.field(default_factory=ProcessStats)  # for status and summary
+
+    @property
+    def plan(self) -> ProcessPlan:
+        return self.worker.plan
+
+
+@dataclasses.dataclass
+class Result:
+    """The outcome of a run: per process, in process_id order."""
+
+    processes: list
+    first_failure: Tracked | None
+    interrupted: bool
+    elapsed_s: float
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return 1 if self.first_failure is not None or any(
+            t.state is not State.SUCCEEDED for t in self.processes) else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Watchdog:
+    """When a live worker without step progress counts as failed (None = never).
+
+    Attributes:
+      stall_timeout_s: seconds since its last step line or heartbeat.
+      first_step_timeout_s: seconds from the start to its first one (imports,
+        joining, data loading and compilation come first).
+    """
+
+    stall_timeout_s: float | None = None
+    first_step_timeout_s: float | None = None
