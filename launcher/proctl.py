@@ -1,8 +1,9 @@
 """Process control shared by the launcher and the programs it ships to hosts.
 
-One definition of: the stop sequence (TERM and CONT, wait, KILL, wait), the
-port check that JAX's coordinator would pass, and the ``/proc`` readers
-(process state, process group members, environment, open files). Used by the
+One definition of: the stop sequence (TERM and CONT, wait, KILL, wait), dying
+with the parent (PR_SET_PDEATHSIG), the port check that JAX's coordinator
+would pass, and the ``/proc`` readers (process state, process group members,
+environment, open files). Used by the
 local backend, supervision, ``launch tensorboard`` and, shipped by source
 (``launcher.remote.source``), by the programs that run on SSH and TPU hosts.
 
@@ -20,6 +21,7 @@ import socket
 import time
 
 POLL_S = 0.05
+_PR_SET_PDEATHSIG = 1
 
 
 # ---- /proc -----------------------------------------------------------------------
@@ -152,7 +154,8 @@ def wait_until(done, timeout_s, poll_s=POLL_S, clock=time.monotonic, sleep=time.
         sleep(poll_s)
 
 
-def stop(send, alive, grace_s, kill_wait_s=5.0):
+def stop(send, alive, grace_s, kill_wait_s=5.0, clock=time.monotonic, sleep=time.sleep,
+         poll_s=POLL_S):
     """The stop sequence: TERM (and CONT, so a stopped process can act on it),
     up to ``grace_s`` seconds, then KILL, then up to ``kill_wait_s`` seconds.
 
@@ -161,6 +164,7 @@ def stop(send, alive, grace_s, kill_wait_s=5.0):
       alive: returns whether anything to stop is still alive.
       grace_s: seconds between TERM and KILL.
       kill_wait_s: seconds to wait for the KILL to take effect.
+      clock, sleep, poll_s: how the waits tell and pass time (``wait_until``).
 
     Returns:
       True when nothing is alive at the end.
@@ -168,10 +172,17 @@ def stop(send, alive, grace_s, kill_wait_s=5.0):
     if not alive():
         return True
     send((signal.SIGTERM, signal.SIGCONT))
-    if wait_until(lambda: not alive(), grace_s):
+    if wait_until(lambda: not alive(), grace_s, poll_s, clock, sleep):
         return True
+    return kill_and_wait(send, alive, kill_wait_s, clock, sleep, poll_s)
+
+
+def kill_and_wait(send, alive, kill_wait_s=5.0, clock=time.monotonic, sleep=time.sleep,
+                  poll_s=POLL_S):
+    """The end of the stop sequence alone: KILL, then wait up to ``kill_wait_s`` seconds
+    (``send`` and ``alive`` as for ``stop``). Returns True when nothing is alive at the end."""
     send((signal.SIGKILL,))
-    return bool(wait_until(lambda: not alive(), kill_wait_s))
+    return bool(wait_until(lambda: not alive(), kill_wait_s, poll_s, clock, sleep))
 
 
 def stop_group(pgid, grace_s, env_item=None, kill_wait_s=5.0):
@@ -196,6 +207,21 @@ def stop_pids(pid_list, grace_s, alive_pids, kill_wait_s=5.0):
             signal_pid(pid, sigs)
     stop(send, lambda: set(pid_list) & set(alive_pids()), grace_s, kill_wait_s)
     return sorted(set(pid_list) & set(alive_pids()))
+
+
+def die_with_parent():
+    """In a child before exec: get SIGKILL when the parent dies (Linux PR_SET_PDEATHSIG).
+
+    For ``subprocess.Popen(preexec_fn=die_with_parent)``. Elsewhere than Linux
+    it does nothing (teardown still covers every normal path).
+    """
+    import ctypes  # only here: the programs shipped to hosts rarely need it
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 # ---- ports -----------------------------------------------------------------------

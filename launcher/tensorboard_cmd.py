@@ -17,8 +17,7 @@ import sys
 import time
 import urllib.request
 
-from launcher.backends.local import die_with_parent
-from launcher.proctl import free_port
+from launcher import proctl
 from launcher.errors import LaunchError, Problem, SpecError
 
 INSTALL = "pip install -e '.[tensorboard]'"  # the extra in pyproject.toml, from a checkout
@@ -83,7 +82,6 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
                 return
         except OSError:
             time.sleep(0.2)
-    proc.terminate()
     raise LaunchError(f"tensorboard did not answer at {url} within {timeout_s:g}s "
                       "(raise --startup-timeout-s?)")
 
@@ -100,7 +98,7 @@ def main(argv: list[str]) -> int:
     if not tensorboard_installed():
         raise LaunchError(f"TensorBoard is not installed in {sys.executable}; install it with: "
                           f"{INSTALL}  (or: pip install tensorboard)")
-    port = args.port or free_port(args.host)
+    port = args.port or proctl.free_port(args.host)
     shown_host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     url = f"http://{shown_host}:{port}/"
     # Its own process group (TensorBoard starts a data server child) that dies
@@ -108,7 +106,7 @@ def main(argv: list[str]) -> int:
     proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", logdir,
                              "--host", args.host, "--port", str(port)],
                             stdin=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=die_with_parent)
+                            preexec_fn=proctl.die_with_parent)
     # SIGINT too: a launcher started from a background job inherits SIGINT ignored,
     # and Python then never raises KeyboardInterrupt.
     previous = {sig: signal.signal(sig, _interrupt)
@@ -130,19 +128,9 @@ def _interrupt(signum, frame):
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
-    """TERM TensorBoard's process group, then KILL what is left after 10 s."""
-    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:  # the leader is gone; make sure its children are too
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        return
+    """Stop TensorBoard's process group (it and its data server): TERM, 10 s, KILL."""
+    proctl.stop_group(proc.pid, grace_s=10, kill_wait_s=5)
+    try:
+        proc.wait(timeout=1)  # reap the leader
+    except subprocess.TimeoutExpired:
+        pass
