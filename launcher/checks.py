@@ -7,8 +7,9 @@ load (``launcher.spec``). Each raises ``SpecError`` naming the spec key.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.machinery
 import os
+import sys
 
 from launcher.errors import Problem, SpecError
 
@@ -44,20 +45,51 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
                                  "data.in_features")])
 
 
-def check_task_importable(spec) -> None:
-    """For local runs: a user task's module must be findable (it is not imported here).
+def worker_search_path(pythonpath: str | None) -> list:
+    """The module search path of a local worker (``python -m worker`` in this directory).
+
+    ``-m`` puts the current directory first; then the worker's ``PYTHONPATH``
+    (``pythonpath``: cluster.env's, else this environment's); then this
+    interpreter's own path (site-packages), without the launcher script's directory.
+    """
+    paths = [os.getcwd()]
+    if pythonpath:
+        paths += [os.path.abspath(p) for p in pythonpath.split(os.pathsep) if p]
+    return paths + [p for p in sys.path[1:] if p]
+
+
+def find_module(module: str, paths: list) -> bool:
+    """Whether ``module`` (dotted) is findable on ``paths``; nothing is imported or executed."""
+    locations = paths
+    for part in module.split("."):
+        try:
+            found = importlib.machinery.PathFinder.find_spec(part, locations)
+        except (ImportError, ValueError):
+            return False
+        if found is None:
+            return False
+        locations = list(found.submodule_search_locations or [])
+    return True
+
+
+def check_task_importable(spec, pythonpath: str | None = None) -> None:
+    """For local runs: a user task's module must be findable where the workers will look.
+
+    Args:
+      spec: the job.
+      pythonpath: the workers' PYTHONPATH (default: cluster.env's, else this environment's).
 
     Raises:
-      SpecError: the module cannot be found on this machine's sys.path.
+      SpecError: the module is not on the workers' search path (``worker_search_path``).
     """
     if spec.task.name in BUILTIN_TASKS:
         return
     module = spec.task.name.split(":")[0]
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
+    if pythonpath is None:
+        pythonpath = spec.cluster.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+    if not find_module(module, worker_search_path(pythonpath)):
         raise SpecError([Problem(*spec.where(("task", "name")), "task.name",
-                                 f"module {module!r} is not importable here; install it or add its "
-                                 "directory to PYTHONPATH")])
+                                 f"module {module!r} is not importable by the workers (searched "
+                                 "this directory, the workers' PYTHONPATH and site-packages); "
+                                 "install it, run from its directory, or add its directory to "
+                                 "cluster.env.PYTHONPATH")])

@@ -112,16 +112,16 @@ def _resume_dir(job: specs.JobSpec, run_dir: str) -> str:
 
 
 def _write_run_files(plan: planning.Plan) -> None:
+    """``spec.yaml`` (the resolved spec, secrets masked: it may be shared) and ``job.json``
+    (what the workers read, secrets included: mode 0600, readable by the owner only)."""
     os.makedirs(os.path.join(plan.run_dir, "logs"), exist_ok=True)
     resolved = plan.job.to_dict()
     with open(os.path.join(plan.run_dir, "spec.yaml"), "w", encoding="utf-8") as f:
-        f.write(f"# resolved from {os.path.abspath(plan.job.source)}\n")
-        yaml.safe_dump({**resolved, "cluster": {
-            **resolved["cluster"], "env": planning.masked(resolved["cluster"].get("env", {}))}},
-            f, sort_keys=False)
+        f.write(f"# resolved from {os.path.abspath(plan.job.source)}; secrets masked\n")
+        yaml.safe_dump(plan.job.to_masked_dict(), f, sort_keys=False)
     worker_job = {k: v for k, v in resolved.items() if k != "cluster"}
-    worker_job["global_batch_size"] = plan.job.train.global_batch_size
-    with open(plan.job_path, "w", encoding="utf-8") as f:
+    fd = os.open(plan.job_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(worker_job, f, indent=1)
 
 

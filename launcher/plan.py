@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shlex
 
-from worker import contract
+from worker import contract, redact
 
-_SECRET = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE|AUTH", re.I)
-MASK = "****"
+MASK = redact.MASK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,14 +96,9 @@ class Plan:
         return self.processes[first:first + self.placements[index].num_processes]
 
 
-def is_secret(name: str) -> bool:
-    """Whether an environment variable's value must never be printed."""
-    return bool(_SECRET.search(name))
-
-
-def masked(env: dict) -> dict:
-    """A copy of ``env`` with secret values replaced by ``MASK``."""
-    return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
+def masked(env: dict, explicit=()) -> dict:
+    """A copy of ``env`` with secret values replaced by ``MASK`` (rule: ``worker.redact``)."""
+    return redact.masked(dict(env), explicit)
 
 
 def log_path(run_dir: str, process_id: int, attempt: int = 0) -> str:
@@ -197,7 +190,7 @@ def describe(plan: Plan) -> str:
         f"run directory {plan.run_dir}",
     ]
     for process in plan.processes:
-        env = masked(process.env)
+        env = masked(process.env, job.secrets)
         lines.append(f"{process.label}: host {process.host}, process_id {process.process_id}, "
                      f"{process.local_device_count} devices, log {process.log_path}")
         lines.append("  " + " ".join(["env"] + [f"{k}={shlex.quote(v)}" for k, v in env.items()]

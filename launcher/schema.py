@@ -34,12 +34,42 @@ def setting(default: Any = MISSING, *, check: Check | None = None, doc: str = ""
 
 
 # ---- checks: return None when fine, else "expected ..." -------------------
+# The largest number any setting may hold: a C int, what JAX's and numpy's
+# int32 arguments, the OS's timers and PyYAML-free consumers all accept.
+# Settings with tighter consumers say so (seeds: uint32).
+NUMBER_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1
+
+
+def _too_big(value) -> str | None:
+    if value > NUMBER_MAX:
+        return (f"expected at most {NUMBER_MAX} (larger values overflow the int32 and timer "
+                f"arguments it is passed to), got {value!r}")
+    return None
+
+
 def positive(value) -> str | None:
-    return None if value > 0 else f"expected a number > 0, got {value!r}"
+    return (None if value > 0 else f"expected a number > 0, got {value!r}") if value <= NUMBER_MAX \
+        else _too_big(value)
 
 
 def non_negative(value) -> str | None:
-    return None if value >= 0 else f"expected a number >= 0, got {value!r}"
+    return (None if value >= 0 else f"expected a number >= 0, got {value!r}") if value <= NUMBER_MAX \
+        else _too_big(value)
+
+
+def seed(value) -> str | None:
+    """A random seed: 0 to 2**32-1, what numpy's and JAX's 32-bit seeds take."""
+    if 0 <= value <= SEED_MAX:
+        return None
+    return f"expected a seed from 0 to {SEED_MAX} (2**32-1), got {value!r}"
+
+
+def index(value) -> str | None:
+    """A (possibly negative) index into a row."""
+    if -NUMBER_MAX <= value <= NUMBER_MAX:
+        return None
+    return f"expected an index from {-NUMBER_MAX} to {NUMBER_MAX}, got {value!r}"
 
 
 def port_or_zero(value) -> str | None:
@@ -54,10 +84,63 @@ def in_range(low, high) -> Check:
     return check
 
 
+# Environment variables the launcher sets itself; a user value would break the
+# worker's identity or its devices (names, and prefixes ending in "_").
+RESERVED_ENV = ("PODLAUNCH_", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES", "JAX_COORDINATOR_ADDRESS",
+                "MEGASCALE_", "PYTHONUNBUFFERED")
+
+
 def env_names(env: dict) -> str | None:
-    """Check of an ``env`` mapping: every key an environment variable name."""
-    bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
-    return f"expected environment variable names, got {bad}" if bad else None
+    """Check of an ``env`` mapping: every key a variable name, none the launcher's own."""
+    for name in env:
+        problem = identifier("environment variable name", r"[A-Za-z_][A-Za-z0-9_]*",
+                             "letters, digits and '_', not starting with a digit")(name)
+        if problem:
+            return problem
+        reserved = [r for r in RESERVED_ENV if name == r or (r.endswith("_") and name.startswith(r))]
+        if reserved:
+            return (f"{name!r} is set by podlaunch itself for every worker (reserved: "
+                    f"{', '.join(n + ('*' if n.endswith('_') else '') for n in RESERVED_ENV)}); "
+                    "remove it or rename it")
+    return None
+
+
+def identifier(what: str, pattern: str, allowed: str) -> Check:
+    """A check that the whole string matches ``pattern`` (full match: a trailing newline fails).
+
+    Values that reach a shell, a path, an ssh_config token or a remote command
+    line are checked this strictly at load (OpenSSH refuses such host names
+    too since 9.6, CVE-2023-51385). The message names the first character
+    that is not allowed.
+    """
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str | None:
+        if compiled.fullmatch(value):
+            return None
+        if not value:
+            return f"expected {what}, got an empty string"
+        at = next((i for i in range(len(value)) if not compiled.fullmatch(value[:i + 1])
+                   and not any(compiled.fullmatch(value[:i + 1] + tail) for tail in ("a", "0"))),
+                  None)
+        where = f": {value[at]!r} at position {at} is not allowed" if at is not None else ""
+        return f"expected {what} ({allowed}), got {value!r}{where}"
+    return check
+
+
+HOST = identifier("a host name or address", r"[A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*",
+                  "letters, digits, '.', '-', '_', or an IPv6 address")
+USER = identifier("a user name", r"[A-Za-z0-9_][A-Za-z0-9_.-]*", "letters, digits, '.', '-', '_'")
+REMOTE_PATH = identifier("a path", r"[A-Za-z0-9_./~+@%,:=][A-Za-z0-9_./~+@%,:=-]*",
+                         "letters, digits and _ . / ~ + @ % , : = -, not starting with '-'")
+COMMAND = identifier("a command or path", r"[A-Za-z0-9_./~+@%,:=][A-Za-z0-9_./~+@%,:=-]*",
+                     "letters, digits and _ . / ~ + @ % , : = -, not starting with '-'")
+LOCAL_PATH = identifier("a file path", r"[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*",
+                        "no control characters or line breaks, not starting with '-'")
+GCP_NAME = identifier("a Cloud resource name", r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?",
+                      "lowercase letters, digits and '-', starting with a letter, at most 63")
+GCP_PROJECT = identifier("a Cloud project id", r"[a-z][-a-z0-9.:]{0,61}[a-z0-9]",
+                         "lowercase letters, digits, '-', and for domain-scoped ids '.' and ':'")
 
 
 def non_empty(value) -> str | None:
@@ -159,7 +242,8 @@ def convert(tp: Any, value: Any, path: tuple, ctx: Context) -> Any:
         return MISSING
     if tp is EnvValue:
         if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
+            # passed exactly as written: 0x1F stays "0x1F", +7 stays "+7"
+            return getattr(ctx.lines, "texts", {}).get(path, str(value))
         if isinstance(value, str):
             return value
         ctx.error(path, f"expected a string or an integer, got {describe(value)}; quote it so "

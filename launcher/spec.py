@@ -23,22 +23,23 @@ from launcher import backends, datafiles, schema, yamlio
 from launcher.checks import BUILTIN_TASKS
 from launcher.errors import Problem, SpecError
 from launcher.schema import MISSING, non_negative, port_or_zero, positive, setting
+from worker import redact
 
-_TASK_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_TASK_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def _task_name(value: str) -> str | None:
-    if value in BUILTIN_TASKS or _TASK_REF.match(value):
+    if value in BUILTIN_TASKS or _TASK_REF.fullmatch(value):
         return None
     return (f"expected a built-in task ({', '.join(BUILTIN_TASKS)}) or 'package.module:function', "
             f"got {value!r}")
 
 
-def _job_name(value: str) -> str | None:
-    if _NAME.match(value):
-        return None
-    return f"expected letters, digits, '_', '.', '-' (it names the run directory), got {value!r}"
+EXTENSION_PREFIX = "x-"
+
+_job_name = schema.identifier("a job name", _NAME.pattern,
+                              "letters, digits, '_', '.', '-', at most 128; it names the run directory")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,9 +57,11 @@ class DataSpec:
     out_features: int = setting(1, check=positive, doc="synthetic: targets per row")
     noise_std: float = setting(0.1, check=non_negative,
                                doc="synthetic: std of the Gaussian noise added to x @ w_true + b_true")
-    seed: int = setting(1, check=non_negative, doc="synthetic: seed of the data and of w_true")
-    path: str | None = setting(None, doc="file: .npy, .npz or .csv, relative to the spec file")
-    target_column: int = setting(-1, doc="file (.npy, .csv): index of the target column")
+    seed: int = setting(1, check=schema.seed, doc="synthetic: seed of the data and of w_true")
+    path: str | None = setting(None, check=schema.LOCAL_PATH,
+                               doc="file: .npy, .npz or .csv, relative to the spec file")
+    target_column: int = setting(-1, check=schema.index,
+                                 doc="file (.npy, .csv): index of the target column")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,7 +78,7 @@ class TrainSpec:
     num_steps: int = setting(check=positive, doc="optimizer steps to run")
     global_batch_size: int = setting(check=positive,
                                      doc="examples per step over all devices; must divide by device_count")
-    seed: int = setting(0, check=non_negative, doc="seed of the parameter initialisation")
+    seed: int = setting(0, check=schema.seed, doc="seed of the parameter initialisation")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -149,6 +152,9 @@ class JobSpec:
     watchdog: WatchdogSpec = setting(WatchdogSpec())
     cluster: Any = setting(None, doc="where it runs (default: cluster.backend local); see the "
                            "cluster reference")
+    secrets: tuple[str, ...] = setting((), doc="key names (any depth: cluster.env, task.args) whose "
+                                       "values are masked in everything printed or written, "
+                                       "besides the names worker.redact recognises")
     source: str = dataclasses.field(default="", compare=False, metadata={"internal": True})
     # key path -> (file or "--set", line), for the checks made after loading (LATE_CHECKED)
     locations: dict = dataclasses.field(default_factory=dict, compare=False,
@@ -180,6 +186,10 @@ class JobSpec:
         out.pop("locations")
         return out
 
+    def to_masked_dict(self) -> dict:
+        """``to_dict`` with every secret masked (``worker.redact``): what may be printed or kept."""
+        return redact.masked(self.to_dict(), self.secrets)
+
 
 def _read(path: str, flag: str | None = None) -> tuple[Any, dict]:
     try:
@@ -199,11 +209,15 @@ def _read(path: str, flag: str | None = None) -> tuple[Any, dict]:
     if not isinstance(value, dict):
         raise SpecError([Problem(path, 1, "", f"expected a mapping of settings at the top, "
                                  f"got {schema.describe(value)}")])
-    return value, lines
+    # "x-" keys at the top hold YAML anchors for merges (the Compose convention); not settings
+    return {k: v for k, v in value.items() if not k.startswith(EXTENSION_PREFIX)}, lines
 
 
 def parse_override(text: str) -> tuple[tuple, Any]:
     """Split ``--set train.num_steps=50`` into (('train', 'num_steps'), 50).
+
+    A number keeps its text as written for settings that pass values exactly
+    (``cluster.env``): see ``override_texts``.
 
     Raises:
       SpecError: no '=', or an empty key.
@@ -238,12 +252,16 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
     sources: dict = {}
     if cluster_path is not None:
         cluster_raw, cluster_lines = _read(cluster_path, "--cluster")
+        prefix = ()
         if set(cluster_raw) == {"cluster"}:
-            cluster_raw = cluster_raw["cluster"]
-            cluster_lines = {k[1:]: v for k, v in cluster_lines.items() if k[:1] == ("cluster",)}
+            cluster_raw, prefix = cluster_raw["cluster"], ("cluster",)
         raw["cluster"] = cluster_raw
-        lines = {k: v for k, v in lines.items() if k[:1] != ("cluster",)}
-        lines.update({("cluster",) + k: v for k, v in cluster_lines.items()})
+        merged = yamlio.Lines({k: v for k, v in lines.items() if k[:1] != ("cluster",)})
+        merged.texts = {k: v for k, v in lines.texts.items() if k[:1] != ("cluster",)}
+        for mine, theirs in ((merged, cluster_lines), (merged.texts, cluster_lines.texts)):
+            mine.update({("cluster",) + k[len(prefix):]: v for k, v in theirs.items()
+                         if k[:len(prefix)] == prefix})
+        lines = merged
         sources[("cluster",)] = cluster_path
     problems: list[Problem] = []
     for text in overrides:
@@ -265,6 +283,8 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
         else:
             node[keys[-1]] = value
             sources[keys] = "--set"
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                lines.texts[keys] = text.partition("=")[2].strip()
     if problems:
         raise SpecError(problems)
 

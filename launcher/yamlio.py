@@ -15,6 +15,13 @@ written             YAML 1.1 (PyYAML)     here
 ``2024-01-01``      a datetime.date       a string
 duplicate keys      last one wins         an error naming both lines
 ==================  ====================  ===================================
+
+Merge keys (``<<: *defaults``) work as in PyYAML and YAML tools: the mapping's
+own keys win over merged ones. What a document may expand to is bounded, so a
+hostile spec is one error line, not a hang or a traceback: at most
+``MAX_VALUES`` values after aliases are expanded (a "billion laughs" alias bomb
+stops there), at most ``MAX_DEPTH`` levels of nesting, and no alias inside the
+value it names (a recursive alias).
 """
 
 from __future__ import annotations
@@ -61,7 +68,28 @@ def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
 
 _Loader.add_constructor(_INT, _construct_int)
 
-Lines = dict  # tuple[str | int, ...] -> int (1-based line of the key or item)
+MAX_VALUES = 100_000
+MAX_DEPTH = 64
+
+
+class Lines(dict):
+    """Key path (tuple of keys and list indices) -> 1-based line of the key or item.
+
+    ``texts`` maps the path of every number to its text as written (``0x1F``,
+    ``+7``), for settings that must pass a value exactly as the user wrote it.
+    """
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.texts: dict = {}
+
+
+class _TooBig(Exception):
+    """The document expands past a bound; the message says which."""
+
+    def __init__(self, line: int | None, message: str):
+        super().__init__(message)
+        self.line, self.message = line, message
 
 
 def load(text: str, source: str) -> tuple[Any, Lines]:
@@ -89,45 +117,99 @@ def load(text: str, source: str) -> tuple[Any, Lines]:
         line = mark.line + 1 if mark is not None else None
         what = " ".join(p for p in (exc.context, exc.problem) if p)
         raise SpecError([Problem(source, line, "", f"not valid YAML: {what}")]) from None
+    except RecursionError:  # PyYAML's composer recurses once per nesting level
+        raise SpecError([Problem(source, None, "", f"nested too deeply to read (more than "
+                                 f"{MAX_DEPTH} levels are refused); flatten the document")]) from None
     finally:
         loader.dispose()
     if node is None:
-        return None, {}
-    lines: Lines = {}
+        return None, Lines()
+    lines = Lines()
     problems: list[Problem] = []
-    value = _build(loader, node, (), lines, problems, source)
+    builder = _Builder(loader, lines, problems, source)
+    try:
+        value = builder.build(node, ())
+    except _TooBig as exc:
+        raise SpecError([Problem(source, exc.line, "", exc.message)]) from None
     if problems:
         raise SpecError(problems)
     return value, lines
 
 
-def _build(loader, node, path, lines, problems, source):
-    if isinstance(node, yaml.MappingNode):
-        loader.flatten_mapping(node)  # resolves "<<" merge keys
+class _Builder:
+    """Plain values from composed nodes, with lines, merges and bounds."""
+
+    def __init__(self, loader, lines: Lines, problems: list, source: str):
+        self.loader, self.lines, self.problems, self.source = loader, lines, problems, source
+        self.count = 0
+        self.open: set = set()  # ids of the nodes being built (an alias among them is recursive)
+
+    def build(self, node, path: tuple):
+        line = node.start_mark.line + 1
+        self.count += 1
+        if self.count > MAX_VALUES:
+            raise _TooBig(line, f"expands to more than {MAX_VALUES:,} values once aliases are "
+                          "expanded (an alias bomb?); write the values out or use fewer aliases")
+        if len(path) > MAX_DEPTH:
+            raise _TooBig(line, f"nested more than {MAX_DEPTH} levels deep at {dotted(path)}; "
+                          "flatten the document")
+        if id(node) in self.open:
+            raise _TooBig(line, f"{dotted(path) or 'the document'}: an alias refers to a value "
+                          "that contains it (a recursive alias); write the value out")
+        if isinstance(node, yaml.MappingNode):
+            self.open.add(id(node))
+            try:
+                return self._mapping(node, path)
+            finally:
+                self.open.discard(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            self.open.add(id(node))
+            try:
+                items = []
+                for index, item in enumerate(node.value):
+                    self.lines[path + (index,)] = item.start_mark.line + 1
+                    items.append(self.build(item, path + (index,)))
+                return items
+            finally:
+                self.open.discard(id(node))
+        value = self.loader.construct_object(node, deep=True)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.lines.texts[path] = node.value
+        return value
+
+    def _mapping(self, node, path: tuple) -> dict:
         out: dict = {}
+        merged: list = []  # (key, value node) from "<<" merges: the mapping's own keys win
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                for source in sources:
+                    if not isinstance(source, yaml.MappingNode):
+                        self.problems.append(Problem(
+                            self.source, key_node.start_mark.line + 1, dotted(path),
+                            "'<<' merges mappings only; give it an alias of a mapping"))
+                        continue
+                    merged += [(k, v) for k, v in source.value]
+                continue
+            key = self.loader.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if not isinstance(key, str):
-                problems.append(Problem(source, line, dotted(path),
-                                        f"key {key!r} is not a string; quote it"))
+                self.problems.append(Problem(self.source, line, dotted(path),
+                                             f"key {key!r} is not a string; quote it"))
                 continue
             if key in out:
-                problems.append(Problem(
-                    source, line, dotted(path + (key,)),
-                    f"duplicate key (first written on line {lines[path + (key,)]}); "
-                    "keep one"))
+                self.problems.append(Problem(
+                    self.source, line, dotted(path + (key,)),
+                    f"duplicate key (first written on line {self.lines[path + (key,)]}); keep one"))
                 continue
-            lines[path + (key,)] = line
-            out[key] = _build(loader, value_node, path + (key,), lines, problems, source)
+            self.lines[path + (key,)] = line
+            out[key] = self.build(value_node, path + (key,))
+        for key_node, value_node in merged:  # earlier merge sources win over later ones
+            key = self.loader.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key not in out:
+                self.lines[path + (key,)] = key_node.start_mark.line + 1
+                out[key] = self.build(value_node, path + (key,))
         return out
-    if isinstance(node, yaml.SequenceNode):
-        items = []
-        for index, item in enumerate(node.value):
-            lines[path + (index,)] = item.start_mark.line + 1
-            items.append(_build(loader, item, path + (index,), lines, problems, source))
-        return items
-    return loader.construct_object(node, deep=True)
 
 
 def load_scalar(text: str) -> Any:

@@ -13,6 +13,8 @@ rewritten: its TPU cluster settings are read as they are.
 
 from __future__ import annotations
 
+import os
+
 from launcher import checks
 from launcher.backends import local
 from launcher.backends.base import Backend, Options, Session
@@ -47,7 +49,8 @@ class RehearsalBackend(Backend):
     cluster_type = TpuCluster
 
     def check(self, job, options: Options) -> None:
-        checks.check_task_importable(job)
+        # the hosts' PYTHONPATH names their directories: the rehearsal drops it
+        checks.check_task_importable(job, os.environ.get("PYTHONPATH"))
         checks.check_fits_in_memory(job)  # the whole pod's data, on this one machine
 
     def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:
