@@ -12,6 +12,8 @@ import struct
 import zipfile
 from typing import IO
 
+from worker import csvdata
+
 SUFFIXES = (".npy", ".npz", ".csv")
 
 
@@ -81,40 +83,13 @@ def shape(path: str) -> tuple[int, int]:
 
 
 def _csv_shape(path: str) -> tuple[int, int]:
-    """Rows and columns of a CSV; every row must have as many numbers as the first.
+    """Rows and columns of a CSV, every cell checked by the workers' own parser.
 
-    Every cell is parsed here, so a bad cell is reported with its line before
-    launch instead of crashing one worker (or, for a short row, hanging the
-    job on mismatched shapes). Linear in the file's size: use .npy for large data.
+    A bad cell is reported with its line and column before launch instead of
+    crashing one worker (or, for a short row, hanging the job on mismatched
+    shapes). Linear in the file's size: use .npy for large data.
     """
-    rows, columns = 0, None
-    with open(path, "r", encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            cells = line.rstrip("\n").split(",")
-            if columns is None:
-                columns = len(cells)
-                if not _is_numeric_row(line):
-                    continue  # a header
-            if len(cells) != columns:
-                raise DataFileError(f"line {number} has {len(cells)} columns, expected {columns} "
-                                    "like the first line")
-            for index, cell in enumerate(cells):
-                try:
-                    float(cell)
-                except ValueError:
-                    raise DataFileError(f"line {number}, column {index + 1}: {cell.strip()!r} is "
-                                        "not a number") from None
-            rows += 1
-    if columns is None:
-        raise DataFileError("the file is empty")
-    return rows, columns
-
-
-def _is_numeric_row(line: str) -> bool:
     try:
-        [float(cell) for cell in line.split(",")]
-    except ValueError:
-        return False
-    return True
+        return csvdata.shape(path)
+    except csvdata.CsvError as exc:
+        raise DataFileError(str(exc)) from None

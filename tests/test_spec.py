@@ -203,7 +203,14 @@ def test_dry_run_prints_the_plan_masks_secrets_and_starts_nothing(tmp_path):
 @pytest.mark.parametrize("name,content,expected", [
     ("nonnum.csv", "a,b,c\n1,2,3\n4,x,6\n7,8,9\n", "nonnum.csv: line 3, column 2: 'x' is not a number"),
     ("ragged.csv", "1,2,3\n4,5\n1,2,3\n1,2,3\n", "ragged.csv: line 2 has 2 columns, expected 3"),
-    ("empty.csv", "", "empty.csv: the file is empty"),
+    ("empty.csv", "", "empty.csv: the file has no data rows"),
+    # cells Python's float() takes and the workers' parser must refuse the same way
+    ("underscore.csv", "1,2,3\n1_000,2,3\n", "underscore.csv: line 2, column 1: '1_000' is not a number"),
+    ("hex.csv", "1,2,3\n4,0x10,6\n", "hex.csv: line 2, column 2: '0x10' is not a number"),
+    ("nan.csv", "a,b,c\n1,2,3\n4,5,nan\n", "nan.csv: line 3, column 3: 'nan' is not a finite number"),
+    ("inf.csv", "1,2,3\n-Infinity,5,6\n", "inf.csv: line 2, column 1: '-Infinity' is not a finite number"),
+    ("huge.csv", "1,2,3\n4,1e999,6\n", "huge.csv: line 2, column 2: '1e999' is beyond float range"),
+    ("blank-cell.csv", "1,2,3\n4,,6\n", "blank-cell.csv: line 2, column 2: '' is not a number"),
 ])
 def test_bad_data_file_content_is_reported_before_launch(tmp_path, name, content, expected):
     (tmp_path / name).write_text(content)
