@@ -1,0 +1,117 @@
+"""Preflight, run on each host before anything starts anywhere (shipped by source).
+
+Reports the interpreter's version and working directory, the jax and jaxlib
+versions, which of ``modules`` cannot be imported (with the cluster's env and
+``setup`` applied by the launcher's shell script), whether the coordinator
+port is free, and the survivors of an earlier run of the job, stopping them
+when asked.
+
+Survivor records: one JSON pid file per process in ``<workdir>/.podlaunch/<job>/``
+(written by ``wrapper``). A record counts only on the node that wrote it (a
+shared home directory holds several nodes' records) and only while a process
+in its group still has ``<run_dir_env>=<run_dir>`` in its environment (pids
+are reused; a run's marker is not).
+
+Args (one JSON object): ``modules`` (names to find), ``port`` (int: check it
+is free, 0 picks a free one; null: no check), ``kill_stale`` (bool),
+``grace_s`` (seconds between TERM and KILL), ``state_dir`` (where the pid
+files are), ``run_dir_env`` (the env name holding a worker's run dir).
+
+Prints ``MARK`` + JSON: ``python``, ``workdir`` (absolute), ``jax``, ``jaxlib``
+(None when not installed), ``missing_modules``, ``port`` or ``port_error``,
+``survivors`` (records with ``pids`` still alive and ``stopped`` when stopped).
+"""
+
+import glob
+import importlib.util
+import json
+import os
+import platform
+import socket
+import sys
+
+from launcher import proctl
+
+MARK = "podlaunch-preflight "
+
+
+def survivors(state_dir, kill, grace_s, run_dir_env):
+    """This node's pid-file records of the job whose group still lives; stops them if ``kill``.
+
+    Records of groups that are gone are removed. Returns the records that
+    were alive (or stopped now), each with ``pids`` (still alive at the end).
+    """
+    out = []
+    node = socket.gethostname()
+    for path in sorted(glob.glob(os.path.join(state_dir, "*.pid"))):
+        try:
+            with open(path) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if rec.get("node") != node:
+            continue
+        marker = ("%s=%s" % (run_dir_env, rec["run_dir"])).encode()
+        pids = proctl.group_members(rec["pgid"], marker)
+        if pids and kill:
+            pids, rec["stopped"] = proctl.stop_group(rec["pgid"], grace_s, marker), True
+        rec["pids"] = pids
+        if pids or rec.get("stopped"):
+            out.append(rec)
+        if not pids:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return out
+
+
+def versions(names=("jax", "jaxlib")):
+    """{name: installed version or None}, read from package metadata (importing jax takes seconds)."""
+    try:
+        from importlib.metadata import version
+    except ImportError:  # Python < 3.8
+        version = None
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except Exception:  # noqa: BLE001  not installed, or no metadata reader
+            out[name] = None
+    return out
+
+
+def missing(modules):
+    """The names in ``modules`` that ``importlib`` cannot find."""
+    out = []
+    for module in modules:
+        try:
+            if importlib.util.find_spec(module) is None:
+                out.append(module)
+        except (ImportError, ValueError):
+            out.append(module)
+    return out
+
+
+def check_port(port):
+    """``{"port": p}`` when ``port`` is free here (0: a free one), else ``{"port_error": why}``."""
+    if port == 0:
+        return {"port": proctl.free_port()}
+    error = proctl.bind_error(port)
+    return {"port_error": error} if error else {"port": port}
+
+
+def main(args):
+    out = {"python": platform.python_version(), "workdir": os.getcwd()}
+    out.update(versions())
+    out["missing_modules"] = missing(args["modules"])
+    if args["port"] is not None:
+        out.update(check_port(args["port"]))
+    out["survivors"] = survivors(args["state_dir"], args["kill_stale"], args["grace_s"],
+                                 args["run_dir_env"])
+    print(MARK + json.dumps(out), flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

@@ -1,0 +1,252 @@
+"""The programs shipped to hosts (launcher/remote/), run here like any module, and as shipped.
+
+Each program's ``main`` runs against real processes on this machine: a
+sleeping process group for killpg and the survivor scan, a bound port for the
+port check, a process holding a file open for the TPU holder scan. Then each
+program's shipped source (proctl inlined) runs under ``python3 -I -c`` with
+no access to this checkout, as it does on a host.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher import proctl, remote
+from launcher.remote import holders, killpg, preflight, wrapper
+
+RUN_DIR_ENV = "PODLAUNCH_RUN_DIR"
+SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def sleeper(env=None, ignore_term=False, hold=None) -> subprocess.Popen:
+    """A python that leads its own process group and sleeps (optionally ignoring TERM,
+    optionally holding ``hold`` open) once it printed 'ready'."""
+    code = "import signal, sys, time\n"
+    if ignore_term:
+        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    if hold:
+        code += f"f = open({hold!r}, 'a')\n"
+    code += "print('ready', flush=True)\ntime.sleep(600)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **(env or {})},
+                            start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def ended(proc, timeout_s=10.0):
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+# ---- killpg ------------------------------------------------------------------------
+def test_killpg_signals_the_whole_group():
+    proc = sleeper()
+    try:
+        out = killpg.main({"pgid": proc.pid, "signals": ["TERM", "CONT"]})
+        assert ended(proc) == -signal.SIGTERM
+        assert out["alive"] in ([], [proc.pid])  # signalled; the group may take a moment to go
+    finally:
+        proc.kill()
+
+
+def test_killpg_stop_sequence_kills_what_ignores_term():
+    proc = sleeper(ignore_term=True)
+    try:
+        started = time.monotonic()
+        out = killpg.main({"pgid": proc.pid, "grace_s": 0.5})
+        assert ended(proc) == -signal.SIGKILL and out["alive"] == []
+        assert time.monotonic() - started >= 0.5
+        assert killpg.main({"pgid": proc.pid, "signals": ["KILL"]}) == {"alive": []}  # gone: fine
+    finally:
+        proc.kill()
+
+
+# ---- preflight ---------------------------------------------------------------------
+def _record(state_dir, name, pgid, run_dir, node=None):
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / name
+    path.write_text(json.dumps({"pgid": pgid, "run_dir": run_dir, "process_id": 2,
+                                "node": node or socket.gethostname()}))
+    return path
+
+
+def test_preflight_finds_survivors_and_stops_them_only_when_asked(tmp_path):
+    run_dir = str(tmp_path / "old-run")
+    proc = sleeper(env={RUN_DIR_ENV: run_dir})
+    other_node = sleeper(env={RUN_DIR_ENV: run_dir})
+    state = tmp_path / "state"
+    ours = _record(state, "process-002.pid", proc.pid, run_dir)
+    _record(state, "process-003.pid", other_node.pid, run_dir, node="another-node")
+    gone = _record(state, "process-004.pid", 999999, run_dir)  # no such group: removed
+    reused = _record(state, "process-005.pid", other_node.pid, str(tmp_path / "other-run"))
+    try:
+        found = preflight.survivors(str(state), False, 1.0, RUN_DIR_ENV)
+        assert [(r["pgid"], r["pids"], r.get("stopped")) for r in found] == [(proc.pid, [proc.pid], None)]
+        assert proc.poll() is None and ours.exists()
+        assert not gone.exists() and not reused.exists()  # its group lacks that run's marker
+        found = preflight.survivors(str(state), True, 1.0, RUN_DIR_ENV)
+        assert [(r["pgid"], r["pids"], r["stopped"]) for r in found] == [(proc.pid, [], True)]
+        assert ended(proc) == -signal.SIGTERM and not ours.exists()
+        assert other_node.poll() is None  # another node's record is never acted on
+    finally:
+        proc.kill()
+        other_node.kill()
+
+
+def test_preflight_reports_versions_modules_and_port(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = {"modules": ["json", "no_such_module_here"], "port": port, "kill_stale": False,
+                "grace_s": 1, "state_dir": str(tmp_path / "none"), "run_dir_env": RUN_DIR_ENV}
+        out = preflight.main(args)
+    assert out["port_error"].startswith(f"port {port} is in use")
+    assert out["missing_modules"] == ["no_such_module_here"]
+    assert out["workdir"] == str(tmp_path) and out["survivors"] == []
+    assert set(out) >= {"python", "jax", "jaxlib"}
+    assert remote.parse_marked(capsys.readouterr().out, preflight.MARK) == out
+    free = preflight.main({**args, "port": 0})
+    assert "port_error" not in free and proctl.bind_error(free["port"]) is None
+    assert "port" not in preflight.main({**args, "port": None})
+
+
+# ---- wrapper -----------------------------------------------------------------------
+def test_wrapper_leads_a_group_records_it_and_reports_the_exit(tmp_path, capfd):
+    pid_file = tmp_path / "state" / "process-000.pid"
+    check = ("import json, os, sys; r = json.load(open(sys.argv[1])); "
+             "assert r['pgid'] == os.getpgid(0) == os.getpid(), r; print('worker ran'); sys.exit(3)")
+    code = wrapper.main({"argv": [sys.executable, "-c", check, str(pid_file)],
+                         "pid_file": str(pid_file), "run_dir": str(tmp_path / "run"),
+                         "process_id": 0})
+    out = capfd.readouterr().out.splitlines()
+    assert code == 3 and (tmp_path / "run").is_dir() and not pid_file.exists()
+    assert out[0].startswith(wrapper.PGID_MARK) and "worker ran" in out
+    assert out[-1].startswith(wrapper.EXIT_MARK)
+    code_, sig, at = wrapper.parse_exit_report(out[-1][len(wrapper.EXIT_MARK):])
+    assert (code_, sig) == (3, None) and abs(at - time.time()) < 60
+
+
+def test_wrapper_reports_a_signal_death(tmp_path, capfd):
+    code = wrapper.main({"argv": [sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"],
+                         "pid_file": str(tmp_path / "p.pid"), "run_dir": str(tmp_path), "process_id": 1})
+    last = capfd.readouterr().out.splitlines()[-1]
+    assert code == 137
+    assert wrapper.parse_exit_report(last[len(wrapper.EXIT_MARK):])[:2] == (None, signal.SIGKILL)
+
+
+# ---- holders -----------------------------------------------------------------------
+def test_holders_found_stopped_when_asked_and_lockfile_removed_when_free(tmp_path):
+    device, lockfile = tmp_path / "accel0", tmp_path / "libtpu_lockfile"
+    device.write_text("")
+    holder = sleeper(env={RUN_DIR_ENV: "/r/old"}, hold=str(device))
+    args = {"globs": [str(tmp_path / "accel*")], "lockfile": str(lockfile), "stop_others": False,
+            "dry_run": False, "grace_s": 0.5, "port": None, "run_dir_env": RUN_DIR_ENV}
+    try:
+        out = holders.main(args)
+        assert [(h["pid"], h["paths"], h["podlaunch_run_dir"]) for h in out["holders"]] == \
+            [(holder.pid, [str(device)], "/r/old")]
+        assert out["stopped"] == [] and holder.poll() is None
+        lockfile.write_text("")
+        dry = holders.main({**args, "stop_others": True, "dry_run": True})
+        assert dry["lockfile"] == "stale" and lockfile.exists() and holder.poll() is None
+        out = holders.main({**args, "stop_others": True})
+        assert out["stopped"] == [holder.pid] and out["holders"] == []
+        assert ended(holder) is not None
+        assert out["lockfile"] == "removed" and not lockfile.exists()
+    finally:
+        holder.kill()
+
+
+def test_a_held_lockfile_stays_and_a_taken_port_is_reported(tmp_path):
+    lockfile = tmp_path / "libtpu_lockfile"
+    lockfile.write_text("")
+    holder = sleeper(hold=str(lockfile))
+    try:
+        with socket.socket() as taken:
+            taken.bind(("", 0))
+            taken.listen()
+            out = holders.main({"globs": [], "lockfile": str(lockfile), "stop_others": False,
+                                "dry_run": False, "grace_s": 0.5, "port": taken.getsockname()[1],
+                                "run_dir_env": RUN_DIR_ENV})
+        assert out["lockfile"] == "held" and lockfile.exists()
+        assert "is in use" in out["port_error"]
+    finally:
+        holder.kill()
+
+
+# ---- as shipped ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", remote.PROGRAMS)
+def test_shipped_source_is_self_contained_python_3_8(name):
+    text = remote.source(name)
+    compile(text, name, "exec")
+    calls = [n for n in ast.walk(ast.parse(text))
+             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "compile"]
+    inlined = [call.args[0].value for call in calls]  # proctl's text, loaded as its own module
+    assert len(inlined) == 1
+    for code in (text, *inlined):
+        # feature_version: the grammar checks of Python 3.8 that ast offers (best effort; the
+        # run under python3 -c below covers the rest on this machine's python)
+        tree = ast.parse(code, feature_version=(3, 8))
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert not [n for n in imports if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+        assert not [n for n in imports if (getattr(n, "module", None) or "").startswith("launcher")
+                    or any(a.name.startswith("launcher") for a in n.names)]
+
+
+def _ship(name, args, tmp_path, timeout_s=30):
+    """Run program ``name`` as a host does: ``python3 -I -c SOURCE JSON``, outside this checkout."""
+    argv = remote.python_call(SYSTEM_PYTHON, name, args)
+    argv.insert(1, "-I")  # isolated: no PYTHONPATH, no user site, no current directory
+    return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout_s,
+                          env={"PATH": os.environ["PATH"]})
+
+
+def test_shipped_programs_run_under_python3_c(tmp_path):
+    proc = sleeper()
+    try:
+        done = _ship("killpg", {"pgid": proc.pid, "grace_s": 1}, tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert remote.parse_marked(done.stdout, killpg.MARK) == {"alive": []}
+        assert ended(proc) is not None
+    finally:
+        proc.kill()
+    done = _ship("preflight", {"modules": ["json"], "port": 0, "kill_stale": False, "grace_s": 1,
+                               "state_dir": ".podlaunch/x", "run_dir_env": RUN_DIR_ENV}, tmp_path)
+    facts = remote.parse_marked(done.stdout, preflight.MARK)
+    assert done.returncode == 0 and facts["missing_modules"] == [] and facts["port"] > 0, done.stderr
+    assert facts["workdir"] == str(tmp_path)
+    done = _ship("holders", {"globs": [str(tmp_path / "none*")], "lockfile": str(tmp_path / "lock"),
+                             "stop_others": False, "dry_run": True, "grace_s": 1, "port": None,
+                             "run_dir_env": RUN_DIR_ENV}, tmp_path)
+    assert remote.parse_marked(done.stdout, holders.MARK)["holders"] == [], done.stderr
+    done = _ship("wrapper", {"argv": ["sh", "-c", "echo hi; exit 4"], "pid_file": "state/p.pid",
+                             "run_dir": "run", "process_id": 0}, tmp_path)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 4 and "hi" in lines and lines[0] != "podlaunch-exit", done.stderr
+    assert wrapper.parse_exit_report(lines[-1][len(wrapper.EXIT_MARK):])[:2] == (4, None)
+
+
+def test_source_refuses_a_program_that_imports_more_of_launcher(tmp_path, monkeypatch):
+    (tmp_path / "killpg.py").write_text("from launcher import proctl\nfrom launcher import plan\n")
+    monkeypatch.setattr(remote, "_HERE", str(tmp_path))
+    remote.source.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="'from launcher import plan' cannot run on a host"):
+            remote.source("killpg")
+        with pytest.raises(ValueError, match="no remote program 'nope'"):
+            remote.source("nope")
+    finally:
+        remote.source.cache_clear()
