@@ -38,7 +38,8 @@ import yaml  # noqa: E402
 import sshenv  # noqa: E402
 from launcher import plan as planning  # noqa: E402
 from launcher import spec as specs  # noqa: E402
-from launcher.backends import ssh  # noqa: E402
+from launcher.backends.ssh import connection as ssh_connection  # noqa: E402
+from launcher.backends.ssh.session import SshSession  # noqa: E402
 
 STEP1 = re.compile(r"^(?:\[p(\d+)[^\]]*\] )?step 1/", re.M)
 
@@ -61,11 +62,11 @@ def job_args() -> list:
 def fanout_podlaunch(cluster: str, command: str = "true") -> float:
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster, ("train.num_steps=1",))
     start = time.perf_counter()
-    hosts = ssh.resolve_hosts(job)
+    hosts = SshSession(job, os.path.join(tempfile.gettempdir(), "bench-run")).ssh.resolve()
 
     def one(host):
         with host.open() as c:
-            status, _ = ssh.run_script(c.transport, command + "\n")
+            status, _ = ssh_connection.run_script(c.transport, command + "\n")
             assert status == 0
 
     with concurrent.futures.ThreadPoolExecutor(min(32, len(hosts))) as pool:
@@ -112,7 +113,10 @@ def first_step_serial(base: str, env: sshenv.SshTestEnv, hosts: list, run: int) 
     start = time.perf_counter()
     logs = []
     for i, h in enumerate(hosts):
-        env_vars = planning.worker_env(job, run_dir, f"{hosts[0]}:{port}", i, job_path)
+        placement = planning.Placement(host=h, num_processes=1, local_device_count=job.local_device_count,
+                                       platform="cpu", python=sys.executable, run_dir=run_dir,
+                                       job_path=job_path)
+        env_vars = planning.worker_env(job, placement, f"{hosts[0]}:{port}", i)
         env_vars["PYTHONPATH"] = REPO
         log = os.path.join(run_dir, f"p{i}.log")
         logs.append(log)
@@ -139,7 +143,7 @@ def first_step_serial(base: str, env: sshenv.SshTestEnv, hosts: list, run: int) 
 
 
 def ssh_free_port() -> int:
-    from launcher.backends.local import free_port
+    from launcher.proctl import free_port
     return free_port("127.0.0.2")
 
 

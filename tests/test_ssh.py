@@ -19,8 +19,10 @@ import yaml
 
 import sshenv
 from helpers import REPO, TESTS, launch, pids_with_env, start_launch
+from launcher import plan as planning
 from launcher import spec as specs
-from launcher.backends import ssh
+from launcher.backends.ssh import session as ssh_session
+from launcher.backends.ssh import transfer
 from launcher.errors import SpecError
 
 NUM_HOSTS = 4
@@ -130,18 +132,22 @@ def test_precedence_spec_over_ssh_config_over_defaults(tmp_path):
         "127.0.0.9"]}))                                          # defaults
     three = ("train.global_batch_size=24", "data.num_examples=24")
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(file), three + ("cluster.port=2299",))
-    a, b, c = ssh.resolve_hosts(job)
+    session = ssh_session.SshSession(job, str(tmp_path / "run"))
+    a, b, c = session.ssh.resolve()
     assert (a.connection.host, a.connection.user, a.connection.port) == ("127.0.0.2", "alice", 2299)
     assert (b.connection.user, b.connection.port) == ("bob", 2202)
     assert (a.connection.connect_timeout, c.connection.connect_timeout) == (7, 10)
     assert (a.known_hosts_file, a.host_key_policy) == ("/tmp/kh-from-config", "accept-new")
     assert c.known_hosts_file == os.path.expanduser("~/.ssh/known_hosts")
     assert c.host_key_policy == "strict" and c.connection.port == 2299
-    assert [h.process_ids for h in (a, b, c)] == [(0,), (1,), (2,)]
+    # ids come from the plan, in host order, one process per host
+    plan = planning.make_plan(job, session.ssh.placements([a, b, c]), str(tmp_path / "run"), "x:1")
+    assert [[p.process_id for p in plan.on_host(i)] for i in range(3)] == [[0], [1], [2]]
+    assert [p.host for p in plan.processes] == ["alias-a", "alias-a", "127.0.0.9"]
     missing = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(file),
                          three + ("cluster.ssh_config_file=/nonexistent/config",))
     with pytest.raises(SpecError, match="no such file: /nonexistent/config"):
-        ssh.resolve_hosts(missing)
+        ssh_session.SshSession(missing, str(tmp_path / "run")).ssh.resolve()
 
 
 # ---- preflight (no worker starts) --------------------------------------------
@@ -228,14 +234,14 @@ def test_sync_dir_copies_only_what_changed(tmp_path, hosts):
     (src / "__pycache__").mkdir()
     (src / "__pycache__" / "x.pyc").write_text("skip me")
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), write_cluster(tmp_path, hosts), SHORT[1::2])
-    host = ssh.resolve_hosts(job)[0]
+    host = ssh_session.SshSession(job, str(tmp_path / "run")).ssh.resolve()[0]
     with host.open() as c:
         sftp = c.sftp()
         target = str(tmp_path / "synced")
-        assert ssh.sync_dir(sftp, str(src), target) == 2
-        assert ssh.sync_dir(sftp, str(src), target) == 0
+        assert transfer.sync_dir(sftp, str(src), target) == 2
+        assert transfer.sync_dir(sftp, str(src), target) == 0
         (src / "pkg" / "a.py").write_text("A = 22\n")
-        assert ssh.sync_dir(sftp, str(src), target) == 1
+        assert transfer.sync_dir(sftp, str(src), target) == 1
     assert (tmp_path / "synced" / "pkg" / "a.py").read_text() == "A = 22\n"
     assert not (tmp_path / "synced" / "__pycache__").exists()
 
@@ -380,4 +386,5 @@ def test_sigkilled_launcher_leaves_recorded_survivors_for_the_next_launch(tmp_pa
 def test_kill_stale_is_refused_for_local_runs():
     result = launch("jobs/linear.yaml", "--kill-stale", "--dry-run")
     assert result.returncode == 2
-    assert "--kill-stale: only applies to cluster.backend: ssh" in result.stderr
+    assert ("--kill-stale: only applies to backends whose hosts can outlive a launcher (ssh, tpu); "
+            "this job's is local; remove the flag") in result.stderr

@@ -11,7 +11,7 @@ from typing import Literal
 
 from launcher import schema, tpu_topology
 from launcher.backends.base import ClusterSettings
-from launcher.backends.ssh_settings import SshSettings
+from launcher.backends.ssh.settings import SshSettings
 from launcher.schema import port_or_zero, positive, setting
 from worker import contract
 

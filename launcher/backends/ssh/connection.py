@@ -1,0 +1,227 @@
+"""One host's SSH connection: opening it with the host key checked, keepalive, short scripts.
+
+Traps of fabric/paramiko worked around here (see docs/ssh.md):
+
+* fabric sets ``AutoAddPolicy`` and loads no known_hosts: every connection
+  loads the known_hosts file and uses ``RejectPolicy`` (or ``AcceptNew``,
+  which records unknown keys but, like paramiko itself, refuses changed ones).
+* paramiko's transport keepalive never notices a silent peer: a thread per
+  host sends ``keepalive@openssh.com`` with want-reply and declares the host
+  lost after ``keepalive_timeout_s`` without an answer.
+* a command started without a pty keeps running when its connection drops:
+  teardown signals the worker's recorded process group with the shipped
+  ``launcher.remote.killpg``, over a fresh connection when the old one is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import socket
+import threading
+import time
+
+import fabric
+import paramiko
+
+from launcher import remote
+
+COMMAND_TIMEOUT_S = 60.0
+
+
+class AcceptNew(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's ``StrictHostKeyChecking accept-new``: record unknown hosts.
+
+    paramiko consults the policy only for hosts it has no key for; a changed
+    key raises ``BadHostKeyException`` before any policy runs.
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self, known_hosts_file: str):
+        self.known_hosts_file = known_hosts_file
+
+    def missing_host_key(self, client, hostname, key):
+        with self._lock:
+            os.makedirs(os.path.dirname(self.known_hosts_file) or ".", exist_ok=True)
+            with open(self.known_hosts_file, "a", encoding="utf-8") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+@dataclasses.dataclass
+class Host:
+    """One host of a run: its resolved settings, connection and liveness.
+
+    Attributes:
+      index: position in host order (placement order; host 0 runs the coordinator).
+      name: the host as the user wrote it (or the address discovered for it).
+      connection: fabric's Connection, opened by ``open``.
+      num_processes: worker processes it runs.
+      workdir: as configured; absolute once preflight has reported it.
+    """
+
+    index: int
+    name: str
+    connection: fabric.Connection
+    known_hosts_file: str
+    host_key_policy: str
+    num_processes: int
+    workdir: str
+    keepalive_interval_s: float
+    keepalive_timeout_s: float
+    python: str
+    lost: str | None = None
+    _pending_since: float | None = None
+    _closed: bool = False
+
+    @property
+    def address(self) -> str:
+        """host:port as connected to (after ssh_config's HostName and Port)."""
+        return f"{self.connection.host}:{self.connection.port}"
+
+    def fresh_connection(self) -> fabric.Connection:
+        """A new, unopened Connection with the same settings (for teardown)."""
+        c = self.connection
+        return fabric.Connection(self.name, user=c.user, port=c.port, config=c.config,
+                                 connect_timeout=c.connect_timeout,
+                                 connect_kwargs=dict(c.connect_kwargs))
+
+    def open(self, connection: fabric.Connection | None = None) -> fabric.Connection:
+        """Open ``connection`` (default: the host's own), checking the host key.
+
+        Raises:
+          paramiko.BadHostKeyException, paramiko.SSHException (unknown host key,
+          refused), paramiko.AuthenticationException, OSError (unreachable).
+        """
+        c = connection or self.connection
+        client = c.client
+        if os.path.exists(self.known_hosts_file):
+            client.load_host_keys(self.known_hosts_file)
+        client.set_missing_host_key_policy(
+            AcceptNew(self.known_hosts_file) if self.host_key_policy == "accept-new"
+            else paramiko.RejectPolicy())
+        c.open()
+        return c
+
+    def start_keepalive(self) -> None:
+        threading.Thread(target=self._keepalive, daemon=True, name=f"keepalive-{self.name}").start()
+
+    def _keepalive(self) -> None:
+        # global_request(wait=True) blocks until an answer (OpenSSH answers
+        # keepalive@openssh.com with REQUEST_FAILURE, which counts) or until the
+        # transport dies; check_lost() times the request in flight.
+        transport = self.connection.transport
+        while not self._closed and self.lost is None:
+            self._pending_since = time.monotonic()
+            try:
+                transport.global_request("keepalive@openssh.com", wait=True)
+            except Exception:  # noqa: BLE001  the transport died under us
+                pass
+            self._pending_since = None
+            if not transport.is_active():
+                if not self._closed and self.lost is None:
+                    self.lost = "connection closed"
+                return
+            time.sleep(self.keepalive_interval_s)
+
+    def check_lost(self) -> str | None:
+        """Why this host can no longer be watched, or None while it answers."""
+        pending = self._pending_since
+        if self.lost is None and pending is not None and \
+                time.monotonic() - pending > self.keepalive_timeout_s:
+            self.lost = f"no answer for {self.keepalive_timeout_s:g} s"
+            self.close()  # unblocks reader threads waiting on this host's channels
+        return self.lost
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self.connection.close()
+        except Exception:  # noqa: BLE001  closing a dead connection may raise anything
+            pass
+
+
+def shell_script(workdir: str, setup: tuple, env: dict, argv: list) -> str:
+    """A POSIX sh script: enter ``workdir`` (created), run ``setup``, export ``env``, exec ``argv``.
+
+    Fed to ``sh -s`` on stdin rather than as the SSH command line, so env
+    values (secrets included) never show in the host's process list, and it
+    works whatever the login shell is. Every value is ``shlex.quote``d;
+    ``setup`` lines are shell by design and go in as written.
+    """
+    lines = ["set -e", f"mkdir -p -- {shlex.quote(workdir)}", f"cd -- {shlex.quote(workdir)}"]
+    lines += list(setup)
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+    lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
+    return "\n".join(lines) + "\n"
+
+
+def command_line(argv: list) -> str:
+    """``argv`` as one quoted shell line (a script of one command)."""
+    return " ".join(shlex.quote(a) for a in argv) + "\n"
+
+
+def run_script(transport: paramiko.Transport, text: str, timeout_s: float = COMMAND_TIMEOUT_S
+               ) -> tuple[int, str]:
+    """Run a POSIX sh script (fed on stdin) over ``transport``; return (exit status, output).
+
+    Raises:
+      TimeoutError: no exit within ``timeout_s`` seconds.
+      paramiko.SSHException: the channel could not be opened.
+    """
+    chan = transport.open_session(timeout=timeout_s)
+    try:
+        chan.set_combine_stderr(True)
+        chan.settimeout(timeout_s)
+        chan.exec_command("sh -s")
+        chan.sendall(text.encode())
+        chan.shutdown_write()
+        chunks = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                data = chan.recv(65536)
+            except socket.timeout:
+                raise TimeoutError(f"no answer within {timeout_s:g} s") from None
+            if not data:
+                break
+            chunks.append(data)
+        if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"no exit status within {timeout_s:g} s")
+        return chan.recv_exit_status(), b"".join(chunks).decode(errors="replace")
+    finally:
+        chan.close()
+
+
+def run_on(host: Host, text: str, timeout_s: float) -> None:
+    """Run ``text`` on ``host`` over its connection when alive, else over a fresh one.
+
+    Errors are swallowed: teardown must go on for every other host.
+    """
+    transport = host.connection.transport
+    if host.lost is None and transport is not None and transport.is_active():
+        try:
+            run_script(transport, text, timeout_s)
+            return
+        except Exception:  # noqa: BLE001  fall through to a fresh connection
+            pass
+    try:
+        with host.open(host.fresh_connection()) as fresh:
+            run_script(fresh.transport, text, timeout_s)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def signal_group(host: Host, pgid: int, signals: tuple, timeout_s: float = 10.0) -> None:
+    """Send ``signals`` (names, e.g. ("TERM", "CONT")) to process group ``pgid`` on ``host``."""
+    argv = remote.python_call(host.python, "killpg", {"pgid": int(pgid), "signals": list(signals)})
+    run_on(host, command_line(argv), timeout_s)
+
+
+def stop_group(host: Host, pgid: int, grace_s: float) -> None:
+    """The whole stop sequence for group ``pgid``, run on ``host`` (TERM, ``grace_s``, KILL)."""
+    argv = remote.python_call(host.python, "killpg", {"pgid": int(pgid), "grace_s": grace_s})
+    run_on(host, command_line(argv), grace_s + 15.0)
+

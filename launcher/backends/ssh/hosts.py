@@ -1,0 +1,117 @@
+"""Host settings by precedence, and why a host could not be reached.
+
+Per host: its own setting (``SshHost``), then the cluster's (``SshSettings``),
+then the OpenSSH client config (``ssh_config_file``: ``HostName``, ``User``,
+``Port``, ``IdentityFile``, ``ConnectTimeout``, ``UserKnownHostsFile``,
+``StrictHostKeyChecking``), then the defaults. Works from an ``SshSettings``
+and a list of host specs, so the ssh backend (the user's hosts) and the tpu
+backend (the hosts gcloud reported) resolve hosts the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Sequence
+
+import fabric
+import paramiko
+
+from launcher.backends.ssh.connection import Host
+from launcher.backends.ssh.settings import SshHost, SshSettings
+from launcher.errors import Problem, SpecError
+
+DEFAULT_CONNECT_TIMEOUT_S = 10
+
+
+def expand(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def fabric_config(settings: SshSettings, source: str) -> fabric.Config:
+    """fabric's config reading ``ssh_config_file``.
+
+    Raises:
+      SpecError: ``ssh_config_file`` was set and names a missing file.
+    """
+    path = expand(settings.ssh_config_file)
+    if os.path.exists(path):
+        return fabric.Config(runtime_ssh_path=path)
+    if settings.ssh_config_file != "~/.ssh/config":
+        raise SpecError([Problem(source, None, "cluster.ssh_config_file",
+                                 f"no such file: {path}; fix the path or remove the key")])
+    return fabric.Config()  # ~/.ssh/config absent: fabric still reads /etc/ssh/ssh_config
+
+
+def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[int],
+            source: str) -> list[Host]:
+    """Per host, its settings by precedence: spec (host, then cluster) > ssh_config > defaults.
+
+    Args:
+      settings: the cluster's SSH settings.
+      specs: the hosts in placement order.
+      counts: worker processes per host, same order.
+      source: the spec file, for error messages.
+
+    Returns:
+      One unopened ``Host`` per spec, in order (nothing is contacted).
+
+    Raises:
+      SpecError: ``ssh_config_file`` names a missing file.
+    """
+    config = fabric_config(settings, source)
+    hosts = []
+    for index, (spec, count) in enumerate(zip(specs, counts)):
+        ssh_config = config.base_ssh_config.lookup(spec.host)
+        timeout = settings.connect_timeout_s or int(ssh_config.get("connecttimeout",
+                                                                   DEFAULT_CONNECT_TIMEOUT_S))
+        connect_kwargs = {}
+        if settings.identity_file:
+            connect_kwargs["key_filename"] = [expand(settings.identity_file)]
+        connection = fabric.Connection(spec.host, user=spec.user or settings.user,
+                                       port=spec.port or settings.port, config=config,
+                                       connect_timeout=timeout, connect_kwargs=connect_kwargs)
+        known = settings.known_hosts_file or (ssh_config.get("userknownhostsfile") or
+                                              "~/.ssh/known_hosts").split()[0]
+        policy = settings.host_key_policy or (
+            "accept-new" if ssh_config.get("stricthostkeychecking") == "accept-new" else "strict")
+        hosts.append(Host(index=index, name=spec.host, connection=connection,
+                          known_hosts_file=expand(known), host_key_policy=policy,
+                          num_processes=count, workdir=spec.workdir or settings.workdir,
+                          keepalive_interval_s=settings.keepalive_interval_s,
+                          keepalive_timeout_s=settings.keepalive_timeout_s,
+                          python=settings.python))
+    return hosts
+
+
+def connect_error(host: Host, exc: BaseException) -> str:
+    """One line saying why ``host`` could not be reached, and what to do."""
+    c = host.connection
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return (f"host key CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}, "
+                f"{host.known_hosts_file} has another); refused. If the host was reinstalled, "
+                f"remove the old key: ssh-keygen -R '[{c.host}]:{c.port}' -f {host.known_hosts_file}")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return (f"authentication failed for user {c.user!r}; check identity_file, ssh-agent "
+                f"and the host's authorized_keys")
+    if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
+        return (f"unknown host key (not in {host.known_hosts_file}); add it (ssh-keyscan) or "
+                f"set cluster.host_key_policy: accept-new")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return f"unreachable: connection refused at {host.address} (is sshd running?)"
+    if isinstance(exc, socket.gaierror):
+        return f"unreachable: cannot resolve {c.host!r}"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"unreachable: no answer from {host.address} within {c.connect_timeout} s"
+    if isinstance(exc, OSError):
+        return f"unreachable: {host.address}: {exc.strerror or exc}"
+    return f"ssh failed: {type(exc).__name__}: {exc}"
+
+
+def coordinator_ip(host: Host) -> str:
+    """Host 0's address, resolved once here so every worker gets the same one."""
+    try:
+        return socket.getaddrinfo(host.connection.host, None, socket.AF_INET,
+                                  socket.SOCK_STREAM)[0][4][0]
+    except socket.gaierror:
+        return host.connection.host  # only the hosts can resolve it (e.g. behind a jump host)

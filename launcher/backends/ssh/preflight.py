@@ -1,0 +1,183 @@
+"""Preflight: check every host before anything starts anywhere, and the refusal table.
+
+On every host in parallel (at most ``max_parallel`` at once): connect with
+the host key checked, then run ``launcher.remote.preflight`` in the workdir
+with the cluster's ``setup`` and ``env``. Then ``judge`` compares the hosts
+(python, jax and jaxlib identical everywhere) and reads each one's facts
+(modules importable, the coordinator port free on host 0, no survivors of an
+earlier run). One unfit host stops the launch: every connection is closed
+and the table names every host with its processes and reason.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+from typing import Sequence
+
+from launcher import plan as planning
+from launcher import remote
+from launcher.backends.ssh.connection import Host, run_script, shell_script
+from launcher.backends.ssh.hosts import connect_error
+from launcher.backends.ssh.settings import SshSettings
+from launcher.checks import BUILTIN_TASKS
+from launcher.errors import LaunchError
+from launcher.remote import preflight as remote_preflight
+from worker import contract
+
+# What preflight does with survivors of an earlier run of the job found on a host.
+REFUSE, STOP, REPORT = "refuse", "stop", "report"
+
+
+@dataclasses.dataclass
+class Check:
+    """What a check found on one host."""
+
+    host: Host
+    reason: str | None = None      # why this host is not fit to run, or None
+    facts: dict = dataclasses.field(default_factory=dict)
+
+
+def state_dir(workdir: str, job_name: str) -> str:
+    """``<workdir>/.podlaunch/<job>``: the job's job.json and its workers' pid files."""
+    return os.path.join(workdir, ".podlaunch", job_name)
+
+
+def modules(job) -> list:
+    """The modules a worker of ``job`` imports first: ``worker.main`` and a user task's module."""
+    names = ["worker.main"]
+    if job.task.name not in BUILTIN_TASKS:
+        names.append(job.task.name.split(":")[0])
+    return names
+
+
+def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: int | None) -> Check:
+    try:
+        host.open()
+    except Exception as exc:  # noqa: BLE001  every failure becomes a table row
+        return Check(host, connect_error(host, exc))
+    args = {"modules": modules(job), "port": port if host.index == 0 else None,
+            "kill_stale": survivors == STOP, "grace_s": settings.grace_s,
+            "state_dir": state_dir(".", job.name), "run_dir_env": contract.RUN_DIR}
+    text = shell_script(host.workdir, settings.setup, dict(settings.env),
+                        remote.python_call(settings.python, "preflight", args))
+    try:
+        status, output = run_script(host.connection.transport, text)
+    except Exception as exc:  # noqa: BLE001
+        return Check(host, f"preflight command failed: {exc}")
+    facts = remote.parse_marked(output, remote_preflight.MARK)
+    if facts is not None:
+        return Check(host, None, facts)
+    tail = " | ".join(output.strip().splitlines()[-3:]) or "no output"
+    if status == 127:
+        return Check(host, f"{settings.python} not found ({tail}); set cluster.python to the "
+                     "remote interpreter's absolute path")
+    return Check(host, f"workdir/setup/python failed with exit {status}: {tail}")
+
+
+def judge(checks: list, job, python: str, survivors: str) -> None:
+    """Fill in ``reason`` for hosts that answered but are unfit."""
+    answered = [c for c in checks if c.reason is None]
+    if answered:
+        reference = answered[0]
+        keys = ("python", "jax", "jaxlib")
+        want = {k: reference.facts.get(k) for k in keys}
+        for c in answered:
+            if c.facts.get("jax") is None or c.facts.get("jaxlib") is None:
+                c.reason = "jax/jaxlib not installed for " + python
+                continue
+            diff = [f"{k} {c.facts.get(k)} (host {reference.host.name}: {want[k]})"
+                    for k in keys if c.facts.get(k) != want[k]]
+            if diff:
+                c.reason = "version mismatch: " + ", ".join(diff)
+    for c in answered:
+        if c.reason:
+            continue
+        live = [r for r in c.facts.get("survivors", ()) if r["pids"]]
+        if c.facts.get("missing_modules"):
+            c.reason = (f"not importable: {', '.join(c.facts['missing_modules'])}; install podlaunch "
+                        "there, set cluster.env.PYTHONPATH, or use cluster.sync_dir")
+        elif c.facts.get("port_error"):
+            c.reason = f"coordinator {c.facts['port_error']}; pick another cluster.coordinator_port or 0"
+        elif live and survivors != REPORT:
+            ids = ", ".join(f"p{r['process_id']} (pgid {r['pgid']})" for r in live)
+            c.reason = (f"{len(live)} process group(s) of an earlier run of {job.name!r} still alive: "
+                        f"{ids} from {live[0]['run_dir']}; "
+                        + ("they survived SIGKILL" if survivors == STOP
+                           else "rerun with --kill-stale to stop them"))
+
+
+def labels(job, placements: Sequence[planning.Placement]) -> list:
+    """Per placement, its processes as ``make_plan`` numbers them ("p0", "p2,p3").
+
+    The refusal table comes before any plan exists; the ids are still only
+    ``make_plan``'s (a plan of these placements, used for nothing else).
+    """
+    plan = planning.make_plan(job, placements, "", "")
+    return [",".join(f"p{p.process_id}" for p in plan.on_host(i)) for i in range(len(placements))]
+
+
+def table(checks: list, host_labels: Sequence[str]) -> str:
+    """Hosts and reasons, one row each, in host order."""
+    width = max(len(c.host.name) for c in checks)
+    rows = [f"  {'host':<{width}}  processes  reason"]
+    for c, ids in zip(checks, host_labels):
+        rows.append(f"  {c.host.name:<{width}}  {ids:<9}  {c.reason or 'ok'}")
+    return "\n".join(rows)
+
+
+def refuse_unfit(checks: list, hosts: list, what: str, host_labels: Sequence[str]) -> None:
+    """Close every connection and raise if any check has a reason.
+
+    Raises:
+      LaunchError: "<what> failed on k of n hosts; nothing was started anywhere." and the table.
+    """
+    bad = [c for c in checks if c.reason]
+    if bad:
+        for h in hosts:
+            h.close()
+        raise LaunchError(f"{what} failed on {len(bad)} of {len(hosts)} hosts; nothing was "
+                          f"started anywhere.\n{table(checks, host_labels)}")
+
+
+def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str],
+              survivors: str = REFUSE, port: int | None = None) -> list:
+    """Check every host in parallel (at most ``max_parallel`` at once); connections stay open.
+
+    Args:
+      hosts: resolved, unopened hosts in placement order.
+      job: the validated spec (name, task).
+      settings: the cluster's SSH settings (python, setup, env, grace_s, max_parallel).
+      host_labels: per host, its processes ("p0"), for the refusal table.
+      survivors: REFUSE (a survivor makes its host unfit), STOP (stop them: TERM,
+        ``grace_s``, KILL) or REPORT (leave them, the host stays fit: a dry run).
+      port: the coordinator port to check on host 0 (0 picks a free one); None: no check.
+
+    Returns:
+      One Check per host, in host order, with facts (``workdir`` absolute,
+      ``port`` on host 0, versions, ``survivors``). Each host's ``workdir`` is
+      now absolute.
+
+    Raises:
+      LaunchError: any host is unfit; the message is a table of hosts and
+        reasons, and every connection has been closed (nothing was started).
+    """
+    with concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(hosts))) as pool:
+        checks = list(pool.map(lambda h: _check_host(h, job, settings, survivors, port), hosts))
+    judge(checks, job, settings.python, survivors)
+    refuse_unfit(checks, hosts, "preflight", host_labels)
+    for c in checks:
+        c.host.workdir = c.facts["workdir"]
+    return checks
+
+
+def survivors_found(checks: list, stopped: bool = True) -> list:
+    """Survivor records preflight stopped (or, ``stopped=False``, left alive), once each
+    (hosts may share a filesystem)."""
+    seen = {}
+    for c in checks:
+        for r in c.facts.get("survivors", ()):
+            if bool(r.get("stopped")) == stopped and (stopped or r["pids"]):
+                seen.setdefault((r["pgid"], r["run_dir"]), r)
+    return list(seen.values())
