@@ -4,6 +4,7 @@ stale TPU holders, and the CPU rehearsal. Hosts are real sshd on 127.0.0.2-5 (te
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,11 +19,15 @@ import yaml
 import fake_gcloud
 import sshenv
 from helpers import LAUNCH, REPO, TESTS, env_for_tests
+from launcher import plan as planning
 from launcher import spec as specs
 from launcher import tpu_topology
-from launcher.backends import tpu
+from launcher.backends.base import Options
+from launcher.backends.tpu import discovery
+from launcher.backends.tpu.session import TpuSession
+from launcher.backends.tpu_settings import slice_env
+from launcher.console import Console
 from launcher.errors import LaunchError
-from launcher.supervise import Console
 
 ZONE = "us-central2-b"
 TWO_SLICES = {"slice-a": ["127.0.0.2", "127.0.0.3"], "slice-b": ["127.0.0.4", "127.0.0.5"]}
@@ -79,15 +84,22 @@ def test_ids_are_unique_and_megascale_env_per_slice(tmp_path, monkeypatch):
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"),
                      write_cluster(tmp_path, slices=list(ips), accelerator_type="v4-32"),
                      ("train.global_batch_size=240",))
-    found = tpu.discover(job)
-    ids = [w.process_id for w in found.workers]
-    assert ids == list(range(12)) and len(set(ids)) == 12
-    assert [(w.slice_index, w.worker_index) for w in found.workers] == \
+    found = discovery.discover(job)
+    assert [(h.slice_index, h.worker_index) for h in found.hosts] == \
         [(s, w) for s in range(3) for w in range(4)]
-    assert found.workers[5].address == ips["s1"][1]
-    env = tpu.slice_env(job.cluster, 5, "127.0.0.10")
+    assert found.hosts[5].address == ips["s1"][1]
+    # ids come from the plan over the session's placements (slice-major, one process per host)
+    session = TpuSession(job, str(tmp_path / "run"))
+    ssh = session.hosts_of(found)
+    placements = ssh.placements(ssh.resolve(), session.slice_envs(len(found.hosts), "127.0.0.10"))
+    plan = planning.make_plan(job, placements, str(tmp_path / "run"), "127.0.0.10:8482")
+    ids = [p.process_id for p in plan.processes]
+    assert ids == list(range(12)) and len(set(ids)) == 12
+    assert [p.host for p in plan.processes] == sum(ips.values(), [])
+    env = plan.processes[5].env
     assert env["MEGASCALE_SLICE_ID"] == "1" and env["MEGASCALE_NUM_SLICES"] == "3"
     assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "127.0.0.10:8080" and env["MEGASCALE_PORT"] == "8080"
+    assert "MEGASCALE_SLICE_ID" not in slice_env(dataclasses.replace(job.cluster, slices=("s0",)), 0, "x")
     assert fake_gcloud.calls(tmp_path / "bin")[0] == [
         "compute", "tpus", "tpu-vm", "describe", "s0", "--zone", ZONE, "--project",
         fake_gcloud.PROJECT, "--format=json"]
@@ -103,8 +115,8 @@ def test_queued_resource_names_its_slices(tmp_path, monkeypatch):
     raw = yaml.safe_load(open(cluster))
     del raw["slices"]
     open(cluster, "w").write(yaml.safe_dump(raw))
-    found = tpu.discover(specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster))
-    assert [w.address for w in found.workers] == TWO_SLICES["slice-a"] + TWO_SLICES["slice-b"]
+    found = discovery.discover(specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster))
+    assert [h.address for h in found.hosts] == TWO_SLICES["slice-a"] + TWO_SLICES["slice-b"]
 
 
 @pytest.mark.parametrize("name", ["tpu-v4-32.yaml", "tpu-multislice.yaml"])
@@ -229,9 +241,12 @@ def test_stale_holders_ours_always_others_only_when_asked(tmp_path, hosts, monke
     lines = []
     console = Console()
     console.say = lines.append
+    options = Options(python=sys.executable)
     try:
+        session = TpuSession(job, str(tmp_path / "run1"), console, options)
         with pytest.raises(LaunchError) as refused:
-            tpu.prepare(job, str(tmp_path / "run1"), sys.executable, console)
+            session.prepare()
+        session.close()
         assert ours.wait(10) is not None  # ours: stopped without asking
         assert re.search(rf"127\.0\.0\.2\s+p0\s+TPU in use: pid {other.pid} \(.*\) holds {device}; "
                          r"--set cluster.stop_other_tpu_holders=true stops them", str(refused.value))
@@ -241,9 +256,17 @@ def test_stale_holders_ours_always_others_only_when_asked(tmp_path, hosts, monke
                          ("cluster.stop_other_tpu_holders=true",))
         lockfile.write_text("")  # left behind by a holder that is gone
         lines.clear()
-        plan = tpu.prepare(job, str(tmp_path / "run2"), sys.executable, console)
-        for h in plan.hosts:
-            h.close()
+        dry = TpuSession(job, str(tmp_path / "dry"), console,
+                         Options(python=sys.executable, dry_run=True))
+        dry.prepare()  # reports, stops nothing, removes nothing
+        dry.close()
+        assert other.poll() is None and lockfile.exists()
+        assert any(f"would stop processes holding the TPU (dry run): {other.pid}" in l for l in lines), lines
+        assert any(f"would remove stale {lockfile} (dry run)" in l for l in lines), lines
+        lines.clear()
+        session = TpuSession(job, str(tmp_path / "run2"), console, options)
+        session.prepare()
+        session.close()
         assert other.wait(10) is not None
         assert not lockfile.exists()
         assert any(f"stopped processes holding the TPU: {other.pid}" in l for l in lines), lines
