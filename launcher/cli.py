@@ -119,10 +119,9 @@ def _write_run_files(plan: planning.Plan) -> None:
         yaml.safe_dump({**resolved, "cluster": {
             **resolved["cluster"], "env": planning.masked(resolved["cluster"].get("env", {}))}},
             f, sort_keys=False)
-    worker_job = {k: v for k, v in resolved.items() if k != "cluster"}
-    worker_job["global_batch_size"] = plan.job.train.global_batch_size
-    with open(plan.job_path, "w", encoding="utf-8") as f:
-        json.dump(worker_job, f, indent=1)
+    from worker.contract import WorkerJob  # the worker's keys only: its contract, no defaults
+
+    WorkerJob.from_spec_dict(resolved).to_json(plan.job_path)
 
 
 def run(argv: list[str] | None = None, console: Console | None = None) -> int:

@@ -95,15 +95,10 @@ def worker_env(job: JobSpec, run_dir: str, coordinator_address: str, process_id:
         # JAX reads these when its backends start, before initialize() returns.
         env["JAX_PLATFORMS"] = "cpu"
         env["JAX_NUM_CPU_DEVICES"] = str(job.local_device_count)
-    env.update({
-        contract.COORDINATOR_ADDRESS: coordinator_address,
-        contract.NUM_PROCESSES: str(job.num_processes),
-        contract.PROCESS_ID: str(process_id),
-        contract.LOCAL_DEVICE_COUNT: str(job.local_device_count),
-        contract.PLATFORM: cluster.platform,
-        contract.JOB: job_path,
-        contract.RUN_DIR: run_dir,
-    })
+    env.update(contract.Identity(
+        coordinator_address=coordinator_address, num_processes=job.num_processes,
+        process_id=process_id, local_device_count=job.local_device_count,
+        platform=cluster.platform, job_path=job_path, run_dir=run_dir).to_env())
     env.update(cluster.env)
     return env
 

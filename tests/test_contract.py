@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from helpers import REPO
+from launcher import cli
 from launcher import plan as planning
 from launcher import spec as specs
 from worker import contract
@@ -112,6 +113,14 @@ def test_job_json_holds_exactly_the_workers_keys():
     for section, values in sent.items():
         if isinstance(values, dict):
             assert values == {k: resolved[section][k] for k in values}, section
+
+
+def test_the_launcher_writes_job_json_through_the_contract(tmp_path):
+    plan = planning.make_plan(specs.load(LINEAR), str(tmp_path), 12345, sys.executable)
+    cli._write_run_files(plan)
+    with open(plan.job_path, encoding="utf-8") as f:
+        assert set(json.load(f)) == {field.name for field in dataclasses.fields(WorkerJob)}
+    assert WorkerJob.from_json(plan.job_path) == linear_job()
 
 
 def test_the_spec_defaults_reach_the_worker(tmp_path):
