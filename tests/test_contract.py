@@ -1,17 +1,19 @@
 """The launcher -> worker contract: identity in the environment, the job in job.json.
 
-Fast: no JAX.
+Fast: no JAX. One test starts ``python -m worker``, which reads its identity
+and job before it imports jax.
 """
 
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, env_for_tests
 from launcher import cli
 from launcher import plan as planning
 from launcher import spec as specs
@@ -204,3 +206,16 @@ def test_a_spec_dict_without_a_worker_key_is_a_contract_error():
     del resolved["distributed"]["heartbeat_timeout_s"]
     with pytest.raises(ContractError, match="distributed.heartbeat_timeout_s: missing"):
         WorkerJob.from_spec_dict(resolved)
+
+
+def test_a_worker_given_a_job_json_that_breaks_the_contract_exits_with_the_mismatch_code(tmp_path):
+    d = linear_job().to_dict()
+    d["restarts"] = {"max_restarts": 0}
+    job_path = tmp_path / "job.json"
+    job_path.write_text(json.dumps(d))
+    env = env_for_tests(**identity(num_processes=1, process_id=0, job_path=str(job_path),
+                                   run_dir=str(tmp_path)).to_env())
+    done = subprocess.run([sys.executable, "-m", "worker"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == contract.EXIT_MISMATCH, done.stdout + done.stderr
+    assert f"worker: {job_path}: job: restarts: unknown key" in done.stdout
