@@ -37,7 +37,7 @@ def main() -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from worker import tasks
+    from worker import contract, tasks
     from worker.tracker import TensorBoardTracker
     from worker.train import InFlight, make_optimizer, make_train_step, place, replicate
 
@@ -69,7 +69,8 @@ def main() -> None:
         return steps / (time.perf_counter() - start)
 
     def run_ours(params0, x, y, steps, logdir):
-        optimizer = make_optimizer({"name": "sgd", "learning_rate": 0.01})
+        optimizer = make_optimizer(contract.OptimizerConfig(name="sgd", learning_rate=0.01,
+                                                            momentum=None, weight_decay=0.0))
         step_fn = make_train_step(tasks.mse, optimizer)
         params, opt_state = replicate(params0), replicate(optimizer.init(params0))
         xs, ys = place(x[None])[0], place(y[None])[0]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -23,6 +22,7 @@ from launcher.backends.base import Options
 from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.status import check_show, parse_show, summary
+from worker import contract
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -119,10 +119,8 @@ def _write_run_files(plan: planning.Plan) -> None:
     with open(os.path.join(plan.run_dir, "spec.yaml"), "w", encoding="utf-8") as f:
         f.write(f"# resolved from {os.path.abspath(plan.job.source)}; secrets masked\n")
         yaml.safe_dump(plan.job.to_masked_dict(), f, sort_keys=False)
-    worker_job = {k: v for k, v in resolved.items() if k != "cluster"}
-    fd = os.open(plan.job_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(worker_job, f, indent=1)
+    # the worker's keys only (its contract, no defaults); secrets in clear: mode 0600
+    contract.WorkerJob.from_spec_dict(resolved).to_json(plan.job_path)
 
 
 def run(argv: list[str] | None = None, console: Console | None = None) -> int:

@@ -123,15 +123,11 @@ def worker_env(job, placement: Placement, coordinator_address: str, process_id: 
         # JAX reads these when its backends start, before initialize() returns.
         env["JAX_PLATFORMS"] = "cpu"
         env["JAX_NUM_CPU_DEVICES"] = str(placement.local_device_count)
-    env.update({
-        contract.COORDINATOR_ADDRESS: coordinator_address,
-        contract.NUM_PROCESSES: str(job.num_processes),
-        contract.PROCESS_ID: str(process_id),
-        contract.LOCAL_DEVICE_COUNT: str(placement.local_device_count),
-        contract.PLATFORM: placement.platform,
-        contract.JOB: placement.job_path,
-        contract.RUN_DIR: placement.run_dir,
-    })
+    env.update(contract.Identity(
+        coordinator_address=coordinator_address, num_processes=job.num_processes,
+        process_id=process_id, local_device_count=placement.local_device_count,
+        platform=placement.platform, job_path=placement.job_path,
+        run_dir=placement.run_dir).to_env())
     env.update(placement.env)
     return env
 

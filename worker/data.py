@@ -15,6 +15,8 @@ import dataclasses
 
 import numpy as np
 
+from worker import contract
+
 # Synthetic rows are generated in fixed chunks, each from its own seed, so a
 # process can generate its rows without generating anyone else's.
 SYNTHETIC_CHUNK_ROWS = 4096
@@ -118,12 +120,12 @@ def _file_rows(path: str, target_column: int, global_batch_size: int, process_id
     return np.delete(rows, target, axis=1), rows[:, target:target + 1], ranges
 
 
-def load_shard(data: dict, global_batch_size: int, process_id: int, num_processes: int,
-               local_device_count: int) -> Shard:
+def load_shard(data: contract.DataConfig, global_batch_size: int, process_id: int,
+               num_processes: int, local_device_count: int) -> Shard:
     """Load this process's rows of every global batch, shaped for ``pmap``.
 
     Args:
-      data: the resolved ``data`` section of the spec.
+      data: the job's ``data`` section.
       global_batch_size: examples per step over all devices.
       process_id, num_processes: this process's identity.
       local_device_count: devices of this process.
@@ -135,15 +137,14 @@ def load_shard(data: dict, global_batch_size: int, process_id: int, num_processe
       ValueError: the batch does not divide, or the data is too small.
       OSError: the data file cannot be read.
     """
-    if data["source"] == "synthetic":
-        num_examples = data["num_examples"]
-        ranges = own_rows(num_examples, global_batch_size, process_id, num_processes)
-        parts = [synthetic_rows(data["seed"], data["in_features"], data["out_features"],
-                                data["noise_std"], s, e) for s, e in ranges]
+    if data.source == "synthetic":
+        ranges = own_rows(data.num_examples, global_batch_size, process_id, num_processes)
+        parts = [synthetic_rows(data.seed, data.in_features, data.out_features,
+                                data.noise_std, s, e) for s, e in ranges]
         x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
     else:
-        x, y, ranges = _file_rows(data["path"], data["target_column"], global_batch_size,
+        x, y, ranges = _file_rows(data.path, data.target_column, global_batch_size,
                                   process_id, num_processes)
     return _shape(x, y, len(ranges), local_device_count)
 

@@ -7,7 +7,6 @@ Order matters: the environment is read and checked before jax is imported
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -17,36 +16,8 @@ import traceback
 from worker import contract
 
 
-class Mismatch(Exception):
+class Mismatch(contract.ContractError):
     """What JAX reports differs from the launcher's plan."""
-
-
-def read_identity(environ=os.environ) -> dict:
-    """The launcher-given identity of this process (see ``worker.contract``).
-
-    Raises:
-      Mismatch: a variable is missing or malformed.
-    """
-    missing = [name for name in contract.ALL if not environ.get(name)]
-    if missing:
-        raise Mismatch(f"missing environment {', '.join(missing)}: start workers with `launch`")
-    try:
-        identity = {
-            "coordinator_address": environ[contract.COORDINATOR_ADDRESS],
-            "num_processes": int(environ[contract.NUM_PROCESSES]),
-            "process_id": int(environ[contract.PROCESS_ID]),
-            "local_device_count": int(environ[contract.LOCAL_DEVICE_COUNT]),
-            "platform": environ[contract.PLATFORM],
-            "job": environ[contract.JOB],
-            "run_dir": environ[contract.RUN_DIR],
-            "attempt": int(environ.get(contract.ATTEMPT) or 0),
-            "resume": environ.get(contract.RESUME) == "1",
-        }
-    except ValueError as exc:
-        raise Mismatch(f"malformed identity in the environment: {exc}") from None
-    if not 0 <= identity["process_id"] < identity["num_processes"]:
-        raise Mismatch(f"process_id {identity['process_id']} is outside 0..{identity['num_processes'] - 1}")
-    return identity
 
 
 def _on_sigterm(signum, frame):
@@ -55,13 +26,14 @@ def _on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def join(identity: dict, job: dict):
+def join(identity: contract.Identity, job: contract.WorkerJob):
     """``jax.distributed.initialize``, then check what JAX reports against the plan.
 
     By default every argument is explicit (``cluster_detection_method="deactivate"``).
-    When the launcher sets ``contract.CLUSTER_DETECTION_METHOD`` to another of
-    JAX's methods (``gcetpu``: TPU VM metadata), JAX detects process_id and
-    num_processes itself and the checks below catch any disagreement.
+    When the launcher sets ``identity.cluster_detection_method``
+    (``contract.CLUSTER_DETECTION_METHOD``) to another of JAX's methods
+    (``gcetpu``: TPU VM metadata), JAX detects process_id and num_processes
+    itself and the checks below catch any disagreement.
 
     Raises:
       Mismatch: process_count, process_index, local_device_count or platform
@@ -69,26 +41,26 @@ def join(identity: dict, job: dict):
     """
     import jax
 
-    if identity["platform"] == "cpu":
+    if identity.platform == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    dist = job["distributed"]
-    detection = os.environ.get(contract.CLUSTER_DETECTION_METHOD) or "deactivate"
+    dist = job.distributed
+    detection = identity.cluster_detection_method or "deactivate"
     explicit = {} if detection != "deactivate" else {
-        "num_processes": identity["num_processes"], "process_id": identity["process_id"]}
+        "num_processes": identity.num_processes, "process_id": identity.process_id}
     jax.distributed.initialize(
-        coordinator_address=identity["coordinator_address"],
+        coordinator_address=identity.coordinator_address,
         cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing
-        initialization_timeout=dist["initialization_timeout_s"],
-        heartbeat_timeout_seconds=dist["heartbeat_timeout_s"],
+        initialization_timeout=dist.initialization_timeout_s,
+        heartbeat_timeout_seconds=dist.heartbeat_timeout_s,
         **explicit,
     )
     seen = {
-        "process_count": (jax.process_count(), identity["num_processes"]),
-        "process_index": (jax.process_index(), identity["process_id"]),
-        "local_device_count": (jax.local_device_count(), identity["local_device_count"]),
+        "process_count": (jax.process_count(), identity.num_processes),
+        "process_index": (jax.process_index(), identity.process_id),
+        "local_device_count": (jax.local_device_count(), identity.local_device_count),
         "device_count": (jax.device_count(),
-                         identity["num_processes"] * identity["local_device_count"]),
-        "platform": (jax.devices()[0].platform, identity["platform"]),
+                         identity.num_processes * identity.local_device_count),
+        "platform": (jax.devices()[0].platform, identity.platform),
     }
     wrong = [f"{name} is {got}, the plan says {want}" for name, (got, want) in seen.items()
              if got != want]
@@ -98,7 +70,7 @@ def join(identity: dict, job: dict):
     return jax
 
 
-def train(identity: dict, job: dict, out=print) -> dict:
+def train(identity: contract.Identity, job: contract.WorkerJob, out=print) -> dict:
     """Run the job's training loop on this process; process 0 logs and saves.
 
     Returns:
@@ -114,17 +86,16 @@ def train(identity: dict, job: dict, out=print) -> dict:
     from worker.train import (InFlight, make_optimizer, make_train_step, place, replicate,
                               unreplicate)
 
-    process_id = identity["process_id"]
-    run_dir = identity["run_dir"]
-    train_spec = job["train"]
-    num_steps, global_batch = train_spec["num_steps"], train_spec["global_batch_size"]
+    process_id = identity.process_id
+    run_dir = identity.run_dir
+    num_steps, global_batch = job.train.num_steps, job.train.global_batch_size
 
-    shard = datasets.load_shard(job["data"], global_batch, process_id,
-                                identity["num_processes"], jax.local_device_count())
-    task = tasks.resolve(job["task"]["name"], job["task"]["args"])
-    params = task.init_params(jax.random.PRNGKey(train_spec["seed"]),
+    shard = datasets.load_shard(job.data, global_batch, process_id,
+                                identity.num_processes, jax.local_device_count())
+    task = tasks.resolve(job.task.name, job.task.args)
+    params = task.init_params(jax.random.PRNGKey(job.train.seed),
                               shard.in_features, shard.out_features)
-    optimizer = make_optimizer(job["optimizer"])
+    optimizer = make_optimizer(job.optimizer)
     opt_state = optimizer.init(params)
     (params, opt_state), first_step = _resume(identity, job, (params, opt_state),
                                               shard.num_batches, out)
@@ -135,11 +106,11 @@ def train(identity: dict, job: dict, out=print) -> dict:
         f"{list(shard.x.shape[1:])} x, {list(shard.y.shape[1:])} y on {jax.local_device_count()} "
         f"{jax.devices()[0].platform} devices")
 
-    tracker = make_tracker(run_dir, process_id, job["logging"]["tensorboard"])
+    tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
     step, logger = 0, None
     try:
         in_flight = InFlight()
-        logger = metrics.StepLogger(job, process_id, identity["num_processes"], tracker, out,
+        logger = metrics.StepLogger(job, process_id, identity.num_processes, tracker, out,
                                     lag=in_flight.max_steps)
 
         def dispatch(*args):
@@ -177,22 +148,23 @@ def train(identity: dict, job: dict, out=print) -> dict:
         tracker.close()
 
 
-def _resume(identity: dict, job: dict, state, num_batches: int, out) -> tuple:
+def _resume(identity: contract.Identity, job: contract.WorkerJob, state, num_batches: int,
+            out) -> tuple:
     """Restore ``state`` (unreplicated ``(params, opt_state)``) when the launcher says resume.
 
     Returns:
       ``(state, first_step)``: the checkpoint's state and step + 1, or ``(state, 1)``.
     """
-    if not identity["resume"]:
+    if not identity.resume:
         return state, 1
     from worker import checkpoint
 
-    state, step = checkpoint.restore_broadcast(identity["run_dir"], identity["process_id"], state,
+    state, step = checkpoint.restore_broadcast(identity.run_dir, identity.process_id, state,
                                                num_batches, warn=out)
     if step:
-        out(contract.RESUMED_FORMAT.format(step=step, attempt=identity["attempt"]))
+        out(contract.RESUMED_FORMAT.format(step=step, attempt=identity.attempt))
     else:
-        out(f"no checkpoint to resume from; starting at step 1 (attempt {identity['attempt']})")
+        out(f"no checkpoint to resume from; starting at step 1 (attempt {identity.attempt})")
     return state, step + 1
 
 
@@ -204,12 +176,11 @@ class _Recovery:
     per ``contract.heartbeat_interval_s``, never one per step.
     """
 
-    def __init__(self, identity: dict, job: dict, num_batches: int, out):
-        ckpt = job.get("checkpoint") or {}
-        self.every, self.keep = ckpt.get("every_steps", 0), ckpt.get("keep", 1)
-        self.num_steps = job["train"]["num_steps"]
-        self.interval_s = contract.heartbeat_interval_s(
-            (job.get("watchdog") or {}).get("stall_timeout_s"))
+    def __init__(self, identity: contract.Identity, job: contract.WorkerJob, num_batches: int,
+                 out):
+        self.every, self.keep = job.checkpoint.every_steps, job.checkpoint.keep
+        self.num_steps = job.train.num_steps
+        self.interval_s = contract.heartbeat_interval_s(job.watchdog.stall_timeout_s)
         self.identity, self.num_batches, self.out = identity, num_batches, out
         self.last_beat = -float("inf")  # the first step beats at once: compilation is over
 
@@ -229,10 +200,10 @@ class _Recovery:
 
         wait = wait or jax.block_until_ready
         saving = self.saves(step)
-        if saving and self.identity["process_id"] == 0:
+        if saving and self.identity.process_id == 0:
             from worker import checkpoint
 
-            path = checkpoint.save_replicated(self.identity["run_dir"], step, params, opt_state,
+            path = checkpoint.save_replicated(self.identity.run_dir, step, params, opt_state,
                                               self.num_batches, self.keep)
             self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path))
         if self.interval_s is None:
@@ -259,18 +230,17 @@ def main() -> None:
     """Entry point of ``python -m worker``; exits non-zero on any failure."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        identity = read_identity()
-        with open(identity["job"], "r", encoding="utf-8") as f:
-            job = json.load(f)
+        identity = contract.Identity.from_env(os.environ)
+        job = contract.WorkerJob.from_json(identity.job_path)
         jax = join(identity, job)
         # jax.distributed.initialize installs its preemption notifier's SIGTERM
         # handler, which swallows the launcher's TERM: the worker then sat out
         # grace_s until SIGKILL, with its TensorBoard writer never closed.
         signal.signal(signal.SIGTERM, _on_sigterm)
         print(f"process {jax.process_index()}/{jax.process_count()} joined "
-              f"{identity['coordinator_address']}", flush=True)
+              f"{identity.coordinator_address}", flush=True)
         train(identity, job, out=lambda text: print(text, flush=True))
-    except Mismatch as exc:
+    except contract.ContractError as exc:  # Mismatch too: a configuration problem, not retried
         print(f"worker: {exc}", flush=True)
         _exit_now(contract.EXIT_MISMATCH)
     except SystemExit as exc:  # SIGTERM from the launcher

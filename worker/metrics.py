@@ -87,9 +87,9 @@ def flatten(tree: Any, prefix: str = "") -> dict:
     return out
 
 
-def spec_markdown(job: dict) -> str:
-    """The resolved job as an indented (preformatted) Markdown block for TensorBoard's text tab."""
-    text = json.dumps(job, indent=2, sort_keys=False, default=str)
+def spec_markdown(job: contract.WorkerJob) -> str:
+    """The worker's job as an indented (preformatted) Markdown block for TensorBoard's text tab."""
+    text = json.dumps(job.to_dict(), indent=2, sort_keys=False, default=str)
     return "\n".join("    " + line for line in text.splitlines())
 
 
@@ -102,8 +102,9 @@ class StepLogger:
     """Times the training loop and writes what it measures at log steps.
 
     Args:
-      job: the resolved job (``job.json``): reads ``train``, ``optimizer`` and
-        ``logging`` (``log_every_steps``, ``tensorboard``, ``on_nonfinite_loss``).
+      job: the worker's job (``job.json``): reads ``train``, ``optimizer`` and
+        ``logging`` (``log_every_steps``, ``tensorboard``, ``on_nonfinite_loss``);
+        all of it is shown as TensorBoard text and hparams.
       process_id, num_processes: this process's identity.
       tracker: a ``worker.tracker`` tracker (real on process 0, no-op elsewhere).
       out: prints text (progress lines go to the launcher); called once per
@@ -117,29 +118,30 @@ class StepLogger:
         processes' last values.
     """
 
-    def __init__(self, job: dict, process_id: int, num_processes: int, tracker, out=print,
+    def __init__(self, job: contract.WorkerJob, process_id: int, num_processes: int, tracker,
+                 out=print,
                  clock: Callable[[], float] = time.perf_counter, lag: int = 2,
                  read_every_s: float = 0.25, gather=None, gather_timeout_s: float = 60.0):
-        logging = job["logging"]
-        self.log_every = logging["log_every_steps"]
-        self.on_nonfinite = logging.get("on_nonfinite_loss", "stop")
+        logging = job.logging
+        self.log_every = logging.log_every_steps
+        self.on_nonfinite = logging.on_nonfinite_loss
         if self.on_nonfinite not in NONFINITE_MODES:
             raise ValueError(f"logging.on_nonfinite_loss: expected one of {NONFINITE_MODES}, "
                              f"got {self.on_nonfinite!r}")
-        self.num_steps = job["train"]["num_steps"]
-        self.global_batch_size = job["train"]["global_batch_size"]
-        self.learning_rate = job["optimizer"]["learning_rate"]
+        self.num_steps = job.train.num_steps
+        self.global_batch_size = job.train.global_batch_size
+        self.learning_rate = job.optimizer.learning_rate
         self.process_id, self.num_processes = process_id, num_processes
         self.tracker, self.out, self.clock, self.lag = tracker, out, clock, lag
         self.read_every_s, self.gather_timeout_s = read_every_s, gather_timeout_s
         # Every process takes the same branch (the spec is shared): all post
         # their own step times to process 0 or none do.
-        if gather is None and logging["tensorboard"] and num_processes > 1:
+        if gather is None and logging.tensorboard and num_processes > 1:
             from worker.gather import KeyValueGather
 
             gather = KeyValueGather(process_id, num_processes)
         self.gather = gather
-        self.hparams = flatten({k: v for k, v in job.items() if k != "cluster"})
+        self.hparams = flatten(job.to_dict())
         self.compile_time_s: float | None = None
         self.last_loss: float | None = None
         self._calls = 0

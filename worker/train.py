@@ -15,24 +15,26 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from worker import contract
 from worker.metrics import STEP_METRICS
 
 AXIS = "batch"  # the seed's axis name
 
 
-def make_optimizer(spec: dict) -> optax.GradientTransformation:
-    """The optax optimizer a spec's ``optimizer`` section names.
+def make_optimizer(spec: contract.OptimizerConfig) -> optax.GradientTransformation:
+    """The optax optimizer the job's ``optimizer`` section names.
 
     Plain ``sgd`` gives exactly the seed's update ``p - learning_rate * g``
-    (optax scales by ``-learning_rate`` and adds; both are exact negations).
+    (optax scales by ``-learning_rate`` and adds; both are exact negations);
+    ``momentum`` None is no momentum. ``weight_decay`` is used by ``adamw`` only.
     """
-    name, lr = spec["name"], spec["learning_rate"]
+    name, lr = spec.name, spec.learning_rate
     if name == "sgd":
-        return optax.sgd(lr, momentum=spec.get("momentum"))
+        return optax.sgd(lr, momentum=spec.momentum)
     if name == "adam":
         return optax.adam(lr)
     if name == "adamw":
-        return optax.adamw(lr, weight_decay=spec["weight_decay"])
+        return optax.adamw(lr, weight_decay=spec.weight_decay)
     raise ValueError(f"unknown optimizer {name!r}")
 
 
