@@ -39,7 +39,7 @@ from launcher import plan as planning  # noqa: E402
 from launcher import spec as specs  # noqa: E402
 from launcher.backends.ssh import connection as ssh_connection  # noqa: E402
 from launcher.backends.ssh.session import SshSession  # noqa: E402
-from worker import contract  # noqa: E402
+from worker.job import WorkerJob  # noqa: E402
 
 STEP1 = re.compile(r"^(?:\[p(\d+)[^\]]*\] )?step 1/", re.M)
 
@@ -106,7 +106,7 @@ def first_step_serial(base: str, env: sshenv.SshTestEnv, hosts: list, run: int) 
     run_dir = os.path.join(base, f"serial-{run}")
     os.makedirs(run_dir)
     job_path = os.path.join(run_dir, "job.json")
-    contract.WorkerJob.from_spec_dict(job.to_dict()).to_json(job_path)
+    WorkerJob.from_spec_dict(job.to_dict()).to_json(job_path)
     port = ssh_free_port()
     start = time.perf_counter()
     logs = []

@@ -22,7 +22,7 @@ from launcher.backends.base import Options
 from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.status import check_show, parse_show, summary
-from worker import contract
+from worker import job as jobs
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -120,7 +120,7 @@ def _write_run_files(plan: planning.Plan) -> None:
         f.write(f"# resolved from {os.path.abspath(plan.job.source)}; secrets masked\n")
         yaml.safe_dump(plan.job.to_masked_dict(), f, sort_keys=False)
     # the worker's keys only (its contract, no defaults); secrets in clear: mode 0600
-    contract.WorkerJob.from_spec_dict(resolved).to_json(plan.job_path)
+    jobs.WorkerJob.from_spec_dict(resolved).to_json(plan.job_path)
 
 
 def run(argv: list[str] | None = None, console: Console | None = None) -> int:

@@ -14,7 +14,6 @@ are properties, never typed by the user.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
 from typing import Any, Literal
@@ -22,7 +21,7 @@ from typing import Any, Literal
 from launcher import backends, datafiles, schema, yamlio
 from launcher.checks import BUILTIN_TASKS
 from launcher.errors import Problem, SpecError
-from launcher.schema import MISSING, non_negative, port_or_zero, positive, setting
+from launcher.schema import MISSING, non_negative, positive, setting
 from worker import redact
 
 _TASK_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")

@@ -18,7 +18,9 @@ from launcher import cli
 from launcher import plan as planning
 from launcher import spec as specs
 from worker import contract
-from worker.contract import ContractError, Identity, WorkerJob
+from worker.contract import ContractError, Identity
+from worker.job import WorkerJob
+from worker import job as jobs
 
 LINEAR = os.path.join(REPO, "jobs", "linear.yaml")
 
@@ -98,7 +100,7 @@ def test_an_identity_checks_its_types():
 def test_a_real_spec_round_trips_through_job_json(tmp_path):
     job = linear_job()
     assert job.name == "linear"
-    assert job.train == contract.TrainConfig(num_steps=100, global_batch_size=256, seed=0)
+    assert job.train == jobs.TrainConfig(num_steps=100, global_batch_size=256, seed=0)
     assert job.optimizer.learning_rate == 0.1 and job.optimizer.momentum is None
     assert job.data.noise_std == 0.1 and job.data.path is None
     path = str(tmp_path / "job.json")
@@ -142,11 +144,11 @@ def test_the_spec_defaults_reach_the_worker(tmp_path):
         """))
     job = WorkerJob.from_spec_dict(specs.load(str(path)).to_dict())
     # the spec's defaults (launcher/spec.py), not the worker's old fallbacks (every 0, keep 1)
-    assert job.checkpoint == contract.CheckpointConfig(every_steps=1000, keep=3)
+    assert job.checkpoint == jobs.CheckpointConfig(every_steps=1000, keep=3)
     assert job.watchdog.stall_timeout_s == 300.0
-    assert job.logging == contract.LoggingConfig(log_every_steps=10, tensorboard=True,
+    assert job.logging == jobs.LoggingConfig(log_every_steps=10, tensorboard=True,
                                                  on_nonfinite_loss="stop")
-    assert job.task == contract.TaskConfig(name="linear_regression", args={})
+    assert job.task == jobs.TaskConfig(name="linear_regression", args={})
 
 
 def test_a_missing_key_is_named_by_its_dotted_key():

@@ -8,11 +8,9 @@ Two typed halves, built by the launcher and read by the worker:
 
 * ``Identity``: who this process is, passed in the environment
   (``Identity.to_env`` / ``Identity.from_env``).
-* ``WorkerJob``: what to train, passed as ``job.json``
-  (``WorkerJob.from_spec_dict`` picks it out of the launcher's resolved spec;
-  ``WorkerJob.to_json`` / ``WorkerJob.from_json``). Every key is required and
-  no key the worker does not read is sent: the spec's defaults live only in
-  ``launcher/spec.py``.
+* ``worker.job.WorkerJob``: what to train, passed as ``job.json``. Every key
+  is required and no key the worker does not read is sent: the spec's
+  defaults live only in ``launcher/spec.py``.
 
 Both raise ``ContractError`` (naming the variable or the dotted key) for what
 does not fit; the worker exits with ``EXIT_MISMATCH`` then.
@@ -46,8 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import os
 import re
 import types
 import typing
@@ -184,6 +180,54 @@ class ContractError(Exception):
     """
 
 
+# ---- typed fields (Identity here, the job's sections in worker.job) ------------------------
+@functools.lru_cache(maxsize=None)
+def hints_of(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def allowed_types(hint) -> tuple:
+    """The runtime types a field's annotation admits (an int is a float; a bool is no int)."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    options = typing.get_args(hint) if union else (hint,)
+    out: list = []
+    for option in options:
+        option = typing.get_origin(option) or option
+        out += [int, float] if option is float else [type(None) if option is None else option]
+    return tuple(out)
+
+
+def type_ok(value: Any, allowed: tuple) -> bool:
+    if isinstance(value, bool) and bool not in allowed:
+        return False
+    return isinstance(value, allowed)
+
+
+def expected_type(hint) -> str:
+    allowed = allowed_types(hint)
+    return " or ".join("null" if t is type(None) else t.__name__
+                       for t in allowed if t is not int or float not in allowed)
+
+
+def describe_value(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def check_fields(obj) -> None:
+    """Raise ContractError for the first field of dataclass ``obj`` of the wrong type."""
+    for field in dataclasses.fields(obj):
+        hint = hints_of(type(obj))[field.name]
+        value = getattr(obj, field.name)
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, hint):
+                raise ContractError(f"{field.name}: expected {hint.__name__}, "
+                                    f"got {describe_value(value)}")
+            continue
+        if not type_ok(value, allowed_types(hint)):
+            raise ContractError(f"{field.name}: expected {expected_type(hint)}, "
+                                f"got {describe_value(value)}")
+
+
 # ---- the identity: the environment -----------------------------------------------------------
 _BOOL_ENV = {"0": False, "1": True}
 
@@ -222,7 +266,7 @@ class Identity:
     cluster_detection_method: str | None = None
 
     def __post_init__(self):
-        _check_fields(self)
+        check_fields(self)
         if self.num_processes < 1:
             raise ContractError(f"num_processes is {self.num_processes}, expected >= 1")
         if not 0 <= self.process_id < self.num_processes:
@@ -297,269 +341,3 @@ class Identity:
             resume=_BOOL_ENV[resume],
             cluster_detection_method=environ.get(CLUSTER_DETECTION_METHOD) or None,
         )
-
-
-# ---- the job: job.json -----------------------------------------------------------------------
-# Exactly the keys the worker reads, every one required. Their meaning, checks
-# and defaults are the spec's (launcher/spec.py, the README's table).
-
-class _Section:
-    """A job section: its values' types are checked on construction (ContractError)."""
-
-    def __post_init__(self):
-        _check_fields(self)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TaskConfig(_Section):
-    """``task``: ``name`` (built-in or ``package.module:function``) and its keyword ``args``."""
-
-    name: str
-    args: dict[str, Any]  # user data, passed as is
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DataConfig(_Section):
-    """``data``: where the rows come from (``worker.data.load_shard``).
-
-    Attributes:
-      source: ``synthetic`` or ``file``.
-      num_examples, in_features, out_features, noise_std, seed: synthetic data
-        (rows, features, targets, std of the Gaussian noise, seed).
-      path: file data: absolute path of a .npy, .npz or .csv (None for synthetic).
-      target_column: file data (.npy, .csv): index of the target column.
-    """
-
-    source: str
-    num_examples: int
-    in_features: int
-    out_features: int
-    noise_std: float
-    seed: int
-    path: str | None
-    target_column: int
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OptimizerConfig(_Section):
-    """``optimizer`` (``worker.train.make_optimizer``).
-
-    Attributes:
-      name: ``sgd``, ``adam`` or ``adamw``.
-      learning_rate: step size.
-      momentum: sgd only; None is plain SGD.
-      weight_decay: adamw only.
-    """
-
-    name: str
-    learning_rate: float
-    momentum: float | None
-    weight_decay: float
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig(_Section):
-    """``train``: ``num_steps`` optimizer steps of ``global_batch_size`` examples
-    (over all devices); ``seed`` of the parameter initialisation."""
-
-    num_steps: int
-    global_batch_size: int
-    seed: int
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LoggingConfig(_Section):
-    """``logging``: progress and scalars every ``log_every_steps`` steps; process 0
-    writes TensorBoard events when ``tensorboard``; ``on_nonfinite_loss`` is
-    ``stop`` or ``warn``."""
-
-    log_every_steps: int
-    tensorboard: bool
-    on_nonfinite_loss: str
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DistributedConfig(_Section):
-    """``distributed``: ``jax.distributed.initialize``'s timeouts, in seconds."""
-
-    initialization_timeout_s: int
-    heartbeat_timeout_s: int
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointConfig(_Section):
-    """``checkpoint``: process 0 saves every ``every_steps`` steps and at the last
-    one (0 = never); the newest ``keep`` are kept."""
-
-    every_steps: int
-    keep: int
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WatchdogConfig(_Section):
-    """``watchdog``: ``stall_timeout_s`` (seconds, None = off) paces the heartbeats
-    (``heartbeat_interval_s``)."""
-
-    stall_timeout_s: float | None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WorkerJob(_Section):
-    """What one worker trains: the part of the resolved spec the worker reads.
-
-    Attributes:
-      name: the job's name (shown in TensorBoard's text tab).
-      task, data, optimizer, train, logging, distributed, checkpoint, watchdog:
-        the spec's sections of the same names, each with only the keys the
-        worker reads.
-    """
-
-    name: str
-    task: TaskConfig
-    data: DataConfig
-    optimizer: OptimizerConfig
-    train: TrainConfig
-    logging: LoggingConfig
-    distributed: DistributedConfig
-    checkpoint: CheckpointConfig
-    watchdog: WatchdogConfig
-
-    def to_dict(self) -> dict:
-        """Nested plain dicts, in field order (JSON-ready)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> "WorkerJob":
-        """The job ``to_dict`` made (e.g. read back from JSON).
-
-        Raises:
-          ContractError: a key is missing or unknown, a section is not a
-            mapping, or a value has the wrong type; it lists every such
-            problem, each with its dotted key.
-        """
-        problems: list = []
-        job = _build(cls, d, "", problems)
-        if problems:
-            raise ContractError("job: " + "; ".join(problems))
-        return job
-
-    @classmethod
-    def from_spec_dict(cls, resolved: dict) -> "WorkerJob":
-        """Pick the worker's keys out of the launcher's ``JobSpec.to_dict()``.
-
-        Everything else in ``resolved`` (``cluster``, ``restarts``,
-        ``watchdog.first_step_timeout_s``, ...) is left out.
-
-        Raises:
-          ContractError: ``resolved`` lacks a key the worker needs.
-        """
-        return cls.from_dict(_pick(cls, resolved))
-
-    def to_json(self, path: str) -> None:
-        """Write ``to_dict()`` as JSON to ``path``, mode 0600 (it may hold the task's secrets)."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1)
-            f.write("\n")
-
-    @classmethod
-    def from_json(cls, path: str) -> "WorkerJob":
-        """Read a job ``to_json`` wrote.
-
-        Raises:
-          OSError: the file cannot be read.
-          ContractError: it is not JSON, or not a job (see ``from_dict``).
-        """
-        with open(path, "r", encoding="utf-8") as f:
-            text = f.read()
-        try:
-            d = json.loads(text)
-        except ValueError as exc:
-            raise ContractError(f"{path}: not JSON: {exc}") from None
-        try:
-            return cls.from_dict(d)
-        except ContractError as exc:
-            raise ContractError(f"{path}: {exc}") from None
-
-
-@functools.lru_cache(maxsize=None)
-def _hints(cls) -> dict:
-    return typing.get_type_hints(cls)
-
-
-def _allowed(hint) -> tuple:
-    """The runtime types a field's annotation admits (an int is a float; a bool is no int)."""
-    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    options = typing.get_args(hint) if union else (hint,)
-    out: list = []
-    for option in options:
-        option = typing.get_origin(option) or option
-        out += [int, float] if option is float else [type(None) if option is None else option]
-    return tuple(out)
-
-
-def _type_ok(value: Any, allowed: tuple) -> bool:
-    if isinstance(value, bool) and bool not in allowed:
-        return False
-    return isinstance(value, allowed)
-
-
-def _expected(hint) -> str:
-    allowed = _allowed(hint)
-    return " or ".join("null" if t is type(None) else t.__name__
-                       for t in allowed if t is not int or float not in allowed)
-
-
-def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
-def _check_fields(obj) -> None:
-    """Raise ContractError for the first field of dataclass ``obj`` of the wrong type."""
-    for field in dataclasses.fields(obj):
-        hint = _hints(type(obj))[field.name]
-        value = getattr(obj, field.name)
-        if dataclasses.is_dataclass(hint):
-            if not isinstance(value, hint):
-                raise ContractError(f"{field.name}: expected {hint.__name__}, "
-                                    f"got {_describe(value)}")
-            continue
-        if not _type_ok(value, _allowed(hint)):
-            raise ContractError(f"{field.name}: expected {_expected(hint)}, "
-                                f"got {_describe(value)}")
-
-
-def _build(cls, d: Any, prefix: str, problems: list):
-    """Build dataclass ``cls`` from mapping ``d``; append ``"dotted.key: problem"`` to ``problems``."""
-    if not isinstance(d, dict):
-        problems.append(f"{prefix.rstrip('.') or '(top level)'}: expected a mapping, "
-                        f"got {_describe(d)}")
-        return None
-    hints = _hints(cls)
-    names = [field.name for field in dataclasses.fields(cls)]
-    problems += [f"{prefix}{key}: unknown key" for key in d if key not in names]
-    values, ok = {}, True
-    for name in names:
-        key = prefix + name
-        if name not in d:
-            problems.append(f"{key}: missing")
-            ok = False
-        elif dataclasses.is_dataclass(hints[name]):
-            values[name] = _build(hints[name], d[name], key + ".", problems)
-            ok = ok and values[name] is not None
-        elif not _type_ok(d[name], _allowed(hints[name])):
-            problems.append(f"{key}: expected {_expected(hints[name])}, got {_describe(d[name])}")
-            ok = False
-        else:
-            values[name] = d[name]
-    return cls(**values) if ok else None
-
-
-def _pick(cls, resolved: Any) -> Any:
-    """The keys of dataclass ``cls`` (recursively) out of ``resolved``; others are dropped."""
-    if not isinstance(resolved, dict):
-        return resolved  # from_dict names it
-    hints = _hints(cls)
-    return {name: (_pick(hints[name], resolved[name]) if dataclasses.is_dataclass(hints[name])
-                   else resolved[name])
-            for name in (field.name for field in dataclasses.fields(cls)) if name in resolved}

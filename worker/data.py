@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy as np
 
-from worker import contract
+from worker import job as jobs
 
 # Synthetic rows are generated in fixed chunks, each from its own seed, so a
 # process can generate its rows without generating anyone else's.
@@ -120,7 +120,7 @@ def _file_rows(path: str, target_column: int, global_batch_size: int, process_id
     return np.delete(rows, target, axis=1), rows[:, target:target + 1], ranges
 
 
-def load_shard(data: contract.DataConfig, global_batch_size: int, process_id: int,
+def load_shard(data: jobs.DataConfig, global_batch_size: int, process_id: int,
                num_processes: int, local_device_count: int) -> Shard:
     """Load this process's rows of every global batch, shaped for ``pmap``.
 

@@ -14,6 +14,7 @@ import time
 import traceback
 
 from worker import contract
+from worker import job as jobs
 
 
 class Mismatch(contract.ContractError):
@@ -26,7 +27,7 @@ def _on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def join(identity: contract.Identity, job: contract.WorkerJob):
+def join(identity: contract.Identity, job: jobs.WorkerJob):
     """``jax.distributed.initialize``, then check what JAX reports against the plan.
 
     By default every argument is explicit (``cluster_detection_method="deactivate"``).
@@ -70,7 +71,7 @@ def join(identity: contract.Identity, job: contract.WorkerJob):
     return jax
 
 
-def train(identity: contract.Identity, job: contract.WorkerJob, out=print) -> dict:
+def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     """Run the job's training loop on this process; process 0 logs and saves.
 
     Returns:
@@ -148,7 +149,7 @@ def train(identity: contract.Identity, job: contract.WorkerJob, out=print) -> di
         tracker.close()
 
 
-def _resume(identity: contract.Identity, job: contract.WorkerJob, state, num_batches: int,
+def _resume(identity: contract.Identity, job: jobs.WorkerJob, state, num_batches: int,
             out) -> tuple:
     """Restore ``state`` (unreplicated ``(params, opt_state)``) when the launcher says resume.
 
@@ -176,7 +177,7 @@ class _Recovery:
     per ``contract.heartbeat_interval_s``, never one per step.
     """
 
-    def __init__(self, identity: contract.Identity, job: contract.WorkerJob, num_batches: int,
+    def __init__(self, identity: contract.Identity, job: jobs.WorkerJob, num_batches: int,
                  out):
         self.every, self.keep = job.checkpoint.every_steps, job.checkpoint.keep
         self.num_steps = job.train.num_steps
@@ -231,7 +232,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         identity = contract.Identity.from_env(os.environ)
-        job = contract.WorkerJob.from_json(identity.job_path)
+        job = jobs.WorkerJob.from_json(identity.job_path)
         jax = join(identity, job)
         # jax.distributed.initialize installs its preemption notifier's SIGTERM
         # handler, which swallows the launcher's TERM: the worker then sat out

@@ -57,6 +57,7 @@ import time
 from typing import Any, Callable
 
 from worker import contract
+from worker import job as jobs
 
 # The columns of the train step's metrics array (worker.train.make_train_step).
 STEP_METRICS = ("loss", "grad_norm", "param_norm")
@@ -87,7 +88,7 @@ def flatten(tree: Any, prefix: str = "") -> dict:
     return out
 
 
-def spec_markdown(job: contract.WorkerJob) -> str:
+def spec_markdown(job: jobs.WorkerJob) -> str:
     """The worker's job as an indented (preformatted) Markdown block for TensorBoard's text tab."""
     text = json.dumps(job.to_dict(), indent=2, sort_keys=False, default=str)
     return "\n".join("    " + line for line in text.splitlines())
@@ -118,7 +119,7 @@ class StepLogger:
         processes' last values.
     """
 
-    def __init__(self, job: contract.WorkerJob, process_id: int, num_processes: int, tracker,
+    def __init__(self, job: jobs.WorkerJob, process_id: int, num_processes: int, tracker,
                  out=print,
                  clock: Callable[[], float] = time.perf_counter, lag: int = 2,
                  read_every_s: float = 0.25, gather=None, gather_timeout_s: float = 60.0):

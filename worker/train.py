@@ -15,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from worker import contract
+from worker import job as jobs
 from worker.metrics import STEP_METRICS
 
 AXIS = "batch"  # the seed's axis name
 
 
-def make_optimizer(spec: contract.OptimizerConfig) -> optax.GradientTransformation:
+def make_optimizer(spec: jobs.OptimizerConfig) -> optax.GradientTransformation:
     """The optax optimizer the job's ``optimizer`` section names.
 
     Plain ``sgd`` gives exactly the seed's update ``p - learning_rate * g``
