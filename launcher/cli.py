@@ -163,6 +163,7 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
                                      "choose another directory")]) from None
         console.say(f"run directory {run_dir}"
                     + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
+        console.say(job.epoch_text())
         result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
                                         resume=bool(args.resume))
     finally:

@@ -182,6 +182,7 @@ def describe(plan: Plan) -> str:
         f"job {job.name}: {plan.num_processes} processes x {job.local_device_count} devices "
         f"= device_count {job.device_count}; global_batch_size {job.train.global_batch_size} "
         f"= {job.per_device_batch_size} per device",
+        job.epoch_text(),
         f"coordinator_address {plan.coordinator_address}",
         f"run directory {plan.run_dir}",
     ]

@@ -61,6 +61,9 @@ class DataSpec:
                                doc="file: .npy, .npz or .csv, relative to the spec file")
     target_column: int = setting(-1, check=schema.index,
                                  doc="file (.npy, .csv): index of the target column")
+    last_batch: Literal["drop", "pad"] = setting(
+        "drop", doc="rows that do not fill a last global batch: drop them, or pad that batch "
+        "with rows from the start (the launch says how many rows each epoch uses)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -155,6 +158,8 @@ class JobSpec:
                                        "values are masked in everything printed or written, "
                                        "besides the names worker.redact recognises")
     source: str = dataclasses.field(default="", compare=False, metadata={"internal": True})
+    # rows of the dataset (synthetic: num_examples; file: counted at load)
+    data_rows: int = dataclasses.field(default=0, compare=False, metadata={"internal": True})
     # key path -> (file or "--set", line), for the checks made after loading (LATE_CHECKED)
     locations: dict = dataclasses.field(default_factory=dict, compare=False,
                                         metadata={"internal": True})
@@ -179,10 +184,23 @@ class JobSpec:
         """(file or ``--set``, line or None) that set ``key`` (one of ``LATE_CHECKED``)."""
         return self.locations.get(key, (self.source, None))
 
+    def epoch_text(self) -> str:
+        """How many rows each epoch uses, and what happens to the rest, in words."""
+        rows, batch = self.data_rows, self.train.global_batch_size
+        whole, rest = divmod(rows, batch)
+        text = f"data: {rows} rows, global_batch_size {batch}: "
+        if not rest:
+            return text + f"{whole} batches per epoch use every row"
+        if self.data.last_batch == "pad":
+            return (text + f"{whole + 1} batches per epoch; the last one's {rest} rows are padded "
+                    f"with {batch - rest} rows from the start (data.last_batch: pad)")
+        return (text + f"{whole} batches per epoch use {whole * batch} rows; the last {rest} rows "
+                "are never used (data.last_batch: drop; set it to pad to use them)")
+
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        out.pop("source")
-        out.pop("locations")
+        for internal in ("source", "locations", "data_rows"):
+            out.pop(internal)
         return out
 
     def to_masked_dict(self) -> dict:
@@ -339,7 +357,7 @@ def _check_job(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:
             ctx.error(("data", "num_examples"),
                       f"{data.num_examples} rows cannot fill one global batch of "
                       f"{train.global_batch_size}; raise it or lower train.global_batch_size")
-        return spec
+        return dataclasses.replace(spec, data_rows=data.num_examples)
     for key in ("num_examples", "in_features", "out_features", "noise_std", "seed"):
         if schema.given(raw_data, key):
             ctx.error(("data", key), "only used with data.source: synthetic; remove it")
@@ -362,7 +380,7 @@ def _check_job(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:
     if rows < train.global_batch_size:
         ctx.error(("train", "global_batch_size"),
                   f"{train.global_batch_size} is more than the {rows} rows of {full}; lower it")
-    return dataclasses.replace(spec, data=dataclasses.replace(data, path=full))
+    return dataclasses.replace(spec, data=dataclasses.replace(data, path=full), data_rows=rows)
 
 
 # Keys checked after loading, for one backend only (task importable, memory).

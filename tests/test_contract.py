@@ -112,7 +112,7 @@ def test_a_real_spec_round_trips_through_job_json(tmp_path):
 def test_job_json_holds_exactly_the_workers_keys():
     resolved = specs.load(LINEAR).to_dict()
     sent = linear_job().to_dict()
-    assert list(sent) == ["name", "task", "data", "optimizer", "train", "logging", "distributed",
+    assert list(sent) == ["name", "secrets", "task", "data", "optimizer", "train", "logging", "distributed",
                           "checkpoint", "watchdog"]
     assert "cluster" in resolved and "restarts" in resolved  # in the spec, not sent
     assert sent["watchdog"] == {"stall_timeout_s": 300.0}  # no first_step_timeout_s

@@ -160,6 +160,12 @@ def test_secrets_are_masked_everywhere_printed_or_kept(tmp_path):
     for secret in ("pw-db-123", "pw-url-123", "plain-123", "tok-arg-123"):
         assert secret not in kept
         assert secret not in result.stdout + result.stderr
+    # TensorBoard's spec text and hparams, written by process 0, read back with TensorBoard
+    from test_monitoring import read_plugin_data
+    text, session, _ = read_plugin_data(str(run_dir / "tensorboard"))
+    assert '"api_token": "****"' in text and "tok-arg-123" not in text
+    assert session.hparams["task.args.api_token"].string_value == "****"
+    assert "tok-arg-123" not in str(session)
     # the workers' copy carries the task's arguments, readable by the owner only
     job_json = run_dir / "job.json"
     assert stat.S_IMODE(job_json.stat().st_mode) == 0o600

@@ -116,6 +116,25 @@ def test_resume_skips_a_truncated_checkpoint_and_continues(tmp_path, uninterrupt
     assert "step 20/20" in (run_dir / "logs" / "process-000.log").read_text()  # attempt 0's log kept
 
 
+def test_resume_with_every_checkpoint_corrupt_fails_and_touches_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    first = launch("jobs/linear.yaml", *COMMON, "--set", "train.num_steps=10",
+                   "--set", "checkpoint.keep=2", "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    ckpts = run_dir / "checkpoints"
+    (ckpts / "step-0000010" / "state.npz").write_bytes(b"truncated")
+    (ckpts / "step-0000005" / "manifest.json").write_text("{not json")
+    before = {p: p.read_bytes() for p in ckpts.rglob("*") if p.is_file()}
+    resumed = launch("jobs/linear.yaml", *COMMON, "--set", "train.num_steps=10", "--resume", str(run_dir))
+    out = resumed.stdout
+    assert resumed.returncode == 1, out[-3000:] + resumed.stderr
+    assert "FAILED: process_id 0" in out, out[-3000:]
+    assert f"every checkpoint in {ckpts} is corrupt" in out, out[-3000:]
+    assert "step-0000010: state.npz is 9 bytes" in out and "step-0000005: unreadable manifest" in out
+    assert "step 1/10" not in out  # it did not start over
+    assert {p: p.read_bytes() for p in ckpts.rglob("*") if p.is_file()} == before
+
+
 def test_resume_refuses_what_is_not_a_run_of_this_job(tmp_path):
     result = launch("jobs/linear.yaml", "--resume", str(tmp_path))
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -42,6 +42,10 @@ class CheckpointError(Exception):
     """A checkpoint cannot be used: corrupt (skippable) or not this job's (not skippable)."""
 
 
+class NoUsableCheckpoint(CheckpointError):
+    """Checkpoints exist but none verifies: resuming would silently start over."""
+
+
 class IncompatibleCheckpoint(CheckpointError):
     """A complete checkpoint that does not fit the job (other model shapes or data)."""
 
@@ -207,11 +211,14 @@ def latest(ckpt_dir: str, template: list, num_batches: int,
     """The newest checkpoint that verifies; corrupt newer ones are skipped with a warning.
 
     Returns:
-      The Checkpoint, or None when ``ckpt_dir`` holds no usable one.
+      The Checkpoint, or None when ``ckpt_dir`` holds no checkpoint at all.
 
     Raises:
       IncompatibleCheckpoint: the newest complete checkpoint belongs to another job.
+      NoUsableCheckpoint: there are checkpoints and every one is corrupt (each
+        named with why); starting over would train from step 1 and overwrite them.
     """
+    skipped = []
     for step in reversed(list_steps(ckpt_dir)):
         path = step_dir(ckpt_dir, step)
         try:
@@ -219,7 +226,12 @@ def latest(ckpt_dir: str, template: list, num_batches: int,
         except IncompatibleCheckpoint:
             raise
         except CheckpointError as exc:
+            skipped.append(f"{path}: {exc}")
             warn(f"warning: skipping checkpoint {path}: {exc}; trying the previous one")
+    if skipped:
+        raise NoUsableCheckpoint(
+            f"every checkpoint in {ckpt_dir} is corrupt, so nothing can be resumed and nothing "
+            f"was touched: {'; '.join(skipped)}. Restore them, or start a new run without --resume")
     return None
 
 
@@ -264,7 +276,8 @@ def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
       ``(state, step)``: the restored state and its step, or ``(state, 0)`` unchanged.
 
     Raises:
-      IncompatibleCheckpoint: the checkpoint does not fit this job (on every process).
+      IncompatibleCheckpoint: the checkpoint does not fit this job, or (as
+        ``NoUsableCheckpoint`` on process 0) every checkpoint is corrupt; on every process.
     """
     import jax
     from jax.experimental import multihost_utils
@@ -275,7 +288,7 @@ def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
     if process_id == 0:
         try:
             found = latest(directory(run_dir), leaves, num_batches, warn)
-        except IncompatibleCheckpoint as exc:
+        except (IncompatibleCheckpoint, NoUsableCheckpoint) as exc:
             error = str(exc)
         header = np.array([-1 if error else int(found is not None), found.step if found else 0], np.int32)
     status, step = (int(v) for v in multihost_utils.broadcast_one_to_all(header))

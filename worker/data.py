@@ -15,6 +15,7 @@ import dataclasses
 
 import numpy as np
 
+from worker import csvdata
 from worker import job as jobs
 
 # Synthetic rows are generated in fixed chunks, each from its own seed, so a
@@ -47,9 +48,19 @@ class Shard:
         return self.y.shape[-1]
 
 
+def num_batches(num_examples: int, global_batch_size: int, pad: bool = False) -> int:
+    """Global batches per epoch: whole ones only (``drop``), or the last one filled (``pad``)."""
+    return -(-num_examples // global_batch_size) if pad else num_examples // global_batch_size
+
+
 def own_rows(num_examples: int, global_batch_size: int, process_id: int,
-             num_processes: int) -> list[tuple[int, int]]:
-    """Row ranges ``[start, stop)`` this process owns, one per global batch.
+             num_processes: int, pad: bool = False) -> list[tuple[int, int]]:
+    """Row segments ``[start, stop)`` this process owns, in order, for every global batch.
+
+    Batch ``i`` is rows ``i * global_batch_size`` onwards, each process taking
+    its contiguous share. With ``pad``, a last batch the rows do not fill
+    takes rows from the start again (so a segment may wrap: two segments);
+    without it, the rows after the last whole batch are not used.
 
     Raises:
       ValueError: the batch does not divide over processes, or exceeds the data.
@@ -57,12 +68,20 @@ def own_rows(num_examples: int, global_batch_size: int, process_id: int,
     if global_batch_size % num_processes:
         raise ValueError(f"global_batch_size {global_batch_size} does not divide over "
                          f"{num_processes} processes")
-    num_batches = num_examples // global_batch_size
-    if num_batches == 0:
+    count = num_batches(num_examples, global_batch_size, pad)
+    if count == 0:
         raise ValueError(f"{num_examples} rows cannot fill a global batch of {global_batch_size}")
     per_process = global_batch_size // num_processes
-    return [(i * global_batch_size + process_id * per_process,
-             i * global_batch_size + (process_id + 1) * per_process) for i in range(num_batches)]
+    segments = []
+    for i in range(count):
+        start = i * global_batch_size + process_id * per_process
+        stop = start + per_process
+        lo = start
+        while lo < stop:  # more than one segment only when a padded batch wraps
+            hi = min(stop, (lo // num_examples + 1) * num_examples)
+            segments.append((lo % num_examples, (hi - 1) % num_examples + 1))
+            lo = hi
+    return segments
 
 
 def synthetic_truth(seed: int, in_features: int, out_features: int) -> tuple[np.ndarray, np.ndarray]:
@@ -92,32 +111,53 @@ def synthetic_rows(seed: int, in_features: int, out_features: int, noise_std: fl
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def _file_rows(path: str, target_column: int, global_batch_size: int, process_id: int,
-               num_processes: int):
-    """Read only this process's rows of a .npy, .npz or .csv file."""
+def _file_rows(path: str, target_column: int, segments: list, table_rows: int | None = None):
+    """Read only this process's rows of a .npy, .npz or .csv file.
+
+    Raises:
+      ValueError: a value is not finite (naming the file, its row and column).
+    """
     if path.endswith(".npz"):
         with np.load(path) as arrays:  # npz members cannot be memory-mapped
             x_all, y_all = arrays["x"], arrays["y"]
-        ranges = own_rows(len(x_all), global_batch_size, process_id, num_processes)
-        x = np.concatenate([x_all[s:e] for s, e in ranges])
-        y = np.concatenate([y_all[s:e] for s, e in ranges])
-        return x, y.reshape(len(y), -1), ranges
+        x = np.concatenate([x_all[s:e] for s, e in segments])
+        y = np.concatenate([y_all[s:e] for s, e in segments])
+        y = y.reshape(len(y), -1)
+        _check_finite(path, np.concatenate([x.reshape(len(x), -1), y], axis=1), segments)
+        return x, y
     if path.endswith(".npy"):
         table = np.load(path, mmap_mode="r")  # only our rows are paged in
-        ranges = own_rows(table.shape[0], global_batch_size, process_id, num_processes)
-        rows = np.concatenate([np.asarray(table[s:e]) for s, e in ranges])
-    else:  # .csv: every line is skimmed, only ours are parsed
-        with open(path, "r", encoding="utf-8") as f:
-            lines = [line for line in f if line.strip()]
+        rows = np.concatenate([np.asarray(table[s:e]) for s, e in segments])
+        _check_finite(path, rows, segments)
+    else:  # .csv: the launcher's pre-check and this reader are one parser (worker.csvdata)
         try:
-            [float(c) for c in lines[0].split(",")]
-        except ValueError:
-            lines = lines[1:]  # a header
-        ranges = own_rows(len(lines), global_batch_size, process_id, num_processes)
-        rows = np.loadtxt([line for s, e in ranges for line in lines[s:e]],
-                          delimiter=",", dtype=np.float64, ndmin=2)
+            rows = np.array(csvdata.read_rows(path, segments), dtype=np.float64, ndmin=2)
+        except csvdata.CsvError as exc:
+            raise ValueError(f"{path}: {exc}") from None
     target = target_column % rows.shape[1]
-    return np.delete(rows, target, axis=1), rows[:, target:target + 1], ranges
+    return np.delete(rows, target, axis=1), rows[:, target:target + 1]
+
+
+def _check_finite(path: str, rows: np.ndarray, segments: list) -> None:
+    """Raise ValueError naming the first non-finite value's row (0-based, in the file) and column."""
+    bad = ~np.isfinite(rows)
+    if not bad.any():
+        return
+    index, column = (int(v) for v in np.argwhere(bad)[0])
+    file_rows = np.concatenate([np.arange(s, e) for s, e in segments])
+    raise ValueError(f"{path}: row {int(file_rows[index])} (0-based), column {column + 1}: "
+                     f"{float(rows[index, column])!r} is not a finite number; data must be finite "
+                     "(fix or drop the row)")
+
+
+def file_row_count(path: str) -> int:
+    """Data rows of a .npy, .npz or .csv file (headers and blank lines not counted)."""
+    if path.endswith(".npz"):
+        with np.load(path) as arrays:
+            return len(arrays["x"])
+    if path.endswith(".npy"):
+        return np.load(path, mmap_mode="r").shape[0]
+    return csvdata.shape(path)[0]
 
 
 def load_shard(data: jobs.DataConfig, global_batch_size: int, process_id: int,
@@ -125,7 +165,7 @@ def load_shard(data: jobs.DataConfig, global_batch_size: int, process_id: int,
     """Load this process's rows of every global batch, shaped for ``pmap``.
 
     Args:
-      data: the job's ``data`` section.
+      data: the job's ``data`` section (``last_batch``: drop or pad a last partial batch).
       global_batch_size: examples per step over all devices.
       process_id, num_processes: this process's identity.
       local_device_count: devices of this process.
@@ -134,19 +174,20 @@ def load_shard(data: jobs.DataConfig, global_batch_size: int, process_id: int,
       A Shard with x, y ``[num_batches, local_device_count, per_device_batch_size, features]``.
 
     Raises:
-      ValueError: the batch does not divide, or the data is too small.
+      ValueError: the batch does not divide, the data is too small, or a value is not finite.
       OSError: the data file cannot be read.
     """
+    pad = data.last_batch == "pad"
+    rows = data.num_examples if data.source == "synthetic" else file_row_count(data.path)
+    segments = own_rows(rows, global_batch_size, process_id, num_processes, pad)
     if data.source == "synthetic":
-        ranges = own_rows(data.num_examples, global_batch_size, process_id, num_processes)
         parts = [synthetic_rows(data.seed, data.in_features, data.out_features,
-                                data.noise_std, s, e) for s, e in ranges]
+                                data.noise_std, s, e) for s, e in segments]
         x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
     else:
-        x, y, ranges = _file_rows(data.path, data.target_column, global_batch_size,
-                                  process_id, num_processes)
-    return _shape(x, y, len(ranges), local_device_count)
+        x, y = _file_rows(data.path, data.target_column, segments)
+    return _shape(x, y, num_batches(rows, global_batch_size, pad), local_device_count)
 
 
 def _shape(x: np.ndarray, y: np.ndarray, num_batches: int, local_device_count: int) -> Shard:

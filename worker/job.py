@@ -51,6 +51,8 @@ class DataConfig(_Section):
         (rows, features, targets, std of the Gaussian noise, seed).
       path: file data: absolute path of a .npy, .npz or .csv (None for synthetic).
       target_column: file data (.npy, .csv): index of the target column.
+      last_batch: ``drop`` the rows after the last whole global batch, or ``pad``
+        it with rows from the start.
     """
 
     source: str
@@ -61,6 +63,7 @@ class DataConfig(_Section):
     seed: int
     path: str | None
     target_column: int
+    last_batch: str
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,9 +138,12 @@ class WorkerJob(_Section):
       task, data, optimizer, train, logging, distributed, checkpoint, watchdog:
         the spec's sections of the same names, each with only the keys the
         worker reads.
+      secrets: the spec's ``secrets`` (key names masked, with ``worker.redact``'s
+        rule, in what the worker writes: TensorBoard's spec text and hparams).
     """
 
     name: str
+    secrets: list[str]
     task: TaskConfig
     data: DataConfig
     optimizer: OptimizerConfig
@@ -237,5 +243,6 @@ def _pick(cls, resolved: Any) -> Any:
         return resolved  # from_dict names it
     hints = hints_of(cls)
     return {name: (_pick(hints[name], resolved[name]) if dataclasses.is_dataclass(hints[name])
+                   else list(resolved[name]) if isinstance(resolved[name], tuple)  # as JSON has it
                    else resolved[name])
             for name in (field.name for field in dataclasses.fields(cls)) if name in resolved}

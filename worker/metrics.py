@@ -58,6 +58,7 @@ from typing import Any, Callable
 
 from worker import contract
 from worker import job as jobs
+from worker import redact
 
 # The columns of the train step's metrics array (worker.train.make_train_step).
 STEP_METRICS = ("loss", "grad_norm", "param_norm")
@@ -89,8 +90,10 @@ def flatten(tree: Any, prefix: str = "") -> dict:
 
 
 def spec_markdown(job: jobs.WorkerJob) -> str:
-    """The worker's job as an indented (preformatted) Markdown block for TensorBoard's text tab."""
-    text = json.dumps(job.to_dict(), indent=2, sort_keys=False, default=str)
+    """The worker's job, secrets masked, as an indented (preformatted) Markdown block for
+    TensorBoard's text tab."""
+    text = json.dumps(redact.masked(job.to_dict(), job.secrets), indent=2, sort_keys=False,
+                      default=str)
     return "\n".join("    " + line for line in text.splitlines())
 
 
@@ -142,7 +145,7 @@ class StepLogger:
 
             gather = KeyValueGather(process_id, num_processes)
         self.gather = gather
-        self.hparams = flatten(job.to_dict())
+        self.hparams = flatten(redact.masked(job.to_dict(), job.secrets))
         self.compile_time_s: float | None = None
         self.last_loss: float | None = None
         self._calls = 0
