@@ -1,8 +1,11 @@
 """Process state: how each worker stands and how it ended; no printing, no I/O.
 
-``supervise`` moves each process through the states (RUNNING, then SUCCEEDED,
-FAILED, or STOPPED by the launcher); ``launcher.status`` and
-``launcher.console`` only read them.
+A process moves RUNNING -> SUCCEEDED or FAILED (it ended by itself), or
+RUNNING -> STOPPED (the launcher stopped it after another failure or an
+interrupt); a stalled process is FAILED with the watchdog's verdict as its
+exit. ``Tracked``'s methods are the only code that changes a process's state;
+``launcher.supervise`` decides when to call them, and ``launcher.status`` and
+``launcher.console`` only read.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import dataclasses
 import enum
 import signal
 import threading
-from typing import Iterator, Protocol
+import time
+from typing import Callable, Iterator, Protocol
 
 from launcher.plan import ProcessPlan
 from worker import contract
@@ -114,6 +118,8 @@ class State(enum.Enum):
 
 @dataclasses.dataclass
 class Tracked:
+    """One worker as the launcher sees it: its state, its exit, and what its lines said."""
+
     worker: Worker
     state: State = State.RUNNING
     exit: Exit | None = None
@@ -131,6 +137,59 @@ class Tracked:
     @property
     def plan(self) -> ProcessPlan:
         return self.worker.plan
+
+    @property
+    def running(self) -> bool:
+        return self.state is State.RUNNING
+
+    def observe(self, line: str, now: float) -> bool:
+        """Take one output line read at ``now``.
+
+        Returns:
+          Whether the line is for the log and the console (heartbeats are for
+          the watchdog only).
+        """
+        step = contract.parse_step(line)
+        if step is not None:
+            self.last_step, self.progress_at = step, now
+            self.failed_at_step = contract.is_failure(line)
+        if contract.is_heartbeat(line):
+            return False
+        self.tail.append(line)
+        self.stats.observe(line)
+        return True
+
+    def output_closed(self, now: float) -> None:
+        """Its output ended at ``now``: the closest the launcher sees to its death."""
+        self.eof_at = now
+
+    def poll(self, clock: Callable[[], float] = time.monotonic) -> bool:
+        """Poll a running worker; when it has ended, record how (SUCCEEDED or FAILED).
+
+        Returns:
+          True when it has ended (now or before).
+        """
+        if self.state is not State.RUNNING:
+            return True
+        ended = self.worker.poll()
+        if ended is None:
+            return False
+        self.exit, self.ended_at = ended, clock()
+        self.state = State.SUCCEEDED if ended.ok else State.FAILED
+        return True
+
+    def mark_stalled(self, what: str) -> None:
+        """The watchdog's verdict on a running worker: alive, but no step progress (``what``)."""
+        self.stall = Exit(stalled=what)
+
+    def stopped_by_launcher(self) -> None:
+        """Teardown is over: a worker it had to stop (running when it began) did not succeed
+        by itself, so it counts as STOPPED, whatever its exit; a stalled one is FAILED,
+        with the stall as its exit (the SIGKILL that ended it was the launcher's)."""
+        if self.stall is not None:
+            self.exit, self.state = self.stall, State.FAILED
+        elif self.state is not State.SUCCEEDED:
+            self.state = State.STOPPED
 
 
 @dataclasses.dataclass

@@ -75,7 +75,7 @@ def _ms(seconds: float) -> str:
 
 
 def status_text(tracked: Sequence) -> str:
-    """One status line for ``supervise.Tracked`` processes (each with ``.stats`` and ``.state``)."""
+    """One status line for ``state.Tracked`` processes (each with ``.stats`` and ``.state``)."""
     running = [t for t in tracked if t.state is State.RUNNING]
     head = f"{len(running)}/{len(tracked)} running"
     reported = [t for t in tracked if t.stats.progress is not None]

@@ -17,6 +17,11 @@ subprocess, a remote command over SSH, ...) and ``supervise`` does the rest:
 
 The failure report leads with the first failure by time, not the cascade it
 caused (as torch.distributed.elastic does).
+
+Time is injected: ``clock`` (default ``time.monotonic``) is read for every
+timestamp and deadline, and ``sleep`` (default: wait on the workers' output)
+is how the loop lets time pass, so ``tests/test_supervise.py`` drives a whole
+run, stall or teardown with fake workers and a fake clock in milliseconds.
 """
 
 from __future__ import annotations
@@ -25,11 +30,14 @@ import queue
 import signal
 import threading
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
+from launcher import proctl
 from launcher.console import Console
-from launcher.state import Exit, Result, State, Tracked, Watchdog, Worker
-from worker import contract
+from launcher.state import Exit, Result, State, Tracked, Watchdog, Worker  # noqa: F401
+# Exit is re-exported for modules that still import it from here (backends/ssh.py).
+
+KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped
 
 
 class Interrupted(Exception):
@@ -40,29 +48,57 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-def _pump(tracked: Tracked, out: queue.Queue) -> None:
+class _Output:
+    """Worker lines on their way to the console; waiting on it is how supervision lets time pass.
+
+    Args:
+      console: where the lines go.
+      sleep: None: wait for the next line (at most the given seconds), in real
+        time; else called with the seconds to let pass (tests advance a fake
+        clock), after which the lines that arrived are shown.
+    """
+
+    def __init__(self, console: Console, sleep: Callable[[float], None] | None = None):
+        self.queue: queue.Queue = queue.Queue()
+        self.console = console
+        self.sleep = sleep
+
+    def put(self, item: tuple) -> None:
+        # (label, text) or (label, text, process_id): the id lets --show filter
+        self.queue.put(item)
+
+    def wait(self, seconds: float) -> None:
+        """Show every line that has arrived, waiting up to ``seconds`` for the first."""
+        if seconds and self.sleep is not None:
+            self.sleep(seconds)
+            seconds = 0
+        try:
+            self.console.line(*(self.queue.get(timeout=seconds) if seconds else self.queue.get_nowait()))
+            while True:
+                self.console.line(*self.queue.get_nowait())
+        except queue.Empty:
+            pass
+
+
+def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float]) -> None:
     """Reader thread: log file first, then the console queue."""
     with open(tracked.plan.log_path, "a", encoding="utf-8", errors="replace") as log:
         try:
             for line in tracked.worker.lines():
-                step = contract.parse_step(line)
-                if step is not None:
-                    tracked.last_step, tracked.progress_at = step, time.monotonic()
-                    tracked.failed_at_step = contract.is_failure(line)
-                if contract.is_heartbeat(line):
-                    continue  # for the watchdog only
+                if not tracked.observe(line, clock()):
+                    continue  # a heartbeat: for the watchdog only
                 log.write(line + "\n")
                 log.flush()
-                tracked.tail.append(line)
-                tracked.stats.observe(line)
                 out.put((tracked.plan.label, line, tracked.plan.process_id))
         except Exception as exc:  # a reader must never die silently
             out.put((tracked.plan.label, f"podlaunch: output stream broke: {exc!r}"))
-        tracked.eof_at = time.monotonic()
+        tracked.output_closed(clock())
 
 
 def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
-              poll_interval_s: float = 0.05, watchdog: Watchdog | None = None) -> Result:
+              poll_interval_s: float = 0.05, watchdog: Watchdog | None = None,
+              clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] | None = None) -> Result:
     """Run until every worker succeeded, one failed, or the launcher is interrupted.
 
     Args:
@@ -71,15 +107,18 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
       console: where prefixed lines and launcher messages go.
       poll_interval_s: how often exits are checked.
       watchdog: stall timeouts; None: no watchdog.
+      clock: seconds, monotonic; every timestamp and deadline reads it.
+      sleep: lets time pass between polls; None (the default) waits on the
+        workers' output instead, showing a line as soon as it arrives.
 
     Returns:
       A Result; every worker has ended (or been killed) by the time it returns.
     """
-    started = time.monotonic()
-    lines: queue.Queue = queue.Queue()
+    started = clock()
+    output = _Output(console, sleep)
     tracked = [Tracked(w) for w in workers]
     for t in tracked:
-        t.reader = threading.Thread(target=_pump, args=(t, lines), daemon=True,
+        t.reader = threading.Thread(target=_pump, args=(t, output, clock), daemon=True,
                                     name=f"reader-{t.plan.process_id}")
         t.reader.start()
 
@@ -89,82 +128,88 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
     try:
         try:
             while True:
-                _drain(lines, console, poll_interval_s)
+                output.wait(poll_interval_s)
                 console.status(tracked)
                 for t in tracked:
-                    if t.state is State.RUNNING and _check(t) and not t.exit.ok and first_failure is None:
+                    if t.running and t.poll(clock) and not t.exit.ok and first_failure is None:
                         first_failure = t
                 if first_failure is None and watchdog is not None:
-                    first_failure = _stalled(tracked, watchdog, started, console)
+                    first_failure = _stalled(tracked, watchdog, started, console, clock)
                 if first_failure is not None and first_failure.stall is not None:
                     break
                 if first_failure is not None:
-                    first_failure = _root_cause(tracked, lines, console)
+                    first_failure = _root_cause(tracked, output, clock)
                     console.say(f"{first_failure.plan.label} failed ({first_failure.exit}); "
-                                f"stopping the other {sum(t.state is State.RUNNING for t in tracked)} processes")
+                                f"stopping the other {sum(t.running for t in tracked)} processes")
                     break
-                if all(t.state is not State.RUNNING for t in tracked):
+                if not any(t.running for t in tracked):
                     break
         except (KeyboardInterrupt, Interrupted) as exc:
             interrupted = True
-            console.say(f"interrupted ({exc or 'SIGINT'}); stopping all processes")
-        _teardown(tracked, grace_s, lines, console)
-        if first_failure is not None and first_failure.stall is not None:
-            # killed by us after the teardown polled it; the stall is what it did
-            first_failure.exit, first_failure.state = first_failure.stall, State.FAILED
+            console.say(f"interrupted ({str(exc) or 'SIGINT'}); stopping all processes")
+        stalled = first_failure is not None and first_failure.stall is not None
+        _teardown(tracked, grace_s, output, console, clock, kill_now=stalled)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     for t in tracked:
         t.reader.join(timeout=2.0)
-    _drain(lines, console, 0)
+    output.wait(0)
     console.end_status()
-    return Result(tracked, first_failure, interrupted, time.monotonic() - started)
+    return Result(tracked, first_failure, interrupted, clock() - started)
 
 
-def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console) -> Tracked | None:
-    """The running worker that went longest without step progress past its timeout, or None.
+def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console,
+             clock: Callable[[], float]) -> Tracked | None:
+    """The stalled worker once a running one went without step progress past its
+    timeout, or None: a stopped one if any (once it is past its own timeout),
+    else the one furthest behind, then the one whose progress is oldest.
 
-    When one is found, every running worker has been sent SIGKILL and the
-    stalled one carries ``stall = Exit(stalled=...)``; ``_teardown`` reaps them.
+    When one is found, it carries the watchdog's verdict (``Tracked.stall``);
+    ``_teardown(kill_now=True)`` then SIGKILLs every running worker at once.
     """
-    now = time.monotonic()
-    over = []
-    for t in tracked:
-        if t.state is not State.RUNNING:
-            continue
-        limit = watchdog.first_step_timeout_s if t.progress_at is None else watchdog.stall_timeout_s
-        age = now - (t.progress_at or started)
-        if limit is not None and age > limit:
-            # A stopped process is the cause, not its peers blocked in a collective
-            # within milliseconds of it: their ages tie, their states do not.
-            stopped = t.worker.stopped()
-            over.append((not stopped, t.last_step if t.last_step is not None else -1, -age, t))
-    if not over:
+    now = clock()
+
+    def age(t: Tracked) -> float:
+        return now - (started if t.progress_at is None else t.progress_at)
+
+    def limit(t: Tracked) -> float | None:
+        return watchdog.first_step_timeout_s if t.progress_at is None else watchdog.stall_timeout_s
+
+    def over(t: Tracked) -> bool:
+        return limit(t) is not None and age(t) > limit(t)
+
+    running = [t for t in tracked if t.running]
+    if not any(over(t) for t in running):
         return None
-    is_running, _, neg_age, first = min(over, key=lambda o: o[:3])
+    # A stopped process (SIGSTOP, a debugger) is the cause, not its peers blocked in a
+    # collective behind it. A peer may cross its limit first (heartbeats of different
+    # processes have their own phase): then wait until the stopped one crosses its own,
+    # or resumes (SIGCONT) and the run goes on.
+    stopped = [t for t in running if t.worker.stopped()]
+    if stopped and not any(over(t) for t in stopped):
+        return None
+    first = min([t for t in stopped if over(t)] or [t for t in running if over(t)],
+                key=lambda t: (-1 if t.last_step is None else t.last_step, -age(t)))
     if first.progress_at is None:
-        what = f"no first step after {-neg_age:.1f} s"
-        limit = f"first_step_timeout_s {watchdog.first_step_timeout_s:g}"
+        what = f"no first step after {age(first):.1f} s"
+        limit_text = f"first_step_timeout_s {watchdog.first_step_timeout_s:g}"
     else:
-        what = f"no step progress for {-neg_age:.1f} s"
-    if not is_running:
+        what = f"no step progress for {age(first):.1f} s"
+        limit_text = f"stall_timeout_s {watchdog.stall_timeout_s:g}"
+    if stopped:
         what += " (the process is stopped, e.g. by SIGSTOP)"
-        limit = f"stall_timeout_s {watchdog.stall_timeout_s:g}"
     steps = ", ".join(
         f"{t.plan.label} " + ("none" if t.last_step is None else
                               f"{t.last_step} ({now - t.progress_at:.1f} s ago)")
         for t in tracked)
-    console.say(f"{first.plan.label} stalled: {what} ({limit}); last step seen of every process: {steps}; "
+    console.say(f"{first.plan.label} stalled: {what} ({limit_text}); last step seen of every process: {steps}; "
                 f"killing every process (SIGKILL: a stuck or stopped process cannot act on SIGTERM)")
-    for t in tracked:
-        if t.state is State.RUNNING:
-            t.worker.kill()
-    first.stall = Exit(stalled=what)
+    first.mark_stalled(what)
     return first
 
 
-def _root_cause(tracked: list, lines: queue.Queue, console: Console,
+def _root_cause(tracked: list, output: _Output, clock: Callable[[], float],
                 window_s: float = 0.3) -> Tracked:
     """The failure that came first: by the end time its host reported (ssh), else
     by when its output closed at the launcher (local).
@@ -174,12 +219,12 @@ def _root_cause(tracked: list, lines: queue.Queue, console: Console,
     show, then lead with the earliest. Launcher-side notice order is not
     evidence: processes are polled in process_id order.
     """
-    deadline = time.monotonic() + window_s
-    while time.monotonic() < deadline:
-        _drain(lines, console, 0.02)
+    deadline = clock() + window_s
+    while clock() < deadline:
+        output.wait(0.02)
         for t in tracked:
-            if t.state is State.RUNNING:
-                _check(t)
+            if t.running:
+                t.poll(clock)
     failed = [t for t in tracked if t.state is State.FAILED]
     for t in failed:
         if t.reader is not None:
@@ -189,60 +234,49 @@ def _root_cause(tracked: list, lines: queue.Queue, console: Console,
         # depends on the network, the host clocks (NTP) far less than a cascade's
         # milliseconds of traceback printing.
         return min(failed, key=lambda t: t.exit.at)
-    return min(failed, key=lambda t: (t.eof_at or t.ended_at, t.ended_at))
+    return min(failed, key=lambda t: (t.ended_at if t.eof_at is None else t.eof_at, t.ended_at))
 
 
-def _check(t: Tracked) -> bool:
-    """Poll one running worker; record its end. True when it has ended."""
-    ended = t.worker.poll()
-    if ended is None:
-        return False
-    t.exit = ended
-    t.ended_at = time.monotonic()
-    t.state = State.SUCCEEDED if ended.ok else State.FAILED
-    return True
+def _teardown(tracked: list, grace_s: float, output: _Output, console: Console,
+              clock: Callable[[], float], kill_now: bool = False) -> None:
+    """Stop every running worker: TERM, up to grace_s, then KILL (``proctl.stop``).
 
-
-def _drain(lines: queue.Queue, console: Console, wait_s: float) -> None:
-    try:
-        # (label, text) or (label, text, process_id): the id lets --show filter
-        console.line(*(lines.get(timeout=wait_s) if wait_s else lines.get_nowait()))
-        while True:
-            console.line(*lines.get_nowait())
-    except queue.Empty:
-        pass
-
-
-def _teardown(tracked: list, grace_s: float, lines: queue.Queue, console: Console) -> None:
-    """TERM every running worker's process group, wait grace_s, then KILL."""
-    running = [t for t in tracked if t.state is State.RUNNING]
+    Args:
+      kill_now: SIGKILL at once, no TERM (after a stall: a stuck or stopped process
+        cannot act on SIGTERM).
+    """
+    running = [t for t in tracked if t.running]
     if not running:
         return
-    try:
+
+    def alive() -> bool:
         for t in running:
-            t.worker.terminate()
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(t.state is State.RUNNING for t in running):
-            _drain(lines, console, 0.05)
+            if t.running:
+                t.poll(clock)
+        return any(t.running for t in running)
+
+    def send(signals: tuple) -> None:
+        if signal.SIGKILL not in signals:
             for t in running:
-                if t.state is State.RUNNING:
-                    _check(t)
-    except (KeyboardInterrupt, Interrupted):
-        console.say("second interrupt: killing all processes now")
-    still = [t for t in running if t.state is State.RUNNING]
-    if still:
-        console.say(f"sending SIGKILL to {', '.join(t.plan.label for t in still)} "
-                    f"(still running {grace_s:g}s after SIGTERM)")
+                if t.running:
+                    t.worker.terminate()  # TERM and CONT, to the worker's process group
+            return
+        still = [t for t in running if t.running]
+        if not kill_now:
+            console.say(f"sending SIGKILL to {', '.join(t.plan.label for t in still)} "
+                        f"(still running {grace_s:g}s after SIGTERM)")
         for t in still:
             t.worker.kill()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(t.state is State.RUNNING for t in still):
-            for t in still:
-                if t.state is State.RUNNING:
-                    _check(t)
-            time.sleep(0.02)
+
+    wait = dict(clock=clock, sleep=output.wait)
+    try:
+        if kill_now:
+            proctl.kill_and_wait(send, alive, KILL_WAIT_S, **wait)
+        else:
+            proctl.stop(send, alive, grace_s, KILL_WAIT_S, **wait)
+    except (KeyboardInterrupt, Interrupted):
+        console.say("second interrupt: killing all processes now")
+        kill_now = True
+        proctl.kill_and_wait(send, alive, KILL_WAIT_S, **wait)
     for t in running:
-        if t.state is not State.SUCCEEDED:
-            t.state = State.STOPPED
-
-
+        t.stopped_by_launcher()
