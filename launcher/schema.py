@@ -93,8 +93,7 @@ RESERVED_ENV = ("PODLAUNCH_", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES", "JAX_COORD
 def env_names(env: dict) -> str | None:
     """Check of an ``env`` mapping: every key a variable name, none the launcher's own."""
     for name in env:
-        problem = identifier("environment variable name", r"[A-Za-z_][A-Za-z0-9_]*",
-                             "letters, digits and '_', not starting with a digit")(name)
+        problem = _ENV_NAME(name)
         if problem:
             return problem
         reserved = [r for r in RESERVED_ENV if name == r or (r.endswith("_") and name.startswith(r))]
@@ -105,42 +104,61 @@ def env_names(env: dict) -> str | None:
     return None
 
 
-def identifier(what: str, pattern: str, allowed: str) -> Check:
+def each(check: Check) -> Check:
+    """``check`` applied to every item of a list setting; the first problem names its index."""
+    def check_all(values) -> str | None:
+        for index, value in enumerate(values):
+            problem = check(value)
+            if problem:
+                return f"item {index}: {problem}"
+        return None
+    return check_all
+
+
+def identifier(what: str, pattern: str, allowed: str, chars: str) -> Check:
     """A check that the whole string matches ``pattern`` (full match: a trailing newline fails).
 
     Values that reach a shell, a path, an ssh_config token or a remote command
     line are checked this strictly at load (OpenSSH refuses such host names
     too since 9.6, CVE-2023-51385). The message names the first character
-    that is not allowed.
+    outside ``chars`` (a regex character class), or a leading '-' (it would
+    read as an option).
     """
-    compiled = re.compile(pattern)
+    compiled, allowed_char = re.compile(pattern), re.compile(chars)
 
     def check(value: str) -> str | None:
         if compiled.fullmatch(value):
             return None
         if not value:
             return f"expected {what}, got an empty string"
-        at = next((i for i in range(len(value)) if not compiled.fullmatch(value[:i + 1])
-                   and not any(compiled.fullmatch(value[:i + 1] + tail) for tail in ("a", "0"))),
-                  None)
+        at = 0 if value.startswith("-") else next(
+            (i for i, c in enumerate(value) if not allowed_char.fullmatch(c)), None)
         where = f": {value[at]!r} at position {at} is not allowed" if at is not None else ""
         return f"expected {what} ({allowed}), got {value!r}{where}"
     return check
 
 
+_PATH_CHARS = r"[A-Za-z0-9_./~+@%,:=-]"
+_ENV_NAME = identifier("environment variable name", r"[A-Za-z_][A-Za-z0-9_]*",
+                       "letters, digits and '_', not starting with a digit", r"[A-Za-z0-9_]")
 HOST = identifier("a host name or address", r"[A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*",
-                  "letters, digits, '.', '-', '_', or an IPv6 address")
-USER = identifier("a user name", r"[A-Za-z0-9_][A-Za-z0-9_.-]*", "letters, digits, '.', '-', '_'")
+                  "letters, digits, '.', '-', '_', or an IPv6 address", r"[A-Za-z0-9_.:-]")
+USER = identifier("a user name", r"[A-Za-z0-9_][A-Za-z0-9_.-]*", "letters, digits, '.', '-', '_'",
+                  r"[A-Za-z0-9_.-]")
 REMOTE_PATH = identifier("a path", r"[A-Za-z0-9_./~+@%,:=][A-Za-z0-9_./~+@%,:=-]*",
-                         "letters, digits and _ . / ~ + @ % , : = -, not starting with '-'")
+                         "letters, digits and _ . / ~ + @ % , : = -, not starting with '-'", _PATH_CHARS)
 COMMAND = identifier("a command or path", r"[A-Za-z0-9_./~+@%,:=][A-Za-z0-9_./~+@%,:=-]*",
-                     "letters, digits and _ . / ~ + @ % , : = -, not starting with '-'")
+                     "letters, digits and _ . / ~ + @ % , : = -, not starting with '-'", _PATH_CHARS)
 LOCAL_PATH = identifier("a file path", r"[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*",
-                        "no control characters or line breaks, not starting with '-'")
+                        "no control characters or line breaks, not starting with '-'",
+                        r"[^\x00-\x1f\x7f]")
 GCP_NAME = identifier("a Cloud resource name", r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?",
-                      "lowercase letters, digits and '-', starting with a letter, at most 63")
+                      "lowercase letters, digits and '-', starting with a letter, at most 63",
+                      r"[-a-z0-9]")
+GCP_ZONE = identifier("a Cloud zone", r"[a-z]+(-[a-z0-9]+)+", "e.g. us-central2-b", r"[-a-z0-9]")
 GCP_PROJECT = identifier("a Cloud project id", r"[a-z][-a-z0-9.:]{0,61}[a-z0-9]",
-                         "lowercase letters, digits, '-', and for domain-scoped ids '.' and ':'")
+                         "lowercase letters, digits, '-', and for domain-scoped ids '.' and ':'",
+                         r"[-a-z0-9.:]")
 
 
 def non_empty(value) -> str | None:

@@ -38,7 +38,8 @@ def _task_name(value: str) -> str | None:
 EXTENSION_PREFIX = "x-"
 
 _job_name = schema.identifier("a job name", _NAME.pattern,
-                              "letters, digits, '_', '.', '-', at most 128; it names the run directory")
+                              "letters, digits, '_', '.', '-', at most 128; it names the run directory",
+                              r"[A-Za-z0-9_.-]")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -170,3 +170,56 @@ def test_secrets_are_masked_everywhere_printed_or_kept(tmp_path):
     job_json = run_dir / "job.json"
     assert stat.S_IMODE(job_json.stat().st_mode) == 0o600
     assert json.loads(job_json.read_text())["task"]["args"]["api_token"] == "tok-arg-123"
+
+
+# ---- 1. identifiers that reach a shell, a path or an ssh_config token ----------------------
+def test_a_host_name_cannot_run_a_command_through_ssh_config(tmp_path):
+    """paramiko runs ``Match exec`` lines through a shell with %h replaced (CVE-2023-51385's kind)."""
+    pwned = tmp_path / "pwned"
+    config = tmp_path / "ssh_config"
+    config.write_text(f'Match exec "test %h = bastion"\n    User nobody\n')
+    host = f"10.0.0.1; touch {pwned}; true"
+    cluster = (f"cluster: {{backend: ssh, ssh_config_file: '{config}', "
+               f"hosts: ['{host}']}}\n")
+    for result in _both(_spec(tmp_path, BASE + cluster)):
+        _refused(result, "cluster.hosts[0].host: expected a host name or address",
+                 "';' at position 8 is not allowed")
+    assert not pwned.exists()
+
+
+@pytest.mark.parametrize("cluster, needle", [
+    ("{backend: ssh, hosts: [{host: h1, user: 'root;id'}]}", "cluster.hosts[0].user: expected a user name"),
+    ("{backend: ssh, user: \"a\\nb\", hosts: [h1]}", "cluster.user: expected a user name"),
+    ("{backend: ssh, hosts: [h1], workdir: '$(reboot)'}", "cluster.workdir: expected a path"),
+    ("{backend: ssh, hosts: [{host: h1, workdir: '-rf'}]}", "cluster.hosts[0].workdir: expected a path"),
+    ("{backend: ssh, hosts: [h1], python: 'python3 -c evil'}", "' ' at position 7 is not allowed"),
+    ("{backend: ssh, hosts: [h1], identity_file: \"key\\n\"}", "cluster.identity_file: expected a file path"),
+    ("{backend: ssh, hosts: ['-oProxyCommand=id']}", "'-' at position 0 is not allowed"),
+    ("{backend: tpu, tpu: 'My_TPU', zone: us-central2-b, accelerator_type: v4-8}",
+     "cluster.tpu: expected a Cloud resource name"),
+    ("{backend: tpu, tpu: t, zone: 'us;id', accelerator_type: v4-8}", "cluster.zone: expected a Cloud zone"),
+    ("{backend: tpu, slices: [a, 'b c'], zone: us-central2-b, accelerator_type: v4-8}",
+     "cluster.slices: item 1: expected a Cloud resource name"),
+    ("{backend: tpu, tpu: t, zone: us-central2-b, project: 'p$x', accelerator_type: v4-8}",
+     "cluster.project: expected a Cloud project id"),
+])
+def test_identifiers_of_every_backend_are_strict(tmp_path, cluster, needle):
+    for result in _both(_spec(tmp_path, BASE + f"cluster: {cluster}\n")):
+        _refused(result, needle)
+
+
+# ---- 4. the host-key refusal's advice is OpenSSH's -------------------------------------------
+def test_known_hosts_names_and_fingerprints_as_openssh_writes_them(tmp_path):
+    import subprocess
+
+    import paramiko
+
+    from launcher.backends.ssh.hosts import known_hosts_name, sha256_fingerprint
+
+    assert known_hosts_name("db1", 22) == "db1"  # port 22 entries have no brackets
+    assert known_hosts_name("10.0.0.7", 2222) == "[10.0.0.7]:2222"
+    key_file = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True)
+    expected = subprocess.run(["ssh-keygen", "-lf", f"{key_file}.pub"], capture_output=True,
+                              text=True, check=True).stdout.split()[1]
+    assert sha256_fingerprint(paramiko.Ed25519Key.from_private_key_file(str(key_file))) == expected

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
+import subprocess
 import sys
 import time
 
@@ -191,7 +193,17 @@ def test_changed_host_key_is_refused_unknown_needs_accept_new(tmp_path, hosts):
     result = _dry_run(tmp_path, hosts, host_key_policy="accept-new")  # never for a changed key
     assert result.returncode == 1
     assert re.search(r"127\.0\.0\.4\s+p2\s+host key CHANGED", result.stderr), result.stderr
-    assert "ssh-keygen -R '[127.0.0.4]:" in result.stderr
+    # the fingerprint as OpenSSH prints it, and advice that works when followed
+    shown = subprocess.run(["ssh-keygen", "-lf", f"{hosts.host_key(2)}.pub"], capture_output=True,
+                           text=True, check=True).stdout.split()[1]
+    assert shown.startswith("SHA256:") and f"fingerprint {shown}," in result.stderr, result.stderr
+    advice = re.search(r"remove the old key: (ssh-keygen -R .*)$", result.stderr, re.M).group(1)
+    assert f"-R '[127.0.0.4]:{hosts.port}'" in advice
+    copy = tmp_path / "known_hosts_copy"
+    copy.write_text(open(hosts.known_hosts).read())
+    subprocess.run(shlex.split(advice.replace(str(hosts.known_hosts), str(copy))),
+                   capture_output=True, check=True)
+    assert "127.0.0.4" not in copy.read_text() and "127.0.0.2" in copy.read_text()
 
     known = tmp_path / "known_hosts"
     lines = open(hosts.known_hosts).read().splitlines()

@@ -129,11 +129,11 @@ def test_shipped_tpu_examples_load(name):
 
 def test_bad_tpu_spec_is_exit_2_with_file_and_line(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("backend: tpu\nzone: z\ntpu: a\nslices: [b]\naccelerator_type: v4-12\n")
+    bad.write_text("backend: tpu\nzone: us-central2-b\ntpu: a\nslices: [b]\naccelerator_type: v4-12\n")
     result = run_launch(tmp_path, "jobs/linear.yaml", "--cluster", str(bad), "--dry-run")
     assert result.returncode == 2, result.stderr
     assert f"{bad}:5: cluster.accelerator_type: v4-12: v4 sizes count TensorCores" in result.stderr
-    bad.write_text("backend: tpu\nzone: z\ntpu: a\nslices: [b]\naccelerator_type: v4-8\n")
+    bad.write_text("backend: tpu\nzone: us-central2-b\ntpu: a\nslices: [b]\naccelerator_type: v4-8\n")
     result = run_launch(tmp_path, "jobs/linear.yaml", "--cluster", str(bad), "--dry-run")
     assert result.returncode == 2
     assert "cluster.tpu: expected exactly one of tpu (one slice), slices (a list) or queued_resource, " \

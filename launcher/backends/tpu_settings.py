@@ -31,18 +31,21 @@ class TpuCluster(SshSettings, ClusterSettings):
     """
 
     backend: Literal["tpu"] = setting("tpu", doc="local, ssh or tpu")
-    tpu: str | None = setting(None, doc="name of one TPU slice")
-    slices: tuple[str, ...] = setting((), doc="names of several TPU slices (multislice), in slice order")
-    queued_resource: str | None = setting(None, doc="name of a queued resource; its slices, in order")
-    zone: str = setting(check=schema.non_empty, doc="the TPU's zone, e.g. us-central2-b")
-    project: str | None = setting(None, doc="GCP project; unset: gcloud's configured project")
+    tpu: str | None = setting(None, check=schema.GCP_NAME, doc="name of one TPU slice")
+    slices: tuple[str, ...] = setting((), check=schema.each(schema.GCP_NAME),
+                                      doc="names of several TPU slices (multislice), in slice order")
+    queued_resource: str | None = setting(None, check=schema.GCP_NAME,
+                                          doc="name of a queued resource; its slices, in order")
+    zone: str = setting(check=schema.GCP_ZONE, doc="the TPU's zone, e.g. us-central2-b")
+    project: str | None = setting(None, check=schema.GCP_PROJECT,
+                                  doc="GCP project; unset: gcloud's configured project")
     accelerator_type: str = setting(check=_accelerator_type,
                                     doc="e.g. v4-32; checked against gcloud; gives hosts and chips per slice")
     num_slices: int | None = setting(None, check=schema.in_range(1, 1024),
                                      doc="queued_resource only: slices it holds (default 1)")
     ip: Literal["internal", "external"] = setting(
         "internal", doc="connect to networkEndpoints[].ipAddress (internal) or .accessConfig.externalIp")
-    identity_file: str | None = setting("~/.ssh/google_compute_engine",
+    identity_file: str | None = setting("~/.ssh/google_compute_engine", check=schema.LOCAL_PATH,
                                         doc="private key tried first (gcloud's key); used only if it exists")
     platform: Literal["cpu", "gpu", "tpu"] = setting("tpu", doc="the platform the workers must report")
     local_device_count: int | None = setting(
@@ -60,10 +63,11 @@ class TpuCluster(SshSettings, ClusterSettings):
     stop_other_tpu_holders: bool = setting(
         False, doc="also stop processes not started by podlaunch that hold the TPU devices")
     tpu_device_paths: tuple[str, ...] = setting(("/dev/accel*", "/dev/vfio/*"),
+                                                check=schema.each(schema.LOCAL_PATH),
                                                 doc="globs of the TPU device files checked for holders")
-    libtpu_lockfile: str = setting("/tmp/libtpu_lockfile",
+    libtpu_lockfile: str = setting("/tmp/libtpu_lockfile", check=schema.REMOTE_PATH,
                                    doc="libtpu's lock file; removed when stale (no holder left)")
-    gcloud: str = setting("gcloud", check=schema.non_empty, doc="the gcloud CLI (found on PATH)")
+    gcloud: str = setting("gcloud", check=schema.COMMAND, doc="the gcloud CLI (found on PATH)")
     gcloud_timeout_s: float = setting(60.0, check=positive, doc="each gcloud call must answer within this")
 
     def problems(self) -> list:

@@ -10,7 +10,10 @@ backend (the hosts gcloud reported) resolve hosts the same way.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
+import shlex
 import socket
 from typing import Sequence
 
@@ -84,13 +87,26 @@ def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[in
     return hosts
 
 
+def known_hosts_name(host: str, port: int) -> str:
+    """How OpenSSH names ``host:port`` in known_hosts: bare for port 22, else ``[host]:port``."""
+    return host if int(port) == 22 else f"[{host}]:{port}"
+
+
+def sha256_fingerprint(key) -> str:
+    """A key's fingerprint as OpenSSH prints it: ``SHA256:`` + unpadded base64 of its blob's sha256."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
 def connect_error(host: Host, exc: BaseException) -> str:
     """One line saying why ``host`` could not be reached, and what to do."""
     c = host.connection
     if isinstance(exc, paramiko.BadHostKeyException):
-        return (f"host key CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}, "
-                f"{host.known_hosts_file} has another); refused. If the host was reinstalled, "
-                f"remove the old key: ssh-keygen -R '[{c.host}]:{c.port}' -f {host.known_hosts_file}")
+        name = known_hosts_name(c.host, c.port)
+        return (f"host key CHANGED: the {exc.key.get_name()} key sent by the host has fingerprint "
+                f"{sha256_fingerprint(exc.key)}, {host.known_hosts_file} has another for {name}; "
+                f"refused. If the host was reinstalled, remove the old key: "
+                f"ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(host.known_hosts_file)}")
     if isinstance(exc, paramiko.AuthenticationException):
         return (f"authentication failed for user {c.user!r}; check identity_file, ssh-agent "
                 f"and the host's authorized_keys")

@@ -22,23 +22,28 @@ def _non_empty_hosts(hosts: tuple) -> str | None:
 class SshHost:
     """One SSH host; unset fields fall back to the cluster's, then ~/.ssh/config."""
 
-    host: str = setting(check=schema.non_empty, doc="host name (or ssh_config alias) or address")
-    user: str | None = setting(None, doc="login user (default: cluster.user)")
+    host: str = setting(check=schema.HOST, doc="host name (or ssh_config alias) or address")
+    user: str | None = setting(None, check=schema.USER, doc="login user (default: cluster.user)")
     port: int | None = setting(None, check=schema.in_range(1, 65535), doc="sshd port (default: cluster.port)")
     num_processes: int | None = setting(None, check=schema.in_range(1, 256),
                                         doc="worker processes on this host (default: cluster.processes_per_host)")
-    workdir: str | None = setting(None, doc="remote working directory (default: cluster.workdir)")
+    workdir: str | None = setting(None, check=schema.REMOTE_PATH,
+                                  doc="remote working directory (default: cluster.workdir)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SshSettings:
     """How to reach and run on hosts over SSH; shared by the ssh and tpu clusters."""
 
-    user: str | None = setting(None, doc="login user; unset: ssh_config, then the local user")
+    user: str | None = setting(None, check=schema.USER,
+                               doc="login user; unset: ssh_config, then the local user")
     port: int | None = setting(None, check=schema.in_range(1, 65535), doc="sshd port; unset: ssh_config, then 22")
-    identity_file: str | None = setting(None, doc="private key tried first; ssh_config's and ssh-agent's keys follow")
-    ssh_config_file: str = setting("~/.ssh/config", doc="OpenSSH client config read for every host")
-    known_hosts_file: str | None = setting(None, doc="unset: ssh_config UserKnownHostsFile, then ~/.ssh/known_hosts")
+    identity_file: str | None = setting(None, check=schema.LOCAL_PATH,
+                                        doc="private key tried first; ssh_config's and ssh-agent's keys follow")
+    ssh_config_file: str = setting("~/.ssh/config", check=schema.LOCAL_PATH,
+                                   doc="OpenSSH client config read for every host")
+    known_hosts_file: str | None = setting(None, check=schema.LOCAL_PATH,
+                                           doc="unset: ssh_config UserKnownHostsFile, then ~/.ssh/known_hosts")
     host_key_policy: Literal["strict", "accept-new"] | None = setting(
         None, doc="strict refuses unknown hosts; accept-new records them; a changed key is always refused; "
         "unset: ssh_config StrictHostKeyChecking accept-new, else strict")
@@ -48,11 +53,13 @@ class SshSettings:
     keepalive_timeout_s: float = setting(15.0, check=positive,
                                          doc="a host that answers no keepalive for this long is lost")
     max_parallel: int = setting(32, check=schema.in_range(1, 1024), doc="hosts contacted at once")
-    workdir: str = setting("podlaunch", doc="remote working directory (relative paths: from the login home)")
-    python: str = setting("python3", check=schema.non_empty,
+    workdir: str = setting("podlaunch", check=schema.REMOTE_PATH,
+                           doc="remote working directory (relative paths: from the login home)")
+    python: str = setting("python3", check=schema.COMMAND,
                           doc="remote python that runs the worker (sshd's PATH is minimal: prefer an absolute path)")
     setup: tuple[str, ...] = setting((), doc="shell commands run on each host before the worker (not quoted)")
-    sync_dir: str | None = setting(None, doc="local directory synced into each host's workdir before start")
+    sync_dir: str | None = setting(None, check=schema.LOCAL_PATH,
+                                   doc="local directory synced into each host's workdir before start")
     grace_s: float = setting(5.0, check=non_negative, doc="after SIGTERM, wait this long before SIGKILL")
     env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names, doc="extra environment for every worker")
 
