@@ -25,7 +25,7 @@ from launcher import tpu_topology
 from launcher.backends.base import Options
 from launcher.backends.tpu import discovery
 from launcher.backends.tpu.session import TpuSession
-from launcher.backends.tpu_settings import slice_env
+from launcher.backends.tpu.settings import slice_env
 from launcher.console import Console
 from launcher.errors import LaunchError
 

@@ -18,7 +18,7 @@ import os
 from launcher import checks
 from launcher.backends import local
 from launcher.backends.base import Backend, Options, Session
-from launcher.backends.tpu_settings import TpuCluster, slice_env
+from launcher.backends.tpu.settings import TpuCluster, slice_env
 from launcher.plan import Plan
 
 

@@ -10,7 +10,7 @@ locally): fabric and paramiko come with ``TpuBackend.session``.
 from __future__ import annotations
 
 from launcher.backends.base import Backend, Options, Session
-from launcher.backends.tpu_settings import TpuCluster
+from launcher.backends.tpu.settings import TpuCluster
 
 
 class TpuBackend(Backend):

@@ -14,7 +14,7 @@ import json
 import shlex
 import subprocess
 
-from launcher.backends.tpu_settings import TpuCluster
+from launcher.backends.tpu.settings import TpuCluster
 from launcher.errors import LaunchError, Problem, SpecError
 
 # What to do about a slice that is not READY (TPU API Node.State values).

@@ -15,7 +15,7 @@ import concurrent.futures
 from launcher import remote
 from launcher.backends.ssh import preflight
 from launcher.backends.ssh.connection import Host, command_line, run_script
-from launcher.backends.tpu_settings import TpuCluster
+from launcher.backends.tpu.settings import TpuCluster
 from launcher.remote import holders as remote_holders
 from worker import contract
 

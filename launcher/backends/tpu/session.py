@@ -7,7 +7,7 @@ settings), one process per TPU VM host, placements slice-major so that
 (jax/_src/clusters/cloud_tpu_cluster.py). With several slices every worker
 also gets ``MEGASCALE_COORDINATOR_ADDRESS`` (slice 0, worker 0),
 ``MEGASCALE_NUM_SLICES``, ``MEGASCALE_SLICE_ID`` and ``MEGASCALE_PORT``
-(``tpu_settings.slice_env``).
+(``settings.slice_env``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from launcher.backends.ssh.session import SshHosts
 from launcher.backends.ssh.settings import SshHost
 from launcher.backends.tpu import discovery as discovering
 from launcher.backends.tpu import holders
-from launcher.backends.tpu_settings import DEFAULT_IDENTITY_FILE, TpuCluster, slice_env
+from launcher.backends.tpu.settings import DEFAULT_IDENTITY_FILE, TpuCluster, slice_env
 
 
 def ssh_settings(cluster: TpuCluster) -> TpuCluster:
