@@ -34,8 +34,7 @@ from typing import Callable, Iterable
 
 from launcher import proctl
 from launcher.console import Console
-from launcher.state import Exit, Result, State, Tracked, Watchdog, Worker  # noqa: F401
-# Exit is re-exported for modules that still import it from here (backends/ssh.py).
+from launcher.state import Result, State, Tracked, Watchdog, Worker
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped
 
