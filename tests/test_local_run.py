@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import event_files, launch, read_scalars, run_pids, start_launch, wait_gone
+from helpers import REPO, TESTS, event_files, launch, read_scalars, run_pids, start_launch, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -152,18 +152,22 @@ def test_a_user_task_plugs_in(tmp_path):
 
 
 def test_a_mismatched_plan_is_reported_before_the_first_step(tmp_path):
-    # The worker checks what JAX reports against the plan: here the env says 3 devices
-    # but the launcher's own check says 2, so every process fails with a clear message.
+    # The worker checks what JAX reports against the plan: here something on the hosts
+    # (a sitecustomize, as site setups do) makes JAX see 3 devices where the plan says 2,
+    # so every process fails with a clear message. (cluster.env may not set JAX's device
+    # variables: the spec refuses that before launch.)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['JAX_NUM_CPU_DEVICES'] = '3'\n")
     run_dir = tmp_path / "run"
-    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir),
-                    "--set", "cluster.env.JAX_NUM_CPU_DEVICES=3")
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), "--set",
+                    f"cluster.env.PYTHONPATH={site}{os.pathsep}{TESTS}{os.pathsep}{REPO}")
     assert result.returncode == 1
     assert "JAX disagrees with the launcher's plan: local_device_count is 3, the plan says 2" in result.stdout
     assert "exit code 3" in result.stdout
 
 
 def test_diabetes_job_reaches_the_least_squares_optimum(tmp_path):
-    from helpers import REPO
 
     run_dir = tmp_path / "run"
     result = launch("jobs/diabetes.yaml", "--run-dir", str(run_dir))

@@ -42,6 +42,9 @@ class CheckpointError(Exception):
     """A checkpoint cannot be used: corrupt (skippable) or not this job's (not skippable)."""
 
 
+ERROR_BYTES = 4096  # of process 0's checkpoint error, sent to every process
+
+
 class NoUsableCheckpoint(CheckpointError):
     """Checkpoints exist but none verifies: resuming would silently start over."""
 
@@ -293,7 +296,14 @@ def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
         header = np.array([-1 if error else int(found is not None), found.step if found else 0], np.int32)
     status, step = (int(v) for v in multihost_utils.broadcast_one_to_all(header))
     if status < 0:
-        raise IncompatibleCheckpoint(error or "process 0 could not use its checkpoint (see its log)")
+        # every process fails with process 0's words: whichever the launcher sees first
+        # names the checkpoints and why
+        text = np.zeros(ERROR_BYTES, np.uint8)
+        raw = error.encode("utf-8", "replace")[:ERROR_BYTES]
+        text[:len(raw)] = np.frombuffer(raw, np.uint8)
+        got = bytes(np.asarray(multihost_utils.broadcast_one_to_all(text))).rstrip(b"\0")
+        raise IncompatibleCheckpoint(got.decode("utf-8", "replace")
+                                     or "process 0 could not use its checkpoint (see its log)")
     if status == 0:
         return state, 0
     got = multihost_utils.broadcast_one_to_all(found.leaves if found is not None else leaves)

@@ -9,7 +9,6 @@ leaves no worker behind.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import signal
@@ -23,7 +22,6 @@ from launcher.plan import Placement, Plan, ProcessPlan
 from launcher.schema import non_negative, port_or_zero, setting
 from launcher.state import Exit
 
-_PR_SET_PDEATHSIG = 1
 HOST = "127.0.0.1"
 
 
@@ -51,15 +49,6 @@ class LocalCluster(ClusterSettings):
         return self.num_processes
 
 
-def die_with_parent() -> None:
-    """In a child before exec: get SIGKILL when the launcher dies (Linux PR_SET_PDEATHSIG)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: teardown still covers every normal path
-        pass
-
-
 class LocalWorker:
     """A worker process on this machine, leader of its own process group."""
 
@@ -69,7 +58,7 @@ class LocalWorker:
         try:
             self._proc = subprocess.Popen(
                 list(plan.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=proctl.die_with_parent,
                 text=True, encoding="utf-8", errors="replace", bufsize=1)
         except OSError as exc:
             raise LaunchError(f"cannot start process_id {plan.process_id}: {plan.argv[0]}: "
