@@ -125,6 +125,7 @@ class Tracked:
     exit: Exit | None = None
     ended_at: float | None = None   # when the launcher noticed the exit
     eof_at: float | None = None     # when its output closed: the closest we see to its death
+    failed_reported_at: float | None = None  # host time the worker says it caught its error
     last_step: int | None = None
     failed_at_step: bool = False      # last_step came from the worker's own "failed at step" line
     progress_at: float | None = None  # when the last step line or heartbeat arrived
@@ -154,6 +155,10 @@ class Tracked:
             self.last_step, self.progress_at = step, now
             self.failed_at_step = contract.is_failure(line)
         if contract.is_heartbeat(line):
+            return False
+        reported = contract.parse_failed_time(line)
+        if reported is not None:
+            self.failed_reported_at = reported
             return False
         self.tail.append(line)
         self.stats.observe(line)

@@ -210,7 +210,8 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
 
 def _root_cause(tracked: list, output: _Output, clock: Callable[[], float],
                 window_s: float = 0.3) -> Tracked:
-    """The failure that came first: by the end time its host reported (ssh), else
+    """The failure that came first: by the time its worker caught its error or its host
+    saw it end (ssh), else
     by when its output closed at the launcher (local).
 
     A death cascades in milliseconds (peers see a reset collective and exit
@@ -228,11 +229,15 @@ def _root_cause(tracked: list, output: _Output, clock: Callable[[], float],
     for t in failed:
         if t.reader is not None:
             t.reader.join(timeout=0.2)
-    if all(t.exit.at is not None for t in failed):
-        # Each host timed its own process's end: arrival order at the launcher
-        # depends on the network, the host clocks (NTP) far less than a cascade's
-        # milliseconds of traceback printing.
-        return min(failed, key=lambda t: t.exit.at)
+    def host_time(t: Tracked):
+        # when the worker caught its error (it says so), else when its host saw it end (ssh)
+        return t.failed_reported_at if t.failed_reported_at is not None else t.exit.at
+
+    if all(host_time(t) is not None for t in failed):
+        # Each host timed its own process's failure: arrival order at the launcher
+        # depends on the network and on reader threads, the host clocks (NTP) far less
+        # than a cascade's milliseconds of traceback printing.
+        return min(failed, key=host_time)
     return min(failed, key=lambda t: (t.ended_at if t.eof_at is None else t.eof_at, t.ended_at))
 
 

@@ -73,6 +73,11 @@ PROGRESS_RE = re.compile(
     r"^step (?P<step>\d+)/(?P<num_steps>\d+) loss (?P<loss>\S+) \| (?P<steps_per_s>\S+) steps/s"
     r"(?: \| step_time_s (?P<step_time_s>\S+) \(own (?P<own_step_time_s>\S+)\))?")
 FAILED_FORMAT = "failed at step {step}: {error}"
+# Just before FAILED_FORMAT: when (time.time(), the host's clock) the worker caught
+# its error. A cascade's victims catch theirs after the cause died, so the
+# launcher leads with the earliest; the launcher does not echo these lines.
+FAILED_TIME_FORMAT = "podlaunch-failed-at {at:.6f}"
+FAILED_TIME_RE = re.compile(r"^podlaunch-failed-at (?P<at>\d+(?:\.\d+)?)$")
 HEARTBEAT_FORMAT = "podlaunch-heartbeat step {step}"
 # Every process of a resumed attempt, before its first step: the steps before
 # N + 1 were done by an earlier attempt (the launcher's mean step time needs it).
@@ -146,6 +151,12 @@ def is_checkpoint_saved(line: str) -> bool:
 def is_failure(line: str) -> bool:
     """Whether ``line`` is a worker's own ``FAILED_FORMAT`` report (it names the exact step)."""
     return line.startswith("failed at step ")
+
+
+def parse_failed_time(line: str):
+    """The host time a ``FAILED_TIME_FORMAT`` line reports, or None for any other line."""
+    match = FAILED_TIME_RE.match(line)
+    return float(match.group("at")) if match else None
 
 
 def is_heartbeat(line: str) -> bool:

@@ -141,6 +141,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     except BaseException as exc:
         if not isinstance(exc, SystemExit):
             failed_at = getattr(exc, "step", step)  # a non-finite loss names its (earlier) step
+            out(contract.FAILED_TIME_FORMAT.format(at=time.time()))
             out(contract.FAILED_FORMAT.format(step=failed_at, error=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
