@@ -75,6 +75,9 @@ def join(identity: dict, job: dict):
     detection = os.environ.get(contract.CLUSTER_DETECTION_METHOD) or "deactivate"
     explicit = {} if detection != "deactivate" else {
         "num_processes": identity["num_processes"], "process_id": identity["process_id"]}
+    device_ids = os.environ.get(contract.LOCAL_DEVICE_IDS)
+    if device_ids:
+        explicit["local_device_ids"] = [int(i) for i in device_ids.split(",")]
     jax.distributed.initialize(
         coordinator_address=identity["coordinator_address"],
         cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing
