@@ -122,7 +122,8 @@ class SlurmTestEnv:
             f"SlurmctldPort={ctld_port}",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/munge", "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # cred_expire: a requeued job may start again only after it (default 120 s)
+            f"AuthInfo=socket={self.munge_socket},cred_expire=10",
             f"StateSaveLocation={b}/state",
             f"SlurmdSpoolDir={b}/spool/%n",
             f"SlurmctldPidFile={b}/slurmctld.pid",

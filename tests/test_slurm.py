@@ -210,7 +210,7 @@ def test_interrupt_while_running_cancels_the_job(slurm, cluster_file, tmp_path, 
 
 
 def test_ctrl_c_while_pending_cancels_the_job(slurm, cluster_file, tmp_path):
-    blocker = slurm.run("sbatch", "--parsable", "-N3", "--exclusive", "--wrap", "sleep 300").strip()
+    blocker = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-N3", "--exclusive", "--wrap", "sleep 300").strip()
     try:
         while "RUNNING" not in slurm.run("squeue", "-h", "-j", blocker, "-o", "%T"):
             time.sleep(0.1)
@@ -245,3 +245,36 @@ def test_a_sigkilled_launcher_leaves_a_job_the_next_launch_refuses_or_cancels(sl
                 "--kill-stale", *SHORT)
     assert third.returncode == 0, third.stdout + third.stderr
     assert "cancelling stale Slurm job(s)" in third.stdout
+
+
+# ---- preemption -------------------------------------------------------------------------
+PREEMPTED_RUN = ("--set", "train.num_steps=300", "--set", "train.global_batch_size=255",
+                 "--set", "logging.log_every_steps=10", "--set", "logging.tensorboard=false",
+                 "--set", "checkpoint.every_steps=20", "--set", "restarts.max_restarts=2",
+                 "--set", "restarts.backoff_s=0")
+
+
+def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_params(slurm, cluster_file,
+                                                                             tmp_path):
+    reference = tmp_path / "local"
+    result = launch("jobs/linear.yaml", "--run-dir", str(reference), *PREEMPTED_RUN,
+                    "--set", "cluster.num_processes=3", "--set", "cluster.devices_per_process=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = tmp_path / "run"
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),
+                 *PREEMPTED_RUN)
+    lines: list = []
+    read_until(proc, r"^\[p0 n1\] checkpoint of step \d+ saved", lines)
+    # a job in the higher-priority partition takes every node: ours gets SIGTERM, then is requeued
+    urgent = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-p", "urgent", "-N3", "--exclusive",
+                       "--wrap", "sleep 1").strip()
+    lines += proc.stdout.readlines()
+    proc.wait(120)
+    out = "".join(lines)
+    assert proc.returncode == 0, out
+    assert re.search(r"is being preempted|is (REQUEUED|PENDING|PREEMPTED)", out), out
+    assert "restarting from the latest checkpoint" in out, out
+    assert re.search(r"^\[p0 n1\] resumed from the checkpoint of step \d+", out, re.M), out
+    for got, want in zip(params(run_dir), params(reference)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert urgent and not run_pids(str(run_dir))

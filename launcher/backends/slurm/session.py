@@ -235,6 +235,11 @@ class SlurmSession(Session):
     def _after_failure(self) -> None:
         """Decide by the job's state how the next attempt gets nodes."""
         record = self.slurm.job(self.job_id)
+        deadline = time.monotonic() + 120
+        while record is not None and record.get("JobState") == "RUNNING" \
+                and record.get("PreemptTime", "None") != "None" and time.monotonic() < deadline:
+            time.sleep(self.job.cluster.poll_s)  # preemption's grace time: requeued or cancelled next
+            record = self.slurm.job(self.job_id)
         state = "GONE" if record is None else record.get("JobState", "?")
         if state == "RUNNING" or state in WAIT:
             if state == "RUNNING":
