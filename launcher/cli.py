@@ -152,7 +152,7 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
     try:
         plan = session.plan()
         if args.dry_run:
-            print(planning.describe(plan))
+            print(session.describe(plan))
             return EXIT_OK
         first_attempt = restarts.next_attempt(run_dir)
         try:

@@ -8,7 +8,8 @@ subprocess, a remote command over SSH, ...) and ``supervise`` does the rest:
 * the main thread polls every worker; the first one that exits non-zero, dies
   by a signal, or is lost, is the root cause. Every other worker then gets
   TERM to its process group, ``grace_s`` to exit, then KILL;
-* Ctrl-C or SIGTERM to the launcher stops everything the same way;
+* Ctrl-C, SIGTERM or SIGHUP (the terminal went away) to the launcher stops everything
+  the same way;
 * the stall watchdog: a worker alive but without step progress (progress,
   heartbeat or failure lines) for ``stall_timeout_s`` (``first_step_timeout_s``
   before its first step) is a failure. The launcher reports the last step of
@@ -40,7 +41,7 @@ KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be rea
 
 
 class Interrupted(Exception):
-    """Ctrl-C or SIGTERM reached the launcher."""
+    """Ctrl-C, SIGTERM or SIGHUP reached the launcher."""
 
 
 def _raise_interrupted(signum, frame):
@@ -121,7 +122,8 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                                     name=f"reader-{t.plan.process_id}")
         t.reader.start()
 
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, _raise_interrupted)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     first_failure: Tracked | None = None
     interrupted = False
     try:

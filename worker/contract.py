@@ -60,6 +60,10 @@ RUN_DIR = "PODLAUNCH_RUN_DIR"
 ALL = (COORDINATOR_ADDRESS, NUM_PROCESSES, PROCESS_ID, LOCAL_DEVICE_COUNT,
        PLATFORM, JOB, RUN_DIR)
 ATTEMPT = "PODLAUNCH_ATTEMPT"
+# Optional: comma-separated ids of the local devices this process uses (GPU),
+# passed to jax.distributed.initialize as local_device_ids. Unset: every
+# visible device (and never JAX's guess from SLURM_LOCALID).
+LOCAL_DEVICE_IDS = "PODLAUNCH_LOCAL_DEVICE_IDS"
 RESUME = "PODLAUNCH_RESUME"
 
 # "step 40/100 loss 0.012345 | 812.3 steps/s | step_time_s 0.001231 (own 0.000402)"

@@ -48,6 +48,9 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
     detection = identity.cluster_detection_method or "deactivate"
     explicit = {} if detection != "deactivate" else {
         "num_processes": identity.num_processes, "process_id": identity.process_id}
+    device_ids = os.environ.get(contract.LOCAL_DEVICE_IDS)
+    if device_ids:  # slurm GPU jobs: this process's devices by index
+        explicit["local_device_ids"] = [int(i) for i in device_ids.split(",")]
     jax.distributed.initialize(
         coordinator_address=identity.coordinator_address,
         cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing

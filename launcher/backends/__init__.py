@@ -14,6 +14,7 @@ REGISTRY = {
     "local": "launcher.backends.local:LocalBackend",
     "ssh": "launcher.backends.ssh:SshBackend",
     "tpu": "launcher.backends.tpu:TpuBackend",
+    "slurm": "launcher.backends.slurm:SlurmBackend",
 }
 
 

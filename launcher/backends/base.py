@@ -103,6 +103,10 @@ class Session(abc.ABC):
         placements, coordinator_address = self.prepare(restart=restart)
         return planning.make_plan(self.job, placements, self.run_dir, coordinator_address)
 
+    def describe(self, plan: planning.Plan) -> str:
+        """The ``--dry-run`` text: the plan; backends add what they would submit."""
+        return planning.describe(plan)
+
     @abc.abstractmethod
     def describe_start(self, plan: planning.Plan) -> str:
         """One line for the console: what is about to start, and where."""

@@ -1,0 +1,27 @@
+"""The slurm backend: the same job on a Slurm cluster, in an allocation or a job it submits.
+
+See docs/slurm.md. Modules: ``settings`` (the ``cluster:`` keys), ``commands``
+(Slurm's client commands, scrubbed environment), ``script`` (the batch
+script), ``probe`` (runs on the nodes), ``workers`` (one srun step per
+process), ``session`` (the lifecycle).
+"""
+
+from __future__ import annotations
+
+from launcher import checks
+from launcher.backends.base import Backend, Options, Session
+from launcher.backends.slurm.settings import SlurmCluster
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+    cluster_type = SlurmCluster
+    stops_stale = True
+
+    def check(self, job, options: Options) -> None:
+        # the nodes share this filesystem (workers run `python -m worker` from it)
+        checks.check_task_importable(job)
+
+    def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:
+        from launcher.backends.slurm.session import SlurmSession
+        return SlurmSession(job, run_dir, console, options)

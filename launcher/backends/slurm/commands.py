@@ -1,0 +1,124 @@
+"""Slurm's client commands, run with a scrubbed environment, and their answers parsed.
+
+Every call goes through ``Slurm.run``: the environment loses the
+``SLURM_*``/``SBATCH_*``/``SALLOC_*``/``SRUN_*`` variables an outer allocation
+leaked into it (they would reshape nested steps), except ``SLURM_CONF`` (which
+cluster) and ``SLURM_JOB_ID`` (podlaunch passes ``--jobid`` explicitly anyway).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from launcher.errors import LaunchError
+
+KEEP = ("SLURM_CONF", "SLURM_JOB_ID")
+PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
+# Job states in which no step can run, by what podlaunch does next (docs/slurm.md).
+RESUBMIT = ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL")
+WAIT = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "RESIZING",
+        "SUSPENDED", "STOPPED")
+
+
+def scrubbed(environ=None, extra: dict | None = None) -> dict:
+    """``environ`` without inherited Slurm variables (but SLURM_CONF, SLURM_JOB_ID), plus ``extra``."""
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items() if not k.startswith(PREFIXES) or k in KEEP}
+    env.update(extra or {})
+    return env
+
+
+def parse_record(text: str) -> dict:
+    """``scontrol -o show ...`` one-line output as {Key: value} (values never hold spaces here)."""
+    record = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            record[key] = value
+    return record
+
+
+class Slurm:
+    """The client commands (squeue, scontrol, sinfo, sbatch, scancel) of one cluster."""
+
+    def __init__(self, timeout_s: float = 30.0):
+        self.timeout_s = timeout_s
+
+    def run(self, argv: list, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+        try:
+            result = subprocess.run(argv, env=scrubbed(), capture_output=True, text=True,
+                                    input=stdin, timeout=self.timeout_s,
+                                    stdin=None if stdin is not None else subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise LaunchError(f"{argv[0]} not found: is this a Slurm login node? (install Slurm's "
+                              "client commands or put them on PATH)") from None
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"{' '.join(argv[:3])} did not answer within {self.timeout_s:g} s "
+                              "(is slurmctld up?)") from None
+        if check and result.returncode != 0:
+            raise LaunchError(f"{' '.join(argv[:3])} failed: {(result.stderr or result.stdout).strip()}")
+        return result
+
+    def job(self, job_id: str) -> dict | None:
+        """``scontrol show job``'s record (JobState, Reason, NodeList, ...), or None once it is gone."""
+        result = self.run(["scontrol", "-o", "show", "job", job_id], check=False)
+        if result.returncode != 0 or not result.stdout.strip():
+            if "Invalid job id" in result.stderr:
+                return None
+            raise LaunchError(f"scontrol show job {job_id} failed: {result.stderr.strip()}")
+        return parse_record(result.stdout.splitlines()[0])
+
+    def hostnames(self, nodelist: str) -> list:
+        """A compressed node list (``n[1-3]``) expanded, in Slurm's order."""
+        out = self.run(["scontrol", "show", "hostnames", nodelist]).stdout
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def node_addrs(self, nodes: list) -> dict:
+        """node -> NodeAddr (the address Slurm itself uses to reach it)."""
+        out = self.run(["scontrol", "-o", "show", "node", ",".join(nodes)]).stdout
+        addrs = {}
+        for line in out.splitlines():
+            record = parse_record(line)
+            if "NodeName" in record:
+                addrs[record["NodeName"]] = record.get("NodeAddr") or record["NodeName"]
+        return addrs
+
+    def partitions(self) -> dict:
+        """partition -> (availability, node count, is_default)."""
+        out = self.run(["sinfo", "-h", "-a", "-o", "%P %a %D"]).stdout
+        found: dict = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) != 3:
+                continue
+            name, avail, count = parts
+            default = name.endswith("*")
+            name = name.rstrip("*")
+            _, old_count, old_default = found.get(name, (avail, 0, False))
+            found[name] = (avail, old_count + int(count), default or old_default)
+        return found
+
+    def jobs_named(self, name: str) -> list:
+        """(job id, state) of this user's jobs named ``name`` still in the queue."""
+        out = self.run(["squeue", "-h", "--me", "-n", name, "-o", "%i %T"]).stdout
+        return [tuple(line.split()[:2]) for line in out.splitlines() if len(line.split()) >= 2]
+
+    def steps_named(self, job_id: str, prefix: str) -> list:
+        """(step id ``J.S``, name) of the job's steps whose name starts with ``prefix``."""
+        result = self.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], check=False)
+        steps = []
+        for line in result.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].startswith(prefix):
+                steps.append((parts[0], parts[1]))
+        return steps
+
+    def cancel(self, target: str, signal: str | None = None, full: bool = False) -> None:
+        """scancel a job or a step ``J.S``; with ``signal`` only signal it; never raises."""
+        argv = ["scancel", "-Q"] + ([f"--signal={signal}"] if signal else []) \
+            + (["--full"] if full else []) + [target]
+        try:
+            self.run(argv, check=False)
+        except LaunchError:
+            pass

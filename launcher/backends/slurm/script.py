@@ -1,0 +1,67 @@
+"""The batch script podlaunch submits: it holds the allocation; the launcher runs the steps.
+
+Its ``#SBATCH`` lines say what the job needs (nodes, tasks per node, CPUs and
+GPUs per task, partition, time limit, account, QoS, requeue, the user's extra
+lines). Its body runs nothing of the job: it waits while the launcher renews a
+heartbeat file on the shared filesystem, so a launcher killed with SIGKILL
+costs at most ``orphan_timeout_s`` of the allocation, and the job ends itself.
+The same options go to ``sbatch --test-only`` in the preflight.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+HEARTBEAT_EVERY_S = 10
+
+
+def job_name(job) -> str:
+    """The Slurm job name (and step name prefix) of every run of ``job``: what --kill-stale finds."""
+    return f"podlaunch.{job.name}"
+
+
+def sbatch_options(job, run_dir: str) -> list:
+    """The job's options, as ``--key=value`` tokens (for #SBATCH lines and --test-only)."""
+    c = job.cluster
+    opts = [f"--job-name={job_name(job)}", f"--nodes={c.nodes}",
+            f"--ntasks-per-node={c.processes_per_node}"]
+    if c.cpus_per_process:
+        opts.append(f"--cpus-per-task={c.cpus_per_process}")
+    if c.platform == "gpu":
+        opts.append(f"--gres=gpu:{c.processes_per_node * c.devices_per_process}")
+    for key, flag in (("partition", "partition"), ("time_limit", "time"), ("account", "account"),
+                      ("qos", "qos")):
+        if getattr(c, key):
+            opts.append(f"--{flag}={getattr(c, key)}")
+    opts.append("--requeue" if c.requeue else "--no-requeue")
+    opts.append(f"--output={os.path.join(run_dir, 'slurm', 'batch-%j.out')}")
+    opts.append("--open-mode=append")
+    return opts + list(c.sbatch_options)
+
+
+def heartbeat_path(run_dir: str) -> str:
+    return os.path.join(run_dir, "slurm", "launcher-heartbeat")
+
+
+def script_text(job, run_dir: str) -> str:
+    """The whole batch script."""
+    c = job.cluster
+    beat = shlex.quote(heartbeat_path(run_dir))
+    lines = ["#!/bin/bash"] + [f"#SBATCH {opt}" for opt in sbatch_options(job, run_dir)] + [
+        f"# Written by podlaunch for job {job.name!r}. It holds the allocation; the launcher",
+        "# starts one step per process (srun --ntasks=1 --nodelist=NODE) and cancels this job",
+        "# when the run ends. Without the launcher's heartbeat for orphan_timeout_s, it ends itself.",
+        f"beat={beat}",
+        f"limit={c.orphan_timeout_s}",
+        'echo "podlaunch: job $SLURM_JOB_ID holds $SLURM_JOB_NODELIST (restart count '
+        '${SLURM_RESTART_COUNT:-0})"',
+        "while :; do",
+        '  now=$(date +%s); seen=$(stat -c %Y "$beat" 2>/dev/null || echo 0)',
+        '  if [ $((now - seen)) -gt "$limit" ]; then',
+        '    echo "podlaunch: no launcher heartbeat for $((now - seen)) s: ending the job"; exit 0',
+        "  fi",
+        f"  sleep {HEARTBEAT_EVERY_S}",
+        "done",
+    ]
+    return "\n".join(lines) + "\n"

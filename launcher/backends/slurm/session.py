@@ -1,0 +1,385 @@
+"""The slurm backend's session: find or submit the job, wait for it, probe it, run one step per process.
+
+Allocation mode (``SLURM_JOB_ID`` set by salloc or an sbatch script): the
+processes run as steps of that job; the job is the user's and is never
+cancelled, only podlaunch's steps are. Submit mode: the preflight (partition,
+``sbatch --test-only``), a stale-job check, ``sbatch`` of ``script.script_text``,
+then the job is followed (``pending (reason)`` on the status line) until it
+runs; at the end, or on Ctrl-C/SIGTERM/SIGHUP at any point, it is cancelled
+and waited out of the queue.
+
+After a failed attempt (``prepare(restart=True)``) the job's state decides
+(never a walltime guess): RUNNING: new steps in it; PENDING after a requeue:
+wait; PREEMPTED (PreemptMode=CANCEL), NODE_FAIL, BOOT_FAIL: submit again;
+TIMEOUT or CANCELLED by someone else: no restart.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import os
+import re
+import signal
+import threading
+import time
+
+from launcher import plan as planning
+from launcher.backends.base import Session
+from launcher.backends.slurm import probe, script
+from launcher.backends.slurm.commands import RESUBMIT, WAIT, Slurm
+from launcher.backends.slurm.workers import SrunWorker, srun_argv
+from launcher.errors import LaunchError, Problem, SpecError
+from launcher.plan import Placement, Plan
+from launcher.state import Exit
+from worker import contract
+
+TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")
+
+
+class SlurmSession(Session):
+    def __init__(self, job, run_dir, console=None, options=None, slurm: Slurm | None = None):
+        super().__init__(job, run_dir, console, options)
+        self.slurm = slurm or Slurm()
+        cluster = job.cluster
+        outer = os.environ.get("SLURM_JOB_ID")
+        self.mode = cluster.mode if cluster.mode != "auto" else ("allocation" if outer else "submit")
+        self.job_id: str | None = outer if self.mode == "allocation" else None
+        self.name = script.job_name(job)
+        self.step_prefix = self.name + "."
+        self.nodes: list = []
+        self.test_only_nodes: list = []
+        self._beat_stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    # ---- prepare ----------------------------------------------------------------
+    def prepare(self, restart: bool = False) -> tuple[tuple, str]:
+        cluster = self.job.cluster
+        if self.mode == "allocation":
+            if not self.job_id:
+                raise self._problem("mode", "is allocation but SLURM_JOB_ID is not set: run launch "
+                                    "inside salloc or an sbatch script, or use mode: submit")
+            record = self.slurm.job(self.job_id)
+            if record is None or record.get("JobState") != "RUNNING":
+                raise LaunchError(f"the allocation {self.job_id} (SLURM_JOB_ID) is "
+                                  f"{'gone' if record is None else record.get('JobState')}")
+            self._stale_steps(restart)
+        else:
+            if self.job_id is None:
+                self._preflight()
+                self._stale_jobs()
+                if self.options.dry_run:
+                    return self._placements(self.test_only_nodes or [f"node{i}" for i in
+                                            range(cluster.nodes)], port=cluster.coordinator_port)
+                self._submit()
+            elif restart:
+                self._after_failure()
+            record = self._wait_running()
+        nodes = self.slurm.hostnames(record["NodeList"])
+        if len(nodes) < cluster.nodes:
+            raise self._problem("nodes", f"asks for {cluster.nodes} nodes; Slurm job {self.job_id} "
+                                f"holds {len(nodes)} ({record['NodeList']}); ask salloc for more "
+                                "or lower cluster.nodes")
+        self.nodes = nodes[:cluster.nodes]
+        if self.options.dry_run:
+            return self._placements(self.nodes, port=cluster.coordinator_port)
+        return self._placements(self.nodes, port=self._probe())
+
+    def _placements(self, nodes: list, port: int) -> tuple[tuple, str]:
+        cluster, job = self.job.cluster, self.job
+        python = cluster.python or self.options.python
+        job_path = os.path.join(self.run_dir, "job.json")  # a shared filesystem: the same path
+        placements = []
+        for node in nodes:
+            env = dict(cluster.env)
+            if cluster.platform == "cpu":
+                placements.append(Placement(node, cluster.processes_per_node, job.local_device_count,
+                                            "cpu", python, self.run_dir, job_path, env))
+                continue
+            for rank in range(cluster.processes_per_node):  # each its own GPUs, named explicitly
+                ids = range(rank * cluster.devices_per_process, (rank + 1) * cluster.devices_per_process)
+                placements.append(Placement(node, 1, job.local_device_count, "gpu", python,
+                                            self.run_dir, job_path,
+                                            {**env, contract.LOCAL_DEVICE_IDS: ",".join(map(str, ids))}))
+        addr = self.slurm.node_addrs(nodes[:1]).get(nodes[0], nodes[0]) if self.job_id else nodes[0]
+        return tuple(placements), f"{addr}:{port}"
+
+    def _problem(self, key: str, message: str) -> SpecError:
+        return SpecError([Problem(self.job.source, None, f"cluster.{key}", message)])
+
+    # ---- before anything is queued ------------------------------------------------
+    def _preflight(self) -> None:
+        """The partition exists and is up, and Slurm says it could run the request."""
+        cluster = self.job.cluster
+        partitions = self.slurm.partitions()
+        name = cluster.partition or next((p for p, (_, _, d) in partitions.items() if d), None)
+        if name is None or name not in partitions:
+            known = ", ".join(sorted(partitions)) or "none"
+            raise self._problem("partition", f"unknown partition {name!r} (this cluster has: "
+                                f"{known})" if name else f"is unset and Slurm has no default "
+                                f"partition; set one of: {known}")
+        avail, count, _ = partitions[name]
+        if avail != "up":
+            raise self._problem("partition", f"partition {name!r} is {avail}, not up; pick another")
+        if cluster.nodes > count:
+            raise self._problem("nodes", f"asks for {cluster.nodes} nodes; partition {name!r} has "
+                                f"{count}")
+        result = self.slurm.run(["sbatch", "--test-only"]
+                                + script.sbatch_options(self.job, self.run_dir), check=False,
+                                stdin=script.script_text(self.job, self.run_dir))
+        said = (result.stderr or result.stdout).strip()
+        if result.returncode != 0:
+            if "node configuration is not available" in said:  # no node has that shape
+                key = ("cpus_per_process" if cluster.cpus_per_process else
+                       "devices_per_process" if cluster.platform == "gpu" else "processes_per_node")
+                shape = (f"{cluster.processes_per_node} processes per node x "
+                         f"{cluster.cpus_per_process or 1} CPUs"
+                         + (f" x {cluster.devices_per_process} GPUs" if cluster.platform == "gpu" else ""))
+                raise self._problem(key, f"no node of partition {name!r} fits {shape}; Slurm says: "
+                                    f"{said.splitlines()[-1]}")
+            key = next((k for word, k in (("node count", "nodes"), ("partition", "partition"),
+                                          ("time limit", "time_limit"), ("account", "account"),
+                                          ("qos", "qos"), ("gres", "devices_per_process"),
+                                          ("cpu count", "cpus_per_process"))
+                        if word in said.lower()), "sbatch_options")
+            raise self._problem(key, f"Slurm refuses the request: {said.splitlines()[-1]}")
+        match = TEST_ONLY_NODES.search(said)
+        if match:
+            self.test_only_nodes = self.slurm.hostnames(match.group(1))
+
+    def _stale_jobs(self) -> None:
+        """A job of an earlier launch of this job still queued: refuse, or cancel (--kill-stale)."""
+        stale = self.slurm.jobs_named(self.name)
+        if not stale:
+            return
+        listed = ", ".join(f"{j} ({s})" for j, s in stale)
+        if not self.options.kill_stale or self.options.dry_run:
+            raise LaunchError(f"Slurm job(s) {listed} named {self.name} of an earlier launch are "
+                              "still queued; rerun with --kill-stale to cancel them (scancel), or "
+                              "wait for them to end")
+        self.console.say(f"cancelling stale Slurm job(s) {listed}")
+        for job_id, _ in stale:
+            self._cancel_and_wait(job_id)
+
+    def _stale_steps(self, restart: bool) -> None:
+        steps = self.slurm.steps_named(self.job_id, self.step_prefix)
+        if not steps:
+            return
+        listed = ", ".join(f"{s} ({n})" for s, n in steps)
+        if not (restart or self.options.kill_stale) or self.options.dry_run:
+            raise LaunchError(f"step(s) {listed} of an earlier launch still run in allocation "
+                              f"{self.job_id}; rerun with --kill-stale to cancel them")
+        self.console.say(f"cancelling stale step(s) {listed}")
+        self._cancel_steps(steps)
+
+    # ---- the job --------------------------------------------------------------------
+    def _submit(self) -> None:
+        os.makedirs(os.path.join(self.run_dir, "slurm"), exist_ok=True)
+        path = os.path.join(self.run_dir, "slurm", "job.sbatch")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(script.script_text(self.job, self.run_dir))
+        self._heartbeat()
+        out = self.slurm.run(["sbatch", "--parsable", path]).stdout.strip()
+        self.job_id = out.split(";")[0]
+        self.console.say(f"submitted Slurm job {self.job_id} ({self.job.cluster.nodes} nodes x "
+                         f"{self.job.cluster.processes_per_node} tasks; script {path})")
+
+    def _heartbeat(self) -> None:
+        """Renew the file the batch script watches (it ends the job when the launcher is gone)."""
+        path = script.heartbeat_path(self.run_dir)
+        with open(path, "a", encoding="utf-8"):
+            os.utime(path)
+        if self._beat is None:
+            def beat():
+                while not self._beat_stop.wait(script.HEARTBEAT_EVERY_S):
+                    try:
+                        os.utime(path)
+                    except OSError:
+                        pass
+            self._beat = threading.Thread(target=beat, name="slurm-heartbeat", daemon=True)
+            self._beat.start()
+
+    def _wait_running(self) -> dict:
+        """Follow the job until it runs; Ctrl-C, SIGTERM or SIGHUP meanwhile cancel it."""
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+        previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+        said = None
+        try:
+            while True:
+                record = self.slurm.job(self.job_id)
+                state = "GONE" if record is None else record.get("JobState", "?")
+                if state == "RUNNING":
+                    self.console.end_status()
+                    return record
+                if state not in WAIT:
+                    raise LaunchError(f"Slurm job {self.job_id} ended before it ran: {state}"
+                                      + (f" ({record.get('Reason')})" if record else ""))
+                text = f"pending ({record.get('Reason', '?')})"
+                if text != said:
+                    self.console.say(f"Slurm job {self.job_id}: {text}")
+                    said = text
+                self.console.live.update(f"Slurm job {self.job_id} {text}")
+                time.sleep(self.job.cluster.poll_s)
+        except KeyboardInterrupt as exc:
+            self.console.end_status()
+            self.console.say(f"interrupted ({exc or 'SIGINT'}) while job {self.job_id} was pending; "
+                             "cancelling it")
+            self.close()
+            raise
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _after_failure(self) -> None:
+        """Decide by the job's state how the next attempt gets nodes."""
+        record = self.slurm.job(self.job_id)
+        deadline = time.monotonic() + 120
+        while record is not None and record.get("JobState") == "RUNNING" \
+                and record.get("PreemptTime", "None") != "None" and time.monotonic() < deadline:
+            time.sleep(self.job.cluster.poll_s)  # preemption's grace time: requeued or cancelled next
+            record = self.slurm.job(self.job_id)
+        state = "GONE" if record is None else record.get("JobState", "?")
+        if state == "RUNNING" or state in WAIT:
+            if state == "RUNNING":
+                self._cancel_steps(self.slurm.steps_named(self.job_id, self.step_prefix))
+            return
+        if state == "TIMEOUT":
+            raise LaunchError(f"Slurm job {self.job_id} reached its time limit (state TIMEOUT); not "
+                              "resubmitted: raise cluster.time_limit and continue with --resume "
+                              f"{self.run_dir}")
+        if state not in RESUBMIT:
+            raise LaunchError(f"Slurm job {self.job_id} ended ({state}); not resubmitted")
+        self.console.say(f"Slurm job {self.job_id} is {state}: submitting it again")
+        self.job_id = None
+        self._submit()
+
+    def judge(self, ended: Exit) -> Exit:
+        """A failed step read against its job: preemption, node failure, time limit."""
+        try:
+            record = self.slurm.job(self.job_id)
+        except LaunchError:
+            return ended
+        state = "GONE" if record is None else record.get("JobState", "?")
+        preempting = record is not None and record.get("PreemptTime", "None") not in ("None", "")
+        if state == "TIMEOUT":
+            return Exit(lost=f"Slurm job {self.job_id} reached its time limit (TIMEOUT); task {ended}")
+        if state != "RUNNING" or preempting:
+            what = "being preempted" if preempting and state == "RUNNING" else state
+            return Exit(lost=f"Slurm job {self.job_id} is {what}; task {ended}")
+        return ended
+
+    def _probe(self) -> int:
+        """Python and JAX on every node agree; the coordinator port on the first node."""
+        cluster = self.job.cluster
+        python = cluster.python or self.options.python
+        with open(probe.__file__, encoding="utf-8") as f:
+            source = f.read()
+        argv = ["srun", f"--jobid={self.job_id}", f"--nodes={len(self.nodes)}",
+                "--ntasks-per-node=1", f"--nodelist={','.join(self.nodes)}", "--overlap",
+                f"--job-name={self.step_prefix}probe", "--quiet", python, "-c", source,
+                str(cluster.coordinator_port)]
+        result = self.slurm.run(argv, check=False)
+        answers = []
+        for line in result.stdout.splitlines():
+            try:
+                answers.append(json.loads(line))
+            except ValueError:
+                pass
+        if result.returncode != 0 or len(answers) != len(self.nodes):
+            raise LaunchError(f"the preflight step on {','.join(self.nodes)} failed (rc "
+                              f"{result.returncode}): {(result.stderr or result.stdout).strip()[-500:]}")
+        first = next(a for a in answers if "port" in a)
+        keys = ("python", "jax", "jaxlib")
+        bad = [f"{a['node']}: " + ", ".join(f"{k} {a[k]} ({first['node']}: {first[k]})" for k in keys
+                                            if a[k] != first[k]) for a in answers
+               if any(a[k] != first[k] for k in keys)]
+        bad += [f"{a['node']}: jax/jaxlib not installed for {python}" for a in answers
+                if not (a["jax"] and a["jaxlib"])]
+        if bad:
+            raise LaunchError("the nodes' Python and JAX differ: " + "; ".join(bad))
+        if "port_error" in first:
+            raise self._problem("coordinator_port", f"{first['port_error']} on {first['node']}; pick "
+                                "another or use 0")
+        return first["port"]
+
+    # ---- steps --------------------------------------------------------------------
+    def describe(self, plan: Plan) -> str:
+        """``--dry-run``: the batch script (submit mode), the plan, each process's step and devices."""
+        c = plan.job.cluster
+        out = []
+        if self.mode == "submit":
+            where = ",".join(self.test_only_nodes) or "not known before submission"
+            out += [f"# the batch script (not submitted; sbatch --test-only expects nodes {where}):",
+                    script.script_text(plan.job, self.run_dir)]
+        else:
+            out.append(f"# steps of the allocation {self.job_id} (SLURM_JOB_ID) on {','.join(self.nodes)}")
+        if plan.coordinator_address.endswith(":0"):
+            out.append("# coordinator port 0: a free port is picked on the first node at launch")
+        out.append(planning.describe(plan))
+        out.append("devices (JAX's own Slurm detection is off: every value is explicit):")
+        for p in plan.processes:
+            ids = p.env.get(contract.LOCAL_DEVICE_IDS)
+            devices = (f"local_device_ids {ids} of the node's GPUs" if ids else
+                       f"JAX_NUM_CPU_DEVICES={p.local_device_count}")
+            step = srun_argv(self.job_id or "<job id>", p.host, f"{self.step_prefix}p{p.process_id}",
+                             c, p.argv, c.workdir)
+            out.append(f"  {p.label}: {devices}; step: {' '.join(shlex.quote(a) for a in step)}")
+        return "\n".join(out)
+
+    def describe_start(self, plan: Plan) -> str:
+        c = plan.job.cluster
+        return (f"starting {plan.num_processes} processes ({c.processes_per_node} per node x "
+                f"{c.devices_per_process} {c.platform} devices) as steps of Slurm job {self.job_id} "
+                f"({self.mode}) on {','.join(self.nodes)}, coordinator {plan.coordinator_address}")
+
+    def start(self, plan: Plan) -> list:
+        cluster = plan.job.cluster
+        workers: list = []
+        try:
+            for process in plan.processes:
+                name = f"{self.step_prefix}p{process.process_id}"
+                argv = srun_argv(self.job_id, process.host, name, cluster, process.argv,
+                                 cluster.workdir)
+                workers.append(SrunWorker(process, self.job_id, name, argv, self.slurm,
+                                          judge=self.judge))
+        except LaunchError:
+            for w in workers:
+                w.kill()
+            raise
+        return workers
+
+    def _cancel_steps(self, steps: list) -> None:
+        for step, _ in steps:
+            self.slurm.cancel(step, signal="KILL")
+        deadline = time.monotonic() + 10
+        while steps and time.monotonic() < deadline:
+            time.sleep(0.1)
+            steps = self.slurm.steps_named(self.job_id, self.step_prefix)
+
+    def _cancel_and_wait(self, job_id: str, timeout_s: float = 15.0) -> None:
+        self.slurm.cancel(job_id)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            record = self.slurm.job(job_id)
+            if record is None or (record.get("JobState") not in ("RUNNING", "COMPLETING", *WAIT)
+                                  and "COMPLETING" not in record.get("JobState", "")):
+                return
+            time.sleep(0.1)
+
+    def end_attempt(self) -> None:
+        if self.job_id and not self.options.dry_run:
+            steps = self.slurm.steps_named(self.job_id, self.step_prefix)
+            if steps:
+                self._cancel_steps(steps)
+
+    def close(self) -> None:
+        self._beat_stop.set()
+        if self.options.dry_run or not self.job_id:
+            return
+        if self.mode == "submit":
+            job_id, self.job_id = self.job_id, None
+            self._cancel_and_wait(job_id)
+        else:
+            self.end_attempt()

@@ -1,0 +1,95 @@
+"""The ``cluster:`` settings of the slurm backend (checked by ``launcher.schema``).
+
+Importing this module runs no Slurm command; see docs/slurm.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Literal
+
+from launcher import schema
+from launcher.backends.base import ClusterSettings
+from launcher.schema import non_negative, port_or_zero, positive, setting
+
+# Slurm names (partition, account, QoS): no shell or #SBATCH metacharacters.
+SLURM_NAME = schema.identifier("a Slurm name", r"[A-Za-z0-9_][A-Za-z0-9_.+-]*",
+                               "letters, digits and _ . + -, not starting with '-' or '.'")
+# sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED/INFINITE.
+_TIME = re.compile(r"\d{1,9}(:\d{1,2}){0,2}|\d{1,5}-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
+
+
+def time_limit(value: str) -> str | None:
+    if _TIME.fullmatch(value):
+        return None
+    return (f"expected a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or "
+            f"UNLIMITED), got {value!r}")
+
+
+_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_./:,=@%+*\[\]-]+)?")
+# What podlaunch writes itself: an extra line may not change the shape of the job.
+OWN_OPTIONS = ("--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--gpus-per-task",
+               "--gres", "--partition", "--time", "--account", "--qos", "--job-name",
+               "--output", "--error", "--requeue", "--no-requeue", "--open-mode", "--wrap",
+               "--test-only", "--parsable", "--chdir")
+
+
+def sbatch_options(values: tuple) -> str | None:
+    """Extra ``#SBATCH`` lines: long options only, one token each, none podlaunch sets."""
+    for value in values:
+        if not _OPTION.fullmatch(value):
+            return (f"expected sbatch long options like '--constraint=a100' (one token, no spaces, "
+                    f"quotes or line breaks), got {value!r}")
+        name = value.split("=", 1)[0]
+        if name in OWN_OPTIONS:
+            return (f"{name} is set by podlaunch from the cluster settings (nodes, "
+                    "processes_per_node, devices_per_process, partition, time_limit, account, qos, "
+                    f"requeue); use those keys instead of {value!r}")
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SlurmCluster(ClusterSettings):
+    """A Slurm cluster: inside an allocation (salloc, sbatch) or a job podlaunch submits."""
+
+    backend: Literal["slurm"] = setting("slurm", doc="local, ssh, tpu or slurm")
+    mode: Literal["auto", "allocation", "submit"] = setting(
+        "auto", doc="allocation: run in the Slurm job of SLURM_JOB_ID (salloc/sbatch); submit: "
+        "sbatch a job and run in it; auto: allocation when SLURM_JOB_ID is set, else submit")
+    nodes: int = setting(1, check=schema.in_range(1, 100000), doc="nodes of the job")
+    processes_per_node: int = setting(1, check=schema.in_range(1, 256),
+                                      doc="worker processes (Slurm tasks) per node")
+    devices_per_process: int = setting(1, check=schema.in_range(1, 256),
+                                       doc="devices each process sees (CPU devices, or GPUs)")
+    platform: Literal["cpu", "gpu"] = setting(
+        "cpu", doc="cpu: JAX_NUM_CPU_DEVICES per process; gpu: the job asks for "
+        "processes_per_node x devices_per_process GPUs per node and each process gets "
+        "local_device_ids explicitly")
+    cpus_per_process: int | None = setting(None, check=schema.in_range(1, 4096),
+                                           doc="--cpus-per-task; unset: the site's default")
+    partition: str | None = setting(None, check=SLURM_NAME, doc="partition; unset: the default one")
+    time_limit: str | None = setting(None, check=time_limit, doc="--time, e.g. 02:00:00")
+    account: str | None = setting(None, check=SLURM_NAME, doc="--account")
+    qos: str | None = setting(None, check=SLURM_NAME, doc="--qos")
+    sbatch_options: tuple[str, ...] = setting((), check=sbatch_options,
+                                              doc="extra #SBATCH lines, e.g. ['--constraint=a100']")
+    requeue: bool = setting(True, doc="--requeue: a preempted job goes back to the queue and "
+                            "podlaunch resumes it from the latest checkpoint")
+    python: str | None = setting(None, check=schema.COMMAND,
+                                 doc="interpreter on the nodes; unset: this launcher's (shared filesystem)")
+    workdir: str | None = setting(None, check=schema.REMOTE_PATH,
+                                  doc="directory the workers start in; unset: the launcher's")
+    coordinator_port: int = setting(0, check=port_or_zero,
+                                    doc="JAX coordinator port on the first node; 0 picks a free one there")
+    poll_s: float = setting(1.0, check=positive, doc="seconds between queue checks while pending")
+    orphan_timeout_s: int = setting(600, check=schema.in_range(30, schema.NUMBER_MAX),
+                                    doc="a submitted job ends itself when its launcher has been "
+                                    "silent this long (killed with SIGKILL, host lost)")
+    grace_s: float = setting(3.0, check=non_negative, doc="after SIGTERM, wait this long before SIGKILL")
+    env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names,
+                                              doc="extra environment for every worker")
+
+    @property
+    def num_processes_total(self) -> int:
+        return self.nodes * self.processes_per_node

@@ -1,0 +1,136 @@
+"""One worker process = one Slurm job step: ``srun --ntasks=1 --nodelist=NODE``, a local child.
+
+Why a step per process (docs/slurm.md): each process then has its own output
+stream (no demultiplexing of ``srun --label``), its own exit code or signal
+(srun's "task 0: Killed" line), and can be signalled alone; fail-fast across
+steps is ``launcher.supervise``'s, as on every backend. Steps are named
+``<prefix>p<id>`` so a later launch (``--kill-stale``) and this one's teardown
+find them in ``squeue -s``.
+
+``terminate`` asks Slurm to SIGTERM the step's task (``scancel --signal=TERM``;
+srun itself turns a SIGTERM into SIGKILL of the step), ``kill`` SIGKILLs the
+task the same way and then srun. srun gets SIGTERM when the launcher dies
+(PR_SET_PDEATHSIG), on which it kills its step: a launcher killed with SIGKILL
+leaves no task behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import signal
+import subprocess
+import time
+from typing import Callable, Iterator
+
+from launcher import proctl
+from launcher.backends.slurm.commands import Slurm, scrubbed
+from launcher.errors import LaunchError
+from launcher.plan import ProcessPlan
+from launcher.state import Exit
+
+# srun's own report of how its task ended: "srun: error: n2: task 0: Killed"
+TASK_END = re.compile(r"^srun: error: (?P<node>\S+): task \d+: (?P<what>.+)$")
+EXITED = re.compile(r"^Exited with exit code (\d+)$")
+EOF_WAIT_S = 1.0
+SIGNALS = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
+
+
+def _term_with_parent() -> None:
+    try:  # PR_SET_PDEATHSIG = 1: srun gets SIGTERM when the launcher dies, and kills its step
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def srun_argv(job_id: str, node: str, step_name: str, cluster, argv: tuple,
+              workdir: str | None = None) -> list:
+    """The srun command of one process: one task on ``node``, in job ``job_id``."""
+    cmd = ["srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+           f"--job-name={step_name}", "--overlap", "--kill-on-bad-exit=1", "--wait=0",
+           "--export=ALL", "--quiet"]
+    if cluster.cpus_per_process:
+        cmd.append(f"--cpus-per-task={cluster.cpus_per_process}")
+    if workdir:
+        cmd.append(f"--chdir={workdir}")
+    return cmd + ["--"] + list(argv)
+
+
+class SrunWorker:
+    """A worker process started by a local ``srun`` as its own job step."""
+
+    def __init__(self, plan: ProcessPlan, job_id: str, step_name: str, argv: list,
+                 slurm: Slurm, base_env: dict | None = None,
+                 judge: Callable[[Exit], Exit] | None = None):
+        self.plan = plan
+        self.job_id = job_id
+        self.step_name = step_name
+        self.slurm = slurm
+        self._step: str | None = None
+        self._ended: Exit | None = None  # from srun's "task 0: ..." line
+        self._eof = False
+        self._exited_at: float | None = None
+        self.judge = judge  # the session's reading of a failure against the job's state
+        self.argv = argv
+        env = scrubbed(base_env, plan.env)
+        try:
+            self._proc = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_term_with_parent,
+                text=True, encoding="utf-8", errors="replace", bufsize=1)
+        except OSError as exc:
+            raise LaunchError(f"cannot start srun for process_id {plan.process_id}: "
+                              f"{exc.strerror}") from None
+
+    def lines(self) -> Iterator[str]:
+        for line in self._proc.stdout:
+            line = line.rstrip("\n")
+            match = TASK_END.match(line)
+            if match:
+                what = match.group("what").strip()
+                code = EXITED.match(what)
+                if code:
+                    self._ended = Exit(code=int(code.group(1)))
+                elif what.split(" (")[0] in SIGNALS:
+                    self._ended = Exit(signal=SIGNALS[what.split(" (")[0]])
+            yield line
+        self._proc.stdout.close()
+        self._eof = True
+
+    def poll(self) -> Exit | None:
+        code = self._proc.poll()
+        if code is None:
+            return None
+        if code == 0:
+            return Exit(code=0)
+        if not self._eof:  # srun's last lines say how the task ended: read them first
+            self._exited_at = self._exited_at or time.monotonic()
+            if time.monotonic() - self._exited_at < EOF_WAIT_S:
+                return None
+        # no "task 0:" line: srun failed itself (no step, the job is gone) or died of a signal
+        ended = self._ended or (Exit(signal=-code) if code < 0 else Exit(code=code))
+        return self.judge(ended) if self.judge else ended
+
+    def step(self) -> str | None:
+        """This process's step id ``J.S``, once Slurm lists it."""
+        if self._step is None:
+            for step, name in self.slurm.steps_named(self.job_id, self.step_name):
+                if name == self.step_name:
+                    self._step = step
+        return self._step
+
+    def terminate(self) -> None:
+        step = self.step()
+        if step is not None:
+            self.slurm.cancel(step, signal="TERM")
+        else:  # not registered yet: srun kills what it started
+            proctl.signal_pid(self._proc.pid, (signal.SIGTERM,))
+
+    def kill(self) -> None:
+        step = self.step()
+        if step is not None:
+            self.slurm.cancel(step, signal="KILL")
+        proctl.signal_pid(self._proc.pid, (signal.SIGTERM,))  # srun: kill the step, then exit
+
+    def stopped(self) -> bool:
+        return False  # the task's state lives on its node; the watchdog's SIGKILL covers it

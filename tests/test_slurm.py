@@ -1,0 +1,280 @@
+"""The slurm backend against a real Slurm: one slurmctld and three slurmd on this machine.
+
+No stand-in: ``tests/slurmenv.py`` starts munged, slurmctld and ``slurmd -N n1..n3``
+(Debian's slurm-wlm, installed by .ci/run). Where Slurm cannot start, the tests
+fail, they do not skip (set PODLAUNCH_SKIP_SLURM=1 to skip them on purpose).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from helpers import LAUNCH, REPO, env_for_tests, launch, pids_with_env, run_pids, wait_gone
+from slurmenv import SlurmTestEnv, available
+
+pytestmark = pytest.mark.slow
+
+if os.environ.get("PODLAUNCH_SKIP_SLURM") == "1":
+    pytest.skip("PODLAUNCH_SKIP_SLURM=1", allow_module_level=True)
+
+SHORT = ("--set", "train.num_steps=30", "--set", "train.global_batch_size=255",
+         "--set", "logging.tensorboard=false")
+LONG = ("--set", "train.num_steps=1000000", "--set", "train.global_batch_size=255",
+        "--set", "logging.log_every_steps=20", "--set", "logging.tensorboard=false")
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    why = available()
+    assert why is None, f"Slurm cannot run here: {why} (bash .ci/run installs it)"
+    with SlurmTestEnv(num_nodes=3) as env:
+        yield env
+
+
+@pytest.fixture
+def cluster_file(tmp_path):
+    def make(**settings) -> str:
+        body = {"backend": "slurm", "nodes": 3, "processes_per_node": 1, "devices_per_process": 1,
+                "poll_s": 0.2, "grace_s": 2, **settings}
+        path = tmp_path / "slurm.yaml"
+        path.write_text("".join(f"{k}: {v}\n" for k, v in body.items()))
+        return str(path)
+    return make
+
+
+@pytest.fixture(autouse=True)
+def clean_queue(request):
+    """Every test ends with an empty queue and no process of its runs (checked, then cleaned)."""
+    yield
+    if "slurm" in request.fixturenames:
+        env = request.getfixturevalue("slurm")
+        left = env.wait_queue_empty(10)
+        if left:
+            env.run("scancel", "-u", "root", check=False)
+            env.wait_queue_empty(10)
+        assert not left, f"jobs left in the queue: {left}"
+
+
+def slurm_env(env: SlurmTestEnv, **extra) -> dict:
+    base = env_for_tests(**extra)
+    base = {k: v for k, v in base.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_"))}
+    base["SLURM_CONF"] = str(env.conf)
+    return base
+
+
+def run(env, *args, prefix=(), timeout_s=120) -> subprocess.CompletedProcess:
+    return subprocess.run(list(prefix) + LAUNCH + list(args), cwd=REPO, env=slurm_env(env),
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+
+def start(env, *args) -> subprocess.Popen:
+    return subprocess.Popen(LAUNCH + list(args), cwd=REPO, env=slurm_env(env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def read_until(proc, pattern: str, lines: list, timeout_s: float = 90) -> str:
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stdout:
+        lines.append(line)
+        if re.search(pattern, line):
+            return line
+        assert time.monotonic() < deadline, "".join(lines)
+    raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(lines))
+
+
+def cmdline(pid: int) -> list:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode().split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def params(run_dir) -> list:
+    with np.load(os.path.join(run_dir, "params.npz")) as f:
+        return [f[k] for k in sorted(f.files)]
+
+
+# ---- the fixture -----------------------------------------------------------------
+def test_the_test_cluster_has_three_idle_nodes(slurm):
+    assert slurm.sinfo_states() == {"n1": "idle", "n2": "idle", "n3": "idle"}
+    out = slurm.run("srun", "-N3", "-l", "--quiet", "printenv", "SLURMD_NODENAME")
+    assert sorted(line.split()[-1] for line in out.splitlines()) == ["n1", "n2", "n3"]
+
+
+# ---- dry run and bad requests ----------------------------------------------------------
+def test_dry_run_prints_script_env_and_devices_and_submits_nothing(slurm, cluster_file, tmp_path):
+    cluster = cluster_file(partition="debug", time_limit="00:10:00",
+                           sbatch_options="['--comment=podlaunch-test']",
+                           env="{API_TOKEN: hunter2}")
+    result = run(slurm, "jobs/linear.yaml", "--cluster", cluster, "--dry-run",
+                 "--run-dir", str(tmp_path / "run"), *SHORT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=debug",
+                 "#SBATCH --time=00:10:00", "#SBATCH --requeue", "#SBATCH --comment=podlaunch-test",
+                 "#SBATCH --job-name=podlaunch.linear"):
+        assert line in out, out
+    assert "expects nodes n1,n2,n3" in out
+    assert re.search(r"^p2 n3: host n3, process_id 2", out, re.M), out
+    assert "hunter2" not in out and "API_TOKEN=" in out
+    assert "JAX_NUM_CPU_DEVICES=1; step: srun '--jobid=<job id>' --nodes=1 --ntasks=1 --nodelist=n3" in out
+    assert not slurm.jobs()
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("setting,value,says", [
+    ("nodes", 5, "cluster.nodes: asks for 5 nodes; partition 'debug' has 3"),
+    ("partition", "nope", "cluster.partition: unknown partition 'nope'"),
+    ("cpus_per_process", 64, "cluster.cpus_per_process: no node of partition 'debug' fits 1 processes per node x 64 CPUs"),
+])
+def test_an_impossible_request_is_bad_input_before_anything_is_queued(slurm, cluster_file, tmp_path,
+                                                                      setting, value, says):
+    result = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(**{setting: value}),
+                 "--run-dir", str(tmp_path / "run"), *SHORT)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert says in result.stderr, result.stderr
+    assert "nothing was started" in result.stderr
+    assert not slurm.jobs()
+
+
+# ---- training: same params as the local run, in an allocation and by submission ---------
+@pytest.fixture(scope="module")
+def local_params(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("local") / "run"
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), *SHORT,
+                    "--set", "cluster.num_processes=3", "--set", "cluster.devices_per_process=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return params(run_dir)
+
+
+@pytest.mark.parametrize("mode", ["submit", "allocation"])
+def test_three_nodes_train_to_the_local_params(slurm, cluster_file, tmp_path, local_params, mode):
+    run_dir = tmp_path / "run"
+    args = ["jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *SHORT]
+    # allocation: launch runs inside salloc, which sets SLURM_JOB_ID and many SLURM_* more
+    prefix = ["salloc", "-N3", "--quiet"] if mode == "allocation" else []
+    result = run(slurm, *args, prefix=prefix)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert f"({mode}) on n1,n2,n3" in out
+    assert re.search(r"^\[p1 n2\] step 30/30 loss", out, re.M), out
+    assert ("submitted Slurm job" in out) == (mode == "submit")
+    for got, want in zip(params(run_dir), local_params):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert not run_pids(str(run_dir))
+
+
+# ---- failures and interrupts ---------------------------------------------------------
+def test_kill_9_of_one_task_fails_fast_naming_it(slurm, cluster_file, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *LONG)
+    lines: list = []
+    read_until(proc, r"^\[p1 n2\] step \d+/", lines)
+    victims = [p for p in pids_with_env("PODLAUNCH_PROCESS_ID", "1") if p in run_pids(str(run_dir))
+               and cmdline(p)[-2:] == ["-m", "worker"] and "srun" not in cmdline(p)[0]]
+    assert len(victims) == 1, victims
+    os.kill(victims[0], signal.SIGKILL)
+    killed_at = time.monotonic()
+    lines += proc.stdout.readlines()
+    proc.wait(30)
+    out = "".join(lines)
+    assert proc.returncode == 1, out
+    assert time.monotonic() - killed_at < 5.0 + 0.5, out  # + reading the last lines
+    summary = out[out.index("FAILED:"):]
+    assert summary.startswith("FAILED: process_id 1 on n2 (killed by SIGKILL)"), summary
+    assert re.search(r"^p1 +n2 +failed \(first\)", summary, re.M), summary
+    assert not slurm.jobs()
+    assert not wait_gone(str(run_dir), 5)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_interrupt_while_running_cancels_the_job(slurm, cluster_file, tmp_path, sig):
+    run_dir = tmp_path / "run"
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *LONG)
+    lines: list = []
+    read_until(proc, r"^\[p\d n\d\] step \d+/", lines)
+    proc.send_signal(sig)
+    lines += proc.stdout.readlines()
+    proc.wait(30)
+    assert proc.returncode == 130, "".join(lines)
+    assert not slurm.wait_queue_empty(5)
+    assert not wait_gone(str(run_dir), 5)
+
+
+def test_ctrl_c_while_pending_cancels_the_job(slurm, cluster_file, tmp_path):
+    blocker = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-N3", "--exclusive", "--wrap", "sleep 300").strip()
+    try:
+        while "RUNNING" not in slurm.run("squeue", "-h", "-j", blocker, "-o", "%T"):
+            time.sleep(0.1)
+        proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(),
+                     "--run-dir", str(tmp_path / "run"), *SHORT)
+        lines: list = []
+        read_until(proc, r"pending \((Resources|Priority)\)", lines)
+        proc.send_signal(signal.SIGINT)
+        lines += proc.stdout.readlines()
+        proc.wait(30)
+        assert proc.returncode == 130, "".join(lines)
+        assert [j for j in slurm.jobs() if "podlaunch" in j] == []
+    finally:
+        slurm.run("scancel", blocker)
+
+
+def test_a_sigkilled_launcher_leaves_a_job_the_next_launch_refuses_or_cancels(slurm, cluster_file,
+                                                                              tmp_path):
+    cluster = cluster_file()
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "a"), *LONG)
+    lines: list = []
+    read_until(proc, r"^\[p0 n1\] step \d+/", lines)
+    proc.kill()
+    proc.wait()
+    assert not wait_gone(str(tmp_path / "a"), 10)  # srun got SIGTERM and killed its step
+    assert [j.split()[1:] for j in slurm.jobs()] == [["RUNNING", "podlaunch.linear"]]
+    again = run(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "b"), *SHORT)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "of an earlier launch are still queued; rerun with --kill-stale" in again.stderr
+    assert len(slurm.jobs()) == 1
+    third = run(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "c"),
+                "--kill-stale", *SHORT)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "cancelling stale Slurm job(s)" in third.stdout
+
+
+# ---- preemption -------------------------------------------------------------------------
+PREEMPTED_RUN = ("--set", "train.num_steps=300", "--set", "train.global_batch_size=255",
+                 "--set", "logging.log_every_steps=10", "--set", "logging.tensorboard=false",
+                 "--set", "checkpoint.every_steps=20", "--set", "restarts.max_restarts=2",
+                 "--set", "restarts.backoff_s=0")
+
+
+def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_params(slurm, cluster_file,
+                                                                             tmp_path):
+    reference = tmp_path / "local"
+    result = launch("jobs/linear.yaml", "--run-dir", str(reference), *PREEMPTED_RUN,
+                    "--set", "cluster.num_processes=3", "--set", "cluster.devices_per_process=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = tmp_path / "run"
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),
+                 *PREEMPTED_RUN)
+    lines: list = []
+    read_until(proc, r"^\[p0 n1\] checkpoint of step \d+ saved", lines)
+    # a job in the higher-priority partition takes every node: ours gets SIGTERM, then is requeued
+    urgent = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-p", "urgent", "-N3", "--exclusive",
+                       "--wrap", "sleep 1").strip()
+    lines += proc.stdout.readlines()
+    proc.wait(120)
+    out = "".join(lines)
+    assert proc.returncode == 0, out
+    assert re.search(r"is being preempted|is (REQUEUED|PENDING|PREEMPTED)", out), out
+    assert "restarting from the latest checkpoint" in out, out
+    assert re.search(r"^\[p0 n1\] resumed from the checkpoint of step \d+", out, re.M), out
+    for got, want in zip(params(run_dir), params(reference)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert urgent and not run_pids(str(run_dir))
