@@ -15,7 +15,8 @@ from launcher.schema import non_negative, port_or_zero, positive, setting
 
 # Slurm names (partition, account, QoS): no shell or #SBATCH metacharacters.
 SLURM_NAME = schema.identifier("a Slurm name", r"[A-Za-z0-9_][A-Za-z0-9_.+-]*",
-                               "letters, digits and _ . + -, not starting with '-' or '.'")
+                               "letters, digits and _ . + -, not starting with '-' or '.'",
+                               r"[A-Za-z0-9_.+-]")
 # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED/INFINITE.
 _TIME = re.compile(r"\d{1,9}(:\d{1,2}){0,2}|\d{1,5}-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
 
