@@ -16,6 +16,7 @@ import time
 from typing import Sequence
 
 from launcher import plan as planning
+from launcher import versions
 from launcher.backends.base import Session
 from launcher.backends.ssh import hosts as hostlib
 from launcher.backends.ssh import preflight as checks
@@ -103,6 +104,10 @@ class SshHosts:
         self.console.say(f"preflight ok on {len(hosts)} hosts in {time.monotonic() - started:.1f}s "
                          f"(python {found[0].facts['python']}, jax {found[0].facts['jax']})"
                          + (f"; stopped {len(stopped)} stale process groups" if stopped else ""))
+        # preflight refused hosts whose versions differ, so host 0 speaks for all
+        untested = versions.outside_tested(found[0].facts["jax"], found[0].facts["python"])
+        if untested:
+            self.console.say(f"warning: on every host, {untested}")
         left = checks.survivors_found(found, stopped=False)
         if left and survivors == checks.REPORT:
             ids = ", ".join(f"p{r['process_id']} (pgid {r['pgid']})" for r in left)

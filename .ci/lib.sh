@@ -1,0 +1,55 @@
+# Sourced by .ci/run and .ci/newest_end.sh (bash). The tested ends live in
+# launcher/versions.py; these helpers read them and find the interpreters.
+
+# tested NAME INDEX: TESTED_PYTHON or TESTED_JAX, 0 (oldest) or 1 (newest), read from
+# launcher/versions.py with any python3 (the module is stdlib only; runpy imports nothing
+# else of podlaunch).
+tested() {
+  python3 -c 'import runpy, sys; print(runpy.run_path("launcher/versions.py")[sys.argv[1]][int(sys.argv[2])])' "$1" "$2"
+}
+
+# find_python X.Y: print the path of a working Python X.Y interpreter, or fail.
+# Looked for, in order: $PODLAUNCH_PYTHON_X_Y (e.g. PODLAUNCH_PYTHON_3_13=/opt/py/bin/python3),
+# pyenv's installs (${PYENV_ROOT:-~/.pyenv}/versions/X.Y.*, newest patch first), pythonX.Y on
+# PATH, python3 on PATH. Each candidate must run and report X.Y (pyenv's shims exist for
+# versions that are not selected, and fail when run).
+find_python() {
+  local want=$1 var="PODLAUNCH_PYTHON_${1//./_}" c got
+  local -a candidates=()
+  [ -n "${!var:-}" ] && candidates+=("${!var}")
+  local root=${PYENV_ROOT:-$HOME/.pyenv}
+  while IFS= read -r c; do candidates+=("$c"); done < <(
+    ls -d "$root"/versions/"$want".*/bin/python3 2>/dev/null | sort -rV)
+  candidates+=("python$want" python3)
+  for c in "${candidates[@]}"; do
+    got=$("$c" -c 'import sys; print("%d.%d" % sys.version_info[:2], sys.executable)' 2>/dev/null) ||
+      continue
+    if [ "${got%% *}" = "$want" ]; then
+      echo "${got#* }"
+      return 0
+    fi
+  done
+  echo "no Python $want here (looked at: ${candidates[*]}); install one (e.g. pyenv install $want)" \
+       "or point $var at its interpreter" >&2
+  return 1
+}
+
+# make_venv PYTHON DIR JAX_VERSION: a fresh venv in DIR with the project (editable), its
+# test extras and exactly jax/jaxlib JAX_VERSION; fails if pip resolves anything else (for
+# instance when pyproject.toml's range no longer admits that version).
+make_venv() {
+  local py=$1 dir=$2 jax=$3
+  "$py" -m venv --clear "$dir"
+  "$dir/bin/python" -m pip install -q --upgrade pip
+  "$dir/bin/python" -m pip install -q -e '.[test]' "jax==$jax" "jaxlib==$jax"
+  "$dir/bin/python" - "$jax" <<'EOF'
+import platform, sys
+from importlib.metadata import version
+want = sys.argv[1]
+got = {name: version(name) for name in ("jax", "jaxlib")}
+print(f"testing with Python {platform.python_version()}, jax {got['jax']}, jaxlib {got['jaxlib']}",
+      flush=True)
+if any(v != want for v in got.values()):
+    sys.exit(f"expected jax and jaxlib {want}, got {got}")
+EOF
+}
