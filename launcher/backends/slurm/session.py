@@ -236,9 +236,14 @@ class SlurmSession(Session):
         """Decide by the job's state how the next attempt gets nodes."""
         record = self.slurm.job(self.job_id)
         deadline = time.monotonic() + 120
-        while record is not None and record.get("JobState") == "RUNNING" \
-                and record.get("PreemptTime", "None") != "None" and time.monotonic() < deadline:
-            time.sleep(self.job.cluster.poll_s)  # preemption's grace time: requeued or cancelled next
+        def settling(record) -> bool:
+            state = record.get("JobState", "")
+            # preemption's grace time (requeued or cancelled next), or a requeue passing
+            # through COMPLETING on its way back to PENDING
+            return (state == "RUNNING" and record.get("PreemptTime", "None") != "None") \
+                or "COMPLETING" in state
+        while record is not None and settling(record) and time.monotonic() < deadline:
+            time.sleep(self.job.cluster.poll_s)
             record = self.slurm.job(self.job_id)
         state = "GONE" if record is None else record.get("JobState", "?")
         if state == "RUNNING" or state in WAIT:
