@@ -8,7 +8,9 @@ subprocess, a remote command over SSH, ...) and ``supervise`` does the rest:
 * the main thread polls every worker; the first one that exits non-zero, dies
   by a signal, or is lost, is the root cause. Every other worker then gets
   TERM to its process group, ``grace_s`` to exit, then KILL;
-* Ctrl-C or SIGTERM to the launcher stops everything the same way;
+* Ctrl-C, SIGTERM or SIGHUP (the terminal closed) to the launcher stops
+  everything the same way (``interrupt_signals``; a SIGHUP that ``nohup``
+  set to be ignored stays ignored);
 * the stall watchdog: a worker alive but without step progress (progress,
   heartbeat or failure lines) for ``stall_timeout_s`` (``first_step_timeout_s``
   before its first step) is a failure. The launcher reports the last step of
@@ -40,11 +42,28 @@ KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be rea
 
 
 class Interrupted(Exception):
-    """Ctrl-C or SIGTERM reached the launcher."""
+    """Ctrl-C, SIGTERM or SIGHUP reached the launcher."""
 
 
 def _raise_interrupted(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
+
+
+def interrupt_signals() -> tuple:
+    """The signals that stop a run in order: SIGINT, SIGTERM, and SIGHUP unless ignored.
+
+    A SIGHUP set to SIG_IGN (``nohup launch ...``) stays ignored: the user asked for the
+    run to outlive the terminal.
+    """
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    return tuple(sigs)
+
+
+def handle_interrupts(handler) -> dict:
+    """Install ``handler`` for ``interrupt_signals()``; returns the previous handlers."""
+    return {sig: signal.signal(sig, handler) for sig in interrupt_signals()}
 
 
 class _Output:
@@ -97,7 +116,8 @@ def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float]) -> None:
 def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
               poll_interval_s: float = 0.05, watchdog: Watchdog | None = None,
               clock: Callable[[], float] = time.monotonic,
-              sleep: Callable[[float], None] | None = None) -> Result:
+              sleep: Callable[[float], None] | None = None,
+              interrupted_by: str | None = None) -> Result:
     """Run until every worker succeeded, one failed, or the launcher is interrupted.
 
     Args:
@@ -109,6 +129,8 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
       clock: seconds, monotonic; every timestamp and deadline reads it.
       sleep: lets time pass between polls; None (the default) waits on the
         workers' output instead, showing a line as soon as it arrives.
+      interrupted_by: a signal that came while the workers were starting (its
+        name): tear them down at once.
 
     Returns:
       A Result; every worker has ended (or been killed) by the time it returns.
@@ -121,11 +143,13 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                                     name=f"reader-{t.plan.process_id}")
         t.reader.start()
 
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = handle_interrupts(_raise_interrupted)
     first_failure: Tracked | None = None
     interrupted = False
     try:
         try:
+            if interrupted_by is not None:
+                raise Interrupted(interrupted_by)
             while True:
                 output.wait(poll_interval_s)
                 console.status(tracked)

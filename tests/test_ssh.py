@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
+import helpers
 import sshenv
 from helpers import REPO, TESTS, launch, pids_with_env, start_launch
 from launcher import plan as planning
@@ -351,7 +352,7 @@ def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
     run_dir = tmp_path / "run"
     proc = start_launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *LONG,
@@ -365,6 +366,31 @@ def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
     assert proc.returncode == 130, out
     assert "INTERRUPTED: every process was stopped." in out
     assert not survivors(tmp_path, run_dir)
+
+
+@pytest.mark.slow
+def test_a_closed_stdout_goes_on_watching_every_host(tmp_path, hosts):
+    """``launch ... | head -5`` over ssh: no traceback, the remote workers stay watched to
+    the end, the summary lands in launcher.log, nothing is left on any host."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--cluster",
+         write_cluster(tmp_path, hosts), *SHORT, "--set", "logging.log_every_steps=1",
+         "--run-dir", str(run_dir)], cwd=REPO, env=helpers.env_for_tests(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(5):
+            proc.stdout.readline()
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    log = (run_dir / "launcher.log").read_text()
+    assert "the console went away" in log and "OK: 4 processes succeeded" in log, log
+    assert not survivors(tmp_path, run_dir, 0)
 
 
 @pytest.mark.slow

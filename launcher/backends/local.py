@@ -92,12 +92,13 @@ class LocalWorker:
 
 
 def start_all(plan: Plan) -> list:
-    """Start every planned process here; if one cannot start, kill those already started."""
+    """Start every planned process here; if one cannot start (or an interrupt comes),
+    kill those already started."""
     workers: list[LocalWorker] = []
     try:
         for process in plan.processes:
             workers.append(LocalWorker(process))
-    except LaunchError:
+    except BaseException:
         for w in workers:
             w.kill()
         raise

@@ -1,0 +1,114 @@
+"""Where users really run, on this machine: a closed terminal, a closed pipe, early exits,
+helper processes, init failures. Real launcher, real workers; the process table is
+checked after each fault (``helpers.run_pids``: every live process of the run).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import select
+import subprocess
+import termios
+import time
+
+from helpers import LAUNCH, REPO, env_for_tests, run_pids, start_launch, wait_gone
+
+LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=20",
+        "--set", "cluster.devices_per_process=1")
+
+
+def _controlling_tty():
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # after setsid: the pty becomes the session's terminal
+
+
+def _read_until(fd: int, pattern: str, timeout_s: float = 120) -> str:
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    while not re.search(pattern, seen.decode(errors="replace")):
+        assert time.monotonic() < deadline, seen.decode(errors="replace")
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if ready:
+            chunk = os.read(fd, 65536)
+            assert chunk, seen.decode(errors="replace")
+            seen += chunk
+    return seen.decode(errors="replace")
+
+
+def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_path):
+    """Kind 3: the launcher runs on a pty as its session's controlling terminal; closing the
+    pty's master is what a closed terminal window does (the kernel sends SIGHUP; later writes
+    fail with EIO)."""
+    run_dir = tmp_path / "run"
+    master, slave = os.openpty()
+    proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), *LONG],
+                            cwd=REPO, env=env_for_tests(), stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True, preexec_fn=_controlling_tty)
+    os.close(slave)
+    try:
+        shown = _read_until(master, r"\[p0\] step 60/")
+        assert len(run_pids(str(run_dir))) == 2
+    finally:
+        os.close(master)  # the terminal goes away
+    try:
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert not wait_gone(str(run_dir), 5.0)
+    log = (run_dir / "launcher.log").read_text()
+    assert "interrupted (SIGHUP); stopping all processes" in log, log
+    assert "INTERRUPTED: every process was stopped." in log, log
+    # the workers were stopped in order (SIGTERM), so process 0 wrote every step it logged
+    last_shown = max(int(s) for s in re.findall(r"\[p0\] step (\d+)/", shown))
+    metrics = (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(metrics[-1])["step"] >= last_shown
+
+
+def test_nohup_keeps_sighup_ignored(tmp_path):
+    """``nohup launch ...``: SIGHUP was set to be ignored, and stays so."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(["nohup"] + LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir),
+                                                  *LONG],
+                            cwd=REPO, env=env_for_tests(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        for line in proc.stdout:
+            if re.match(r"\[p1\] step \d+/", line):
+                break
+        proc.send_signal(1)  # SIGHUP
+        time.sleep(1.0)
+        assert proc.poll() is None and len(run_pids(str(run_dir))) == 2
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    assert not wait_gone(str(run_dir), 5.0)
+
+
+def test_a_closed_stdout_never_ends_supervision(tmp_path):
+    """Kind 4: ``launch job.yaml | head -5``: no traceback, the run goes on to its end,
+    the summary lands in the run directory's launcher.log, nothing is left running."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir),
+                                      "--set", "train.num_steps=40",
+                                      "--set", "logging.log_every_steps=1"],
+                            cwd=REPO, env=env_for_tests(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(5):
+            proc.stdout.readline()
+        proc.stdout.close()  # what head does after its 5 lines
+        err = proc.stderr.read().decode()
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+    log = (run_dir / "launcher.log").read_text()
+    assert "the console went away (BrokenPipeError" in log, log
+    assert "OK: 2 processes succeeded" in log, log
+    assert not run_pids(str(run_dir))
