@@ -83,6 +83,9 @@ def classify(result: Result, policy) -> tuple[bool, str]:
 
 def _classify_one(t: Tracked, policy) -> tuple[bool, str]:
     ended, where = t.exit, f"process_id {t.plan.process_id} on {t.plan.host}"
+    if ended.early:
+        return False, (f"{where} exited with code 0 {ended.early}: the task or the worker ended "
+                       "the process early (sys.exit(0)?), which a restart would repeat")
     if ended.stalled:
         return True, f"{where} stalled ({ended.stalled})"
     if ended.lost:

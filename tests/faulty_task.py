@@ -21,7 +21,8 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
     Args:
       crash_at_step: completed step after which the fault fires (0 = never).
       crash_process_id: which process misbehaves.
-      mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``sigkill`` (kills
+      mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``exit0`` (os._exit(0): an
+        early exit that looks like success), ``sigkill`` (kills
         itself with SIGKILL), ``stall`` (sleeps forever: alive, no progress),
         ``sigstop`` (stops itself).
       sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
@@ -39,6 +40,9 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
         if mode == "exit":
             sys.stdout.flush()
             os._exit(7)
+        if mode == "exit0":
+            sys.stdout.flush()
+            os._exit(0)
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "sigstop":

@@ -112,3 +112,26 @@ def test_a_closed_stdout_never_ends_supervision(tmp_path):
     assert "the console went away (BrokenPipeError" in log, log
     assert "OK: 2 processes succeeded" in log, log
     assert not run_pids(str(run_dir))
+
+
+def test_an_early_exit_0_while_peers_run_is_the_first_failure(tmp_path):
+    """Kind 6: process 1 exits 0 at step 5 of 100000; its peers would wait ~30 s for JAX's
+    heartbeat and die of SIGABRT. It is named first, at once, and not retried."""
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = subprocess.run(
+        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=4",
+                  "--set", "cluster.devices_per_process=1", "--set", "train.num_steps=100000",
+                  "--set", "logging.log_every_steps=1", "--set", "task.name=faulty_task:make",
+                  "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=1",
+                  "--set", "task.args.mode=exit0", "--set", "restarts.max_restarts=2"],
+        cwd=REPO, env=env_for_tests(), capture_output=True, text=True, timeout=180,
+        stdin=subprocess.DEVNULL)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"^FAILED: process_id 1 on localhost \(exit code 0 before its last step "
+                     r"\(last logged step 5 of 100000; it never said done\)\)", result.stdout,
+                     re.M), result.stdout
+    assert "which a restart would repeat" in result.stdout
+    assert "attempt 1" not in result.stdout  # not retried
+    assert time.monotonic() - started < 60  # not JAX's heartbeat timeout per attempt
+    assert not run_pids(str(run_dir))

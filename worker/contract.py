@@ -87,6 +87,19 @@ STEP_RE = re.compile(r"^(?:step (?P<done>\d+)/\d+ |failed at step (?P<failed>\d+
 # Exit code a worker uses when its own checks (identity, devices) fail.
 EXIT_MISMATCH = 3
 
+# The worker's last line after a complete run. A process that exits 0 without it
+# (and without a progress line of its last step) ended early: the launcher counts
+# that as a failure, not a success (its peers would wait for it in a collective).
+DONE_LINE = "done"
+
+
+def is_finished(line: str) -> bool:
+    """Whether ``line`` says the run's training is complete (``DONE_LINE`` or step N/N)."""
+    if line == DONE_LINE:
+        return True
+    progress = parse_progress(line)
+    return progress is not None and progress.step >= progress.num_steps
+
 
 class Progress(NamedTuple):
     """One parsed progress line; times in seconds (None when the line predates them)."""

@@ -250,4 +250,4 @@ def main() -> None:
         traceback.print_exc()
         _exit_now(1)
     jax.distributed.shutdown()
-    print("done", flush=True)
+    print(contract.DONE_LINE, flush=True)
