@@ -83,6 +83,14 @@ def classify(result: Result, policy) -> tuple[bool, str]:
 
 def _classify_one(t: Tracked, policy) -> tuple[bool, str]:
     ended, where = t.exit, f"process_id {t.plan.process_id} on {t.plan.host}"
+    if t.failed_to_join:
+        host = t.joining.rsplit(":", 1)
+        return False, (f"{where} could not join the coordinator at {t.joining} ({ended}) within "
+                       "distributed.initialization_timeout_s: a configuration or network problem "
+                       f"that a restart does not fix; check that every host can reach {host[0]} "
+                       f"on TCP port {host[-1]} (firewalls, security groups), that host 0 "
+                       "started (its log), and that no proxy is forced on the workers (podlaunch "
+                       "adds the coordinator to no_proxy; a setup line that resets it undoes that)")
     if ended.early:
         return False, (f"{where} exited with code 0 {ended.early}: the task or the worker ended "
                        "the process early (sys.exit(0)?), which a restart would repeat")

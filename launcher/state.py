@@ -134,6 +134,8 @@ class Tracked:
     progress_at: float | None = None  # when the last step line or heartbeat arrived
     stall: Exit | None = None         # the watchdog's verdict; its exit once reaped
     finished: bool = False            # it said its training is complete (done, or step N/N)
+    joining: str | None = None        # the coordinator address it was joining (JOINING line)
+    joined: bool = False              # jax.distributed.initialize returned
     tail: collections.deque = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
@@ -156,6 +158,10 @@ class Tracked:
         """
         if contract.is_finished(line):
             self.finished = True
+        if self.joining is None and (joining := contract.JOINING_RE.match(line)):
+            self.joining = joining.group("address")
+        elif not self.joined and contract.JOINED_RE.match(line):
+            self.joined = True
         step = contract.parse_step(line)
         if step is not None:
             self.last_step, self.progress_at = step, now
@@ -202,6 +208,14 @@ class Tracked:
             return "before its first logged step (it never said done)"
         total = f" of {progress.num_steps}" if progress is not None else ""
         return f"before its last step (last logged step {self.last_step}{total}; it never said done)"
+
+    @property
+    def failed_to_join(self) -> bool:
+        """It ended while joining the coordinator: JAX's abort on an initialization timeout,
+        or the worker's own ``EXIT_INIT`` (not a SIGKILL or SIGTERM from outside)."""
+        ended = self.exit
+        return (self.joining is not None and not self.joined and ended is not None
+                and (ended.signal == signal.SIGABRT or ended.code == contract.EXIT_INIT))
 
     def mark_stalled(self, what: str) -> None:
         """The watchdog's verdict on a running worker: alive, but no step progress (``what``)."""

@@ -135,3 +135,46 @@ def test_an_early_exit_0_while_peers_run_is_the_first_failure(tmp_path):
     assert "attempt 1" not in result.stdout  # not retried
     assert time.monotonic() - started < 60  # not JAX's heartbeat timeout per attempt
     assert not run_pids(str(run_dir))
+
+
+def _launch_env(**extra) -> dict:
+    return env_for_tests(**extra)
+
+
+def test_a_proxy_in_the_environment_does_not_carry_coordinator_traffic(tmp_path):
+    """Kind 7: http_proxy/https_proxy set in the launching shell (a proxy nobody runs)."""
+    run_dir = tmp_path / "run"
+    proxy = "http://127.0.0.1:9"  # the discard port: nothing listens
+    result = subprocess.run(
+        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=5",
+                  "--set", "distributed.initialization_timeout_s=20"],
+        cwd=REPO, env=_launch_env(http_proxy=proxy, https_proxy=proxy, HTTPS_PROXY=proxy,
+                                  grpc_proxy=proxy, no_proxy="example.com"),
+        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "OK: 2 processes succeeded" in result.stdout
+    assert not run_pids(str(run_dir))
+
+
+def test_a_process_that_cannot_join_is_an_init_failure_not_a_preemption(tmp_path):
+    """Kind 7: process 0 (the coordinator) never comes up; process 1 times out joining
+    (JAX aborts it: SIGABRT). Not retried, and the message says what to check."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('PODLAUNCH_PROCESS_ID') == '0':\n    time.sleep(120)\n")
+    run_dir = tmp_path / "run"
+    env = _launch_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    result = subprocess.run(
+        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=5",
+                  "--set", "distributed.initialization_timeout_s=3", "--set", "restarts.max_restarts=2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    out = result.stdout
+    assert result.returncode == 1, out[-3000:] + result.stderr
+    assert re.search(r"^FAILED: process_id 1 on localhost \(killed by SIGABRT\) while joining the "
+                     r"coordinator at 127\.0\.0\.1:\d+; it failed first\.", out, re.M), out[-3000:]
+    assert re.search(r"could not join the coordinator at 127\.0\.0\.1:\d+ .*a restart does not fix; "
+                     r"check that every host can reach 127\.0\.0\.1 on TCP port \d+", out), out[-3000:]
+    assert "attempt 1" not in out and "preemption" not in out
+    assert not wait_gone(str(run_dir), 5.0)

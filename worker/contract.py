@@ -87,6 +87,18 @@ STEP_RE = re.compile(r"^(?:step (?P<done>\d+)/\d+ |failed at step (?P<failed>\d+
 # Exit code a worker uses when its own checks (identity, devices) fail.
 EXIT_MISMATCH = 3
 
+# Around jax.distributed.initialize: JOINING before, JOINED after. A process that
+# dies in between (JAX aborts with SIGABRT when the coordinator cannot be reached
+# within initialization_timeout_s; a Python error exits EXIT_INIT after an
+# INIT_FAILED line) failed to join: a configuration or network problem that a
+# restart does not fix.
+JOINING_FORMAT = "joining the coordinator at {address} (initialization_timeout_s {timeout_s:g})"
+JOINING_RE = re.compile(r"^joining the coordinator at (?P<address>\S+) \(initialization_timeout_s "
+                        r"(?P<timeout_s>[0-9.]+)\)$")
+JOINED_RE = re.compile(r"^process \d+/\d+ joined ")
+INIT_FAILED_FORMAT = "podlaunch-init-failed: {error}"
+EXIT_INIT = 4
+
 # The worker's last line after a complete run. A process that exits 0 without it
 # (and without a progress line of its last step) ended early: the launcher counts
 # that as a failure, not a success (its peers would wait for it in a collective).
