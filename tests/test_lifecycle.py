@@ -178,3 +178,53 @@ def test_a_process_that_cannot_join_is_an_init_failure_not_a_preemption(tmp_path
                      r"check that every host can reach 127\.0\.0\.1 on TCP port \d+", out), out[-3000:]
     assert "attempt 1" not in out and "preemption" not in out
     assert not wait_gone(str(run_dir), 5.0)
+
+
+def _helpers(run_dir) -> list:
+    """The run's live ``sleep 1234`` helpers (they inherit PODLAUNCH_RUN_DIR)."""
+    out = []
+    for pid in run_pids(str(run_dir)):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] == [b"sleep", b"1234"]:
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_helpers_a_worker_started_die_with_it_even_after_the_launcher_is_sigkilled(tmp_path):
+    """Kind 5: each worker starts ``sleep 1234`` twice (one left its process group); the
+    launcher is SIGKILLed: nothing of the run, helpers included, outlives it."""
+    run_dir = tmp_path / "run"
+    proc = start_launch("jobs/linear.yaml", "--run-dir", str(run_dir), *LONG,
+                        "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true")
+    try:
+        seen = 0
+        for line in proc.stdout:
+            seen += "faulty_task: started 2 helpers" in line
+            if seen == 2:
+                break
+        deadline = time.monotonic() + 10
+        while len(_helpers(run_dir)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_helpers(run_dir)) == 4
+        proc.kill()
+        proc.wait(10)
+    finally:
+        proc.kill()
+    assert not wait_gone(str(run_dir), 15.0)
+
+
+def test_helpers_die_when_a_worker_fails_and_the_run_is_torn_down(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=100000",
+                  "--set", "cluster.devices_per_process=1", "--set", "logging.log_every_steps=1",
+                  "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true",
+                  "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=1"],
+        cwd=REPO, env=env_for_tests(), capture_output=True, text=True, timeout=180,
+        stdin=subprocess.DEVNULL)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    assert len(re.findall(r"^\[p\d\] faulty_task: started 2 helpers", result.stdout, re.M)) == 2
+    assert not wait_gone(str(run_dir), 5.0)

@@ -329,6 +329,22 @@ def test_worker_sigkilled_at_step_k_stops_every_host(tmp_path, hosts):
 
 
 @pytest.mark.slow
+def test_helpers_that_left_the_workers_group_die_on_every_host(tmp_path, hosts):
+    """Each worker starts two ``sleep 1234`` (one in a session of its own); p2 fails: the
+    teardown leaves nothing of the run, helpers included, on any host."""
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts),
+                    "--set", "train.num_steps=200", "--set", "logging.log_every_steps=1",
+                    "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true",
+                    "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=2",
+                    "--run-dir", str(run_dir))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert len(re.findall(r"^\[p\d 127\.0\.0\.\d\] faulty_task: started 2 helpers", result.stdout,
+                          re.M)) == NUM_HOSTS, result.stdout
+    assert not survivors(tmp_path, run_dir)  # helpers inherit PODLAUNCH_RUN_DIR: counted too
+
+
+@pytest.mark.slow
 def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
     run_dir = tmp_path / "run"
     proc = start_launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *LONG,

@@ -27,6 +27,9 @@ def _on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "all_proxy")
+
+
 def bypass_proxies(coordinator_address: str, environ=os.environ) -> None:
     """Keep the coordinator's gRPC traffic off HTTP proxies: add its host to no_proxy.
 
@@ -34,6 +37,9 @@ def bypass_proxies(coordinator_address: str, environ=os.environ) -> None:
     a corporate proxy in the environment every process would try to reach the coordinator
     through it and fail to register. ``no_proxy`` and ``NO_PROXY`` both get the host.
     """
+    proxies = [name for name in environ if name.lower() in PROXY_VARIABLES and environ[name]]
+    if not proxies:  # nothing to bypass (and JAX warns about any *_proxy variable it sees)
+        return
     host = coordinator_address.rsplit(":", 1)[0].strip("[]")
     for name in ("no_proxy", "NO_PROXY", "no_grpc_proxy"):
         items = [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
