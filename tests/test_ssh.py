@@ -292,6 +292,44 @@ def test_four_hosts_match_single_host_debug_mode(tmp_path, hosts):
 
 
 @pytest.mark.slow
+def test_hosts_that_share_one_workdir_run(tmp_path, hosts):
+    """Kind 1: one shared workdir (an NFS home) for all 4 hosts, a new run directory each run:
+    the hosts create it at once."""
+    shared = tmp_path / "shared-home"
+    cluster = write_cluster(tmp_path, hosts)
+    raw = yaml.safe_load(open(cluster))
+    for h in raw["hosts"]:
+        h["workdir"] = str(shared)
+    open(cluster, "w").write(yaml.safe_dump(raw))
+    for n in range(2):
+        run_dir = tmp_path / f"run{n}"
+        result = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--run-dir", str(run_dir))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "OK: 4 processes succeeded" in result.stdout
+        remote = str(shared / "runs" / "linear" / run_dir.name)
+        assert not pids_with_env("PODLAUNCH_RUN_DIR", remote)
+
+
+def test_mkdirs_tolerates_a_directory_made_meanwhile(tmp_path):
+    made = set()
+
+    class RacingSftp:  # another host makes the directory between our stat and our mkdir
+        def stat(self, path):
+            if path in made or os.path.isdir(path):
+                return os.stat(path) if os.path.isdir(path) else None
+            raise FileNotFoundError(path)
+
+        def mkdir(self, path):
+            os.mkdir(path)  # the other host's
+            made.add(path)
+            raise OSError("Failure")
+
+    target = tmp_path / "a" / "b"
+    transfer.mkdirs(RacingSftp(), str(target))
+    assert target.is_dir()
+
+
+@pytest.mark.slow
 def test_env_values_arrive_unchanged(tmp_path, hosts):
     values = {"SPACES": "a b  c", "QUOTES": "it's \"quoted\"", "DOLLAR": "$HOME ${PATH}",
               "SEMI": "x; touch /tmp/podlaunch-pwned", "TICKS": "`id` $(id)", "EMPTY": "",
