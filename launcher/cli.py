@@ -2,7 +2,11 @@
 
 Exit codes: 0 every process succeeded; 1 the run failed (the summary names
 the first failure); 2 bad input (nothing was started); 130 interrupted
-(Ctrl-C or SIGTERM; everything was stopped).
+(Ctrl-C, SIGTERM or SIGHUP; everything was stopped).
+
+A closed console (``launch job.yaml | head``, a closed terminal) never ends
+a run: the console goes quiet and ``launcher.log`` in the run directory keeps
+the launcher's messages and the summary.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import signal
 import sys
 
 import yaml
@@ -22,6 +27,7 @@ from launcher.backends.base import Options
 from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.status import check_show, parse_show, summary
+from launcher.supervise import handle_interrupts
 from worker import job as jobs
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -32,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="launch", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run one JAX data-parallel training job on the cluster its spec names.",
         epilog="also: `launch tensorboard [RUN_DIR]` serves a run's TensorBoard and prints its URL.\n"
-               "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted")
+               "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted "
+               "(Ctrl-C, SIGTERM, SIGHUP)")
     parser.add_argument("job", metavar="JOB.yaml", help="the job spec")
     parser.add_argument("--cluster", metavar="FILE",
                         help="cluster YAML that replaces the job's cluster: section")
@@ -123,13 +130,30 @@ def _write_run_files(plan: planning.Plan) -> None:
     jobs.WorkerJob.from_spec_dict(resolved).to_json(plan.job_path)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def run(argv: list[str] | None = None, console: Console | None = None) -> int:
     """Parse flags, validate, plan, launch and supervise; return the exit code.
+
+    SIGTERM and SIGHUP act like Ctrl-C throughout (``supervise`` and the restart
+    loop handle them while processes run; before that, the session is closed).
 
     Raises:
       SpecError: bad input (``main`` turns it into exit code 2).
       LaunchError: the run could not be started (exit code 1).
+      KeyboardInterrupt: interrupted before any process started (exit code 130).
     """
+    previous = handle_interrupts(_interrupt)
+    try:
+        return _run(argv, console)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(argv: list[str] | None, console: Console | None) -> int:
     args = _parser().parse_args(argv)
     show = parse_show(args.show)
     console = console or Console(show=show, status_every_s=args.status_every)
@@ -152,7 +176,7 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
     try:
         plan = session.plan()
         if args.dry_run:
-            print(session.describe(plan))
+            console.block(session.describe(plan))
             return EXIT_OK
         first_attempt = restarts.next_attempt(run_dir)
         try:
@@ -161,6 +185,7 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
             raise SpecError([Problem("--resume" if args.resume else "--run-dir", None, "",
                                      f"cannot write into {run_dir}: {exc.strerror}; "
                                      "choose another directory")]) from None
+        console.log_to(os.path.join(run_dir, "launcher.log"))
         console.say(f"run directory {run_dir}"
                     + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
         console.say(job.epoch_text())
@@ -168,12 +193,13 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
                                         resume=bool(args.resume))
     finally:
         session.close()
-    print(summary(result), flush=True)
+    console.block(summary(result))
     if len(attempts) > 1 or attempts[-1].number > 0:
-        print(restarts.attempts_table(attempts), flush=True)
+        console.block(restarts.attempts_table(attempts))
     console.say(f"logs: {os.path.join(run_dir, 'logs')}")
     if job.logging.tensorboard:
         console.say(f"view: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}")
+    console.close()
     return result.exit_code
 
 
@@ -187,17 +213,24 @@ def main(argv: list[str] | None = None) -> int:
             code = run(argv)
     except SpecError as exc:
         for problem in exc.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        print(f"launch: {len(exc.problems)} problem(s) in the input; nothing was started.",
-              file=sys.stderr)
+            _say_error(f"error: {problem}")
+        _say_error(f"launch: {len(exc.problems)} problem(s) in the input; nothing was started.")
         code = EXIT_BAD_INPUT
     except LaunchError as exc:
-        print(f"launch: {exc}", file=sys.stderr)
+        _say_error(f"launch: {exc}")
         code = EXIT_FAILED
-    except KeyboardInterrupt:
-        print("launch: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        _say_error(f"launch: interrupted ({str(exc) or 'SIGINT'}); nothing is left running")
         code = EXIT_INTERRUPTED
     sys.exit(code)
+
+
+def _say_error(text: str) -> None:
+    """Print to stderr; a closed stderr (the terminal went away) is not an error of its own."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

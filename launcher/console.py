@@ -3,10 +3,19 @@
 One sink for everything the user sees while a run goes on. ``NullConsole``
 takes the same calls and shows nothing (tests, the dry run's internals), so
 no caller branches on whether there is a console.
+
+The console may go away while a run goes on: a closed terminal (writes fail
+with EIO), ``launch job.yaml | head -5`` (EPIPE). A failed write never ends
+supervision: the console switches to log-only mode (nothing more is written
+to the stream, whose descriptor is pointed at /dev/null so the interpreter's
+last flush cannot fail either) and the run goes on. Launcher messages and the
+summary also go to the run directory's ``launcher.log`` (``log_to``), so they
+are kept whatever happened to the console.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
@@ -32,7 +41,35 @@ class Console:
                  status_every_s: float = 5.0, tty: bool | None = None):
         self.stream = stream
         self.show = show
-        self.live = StatusLine(stream, tty=tty, status_every_s=status_every_s)
+        self.live = StatusLine(stream, tty=tty, status_every_s=status_every_s,
+                               on_lost=self._lost)
+        self.log = None          # the run directory's launcher.log, once ``log_to`` opened it
+        self._log_lock = threading.Lock()
+
+    def log_to(self, path: str) -> None:
+        """Also append launcher messages and the summary to ``path`` (the run's launcher.log)."""
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.log = open(path, "a", encoding="utf-8", errors="replace")
+        if self.live.lost is not None:
+            self._log_text(f"podlaunch: {self.live.lost}\n")
+
+    def _log_text(self, text: str) -> None:
+        with self._log_lock:
+            if self.log is None:
+                return
+            try:
+                self.log.write(text)
+                self.log.flush()
+            except (OSError, ValueError):  # a full disk must not end supervision either
+                pass
+
+    def _lost(self, why: str) -> None:
+        self._log_text(f"podlaunch: {why}\n")
+
+    @property
+    def lost(self) -> str | None:
+        """Why the console stream went away (log-only mode), or None while it works."""
+        return self.live.lost
 
     def line(self, label: str, text: str, process_id: int | None = None) -> None:
         if self.show is not None and process_id is not None and process_id not in self.show:
@@ -41,6 +78,18 @@ class Console:
 
     def say(self, text: str) -> None:
         self.live.write(f"podlaunch: {text}\n")
+        self._log_text(f"podlaunch: {text}\n")
+
+    def block(self, text: str) -> None:
+        """A finished block of lines (the summary): to the console and to launcher.log."""
+        self.live.write(text + "\n")
+        self._log_text(text + "\n")
+
+    def close(self) -> None:
+        with self._log_lock:
+            if self.log is not None:
+                self.log.close()
+                self.log = None
 
     def status(self, tracked: list) -> None:
         """Refresh the status line from the tracked processes (rate-limited)."""
@@ -64,6 +113,9 @@ class NullConsole(Console):
     def say(self, text: str) -> None:
         pass
 
+    def block(self, text: str) -> None:
+        pass
+
     def status(self, tracked: list) -> None:
         pass
 
@@ -82,8 +134,10 @@ class StatusLine:
     """
 
     def __init__(self, stream: TextIO, tty: bool | None = None, status_every_s: float = 5.0,
-                 redraw_every_s: float = 0.2, clock=time.monotonic):
+                 redraw_every_s: float = 0.2, clock=time.monotonic, on_lost=None):
         self.stream = stream
+        self.lost: str | None = None  # why the stream failed; then nothing more is written
+        self.on_lost = on_lost
         if tty is None:
             try:
                 tty = stream.isatty()
@@ -98,15 +152,40 @@ class StatusLine:
         self._drawn = False  # a status line is on the terminal now
         self._last = None    # clock of the last draw or plain line
 
+    def _emit(self, *parts: str) -> None:
+        """Write ``parts`` and flush; a failing stream switches to log-only mode, never raises."""
+        if self.lost is not None or self.stream is None:
+            return
+        try:
+            for part in parts:
+                self.stream.write(part)
+            self.stream.flush()
+        except (OSError, ValueError) as exc:  # EPIPE (a closed pipe), EIO (a closed terminal)
+            self._lose(exc)
+
+    def _lose(self, exc: BaseException) -> None:
+        self.lost = (f"the console went away ({type(exc).__name__}: {exc}); the run goes on, "
+                     "its messages and summary go to launcher.log in the run directory")
+        self._drawn = False
+        try:  # the interpreter flushes stdout at exit: let that land in /dev/null, not fail
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+        if self.on_lost is not None:
+            self.on_lost(self.lost)
+
     def write(self, text: str) -> None:
         """Write finished lines; on a terminal they go above the status line."""
         with self.lock:
+            parts = []
             if self._drawn:
-                self.stream.write(CLEAR_LINE)
-            self.stream.write(text)
+                parts.append(CLEAR_LINE)
+            parts.append(text)
             if self._drawn:
-                self.stream.write(self._fit(self._text))
-            self.stream.flush()
+                parts.append(self._fit(self._text))
+            self._emit(*parts)
 
     def update(self, text: str) -> None:
         """Show ``text`` as the current status (rate-limited)."""
@@ -118,8 +197,7 @@ class StatusLine:
                 if self._last is not None and now - self._last < self.redraw_every_s:
                     return
                 self._text, self._drawn, self._last = text, True, now
-                self.stream.write(CLEAR_LINE + self._fit(text))
-                self.stream.flush()
+                self._emit(CLEAR_LINE + self._fit(text))
                 return
             if self.status_every_s <= 0:
                 return
@@ -128,15 +206,13 @@ class StatusLine:
                 return
             if now - self._last >= self.status_every_s:
                 self._last = now
-                self.stream.write(f"podlaunch: status: {text}\n")
-                self.stream.flush()
+                self._emit(f"podlaunch: status: {text}\n")
 
     def end(self) -> None:
         """Erase the terminal status line (before the summary is printed)."""
         with self.lock:
             if self._drawn:
-                self.stream.write(CLEAR_LINE)
-                self.stream.flush()
+                self._emit(CLEAR_LINE)
             self._drawn, self._last, self._text = False, None, ""
 
     @staticmethod

@@ -22,6 +22,7 @@ import time
 
 POLL_S = 0.05
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 # ---- /proc -----------------------------------------------------------------------
@@ -90,6 +91,58 @@ def group_members(pgid, env_item=None):
             continue
         found.append(pid)
     return found
+
+
+def descendants(root):
+    """Live (non-zombie) descendants of ``root`` by the ppid links in ``/proc``, parents first.
+
+    A process whose parent died is reparented (to init, or to the nearest
+    ``PR_SET_CHILD_SUBREAPER`` ancestor): run under a subreaper, every process
+    a worker ever started stays below it, even one that left the worker's
+    process group or session.
+    """
+    children = {}
+    for pid in pids():
+        fields = stat_fields(pid)
+        if fields is not None and fields[0] != b"Z":
+            children.setdefault(fields[1], []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_descendants(root, rounds=20, poll_s=0.02):
+    """SIGKILL every descendant of ``root`` (repeated: a dying process may still fork).
+
+    Returns:
+      The descendants still alive at the end ([] when all are gone).
+    """
+    for _ in range(rounds):
+        alive = descendants(root)
+        if not alive:
+            return []
+        for pid in alive:
+            signal_pid(pid, (signal.SIGKILL,))
+        time.sleep(poll_s)
+    return descendants(root)
+
+
+def set_child_subreaper():
+    """Make this process the reaper of its orphaned descendants (Linux PR_SET_CHILD_SUBREAPER).
+
+    Returns:
+      Whether it took effect (False elsewhere than Linux).
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def open_files(paths, skip_pid=None):
@@ -209,8 +262,8 @@ def stop_pids(pid_list, grace_s, alive_pids, kill_wait_s=5.0):
     return sorted(set(pid_list) & set(alive_pids()))
 
 
-def die_with_parent():
-    """In a child before exec: get SIGKILL when the parent dies (Linux PR_SET_PDEATHSIG).
+def die_with_parent(sig=signal.SIGKILL):
+    """In a child before exec: get ``sig`` when the parent dies (Linux PR_SET_PDEATHSIG).
 
     For ``subprocess.Popen(preexec_fn=die_with_parent)``. Elsewhere than Linux
     it does nothing (teardown still covers every normal path).
@@ -219,7 +272,7 @@ def die_with_parent():
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 

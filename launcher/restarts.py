@@ -31,7 +31,7 @@ from launcher.backends.base import Session
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog
 from launcher.status import summary
-from launcher.supervise import supervise
+from launcher.supervise import Interrupted, _raise_interrupted, handle_interrupts, supervise
 from worker import contract
 
 
@@ -83,6 +83,17 @@ def classify(result: Result, policy) -> tuple[bool, str]:
 
 def _classify_one(t: Tracked, policy) -> tuple[bool, str]:
     ended, where = t.exit, f"process_id {t.plan.process_id} on {t.plan.host}"
+    if t.failed_to_join:
+        host = t.joining.rsplit(":", 1)
+        return False, (f"{where} could not join the coordinator at {t.joining} ({ended}) within "
+                       "distributed.initialization_timeout_s: a configuration or network problem "
+                       f"that a restart does not fix; check that every host can reach {host[0]} "
+                       f"on TCP port {host[-1]} (firewalls, security groups), that host 0 "
+                       "started (its log), and that no proxy is forced on the workers (podlaunch "
+                       "adds the coordinator to no_proxy; a setup line that resets it undoes that)")
+    if ended.early:
+        return False, (f"{where} exited with code 0 {ended.early}: the task or the worker ended "
+                       "the process early (sys.exit(0)?), which a restart would repeat")
     if ended.stalled:
         return True, f"{where} stalled ({ended.stalled})"
     if ended.lost:
@@ -148,8 +159,9 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         os.makedirs(log_dir, exist_ok=True)
         label = f"attempt {attempt}" + (f" (restart {restarts} of {policy.max_restarts})" if restarts else "")
         console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
-        workers = session.start(plan)
-        result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog)
+        workers, pending = _start(session, plan, console)
+        result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog,
+                           interrupted_by=pending)
         attempts.append(Attempt(attempt, log_dir, result))
         if result.exit_code == 0:
             attempts[-1].verdict = "succeeded"
@@ -167,7 +179,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
             console.say(f"{label} failed: {why}; not retrying: restarts.max_restarts is "
                         f"{policy.max_restarts} and {restarts} used")
             return result, attempts
-        print(summary(result), flush=True)  # the last attempt's is printed by the caller
+        console.block(summary(result))  # the last attempt's is printed by the caller
         restarts += 1
         wait_s = backoff_s(policy, restarts)
         attempts[-1].verdict = f"failed: {why}; retried after {wait_s:g} s"
@@ -176,7 +188,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         session.end_attempt()
         try:
             _wait(sleep, wait_s)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Interrupted):
             result.interrupted = True
             attempts[-1].verdict += "; interrupted while waiting"
             return result, attempts
@@ -184,16 +196,44 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         attempt += 1
 
 
-def _wait(sleep: Callable[[float], None], wait_s: float) -> None:
-    """Sleep, turning SIGTERM into KeyboardInterrupt meanwhile (supervise does it while running)."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+def _start(session: Session, plan: planning.Plan, console: Console) -> tuple[list, str | None]:
+    """``session.start(plan)`` with the first interrupt (Ctrl-C, SIGTERM, SIGHUP) held back.
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    A start interrupted halfway would leave the processes it had started unknown to
+    anyone; so the first signal is remembered and ``supervise`` tears every started
+    process down at once. A second one interrupts the start itself (each backend's
+    ``start`` stops what it started when it raises).
+
+    Returns:
+      (the workers, the name of the signal held back or None).
+    """
+    pending: list = []
+
+    def hold(signum, frame):
+        if pending:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        pending.append(signal.Signals(signum).name)
+        console.say(f"interrupted ({pending[0]}) while starting; stopping every process as soon "
+                    "as they have started (again to abandon the start)")
+
+    previous = handle_interrupts(hold)
+    try:
+        workers = session.start(plan)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return workers, (pending[0] if pending else None)
+
+
+def _wait(sleep: Callable[[float], None], wait_s: float) -> None:
+    """Sleep, turning SIGTERM and SIGHUP into ``Interrupted`` meanwhile (supervise does it
+    while running)."""
+    previous = handle_interrupts(_raise_interrupted)
     try:
         sleep(wait_s)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def attempts_table(attempts: list) -> str:

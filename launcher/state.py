@@ -33,12 +33,16 @@ class Exit:
     lost: str | None = None  # why the worker can no longer be watched
     at: float | None = None  # wall-clock time it ended, as its own host saw it (ssh)
     stalled: str | None = None  # the watchdog's finding: alive, no step progress
+    early: str | None = None    # exit code 0, but before its last step: where it stopped
 
     @property
     def ok(self) -> bool:
-        return self.code == 0 and self.signal is None and self.lost is None and self.stalled is None
+        return (self.code == 0 and self.signal is None and self.lost is None
+                and self.stalled is None and self.early is None)
 
     def __str__(self) -> str:
+        if self.early:
+            return f"exit code 0 {self.early}"
         if self.stalled:
             return f"stalled: {self.stalled}"
         if self.lost:
@@ -130,6 +134,9 @@ class Tracked:
     failed_at_step: bool = False      # last_step came from the worker's own "failed at step" line
     progress_at: float | None = None  # when the last step line or heartbeat arrived
     stall: Exit | None = None         # the watchdog's verdict; its exit once reaped
+    finished: bool = False            # it said its training is complete (done, or step N/N)
+    joining: str | None = None        # the coordinator address it was joining (JOINING line)
+    joined: bool = False              # jax.distributed.initialize returned
     tail: collections.deque = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
@@ -150,6 +157,12 @@ class Tracked:
           Whether the line is for the log and the console (heartbeats are for
           the watchdog only).
         """
+        if contract.is_finished(line):
+            self.finished = True
+        if self.joining is None and (joining := contract.JOINING_RE.match(line)):
+            self.joining = joining.group("address")
+        elif not self.joined and contract.JOINED_RE.match(line):
+            self.joined = True
         step = contract.parse_step(line)
         if step is not None:
             self.last_step, self.progress_at = step, now
@@ -179,9 +192,35 @@ class Tracked:
         ended = self.worker.poll()
         if ended is None:
             return False
+        if ended.ok and not self._saw_finish():
+            ended = dataclasses.replace(ended, early=self._early_text())
         self.exit, self.ended_at = ended, clock()
         self.state = State.SUCCEEDED if ended.ok else State.FAILED
         return True
+
+    def _saw_finish(self, wait_s: float = 2.0) -> bool:
+        """Whether its output said training completed; waits (real time) up to ``wait_s``
+        for the reader to take lines still in the pipe (a local exit can be seen first)."""
+        deadline = time.monotonic() + wait_s
+        while not self.finished and self.reader is not None and self.reader.is_alive() \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.finished
+
+    def _early_text(self) -> str:
+        progress = self.stats.progress
+        if self.last_step is None:
+            return "before its first logged step (it never said done)"
+        total = f" of {progress.num_steps}" if progress is not None else ""
+        return f"before its last step (last logged step {self.last_step}{total}; it never said done)"
+
+    @property
+    def failed_to_join(self) -> bool:
+        """It ended while joining the coordinator: JAX's abort on an initialization timeout,
+        or the worker's own ``EXIT_INIT`` (not a SIGKILL or SIGTERM from outside)."""
+        ended = self.exit
+        return (self.joining is not None and not self.joined and ended is not None
+                and (ended.signal == signal.SIGABRT or ended.code == contract.EXIT_INIT))
 
     def mark_stalled(self, what: str) -> None:
         """The watchdog's verdict on a running worker: alive, but no step progress (``what``)."""

@@ -107,7 +107,9 @@ def summary(result: Result) -> str:
     lines = []
     first = result.first_failure
     if first is not None:
-        if first.last_step is None:
+        if first.failed_to_join:
+            step = f"while joining the coordinator at {first.joining}"
+        elif first.last_step is None:
             step = "before its first logged step"
         elif first.failed_at_step:  # the worker said where it failed
             step = f"at step {first.last_step}"

@@ -8,8 +8,9 @@ subprocess, a remote command over SSH, ...) and ``supervise`` does the rest:
 * the main thread polls every worker; the first one that exits non-zero, dies
   by a signal, or is lost, is the root cause. Every other worker then gets
   TERM to its process group, ``grace_s`` to exit, then KILL;
-* Ctrl-C, SIGTERM or SIGHUP (the terminal went away) to the launcher stops everything
-  the same way;
+* Ctrl-C, SIGTERM or SIGHUP (the terminal closed) to the launcher stops
+  everything the same way (``interrupt_signals``; a SIGHUP that ``nohup``
+  set to be ignored stays ignored);
 * the stall watchdog: a worker alive but without step progress (progress,
   heartbeat or failure lines) for ``stall_timeout_s`` (``first_step_timeout_s``
   before its first step) is a failure. The launcher reports the last step of
@@ -36,6 +37,7 @@ from typing import Callable, Iterable
 from launcher import proctl
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
+from worker import contract
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped
 
@@ -46,6 +48,23 @@ class Interrupted(Exception):
 
 def _raise_interrupted(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
+
+
+def interrupt_signals() -> tuple:
+    """The signals that stop a run in order: SIGINT, SIGTERM, and SIGHUP unless ignored.
+
+    A SIGHUP set to SIG_IGN (``nohup launch ...``) stays ignored: the user asked for the
+    run to outlive the terminal.
+    """
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    return tuple(sigs)
+
+
+def handle_interrupts(handler) -> dict:
+    """Install ``handler`` for ``interrupt_signals()``; returns the previous handlers."""
+    return {sig: signal.signal(sig, handler) for sig in interrupt_signals()}
 
 
 class _Output:
@@ -98,7 +117,8 @@ def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float]) -> None:
 def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
               poll_interval_s: float = 0.05, watchdog: Watchdog | None = None,
               clock: Callable[[], float] = time.monotonic,
-              sleep: Callable[[float], None] | None = None) -> Result:
+              sleep: Callable[[float], None] | None = None,
+              interrupted_by: str | None = None) -> Result:
     """Run until every worker succeeded, one failed, or the launcher is interrupted.
 
     Args:
@@ -110,6 +130,8 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
       clock: seconds, monotonic; every timestamp and deadline reads it.
       sleep: lets time pass between polls; None (the default) waits on the
         workers' output instead, showing a line as soon as it arrives.
+      interrupted_by: a signal that came while the workers were starting (its
+        name): tear them down at once.
 
     Returns:
       A Result; every worker has ended (or been killed) by the time it returns.
@@ -122,12 +144,13 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                                     name=f"reader-{t.plan.process_id}")
         t.reader.start()
 
-    previous = {sig: signal.signal(sig, _raise_interrupted)
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous = handle_interrupts(_raise_interrupted)
     first_failure: Tracked | None = None
     interrupted = False
     try:
         try:
+            if interrupted_by is not None:
+                raise Interrupted(interrupted_by)
             while True:
                 output.wait(poll_interval_s)
                 console.status(tracked)
@@ -212,14 +235,17 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
 
 def _root_cause(tracked: list, output: _Output, clock: Callable[[], float],
                 window_s: float = 0.3) -> Tracked:
-    """The failure that came first: by the time its worker caught its error or its host
-    saw it end (ssh), else
-    by when its output closed at the launcher (local).
+    """The failure that caused the others.
 
     A death cascades in milliseconds (peers see a reset collective and exit
     too), often within one poll; so wait a short window for the cascade to
-    show, then lead with the earliest. Launcher-side notice order is not
-    evidence: processes are polled in process_id order.
+    show. Then: a process whose last lines say it lost a peer
+    (``contract.is_peer_loss``: a collective or the coordination service
+    failed under it) is a consequence, not a cause, so the others come first;
+    among those, the earliest by host time (when the worker caught its error,
+    or when its wrapper saw it end), else by when its output closed at the
+    launcher. Launcher-side notice order is not evidence: processes are
+    polled in process_id order, and reader threads lag under load.
     """
     deadline = clock() + window_s
     while clock() < deadline:
@@ -231,16 +257,17 @@ def _root_cause(tracked: list, output: _Output, clock: Callable[[], float],
     for t in failed:
         if t.reader is not None:
             t.reader.join(timeout=0.2)
+    causes = [t for t in failed if not any(contract.is_peer_loss(line) for line in t.tail)]
+    candidates = causes or failed
+
     def host_time(t: Tracked):
-        # when the worker caught its error (it says so), else when its host saw it end (ssh)
         return t.failed_reported_at if t.failed_reported_at is not None else t.exit.at
 
-    if all(host_time(t) is not None for t in failed):
-        # Each host timed its own process's failure: arrival order at the launcher
-        # depends on the network and on reader threads, the host clocks (NTP) far less
-        # than a cascade's milliseconds of traceback printing.
-        return min(failed, key=host_time)
-    return min(failed, key=lambda t: (t.ended_at if t.eof_at is None else t.eof_at, t.ended_at))
+    if all(host_time(t) is not None for t in candidates):
+        # Each host timed its own process's failure: the host clocks (NTP) differ far
+        # less than a cascade's milliseconds of traceback printing.
+        return min(candidates, key=host_time)
+    return min(candidates, key=lambda t: (t.ended_at if t.eof_at is None else t.eof_at, t.ended_at))
 
 
 def _teardown(tracked: list, grace_s: float, output: _Output, console: Console,

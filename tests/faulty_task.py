@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -15,20 +16,28 @@ from worker import tasks
 
 
 def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
-         sleep_s: float = 0.0, slow_process_id: int = -1) -> tasks.Task:
+         sleep_s: float = 0.0, slow_process_id: int = -1, helpers: bool = False) -> tasks.Task:
     """The linear task; at ``crash_at_step`` process ``crash_process_id`` misbehaves.
 
     Args:
       crash_at_step: completed step after which the fault fires (0 = never).
       crash_process_id: which process misbehaves.
-      mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``sigkill`` (kills
+      mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``exit0`` (os._exit(0): an
+        early exit that looks like success), ``sigkill`` (kills
         itself with SIGKILL), ``stall`` (sleeps forever: alive, no progress),
         ``sigstop`` (stops itself).
       sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
       slow_process_id: which process is slow (-1 = none).
+      helpers: after step 1 every process starts two ``sleep 1234`` helpers, as data
+        loaders and uploaders do: one in its process group, one in a session of its own
+        (it left the group), both inheriting the worker's environment.
     """
 
     def on_step_end(step: int, process_id: int) -> None:
+        if helpers and step == 1:
+            subprocess.Popen(["sleep", "1234"])
+            subprocess.Popen(["sleep", "1234"], start_new_session=True)
+            print("faulty_task: started 2 helpers", flush=True)
         if process_id == slow_process_id and sleep_s:
             time.sleep(sleep_s)
         if step != crash_at_step or process_id != crash_process_id:
@@ -39,6 +48,9 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
         if mode == "exit":
             sys.stdout.flush()
             os._exit(7)
+        if mode == "exit0":
+            sys.stdout.flush()
+            os._exit(0)
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "sigstop":

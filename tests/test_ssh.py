@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
+import helpers
 import sshenv
 from helpers import REPO, TESTS, launch, pids_with_env, start_launch
 from launcher import plan as planning
@@ -291,6 +292,44 @@ def test_four_hosts_match_single_host_debug_mode(tmp_path, hosts):
 
 
 @pytest.mark.slow
+def test_hosts_that_share_one_workdir_run(tmp_path, hosts):
+    """Kind 1: one shared workdir (an NFS home) for all 4 hosts, a new run directory each run:
+    the hosts create it at once."""
+    shared = tmp_path / "shared-home"
+    cluster = write_cluster(tmp_path, hosts)
+    raw = yaml.safe_load(open(cluster))
+    for h in raw["hosts"]:
+        h["workdir"] = str(shared)
+    open(cluster, "w").write(yaml.safe_dump(raw))
+    for n in range(2):
+        run_dir = tmp_path / f"run{n}"
+        result = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--run-dir", str(run_dir))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "OK: 4 processes succeeded" in result.stdout
+        remote = str(shared / "runs" / "linear" / run_dir.name)
+        assert not pids_with_env("PODLAUNCH_RUN_DIR", remote)
+
+
+def test_mkdirs_tolerates_a_directory_made_meanwhile(tmp_path):
+    made = set()
+
+    class RacingSftp:  # another host makes the directory between our stat and our mkdir
+        def stat(self, path):
+            if path in made or os.path.isdir(path):
+                return os.stat(path) if os.path.isdir(path) else None
+            raise FileNotFoundError(path)
+
+        def mkdir(self, path):
+            os.mkdir(path)  # the other host's
+            made.add(path)
+            raise OSError("Failure")
+
+    target = tmp_path / "a" / "b"
+    transfer.mkdirs(RacingSftp(), str(target))
+    assert target.is_dir()
+
+
+@pytest.mark.slow
 def test_env_values_arrive_unchanged(tmp_path, hosts):
     values = {"SPACES": "a b  c", "QUOTES": "it's \"quoted\"", "DOLLAR": "$HOME ${PATH}",
               "SEMI": "x; touch /tmp/podlaunch-pwned", "TICKS": "`id` $(id)", "EMPTY": "",
@@ -328,6 +367,22 @@ def test_worker_sigkilled_at_step_k_stops_every_host(tmp_path, hosts):
 
 
 @pytest.mark.slow
+def test_helpers_that_left_the_workers_group_die_on_every_host(tmp_path, hosts):
+    """Each worker starts two ``sleep 1234`` (one in a session of its own); p2 fails: the
+    teardown leaves nothing of the run, helpers included, on any host."""
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts),
+                    "--set", "train.num_steps=200", "--set", "logging.log_every_steps=1",
+                    "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true",
+                    "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=2",
+                    "--run-dir", str(run_dir))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert len(re.findall(r"^\[p\d 127\.0\.0\.\d\] faulty_task: started 2 helpers", result.stdout,
+                          re.M)) == NUM_HOSTS, result.stdout
+    assert not survivors(tmp_path, run_dir)  # helpers inherit PODLAUNCH_RUN_DIR: counted too
+
+
+@pytest.mark.slow
 def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
     run_dir = tmp_path / "run"
     proc = start_launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *LONG,
@@ -351,7 +406,7 @@ def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
     run_dir = tmp_path / "run"
     proc = start_launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *LONG,
@@ -365,6 +420,31 @@ def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
     assert proc.returncode == 130, out
     assert "INTERRUPTED: every process was stopped." in out
     assert not survivors(tmp_path, run_dir)
+
+
+@pytest.mark.slow
+def test_a_closed_stdout_goes_on_watching_every_host(tmp_path, hosts):
+    """``launch ... | head -5`` over ssh: no traceback, the remote workers stay watched to
+    the end, the summary lands in launcher.log, nothing is left on any host."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--cluster",
+         write_cluster(tmp_path, hosts), *SHORT, "--set", "logging.log_every_steps=1",
+         "--run-dir", str(run_dir)], cwd=REPO, env=helpers.env_for_tests(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(5):
+            proc.stdout.readline()
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    log = (run_dir / "launcher.log").read_text()
+    assert "the console went away" in log and "OK: 4 processes succeeded" in log, log
+    assert not survivors(tmp_path, run_dir, 0)
 
 
 @pytest.mark.slow

@@ -70,18 +70,20 @@ class Run:
 
 def test_every_worker_succeeds_and_each_line_reaches_its_log_and_the_console(tmp_path):
     run = Run(tmp_path)
-    run.worker(lines=[(0.5, progress(10)), (0.7, heartbeat(15)), (0.9, progress(20))],
+    # a success says so: its last step's line (p0) or "done" (p1)
+    run.worker(lines=[(0.5, progress(10, 20)), (0.7, heartbeat(15)), (0.9, progress(20, 20))],
                exit=Exit(code=0), exit_at=1.0)
-    run.worker(lines=[(0.6, progress(10)), (1.1, "done")], exit=Exit(code=0), exit_at=1.2)
+    run.worker(lines=[(0.6, progress(10, 20)), (1.1, "done")], exit=Exit(code=0), exit_at=1.2)
     result = run.supervise()
     assert result.exit_code == 0 and result.first_failure is None and not result.interrupted
     assert run.states() == [State.SUCCEEDED, State.SUCCEEDED]
     assert [t.last_step for t in result.processes] == [20, 10]  # the heartbeat counted as progress
     assert 1.2 <= result.elapsed_s < 1.2 + 2 * POLL_S
     shown = run.out.getvalue().splitlines()
-    assert shown == [f"[p0] {progress(10)}", f"[p1] {progress(10)}", f"[p0] {progress(20)}", "[p1] done"]
+    assert shown == [f"[p0] {progress(10, 20)}", f"[p1] {progress(10, 20)}", f"[p0] {progress(20, 20)}",
+                     "[p1] done"]
     with open(result.processes[0].plan.log_path) as f:  # heartbeats are neither logged nor shown
-        assert f.read().splitlines() == [progress(10), progress(20)]
+        assert f.read().splitlines() == [progress(10, 20), progress(20, 20)]
     assert all(not w.called("terminate") and not w.called("kill") for w in run.workers)
     assert "OK: 2 processes succeeded" in summary(result)
 
@@ -121,6 +123,23 @@ def test_the_root_cause_is_the_earliest_end_its_host_reported_not_the_first_noti
     assert summary(result).startswith("FAILED: process_id 1 on localhost (killed by SIGKILL)")
     # the cascade's exit 1 was reported first, yet the attempt is retryable because of p1
     assert restarts.classify(result, types.SimpleNamespace(retry_exit_codes=()))[0]
+
+
+def test_a_process_that_lost_a_peer_is_a_consequence_even_when_its_time_is_earlier(tmp_path):
+    """Under load a wrapper notices its worker's exit late; the victims' own catch times are
+    then earlier than the cause's end. Their words say they lost a peer: they do not lead."""
+    run = Run(tmp_path)
+    gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
+    run.worker(lines=[(0.9, "podlaunch-failed-at 1700000000.100000"), (0.9, gloo)],
+               exit=Exit(code=1, at=1700000000.20), exit_at=1.0)
+    run.worker(lines=[(0.5, "step 5/100 loss 0.1 | 10.0 steps/s")],
+               exit=Exit(code=0, at=1700000000.30), exit_at=1.05)       # exited 0 early: the cause
+    run.worker(lines=[(0.9, "podlaunch-failed-at 1700000000.110000"),
+                      (0.9, "RuntimeError: Connection reset by peer")],
+               exit=Exit(code=1, at=1700000000.25), exit_at=1.1)
+    result = run.supervise()
+    assert result.first_failure is result.processes[1]
+    assert summary(result).startswith("FAILED: process_id 1 on localhost (exit code 0 before")
 
 
 def test_without_host_times_the_root_cause_is_the_output_that_closed_first(tmp_path):
@@ -178,8 +197,8 @@ def test_the_stall_watchdog_names_a_stopped_worker_over_its_blocked_peers(tmp_pa
 def test_a_stopped_worker_that_resumes_before_its_own_limit_is_no_stall(tmp_path):
     run = Run(tmp_path)
     # p0 crosses its limit at 5.88 while p1 is stopped; p1 resumes at 5.97, before its own.
-    run.worker(lines=[(0.88, heartbeat(10)), (5.97, progress(11))], exit=OK, exit_at=7.0)
-    run.worker(lines=[(1.0, heartbeat(10)), (5.97, progress(11))], exit=OK, exit_at=7.0,
+    run.worker(lines=[(0.88, heartbeat(10)), (5.97, progress(11)), (6.9, "done")], exit=OK, exit_at=7.0)
+    run.worker(lines=[(1.0, heartbeat(10)), (5.97, progress(11)), (6.9, "done")], exit=OK, exit_at=7.0,
                stopped_until=5.97)
     result = run.supervise(watchdog=Watchdog(stall_timeout_s=5.0, first_step_timeout_s=100.0))
     assert result.exit_code == 0 and run.said == []
@@ -208,9 +227,23 @@ def test_the_first_step_timeout_applies_before_the_first_step_and_heartbeats_cou
 def test_heartbeats_keep_a_slow_worker_alive_past_the_stall_timeout(tmp_path):
     run = Run(tmp_path)
     run.worker(lines=[(0.5, progress(1))] + [(0.5 + k, heartbeat(1)) for k in range(1, 12)]
-               + [(12.0, progress(2))], exit=Exit(code=0), exit_at=12.5)
+               + [(12.0, progress(2)), (12.1, "done")], exit=Exit(code=0), exit_at=12.5)
     result = run.supervise(watchdog=Watchdog(stall_timeout_s=2.0, first_step_timeout_s=3.0))
     assert result.exit_code == 0 and run.said == []
+
+
+def test_an_early_exit_0_while_peers_run_is_the_first_failure_not_a_success(tmp_path):
+    run = Run(tmp_path)
+    run.worker(lines=[(0.5, progress(10))])                                # blocked later
+    run.worker(lines=[(0.5, progress(10))], exit=Exit(code=0), exit_at=1.0)  # left at step 10
+    result = run.supervise()
+    assert result.exit_code == 1 and result.first_failure is result.processes[1]
+    assert run.states() == [State.STOPPED, State.FAILED]
+    assert str(result.processes[1].exit) == ("exit code 0 before its last step (last logged step 10 "
+                                             "of 100; it never said done)")
+    assert summary(result).startswith("FAILED: process_id 1 on localhost (exit code 0 before its last")
+    retry, why = restarts.classify(result, types.SimpleNamespace(retry_exit_codes=(137, 143)))
+    assert not retry and "exited with code 0 before its last step" in why
 
 
 def test_ctrl_c_stops_every_worker_and_exits_130(tmp_path):
@@ -273,8 +306,10 @@ class Restarts:
 
     def _start(self, ends, plan) -> list:
         t0 = self.clock.now
-        return [FakeWorker(self.clock, p, lines=[(t0 + 0.5, progress(5))], exit=e,
-                           exit_at=None if e is None else t0 + 1.0)
+        # a worker that succeeds says "done" before it exits, as the real one does
+        return [FakeWorker(self.clock, p, lines=[(t0 + 0.5, progress(5))]
+                           + ([(t0 + 0.9, "done")] if e is not None and e.ok else []),
+                           exit=e, exit_at=None if e is None else t0 + 1.0)
                 for p, e in zip(plan.processes, ends)]
 
     def run(self, interrupt_backoff: bool = False):

@@ -96,6 +96,31 @@ STEP_RE = re.compile(r"^(?:step (?P<done>\d+)/\d+ |failed at step (?P<failed>\d+
 # Exit code a worker uses when its own checks (identity, devices) fail.
 EXIT_MISMATCH = 3
 
+# Around jax.distributed.initialize: JOINING before, JOINED after. A process that
+# dies in between (JAX aborts with SIGABRT when the coordinator cannot be reached
+# within initialization_timeout_s; a Python error exits EXIT_INIT after an
+# INIT_FAILED line) failed to join: a configuration or network problem that a
+# restart does not fix.
+JOINING_FORMAT = "joining the coordinator at {address} (initialization_timeout_s {timeout_s:g})"
+JOINING_RE = re.compile(r"^joining the coordinator at (?P<address>\S+) \(initialization_timeout_s "
+                        r"(?P<timeout_s>[0-9.]+)\)$")
+JOINED_RE = re.compile(r"^process \d+/\d+ joined ")
+INIT_FAILED_FORMAT = "podlaunch-init-failed: {error}"
+EXIT_INIT = 4
+
+# The worker's last line after a complete run. A process that exits 0 without it
+# (and without a progress line of its last step) ended early: the launcher counts
+# that as a failure, not a success (its peers would wait for it in a collective).
+DONE_LINE = "done"
+
+
+def is_finished(line: str) -> bool:
+    """Whether ``line`` says the run's training is complete (``DONE_LINE`` or step N/N)."""
+    if line == DONE_LINE:
+        return True
+    progress = parse_progress(line)
+    return progress is not None and progress.step >= progress.num_steps
+
 
 class Progress(NamedTuple):
     """One parsed progress line; times in seconds (None when the line predates them)."""
@@ -161,6 +186,21 @@ def parse_failed_time(line: str):
     """The host time a ``FAILED_TIME_FORMAT`` line reports, or None for any other line."""
     match = FAILED_TIME_RE.match(line)
     return float(match.group("at")) if match else None
+
+
+# What a worker's error says when a peer died under it (a cascade, not a cause):
+# gloo's and the coordination service's words, as JAX 0.9-0.12 print them.
+PEER_LOSS_MARKERS = (
+    "Gloo all-reduce failed", "Gloo all-gather failed", "Gloo broadcast failed",
+    "Connection closed by peer", "Connection reset by peer",
+    "coordination service has stopped", "Coordination service", "heartbeat timeout",
+    "Terminating process because the JAX distributed service detected fatal errors",
+)
+
+
+def is_peer_loss(line: str) -> bool:
+    """Whether a worker's output ``line`` says it failed because a peer went away."""
+    return any(marker in line for marker in PEER_LOSS_MARKERS)
 
 
 def is_heartbeat(line: str) -> bool:

@@ -27,6 +27,26 @@ def _on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "all_proxy")
+
+
+def bypass_proxies(coordinator_address: str, environ=os.environ) -> None:
+    """Keep the coordinator's gRPC traffic off HTTP proxies: add its host to no_proxy.
+
+    gRPC honours ``http_proxy``/``https_proxy`` (and ``grpc_proxy``) for its channels; with
+    a corporate proxy in the environment every process would try to reach the coordinator
+    through it and fail to register. ``no_proxy`` and ``NO_PROXY`` both get the host.
+    """
+    proxies = [name for name in environ if name.lower() in PROXY_VARIABLES and environ[name]]
+    if not proxies:  # nothing to bypass (and JAX warns about any *_proxy variable it sees)
+        return
+    host = coordinator_address.rsplit(":", 1)[0].strip("[]")
+    for name in ("no_proxy", "NO_PROXY", "no_grpc_proxy"):
+        items = [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
+        if host not in items:
+            environ[name] = ",".join(items + [host])
+
+
 def join(identity: contract.Identity, job: jobs.WorkerJob):
     """``jax.distributed.initialize``, then check what JAX reports against the plan.
 
@@ -51,13 +71,20 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
     device_ids = os.environ.get(contract.LOCAL_DEVICE_IDS)
     if device_ids:  # slurm GPU jobs: this process's devices by index
         explicit["local_device_ids"] = [int(i) for i in device_ids.split(",")]
-    jax.distributed.initialize(
-        coordinator_address=identity.coordinator_address,
-        cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing
-        initialization_timeout=dist.initialization_timeout_s,
-        heartbeat_timeout_seconds=dist.heartbeat_timeout_s,
-        **explicit,
-    )
+    bypass_proxies(identity.coordinator_address)
+    print(contract.JOINING_FORMAT.format(address=identity.coordinator_address,
+                                         timeout_s=dist.initialization_timeout_s), flush=True)
+    try:
+        jax.distributed.initialize(
+            coordinator_address=identity.coordinator_address,
+            cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing
+            initialization_timeout=dist.initialization_timeout_s,
+            heartbeat_timeout_seconds=dist.heartbeat_timeout_s,
+            **explicit,
+        )
+    except Exception as exc:  # JAX aborts (SIGABRT) on a timeout; a raise is reported here
+        print(contract.INIT_FAILED_FORMAT.format(error=f"{type(exc).__name__}: {exc}"), flush=True)
+        _exit_now(contract.EXIT_INIT)
     seen = {
         "process_count": (jax.process_count(), identity.num_processes),
         "process_index": (jax.process_index(), identity.process_id),
@@ -254,4 +281,4 @@ def main() -> None:
         traceback.print_exc()
         _exit_now(1)
     jax.distributed.shutdown()
-    print("done", flush=True)
+    print(contract.DONE_LINE, flush=True)

@@ -1,26 +1,32 @@
 """Single-host debug mode: every process is a subprocess of the launcher.
 
 The smallest backend, and the one docs/backends.md walks through. Each
-worker leads its own session (so its process group can be signalled as a
+worker runs under the same wrapper as on SSH hosts (``launcher.remote.wrapper``)
+and leads its own session (so its process group can be signalled as a
 whole, and a Ctrl-C in the terminal reaches only the launcher, which then
-tears down in order) and gets PR_SET_PDEATHSIG, so even a SIGKILLed launcher
-leaves no worker behind.
+tears down in order). The wrapper dies with the launcher (PR_SET_PDEATHSIG)
+and is the subreaper of everything the worker starts, so even a SIGKILLed
+launcher leaves no worker, and no helper a worker started, behind.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
+import threading
 from typing import Iterator, Literal
 
-from launcher import checks, proctl, schema
+from launcher import checks, proctl, remote, schema
 from launcher.backends.base import Backend, ClusterSettings, Options, Session
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan, ProcessPlan
 from launcher.schema import non_negative, port_or_zero, setting
+from launcher.remote import wrapper
 from launcher.state import Exit
+from worker import contract
 
 HOST = "127.0.0.1"
 
@@ -50,54 +56,92 @@ class LocalCluster(ClusterSettings):
 
 
 class LocalWorker:
-    """A worker process on this machine, leader of its own process group."""
+    """A worker process on this machine, under ``launcher.remote.wrapper`` as over SSH.
 
-    def __init__(self, plan: ProcessPlan):
+    The wrapper (a child subreaper that dies with the launcher, PR_SET_PDEATHSIG)
+    starts the worker as the leader of its own session and, when the worker ends,
+    is stopped or the launcher dies, kills every descendant the worker left, even
+    those that left its process group. The worker's environment reaches the
+    wrapper on stdin, never in a command line. Teardown signals the worker's
+    process group directly once the wrapper reported it (``PGID_MARK``).
+    """
+
+    def __init__(self, plan: ProcessPlan, grace_s: float = 3.0):
         self.plan = plan
-        env = {**os.environ, **plan.env}
+        self.pgid: int | None = None
+        self._reported: str | None = None
+        self._eof = threading.Event()
+        argv = remote.python_call(plan.argv[0], "wrapper", {
+            "argv": list(plan.argv), "pid_file": None, "run_dir": plan.env.get(contract.RUN_DIR, "."),
+            "process_id": plan.process_id, "grace_s": grace_s, "parent_pid": os.getpid(),
+            "env_from_stdin": True})
         try:
             self._proc = subprocess.Popen(
-                list(plan.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=proctl.die_with_parent,
-                text=True, encoding="utf-8", errors="replace", bufsize=1)
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True, text=True, encoding="utf-8", errors="replace", bufsize=1)
         except OSError as exc:
             raise LaunchError(f"cannot start process_id {plan.process_id}: {plan.argv[0]}: "
                               f"{exc.strerror}") from None
+        try:
+            self._proc.stdin.write(json.dumps(dict(plan.env)))
+            self._proc.stdin.close()
+        except OSError:  # it died at once: poll reports how
+            pass
 
     @property
     def pid(self) -> int:
+        """The wrapper's pid."""
         return self._proc.pid
 
     def lines(self) -> Iterator[str]:
-        for line in self._proc.stdout:
-            yield line.rstrip("\n")
-        self._proc.stdout.close()
+        try:
+            for line in self._proc.stdout:
+                line = line.rstrip("\n")
+                if line.startswith(wrapper.PGID_MARK):
+                    self.pgid = int(line[len(wrapper.PGID_MARK):])
+                elif line.startswith(wrapper.EXIT_MARK):
+                    self._reported = line[len(wrapper.EXIT_MARK):]
+                else:
+                    yield line
+            self._proc.stdout.close()
+        finally:
+            self._eof.set()
 
     def poll(self) -> Exit | None:
         code = self._proc.poll()
         if code is None:
             return None
-        proctl.signal_group(self._proc.pid, (signal.SIGKILL,))  # anything left in its group goes too
+        self._eof.wait(2.0)  # the report is the wrapper's last line
+        if self._reported is not None:
+            exit_code, sig, at = wrapper.parse_exit_report(self._reported)
+            return Exit(code=exit_code, signal=sig, at=at)  # at: when it ended, this clock
+        self.kill()  # the wrapper itself died: nothing may outlive it
         return Exit(signal=-code) if code < 0 else Exit(code=code)
 
     def terminate(self) -> None:
         # CONT: a stopped process must run to act on SIGTERM
-        proctl.signal_group(self._proc.pid, (signal.SIGTERM, signal.SIGCONT))
+        if self.pgid is not None:
+            proctl.signal_group(self.pgid, (signal.SIGTERM, signal.SIGCONT))
+        else:  # not started yet: the wrapper passes it on
+            proctl.signal_pid(self._proc.pid, (signal.SIGTERM,))
 
     def kill(self) -> None:
-        proctl.signal_group(self._proc.pid, (signal.SIGKILL,))
+        if self.pgid is not None:
+            proctl.signal_group(self.pgid, (signal.SIGKILL,))
+        proctl.kill_descendants(self._proc.pid)  # also those that left the worker's group
 
     def stopped(self) -> bool:
-        return proctl.is_stopped(self._proc.pid)
+        return self.pgid is not None and proctl.is_stopped(self.pgid)
 
 
-def start_all(plan: Plan) -> list:
-    """Start every planned process here; if one cannot start, kill those already started."""
+def start_all(plan: Plan, grace_s: float = 3.0) -> list:
+    """Start every planned process here; if one cannot start (or an interrupt comes),
+    kill those already started."""
     workers: list[LocalWorker] = []
     try:
         for process in plan.processes:
-            workers.append(LocalWorker(process))
-    except LaunchError:
+            workers.append(LocalWorker(process, grace_s))
+    except BaseException:
         for w in workers:
             w.kill()
         raise
@@ -141,7 +185,7 @@ class LocalSession(Session):
                 f"devices (single-host debug mode), coordinator {plan.coordinator_address}")
 
     def start(self, plan: Plan) -> list:
-        return start_all(plan)
+        return start_all(plan, self.job.cluster.grace_s)
 
 
 class LocalBackend(Backend):

@@ -1,16 +1,30 @@
-"""The wrapper that runs one worker on a host (shipped by source).
+"""The wrapper that runs one worker on a host (shipped by source), and locally.
 
 Starts ``argv`` as the leader of a new session, so its process group
 outlives the SSH connection (a command without a pty keeps running when its
 connection drops) and can be signalled as a whole; records ``{pgid, run_dir,
 process_id, node}`` in ``pid_file`` (how the next launch finds survivors);
-prints ``PGID_MARK``; waits; kills whatever the worker left in its group;
-removes the pid file; prints ``EXIT_MARK`` with the exit code or signal and
-the host's clock. sshd reports a signal death as an ``exit-signal`` request
-that paramiko drops, so the wrapper says it in-band.
+prints ``PGID_MARK``; waits; kills whatever the worker left behind; removes
+the pid file; prints ``EXIT_MARK`` with the exit code or signal and the
+host's clock. sshd reports a signal death as an ``exit-signal`` request that
+paramiko drops, so the wrapper says it in-band.
 
-Args (one JSON object): ``argv`` (the worker's command), ``pid_file``,
-``run_dir`` (created), ``process_id``.
+Every descendant dies with the worker: the wrapper is a child subreaper
+(PR_SET_CHILD_SUBREAPER), so a helper the worker started (a data loader, an
+uploader) stays below the wrapper even when it leaves the worker's process
+group or session, or its parent dies; once the worker has ended, the wrapper
+SIGKILLs its group and every descendant (``proctl.kill_descendants``).
+
+SIGTERM, SIGHUP or SIGINT to the wrapper stops the worker in order: TERM and
+CONT to its group, ``grace_s``, then KILL. With ``parent_pid`` (the local
+backend) the wrapper gets SIGTERM when that parent dies (PR_SET_PDEATHSIG),
+so even a SIGKILLed launcher leaves nothing behind.
+
+Args (one JSON object): ``argv`` (the worker's command), ``pid_file`` (or
+null), ``run_dir`` (created), ``process_id``; optional ``grace_s`` (default
+3), ``parent_pid`` (die with it), ``env_from_stdin`` (read the worker's extra
+environment as one JSON object on stdin, so it never shows in a command line
+or in the wrapper's own environment).
 """
 
 import json
@@ -50,25 +64,86 @@ def _say(text):
 
 def main(args):
     """Run the worker to its end; return the exit status for the wrapper itself."""
-    os.makedirs(os.path.dirname(args["pid_file"]), exist_ok=True)
+    grace_s = float(args.get("grace_s", 3.0))
+    parent_pid = args.get("parent_pid")
+    if parent_pid is not None:
+        proctl.die_with_parent(signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the launcher died before the line above
+            return 1
+    # Run as its own program (``python -c``, ``-m``), the wrapper owns every descendant; a
+    # test that calls main() in its own process must not kill the test runner's children.
+    own_process = __name__ == "__main__"
+    if own_process:
+        proctl.set_child_subreaper()
+    env = None
+    if args.get("env_from_stdin"):
+        env = dict(os.environ)
+        env.update(json.loads(sys.stdin.read() or "{}"))
+    if args.get("pid_file"):
+        os.makedirs(os.path.dirname(args["pid_file"]), exist_ok=True)
     os.makedirs(args["run_dir"], exist_ok=True)
-    p = subprocess.Popen(args["argv"], start_new_session=True, stdin=subprocess.DEVNULL,
-                         stderr=subprocess.STDOUT)
-    tmp = args["pid_file"] + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"pgid": p.pid, "run_dir": args["run_dir"], "process_id": args["process_id"],
-                   "node": socket.gethostname()}, f)
-    os.replace(tmp, args["pid_file"])
-    _say(PGID_MARK + "%d" % p.pid)
-    code = p.wait()
-    ended_at = time.time()  # the host's clock orders a cascade better than arrival order
-    proctl.signal_group(p.pid, (signal.SIGKILL,))  # whatever the worker left in its group
+    stop = {"at": None, "killed": False}
+    worker = {}
+
+    def on_signal(signum, frame):
+        if stop["at"] is None:
+            stop["at"] = time.monotonic() + grace_s
+            if "p" in worker:
+                proctl.signal_group(worker["p"].pid, (signal.SIGTERM, signal.SIGCONT))
+
+    previous = {sig: signal.signal(sig, on_signal)
+                for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
-        os.unlink(args["pid_file"])
-    except OSError:
-        pass
+        p = subprocess.Popen(args["argv"], start_new_session=True, stdin=subprocess.DEVNULL,
+                             stderr=subprocess.STDOUT, env=env,
+                             preexec_fn=proctl.die_with_parent if parent_pid is not None else None)
+        worker["p"] = p
+        if stop["at"] is not None:  # a signal came while it started
+            proctl.signal_group(p.pid, (signal.SIGTERM, signal.SIGCONT))
+        if args.get("pid_file"):
+            tmp = args["pid_file"] + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"pgid": p.pid, "run_dir": args["run_dir"],
+                           "process_id": args["process_id"], "node": socket.gethostname()}, f)
+            os.replace(tmp, args["pid_file"])
+        _say(PGID_MARK + "%d" % p.pid)
+        while True:
+            try:
+                code = p.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                if stop["at"] is not None and not stop["killed"] and time.monotonic() > stop["at"]:
+                    stop["killed"] = True
+                    proctl.signal_group(p.pid, (signal.SIGKILL,))
+                    if own_process:
+                        proctl.kill_descendants(os.getpid())
+        ended_at = time.time()  # the host's clock orders a cascade better than arrival order
+        proctl.signal_group(p.pid, (signal.SIGKILL,))  # whatever the worker left in its group
+        if own_process:
+            # every descendant (below us even after leaving the group: we are their subreaper)
+            proctl.kill_descendants(os.getpid())
+            _reap_orphans()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if args.get("pid_file"):
+        try:
+            os.unlink(args["pid_file"])
+        except OSError:
+            pass
     _say(EXIT_MARK + exit_report(code, ended_at))
     return 128 - code if code < 0 else code
+
+
+def _reap_orphans():
+    """Collect the zombies of orphans reparented to us (only ours: never another child's)."""
+    for pid in proctl.pids():
+        fields = proctl.stat_fields(pid)
+        if fields is not None and fields[0] == b"Z" and fields[1] == os.getpid():
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
 
 
 if __name__ == "__main__":

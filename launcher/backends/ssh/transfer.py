@@ -34,7 +34,9 @@ def put_if_changed(sftp: paramiko.SFTPClient, local: str, remote: str, writer: s
 
 
 def mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:
-    """``mkdir -p`` over SFTP."""
+    """``mkdir -p`` over SFTP, safe when hosts that share the directory (an NFS home) run it
+    at once: a mkdir that fails because another host just made the directory is fine
+    (SFTP reports that only as a generic "Failure", so the directory is looked at again)."""
     missing = []
     while path not in ("", "/"):
         try:
@@ -44,7 +46,15 @@ def mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:
             missing.append(path)
             path = os.path.dirname(path)
     for p in reversed(missing):
-        sftp.mkdir(p)
+        try:
+            sftp.mkdir(p)
+        except OSError:
+            try:
+                if stat.S_ISDIR(sftp.stat(p).st_mode):
+                    continue  # made by another host meanwhile
+            except OSError:
+                pass
+            raise
 
 
 def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str) -> int:

@@ -213,9 +213,18 @@ def start_all(plan: planning.Plan, hosts: list, settings: SshSettings, console) 
       LaunchError: some host could not start its workers; those already
         started elsewhere have been killed.
     """
-    with concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(hosts))) as pool:
-        futures = [pool.submit(start_host, plan, i, h, settings, console) for i, h in enumerate(hosts)]
+    pool = concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(hosts)))
+    futures = [pool.submit(start_host, plan, i, h, settings, console) for i, h in enumerate(hosts)]
+    try:
         concurrent.futures.wait(futures)
+    except BaseException:  # an interrupt: every host still finishes its start, then all stop
+        pool.shutdown(wait=True)
+        for future in futures:
+            if future.exception() is None:
+                for w in future.result():
+                    w.kill()
+        raise
+    pool.shutdown(wait=True)
     workers, errors = [], []
     for host, future in zip(hosts, futures):
         if future.exception() is not None:

@@ -1,0 +1,230 @@
+"""Where users really run, on this machine: a closed terminal, a closed pipe, early exits,
+helper processes, init failures. Real launcher, real workers; the process table is
+checked after each fault (``helpers.run_pids``: every live process of the run).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import select
+import subprocess
+import termios
+import time
+
+from helpers import LAUNCH, REPO, env_for_tests, run_pids, start_launch, wait_gone
+
+LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=20",
+        "--set", "cluster.devices_per_process=1")
+
+
+def _controlling_tty():
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # after setsid: the pty becomes the session's terminal
+
+
+def _read_until(fd: int, pattern: str, timeout_s: float = 120) -> str:
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    while not re.search(pattern, seen.decode(errors="replace")):
+        assert time.monotonic() < deadline, seen.decode(errors="replace")
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if ready:
+            chunk = os.read(fd, 65536)
+            assert chunk, seen.decode(errors="replace")
+            seen += chunk
+    return seen.decode(errors="replace")
+
+
+def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_path):
+    """Kind 3: the launcher runs on a pty as its session's controlling terminal; closing the
+    pty's master is what a closed terminal window does (the kernel sends SIGHUP; later writes
+    fail with EIO)."""
+    run_dir = tmp_path / "run"
+    master, slave = os.openpty()
+    proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), *LONG],
+                            cwd=REPO, env=env_for_tests(), stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True, preexec_fn=_controlling_tty)
+    os.close(slave)
+    try:
+        shown = _read_until(master, r"\[p0\] step 60/")
+        assert len(run_pids(str(run_dir))) == 2
+    finally:
+        os.close(master)  # the terminal goes away
+    try:
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert not wait_gone(str(run_dir), 5.0)
+    log = (run_dir / "launcher.log").read_text()
+    assert "interrupted (SIGHUP); stopping all processes" in log, log
+    assert "INTERRUPTED: every process was stopped." in log, log
+    # the workers were stopped in order (SIGTERM), so process 0 wrote every step it logged
+    last_shown = max(int(s) for s in re.findall(r"\[p0\] step (\d+)/", shown))
+    metrics = (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(metrics[-1])["step"] >= last_shown
+
+
+def test_nohup_keeps_sighup_ignored(tmp_path):
+    """``nohup launch ...``: SIGHUP was set to be ignored, and stays so."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(["nohup"] + LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir),
+                                                  *LONG],
+                            cwd=REPO, env=env_for_tests(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        for line in proc.stdout:
+            if re.match(r"\[p1\] step \d+/", line):
+                break
+        proc.send_signal(1)  # SIGHUP
+        time.sleep(1.0)
+        assert proc.poll() is None and len(run_pids(str(run_dir))) == 2
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    assert not wait_gone(str(run_dir), 5.0)
+
+
+def test_a_closed_stdout_never_ends_supervision(tmp_path):
+    """Kind 4: ``launch job.yaml | head -5``: no traceback, the run goes on to its end,
+    the summary lands in the run directory's launcher.log, nothing is left running."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir),
+                                      "--set", "train.num_steps=40",
+                                      "--set", "logging.log_every_steps=1"],
+                            cwd=REPO, env=env_for_tests(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(5):
+            proc.stdout.readline()
+        proc.stdout.close()  # what head does after its 5 lines
+        err = proc.stderr.read().decode()
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+    log = (run_dir / "launcher.log").read_text()
+    assert "the console went away (BrokenPipeError" in log, log
+    assert "OK: 2 processes succeeded" in log, log
+    assert not run_pids(str(run_dir))
+
+
+def test_an_early_exit_0_while_peers_run_is_the_first_failure(tmp_path):
+    """Kind 6: process 1 exits 0 at step 5 of 100000; its peers would wait ~30 s for JAX's
+    heartbeat and die of SIGABRT. It is named first, at once, and not retried."""
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = subprocess.run(
+        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=4",
+                  "--set", "cluster.devices_per_process=1", "--set", "train.num_steps=100000",
+                  "--set", "logging.log_every_steps=1", "--set", "task.name=faulty_task:make",
+                  "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=1",
+                  "--set", "task.args.mode=exit0", "--set", "restarts.max_restarts=2"],
+        cwd=REPO, env=env_for_tests(), capture_output=True, text=True, timeout=180,
+        stdin=subprocess.DEVNULL)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"^FAILED: process_id 1 on localhost \(exit code 0 before its last step "
+                     r"\(last logged step 5 of 100000; it never said done\)\)", result.stdout,
+                     re.M), result.stdout
+    assert "which a restart would repeat" in result.stdout
+    assert "attempt 1" not in result.stdout  # not retried
+    assert time.monotonic() - started < 60  # not JAX's heartbeat timeout per attempt
+    assert not run_pids(str(run_dir))
+
+
+def _launch_env(**extra) -> dict:
+    return env_for_tests(**extra)
+
+
+def test_a_proxy_in_the_environment_does_not_carry_coordinator_traffic(tmp_path):
+    """Kind 7: http_proxy/https_proxy set in the launching shell (a proxy nobody runs)."""
+    run_dir = tmp_path / "run"
+    proxy = "http://127.0.0.1:9"  # the discard port: nothing listens
+    result = subprocess.run(
+        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=5",
+                  "--set", "distributed.initialization_timeout_s=20"],
+        cwd=REPO, env=_launch_env(http_proxy=proxy, https_proxy=proxy, HTTPS_PROXY=proxy,
+                                  grpc_proxy=proxy, no_proxy="example.com"),
+        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "OK: 2 processes succeeded" in result.stdout
+    assert not run_pids(str(run_dir))
+
+
+def test_a_process_that_cannot_join_is_an_init_failure_not_a_preemption(tmp_path):
+    """Kind 7: process 0 (the coordinator) never comes up; process 1 times out joining
+    (JAX aborts it: SIGABRT). Not retried, and the message says what to check."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('PODLAUNCH_PROCESS_ID') == '0':\n    time.sleep(120)\n")
+    run_dir = tmp_path / "run"
+    env = _launch_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    result = subprocess.run(
+        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=5",
+                  "--set", "distributed.initialization_timeout_s=3", "--set", "restarts.max_restarts=2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    out = result.stdout
+    assert result.returncode == 1, out[-3000:] + result.stderr
+    assert re.search(r"^FAILED: process_id 1 on localhost \(killed by SIGABRT\) while joining the "
+                     r"coordinator at 127\.0\.0\.1:\d+; it failed first\.", out, re.M), out[-3000:]
+    assert re.search(r"could not join the coordinator at 127\.0\.0\.1:\d+ .*a restart does not fix; "
+                     r"check that every host can reach 127\.0\.0\.1 on TCP port \d+", out), out[-3000:]
+    assert "attempt 1" not in out and "preemption" not in out
+    assert not wait_gone(str(run_dir), 5.0)
+
+
+def _helpers(run_dir) -> list:
+    """The run's live ``sleep 1234`` helpers (they inherit PODLAUNCH_RUN_DIR)."""
+    out = []
+    for pid in run_pids(str(run_dir)):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] == [b"sleep", b"1234"]:
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_helpers_a_worker_started_die_with_it_even_after_the_launcher_is_sigkilled(tmp_path):
+    """Kind 5: each worker starts ``sleep 1234`` twice (one left its process group); the
+    launcher is SIGKILLed: nothing of the run, helpers included, outlives it."""
+    run_dir = tmp_path / "run"
+    proc = start_launch("jobs/linear.yaml", "--run-dir", str(run_dir), *LONG,
+                        "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true")
+    try:
+        seen = 0
+        for line in proc.stdout:
+            seen += "faulty_task: started 2 helpers" in line
+            if seen == 2:
+                break
+        deadline = time.monotonic() + 10
+        while len(_helpers(run_dir)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_helpers(run_dir)) == 4
+        proc.kill()
+        proc.wait(10)
+    finally:
+        proc.kill()
+    assert not wait_gone(str(run_dir), 15.0)
+
+
+def test_helpers_die_when_a_worker_fails_and_the_run_is_torn_down(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=100000",
+                  "--set", "cluster.devices_per_process=1", "--set", "logging.log_every_steps=1",
+                  "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true",
+                  "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=1"],
+        cwd=REPO, env=env_for_tests(), capture_output=True, text=True, timeout=180,
+        stdin=subprocess.DEVNULL)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    assert len(re.findall(r"^\[p\d\] faulty_task: started 2 helpers", result.stdout, re.M)) == 2
+    assert not wait_gone(str(run_dir), 5.0)
