@@ -14,7 +14,11 @@ import subprocess
 import termios
 import time
 
+import pytest
+
 from helpers import LAUNCH, REPO, env_for_tests, run_pids, start_launch, wait_gone
+
+pytestmark = pytest.mark.slow  # every test here starts the launcher and real workers
 
 LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=20",
         "--set", "cluster.devices_per_process=1")
