@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sshenv import proc_table
+
 MUNGE_DIR = Path("/run/munge")
 SBIN = "/usr/sbin"
 
@@ -72,19 +74,6 @@ def _free(port: int) -> bool:
 
 def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: a dead test stops the daemons
-
-
-def proc_table() -> dict[int, tuple[int, str]]:
-    """pid -> (ppid, state) of every live process."""
-    table = {}
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
-        table[int(d)] = (int(ppid), state)
-    return table
 
 
 class SlurmTestEnv:
@@ -258,7 +247,7 @@ class SlurmTestEnv:
         found, todo = [], list(roots)
         while todo:
             parent = todo.pop()
-            for pid, (ppid, state) in table.items():
+            for pid, (ppid, _comm, state) in table.items():
                 if ppid == parent:
                     todo.append(pid)
                     if state != "Z":

@@ -57,7 +57,7 @@ def _port_free(addr: str, port: int) -> bool:
     return True
 
 
-def _proc_table() -> dict[int, tuple[int, str, str]]:
+def proc_table() -> dict[int, tuple[int, str, str]]:
     """pid -> (ppid, comm, state) from /proc."""
     table = {}
     for d in filter(str.isdigit, os.listdir("/proc")):
@@ -72,7 +72,7 @@ def _proc_table() -> dict[int, tuple[int, str, str]]:
 
 def _descendants(pid: int) -> list[int]:
     """Live processes below *pid*: per-connection sshds and their commands."""
-    table = _proc_table()
+    table = proc_table()
     found, todo = [], [pid]
     while todo:
         parent = todo.pop()
@@ -219,7 +219,7 @@ Subsystem sftp internal-sftp
             proc.wait()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            table = _proc_table()
+            table = proc_table()
             if all(table.get(p, (0, "", "Z"))[2] == "Z" for p in killed):
                 break
             time.sleep(0.02)

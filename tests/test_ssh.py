@@ -390,7 +390,7 @@ def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
     stopped = []
     try:
         wait_for(proc, r"\[Gloo\] Rank \d is connected", 4)
-        table = sshenv._proc_table()
+        table = sshenv.proc_table()
         stopped = [p for p in sshenv._descendants(hosts._procs[1].pid) if table[p][1] == "sshd"]
         assert stopped
         for pid in stopped:
