@@ -21,7 +21,7 @@ from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.status import check_show, parse_show, summary
+from launcher.status import check_show, parse_show, plural, summary
 from worker import job as jobs
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -45,12 +45,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its latest complete checkpoint "
                              "(new logs go to RUN_DIR/logs/attempt-N/)")
-    parser.add_argument("--show", metavar="IDS", default="all",
-                        help="process_ids whose lines reach the console, e.g. 0 or 0,3-5 (or all, "
-                             "none); every process's lines still go to its log file")
+    parser.add_argument("--show", metavar="IDS", default="0",
+                        help="process_ids whose every line reaches the console: 0 (the default), "
+                             "0,3-5, all, or none; from the others only warnings, errors and the last "
+                             "lines of one that fails (none: no worker lines at all); library "
+                             "start-up chatter is never shown; every line still goes to the logs")
     parser.add_argument("--status-every", metavar="SECONDS", type=float, default=5.0,
-                        help="when stdout is not a terminal, print a status line this often "
-                             "(default 5; 0 = never); on a terminal it is redrawn in place")
+                        help="when stdout is not a terminal, print the progress line (step, ETA, "
+                             "elapsed, loss, steps/s, slowest process) this often (default 5; 0 = "
+                             "never); on a terminal it is redrawn in place")
     parser.add_argument("--kill-stale", action="store_true",
                         help="ssh: stop processes of an earlier run of this job still alive on the "
                              "hosts (recorded by pid, never matched by name) instead of refusing")
@@ -132,7 +135,8 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     show = parse_show(args.show)
-    console = console or Console(show=show, status_every_s=args.status_every)
+    console = console or Console(show=show, status_every_s=args.status_every,
+                                 others=show != frozenset())
     job = specs.load(args.job, args.cluster, tuple(args.overrides))
     check_show(show, job.num_processes)
     backend = backends.for_job(job)
@@ -188,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
-        print(f"launch: {len(exc.problems)} problem(s) in the input; nothing was started.",
+        print(f"launch: {plural(len(exc.problems), 'problem')} in the input; nothing was started.",
               file=sys.stderr)
         code = EXIT_BAD_INPUT
     except LaunchError as exc:
