@@ -33,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run one JAX data-parallel training job on the cluster its spec names.",
         epilog="also: `launch tensorboard [RUN_DIR]` serves a run's TensorBoard and prints its URL.\n"
                "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted")
+    parser.add_argument("--version", action=_Version, help="print podlaunch's version and exit")
     parser.add_argument("job", metavar="JOB.yaml", help="the job spec")
     parser.add_argument("--cluster", metavar="FILE",
                         help="cluster YAML that replaces the job's cluster: section")
@@ -61,6 +62,27 @@ def _parser() -> argparse.ArgumentParser:
                         help="tpu: run the pod's exact topology (hosts x chips per host, slices) as "
                              "local processes with CPU devices, before paying for the pod")
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed podlaunch's version (looked up only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"launch (podlaunch) {version()}")
+        parser.exit()
+
+
+def version() -> str:
+    """podlaunch's version as installed (pip's metadata), or "unknown" outside an install."""
+    from importlib import metadata  # only for --version: it costs milliseconds at start-up
+
+    try:
+        return metadata.version("podlaunch")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed; pip install -e .)"
 
 
 def _run_dir(job: specs.JobSpec, requested: str | None) -> str:

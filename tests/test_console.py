@@ -197,6 +197,15 @@ def test_plural_and_duration():
                                                                   "2h07m"]
 
 
+def test_version_and_help():
+    result = subprocess.run(LAUNCH + ["--version"], cwd=REPO, env=env_for_tests(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and re.match(r"^launch \(podlaunch\) \d+\.\d+", result.stdout), result
+    result = subprocess.run(LAUNCH + ["--help"], cwd=REPO, env=env_for_tests(),
+                            capture_output=True, text=True, timeout=60)
+    assert "--version" in result.stdout
+
+
 # ---- slow: a real run's screen, through a pseudo-terminal -----------------------------
 STATUS_RE = re.compile(r"^4/4 running \| step (\d+)/60 \| ETA ([\d.]+)s \| elapsed \S+ \| loss \S+ \| "
                        r"[\d.]+ steps/s \| slowest p\d")
