@@ -16,7 +16,7 @@ import yaml
 
 from launcher import backends
 from launcher import plan as planning
-from launcher import restarts
+from launcher import restarts, runs
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run one JAX data-parallel training job on the cluster its spec names.",
-        epilog="also: `launch tensorboard [RUN_DIR]` serves a run's TensorBoard and prints its URL.\n"
+        epilog="also: `launch runs [JOB]` lists past runs, newest first;\n"
+               "      `launch tensorboard [RUN_DIR]` serves a run's TensorBoard and prints its URL.\n"
                "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted")
     parser.add_argument("--version", action=_Version, help="print podlaunch's version and exit")
     parser.add_argument("job", metavar="JOB.yaml", help="the job spec")
@@ -187,11 +188,19 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
             raise SpecError([Problem("--resume" if args.resume else "--run-dir", None, "",
                                      f"cannot write into {run_dir}: {exc.strerror}; "
                                      "choose another directory")]) from None
+        record = runs.Record(run_dir, job.name, job.train.num_steps)
+        record.start()
         console.say(f"run directory {run_dir}"
                     + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
         console.say(job.epoch_text())
-        result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
-                                        resume=bool(args.resume))
+        try:
+            result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
+                                            resume=bool(args.resume))
+        except BaseException as exc:
+            record.end("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            raise
+        record.end({0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed"),
+                   result, attempts)
     finally:
         session.close()
     print(summary(result), flush=True)
@@ -209,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["tensorboard"]:  # a subcommand beside the positional JOB.yaml
             from launcher import tensorboard_cmd
             code = tensorboard_cmd.main(argv[1:])
+        elif argv[:1] == ["runs"]:
+            code = runs.main(argv[1:])
         else:
             code = run(argv)
     except SpecError as exc:

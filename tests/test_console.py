@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import io
+import json
 import os
 import re
 import struct
@@ -23,8 +24,10 @@ import pytest
 from fakes import FakeClock, FakeWorker, process_plan
 from helpers import LAUNCH, REPO, env_for_tests
 from launcher import lines as kinds
+from launcher import runs
 from launcher import supervise as supervision
 from launcher.console import Console
+from launcher.errors import SpecError
 from launcher.state import Exit, State
 from launcher.status import duration, plural, status_text
 from worker import contract
@@ -197,13 +200,86 @@ def test_plural_and_duration():
                                                                   "2h07m"]
 
 
+# ---- past runs -------------------------------------------------------------------------
+def _result(steps_and_losses, exit_code_states):
+    processes = []
+    for (step, loss), state in zip(steps_and_losses, exit_code_states):
+        stats = types.SimpleNamespace(progress=contract.parse_progress(progress(step, 50, loss)))
+        processes.append(types.SimpleNamespace(stats=stats, state=state))
+    return types.SimpleNamespace(processes=processes)
+
+
+def test_run_json_is_written_at_start_and_end_and_a_resume_adds_to_it(tmp_path):
+    run_dir = tmp_path / "runs" / "linear" / "20261130-101500-123"
+    run_dir.mkdir(parents=True)
+    now = [10.0]
+    record = runs.Record(str(run_dir), "linear", 50, clock=lambda: now[0])
+    record.start()
+    started = json.loads((run_dir / "run.json").read_text())
+    assert started["state"] == "running" and started["job"] == "linear" and started["step"] is None
+    assert runs.read(str(run_dir)).state == "running"  # this process wrote it and lives
+    now[0] = 14.5
+    attempts = [types.SimpleNamespace(number=0), types.SimpleNamespace(number=1)]
+    record.end("failed", _result([(30, 0.25), (28, 0.25)], [State.FAILED] * 2), attempts)
+    ended = json.loads((run_dir / "run.json").read_text())
+    assert (ended["state"], ended["attempts"], ended["step"], ended["final_loss"], ended["duration_s"]) \
+        == ("failed", 2, 30, 0.25, 4.5)
+    again = runs.Record(str(run_dir), "linear", 50, clock=lambda: now[0])  # --resume
+    again.start()
+    now[0] = 20.5
+    again.end("succeeded", _result([(50, 0.125)], [State.SUCCEEDED]), [types.SimpleNamespace(number=2)])
+    final = json.loads((run_dir / "run.json").read_text())
+    assert (final["started"], final["state"], final["attempts"], final["step"], final["duration_s"]) \
+        == (started["started"], "succeeded", 3, 50, 10.5)
+
+
+def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(tmp_path):
+    root = tmp_path / "runs"
+
+    def make(job, stamp, **data):
+        d = root / job / stamp
+        d.mkdir(parents=True)
+        (d / "spec.yaml").write_text(f"name: {job}\n")
+        if data:
+            (d / "run.json").write_text(json.dumps({"job": job, **data}))
+        return d
+
+    make("linear", "20261130-101500-123", started="2026-11-30T10:15:00", state="succeeded", attempts=1,
+         step=100, num_steps=100, final_loss=0.00886711, duration_s=2.8)
+    make("linear", "20261201-090000-000", started="2026-12-01T09:00:00", state="running", attempts=0,
+         step=None, num_steps=100, final_loss=None, duration_s=0.0,
+         launcher={"pid": 999999999, "host": os.uname().nodename})  # its launcher is gone
+    old = make("diabetes", "20261129-080000-000")  # before run.json: what its files say
+    (old / "tensorboard").mkdir()
+    (old / "tensorboard" / "metrics.jsonl").write_text('{"step": 10, "loss": 3.5}\n'
+                                                       '{"step": 20, "loss": 2.5}\n')
+    result = subprocess.run(LAUNCH + ["runs", "--root", str(root)], cwd=str(tmp_path),
+                            env=env_for_tests(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.splitlines()
+    assert rows[0].split() == ["job", "started", "state", "attempts", "steps", "final", "loss",
+                               "duration", "run", "dir"]
+    assert re.match(r"^linear +2026-12-01 09:00:00 +unfinished +0 +- +- +0\.0s +"
+                    r"runs/linear/20261201-090000-000$", rows[1]), rows
+    assert re.match(r"^linear +2026-11-30 10:15:00 +succeeded +1 +100/100 +0\.00886711 +2\.8s +"
+                    r"runs/linear/20261130-101500-123$", rows[2]), rows
+    assert re.match(r"^diabetes +2026-11-29 08:00:00 +- +- +20 +2\.5 +- +"
+                    r"runs/diabetes/20261129-080000-000$", rows[3]), rows
+    only = subprocess.run(LAUNCH + ["runs", "diabetes", "--root", str(root)], cwd=str(tmp_path),
+                          env=env_for_tests(), capture_output=True, text=True, timeout=60)
+    assert len(only.stdout.splitlines()) == 2
+    with pytest.raises(SpecError) as err:
+        runs.main(["nosuch", "--root", str(root)])
+    assert "jobs with runs: diabetes, linear" in str(err.value.problems[0])
+
+
 def test_version_and_help():
     result = subprocess.run(LAUNCH + ["--version"], cwd=REPO, env=env_for_tests(),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and re.match(r"^launch \(podlaunch\) \d+\.\d+", result.stdout), result
     result = subprocess.run(LAUNCH + ["--help"], cwd=REPO, env=env_for_tests(),
                             capture_output=True, text=True, timeout=60)
-    assert "--version" in result.stdout
+    assert "launch runs [JOB]" in result.stdout and "--version" in result.stdout
 
 
 # ---- slow: a real run's screen, through a pseudo-terminal -----------------------------

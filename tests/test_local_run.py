@@ -3,6 +3,7 @@
 These tests start several JAX processes each, so they are marked slow; CI runs them.
 """
 
+import json
 import os
 import re
 import signal
@@ -47,6 +48,9 @@ def test_main_job_trains_and_logs_to_tensorboard(tmp_path):
     log1 = (run_dir / "logs" / "process-001.log").read_text()
     assert "step 100/100" in log1 and "[p1]" not in log1
     assert "[Gloo] Rank 1 is connected" in log1  # library noise: in the log, never on the console
+    record = json.loads((run_dir / "run.json").read_text())
+    assert (record["state"], record["attempts"], record["step"]) == ("succeeded", 1, 100)
+    assert record["final_loss"] == pytest.approx(losses[-1], rel=1e-5)
     assert (run_dir / "spec.yaml").exists()
     assert not run_pids(str(run_dir))
 
