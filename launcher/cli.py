@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="launch", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run one JAX data-parallel training job on the cluster its spec names.",
         epilog="also: `launch runs [JOB]` lists past runs, newest first;\n"
-               "      `launch tensorboard [RUN_DIR]` serves a run's TensorBoard and prints its URL.\n"
+               "      `launch tensorboard [JOB | RUN_DIR]` serves the TensorBoard of every run of a job\n"
+               "      (default: the newest run's job), or of one run, and prints its URL.\n"
                "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted")
     parser.add_argument("--version", action=_Version, help="print podlaunch's version and exit")
     parser.add_argument("job", metavar="JOB.yaml", help="the job spec")

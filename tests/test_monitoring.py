@@ -330,7 +330,9 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
         assert match and match.group(1) == str(run_dir / "tensorboard"), line
         with urllib.request.urlopen(match.group(2) + "data/plugin/scalars/tags", timeout=30) as reply:
             tags = json.load(reply)
-        assert "loss" in tags["."]
+        (name,) = tags  # one run, under a readable name (when it started), not "."
+        assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$", name), tags
+        assert "loss" in tags[name]
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
