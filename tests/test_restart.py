@@ -167,7 +167,8 @@ def attempt_pids(run_dir, attempt: int) -> list:
 def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
     proc = start_launch("jobs/linear.yaml", *COMMON, *fault("sigstop", 12), "--set", "restarts.max_restarts=1",
-                        "--set", "watchdog.stall_timeout_s=3", "--run-dir", str(run_dir))
+                        "--set", "watchdog.stall_timeout_s=3", "--run-dir", str(run_dir),
+                        "--show", "all")  # process 1's injection line as soon as it is printed
     lines, injected_at, reported_at, gone_after_s = [], None, None, None
     deadline = time.monotonic() + 120
     try:
