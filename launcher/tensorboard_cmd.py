@@ -91,7 +91,7 @@ def run_names(run_dirs: list) -> dict:
     """{run dir: a readable, unique name}: its start time and the settings it differs in.
 
     A setting differs when the runs do not all have the same value for it (a key
-    some runs lack counts); at most ``NAME_KEYS`` are named, fewest-valued keys first.
+    some runs lack counts); at most ``NAME_KEYS`` are named, in key order.
     """
     specs = {d: _spec_of(d) for d in run_dirs}
     keys = sorted({k for spec in specs.values() for k in spec})
