@@ -198,7 +198,8 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
             result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
                                             resume=bool(args.resume))
         except BaseException as exc:
-            record.end("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            record.end("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                       made=restarts.next_attempt(run_dir))
             raise
         record.end({0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed"),
                    result, attempts)

@@ -86,12 +86,22 @@ class Record:
     def start(self) -> None:
         _write(self.run_dir, self.data)
 
-    def end(self, state: str, result=None, attempts: list = ()) -> None:
-        """The run ended: ``state``, and what the last attempt's ``state.Result`` reached."""
+    def end(self, state: str, result=None, attempts: list = (), made: int | None = None) -> None:
+        """The run ended: ``state``, and what the last attempt's ``state.Result`` reached.
+
+        Args:
+          state: succeeded, failed or interrupted.
+          result: the last attempt's Result, if there is one.
+          attempts: every ``restarts.Attempt`` of this launch.
+          made: attempts made in the run directory so far, when ``attempts`` is not known
+            (the launch ended by an exception).
+        """
         data = self.data
         data["state"] = state
         if attempts:
             data["attempts"] = attempts[-1].number + 1
+        elif made is not None:
+            data["attempts"] = made
         if result is not None:
             reported = [t.stats.progress for t in result.processes if t.stats.progress is not None]
             if reported:

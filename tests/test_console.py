@@ -231,6 +231,10 @@ def test_run_json_is_written_at_start_and_end_and_a_resume_adds_to_it(tmp_path):
     final = json.loads((run_dir / "run.json").read_text())
     assert (final["started"], final["state"], final["attempts"], final["step"], final["duration_s"]) \
         == (started["started"], "succeeded", 3, 50, 10.5)
+    broken = runs.Record(str(run_dir), "linear", 50, clock=lambda: now[0])  # a launch that raised
+    broken.start()
+    broken.end("failed", made=4)
+    assert json.loads((run_dir / "run.json").read_text())["attempts"] == 4
 
 
 def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(tmp_path):
