@@ -21,12 +21,12 @@ import yaml
 
 from launcher import backends
 from launcher import plan as planning
-from launcher import restarts
+from launcher import restarts, runs
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.status import check_show, parse_show, summary
+from launcher.status import check_show, parse_show, plural, summary
 from launcher.supervise import handle_interrupts
 from worker import job as jobs
 
@@ -37,9 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run one JAX data-parallel training job on the cluster its spec names.",
-        epilog="also: `launch tensorboard [RUN_DIR]` serves a run's TensorBoard and prints its URL.\n"
+        epilog="also: `launch runs [JOB]` lists past runs, newest first;\n"
+               "      `launch tensorboard [JOB | RUN_DIR]` serves the TensorBoard of every run of a job\n"
+               "      (default: the newest run's job), or of one run, and prints its URL.\n"
                "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted "
                "(Ctrl-C, SIGTERM, SIGHUP)")
+    parser.add_argument("--version", action=_Version, help="print podlaunch's version and exit")
     parser.add_argument("job", metavar="JOB.yaml", help="the job spec")
     parser.add_argument("--cluster", metavar="FILE",
                         help="cluster YAML that replaces the job's cluster: section")
@@ -52,12 +55,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its latest complete checkpoint "
                              "(new logs go to RUN_DIR/logs/attempt-N/)")
-    parser.add_argument("--show", metavar="IDS", default="all",
-                        help="process_ids whose lines reach the console, e.g. 0 or 0,3-5 (or all, "
-                             "none); every process's lines still go to its log file")
+    parser.add_argument("--show", metavar="IDS", default="0",
+                        help="process_ids whose every line reaches the console: 0 (the default), "
+                             "0,3-5, all, or none; from the others only warnings, errors and the last "
+                             "lines of one that fails (none: no worker lines at all); library "
+                             "start-up chatter is never shown; every line still goes to the logs")
     parser.add_argument("--status-every", metavar="SECONDS", type=float, default=5.0,
-                        help="when stdout is not a terminal, print a status line this often "
-                             "(default 5; 0 = never); on a terminal it is redrawn in place")
+                        help="when stdout is not a terminal, print the progress line (step, ETA, "
+                             "elapsed, loss, steps/s, slowest process) this often (default 5; 0 = "
+                             "never); on a terminal it is redrawn in place")
     parser.add_argument("--kill-stale", action="store_true",
                         help="ssh: stop processes of an earlier run of this job still alive on the "
                              "hosts (recorded by pid, never matched by name) instead of refusing")
@@ -65,6 +71,27 @@ def _parser() -> argparse.ArgumentParser:
                         help="tpu: run the pod's exact topology (hosts x chips per host, slices) as "
                              "local processes with CPU devices, before paying for the pod")
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed podlaunch's version (looked up only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"launch (podlaunch) {version()}")
+        parser.exit()
+
+
+def version() -> str:
+    """podlaunch's version as installed (pip's metadata), or "unknown" outside an install."""
+    from importlib import metadata  # only for --version: it costs milliseconds at start-up
+
+    try:
+        return metadata.version("podlaunch")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed; pip install -e .)"
 
 
 def _run_dir(job: specs.JobSpec, requested: str | None) -> str:
@@ -156,7 +183,8 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
 def _run(argv: list[str] | None, console: Console | None) -> int:
     args = _parser().parse_args(argv)
     show = parse_show(args.show)
-    console = console or Console(show=show, status_every_s=args.status_every)
+    console = console or Console(show=show, status_every_s=args.status_every,
+                                 others=show != frozenset())
     job = specs.load(args.job, args.cluster, tuple(args.overrides))
     check_show(show, job.num_processes)
     backend = backends.for_job(job)
@@ -186,11 +214,20 @@ def _run(argv: list[str] | None, console: Console | None) -> int:
                                      f"cannot write into {run_dir}: {exc.strerror}; "
                                      "choose another directory")]) from None
         console.log_to(os.path.join(run_dir, "launcher.log"))
+        record = runs.Record(run_dir, job.name, job.train.num_steps)
+        record.start()
         console.say(f"run directory {run_dir}"
                     + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
         console.say(job.epoch_text())
-        result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
-                                        resume=bool(args.resume))
+        try:
+            result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
+                                            resume=bool(args.resume))
+        except BaseException as exc:
+            record.end("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                       made=restarts.next_attempt(run_dir))
+            raise
+        record.end({0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed"),
+                   result, attempts)
     finally:
         session.close()
     console.block(summary(result))
@@ -209,12 +246,14 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["tensorboard"]:  # a subcommand beside the positional JOB.yaml
             from launcher import tensorboard_cmd
             code = tensorboard_cmd.main(argv[1:])
+        elif argv[:1] == ["runs"]:
+            code = runs.main(argv[1:])
         else:
             code = run(argv)
     except SpecError as exc:
         for problem in exc.problems:
             _say_error(f"error: {problem}")
-        _say_error(f"launch: {len(exc.problems)} problem(s) in the input; nothing was started.")
+        _say_error(f"launch: {plural(len(exc.problems), 'problem')} in the input; nothing was started.")
         code = EXIT_BAD_INPUT
     except LaunchError as exc:
         _say_error(f"launch: {exc}")

@@ -1,4 +1,4 @@
-"""The console: prefixed worker lines, launcher messages and the live status line.
+"""The console: worker lines worth seeing, launcher messages and the live progress view.
 
 One sink for everything the user sees while a run goes on. ``NullConsole``
 takes the same calls and shows nothing (tests, the dry run's internals), so
@@ -11,38 +11,59 @@ to the stream, whose descriptor is pointed at /dev/null so the interpreter's
 last flush cannot fail either) and the run goes on. Launcher messages and the
 summary also go to the run directory's ``launcher.log`` (``log_to``), so they
 are kept whatever happened to the console.
+
+What reaches it of a worker's lines (``launcher.lines`` says which line is
+which; every line is in the process's log file regardless):
+
+* every line, but library noise, of the processes ``show`` names (the
+  CLI's default: process 0, so a step is shown once, not once per process);
+* from the others only notable lines (warnings, errors, tracebacks), and,
+  once an attempt is over, the last lines of one that failed and that the
+  summary does not already show (``attempt_over``).
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
-from launcher.status import status_text
+from launcher import lines as kinds
+from launcher.state import State
+from launcher.status import plural, status_text
 
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
+HIDDEN_TAIL = 5  # a failed process's last lines kept, to show once it failed
 
 
 class Console:
-    """Writes prefixed worker lines, launcher messages and the status line to one stream.
+    """Writes worker lines, launcher messages and the status line to one stream.
 
     Args:
       stream: where everything goes.
-      show: process_ids whose lines are written (None: all); their log files get every line anyway.
+      show: process_ids whose every line is written (None: all); their log files get every line anyway.
+      others: whether the other processes' notable lines (warnings, errors) are written too.
       status_every_s: seconds between plain status lines when ``stream`` is not a terminal (0 = never).
       tty: redraw the status line in place; default: ``stream.isatty()``.
+      clock: seconds, monotonic (the clock ``supervise`` reads, for the ETA and the elapsed time).
     """
 
     def __init__(self, stream: TextIO = sys.stdout, show: frozenset | None = None,
-                 status_every_s: float = 5.0, tty: bool | None = None):
+                 status_every_s: float = 5.0, tty: bool | None = None, others: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
         self.stream = stream
         self.show = show
-        self.live = StatusLine(stream, tty=tty, status_every_s=status_every_s,
+        self.others = others
+        self.clock = clock
+        self.started = clock()
+        self.live = StatusLine(stream, tty=tty, status_every_s=status_every_s, clock=clock,
                                on_lost=self._lost)
+        self._attention: dict = {}  # process_id -> lines.Attention
+        self._hidden: dict = {}     # process_id -> deque of its last lines not shown
         self.log = None          # the run directory's launcher.log, once ``log_to`` opened it
         self._log_lock = threading.Lock()
 
@@ -72,9 +93,17 @@ class Console:
         return self.live.lost
 
     def line(self, label: str, text: str, process_id: int | None = None) -> None:
-        if self.show is not None and process_id is not None and process_id not in self.show:
+        if process_id is None:  # the launcher's own line about a process
+            self.live.write(f"[{label}] {text}\n")
             return
-        self.live.write(f"[{label}] {text}\n")
+        if kinds.is_noise(text):
+            return
+        notable = self._attention.setdefault(process_id, kinds.Attention())(text)
+        if self.show is None or process_id in self.show or (self.others and notable):
+            self.live.write(f"[{label}] {text}\n")
+        else:
+            self._hidden.setdefault(process_id, collections.deque(maxlen=HIDDEN_TAIL)).append(
+                (label, text))
 
     def say(self, text: str) -> None:
         self.live.write(f"podlaunch: {text}\n")
@@ -93,12 +122,27 @@ class Console:
 
     def status(self, tracked: list) -> None:
         """Refresh the status line from the tracked processes (rate-limited)."""
-        self.live.update(status_text(tracked))
+        now = self.clock()
+        self.live.update(status_text(tracked, now=now, elapsed_s=now - self.started))
 
     def end_status(self) -> None:
         """Take the status line off the terminal."""
         self.live.end()
 
+    def attempt_over(self, result) -> None:
+        """An attempt ended (``state.Result``): show the last lines, not shown so far, of
+        each process that failed by itself, except the first failure (the summary leads
+        with its log's tail); then forget this attempt's lines."""
+        for t in result.processes:
+            kept = self._hidden.get(t.plan.process_id)
+            if t.state is not State.FAILED or t is result.first_failure or not kept:
+                continue
+            self.say(f"{t.plan.label} failed too ({t.exit}); its last "
+                     f"{plural(len(kept), 'line')} not shown above (all in {t.plan.log_path}):")
+            for label, text in kept:
+                self.live.write(f"[{label}] {text}\n")
+        self._hidden.clear()
+        self._attention.clear()
 
 
 class NullConsole(Console):
@@ -120,6 +164,9 @@ class NullConsole(Console):
         pass
 
     def end_status(self) -> None:
+        pass
+
+    def attempt_over(self, result) -> None:
         pass
 
 

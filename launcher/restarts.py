@@ -30,7 +30,7 @@ from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog
-from launcher.status import summary
+from launcher.status import plural, summary
 from launcher.supervise import Interrupted, _raise_interrupted, handle_interrupts, supervise
 from worker import contract
 
@@ -162,6 +162,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         workers, pending = _start(session, plan, console)
         result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog,
                            interrupted_by=pending)
+        console.attempt_over(result)
         attempts.append(Attempt(attempt, log_dir, result))
         if result.exit_code == 0:
             attempts[-1].verdict = "succeeded"
@@ -238,7 +239,7 @@ def _wait(sleep: Callable[[float], None], wait_s: float) -> None:
 
 def attempts_table(attempts: list) -> str:
     """One line per attempt for the final summary (only worth printing after a restart)."""
-    lines = [f"attempts: {len(attempts)} ({len(attempts) - 1} restart(s))"]
+    lines = [f"attempts: {len(attempts)} ({plural(len(attempts) - 1, 'restart')})"]
     for a in attempts:
         first = a.result.first_failure
         step = max((t.last_step for t in a.result.processes if t.last_step is not None), default=None)

@@ -190,12 +190,16 @@ class JobSpec:
         rows, batch = self.data_rows, self.train.global_batch_size
         whole, rest = divmod(rows, batch)
         text = f"data: {rows} rows, global_batch_size {batch}: "
+
+        def batches(n: int) -> str:  # "1 batch per epoch uses", "2 batches per epoch use"
+            return f"{n} batch per epoch uses" if n == 1 else f"{n} batches per epoch use"
+
         if not rest:
-            return text + f"{whole} batches per epoch use every row"
+            return text + f"{batches(whole)} every row"
         if self.data.last_batch == "pad":
-            return (text + f"{whole + 1} batches per epoch; the last one's {rest} rows are padded "
-                    f"with {batch - rest} rows from the start (data.last_batch: pad)")
-        return (text + f"{whole} batches per epoch use {whole * batch} rows; the last {rest} rows "
+            return (text + f"{batches(whole + 1).rsplit(' ', 1)[0]}; the last one's {rest} rows are "
+                    f"padded with {batch - rest} rows from the start (data.last_batch: pad)")
+        return (text + f"{batches(whole)} {whole * batch} rows; the last {rest} rows "
                 "are never used (data.last_batch: drop; set it to pad to use them)")
 
     def to_dict(self) -> dict:

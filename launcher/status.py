@@ -6,10 +6,15 @@ anything extra. Nothing here imports jax or numpy.
 
 The status line reads::
 
-    4/4 running | step 40/100 | 81.2 steps/s | slowest p3 host-c (own 12.3 ms/step; median 1.1)
+    4/4 running | step 40/100 | ETA 7.4s | elapsed 12s | loss 0.0123 | 81.2 steps/s | slowest p3 host-c (own 12.3 ms/step; median 1.1)
 
 * ``k/N running``: processes still alive, of all.
 * ``step``: the furthest step any process has logged.
+* ``ETA``: the steps left times the furthest process's mean step time
+  (compilation excluded), less the time since its last step line or
+  heartbeat, so it counts down between progress lines.
+* ``elapsed``: since the launch started.
+* ``loss``: the furthest process's latest loss (the global batch's, the same on every process).
 * ``steps/s``: what the furthest process reported for its last interval.
 * ``slowest``: the process whose own step time (its host work per step
   outside JAX, see ``worker.metrics``) is the largest; with
@@ -67,22 +72,70 @@ def check_show(show: frozenset | None, num_processes: int) -> None:
     beyond = sorted(i for i in show if i >= num_processes)
     if beyond:
         raise SpecError([Problem("--show", None, "", f"process_id {beyond[0]} is beyond this job's "
-                                 f"{num_processes} processes (0-{num_processes - 1})")])
+                                 f"{plural(num_processes, 'process')} (0-{num_processes - 1})")])
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 process``, ``2 processes``: the count and the word that agrees with it."""
+    if count == 1:
+        return f"{count} {word}"
+    return f"{count} {words or (word + 'es' if word.endswith(('s', 'sh', 'ch', 'x')) else word + 's')}"
+
+
+def duration(seconds: float) -> str:
+    """``7.4s``, ``42s``, ``3m05s``, ``2h07m``: short, and tenths only under 10 s."""
+    if seconds < 10:
+        return f"{max(seconds, 0.0):.1f}s"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g}"
 
 
-def status_text(tracked: Sequence) -> str:
-    """One status line for ``state.Tracked`` processes (each with ``.stats`` and ``.state``)."""
+def eta_s(t, now: float | None = None) -> float | None:
+    """Seconds until ``t`` (a ``Tracked``) reaches its last step, or None before it can be told.
+
+    The steps left times its mean wall time per step (``ProcessStats``,
+    compilation excluded), less the time since its last step line or heartbeat.
+    """
+    progress, mean_s = t.stats.progress, t.stats.mean_step_time_s
+    if progress is None or mean_s is None:
+        return None
+    step = max(progress.step, t.last_step or 0)
+    left = max(progress.num_steps - step, 0) * mean_s
+    if now is not None and t.progress_at is not None:
+        left -= now - t.progress_at
+    return max(left, 0.0)
+
+
+def status_text(tracked: Sequence, now: float | None = None, elapsed_s: float | None = None) -> str:
+    """One status line for ``state.Tracked`` processes (each with ``.stats`` and ``.state``).
+
+    Args:
+      tracked: the processes.
+      now: the clock ``Tracked.progress_at`` was read from, now: the ETA counts down between
+        progress lines (None: the ETA as of the last one).
+      elapsed_s: seconds since the launch started (None: not shown).
+    """
     running = [t for t in tracked if t.state is State.RUNNING]
     head = f"{len(running)}/{len(tracked)} running"
+    elapsed = [] if elapsed_s is None else [f"elapsed {duration(elapsed_s)}"]
     reported = [t for t in tracked if t.stats.progress is not None]
     if not reported:
-        return f"{head} | waiting for the first logged step"
-    furthest = max(reported, key=lambda t: t.stats.progress.step).stats.progress
-    parts = [head, f"step {furthest.step}/{furthest.num_steps}", f"{furthest.steps_per_s:.1f} steps/s"]
+        return " | ".join([head] + elapsed + ["waiting for the first logged step"])
+    lead = max(reported, key=lambda t: t.stats.progress.step)
+    furthest = lead.stats.progress
+    parts = [head, f"step {furthest.step}/{furthest.num_steps}"]
+    eta = eta_s(lead, now)
+    if eta is not None and furthest.step < furthest.num_steps:
+        parts.append(f"ETA {duration(eta)}")
+    parts += elapsed + [f"loss {furthest.loss:.4g}", f"{furthest.steps_per_s:.1f} steps/s"]
     candidates = running or tracked
     silent = [t for t in candidates if t.stats.progress is None]
     timed = [t for t in candidates if t.stats.progress is not None
@@ -123,7 +176,7 @@ def summary(result: Result) -> str:
         lines.append("INTERRUPTED: every process was stopped.")
     lines += _table(result.processes, first)
     if first is None and not result.interrupted and result.exit_code == 0:
-        lines.append(f"OK: {len(result.processes)} processes succeeded in {result.elapsed_s:.1f}s.")
+        lines.append(f"OK: {plural(len(result.processes), 'process')} succeeded in {result.elapsed_s:.1f}s.")
     return "\n".join(lines)
 
 

@@ -4,7 +4,9 @@ Backend-neutral: a backend hands over one ``Worker`` per process (a local
 subprocess, a remote command over SSH, ...) and ``supervise`` does the rest:
 
 * a reader thread per worker writes each line to ``logs/process-NNN.log``
-  first (so nothing is lost) and queues it for the console with a ``[pN]`` prefix;
+  first (so nothing is lost) and queues it for the console with a ``[pN]`` prefix
+  (lines two threads of a worker glued together are split back first:
+  ``launcher.lines``);
 * the main thread polls every worker; the first one that exits non-zero, dies
   by a signal, or is lost, is the root cause. Every other worker then gets
   TERM to its process group, ``grace_s`` to exit, then KILL;
@@ -34,9 +36,10 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from launcher import proctl
+from launcher import lines, proctl
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
+from launcher.status import plural
 from worker import contract
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped
@@ -103,7 +106,7 @@ def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float]) -> None:
     """Reader thread: log file first, then the console queue."""
     with open(tracked.plan.log_path, "a", encoding="utf-8", errors="replace") as log:
         try:
-            for line in tracked.worker.lines():
+            for line in lines.unglued(tracked.worker.lines()):  # threads' glued lines split back
                 if not tracked.observe(line, clock()):
                     continue  # a heartbeat: for the watchdog only
                 log.write(line + "\n")
@@ -163,8 +166,9 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                     break
                 if first_failure is not None:
                     first_failure = _root_cause(tracked, output, clock)
+                    others = plural(sum(t.running for t in tracked), "process")
                     console.say(f"{first_failure.plan.label} failed ({first_failure.exit}); "
-                                f"stopping the other {sum(t.running for t in tracked)} processes")
+                                f"stopping the other {others}")
                     break
                 if not any(t.running for t in tracked):
                     break

@@ -1,4 +1,13 @@
-"""``launch tensorboard [RUN_DIR]``: serve a run's TensorBoard on a free port and print its URL.
+"""``launch tensorboard [JOB | RUN_DIR]``: serve TensorBoard on a free port and print its URL.
+
+With a job's name (or nothing: the job of the newest run under ``runs/``)
+every run of that job is served side by side, each under a readable name:
+when it started, and the settings in which it differs from the job's other
+runs (``2026-11-30 10:15:00 optimizer.learning_rate=0.3``). TensorBoard names
+a run by its directory under the logdir, so the names are links in a
+temporary directory, one per run, to the run's ``tensorboard/`` (removed
+when the server stops). A run directory is served alone, under the same
+kind of name; any other directory of event files is served as it is.
 
 TensorBoard is an optional extra (``pip install -e '.[tensorboard]'``);
 the launcher never imports it, it runs ``python -m tensorboard.main`` as a
@@ -11,25 +20,33 @@ import argparse
 import glob
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
-from launcher import proctl
+from launcher import proctl, runs
 from launcher.errors import LaunchError, Problem, SpecError
+from launcher.status import plural
 
 INSTALL = "pip install -e '.[tensorboard]'"  # the extra in pyproject.toml, from a checkout
+NAME_KEYS = 3  # differing settings named in a run's name, at most
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch tensorboard",
-        description="Serve the TensorBoard of a run on a free port and print its URL (Ctrl-C stops it).")
-    parser.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
-                        help="a run directory (its tensorboard/ is served) or any directory of event "
-                             "files, e.g. runs/ to compare runs; default: the newest run under runs/")
+        description="Serve the TensorBoard of every run of a job, or of one run, on a free port and "
+                    "print its URL (Ctrl-C stops it).")
+    parser.add_argument("run_dir", metavar="JOB | RUN_DIR", nargs="?",
+                        help="a job's name (every run of it under runs/, each named by its start "
+                             "time and the settings it differs in), a run directory (that run), or "
+                             "any directory of event files, e.g. runs/ (as it is); default: every "
+                             "run of the newest run's job")
+    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1; 0.0.0.0 serves every interface)")
     parser.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
@@ -46,29 +63,96 @@ def tensorboard_installed() -> bool:
         return False
 
 
-def newest_run(root: str = "runs") -> str | None:
-    """The most recently modified ``runs/<job>/<timestamp>`` directory, or None."""
-    runs = [d for d in glob.glob(os.path.join(root, "*", "*")) if os.path.isdir(d)]
-    return max(runs, key=os.path.getmtime) if runs else None
+def _flat(value, prefix: str = "") -> dict:
+    if isinstance(value, dict):
+        out: dict = {}
+        for key, inner in value.items():
+            out.update(_flat(inner, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: value}
 
 
-def logdir_for(run_dir: str | None) -> str:
-    """The directory TensorBoard should read for ``RUN_DIR`` (absolute).
+def _spec_of(run_dir: str) -> dict:
+    """The run's resolved spec (``spec.yaml``), flattened to dotted keys; {} if unreadable."""
+    import yaml  # the launcher's own dependency; not needed for a plain directory
+
+    try:
+        with open(os.path.join(run_dir, "spec.yaml"), "r", encoding="utf-8") as f:
+            return _flat(yaml.safe_load(f) or {})
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def _safe(text: str) -> str:
+    return text.replace(os.sep, "|").replace("\0", "")
+
+
+def run_names(run_dirs: list) -> dict:
+    """{run dir: a readable, unique name}: its start time and the settings it differs in.
+
+    A setting differs when the runs do not all have the same value for it (a key
+    some runs lack counts); at most ``NAME_KEYS`` are named, in key order.
+    """
+    specs = {d: _spec_of(d) for d in run_dirs}
+    keys = sorted({k for spec in specs.values() for k in spec})
+    differing = [k for k in keys if len({repr(spec.get(k)) for spec in specs.values()}) > 1]
+    names: dict = {}
+    for d in run_dirs:
+        started = runs.read(d).started.replace("T", " ") or os.path.basename(d)
+        settings = " ".join(f"{k}={specs[d].get(k)}" for k in differing[:NAME_KEYS] if k in specs[d])
+        name = _safe(f"{started} {settings}".strip())
+        if name in names.values():
+            name = _safe(f"{name} ({os.path.basename(d)})")
+        names[d] = name
+    return names
+
+
+def served_runs(target: str | None, root: str = "runs") -> tuple:
+    """What to serve for ``JOB | RUN_DIR``: (run dirs to name, or None; a directory, or None; what, in words).
+
+    Returns:
+      ([run dirs], None, words) for a job or a run; (None, directory, words) for any other
+      directory of event files, served as it is.
 
     Raises:
-      SpecError: no run directory given and none under runs/, or it does not exist.
+      SpecError: no such job or directory, or no run under ``root`` at all.
     """
-    if run_dir is None:
-        run_dir = newest_run()
-        if run_dir is None:
-            raise SpecError([Problem("RUN_DIR", None, "", f"no run under {os.path.abspath('runs')}; "
-                                     "pass the run directory `launch` printed")])
-    run_dir = os.path.abspath(run_dir)
-    if not os.path.isdir(run_dir):
-        raise SpecError([Problem("RUN_DIR", None, "", f"{run_dir} is not a directory; pass the run "
-                                 "directory `launch` printed")])
-    events = os.path.join(run_dir, "tensorboard")
-    return events if os.path.isdir(events) else run_dir
+    if target is None:
+        newest = runs.find(root)
+        if not newest:
+            raise SpecError([Problem("JOB", None, "", f"no run under {os.path.abspath(root)}; "
+                                     "pass a job's name or the run directory `launch` printed")])
+        target = newest[0].job
+    elif os.path.isdir(target):
+        path = os.path.abspath(target)
+        if _is_run(path):
+            return [path], None, os.path.join(path, "tensorboard")
+        inner = [d for d in sorted(glob.glob(os.path.join(path, "*"))) if _is_run(d)]
+        if inner:  # runs/<job>: a job's runs
+            return inner, None, f"{plural(len(inner), 'run')} in {path}"
+        return None, path, path
+    found = runs.find(root, target)
+    if not found:
+        others = sorted({r.job for r in runs.find(root)})
+        raise SpecError([Problem("JOB | RUN_DIR", None, "", f"{target!r} is neither a directory nor "
+                                 f"a job with runs under {os.path.abspath(root)}"
+                                 + (f" (jobs with runs: {', '.join(others)})" if others else ""))])
+    dirs = [os.path.abspath(r.run_dir) for r in found]
+    return dirs, None, f"job {target}, {plural(len(dirs), 'run')} in {os.path.abspath(os.path.join(root, target))}"
+
+
+def _is_run(path: str) -> bool:
+    return runs.is_run_dir(path) or os.path.isdir(os.path.join(path, "tensorboard"))
+
+
+def link_runs(run_dirs: list, into: str) -> dict:
+    """One link per run in ``into``, named by ``run_names``, to its ``tensorboard/``; {name: run dir}."""
+    linked = {}
+    for run_dir, name in run_names(run_dirs).items():
+        events = os.path.join(run_dir, "tensorboard")
+        os.symlink(events if os.path.isdir(events) else run_dir, os.path.join(into, name))
+        linked[name] = run_dir
+    return linked
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -94,10 +178,22 @@ def main(argv: list[str]) -> int:
       LaunchError: TensorBoard is not installed, or did not start (exit 1).
     """
     args = _parser().parse_args(argv)
-    logdir = logdir_for(args.run_dir)
+    run_dirs, logdir, what = served_runs(args.run_dir, args.root)
     if not tensorboard_installed():
         raise LaunchError(f"TensorBoard is not installed in {sys.executable}; install it with: "
                           f"{INSTALL}  (or: pip install tensorboard)")
+    links = None
+    if run_dirs is not None:
+        links = logdir = tempfile.mkdtemp(prefix="podlaunch-tensorboard-")
+        link_runs(run_dirs, links)
+    try:
+        return _serve(args, logdir, what)
+    finally:
+        if links is not None:
+            shutil.rmtree(links, ignore_errors=True)  # the links, never what they point to
+
+
+def _serve(args, logdir: str, what: str) -> int:
     port = args.port or proctl.free_port(args.host)
     shown_host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     url = f"http://{shown_host}:{port}/"
@@ -113,7 +209,7 @@ def main(argv: list[str]) -> int:
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         _wait_ready(f"http://{args.host}:{port}/", proc, args.startup_timeout_s)
-        print(f"podlaunch: TensorBoard of {logdir} at {url} (Ctrl-C stops it)", flush=True)
+        print(f"podlaunch: TensorBoard of {what} at {url} (Ctrl-C stops it)", flush=True)
         return 0 if proc.wait() == 0 else 1
     except KeyboardInterrupt:
         return 0

@@ -48,7 +48,7 @@ def _reference(x, y, batches):
 
 @pytest.mark.parametrize("last_batch, batches, said", [
     ("drop", [list(range(0, 8))],
-     "data: 12 rows, global_batch_size 8: 1 batches per epoch use 8 rows; the last 4 rows are never used"),
+     "data: 12 rows, global_batch_size 8: 1 batch per epoch uses 8 rows; the last 4 rows are never used"),
     ("pad", [list(range(0, 8)), list(range(8, 12)) + list(range(0, 4))],
      "data: 12 rows, global_batch_size 8: 2 batches per epoch; the last one's 4 rows are padded with 4"),
 ])

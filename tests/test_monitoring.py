@@ -92,11 +92,14 @@ def test_status_line_names_the_process_with_the_largest_own_step_time():
     tracked = [_tracked(0, lines=[_progress(40, 0.002)]),
                _tracked(1, "host-b", [_progress(40, 0.049)]),
                _tracked(2, lines=[_progress(40, 0.001)], state=State.SUCCEEDED)]
-    assert status_text(tracked) == ("2/3 running | step 40/100 | 20.0 steps/s | "
+    # 60 steps left at 50 ms a step: ETA 3 s
+    assert status_text(tracked) == ("2/3 running | step 40/100 | ETA 3.0s | loss 0.5 | 20.0 steps/s | "
                                     "slowest p1 host-b (own 49 ms/step; median 25.5)")
     tracked.append(_tracked(3))  # running, nothing logged yet: it is the slowest
     assert status_text(tracked).endswith("slowest p3 (no step logged yet)")
     assert status_text([_tracked(0)]) == "1/1 running | waiting for the first logged step"
+    assert status_text([_tracked(0)], elapsed_s=75) == \
+        "1/1 running | elapsed 1m15s | waiting for the first logged step"
 
 
 def test_status_line_redraws_in_place_on_a_terminal_and_prints_plain_lines_otherwise():
@@ -327,7 +330,9 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
         assert match and match.group(1) == str(run_dir / "tensorboard"), line
         with urllib.request.urlopen(match.group(2) + "data/plugin/scalars/tags", timeout=30) as reply:
             tags = json.load(reply)
-        assert "loss" in tags["."]
+        (name,) = tags  # one run, under a readable name (when it started), not "."
+        assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$", name), tags
+        assert "loss" in tags[name]
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

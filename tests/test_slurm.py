@@ -158,7 +158,8 @@ def local_params(tmp_path_factory):
 @pytest.mark.parametrize("mode", ["submit", "allocation"])
 def test_three_nodes_train_to_the_local_params(slurm, cluster_file, tmp_path, local_params, mode):
     run_dir = tmp_path / "run"
-    args = ["jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *SHORT]
+    args = ["jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *SHORT,
+            "--show", "all"]  # p1's lines on the console too
     # allocation: launch runs inside salloc, which sets SLURM_JOB_ID and many SLURM_* more
     prefix = ["salloc", "-N3", "--quiet"] if mode == "allocation" else []
     result = run(slurm, *args, prefix=prefix)
@@ -175,7 +176,8 @@ def test_three_nodes_train_to_the_local_params(slurm, cluster_file, tmp_path, lo
 # ---- failures and interrupts ---------------------------------------------------------
 def test_kill_9_of_one_task_fails_fast_naming_it(slurm, cluster_file, tmp_path):
     run_dir = tmp_path / "run"
-    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *LONG)
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *LONG,
+                 "--show", "all")
     lines: list = []
     read_until(proc, r"^\[p1 n2\] step \d+/", lines)
     victims = [p for p in pids_with_env("PODLAUNCH_PROCESS_ID", "1") if p in run_pids(str(run_dir))

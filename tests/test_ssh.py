@@ -7,6 +7,7 @@ table as the processes whose PODLAUNCH_RUN_DIR is host i's remote run dir.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shlex
@@ -86,17 +87,18 @@ def survivors(path, run_dir, timeout_s=15.0) -> dict:
         time.sleep(0.1)
 
 
-def wait_for(proc, pattern: str, count: int, timeout_s: float = 90) -> str:
-    """Read the launcher's output until ``pattern`` matched ``count`` lines."""
-    seen, out = 0, []
+def wait_in_logs(run_dir, pattern: str, count: int, timeout_s: float = 90) -> None:
+    """Wait until ``pattern`` matched ``count`` lines of the run's process logs (library
+    noise such as gloo's "connected" lines reaches the logs only, not the console)."""
     deadline = time.monotonic() + timeout_s
+    seen = 0
     while seen < count:
-        assert time.monotonic() < deadline, "".join(out)
-        line = proc.stdout.readline()
-        assert line, "launcher ended early:\n" + "".join(out)
-        out.append(line)
-        seen += bool(re.search(pattern, line))
-    return "".join(out)
+        assert time.monotonic() < deadline, f"{seen} of {count} lines matching {pattern!r}"
+        time.sleep(0.1)
+        seen = 0
+        for log in glob.glob(os.path.join(str(run_dir), "logs", "process-*.log")):
+            with open(log, encoding="utf-8", errors="replace") as f:
+                seen += sum(bool(re.search(pattern, line)) for line in f)
 
 
 # ---- no sshd needed ----------------------------------------------------------
@@ -269,7 +271,7 @@ def _params(run_dir) -> dict:
 def test_four_hosts_match_single_host_debug_mode(tmp_path, hosts):
     ssh_dir, local_dir = tmp_path / "ssh-run", tmp_path / "local-run"
     result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *SHORT,
-                    "--run-dir", str(ssh_dir))
+                    "--run-dir", str(ssh_dir), "--show", "all")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     for i, host in enumerate(hosts.hosts):
@@ -343,7 +345,7 @@ def test_env_values_arrive_unchanged(tmp_path, hosts):
     result = launch("jobs/linear.yaml", "--cluster", cluster, "--set", "train.num_steps=2",
                     "--set", "task.name=ssh_task:record_env",
                     "--set", f"task.args.names={list(values)}", "--set", f"task.args.out_dir={out_dir}",
-                    "--run-dir", str(tmp_path / "run"))
+                    "--run-dir", str(tmp_path / "run"), "--show", "all")
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"^\[p3 127\.0\.0\.3\] done", result.stdout, re.M)
     for process_id in range(4):
@@ -389,7 +391,7 @@ def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
                         "--run-dir", str(run_dir))
     stopped = []
     try:
-        wait_for(proc, r"\[Gloo\] Rank \d is connected", 4)
+        wait_in_logs(run_dir, r"\[Gloo\] Rank \d is connected", 4)
         table = sshenv.proc_table()
         stopped = [p for p in sshenv._descendants(hosts._procs[1].pid) if table[p][1] == "sshd"]
         assert stopped
@@ -412,7 +414,7 @@ def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
     proc = start_launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *LONG,
                         "--run-dir", str(run_dir))
     try:
-        wait_for(proc, r"\[Gloo\] Rank \d is connected", 4)
+        wait_in_logs(run_dir, r"\[Gloo\] Rank \d is connected", 4)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -453,7 +455,7 @@ def test_sigkilled_launcher_leaves_recorded_survivors_for_the_next_launch(tmp_pa
     first = tmp_path / "first"
     proc = start_launch("jobs/linear.yaml", "--cluster", cluster, *LONG, "--run-dir", str(first))
     try:
-        wait_for(proc, r"\[Gloo\] Rank \d is connected", 4)
+        wait_in_logs(first, r"\[Gloo\] Rank \d is connected", 4)
         proc.kill()
         proc.wait(10)
     finally:

@@ -361,7 +361,7 @@ def test_max_restarts_bounds_the_attempts_and_the_backoff_doubles(tmp_path, monk
                           "end_attempt", "plan(restart=True)", "start"]
     assert attempts[-1].verdict.endswith("; no restarts left")
     assert "not retrying: restarts.max_restarts is 2 and 2 used" in r.out.getvalue()
-    assert "attempts: 3 (2 restart(s))" in restarts.attempts_table(attempts)
+    assert "attempts: 3 (2 restarts)" in restarts.attempts_table(attempts)
 
 
 def test_an_exit_code_listed_for_retry_is_retried(tmp_path, monkeypatch):

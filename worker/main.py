@@ -133,9 +133,11 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     params, opt_state = replicate(params), replicate(opt_state)
     step_fn = make_train_step(task.loss_fn, optimizer, with_metrics=True)
     xs, ys = place(shard.x), place(shard.y)
-    out(f"process {process_id}: {shard.num_batches} batches of "
-        f"{list(shard.x.shape[1:])} x, {list(shard.y.shape[1:])} y on {jax.local_device_count()} "
-        f"{jax.devices()[0].platform} devices")
+    batches = f"{shard.num_batches} batch" + ("" if shard.num_batches == 1 else "es")
+    devices = f"{jax.local_device_count()} {jax.devices()[0].platform} device" + (
+        "" if jax.local_device_count() == 1 else "s")
+    out(f"process {process_id}: {batches} of {list(shard.x.shape[1:])} x, "
+        f"{list(shard.y.shape[1:])} y on {devices}")
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
     step, logger = 0, None

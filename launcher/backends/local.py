@@ -27,6 +27,7 @@ from launcher.schema import non_negative, port_or_zero, setting
 from launcher.remote import wrapper
 from launcher.state import Exit
 from worker import contract
+from launcher.status import plural
 
 HOST = "127.0.0.1"
 
@@ -181,8 +182,9 @@ class LocalSession(Session):
         return (placement,), f"{HOST}:{coordinator_port(job)}"
 
     def describe_start(self, plan: Plan) -> str:
-        return (f"starting {plan.num_processes} processes x {plan.job.local_device_count} CPU "
-                f"devices (single-host debug mode), coordinator {plan.coordinator_address}")
+        devices = plural(plan.job.local_device_count, "CPU device")
+        return (f"starting {plural(plan.num_processes, 'process')} x {devices} "
+                f"(single-host debug mode), coordinator {plan.coordinator_address}")
 
     def start(self, plan: Plan) -> list:
         return start_all(plan, self.job.cluster.grace_s)

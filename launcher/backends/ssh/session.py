@@ -22,6 +22,7 @@ from launcher.backends.ssh import hosts as hostlib
 from launcher.backends.ssh import preflight as checks
 from launcher.backends.ssh.settings import SshHost, SshSettings
 from launcher.backends.ssh.workers import start_all
+from launcher.status import plural
 
 
 def placements(job, settings: SshSettings, hosts: Sequence, run_dir: str,
@@ -156,9 +157,9 @@ class SshSession(Session):
 
     def describe_start(self, plan: planning.Plan) -> str:
         job = plan.job
-        return (f"starting {plan.num_processes} processes x {job.local_device_count} "
-                f"{job.cluster.platform} devices on {len(plan.placements)} hosts over ssh, "
-                f"coordinator {plan.coordinator_address}")
+        devices = plural(job.local_device_count, f"{job.cluster.platform} device")
+        return (f"starting {plural(plan.num_processes, 'process')} x {devices} on "
+                f"{plural(len(plan.placements), 'host')} over ssh, coordinator {plan.coordinator_address}")
 
     def start(self, plan: planning.Plan) -> list:
         return self.ssh.start(plan)

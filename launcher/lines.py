@@ -1,0 +1,131 @@
+"""What a worker's output line is, for the console: library noise, routine, or worth showing.
+
+Every line a worker prints goes to its log file; this module only decides
+what reaches the console (``launcher.console``). Three kinds:
+
+* **noise** (``NOISE``, the one list of it): start-up chatter of JAX, XLA
+  and gloo that says nothing a user can act on, e.g. ``[Gloo] Rank 1 is
+  connected to 3 peer ranks ...``. Logs only, whatever ``--show`` says.
+* **notable** (``Attention``): warnings, errors, tracebacks, a worker's own
+  failure report: shown from every process, even one ``--show`` leaves out.
+* everything else is **routine** (progress, "joined", "done"): shown only
+  for the processes ``--show`` names (process 0 by default).
+
+Threads of one worker that write without a newline between them glue their
+lines together (``[Gloo] Rank 1[Gloo] Rank 0 is connected ...`` and then
+`` is connected ...``). ``unglued`` splits such lines back at the places
+where a known noise line starts, and cuts out whole noise lines found
+inside another, so no piece is shown under another line's prefix. It runs
+before the launcher parses a line, so a progress line glued behind noise
+still counts.
+
+Stdlib only (``re``): the launcher imports this before anything heavy.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Iterator, NamedTuple
+
+
+class Noise(NamedTuple):
+    """One kind of library chatter.
+
+    Attributes:
+      name: what it is, for people.
+      pattern: the line, or a piece of it, as it appears (matched anywhere in a line).
+      starts: the text such a line starts with, where a glued line is split.
+    """
+
+    name: str
+    pattern: str
+    starts: str | None = None
+
+
+# The one list of library noise: add a kind here (and a case to tests/test_console.py).
+NOISE = (
+    # gloo (JAX's CPU collectives) as every process joins the first collective
+    Noise("gloo connected", r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks?\. "
+                            r"Expected number of connected peer ranks is : \d+", "[Gloo] "),
+    # the pieces two threads leave when they write that line at once
+    Noise("gloo piece", r"\[Gloo\] Rank \d+\s*$", "[Gloo] "),
+    Noise("gloo piece", r"^\s*is connected to \d+ peer ranks?\. "
+                        r"Expected number of connected peer ranks is : \d+"),
+    # absl's note before its logging is set up (XLA, the coordination service)
+    Noise("absl preamble", r"WARNING: All log messages before absl::InitializeLog\(\) is called "
+                           r"are written to STDERR"),
+    # XLA/TSL C++ INFO lines (glog format: I0000 00:00:1712345678.901234  1234 file.cc:12] ...);
+    # their W and E lines are not noise
+    Noise("xla info", r"^I\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [\w.\-/]+:\d+\] .*"),
+)
+
+_NOISE_RE = re.compile("|".join(f"(?:{n.pattern})" for n in NOISE))
+_STARTS = tuple(sorted({n.starts for n in NOISE if n.starts}))
+_SPLIT_RE = re.compile("(?=" + "|".join(re.escape(s) for s in _STARTS) + ")") if _STARTS else None
+
+
+def is_noise(line: str) -> bool:
+    """Whether ``line`` (already unglued) is library noise: for the logs only."""
+    match = _NOISE_RE.search(line)
+    return match is not None and not (line[:match.start()] + line[match.end():]).strip()
+
+
+def split_glued(line: str) -> list:
+    """``line`` split back into the lines two threads wrote into it (usually ``[line]``).
+
+    Whole noise lines found inside it are cut out as lines of their own, and
+    the rest is split where a noise line starts; empty pieces are dropped
+    (a line that was empty stays ``[""]``).
+    """
+    if not line or (_NOISE_RE.search(line) is None and not any(s in line[1:] for s in _STARTS)):
+        return [line]
+    pieces: list = []
+    at = 0
+    for match in _NOISE_RE.finditer(line):
+        if match.start() == match.end():
+            continue
+        pieces.append(line[at:match.start()])
+        pieces.append(line[match.start():match.end()])
+        at = match.end()
+    pieces.append(line[at:])
+    out: list = []
+    for piece in pieces:
+        parts = _SPLIT_RE.split(piece) if _SPLIT_RE is not None and not is_noise(piece) else [piece]
+        out += [p for p in parts if p.strip()]
+    return out or [line]
+
+
+def unglued(lines: Iterable[str]) -> Iterator[str]:
+    """``split_glued`` over a stream of lines (a worker's output)."""
+    for line in lines:
+        yield from split_glued(line)
+
+
+_NOTABLE_RE = re.compile(
+    r"warn|error|exception|traceback|fatal|fail|abort|panic|killed|segmentation fault"
+    r"|out of memory|\boom\b|check failed|\bnan\b|\binf\b", re.IGNORECASE)
+_GLOG_PROBLEM_RE = re.compile(r"^[WEF]\d{4} \d\d:\d\d:\d\d")  # glog WARNING, ERROR, FATAL
+_WORKER_REPORT = ("worker: ",)  # the worker's own report of a problem (worker/main.py)
+
+
+class Attention:
+    """Decides, line by line for one process, which lines are notable.
+
+    Stateful for tracebacks: after ``Traceback (most recent call last):``
+    every indented line is notable, up to and including the exception line.
+    """
+
+    def __init__(self):
+        self.in_traceback = False
+
+    def __call__(self, line: str) -> bool:
+        if line.startswith("Traceback (most recent call last)"):
+            self.in_traceback = True
+            return True
+        if self.in_traceback:
+            if line[:1].isspace():
+                return True
+            self.in_traceback = False  # the exception line ends it
+            return True
+        return bool(_NOTABLE_RE.search(line) or _GLOG_PROBLEM_RE.match(line)
+                    or line.startswith(_WORKER_REPORT))

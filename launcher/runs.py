@@ -1,0 +1,269 @@
+"""Past runs: each run directory's ``run.json``, and ``launch runs [JOB]``, a table of them.
+
+``launch`` writes ``<run dir>/run.json`` when the workers are about to start
+(state ``running``) and again when the run ends, however it ends (Ctrl-C
+included); ``--resume`` updates the same file. Its keys::
+
+    job          the job's name
+    started      when the run directory's first launch started (local time, ISO 8601)
+    state        running, succeeded, failed or interrupted
+    attempts     attempts made in this run directory (restarts and resumes included)
+    step         the furthest step reached, or null
+    num_steps    the steps the job asks for
+    final_loss   the last loss logged, or null
+    duration_s   seconds the launcher ran, over every launch of this run directory
+    launcher     {"pid", "host"} of the launch that is running or ran last
+
+A run still ``running`` whose launcher is gone (killed with SIGKILL, a
+machine that rebooted) is listed as ``unfinished``. Run directories from
+before ``run.json`` existed are listed from what they hold (the job from
+the directory name, steps and loss from ``tensorboard/metrics.jsonl``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import socket
+import time
+
+from launcher.errors import Problem, SpecError
+from launcher.status import duration
+
+RUN_FILE = "run.json"
+STAMP = "%Y%m%d-%H%M%S-%f"  # the default run directory's name, as cli._run_dir makes it
+
+
+def _read(path: str) -> dict | None:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _write(run_dir: str, data: dict) -> None:
+    path = os.path.join(run_dir, RUN_FILE)
+    partial = path + ".partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(partial, path)  # a reader never sees half a file
+
+
+class Record:
+    """This launch's entry in ``<run dir>/run.json``: ``start`` it, then ``end`` it once.
+
+    Args:
+      run_dir: the run directory (it exists).
+      job: the job's name.
+      num_steps: the steps the job asks for.
+      clock: seconds, monotonic (the launch's duration).
+    """
+
+    def __init__(self, run_dir: str, job: str, num_steps: int, clock=time.monotonic):
+        self.run_dir, self.clock = run_dir, clock
+        earlier = _read(os.path.join(run_dir, RUN_FILE)) or {}
+        self.data = {
+            "job": job,
+            "started": earlier.get("started") or datetime.datetime.now().isoformat(timespec="seconds"),
+            "state": "running",
+            "attempts": earlier.get("attempts") or 0,
+            "step": earlier.get("step"),
+            "num_steps": num_steps,
+            "final_loss": earlier.get("final_loss"),
+            "duration_s": float(earlier.get("duration_s") or 0.0),
+            "launcher": {"pid": os.getpid(), "host": socket.gethostname(),
+                         "since": _start_ticks(os.getpid())},
+        }
+        self._before_s = self.data["duration_s"]
+        self._launched = clock()
+
+    def start(self) -> None:
+        _write(self.run_dir, self.data)
+
+    def end(self, state: str, result=None, attempts: list = (), made: int | None = None) -> None:
+        """The run ended: ``state``, and what the last attempt's ``state.Result`` reached.
+
+        Args:
+          state: succeeded, failed or interrupted.
+          result: the last attempt's Result, if there is one.
+          attempts: every ``restarts.Attempt`` of this launch.
+          made: attempts made in the run directory so far, when ``attempts`` is not known
+            (the launch ended by an exception).
+        """
+        data = self.data
+        data["state"] = state
+        if attempts:
+            data["attempts"] = attempts[-1].number + 1
+        elif made is not None:
+            data["attempts"] = made
+        if result is not None:
+            reported = [t.stats.progress for t in result.processes if t.stats.progress is not None]
+            if reported:
+                furthest = max(reported, key=lambda p: p.step)
+                data["step"], data["final_loss"] = furthest.step, _finite(furthest.loss)
+        data["duration_s"] = round(self._before_s + self.clock() - self._launched, 3)
+        try:
+            _write(self.run_dir, data)
+        except OSError:
+            pass  # the run's outcome is printed anyway; the table then shows it unfinished
+
+
+def _finite(value: float) -> float | None:
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+@dataclasses.dataclass
+class PastRun:
+    job: str
+    started: str          # ISO 8601, or "" when unknown
+    state: str
+    attempts: int | None
+    step: int | None
+    num_steps: int | None
+    final_loss: float | None
+    duration_s: float | None
+    run_dir: str
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/PID/stat``), or None if it is gone:
+    with the pid, it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _launcher_alive(launcher) -> bool:
+    """Whether the launch that wrote ``launcher`` ({"pid", "host", "since"}) still runs (as far
+    as this machine can tell: one on another host is taken to run)."""
+    if not isinstance(launcher, dict) or not isinstance(launcher.get("pid"), int):
+        return False
+    if launcher.get("host") != socket.gethostname():
+        return True
+    since = _start_ticks(launcher["pid"])
+    return since is not None and since == launcher.get("since")
+
+
+def _last_metrics(run_dir: str) -> dict:
+    """The last record of ``tensorboard/metrics.jsonl``, or {}."""
+    path = os.path.join(run_dir, "tensorboard", "metrics.jsonl")
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - 65536, 0))
+            tail = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return {}
+    for line in reversed(tail):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            return record
+    return {}
+
+
+def read(run_dir: str) -> PastRun:
+    """What is known of the run in ``run_dir``: its ``run.json``, else what its files say."""
+    data = _read(os.path.join(run_dir, RUN_FILE))
+    if data is not None:
+        state = str(data.get("state") or "-")
+        if state == "running" and not _launcher_alive(data.get("launcher")):
+            state = "unfinished"
+        return PastRun(str(data.get("job") or os.path.basename(os.path.dirname(run_dir))),
+                       str(data.get("started") or ""), state, data.get("attempts"),
+                       data.get("step"), data.get("num_steps"), data.get("final_loss"),
+                       data.get("duration_s"), run_dir)
+    try:  # a run directory from before run.json
+        started = datetime.datetime.strptime(os.path.basename(run_dir), STAMP).isoformat(timespec="seconds")
+    except ValueError:
+        started = datetime.datetime.fromtimestamp(os.path.getmtime(run_dir)).isoformat(timespec="seconds")
+    last = _last_metrics(run_dir)
+    return PastRun(os.path.basename(os.path.dirname(run_dir)), started, "-", None,
+                   last.get("step"), None, last.get("loss"), None, run_dir)
+
+
+def is_run_dir(path: str) -> bool:
+    """Whether ``path`` holds a run (what ``launch`` writes before any worker starts)."""
+    return os.path.isfile(os.path.join(path, "spec.yaml")) or os.path.isfile(os.path.join(path, RUN_FILE))
+
+
+def find(root: str = "runs", job: str | None = None) -> list:
+    """Every run under ``root`` (``root/<job>/<run>``), of ``job`` only if given, newest first."""
+    found = []
+    try:
+        jobs = [job] if job is not None else sorted(os.listdir(root))
+    except OSError:
+        return []
+    for name in jobs:
+        try:
+            entries = os.listdir(os.path.join(root, name))
+        except OSError:
+            continue
+        for entry in entries:
+            path = os.path.join(root, name, entry)
+            if os.path.isdir(path) and is_run_dir(path):
+                found.append(read(path))
+    return sorted(found, key=lambda r: (r.started, r.run_dir), reverse=True)
+
+
+def _shown_path(path: str) -> str:
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def table(found: list) -> str:
+    """The runs as an aligned table, one row each, in the order given."""
+    header = ("job", "started", "state", "attempts", "steps", "final loss", "duration", "run dir")
+    rows = []
+    for r in found:
+        steps = "-" if r.step is None else str(r.step) + ("" if r.num_steps is None else f"/{r.num_steps}")
+        rows.append((r.job, r.started.replace("T", " ") or "-", r.state,
+                     "-" if r.attempts is None else str(r.attempts), steps,
+                     "-" if r.final_loss is None else f"{r.final_loss:.6g}",
+                     "-" if r.duration_s is None else duration(r.duration_s), _shown_path(r.run_dir)))
+    widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
+    numeric = (3, 4)
+    return "\n".join("  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
+                               for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+                     for row in [header] + rows)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="launch runs",
+        description="List past runs (job, started, state, attempts, steps, final loss, duration, "
+                    "run dir), newest first.")
+    parser.add_argument("job", metavar="JOB", nargs="?", help="only this job's runs (its name)")
+    parser.add_argument("--root", default="runs",
+                        help="where runs are (default runs/, as launch makes them: runs/<job>/<time>)")
+    return parser
+
+
+def main(argv: list) -> int:
+    """Print the table; returns the exit code.
+
+    Raises:
+      SpecError: JOB has no runs under the root (exit 2), naming the jobs that do.
+    """
+    args = _parser().parse_args(argv)
+    found = find(args.root, args.job)
+    if not found:
+        root = os.path.abspath(args.root)
+        if args.job is None:
+            print(f"launch runs: no runs under {root} yet; `launch JOB.yaml` starts one")
+            return 0
+        others = sorted(r.job for r in {r.job: r for r in find(args.root)}.values())
+        raise SpecError([Problem("JOB", None, "", f"no runs of job {args.job!r} under {root}"
+                                 + (f"; jobs with runs: {', '.join(others)}" if others else ""))])
+    print(table(found))
+    return 0
