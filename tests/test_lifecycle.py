@@ -47,7 +47,7 @@ def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_pa
     fail with EIO)."""
     run_dir = tmp_path / "run"
     master, slave = os.openpty()
-    proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), *LONG],
+    proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir), *LONG],
                             cwd=REPO, env=env_for_tests(), stdin=slave, stdout=slave, stderr=slave,
                             start_new_session=True, preexec_fn=_controlling_tty)
     os.close(slave)
@@ -74,7 +74,7 @@ def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_pa
 def test_nohup_keeps_sighup_ignored(tmp_path):
     """``nohup launch ...``: SIGHUP was set to be ignored, and stays so."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(["nohup"] + LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir),
+    proc = subprocess.Popen(["nohup"] + LAUNCH + ["jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir),
                                                   *LONG],
                             cwd=REPO, env=env_for_tests(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
@@ -97,7 +97,7 @@ def test_a_closed_stdout_never_ends_supervision(tmp_path):
     """Kind 4: ``launch job.yaml | head -5``: no traceback, the run goes on to its end,
     the summary lands in the run directory's launcher.log, nothing is left running."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir),
+    proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir),
                                       "--set", "train.num_steps=40",
                                       "--set", "logging.log_every_steps=1"],
                             cwd=REPO, env=env_for_tests(), stdout=subprocess.PIPE,
@@ -124,7 +124,7 @@ def test_an_early_exit_0_while_peers_run_is_the_first_failure(tmp_path):
     run_dir = tmp_path / "run"
     started = time.monotonic()
     result = subprocess.run(
-        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=4",
+        LAUNCH + ["jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir), "--set", "cluster.num_processes=4",
                   "--set", "cluster.devices_per_process=1", "--set", "train.num_steps=100000",
                   "--set", "logging.log_every_steps=1", "--set", "task.name=faulty_task:make",
                   "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=1",
@@ -150,7 +150,7 @@ def test_a_proxy_in_the_environment_does_not_carry_coordinator_traffic(tmp_path)
     run_dir = tmp_path / "run"
     proxy = "http://127.0.0.1:9"  # the discard port: nothing listens
     result = subprocess.run(
-        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=5",
+        LAUNCH + ["jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir), "--set", "train.num_steps=5",
                   "--set", "distributed.initialization_timeout_s=20"],
         cwd=REPO, env=_launch_env(http_proxy=proxy, https_proxy=proxy, HTTPS_PROXY=proxy,
                                   grpc_proxy=proxy, no_proxy="example.com"),
@@ -171,7 +171,7 @@ def test_a_process_that_cannot_join_is_an_init_failure_not_a_preemption(tmp_path
     env = _launch_env()
     env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
     result = subprocess.run(
-        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=5",
+        LAUNCH + ["jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir), "--set", "train.num_steps=5",
                   "--set", "distributed.initialization_timeout_s=3", "--set", "restarts.max_restarts=2"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = result.stdout
@@ -201,7 +201,7 @@ def test_helpers_a_worker_started_die_with_it_even_after_the_launcher_is_sigkill
     """Kind 5: each worker starts ``sleep 1234`` twice (one left its process group); the
     launcher is SIGKILLed: nothing of the run, helpers included, outlives it."""
     run_dir = tmp_path / "run"
-    proc = start_launch("jobs/linear.yaml", "--run-dir", str(run_dir), *LONG,
+    proc = start_launch("jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir), *LONG,
                         "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true")
     try:
         seen = 0
@@ -223,7 +223,7 @@ def test_helpers_a_worker_started_die_with_it_even_after_the_launcher_is_sigkill
 def test_helpers_die_when_a_worker_fails_and_the_run_is_torn_down(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=100000",
+        LAUNCH + ["jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir), "--set", "train.num_steps=100000",
                   "--set", "cluster.devices_per_process=1", "--set", "logging.log_every_steps=1",
                   "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true",
                   "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=1"],

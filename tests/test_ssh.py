@@ -377,7 +377,7 @@ def test_helpers_that_left_the_workers_group_die_on_every_host(tmp_path, hosts):
                     "--set", "train.num_steps=200", "--set", "logging.log_every_steps=1",
                     "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true",
                     "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=2",
-                    "--run-dir", str(run_dir))
+                    "--run-dir", str(run_dir), "--show", "all")
     assert result.returncode == 1, result.stdout + result.stderr
     assert len(re.findall(r"^\[p\d 127\.0\.0\.\d\] faulty_task: started 2 helpers", result.stdout,
                           re.M)) == NUM_HOSTS, result.stdout
