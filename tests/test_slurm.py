@@ -16,13 +16,14 @@ import time
 import numpy as np
 import pytest
 
+import sshenv
 from helpers import LAUNCH, REPO, env_for_tests, launch, pids_with_env, run_pids, wait_gone
 from slurmenv import SlurmTestEnv, available
 
 pytestmark = pytest.mark.slow
 
 if os.environ.get("PODLAUNCH_SKIP_SLURM") == "1":
-    pytest.skip("PODLAUNCH_SKIP_SLURM=1", allow_module_level=True)
+    pytest.skip(sshenv.UNAVAILABLE + "PODLAUNCH_SKIP_SLURM=1", allow_module_level=True)
 
 SHORT = ("--set", "train.num_steps=30", "--set", "train.global_batch_size=255",
          "--set", "logging.tensorboard=false")
