@@ -3,10 +3,13 @@
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from helpers import env_for_tests, launch
 from launcher import restarts
 from launcher import spec as specs
 from launcher.errors import SpecError
@@ -115,9 +118,6 @@ KILL_TEMPLATE = [np.zeros((64, 64), np.float32), np.zeros((1,), np.float32), np.
 
 
 def _write_in_a_process_killed_at(ckpt_dir: str, point: str, step: int):
-    import subprocess
-    import sys
-    from helpers import env_for_tests
     return subprocess.run([sys.executable, "-c", _KILLED_WRITER, ckpt_dir, point, str(step)],
                           env=env_for_tests(), capture_output=True, text=True, timeout=60)
 
@@ -215,6 +215,17 @@ def test_exit_1_is_retried_when_listed_and_backoff_doubles():
     policy = specs.RestartSpec(retry_exit_codes=(1,), backoff_s=1.5)
     assert restarts.classify(failed(Exit(code=1)), policy)[0]
     assert [restarts.backoff_s(policy, n) for n in (1, 2, 3)] == [1.5, 3.0, 6.0]
+
+
+# starts only the launcher, which refuses before anything runs (not slow)
+def test_resume_refuses_what_is_not_a_run_of_this_job(tmp_path):
+    result = launch("jobs/linear.yaml", "--resume", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--resume: {tmp_path} is not a run directory" in result.stderr
+    (tmp_path / "spec.yaml").write_text("name: other\n")
+    result = launch("jobs/linear.yaml", "--resume", str(tmp_path))
+    assert result.returncode == 2
+    assert f"--resume: {tmp_path} holds a run of job 'other', not 'linear'" in result.stderr
 
 
 def test_attempt_logs_and_numbering(tmp_path):

@@ -201,6 +201,7 @@ def hosts(tmp_path_factory):
         yield e
 
 
+@pytest.mark.slow  # starts sshd
 def test_dry_run_shows_discovered_hosts_ids_and_megascale(tmp_path, hosts):
     install_two_slices(tmp_path / "bin")
     result = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster",
@@ -248,6 +249,7 @@ def _holder(tmp_path, held: str, env: dict) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # starts sshd
 def test_stale_holders_ours_always_others_only_when_asked(tmp_path, hosts, monkeypatch):
     install_two_slices(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
