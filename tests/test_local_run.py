@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, TESTS, event_files, launch, read_scalars, run_pids, start_launch, wait_gone
+from helpers import (REPO, TESTS, event_files, launch, launched, read_scalars, run_pids, start_launch,
+                     wait_gone)
 
 pytestmark = pytest.mark.slow
 
@@ -182,3 +183,73 @@ def test_diabetes_job_reaches_the_least_squares_optimum(tmp_path):
     assert optimum <= final <= optimum * 1.01, (final, optimum)
     logged = read_scalars(str(run_dir / "tensorboard"))["loss"]
     assert logged[-1][0] == 500 and logged[-1][1] <= optimum * 1.01
+
+
+# ---- promises a real run keeps (issue 18, item 5) ------------------------------------------
+QUIET_LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=20",
+              "--set", "logging.tensorboard=false", "--set", "checkpoint.every_steps=0")
+
+
+def test_a_sigkilled_launcher_takes_its_local_workers_with_it(tmp_path):
+    # SIGKILL cannot be caught: only PR_SET_PDEATHSIG (set on each worker) ends them. The run is
+    # silent after joining (no progress lines, heartbeats or checkpoints), so no worker dies of a
+    # broken pipe instead: survivors would train on unseen.
+    run_dir = tmp_path / "run"
+    with launched("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
+                  "--set", "logging.log_every_steps=1000000", "--set", "watchdog.stall_timeout_s=null") as out:
+        out.wait_for(r"\[Gloo\] Rank \d is connected", 120, count=2)
+        assert len(run_pids(str(run_dir))) == 2, out.text
+        out.proc.kill()
+        out.proc.wait(10)
+    assert not wait_gone(str(run_dir), 15.0)
+
+
+def test_the_stall_watchdog_ends_a_live_hang(tmp_path):
+    # process 1 is alive and sleeping (no SIGSTOP): only the missing progress shows it
+    run_dir = tmp_path / "run"
+    with launched("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
+                  "--set", "logging.log_every_steps=1", "--set", "watchdog.stall_timeout_s=4",
+                  "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=5",
+                  "--set", "task.args.crash_process_id=1", "--set", "task.args.mode=stall") as out:
+        out.wait_for("faulty_task: injecting stall at step 5", 120)
+        code, text = out.finish(90)
+    assert code == 1, text
+    assert re.search(r"p1 stalled: no step progress for \d+\.\d s \(stall_timeout_s 4\); ", text), text
+    assert "stopped, e.g. by SIGSTOP" not in text
+    assert re.search(r"^FAILED: process_id 1 on localhost \(stalled", text, re.M), text[-3000:]
+    assert not wait_gone(str(run_dir), 5.0)
+
+
+def test_the_first_step_timeout_ends_a_run_that_never_steps(tmp_path):
+    # the task hangs while it is being made, before any step: only first_step_timeout_s applies
+    (tmp_path / "hang_task.py").write_text("import time\n\ndef make():\n    time.sleep(3600)\n")
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
+                    "--set", f"cluster.env.PYTHONPATH={tmp_path}{os.pathsep}{REPO}",
+                    "--set", "task.name=hang_task:make", "--set", "watchdog.stall_timeout_s=null",
+                    "--set", "watchdog.first_step_timeout_s=6", timeout_s=90)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    assert re.search(r"stalled: no first step after \d+\.\d s \(first_step_timeout_s 6\); last step seen "
+                     r"of every process: p0 none, p1 none", result.stdout), result.stdout[-3000:]
+    assert not wait_gone(str(run_dir), 5.0)
+
+
+def test_initialization_timeout_ends_a_run_whose_peer_never_joins(tmp_path):
+    # process 1 hangs before it joins (a sitecustomize, as a site setup would); process 0 waits in
+    # jax.distributed.initialize for initialization_timeout_s, then fails; no watchdog is on
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('PODLAUNCH_PROCESS_ID') == '1':\n    time.sleep(3600)\n")
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
+                    "--set", f"cluster.env.PYTHONPATH={site}{os.pathsep}{TESTS}{os.pathsep}{REPO}",
+                    "--set", "watchdog.stall_timeout_s=null", "--set", "watchdog.first_step_timeout_s=null",
+                    "--set", "distributed.initialization_timeout_s=5", timeout_s=120)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    assert re.search(r"^FAILED: process_id 0 on localhost", result.stdout, re.M), result.stdout[-3000:]
+    # the default (60 s) would end it much later; 5 s plus start-up on a loaded machine ends well before
+    assert elapsed < 55, (elapsed, result.stdout[-3000:])
+    assert not wait_gone(str(run_dir), 5.0)
