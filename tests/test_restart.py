@@ -213,10 +213,15 @@ def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, ssh_hosts, 
                     *fault("sigkill", 17), "--set", "restarts.max_restarts=1", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr
-    assert "was killed by SIGKILL (a preemption or a signal); restarting" in out
+    # process 0 may report its peer's reset first (a cascade); the SIGKILL is the cause either way
+    assert re.search(r"attempt 0 failed: process_id 1 on 127\.0\.0\.3 was killed by SIGKILL \(a preemption "
+                     r"or a signal\)(, while process_id 0 \(exit code 1\) was reported first)?; restarting", out), \
+        out[-4000:]
     assert out.count("preflight ok on 2 hosts") == 2  # the restart preflights again
     ports = re.findall(r"coordinator 127\.0\.0\.2:(\d+)", out)
-    assert len(ports) == 2, out
+    # each attempt gets a fresh coordinator port: the old one may still be held by a dying
+    # coordinator or in TIME_WAIT
+    assert len(ports) == 2 and ports[0] != ports[1], ports
     assert "[p1 127.0.0.3] resumed from the checkpoint of step 15 (attempt 1)" in out
     assert_same_params(params(run_dir), uninterrupted)
     # only process 0's host has checkpoints: process 1 got the state by broadcast

@@ -238,7 +238,7 @@ def test_preflight_reports_version_and_import_problems(tmp_path, hosts):
 
 
 @pytest.mark.slow
-def test_sync_dir_copies_only_what_changed(tmp_path, hosts):
+def test_sync_dir_and_the_job_file_copy_only_what_changed(tmp_path, hosts):
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "pkg" / "a.py").write_text("A = 1\n")
@@ -254,6 +254,18 @@ def test_sync_dir_copies_only_what_changed(tmp_path, hosts):
         assert transfer.sync_dir(sftp, str(src), target) == 0
         (src / "pkg" / "a.py").write_text("A = 22\n")
         assert transfer.sync_dir(sftp, str(src), target) == 1
+        # the job file (transfer.put_if_changed, as start_host puts it): skipped when the host has
+        # the same bytes (same file, untouched), replaced when they differ
+        job_file, remote_job = tmp_path / "job.json", str(tmp_path / "remote-job.json")
+        job_file.write_text('{"a": 1}')
+        assert transfer.put_if_changed(sftp, str(job_file), remote_job, writer="w") is True
+        before = os.stat(remote_job)
+        assert transfer.put_if_changed(sftp, str(job_file), remote_job, writer="w") is False
+        after = os.stat(remote_job)
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+        job_file.write_text('{"a": 2}')
+        assert transfer.put_if_changed(sftp, str(job_file), remote_job, writer="w") is True
+    assert (tmp_path / "remote-job.json").read_text() == '{"a": 2}'
     assert (tmp_path / "synced" / "pkg" / "a.py").read_text() == "A = 22\n"
     assert not (tmp_path / "synced" / "__pycache__").exists()
 
@@ -354,14 +366,31 @@ def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
     run_dir = tmp_path / "run"
-    proc = start_launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *LONG,
-                        "--run-dir", str(run_dir))
+    values = {"DB_PASSWORD": "pw-cmdline-4711", "PLAIN_SETTING": "plain-cmdline-4712"}
+    cluster = write_cluster(tmp_path, hosts, env={"PYTHONPATH": os.pathsep.join([TESTS, REPO]), **values})
+    proc = start_launch("jobs/linear.yaml", "--cluster", cluster, *LONG, "--run-dir", str(run_dir))
     try:
         wait_for(proc, r"\[Gloo\] Rank \d is connected", 4)
+        # every "host" is this machine: the whole process table is every remote process (sshd
+        # sessions, sh, the wrappers, the workers) and the local ssh machinery. No env value is
+        # in any command line (docs/ssh.md: the script goes to sh -s on stdin), though each
+        # worker has it in its environment.
+        assert len(survivors(tmp_path, run_dir, 0)) == NUM_HOSTS
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            for value in values.values():
+                assert value.encode() not in cmdline, (pid, cmdline)
+        assert pids_with_env("DB_PASSWORD", values["DB_PASSWORD"])
+    finally:  # also when a check above failed: a SIGKILLed launcher would leave the workers running
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+        try:
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
     assert proc.returncode == 130, out
     assert "INTERRUPTED: every process was stopped." in out
     assert not survivors(tmp_path, run_dir)
