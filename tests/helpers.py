@@ -50,6 +50,13 @@ class Output:
         self._queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
+    @classmethod
+    def of(cls, proc: subprocess.Popen) -> "Output":
+        """The one Output reading ``proc`` (made on first use): two readers would split its lines."""
+        if getattr(proc, "_output", None) is None:
+            proc._output = cls(proc)
+        return proc._output
+
     def _pump(self) -> None:
         for line in self.proc.stdout:
             self._queue.put(line)
@@ -107,7 +114,7 @@ def launched(*args: str, cwd: str | None = None):
     """``start_launch(ARGS)`` as an ``Output``; the launcher is SIGKILLed if still running at the end."""
     proc = start_launch(*args, cwd=cwd)
     try:
-        yield Output(proc)
+        yield Output.of(proc)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -11,8 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import (REPO, TESTS, event_files, launch, launched, read_scalars, run_pids, start_launch,
-                     wait_gone)
+from helpers import REPO, TESTS, event_files, launch, launched, read_scalars, run_pids, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -85,21 +84,19 @@ def test_params_do_not_depend_on_the_topology_and_equal_numpy_gd(tmp_path):
 
 
 def run_until_it_fails(*args, timeout_s=120):
-    """Start a launch, note when the injected fault fires, and wait for the launcher's exit."""
-    proc = start_launch(*args)
-    injected_at, lines = None, []
-    deadline = time.monotonic() + timeout_s
-    for line in proc.stdout:
-        lines.append(line)
-        if injected_at is None and "faulty_task: injecting" in line:
-            injected_at = time.monotonic()
-        assert time.monotonic() < deadline, "".join(lines)
-    proc.wait(timeout=30)
-    return proc.returncode, "".join(lines), injected_at, time.monotonic()
+    """Start a launch, note when the injected fault fires, and read to the launcher's exit.
+
+    Each wait fails at its own deadline (a silent hang included), not at pytest's timeout.
+    """
+    with launched(*args) as out:
+        out.wait_for("faulty_task: injecting", timeout_s)
+        injected_at = time.monotonic()
+        code, text = out.finish(timeout_s)
+        return code, text, injected_at, time.monotonic()
 
 
 @pytest.mark.parametrize("mode,what", [("raise", "exit code 1"), ("sigkill", "killed by SIGKILL")])
-def test_a_crash_stops_every_process_within_5s(tmp_path, mode, what):
+def test_a_crash_stops_every_process(tmp_path, mode, what):
     run_dir = tmp_path / "run"
     code, out, injected_at, ended_at = run_until_it_fails(
         "jobs/linear.yaml", "--run-dir", str(run_dir),
@@ -108,8 +105,14 @@ def test_a_crash_stops_every_process_within_5s(tmp_path, mode, what):
         "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=7",
         "--set", "task.args.crash_process_id=2", "--set", f"task.args.mode={mode}")
     assert code == 1, out
-    assert injected_at is not None, out
-    assert ended_at - injected_at < 5.0, out
+    # the order of events: the fault, the launcher noticing it and stopping the others, the summary;
+    # how fast is for bench/ (a loaded 2-core machine must not fail this), the bound only catches
+    # a launcher that waits for the job to end by itself (it has 100000 steps to go)
+    # (the first failure noticed may be a peer's reaction; the summary names the root cause)
+    stopping = re.search(r"^podlaunch: p\d failed \(.*\); stopping the other [0-3] processes$", out, re.M)
+    assert stopping, out
+    assert out.index("faulty_task: injecting") < stopping.start() < out.index("FAILED:"), out
+    assert ended_at - injected_at < 60, out
     assert not run_pids(str(run_dir))
     summary = out[out.index("FAILED:"):]
     # a raise is reported by the worker at its step; a SIGKILL only shows the last logged step
@@ -124,19 +127,15 @@ def test_a_crash_stops_every_process_within_5s(tmp_path, mode, what):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_stops_everything_and_exits_130(tmp_path, sig):
     run_dir = tmp_path / "run"
-    proc = start_launch("jobs/linear.yaml", "--run-dir", str(run_dir),
-                        "--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=50")
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if re.match(r"\[p1\] step \d+/", line):
-            break
-    assert len(run_pids(str(run_dir))) == 2, "".join(lines)
-    proc.send_signal(sig)
-    rest, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 130, "".join(lines) + rest
-    assert "INTERRUPTED: every process was stopped." in rest
-    assert not wait_gone(str(run_dir), 1.0)
+    with launched("jobs/linear.yaml", "--run-dir", str(run_dir),
+                  "--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=50") as out:
+        out.wait_for(r"^\[p1\] step \d+/", 120)
+        assert len(run_pids(str(run_dir))) == 2, out.text
+        out.proc.send_signal(sig)
+        code, text = out.finish(60)
+    assert code == 130, text
+    assert "INTERRUPTED: every process was stopped." in text
+    assert not wait_gone(str(run_dir), 5.0)
 
 
 def test_a_user_task_plugs_in(tmp_path):

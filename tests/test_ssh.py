@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import sshenv
-from helpers import REPO, TESTS, launch, pids_with_env, start_launch
+from helpers import REPO, TESTS, Output, launch, pids_with_env, start_launch
 from launcher import plan as planning
 from launcher import spec as specs
 from launcher.backends.ssh import session as ssh_session
@@ -85,17 +85,14 @@ def survivors(path, run_dir, timeout_s=15.0) -> dict:
         time.sleep(0.1)
 
 
-def wait_for(proc, pattern: str, count: int, timeout_s: float = 90) -> str:
-    """Read the launcher's output until ``pattern`` matched ``count`` lines."""
-    seen, out = 0, []
-    deadline = time.monotonic() + timeout_s
-    while seen < count:
-        assert time.monotonic() < deadline, "".join(out)
-        line = proc.stdout.readline()
-        assert line, "launcher ended early:\n" + "".join(out)
-        out.append(line)
-        seen += bool(re.search(pattern, line))
-    return "".join(out)
+def wait_for(proc, pattern: str, count: int, timeout_s: float = 90) -> Output:
+    """Read the launcher's output until ``pattern`` matched ``count`` lines; fails at ``timeout_s``.
+
+    Returns the Output reading ``proc`` (read the rest with its ``finish``).
+    """
+    out = Output.of(proc)
+    out.wait_for(pattern, timeout_s, count)
+    return out
 
 
 # ---- no sshd needed ----------------------------------------------------------
@@ -346,13 +343,13 @@ def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
                         "--run-dir", str(run_dir))
     stopped = []
     try:
-        wait_for(proc, r"\[Gloo\] Rank \d is connected", 4)
+        output = wait_for(proc, r"\[Gloo\] Rank \d is connected", 4)
         table = sshenv._proc_table()
         stopped = [p for p in sshenv._descendants(hosts._procs[1].pid) if table[p][1] == "sshd"]
         assert stopped
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
-        out, _ = proc.communicate(timeout=60)
+        _, out = output.finish(60)
     finally:
         proc.kill()
         for pid in stopped:
@@ -388,7 +385,7 @@ def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
     finally:  # also when a check above failed: a SIGKILLed launcher would leave the workers running
         proc.send_signal(sig)
         try:
-            out, _ = proc.communicate(timeout=60)
+            _, out = Output.of(proc).finish(60)
         finally:
             proc.kill()
     assert proc.returncode == 130, out
