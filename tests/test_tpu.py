@@ -146,9 +146,11 @@ def test_external_ip_asked_of_a_slice_without_one_is_bad_input(tmp_path):
 @pytest.mark.parametrize("name", ["tpu-v4-32.yaml", "tpu-multislice.yaml"])
 def test_shipped_tpu_examples_load(name):
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), os.path.join(REPO, "jobs/clusters", name))
-    assert job.cluster.backend == "tpu"
+    # derived from the accelerator type (v4-32: 4 hosts of 4 chips; v4-16: 2 hosts) and the slice
+    # count, not written in the files
     assert (job.num_processes, job.local_device_count) == {"tpu-v4-32.yaml": (4, 4),
                                                           "tpu-multislice.yaml": (4, 4)}[name]
+    assert job.cluster.hosts_per_slice * job.cluster.slice_count == job.num_processes
 
 
 def test_bad_tpu_spec_is_exit_2_with_file_and_line(tmp_path):
