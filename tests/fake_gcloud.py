@@ -6,13 +6,30 @@ into ``bin_dir``; put that directory first on PATH. It answers only
     gcloud compute tpus tpu-vm describe NAME --zone Z [--project P] --format=json
     gcloud compute tpus queued-resources describe NAME --zone Z [--project P] --format=json
 
-with JSON shaped like the TPU API v2 resources gcloud prints (Node:
-https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes;
-QueuedResource: .../projects.locations.queuedResources): full resource
-``name``, ``acceleratorType``, ``state``, ``health``, ``networkEndpoints`` in
-worker order with ``ipAddress``, ``port`` and ``accessConfig.externalIp``.
-An unknown name fails as gcloud does: exit 1 and
-``ERROR: (gcloud.compute.tpus.tpu-vm.describe) NOT_FOUND: Resource '...' was not found``.
+with JSON shaped like the TPU API v2 resources gcloud prints, field for field as
+the published reference defines them:
+
+- Node: https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes#Node
+  (full resource ``name``, ``acceleratorType``, ``state``, ``networkEndpoints`` in
+  worker order, each ``ipAddress`` (internal), ``port`` and, only when the node has
+  external IPs, ``accessConfig.externalIp``). Optional fields are left out where the
+  API leaves them out: no ``networkEndpoints`` or ``health`` while a node is not
+  READY, no ``accessConfig`` without external IPs, no ``queuedResource`` for a node
+  made on its own. External IPs differ from internal ones (203.0.113.x, TEST-NET-3,
+  by default), as on a real TPU VM, so a mix-up between the two shows.
+- QueuedResource: https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.queuedResources#QueuedResource
+  with ``tpu.nodeSpec[].multisliceParams`` = {``nodeCount`` (required),
+  ``nodeIdPrefix`` (optional: "If this field is not provided we use
+  queued_resource_id as the node_id_prefix")}, #MultisliceParams on that page.
+
+An unknown name fails as gcloud does (exit 1), with gcloud's three-line error:
+the NOT_FOUND line, then the google.rpc.ResourceInfo detail as YAML (as users
+report it, e.g. https://github.com/marin-community/marin/issues/3404)::
+
+    ERROR: (gcloud.compute.tpus.tpu-vm.describe) NOT_FOUND: Resource 'projects/P/locations/Z/nodes/N' was not found. This command is authenticated as ...
+    - '@type': type.googleapis.com/google.rpc.ResourceInfo
+      resourceName: projects/P/locations/Z/nodes/N
+
 Every call is appended to ``bin_dir/gcloud.calls`` (one JSON argv per line).
 """
 
@@ -45,7 +62,11 @@ name = argv[4]
 resource = "projects/%s/locations/%s/%s/%s" % (project, zone, group, name)
 item = db[kind].get(name)
 if item is None or item["zone"] != zone:
-    sys.stderr.write("ERROR: (gcloud.%s) NOT_FOUND: Resource '%s' was not found\n" % (command, resource))
+    sys.stderr.write("ERROR: (gcloud.%s) NOT_FOUND: Resource '%s' was not found. This command is "
+                     "authenticated as tester@example.com which is the active account specified by "
+                     "the [core/account] property\n" % (command, resource))
+    sys.stderr.write("- '@type': type.googleapis.com/google.rpc.ResourceInfo\n")
+    sys.stderr.write("  resourceName: %s\n" % resource)
     sys.exit(1)
 out = dict(item["json"])
 out["name"] = resource
@@ -53,14 +74,23 @@ print(json.dumps(out, indent=2))
 '''
 
 
+def external_ip(internal: str) -> str:
+    """The external IP the stand-in gives the host with internal IP ``internal``."""
+    return "203.0.113." + internal.rsplit(".", 1)[-1]
+
+
 def node(accelerator_type: str, ips: list, state: str = "READY", external: bool = True,
          queued_resource: str | None = None, zone: str = "us-central2-b") -> dict:
-    """A TPU VM as ``tpu-vm describe --format=json`` prints it (``name`` is filled in on output)."""
+    """A TPU VM as ``tpu-vm describe --format=json`` prints it (``name`` is filled in on output).
+
+    ``ips`` are the internal IPs, in worker order; with ``external`` each host also has
+    ``external_ip(ip)``.
+    """
     endpoints = []
     for ip in ips:
         endpoint = {"ipAddress": ip, "port": 8470}
         if external:
-            endpoint["accessConfig"] = {"externalIp": ip}
+            endpoint["accessConfig"] = {"externalIp": external_ip(ip)}
         endpoints.append(endpoint)
     out = {
         "acceleratorConfig": {"topology": "2x2x2", "type": "V4"},
@@ -68,11 +98,9 @@ def node(accelerator_type: str, ips: list, state: str = "READY", external: bool 
         "apiVersion": "V2",
         "cidrBlock": "10.128.0.0/20",
         "createTime": "2026-11-30T08:00:00.000000Z",
-        "health": "HEALTHY" if state == "READY" else "HEALTH_UNSPECIFIED",
         "id": "1234567890123456789",
         "networkConfig": {"enableExternalIps": external, "network": f"projects/{PROJECT}/global/networks/default",
                           "subnetwork": f"projects/{PROJECT}/regions/us-central2/subnetworks/default"},
-        "networkEndpoints": endpoints if state == "READY" else [],
         "runtimeVersion": "tpu-ubuntu2204-base",
         "schedulingConfig": {},
         "serviceAccount": {"email": "1234-compute@developer.gserviceaccount.com",
@@ -80,20 +108,29 @@ def node(accelerator_type: str, ips: list, state: str = "READY", external: bool 
         "shieldedInstanceConfig": {},
         "state": state,
     }
+    if state == "READY":
+        out.update(health="HEALTHY", networkEndpoints=endpoints)
     if queued_resource:
         out["queuedResource"] = f"projects/{PROJECT}/locations/{zone}/queuedResources/{queued_resource}"
         out["multisliceNode"] = True
     return out
 
 
-def queued_resource(accelerator_type: str, node_count: int, prefix: str, state: str = "ACTIVE",
+def queued_resource(accelerator_type: str, node_count: int, prefix: str | None, state: str = "ACTIVE",
                     zone: str = "us-central2-b") -> dict:
-    """A multislice queued resource as ``queued-resources describe --format=json`` prints it."""
+    """A multislice queued resource as ``queued-resources describe --format=json`` prints it.
+
+    ``prefix`` None leaves ``nodeIdPrefix`` out (optional in the API: the slices are then
+    named after the queued resource).
+    """
+    multi = {"nodeCount": node_count}
+    if prefix is not None:
+        multi["nodeIdPrefix"] = prefix
     return {
         "createTime": "2026-11-30T07:55:00.000000Z",
         "state": {"state": state, "stateInitiator": "USER"},
         "tpu": {"nodeSpec": [{
-            "multisliceParams": {"nodeCount": node_count, "nodeIdPrefix": prefix},
+            "multisliceParams": multi,
             "node": {"acceleratorType": accelerator_type, "runtimeVersion": "tpu-ubuntu2204-base",
                      "networkConfig": {"enableExternalIps": True}},
             "parent": f"projects/{PROJECT}/locations/{zone}",

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import queue
+import re
 import subprocess
 import sys
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +36,89 @@ def start_launch(*args: str, cwd: str | None = None) -> subprocess.Popen:
     return subprocess.Popen(LAUNCH + list(args), cwd=cwd or REPO, env=env_for_tests(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL)
+
+
+class Output:
+    """A started process's output, read line by line on a thread, so every wait has a deadline.
+
+    A process that goes silent fails the wait at its own deadline, naming what was awaited,
+    instead of blocking a ``readline`` until pytest's timeout.
+    """
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.lines = proc, []
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    @classmethod
+    def of(cls, proc: subprocess.Popen) -> "Output":
+        """The one Output reading ``proc`` (made on first use): two readers would split its lines."""
+        if getattr(proc, "_output", None) is None:
+            proc._output = cls(proc)
+        return proc._output
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def _fail(self, message: str):
+        import pytest
+
+        pytest.fail(f"{message}; output so far:\n{self.text[-4000:]}", pytrace=False)
+
+    def wait_for(self, pattern: str, timeout_s: float, count: int = 1) -> str:
+        """Read until ``count`` lines matched ``pattern`` (re.search); returns the last match's line.
+
+        Fails the test at ``timeout_s`` (from this call), or when the output ends first.
+        """
+        deadline, seen = time.monotonic() + timeout_s, 0
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._fail(f"no line matching {pattern!r} (x{count}) within {timeout_s:g} s")
+            if line is None:
+                self._queue.put(None)
+                self._fail(f"the output ended before a line matching {pattern!r} (x{count})")
+            self.lines.append(line)
+            if re.search(pattern, line):
+                seen += 1
+                if seen >= count:
+                    return line
+
+    def finish(self, timeout_s: float) -> tuple[int, str]:
+        """Read to the end and wait for the exit: ``(returncode, all output)``; fails at ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._fail(f"the process did not end within {timeout_s:g} s")
+            if line is None:
+                break
+            self.lines.append(line)
+        try:
+            self.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._fail(f"the process closed its output but did not exit within {timeout_s:g} s")
+        return self.proc.returncode, self.text
+
+
+@contextlib.contextmanager
+def launched(*args: str, cwd: str | None = None):
+    """``start_launch(ARGS)`` as an ``Output``; the launcher is SIGKILLed if still running at the end."""
+    proc = start_launch(*args, cwd=cwd)
+    try:
+        yield Output.of(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def pids_with_env(name: str, value: str) -> list[int]:

@@ -3,10 +3,13 @@
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from helpers import env_for_tests, launch
 from launcher import restarts
 from launcher import spec as specs
 from launcher.errors import SpecError
@@ -62,14 +65,89 @@ def test_a_damaged_latest_is_skipped_for_the_previous_with_a_warning(tmp_path, d
         assert "sha256" in warnings[0]
 
 
-def test_a_writer_killed_mid_save_leaves_nothing_a_reader_takes(tmp_path):
-    checkpoint.save(str(tmp_path), state(10), keep=3)
-    half = tmp_path / ".tmp-step-0000020-99999"  # what a SIGKILL mid-save leaves
-    half.mkdir()
-    (half / "state.npz").write_bytes(b"PK\x03\x04 partial")
-    assert checkpoint.latest(str(tmp_path), TEMPLATE, 3).step == 10
-    checkpoint.save(str(tmp_path), state(30), keep=3)
-    assert not half.exists()  # the next save cleans it up
+# A real writer, SIGKILLed at one point of checkpoint.save: the hooks stand in for the
+# moment a preemption lands. "bytes:NAME:N" dies after N bytes of NAME reached the disk;
+# "fsync:K" / "rename:K" die just before save's K-th os.fsync / os.rename call.
+_KILLED_WRITER = r"""
+import builtins, os, signal, sys
+import numpy as np
+from worker import checkpoint
+ckpt_dir, point, step = sys.argv[1], sys.argv[2], int(sys.argv[3])
+kind, _, arg = point.partition(":")
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+if kind == "bytes":
+    name, limit = arg.split(":")
+    real_open = builtins.open
+    class Dying:
+        def __init__(self, f):
+            self.f, self.n = f, 0
+        def write(self, data):
+            room = int(limit) - self.n
+            if len(data) >= room:
+                self.f.write(data[:room]); self.f.flush(); os.fsync(self.f.fileno())
+                print("dying at", point, flush=True); die()
+            self.n += len(data)
+            return self.f.write(data)
+        def __getattr__(self, attr):
+            return getattr(self.f, attr)
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+    def dying_open(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        return Dying(f) if os.path.basename(str(path)) == name and "w" in mode else f
+    checkpoint.open = dying_open  # the module's name for open, nothing else's
+elif kind != "none":
+    calls = {"n": 0}
+    real = getattr(os, kind)
+    def counted(*args):
+        calls["n"] += 1
+        if calls["n"] == int(arg):
+            print("dying at", point, args, flush=True)
+            die()
+        return real(*args)
+    setattr(os, kind, counted)
+leaves = [np.full((64, 64), step, np.float32), np.full((1,), -step, np.float32), np.array(step, np.int32)]
+checkpoint.save(ckpt_dir, checkpoint.Checkpoint(step, leaves, step % 3, 3), keep=3)
+print("saved")
+"""
+
+KILL_TEMPLATE = [np.zeros((64, 64), np.float32), np.zeros((1,), np.float32), np.zeros((), np.int32)]
+
+
+def _write_in_a_process_killed_at(ckpt_dir: str, point: str, step: int):
+    return subprocess.run([sys.executable, "-c", _KILLED_WRITER, ckpt_dir, point, str(step)],
+                          env=env_for_tests(), capture_output=True, text=True, timeout=60)
+
+
+# save's own order: state.npz written, fsync 1 (state), manifest written, fsync 2 (manifest),
+# fsync 3 (the temporary directory), rename (into place), fsync 4 (the checkpoints directory)
+@pytest.mark.parametrize("point,complete", [
+    ("bytes:state.npz:1", False), ("bytes:state.npz:9000", False), ("fsync:1", False),
+    ("bytes:manifest.json:40", False), ("fsync:2", False), ("fsync:3", False), ("rename:1", False),
+    ("fsync:4", True)])
+def test_a_writer_killed_mid_save_leaves_nothing_a_reader_takes(tmp_path, point, complete):
+    ckpt_dir = str(tmp_path)
+    checkpoint.save(ckpt_dir, checkpoint.Checkpoint(10, [np.full((64, 64), 10, np.float32),
+                                                        np.full((1,), -10, np.float32), np.array(10, np.int32)],
+                                                    1, 3), keep=3)
+    killed = _write_in_a_process_killed_at(ckpt_dir, point, 20)
+    # it died where it was meant to (not before, not after finishing)
+    assert killed.returncode == -9 and "dying at" in killed.stdout, (point, killed.stdout, killed.stderr)
+    warnings = []
+    got = checkpoint.latest(ckpt_dir, KILL_TEMPLATE, 3, warn=warnings.append)
+    # killed before the rename: no step-* name may exist for step 20 at all (a reader that lists
+    # checkpoints must not even see it); killed after: step 20 is complete and verifies
+    assert checkpoint.list_steps(ckpt_dir) == ([10, 20] if complete else [10]), (point, os.listdir(ckpt_dir))
+    assert (got.step, warnings) == ((20 if complete else 10), []), point
+    np.testing.assert_array_equal(got.leaves[0], np.full((64, 64), got.step, np.float32))
+    # the next writer (another process than the killed one) cleans up what that one left
+    checkpoint.save(ckpt_dir, checkpoint.Checkpoint(30, [a + 20 for a in got.leaves[:2]] + [np.array(30, np.int32)],
+                                                    0, 3), keep=3)
+    assert not [n for n in os.listdir(ckpt_dir) if n.startswith(".")], os.listdir(ckpt_dir)
+    assert checkpoint.latest(ckpt_dir, KILL_TEMPLATE, 3).step == 30
 
 
 def test_a_step_saved_again_replaces_the_old_one(tmp_path):
@@ -137,6 +215,17 @@ def test_exit_1_is_retried_when_listed_and_backoff_doubles():
     policy = specs.RestartSpec(retry_exit_codes=(1,), backoff_s=1.5)
     assert restarts.classify(failed(Exit(code=1)), policy)[0]
     assert [restarts.backoff_s(policy, n) for n in (1, 2, 3)] == [1.5, 3.0, 6.0]
+
+
+# starts only the launcher, which refuses before anything runs (not slow)
+def test_resume_refuses_what_is_not_a_run_of_this_job(tmp_path):
+    result = launch("jobs/linear.yaml", "--resume", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--resume: {tmp_path} is not a run directory" in result.stderr
+    (tmp_path / "spec.yaml").write_text("name: other\n")
+    result = launch("jobs/linear.yaml", "--resume", str(tmp_path))
+    assert result.returncode == 2
+    assert f"--resume: {tmp_path} holds a run of job 'other', not 'linear'" in result.stderr
 
 
 def test_attempt_logs_and_numbering(tmp_path):

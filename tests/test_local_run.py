@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, TESTS, event_files, launch, read_scalars, run_pids, start_launch, wait_gone
+from helpers import REPO, TESTS, event_files, launch, launched, read_scalars, run_pids, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -91,21 +91,19 @@ def test_params_do_not_depend_on_the_topology_and_equal_numpy_gd(tmp_path):
 
 
 def run_until_it_fails(*args, timeout_s=120):
-    """Start a launch, note when the injected fault fires, and wait for the launcher's exit."""
-    proc = start_launch(*args)
-    injected_at, lines = None, []
-    deadline = time.monotonic() + timeout_s
-    for line in proc.stdout:
-        lines.append(line)
-        if injected_at is None and "faulty_task: injecting" in line:
-            injected_at = time.monotonic()
-        assert time.monotonic() < deadline, "".join(lines)
-    proc.wait(timeout=30)
-    return proc.returncode, "".join(lines), injected_at, time.monotonic()
+    """Start a launch, note when the injected fault fires, and read to the launcher's exit.
+
+    Each wait fails at its own deadline (a silent hang included), not at pytest's timeout.
+    """
+    with launched(*args) as out:
+        out.wait_for("faulty_task: injecting", timeout_s)
+        injected_at = time.monotonic()
+        code, text = out.finish(timeout_s)
+        return code, text, injected_at, time.monotonic()
 
 
 @pytest.mark.parametrize("mode,what", [("raise", "exit code 1"), ("sigkill", "killed by SIGKILL")])
-def test_a_crash_stops_every_process_within_5s(tmp_path, mode, what):
+def test_a_crash_stops_every_process(tmp_path, mode, what):
     run_dir = tmp_path / "run"
     code, out, injected_at, ended_at = run_until_it_fails(
         "jobs/linear.yaml", "--run-dir", str(run_dir),
@@ -115,8 +113,14 @@ def test_a_crash_stops_every_process_within_5s(tmp_path, mode, what):
         "--set", "task.args.crash_process_id=2", "--set", f"task.args.mode={mode}",
         "--show", "all")  # the injection line of process 2 as soon as it is printed
     assert code == 1, out
-    assert injected_at is not None, out
-    assert ended_at - injected_at < 5.0, out
+    # the order of events: the fault, the launcher noticing it and stopping the others, the summary;
+    # how fast is for bench/ (a loaded 2-core machine must not fail this), the bound only catches
+    # a launcher that waits for the job to end by itself (it has 100000 steps to go)
+    # (the first failure noticed may be a peer's reaction; the summary names the root cause)
+    stopping = re.search(r"^podlaunch: p\d failed \(.*\); stopping the other [0-3] processes$", out, re.M)
+    assert stopping, out
+    assert out.index("faulty_task: injecting") < stopping.start() < out.index("FAILED:"), out
+    assert ended_at - injected_at < 60, out
     assert not run_pids(str(run_dir))
     summary = out[out.index("FAILED:"):]
     # a raise is reported by the worker at its step; a SIGKILL only shows the last logged step
@@ -131,19 +135,15 @@ def test_a_crash_stops_every_process_within_5s(tmp_path, mode, what):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_stops_everything_and_exits_130(tmp_path, sig):
     run_dir = tmp_path / "run"
-    proc = start_launch("jobs/linear.yaml", "--run-dir", str(run_dir),
-                        "--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=50")
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if re.match(r"\[p0\] step \d+/", line):  # p0 logged a step: p1 took part in it
-            break
-    assert len(run_pids(str(run_dir))) == 2, "".join(lines)
-    proc.send_signal(sig)
-    rest, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 130, "".join(lines) + rest
-    assert "INTERRUPTED: every process was stopped." in rest
-    assert not wait_gone(str(run_dir), 1.0)
+    with launched("jobs/linear.yaml", "--run-dir", str(run_dir),
+                  "--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=50") as out:
+        out.wait_for(r"^\[p0\] step \d+/", 120)  # p0 logged a step: p1 took part in it
+        assert len(run_pids(str(run_dir))) == 2, out.text
+        out.proc.send_signal(sig)
+        code, text = out.finish(60)
+    assert code == 130, text
+    assert "INTERRUPTED: every process was stopped." in text
+    assert not wait_gone(str(run_dir), 5.0)
 
 
 def test_a_user_task_plugs_in(tmp_path):
@@ -190,3 +190,75 @@ def test_diabetes_job_reaches_the_least_squares_optimum(tmp_path):
     assert optimum <= final <= optimum * 1.01, (final, optimum)
     logged = read_scalars(str(run_dir / "tensorboard"))["loss"]
     assert logged[-1][0] == 500 and logged[-1][1] <= optimum * 1.01
+
+
+# ---- promises a real run keeps (issue 18, item 5) ------------------------------------------
+QUIET_LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=20",
+              "--set", "logging.tensorboard=false", "--set", "checkpoint.every_steps=0")
+
+
+def test_a_sigkilled_launcher_takes_its_local_workers_with_it(tmp_path):
+    # SIGKILL cannot be caught: only PR_SET_PDEATHSIG (set on each worker) ends them. The run is
+    # silent after joining (no progress lines, heartbeats or checkpoints), so no worker dies of a
+    # broken pipe instead: survivors would train on unseen.
+    run_dir = tmp_path / "run"
+    with launched("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
+                  "--set", "logging.log_every_steps=1000000", "--set", "watchdog.stall_timeout_s=null") as out:
+        out.wait_for(r"\[Gloo\] Rank \d is connected", 120, count=2)
+        assert len(run_pids(str(run_dir))) == 2, out.text
+        out.proc.kill()
+        out.proc.wait(10)
+    assert not wait_gone(str(run_dir), 15.0)
+
+
+def test_the_stall_watchdog_ends_a_live_hang(tmp_path):
+    # process 1 is alive and sleeping (no SIGSTOP): only the missing progress shows it
+    run_dir = tmp_path / "run"
+    with launched("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
+                  "--set", "logging.log_every_steps=1", "--set", "watchdog.stall_timeout_s=4",
+                  "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=5",
+                  "--set", "task.args.crash_process_id=1", "--set", "task.args.mode=stall") as out:
+        out.wait_for("faulty_task: injecting stall at step 5", 120)
+        code, text = out.finish(90)
+    assert code == 1, text
+    # p0 blocks in the next step's collective behind the hung p1, so both stop at step 5 and the
+    # launcher cannot tell them apart (no /proc state differs, as SIGSTOP's does): it may name either
+    assert re.search(r"p[01] stalled: no step progress for \d+\.\d s \(stall_timeout_s 4\); ", text), text
+    assert "stopped, e.g. by SIGSTOP" not in text
+    assert re.search(r"^FAILED: process_id [01] on localhost \(stalled: no step progress", text, re.M), text[-3000:]
+    assert not wait_gone(str(run_dir), 5.0)
+
+
+def test_the_first_step_timeout_ends_a_run_that_never_steps(tmp_path):
+    # the task hangs while it is being made, before any step: only first_step_timeout_s applies
+    (tmp_path / "hang_task.py").write_text("import time\n\ndef make():\n    time.sleep(3600)\n")
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
+                    "--set", f"cluster.env.PYTHONPATH={tmp_path}{os.pathsep}{REPO}",
+                    "--set", "task.name=hang_task:make", "--set", "watchdog.stall_timeout_s=null",
+                    "--set", "watchdog.first_step_timeout_s=6", timeout_s=90)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    assert re.search(r"stalled: no first step after \d+\.\d s \(first_step_timeout_s 6\); last step seen "
+                     r"of every process: p0 none, p1 none", result.stdout), result.stdout[-3000:]
+    assert not wait_gone(str(run_dir), 5.0)
+
+
+def test_initialization_timeout_ends_a_run_whose_peer_never_joins(tmp_path):
+    # process 1 hangs before it joins (a sitecustomize, as a site setup would); process 0 waits in
+    # jax.distributed.initialize for initialization_timeout_s, then fails; no watchdog is on
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('PODLAUNCH_PROCESS_ID') == '1':\n    time.sleep(3600)\n")
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
+                    "--set", f"cluster.env.PYTHONPATH={site}{os.pathsep}{TESTS}{os.pathsep}{REPO}",
+                    "--set", "watchdog.stall_timeout_s=null", "--set", "watchdog.first_step_timeout_s=null",
+                    "--set", "distributed.initialization_timeout_s=5", timeout_s=120)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    assert re.search(r"^FAILED: process_id 0 on localhost", result.stdout, re.M), result.stdout[-3000:]
+    # the default (60 s) would end it much later; 5 s plus start-up on a loaded machine ends well before
+    assert elapsed < 55, (elapsed, result.stdout[-3000:])
+    assert not wait_gone(str(run_dir), 5.0)

@@ -24,7 +24,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from helpers import LAUNCH, REPO, env_for_tests, event_files, launch, read_scalars
+from helpers import LAUNCH, REPO, Output, env_for_tests, event_files, launch, read_scalars
 from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
 from launcher.console import CLEAR_LINE, StatusLine
@@ -325,7 +325,7 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             stdin=subprocess.DEVNULL)
     try:
-        line = proc.stdout.readline()
+        line = Output.of(proc).wait_for(r"^podlaunch: TensorBoard of ", 120)
         match = re.match(r"podlaunch: TensorBoard of (\S+) at (http://localhost:\d+/) ", line)
         assert match and match.group(1) == str(run_dir / "tensorboard"), line
         with urllib.request.urlopen(match.group(2) + "data/plugin/scalars/tags", timeout=30) as reply:

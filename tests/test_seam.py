@@ -18,7 +18,7 @@ from launcher.backends.base import Backend, ClusterSettings, Options, Session
 from launcher.errors import SpecError
 from worker import contract
 
-from helpers import REPO
+from helpers import REPO, launch, run_pids
 
 LAUNCHER = os.path.join(REPO, "launcher")
 
@@ -129,6 +129,22 @@ def test_local_session_plans_every_process_on_this_machine(tmp_path):
     assert [p.label for p in plan.processes] == ["p0", "p1", "p2"]
     assert plan.coordinator_address.startswith("127.0.0.1:")
     assert all(p.env["X"] == "y" and p.argv[0] == "/py" for p in plan.processes)
+
+
+def test_a_coordinator_port_in_use_is_refused_before_anything_starts(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run_dir = tmp_path / "run"
+        result = launch("jobs/linear.yaml", "--set", f"cluster.coordinator_port={port}",
+                        "--run-dir", str(run_dir), timeout_s=60)
+        assert result.returncode == 2, result.stdout[-2000:] + result.stderr
+        assert re.search(rf"cluster\.coordinator_port: port {port} is in use \(.*\) on 127\.0\.0\.1; "
+                         r"pick another or use 0", result.stderr), result.stderr
+        assert "step 1/" not in result.stdout and not run_pids(str(run_dir))
 
 
 def test_rehearse_on_a_non_tpu_backend_is_bad_input(tmp_path):

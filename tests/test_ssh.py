@@ -22,7 +22,7 @@ import yaml
 
 import helpers
 import sshenv
-from helpers import REPO, TESTS, launch, pids_with_env, start_launch
+from helpers import REPO, TESTS, Output, launch, pids_with_env, start_launch
 from launcher import plan as planning
 from launcher import spec as specs
 from launcher.backends.ssh import session as ssh_session
@@ -99,6 +99,16 @@ def wait_in_logs(run_dir, pattern: str, count: int, timeout_s: float = 90) -> No
         for log in glob.glob(os.path.join(str(run_dir), "logs", "process-*.log")):
             with open(log, encoding="utf-8", errors="replace") as f:
                 seen += sum(bool(re.search(pattern, line)) for line in f)
+
+
+def wait_for(proc, pattern: str, count: int, timeout_s: float = 90) -> Output:
+    """Read the launcher's output until ``pattern`` matched ``count`` lines; fails at ``timeout_s``.
+
+    Returns the Output reading ``proc`` (read the rest with its ``finish``).
+    """
+    out = Output.of(proc)
+    out.wait_for(pattern, timeout_s, count)
+    return out
 
 
 # ---- no sshd needed ----------------------------------------------------------
@@ -241,7 +251,7 @@ def test_preflight_reports_version_and_import_problems(tmp_path, hosts):
 
 
 @pytest.mark.slow
-def test_sync_dir_copies_only_what_changed(tmp_path, hosts):
+def test_sync_dir_and_the_job_file_copy_only_what_changed(tmp_path, hosts):
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "pkg" / "a.py").write_text("A = 1\n")
@@ -257,6 +267,18 @@ def test_sync_dir_copies_only_what_changed(tmp_path, hosts):
         assert transfer.sync_dir(sftp, str(src), target) == 0
         (src / "pkg" / "a.py").write_text("A = 22\n")
         assert transfer.sync_dir(sftp, str(src), target) == 1
+        # the job file (transfer.put_if_changed, as start_host puts it): skipped when the host has
+        # the same bytes (same file, untouched), replaced when they differ
+        job_file, remote_job = tmp_path / "job.json", str(tmp_path / "remote-job.json")
+        job_file.write_text('{"a": 1}')
+        assert transfer.put_if_changed(sftp, str(job_file), remote_job, writer="w") is True
+        before = os.stat(remote_job)
+        assert transfer.put_if_changed(sftp, str(job_file), remote_job, writer="w") is False
+        after = os.stat(remote_job)
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+        job_file.write_text('{"a": 2}')
+        assert transfer.put_if_changed(sftp, str(job_file), remote_job, writer="w") is True
+    assert (tmp_path / "remote-job.json").read_text() == '{"a": 2}'
     assert (tmp_path / "synced" / "pkg" / "a.py").read_text() == "A = 22\n"
     assert not (tmp_path / "synced" / "__pycache__").exists()
 
@@ -391,13 +413,14 @@ def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
                         "--run-dir", str(run_dir))
     stopped = []
     try:
+        output = Output.of(proc)  # reads the launcher's output from the start
         wait_in_logs(run_dir, r"\[Gloo\] Rank \d is connected", 4)
         table = sshenv.proc_table()
         stopped = [p for p in sshenv._descendants(hosts._procs[1].pid) if table[p][1] == "sshd"]
         assert stopped
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
-        out, _ = proc.communicate(timeout=60)
+        _, out = output.finish(60)
     finally:
         proc.kill()
         for pid in stopped:
@@ -411,14 +434,31 @@ def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
     run_dir = tmp_path / "run"
-    proc = start_launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *LONG,
-                        "--run-dir", str(run_dir))
+    values = {"DB_PASSWORD": "pw-cmdline-4711", "PLAIN_SETTING": "plain-cmdline-4712"}
+    cluster = write_cluster(tmp_path, hosts, env={"PYTHONPATH": os.pathsep.join([TESTS, REPO]), **values})
+    proc = start_launch("jobs/linear.yaml", "--cluster", cluster, *LONG, "--run-dir", str(run_dir))
     try:
         wait_in_logs(run_dir, r"\[Gloo\] Rank \d is connected", 4)
+        # every "host" is this machine: the whole process table is every remote process (sshd
+        # sessions, sh, the wrappers, the workers) and the local ssh machinery. No env value is
+        # in any command line (docs/ssh.md: the script goes to sh -s on stdin), though each
+        # worker has it in its environment.
+        assert len(survivors(tmp_path, run_dir, 0)) == NUM_HOSTS
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            for value in values.values():
+                assert value.encode() not in cmdline, (pid, cmdline)
+        assert pids_with_env("DB_PASSWORD", values["DB_PASSWORD"])
+    finally:  # also when a check above failed: a SIGKILLed launcher would leave the workers running
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+        try:
+            _, out = Output.of(proc).finish(60)
+        finally:
+            proc.kill()
     assert proc.returncode == 130, out
     assert "INTERRUPTED: every process was stopped." in out
     assert not survivors(tmp_path, run_dir)

@@ -105,26 +105,52 @@ def test_ids_are_unique_and_megascale_env_per_slice(tmp_path, monkeypatch):
         fake_gcloud.PROJECT, "--format=json"]
 
 
-def test_queued_resource_names_its_slices(tmp_path, monkeypatch):
+@pytest.mark.parametrize("prefix,names", [("np", ["np-0", "np-1"]),
+                                          (None, ["qr-0", "qr-1"])])  # nodeIdPrefix is optional
+def test_queued_resource_names_its_slices(tmp_path, monkeypatch, prefix, names):
     fake_gcloud.install(tmp_path / "bin", {
-        "qr-0": fake_gcloud.node("v4-16", TWO_SLICES["slice-a"], queued_resource="qr"),
-        "qr-1": fake_gcloud.node("v4-16", TWO_SLICES["slice-b"], queued_resource="qr")},
-        {"qr": fake_gcloud.queued_resource("v4-16", 2, "qr")})
+        names[0]: fake_gcloud.node("v4-16", TWO_SLICES["slice-a"], queued_resource="qr"),
+        names[1]: fake_gcloud.node("v4-16", TWO_SLICES["slice-b"], queued_resource="qr")},
+        {"qr": fake_gcloud.queued_resource("v4-16", 2, prefix)})
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     cluster = write_cluster(tmp_path, slices=None, queued_resource="qr", num_slices=2)
     raw = yaml.safe_load(open(cluster))
     del raw["slices"]
     open(cluster, "w").write(yaml.safe_dump(raw))
     found = discovery.discover(specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster))
+    assert [s[0] for s in found.slices] == names
     assert [h.address for h in found.hosts] == TWO_SLICES["slice-a"] + TWO_SLICES["slice-b"]
+
+
+@pytest.mark.parametrize("ip", ["internal", "external"])
+def test_ip_picks_the_internal_or_the_external_address(tmp_path, monkeypatch, ip):
+    install_two_slices(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), write_cluster(tmp_path, ip=ip))
+    internal = sum(TWO_SLICES.values(), [])
+    want = internal if ip == "internal" else [fake_gcloud.external_ip(a) for a in internal]
+    assert [h.address for h in discovery.discover(job).hosts] == want
+
+
+def test_external_ip_asked_of_a_slice_without_one_is_bad_input(tmp_path):
+    fake_gcloud.install(tmp_path / "bin", {
+        "slice-a": fake_gcloud.node("v4-16", TWO_SLICES["slice-a"]),
+        "slice-b": fake_gcloud.node("v4-16", TWO_SLICES["slice-b"], external=False)})
+    result = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster", write_cluster(tmp_path, ip="external"),
+                        "--dry-run")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "cluster.ip: slice-b worker 0 has no external IP; use ip: internal" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("name", ["tpu-v4-32.yaml", "tpu-multislice.yaml"])
 def test_shipped_tpu_examples_load(name):
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), os.path.join(REPO, "jobs/clusters", name))
-    assert job.cluster.backend == "tpu"
+    # derived from the accelerator type (v4-32: 4 hosts of 4 chips; v4-16: 2 hosts) and the slice
+    # count, not written in the files
     assert (job.num_processes, job.local_device_count) == {"tpu-v4-32.yaml": (4, 4),
                                                           "tpu-multislice.yaml": (4, 4)}[name]
+    assert job.cluster.hosts_per_slice * job.cluster.slice_count == job.num_processes
 
 
 def test_bad_tpu_spec_is_exit_2_with_file_and_line(tmp_path):
@@ -155,10 +181,12 @@ def test_unknown_tpu_is_bad_input(tmp_path):
     fake_gcloud.install(tmp_path / "bin", {})
     result = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster", write_cluster(tmp_path))
     assert result.returncode == 2, result.stderr
+    # gcloud says it in three lines; the user sees the NOT_FOUND one, not the ResourceInfo detail
     assert re.search(r"cluster\.slices: 'slice-a' was not found in zone us-central2-b, project "
                      r"test-project \(gcloud: ERROR: \(gcloud\.compute\.tpus\.tpu-vm\.describe\) "
                      r"NOT_FOUND: Resource 'projects/test-project/locations/us-central2-b/nodes/slice-a' "
-                     r"was not found\)", result.stderr), result.stderr
+                     r"was not found\. This command is authenticated as ", result.stderr), result.stderr
+    assert "ResourceInfo" not in result.stderr and "Traceback" not in result.stderr
 
 
 def test_rehearse_needs_a_tpu_cluster():
@@ -175,6 +203,7 @@ def hosts(tmp_path_factory):
         yield e
 
 
+@pytest.mark.slow  # starts sshd
 def test_dry_run_shows_discovered_hosts_ids_and_megascale(tmp_path, hosts):
     install_two_slices(tmp_path / "bin")
     result = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster",
@@ -222,6 +251,7 @@ def _holder(tmp_path, held: str, env: dict) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # starts sshd
 def test_stale_holders_ours_always_others_only_when_asked(tmp_path, hosts, monkeypatch):
     install_two_slices(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")

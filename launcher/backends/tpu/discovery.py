@@ -94,7 +94,10 @@ def gcloud_json(cluster: TpuCluster, source: str, args: list, key: str) -> dict:
     except subprocess.TimeoutExpired:
         raise LaunchError(f"`{shown}` gave no answer within {cluster.gcloud_timeout_s:g} s; "
                           "nothing was started") from None
-    error = " ".join(done.stderr.strip().splitlines()[-2:])
+    # gcloud's own error is its "ERROR: (gcloud.<command>) ..." line; what follows it is
+    # detail (a NOT_FOUND is followed by a google.rpc.ResourceInfo block as YAML)
+    lines = done.stderr.strip().splitlines()
+    error = " ".join([line for line in lines if line.startswith("ERROR:")][:1] or lines[-2:])
     if done.returncode != 0:
         if "NOT_FOUND" in done.stderr:
             where = f"zone {cluster.zone}" + (f", project {cluster.project}" if cluster.project else "")
@@ -126,8 +129,10 @@ def slice_names(job) -> tuple[list, str]:
     names = []
     for spec in (qr.get("tpu") or {}).get("nodeSpec", []):
         multi = spec.get("multisliceParams")
-        if multi:  # slices of a multislice request are named <nodeIdPrefix>-<i>
-            names += [f"{multi['nodeIdPrefix']}-{i}" for i in range(int(multi["nodeCount"]))]
+        if multi:  # slices of a multislice request are named <nodeIdPrefix>-<i>; the prefix is
+            # optional and defaults to the queued resource's id (TPU API v2 MultisliceParams)
+            prefix = multi.get("nodeIdPrefix") or name
+            names += [f"{prefix}-{i}" for i in range(int(multi["nodeCount"]))]
         else:
             names.append(spec["nodeId"])
     if len(names) != cluster.slice_count:
