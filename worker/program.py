@@ -122,9 +122,29 @@ def initialize(num_steps: int | None = None):
     print(f"process {jax.process_index()}/{jax.process_count()} joined "
           f"{me.coordinator_address}", flush=True)
     _state.update(identity=me, num_steps=num_steps or job.program.num_steps)
-    atexit.register(_close)  # after JAX's own: runs before its shutdown barrier
+    atexit.register(_at_exit)  # after JAX's own: runs before its shutdown barrier
     sys.excepthook = _on_uncaught
+    _state["sys_exit"] = sys.exit
+    sys.exit = _sys_exit  # the code of sys.exit(n), which atexit hooks are not told
     return jax
+
+
+def _sys_exit(code=0):
+    _state["exit_code"] = code
+    _state["sys_exit"](code)
+
+
+def _at_exit() -> None:
+    """At a normal interpreter exit: write what process 0 holds; after reporting some steps
+    but not the last (and no ``done()``), exit at once, skipping JAX's shutdown barrier,
+    which would wait for peers that are waiting for this process in a collective."""
+    reporter = _state.get("reporter")
+    early = (reporter is not None and reporter.last_step < reporter.num_steps
+             and not _state.get("done"))
+    _close(wait_s=0.5 if early else 60.0)
+    if early:
+        code = _state.get("exit_code", 0)
+        _exit_now(code if isinstance(code, int) else 1)
 
 
 def _on_uncaught(kind, exc, tb) -> None:
@@ -247,6 +267,7 @@ def report(step: int, **scalars) -> None:
 def done() -> None:
     """Say the program completed (the launcher counts its exit 0 as a success)."""
     _close(wait_s=60.0)
+    _state["done"] = True
     print(contract.DONE_LINE, flush=True)
 
 
