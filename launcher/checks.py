@@ -28,6 +28,8 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
       SpecError: that exceeds 80% of the machine's memory (``memory_bytes``,
         default the physical memory from ``sysconf``).
     """
+    if spec.program is not None:  # its memory is the program's business
+        return
     data = spec.data
     if data.source != "synthetic":
         return
@@ -82,7 +84,7 @@ def check_task_importable(spec, pythonpath: str | None = None) -> None:
     Raises:
       SpecError: the module is not on the workers' search path (``worker_search_path``).
     """
-    if spec.task.name in BUILTIN_TASKS:
+    if spec.program is not None or spec.task.name in BUILTIN_TASKS:
         return
     module = spec.task.name.split(":")[0]
     if pythonpath is None:

@@ -154,7 +154,7 @@ def _write_run_files(plan: planning.Plan) -> None:
         f.write(f"# resolved from {os.path.abspath(plan.job.source)}; secrets masked\n")
         yaml.safe_dump(plan.job.to_masked_dict(), f, sort_keys=False)
     # the worker's keys only (its contract, no defaults); secrets in clear: mode 0600
-    jobs.WorkerJob.from_spec_dict(resolved).to_json(plan.job_path)
+    jobs.for_spec_dict(resolved).to_json(plan.job_path)
 
 
 def _interrupt(signum, frame):

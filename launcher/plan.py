@@ -35,6 +35,8 @@ class Placement:
       env: extra environment for this host's workers (the user's ``cluster.env``
         and anything the backend adds, e.g. a TPU slice's MEGASCALE values).
       label_host: whether console labels name the host (``[p3 host-c]``).
+      cwd: the directory a program job's processes start in (None: the backend's own, e.g.
+        an ssh host's workdir, where the program's directory is synced).
     """
 
     host: str
@@ -46,6 +48,7 @@ class Placement:
     job_path: str
     env: dict = dataclasses.field(default_factory=dict)
     label_host: bool = True
+    cwd: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +63,10 @@ class ProcessPlan:
       argv: the command, argv[0] being the python interpreter.
       log_path: the launcher-side log file of this process's output.
       label: the console prefix, ``p3`` or ``p3 host-c``.
+      python: the host's interpreter (it runs the wrapper; argv[0] for the built-in worker).
+      cwd: where the process starts (None: the backend's default directory).
+      program: argv is the user's program (``job.program``), not the built-in worker:
+        an exit 0 without a last step counts as success unless it reported steps.
     """
 
     process_id: int
@@ -69,6 +76,9 @@ class ProcessPlan:
     argv: tuple
     log_path: str
     label: str = ""
+    python: str = ""
+    cwd: str | None = None
+    program: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +139,23 @@ def worker_env(job, placement: Placement, coordinator_address: str, process_id: 
         platform=placement.platform, job_path=placement.job_path,
         run_dir=placement.run_dir).to_env())
     env.update(placement.env)
+    if job.is_program:
+        # jax.distributed.initialize() with no arguments reads it (and worker.program passes it)
+        env["JAX_COORDINATOR_ADDRESS"] = coordinator_address
+        env.update(job.program.env)
     return env
+
+
+PYTHON_NAMES = ("python", "python3")
+
+
+def program_argv(job, placement: Placement) -> tuple:
+    """The program's argv on ``placement``'s host: a leading ``python``/``python3`` is the
+    host's interpreter (the cluster's ``python``), as for the built-in worker."""
+    argv = tuple(job.program.argv)
+    if argv[0] in PYTHON_NAMES:
+        argv = (placement.python,) + argv[1:]
+    return argv
 
 
 def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
@@ -160,8 +186,10 @@ def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
                 process_id=process_id, host=placement.host,
                 local_device_count=placement.local_device_count,
                 env=worker_env(job, placement, coordinator_address, process_id),
-                argv=(placement.python, "-m", "worker"),
-                log_path=log_path(run_dir, process_id), label=label))
+                argv=program_argv(job, placement) if job.is_program
+                else (placement.python, "-m", "worker"),
+                log_path=log_path(run_dir, process_id), label=label, python=placement.python,
+                cwd=placement.cwd, program=job.is_program))
     return Plan(job=job, run_dir=run_dir, coordinator_address=coordinator_address,
                 processes=tuple(processes), placements=placements)
 
@@ -178,10 +206,11 @@ def for_attempt(plan: Plan, attempt: int, resume: bool) -> Plan:
 def describe(plan: Plan) -> str:
     """The ``--dry-run`` text: per process its host, id, env (secrets masked) and command."""
     job = plan.job
+    batch = ("" if job.is_program else f"; global_batch_size {job.train.global_batch_size} "
+             f"= {job.per_device_batch_size} per device")
     lines = [
         f"job {job.name}: {plan.num_processes} processes x {job.local_device_count} devices "
-        f"= device_count {job.device_count}; global_batch_size {job.train.global_batch_size} "
-        f"= {job.per_device_batch_size} per device",
+        f"= device_count {job.device_count}{batch}",
         job.epoch_text(),
         f"coordinator_address {plan.coordinator_address}",
         f"run directory {plan.run_dir}",
@@ -189,7 +218,8 @@ def describe(plan: Plan) -> str:
     for process in plan.processes:
         env = masked(process.env, job.secrets)
         lines.append(f"{process.label}: host {process.host}, process_id {process.process_id}, "
-                     f"{process.local_device_count} devices, log {process.log_path}")
+                     f"{process.local_device_count} devices, log {process.log_path}"
+                     + (f", in {process.cwd}" if process.cwd else ""))
         lines.append("  " + " ".join(["env"] + [f"{k}={shlex.quote(v)}" for k, v in env.items()]
                                      + [shlex.quote(a) for a in process.argv]))
     return "\n".join(lines)

@@ -19,6 +19,7 @@ import re
 from typing import Any, Literal
 
 from launcher import backends, datafiles, schema, yamlio
+from launcher.programspec import ProgramSpec, check_program
 from launcher.checks import BUILTIN_TASKS
 from launcher.errors import Problem, SpecError
 from launcher.schema import MISSING, non_negative, positive, setting
@@ -147,7 +148,8 @@ class JobSpec:
     task: TaskSpec = setting(TaskSpec())
     data: DataSpec = setting(DataSpec())
     optimizer: OptimizerSpec = setting(OptimizerSpec())
-    train: TrainSpec = setting()
+    train: TrainSpec | None = setting(None, doc="required unless program is given")
+    program: ProgramSpec | None = setting(None, doc="run your own program instead of the trainer")
     logging: LoggingSpec = setting(LoggingSpec())
     distributed: DistributedSpec = setting(DistributedSpec())
     checkpoint: CheckpointSpec = setting(CheckpointSpec())
@@ -181,12 +183,18 @@ class JobSpec:
     def per_device_batch_size(self) -> int:
         return self.train.global_batch_size // self.device_count
 
+    @property
+    def is_program(self) -> bool:  # the user's own command runs as each process's worker
+        return self.program is not None
+
     def where(self, key: tuple) -> tuple:
         """(file or ``--set``, line or None) that set ``key`` (one of ``LATE_CHECKED``)."""
         return self.locations.get(key, (self.source, None))
 
     def epoch_text(self) -> str:
         """How many rows each epoch uses, and what happens to the rest, in words."""
+        if self.is_program:
+            return f"program: {' '.join(self.program.argv)} (from {self.program.dir})"
         rows, batch = self.data_rows, self.train.global_batch_size
         whole, rest = divmod(rows, batch)
         text = f"data: {rows} rows, global_batch_size {batch}: "
@@ -347,6 +355,8 @@ def _build_cluster(raw: Any, ctx: schema.Context) -> Any:
 
 def _check_job(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:
     """Cross-field checks: batch over devices, data source settings, data files."""
+    if spec.program is not None or spec.train is None:  # train is optional for programs only
+        return check_program(spec, raw, ctx)
     train, data = spec.train, spec.data
     if train.global_batch_size % spec.device_count:
         ctx.error(("train", "global_batch_size"),

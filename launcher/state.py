@@ -192,7 +192,7 @@ class Tracked:
         ended = self.worker.poll()
         if ended is None:
             return False
-        if ended.ok and not self._saw_finish():
+        if ended.ok and not self._saw_finish() and self._expected_finish():
             ended = dataclasses.replace(ended, early=self._early_text())
         self.exit, self.ended_at = ended, clock()
         self.state = State.SUCCEEDED if ended.ok else State.FAILED
@@ -206,6 +206,12 @@ class Tracked:
                 and time.monotonic() < deadline:
             time.sleep(0.01)
         return self.finished
+
+    def _expected_finish(self) -> bool:
+        """Whether an exit 0 needed a finish line: always for the built-in worker; for a
+        program job (``ProcessPlan.program``) only once it reported a step (its progress
+        lines name the last step), since a program that never reports ends as it sees fit."""
+        return not self.plan.program or self.stats.progress is not None
 
     def _early_text(self) -> str:
         progress = self.stats.progress

@@ -129,29 +129,8 @@ class WatchdogConfig(_Section):
     stall_timeout_s: float | None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WorkerJob(_Section):
-    """What one worker trains: the part of the resolved spec the worker reads.
-
-    Attributes:
-      name: the job's name (shown in TensorBoard's text tab).
-      task, data, optimizer, train, logging, distributed, checkpoint, watchdog:
-        the spec's sections of the same names, each with only the keys the
-        worker reads.
-      secrets: the spec's ``secrets`` (key names masked, with ``worker.redact``'s
-        rule, in what the worker writes: TensorBoard's spec text and hparams).
-    """
-
-    name: str
-    secrets: list[str]
-    task: TaskConfig
-    data: DataConfig
-    optimizer: OptimizerConfig
-    train: TrainConfig
-    logging: LoggingConfig
-    distributed: DistributedConfig
-    checkpoint: CheckpointConfig
-    watchdog: WatchdogConfig
+class _JobFile(_Section):
+    """Reading and writing a job file (``job.json``); shared by ``WorkerJob`` and ``ProgramJob``."""
 
     def to_dict(self) -> dict:
         """Nested plain dicts, in field order (JSON-ready)."""
@@ -209,6 +188,73 @@ class WorkerJob(_Section):
             return cls.from_dict(d)
         except ContractError as exc:
             raise ContractError(f"{path}: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerJob(_JobFile):
+    """What one worker trains: the part of the resolved spec the worker reads.
+
+    Attributes:
+      name: the job's name (shown in TensorBoard's text tab).
+      task, data, optimizer, train, logging, distributed, checkpoint, watchdog:
+        the spec's sections of the same names, each with only the keys the
+        worker reads.
+      secrets: the spec's ``secrets`` (key names masked, with ``worker.redact``'s
+        rule, in what the worker writes: TensorBoard's spec text and hparams).
+    """
+
+    name: str
+    secrets: list[str]
+    task: TaskConfig
+    data: DataConfig
+    optimizer: OptimizerConfig
+    train: TrainConfig
+    logging: LoggingConfig
+    distributed: DistributedConfig
+    checkpoint: CheckpointConfig
+    watchdog: WatchdogConfig
+
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProgramConfig(_Section):
+    """``program``: ``num_steps`` the program will report (None: it did not say)."""
+
+    num_steps: int | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProgramJob(_JobFile):
+    """What ``worker.program`` (the helper a user's program calls) reads: a program job's
+    ``job.json``. The trainer's sections are absent: the program trains itself.
+
+    Attributes:
+      name, secrets, logging, distributed, watchdog: as in ``WorkerJob``.
+      program: what the helper needs to know of the program (``num_steps``).
+    """
+
+    name: str
+    secrets: list[str]
+    program: ProgramConfig
+    logging: LoggingConfig
+    distributed: DistributedConfig
+    watchdog: WatchdogConfig
+
+
+def for_spec_dict(resolved: dict) -> WorkerJob:
+    """The job.json of a resolved spec: a ``ProgramJob`` for a program job, else a ``WorkerJob``."""
+    return (ProgramJob if resolved.get("program") else WorkerJob).from_spec_dict(resolved)
+
+
+def read(path: str) -> WorkerJob:
+    """Read ``job.json`` as whichever job it holds (``ProgramJob`` when it has ``program``)."""
+    with open(path, "r", encoding="utf-8") as f:
+        text = f.read()
+    try:
+        is_program = "program" in json.loads(text)
+    except (ValueError, TypeError):
+        is_program = False
+    return (ProgramJob if is_program else WorkerJob).from_json(path)
 
 
 def _build(cls, d: Any, prefix: str, problems: list):

@@ -72,8 +72,8 @@ class LocalWorker:
         self.pgid: int | None = None
         self._reported: str | None = None
         self._eof = threading.Event()
-        argv = remote.python_call(plan.argv[0], "wrapper", {
-            "argv": list(plan.argv), "pid_file": None, "run_dir": plan.env.get(contract.RUN_DIR, "."),
+        argv = remote.python_call(plan.python or plan.argv[0], "wrapper", {
+            "argv": list(plan.argv), "cwd": plan.cwd, "pid_file": None, "run_dir": plan.env.get(contract.RUN_DIR, "."),
             "process_id": plan.process_id, "grace_s": grace_s, "parent_pid": os.getpid(),
             "env_from_stdin": True})
         try:
@@ -171,7 +171,7 @@ def local_placement(job, run_dir: str, python: str, num_processes: int,
     return Placement(host="localhost", num_processes=num_processes,
                      local_device_count=local_device_count, platform="cpu", python=python,
                      run_dir=run_dir, job_path=os.path.join(run_dir, "job.json"), env=env,
-                     label_host=False)
+                     label_host=False, cwd=job.program.dir if job.is_program else None)
 
 
 class LocalSession(Session):

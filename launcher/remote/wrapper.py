@@ -21,7 +21,8 @@ backend) the wrapper gets SIGTERM when that parent dies (PR_SET_PDEATHSIG),
 so even a SIGKILLed launcher leaves nothing behind.
 
 Args (one JSON object): ``argv`` (the worker's command), ``pid_file`` (or
-null), ``run_dir`` (created), ``process_id``; optional ``grace_s`` (default
+null), ``run_dir`` (created), ``process_id``; optional ``cwd`` (where the worker
+starts; a program job's directory), ``grace_s`` (default
 3), ``parent_pid`` (die with it), ``env_from_stdin`` (read the worker's extra
 environment as one JSON object on stdin, so it never shows in a command line
 or in the wrapper's own environment).
@@ -95,7 +96,7 @@ def main(args):
                 for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         p = subprocess.Popen(args["argv"], start_new_session=True, stdin=subprocess.DEVNULL,
-                             stderr=subprocess.STDOUT, env=env,
+                             stderr=subprocess.STDOUT, env=env, cwd=args.get("cwd"),
                              preexec_fn=proctl.die_with_parent if parent_pid is not None else None)
         worker["p"] = p
         if stop["at"] is not None:  # a signal came while it started

@@ -46,6 +46,8 @@ def state_dir(workdir: str, job_name: str) -> str:
 
 def modules(job) -> list:
     """The modules a worker of ``job`` imports first: ``worker.main`` and a user task's module."""
+    if job.is_program:  # the user's program: what it imports is its business
+        return []
     names = ["worker.main"]
     if job.task.name not in BUILTIN_TASKS:
         names.append(job.task.name.split(":")[0])

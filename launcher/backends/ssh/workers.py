@@ -176,6 +176,9 @@ def start_host(plan: planning.Plan, index: int, host: Host, settings: SshSetting
     if settings.sync_dir:
         copied = transfer.sync_dir(sftp, expand(settings.sync_dir), host.workdir)
         console.say(f"{host.name}: synced {settings.sync_dir} ({copied} files changed)")
+    if plan.job.is_program:  # the program runs in the workdir, from its synced directory
+        copied = transfer.sync_dir(sftp, plan.job.program.dir, host.workdir)
+        console.say(f"{host.name}: synced {plan.job.program.dir} ({copied} files changed)")
     workers = []
     for process in plan.on_host(index):
         pid_file = os.path.join(state_dir(host.workdir, plan.job.name),

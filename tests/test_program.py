@@ -1,0 +1,145 @@
+"""Program jobs (``program:``): the spec, the seed as a program, and faults with real workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from helpers import REPO, launch, run_pids
+
+from launcher import spec
+from launcher.errors import SpecError
+
+PROGRAM_JOB = """\
+name: faulty
+program:
+  argv: [python, faulty_program.py, {mode}, "{target}", "{at}"]
+  num_steps: 20
+  env: {{STEPS: "20"}}
+logging: {{log_every_steps: 5}}
+watchdog: {{stall_timeout_s: 30}}
+cluster: {{backend: local, num_processes: 3, devices_per_process: 1, grace_s: 2}}
+"""
+
+
+def _program_job(tmp_path, mode: str, target: int = 1, at: int = 5) -> str:
+    path = tmp_path / "faulty.yaml"
+    path.write_text(PROGRAM_JOB.format(mode=mode, target=target, at=at))
+    os.symlink(os.path.join(REPO, "tests", "faulty_program.py"), tmp_path / "faulty_program.py")
+    return str(path)
+
+
+def test_program_with_a_trainer_section_is_a_spec_error_naming_both(tmp_path):
+    path = tmp_path / "mixed.yaml"
+    path.write_text("name: mixed\nprogram: {argv: [python, x.py]}\n"
+                    "train: {num_steps: 5, global_batch_size: 4}\n")
+    with pytest.raises(SpecError) as err:
+        spec.load(str(path))
+    assert [str(p) for p in err.value.problems] == [
+        f"{path}:3: train: cannot be combined with program: a program job runs its own "
+        "training; remove train (or program)"]
+    done = launch(str(path))
+    assert done.returncode == 2 and "train: cannot be combined with program" in done.stderr
+
+
+def test_neither_program_nor_train_names_both(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("name: empty\n")
+    with pytest.raises(SpecError, match="train: missing; .* or a program: section"):
+        spec.load(str(path))
+
+
+def test_program_dry_run_and_set(tmp_path):
+    done = launch("jobs/seed_program.yaml", "--dry-run", "--set", "program.num_steps=7",
+                  "--set", "cluster.num_processes=4", "--run-dir", str(tmp_path / "r"))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout + done.stderr
+    assert "job seed_program: 4 processes x 2 devices" in out
+    assert out.count("/python examples/seed_program.py --steps 100 --lr 0.1") == 4  # the cluster python
+    assert "JAX_COORDINATOR_ADDRESS=127.0.0.1:" in out and f", in {REPO}" in out
+    job = spec.load(os.path.join(REPO, "jobs", "seed_program.yaml"), None,
+                    ("program.num_steps=7",))
+    assert job.program.num_steps == 7 and job.task is None and job.train is None
+    assert job.watchdog.first_step_timeout_s is None  # not set: a program may never report
+
+
+def _final_loss(run_dir) -> float:
+    with open(os.path.join(run_dir, "tensorboard", "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f][-1]["final_loss"]
+
+
+@pytest.mark.slow
+def test_seed_program_matches_linear_yaml(tmp_path):
+    ran = {}
+    for job in ("linear", "seed_program"):
+        done = launch(f"jobs/{job}.yaml", "--run-dir", str(tmp_path / job))
+        assert done.returncode == 0, done.stdout + done.stderr
+        ran[job] = _final_loss(tmp_path / job)
+    assert ran["seed_program"] == pytest.approx(ran["linear"], rel=1e-5)
+    assert 0.008 < ran["linear"] < 0.0095  # the noise floor of the synthetic data
+    with open(tmp_path / "seed_program" / "tensorboard" / "metrics.jsonl", encoding="utf-8") as f:
+        last = json.loads(f.readlines()[-1])
+    assert {"step_time_s/process_000", "step_time_s/process_001"} <= set(last)
+
+
+def _failed(out: str) -> str:
+    return out[out.index("FAILED:"):]
+
+
+@pytest.mark.slow
+def test_program_killed_at_step_k_fails_fast_with_its_root_cause(tmp_path):
+    run_dir = tmp_path / "run"
+    done = launch(_program_job(tmp_path, "kill9", target=2, at=5), "--run-dir", str(run_dir),
+                  timeout_s=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert _failed(out).startswith("FAILED: process_id 2 on localhost (killed by SIGKILL) "), out
+    assert not run_pids(str(run_dir))
+
+
+@pytest.mark.slow
+def test_program_exiting_0_early_is_a_failure(tmp_path):
+    run_dir = tmp_path / "run"
+    done = launch(_program_job(tmp_path, "exit0", target=1, at=5), "--run-dir", str(run_dir),
+                  timeout_s=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert _failed(out).startswith(
+        "FAILED: process_id 1 on localhost (exit code 0 before its last step (last logged step "
+        "5 of 20; it never said done))"), out
+    assert not run_pids(str(run_dir))
+
+
+@pytest.mark.slow
+def test_program_crashing_before_it_joins_is_named_within_5s(tmp_path):
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    done = launch(_program_job(tmp_path, "crash-before-join", target=1), "--run-dir",
+                  str(run_dir), timeout_s=120)
+    elapsed = time.monotonic() - started
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    failed = _failed(out)
+    assert failed.startswith("FAILED: process_id 1 on localhost (exit code 1)"), out
+    assert "no such dataset (on purpose, before joining)" in failed
+    # the whole launch, python start-up and teardown included: the peers blocked in
+    # initialize were stopped, not left to the 60 s initialization timeout
+    assert elapsed < 5, (elapsed, out)
+    assert not run_pids(str(run_dir))
+
+
+@pytest.mark.slow
+def test_program_that_never_reports_succeeds_on_exit_0(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("import jax\njax.distributed.initialize(num_processes=2, process_id="
+                      "int(__import__('os').environ['PODLAUNCH_PROCESS_ID']))\n"
+                      "print('devices', jax.device_count())\n")
+    path = tmp_path / "plain.yaml"
+    path.write_text("name: plain\nprogram: {argv: [python, plain.py]}\n"
+                    "cluster: {backend: local, num_processes: 2, devices_per_process: 1}\n")
+    done = launch(str(path), "--run-dir", str(tmp_path / "run"), timeout_s=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "devices 2" in done.stdout

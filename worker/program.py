@@ -1,0 +1,278 @@
+"""Helpers for your own program run by podlaunch (a ``program:`` job): join, report, done.
+
+A program job runs the user's command as every process's worker. Nothing here
+is required: a program that calls ``jax.distributed.initialize()`` itself (it
+reads ``JAX_COORDINATOR_ADDRESS``) and never reports still gets prefixed logs,
+fail-fast, teardown and exit-code-based restarts. With these helpers it gets
+the rest of what the built-in trainer has::
+
+    from worker import program
+
+    jax = program.initialize()           # join with every value explicit, check the topology
+    for step in range(1, num_steps + 1):
+        loss = ...
+        program.report(step, loss=loss)  # status line, watchdog, TensorBoard (process 0)
+
+* ``initialize()``: ``jax.distributed.initialize`` with the launcher's
+  coordinator address, process count and id (``worker.main.join``: the same
+  JOINING lines and the same post-init check as the trainer: exit 3 with the
+  same message when JAX disagrees with the plan).
+* ``report(step, **scalars)``: at log steps (``logging.log_every_steps``, and
+  the last step ``program.num_steps``) a progress line the launcher parses
+  (status line, per-process step times, "finished"), and on process 0
+  TensorBoard scalars and ``metrics.jsonl``, with every process's step time
+  (``step_time_s/process_NNN``, through JAX's coordination service, no device
+  collective); between them heartbeats for the stall watchdog.
+* ``done()``: says the program completed (``contract.DONE_LINE``), e.g. when it
+  stops before ``num_steps`` on purpose. Reporting the last step says so too.
+
+An exit 0 after reporting steps, but before the last one and without ``done()``,
+is a failure (the launcher names it), as for the trainer.
+
+Where things are (environment): ``PODLAUNCH_RUN_DIR`` (``run_dir()``),
+``checkpoint_dir()`` (``<run dir>/checkpoints``), ``PODLAUNCH_ATTEMPT``
+(``attempt()``), ``PODLAUNCH_RESUME`` (``resuming()``: restore your latest
+checkpoint).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import signal
+import sys
+import time
+
+from worker import contract
+from worker import job as jobs
+
+_state: dict = {}
+
+
+def identity() -> contract.Identity:
+    """This process's identity as the launcher planned it (``contract.Identity.from_env``)."""
+    return contract.Identity.from_env(os.environ)
+
+
+def run_dir() -> str:
+    """The run directory as this host sees it (TensorBoard and logs of process 0 go there)."""
+    return os.environ[contract.RUN_DIR]
+
+
+def checkpoint_dir() -> str:
+    """Where the program's own checkpoints belong: ``<run dir>/checkpoints`` (over ssh the
+    launcher mirrors ``step-NNNNNNN`` directories of host 0 back, see docs/recovery.md)."""
+    return os.path.join(run_dir(), contract.CHECKPOINTS_DIR)
+
+
+def attempt() -> int:
+    """0 for the first attempt, n for the n-th restart."""
+    return int(os.environ.get(contract.ATTEMPT) or 0)
+
+
+def resuming() -> bool:
+    """Whether this attempt continues an earlier one (a restart or ``--resume``)."""
+    return os.environ.get(contract.RESUME) == "1"
+
+
+def _job() -> jobs.ProgramJob:
+    if "job" not in _state:
+        _state["job"] = jobs.ProgramJob.from_json(identity().job_path)
+    return _state["job"]
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _on_sigterm(signum, frame):
+    # The launcher's TERM (a peer failed, Ctrl-C): write what process 0 holds, then go,
+    # skipping JAX's shutdown barrier (it would wait minutes for peers that are gone).
+    _close(wait_s=0.5)
+    _exit_now(128 + signum)
+
+
+def initialize(num_steps: int | None = None):
+    """Join JAX like the built-in worker and check what JAX reports against the plan.
+
+    Args:
+      num_steps: steps this program will ``report`` (default: the spec's ``program.num_steps``).
+
+    Returns:
+      The ``jax`` module, joined.
+
+    Exits (never returns) with ``contract.EXIT_MISMATCH`` (3) when the identity in the
+    environment is missing or JAX disagrees with the launcher's plan, and with
+    ``contract.EXIT_INIT`` (4) when ``jax.distributed.initialize`` raises.
+    """
+    from worker import main
+
+    try:
+        me = identity()
+        job = _job()
+        jax = main.join(me, job)
+    except contract.ContractError as exc:
+        print(f"worker: {exc}", flush=True)
+        _exit_now(contract.EXIT_MISMATCH)
+    # jax.distributed.initialize installs a SIGTERM handler that swallows the launcher's TERM
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    print(f"process {jax.process_index()}/{jax.process_count()} joined "
+          f"{me.coordinator_address}", flush=True)
+    _state.update(identity=me, num_steps=num_steps or job.program.num_steps)
+    atexit.register(_at_exit)  # after JAX's own: runs before its shutdown barrier
+    sys.excepthook = _on_uncaught
+    _state["sys_exit"] = sys.exit
+    sys.exit = _sys_exit  # the code of sys.exit(n), which atexit hooks are not told
+    return jax
+
+
+def _sys_exit(code=0):
+    _state["exit_code"] = code
+    _state["sys_exit"](code)
+
+
+def _at_exit() -> None:
+    """At a normal interpreter exit: write what process 0 holds; after reporting some steps
+    but not the last (and no ``done()``), exit at once, skipping JAX's shutdown barrier,
+    which would wait for peers that are waiting for this process in a collective."""
+    reporter = _state.get("reporter")
+    early = (reporter is not None and reporter.last_step < reporter.num_steps
+             and not _state.get("done"))
+    _close(wait_s=0.5 if early else 60.0)
+    if early:
+        code = _state.get("exit_code", 0)
+        _exit_now(code if isinstance(code, int) else 1)
+
+
+def _on_uncaught(kind, exc, tb) -> None:
+    """An uncaught error after joining: say when and at which step (the launcher's root
+    cause orders a cascade by it), write what process 0 holds, and exit 1 at once,
+    skipping JAX's shutdown barrier (peers stuck in a collective would hold it)."""
+    import traceback
+
+    traceback.print_exception(kind, exc, tb)
+    reporter = _state.get("reporter")
+    print(contract.FAILED_TIME_FORMAT.format(at=time.time()), flush=True)
+    print(contract.FAILED_FORMAT.format(step=reporter.last_step if reporter else 0,
+                                        error=f"{kind.__name__}: {exc}"), flush=True)
+    _close(wait_s=0.5)
+    _exit_now(1)
+
+
+class _Reporter:
+    """Progress lines, heartbeats, and process 0's TensorBoard scalars for ``report``."""
+
+    def __init__(self, me: contract.Identity, job: jobs.ProgramJob, num_steps: int):
+        from worker.metrics import process_tag
+        from worker.tracker import make_tracker
+
+        self.me, self.num_steps, self.process_tag = me, num_steps, process_tag
+        self.log_every = job.logging.log_every_steps
+        self.interval_s = contract.heartbeat_interval_s(job.watchdog.stall_timeout_s)
+        self.tracker = make_tracker(me.run_dir, me.process_id, job.logging.tensorboard)
+        self.gather = None
+        if job.logging.tensorboard and me.num_processes > 1:
+            from worker.gather import KeyValueGather
+
+            self.gather = KeyValueGather(me.process_id, me.num_processes)
+        self.held: list = []  # process 0: (step, values) until every process's time is in
+        self.mark = time.perf_counter()
+        self.mark_step = 0
+        self.last_beat = -math.inf
+        self.last_step = 0
+        self.final_loss = None
+        self.first = True
+
+    def report(self, step: int, scalars: dict) -> None:
+        now = time.perf_counter()
+        self.last_step = step
+        if not (step % self.log_every == 0 or step == self.num_steps):
+            if self.interval_s is not None and now - self.last_beat >= self.interval_s:
+                print(contract.HEARTBEAT_FORMAT.format(step=step), flush=True)
+                self.last_beat = now
+            return
+        values = {k: float(v) for k, v in scalars.items()}  # waits for device values: a sync
+        now = time.perf_counter()
+        steps = max(1, step - self.mark_step)
+        step_time_s = (now - self.mark) / steps
+        self.mark, self.mark_step = now, step
+        loss = values.get("loss", math.nan)
+        # a program's own host time is not told apart from JAX's: both numbers are the wall time
+        print(contract.PROGRESS_FORMAT.format(
+            step=step, num_steps=self.num_steps, loss=loss, steps_per_s=1.0 / step_time_s,
+            step_time_s=step_time_s, own_step_time_s=step_time_s), flush=True)
+        self.last_beat = now
+        if self.first:
+            self.first = False  # the first interval holds start-up and compilation
+        values["step_time_s"] = step_time_s
+        if step == self.num_steps and "loss" in values:
+            self.final_loss = values["final_loss"] = loss
+        if self.gather is None:
+            values[self.process_tag(self.me.process_id)] = step_time_s
+            self.tracker.scalars(step, values)
+            self.tracker.flush()
+            return
+        self.gather.post([(step, step_time_s)])
+        if self.me.process_id == 0:
+            self.held.append((step, values))
+            self._write(self.gather.collect(s for s, _ in self.held))
+
+    def _write(self, arrived: dict) -> None:
+        while self.held and self.held[0][0] in arrived:
+            step, values = self.held.pop(0)
+            values.update(zip(map(self.process_tag, range(self.me.num_processes)), arrived[step]))
+            self.tracker.scalars(step, values)
+        self.tracker.flush()
+
+    def close(self, wait_s: float) -> None:
+        if self.held:
+            try:
+                self._write(self.gather.wait([s for s, _ in self.held], timeout_s=wait_s))
+            except Exception:  # noqa: BLE001 - process 0's store may be gone: write what came
+                pass
+            for step, values in self.held:
+                self.tracker.scalars(step, values)
+            self.held = []
+        if self.final_loss is not None:
+            self.tracker.hparams({"num_steps": self.num_steps}, {"final_loss": self.final_loss})
+        self.tracker.close()
+
+
+def report(step: int, **scalars) -> None:
+    """Report that ``step`` (counting from 1) is done, with its scalars (``loss=...``).
+
+    Every call is cheap except at log steps (every ``logging.log_every_steps`` and the last
+    step), where the scalars are read (a device sync for JAX arrays) and printed as the
+    launcher's progress line; process 0 also writes them to TensorBoard and metrics.jsonl.
+
+    Raises:
+      RuntimeError: ``initialize`` was not called, or no ``num_steps`` is known.
+    """
+    if "identity" not in _state:
+        raise RuntimeError("worker.program.report: call worker.program.initialize() first")
+    reporter = _state.get("reporter")
+    if reporter is None:
+        num_steps = _state["num_steps"]
+        if not num_steps:
+            raise RuntimeError("worker.program.report needs the number of steps: set "
+                               "program.num_steps in the spec or pass "
+                               "initialize(num_steps=...)")
+        reporter = _state["reporter"] = _Reporter(_state["identity"], _job(), num_steps)
+    reporter.report(step, scalars)
+
+
+def done() -> None:
+    """Say the program completed (the launcher counts its exit 0 as a success)."""
+    _close(wait_s=60.0)
+    _state["done"] = True
+    print(contract.DONE_LINE, flush=True)
+
+
+def _close(wait_s: float = 60.0) -> None:
+    """Write what process 0 holds (once): at ``done()``, at exit, on SIGTERM."""
+    reporter = _state.pop("reporter", None)
+    if reporter is not None:
+        reporter.close(wait_s)
