@@ -30,6 +30,12 @@ def _on_sigterm(signum, frame):
 def join(identity: contract.Identity, job: jobs.WorkerJob):
     """``jax.distributed.initialize``, then check what JAX reports against the plan.
 
+    A job of one process (``identity.num_processes`` 1, identity explicit, no
+    ``LOCAL_DEVICE_IDS``) skips ``jax.distributed.initialize`` (see
+    ``single_process``): the same checks follow, and nothing it trains needs
+    the cross-process runtime (``worker.gather`` is off for one process, and
+    ``multihost_utils.broadcast_one_to_all`` returns its input).
+
     By default every argument is explicit (``cluster_detection_method="deactivate"``).
     When the launcher sets ``identity.cluster_detection_method``
     (``contract.CLUSTER_DETECTION_METHOD``) to another of JAX's methods
@@ -42,8 +48,6 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
     """
     import jax
 
-    if identity.platform == "cpu":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     dist = job.distributed
     detection = identity.cluster_detection_method or "deactivate"
     explicit = {} if detection != "deactivate" else {
@@ -51,13 +55,16 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
     device_ids = os.environ.get(contract.LOCAL_DEVICE_IDS)
     if device_ids:  # slurm GPU jobs: this process's devices by index
         explicit["local_device_ids"] = [int(i) for i in device_ids.split(",")]
-    jax.distributed.initialize(
-        coordinator_address=identity.coordinator_address,
-        cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing
-        initialization_timeout=dist.initialization_timeout_s,
-        heartbeat_timeout_seconds=dist.heartbeat_timeout_s,
-        **explicit,
-    )
+    if not single_process(identity, device_ids):
+        if identity.platform == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=identity.coordinator_address,
+            cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing
+            initialization_timeout=dist.initialization_timeout_s,
+            heartbeat_timeout_seconds=dist.heartbeat_timeout_s,
+            **explicit,
+        )
     seen = {
         "process_count": (jax.process_count(), identity.num_processes),
         "process_index": (jax.process_index(), identity.process_id),
@@ -72,6 +79,22 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
         source = "" if detection == "deactivate" else f" (identity detected by JAX's {detection})"
         raise Mismatch("JAX disagrees with the launcher's plan" + source + ": " + "; ".join(wrong))
     return jax
+
+
+def single_process(identity: contract.Identity, device_ids: str | None = None) -> bool:
+    """Whether this worker runs without ``jax.distributed.initialize``: a job of one process.
+
+    Why: once the distributed runtime is up, JAX runs every ``pmean`` of this
+    process's devices through the cross-process CPU collectives (gloo), even
+    when there is no other process: the seed's step went from about 1,500 to
+    about 250 steps/s on 4 CPU devices with that one call (issue 13). One
+    process needs none of it. Not skipped when JAX detects the identity itself
+    (``cluster_detection_method`` set: its answer must be checked) or when the
+    launcher names the local devices (``LOCAL_DEVICE_IDS``: only
+    ``initialize`` applies them).
+    """
+    return (identity.num_processes == 1 and not identity.cluster_detection_method
+            and not device_ids)
 
 
 def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
@@ -238,12 +261,16 @@ def main() -> None:
         identity = contract.Identity.from_env(os.environ)
         job = jobs.WorkerJob.from_json(identity.job_path)
         jax = join(identity, job)
-        # jax.distributed.initialize installs its preemption notifier's SIGTERM
+        # jax.distributed.initialize (when called) installs its preemption notifier's SIGTERM
         # handler, which swallows the launcher's TERM: the worker then sat out
         # grace_s until SIGKILL, with its TensorBoard writer never closed.
         signal.signal(signal.SIGTERM, _on_sigterm)
-        print(f"process {jax.process_index()}/{jax.process_count()} joined "
-              f"{identity.coordinator_address}", flush=True)
+        if single_process(identity, os.environ.get(contract.LOCAL_DEVICE_IDS)):
+            print(f"process 0/1: one process, in-process collectives "
+                  "(no jax.distributed)", flush=True)
+        else:
+            print(f"process {jax.process_index()}/{jax.process_count()} joined "
+                  f"{identity.coordinator_address}", flush=True)
         train(identity, job, out=lambda text: print(text, flush=True))
     except contract.ContractError as exc:  # Mismatch too: a configuration problem, not retried
         print(f"worker: {exc}", flush=True)
@@ -253,5 +280,6 @@ def main() -> None:
     except BaseException:
         traceback.print_exc()
         _exit_now(1)
-    jax.distributed.shutdown()
+    if not single_process(identity, os.environ.get(contract.LOCAL_DEVICE_IDS)):
+        jax.distributed.shutdown()
     print("done", flush=True)
