@@ -82,6 +82,14 @@ class TrainSpec:
     global_batch_size: int = setting(check=positive,
                                      doc="examples per step over all devices; must divide by device_count")
     seed: int = setting(0, check=schema.seed, doc="seed of the parameter initialisation")
+    steps_per_call: int = setting(
+        1, check=schema.in_range(1, 100000),
+        doc="optimizer steps per device call (a lax.scan inside the mapped step): small steps "
+        "are dispatch-bound, so k > 1 runs faster with the same params; num_steps, "
+        "checkpoint.every_steps and logging.log_every_steps must be multiples of it")
+    allreduce: Literal["packed", "per_leaf"] = setting(
+        "packed", doc="packed: gradients and loss averaged in one flat buffer per dtype, one "
+        "collective per step (faster across processes); per_leaf: one pmean per array, as the seed")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -349,6 +357,14 @@ def _check_job(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:
                   f"{train.global_batch_size} does not divide evenly over device_count "
                   f"{spec.device_count} ({spec.num_processes} processes x "
                   f"{spec.local_device_count} devices); use a multiple of {spec.device_count}")
+    k = train.steps_per_call
+    for key, value in ((("train", "num_steps"), train.num_steps),
+                       (("checkpoint", "every_steps"), spec.checkpoint.every_steps),
+                       (("logging", "log_every_steps"), spec.logging.log_every_steps)):
+        if value % k:
+            ctx.error(key, f"{value} is not a multiple of train.steps_per_call {k} (steps run "
+                      f"{k} to a device call, and are logged, saved and ended at call "
+                      f"boundaries); use a multiple of {k}")
     raw_data = raw.get("data") or {}
     if data.source == "synthetic":
         if data.path is not None:

@@ -110,12 +110,13 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     from worker import metrics
     from worker import tasks
     from worker.tracker import make_tracker
-    from worker.train import (InFlight, make_optimizer, make_train_step, place, replicate,
-                              unreplicate)
+    from worker.train import (InFlight, make_optimizer, make_train_step, place, place_all,
+                              replicate, unreplicate)
 
     process_id = identity.process_id
     run_dir = identity.run_dir
     num_steps, global_batch = job.train.num_steps, job.train.global_batch_size
+    k = job.train.steps_per_call
 
     shard = datasets.load_shard(job.data, global_batch, process_id,
                                 identity.num_processes, jax.local_device_count())
@@ -126,19 +127,27 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     opt_state = optimizer.init(params)
     (params, opt_state), first_step = _resume(identity, job, (params, opt_state),
                                               shard.num_batches, out)
+    if (first_step - 1) % k:
+        raise ValueError(f"the checkpoint is at step {first_step - 1}, not a multiple of "
+                         f"train.steps_per_call {k}; resume with the steps_per_call that saved it")
     params, opt_state = replicate(params), replicate(opt_state)
-    step_fn = make_train_step(task.loss_fn, optimizer, with_metrics=True)
-    xs, ys = place(shard.x), place(shard.y)
+    step_fn = make_train_step(task.loss_fn, optimizer, with_metrics=True, steps_per_call=k,
+                              allreduce=job.train.allreduce)
+    if k == 1:
+        xs, ys = place(shard.x), place(shard.y)
+    else:  # every batch once, as one array; a call indexes its k batches on the devices
+        xs, ys = place_all(shard.x), place_all(shard.y)
+        firsts: dict = {}  # a call's first batch, as the device array the fused step takes
     out(f"process {process_id}: {shard.num_batches} batches of "
         f"{list(shard.x.shape[1:])} x, {list(shard.y.shape[1:])} y on {jax.local_device_count()} "
-        f"{jax.devices()[0].platform} devices")
+        f"{jax.devices()[0].platform} devices" + (f", {k} steps per call" if k > 1 else ""))
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
     step, logger = 0, None
     try:
         in_flight = InFlight()
         logger = metrics.StepLogger(job, process_id, identity.num_processes, tracker, out,
-                                    lag=in_flight.max_steps)
+                                    lag=in_flight.max_steps * k, steps_per_call=k)
 
         def dispatch(*args):
             outputs = step_fn(*args)
@@ -147,17 +156,26 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
 
         timed_step = logger.timed(dispatch)
         recovery = _Recovery(identity, job, shard.num_batches, out)
-        for step in range(first_step, num_steps + 1):
-            batch = (step - 1) % shard.num_batches
-            params, opt_state, loss, step_metrics = timed_step(params, opt_state, xs[batch],
-                                                               ys[batch])
+        # ``step``: the last step of each call (k steps; log, checkpoint and last steps
+        # are multiples of k, so they are call boundaries)
+        for step in range(first_step + k - 1, num_steps + 1, k):
+            batch = (step - k) % shard.num_batches  # the call's first batch
+            if k == 1:
+                inputs = (xs[batch], ys[batch])
+            else:
+                if batch not in firsts:
+                    firsts[batch] = place(np.full((1, jax.local_device_count()), batch,
+                                                  np.int32))[0]
+                inputs = (xs, ys, firsts[batch])
+            params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
             logger.after_dispatch(step, step_metrics)  # logs finished log steps: no sync
             if recovery.saves(step):  # the save waits for this step anyway: check its loss first
                 logger.flush()
             recovery.after_step(step, params, opt_state, loss, wait=logger.wait)
             if task.on_step_end is not None:
                 logger.flush()  # a hook (which may end the process) runs after its step is logged
-                task.on_step_end(step, process_id)
+                for done in range(step - k + 1, step + 1):  # a fused call's steps, in order
+                    task.on_step_end(done, process_id)
         logger.finish()  # the only device sync for logging: the last log steps, after the loop
         final = {jax.tree_util.keystr(path): leaf for path, leaf in
                  jax.tree_util.tree_flatten_with_path(unreplicate(params))[0]}
