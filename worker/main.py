@@ -97,6 +97,48 @@ def single_process(identity: contract.Identity, device_ids: str | None = None) -
             and not device_ids)
 
 
+COMPILATION_CACHE = "compilation-cache"  # under the run directory
+
+
+class CompilationCache:
+    """JAX's persistent compilation cache in ``<run dir>/compilation-cache``, counted.
+
+    Every attempt of a run uses the same directory, so a restart loads what
+    the first attempt compiled instead of compiling again; so do the other
+    local processes (one host's run directory). JAX writes entries from
+    process 0 only: processes on other hosts (whose run directory is their
+    own) read none and compile as before. Entries may also be rejected on
+    reload (some CPUs), so hits and misses are counted from JAX's own
+    monitoring events rather than assumed, and ``line()`` reports them.
+    """
+
+    def __init__(self, run_dir: str):
+        import jax
+        import jax.monitoring
+
+        self.path = os.path.join(run_dir, COMPILATION_CACHE)
+        jax.config.update("jax_compilation_cache_dir", self.path)
+        # The worker's steps compile in well under JAX's default 1 s threshold on
+        # small models; a restart should skip those compilations too.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        self.requests = self.hits = 0
+
+        def count(event: str, **kwargs) -> None:
+            if event == "/jax/compilation_cache/compile_requests_use_cache":
+                self.requests += 1
+            elif event == "/jax/compilation_cache/cache_hits":
+                self.hits += 1
+
+        jax.monitoring.register_event_listener(count)
+
+    def line(self, compile_time_s: float | None) -> str:
+        """``compilation cache: H hits, M misses; first step compiled in S s (path)``."""
+        seconds = "?" if compile_time_s is None else f"{compile_time_s:.3f}"
+        return (f"compilation cache: {self.hits} hits, {self.requests - self.hits} misses; "
+                f"first step (trace, compile, dispatch) {seconds} s ({self.path})")
+
+
 def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     """Run the job's training loop on this process; process 0 logs and saves.
 
@@ -118,6 +160,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     num_steps, global_batch = job.train.num_steps, job.train.global_batch_size
     k = job.train.steps_per_call
 
+    cache = CompilationCache(run_dir)
     shard = datasets.load_shard(job.data, global_batch, process_id,
                                 identity.num_processes, jax.local_device_count())
     task = tasks.resolve(job.task.name, job.task.args)
@@ -168,6 +211,9 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                                                   np.int32))[0]
                 inputs = (xs, ys, firsts[batch])
             params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
+            if cache is not None:  # after the first call: everything this loop compiles
+                out(cache.line(logger.compile_time_s))
+                cache = None
             logger.after_dispatch(step, step_metrics)  # logs finished log steps: no sync
             if recovery.saves(step):  # the save waits for this step anyway: check its loss first
                 logger.flush()
