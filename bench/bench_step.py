@@ -1,114 +1,162 @@
-"""Steps/s of podlaunch's train step against the seed script, both in one run.
+"""Steps/s of the real worker (``launch``, end to end) against the seed, in one run.
 
-The seed side is shared/seed.md's loop as written (pmap of value_and_grad with
-pmean, arrays stacked with jnp). The podlaunch side is what the worker runs:
-worker.train.make_train_step with optax SGD, the batch placed on the devices
-once, at most two steps in flight (worker.train.InFlight), and TensorBoard
-logging (tensorboardX) every ``--log-every`` steps with the one device sync
-that needs. Rounds alternate seed/podlaunch so
-drift on a shared machine hits both; the ratio is podlaunch / seed steps/s
-(>= 1.0 means no slower than the seed).
+podlaunch side: ``python -m launcher.cli jobs/linear.yaml`` in single-host
+debug mode (the local backend: real processes, real ``job.json``, the
+worker's own loop, TensorBoard on), ``--steps`` steps, a log line every
+``--log-every`` steps, checkpoints off; its steps/s is what the worker
+itself reports (process 0's progress lines, read with the launcher's own
+parser: wall time per step, compilation excluded).
 
-    python bench/bench_step.py                 # seed shapes and 65,536 x 256
-    python bench/bench_step.py --devices 4 --rounds 5
+Baselines (``bench/seed_loop.py``, nothing of podlaunch imported), the same
+steps, shapes and devices:
+
+* ``seed``: the seed as written, one process with every device of the
+  topology (P x D CPU devices).
+* ``seed-mp``: the seed made multi-process by hand: P processes of D
+  devices, ``jax.distributed.initialize``, then the seed's loop on each
+  process's shard (only for P > 1).
+
+Each round runs every side once, the order reversed every other round
+(ABBA), so drift on a shared machine hits every side alike. A ratio is
+podlaunch / baseline steps/s within one round; the table gives each side's
+median steps/s, and the median (min-max) of the per-round ratios.
+
+    python bench/bench_step.py                                  # 1x4 and 2x2, both shapes
+    python bench/bench_step.py --topologies 1x4 --shapes seed --rounds 7
+    python bench/bench_step.py --variant k100='--set train.steps_per_call=100'
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from launcher.state import ProcessStats  # noqa: E402  (after the path is set)
+
+SHAPES = {  # name: (global batch = rows, features)
+    "seed": (256, 4),
+    "large": (65536, 256),
+}
+
+
+def _env(devices: int | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_", "XLA_"))}
+    if devices is not None:
+        env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices))
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_podlaunch(extra: list, shape: str, processes: int, devices: int, steps: int,
+                  log_every: int, workdir: str, tag: str) -> float:
+    """One real launch; process 0's own steps/s (compilation excluded)."""
+    batch, features = SHAPES[shape]
+    run_dir = os.path.join(workdir, tag)
+    args = [sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--run-dir", run_dir,
+            "--show", "none", "--status-every", "0",
+            "--set", f"cluster.num_processes={processes}",
+            "--set", f"cluster.devices_per_process={devices}",
+            "--set", f"train.num_steps={steps}", "--set", f"train.global_batch_size={batch}",
+            "--set", f"data.num_examples={batch}", "--set", f"data.in_features={features}",
+            "--set", f"logging.log_every_steps={log_every}", "--set", "checkpoint.every_steps=0",
+            "--set", "optimizer.learning_rate=0.01", *extra]
+    done = subprocess.run(args, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{tag} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+    stats = ProcessStats()
+    with open(os.path.join(run_dir, "logs", "process-000.log"), encoding="utf-8") as log:
+        for line in log:
+            stats.observe(line.rstrip("\n"))
+    if stats.timed_steps != steps:
+        raise SystemExit(f"{tag}: timed {stats.timed_steps} of {steps} steps")
+    return 1.0 / stats.mean_step_time_s
+
+
+def run_seed(shape: str, processes: int, devices: int, steps: int) -> float:
+    """The seed's loop: one process of ``devices`` devices, or ``processes`` by hand."""
+    batch, features = SHAPES[shape]
+    base = [sys.executable, os.path.join(REPO, "bench", "seed_loop.py"), "--steps", str(steps),
+            "--batch", str(batch), "--features", str(features)]
+    if processes == 1:
+        procs = [subprocess.Popen(base, env=_env(devices), stdout=subprocess.PIPE, text=True)]
+    else:
+        coordinator = f"127.0.0.1:{_free_port()}"
+        procs = [subprocess.Popen(base + ["--num-processes", str(processes), "--process-id", str(i),
+                                          "--coordinator", coordinator],
+                                  env=_env(devices), stdout=subprocess.PIPE, text=True)
+                 for i in range(processes)]
+    outs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"seed {processes}x{devices} failed:\n{outs[0][-2000:]}")
+    return float(next(line.split()[1] for line in outs[0].splitlines() if line.startswith("RATE ")))
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=4, help="CPU devices (one process)")
+    parser.add_argument("--topologies", nargs="+", default=["1x4", "2x2"],
+                        help="PxD: P processes x D CPU devices each")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=3000, help="at the seed's shapes")
+    parser.add_argument("--large-steps", type=int, default=200, help="at 65,536 x 256")
+    parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME='--set KEY=VALUE ...': another podlaunch side (repeatable)")
+    parser.add_argument("--no-default", action="store_true",
+                        help="leave out the podlaunch side with the spec's defaults")
     args = parser.parse_args()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ["JAX_NUM_CPU_DEVICES"] = str(args.devices)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from worker import contract, tasks
-    from worker.tracker import TensorBoardTracker
-    from worker.train import InFlight, make_optimizer, make_train_step, place, replicate
-
-    n = jax.local_device_count()
-
-    # ---- the seed, as written in shared/seed.md ----
-    def seed_train_step(params, x, y):
-        loss, grads = jax.value_and_grad(tasks.mse)(params, x, y)
-        grads = jax.lax.pmean(grads, axis_name="batch")
-        loss = jax.lax.pmean(loss, axis_name="batch")
-        w, b = params
-        gw, gb = grads
-        lr = 0.01
-        return (w - lr * gw, b - lr * gb), loss
-
-    seed_step = jax.pmap(seed_train_step, axis_name="batch")
-
-    def run_seed(params0, x, y, steps):
-        params = jax.tree.map(lambda a: jnp.stack([a] * n), params0)
-        xs, ys = jnp.asarray(x), jnp.asarray(y)
-        params, loss = seed_step(params, xs, ys)  # compile outside the timing
-        jax.block_until_ready(loss)
-        start = time.perf_counter()
-        for step in range(steps):
-            params, loss = seed_step(params, xs, ys)
-            if step % 20 == 0:
-                float(loss[0])  # the seed prints every 20 steps
-        jax.block_until_ready(params)
-        return steps / (time.perf_counter() - start)
-
-    def run_ours(params0, x, y, steps, logdir):
-        optimizer = make_optimizer(contract.OptimizerConfig(name="sgd", learning_rate=0.01,
-                                                            momentum=None, weight_decay=0.0))
-        step_fn = make_train_step(tasks.mse, optimizer)
-        params, opt_state = replicate(params0), replicate(optimizer.init(params0))
-        xs, ys = place(x[None])[0], place(y[None])[0]
-        tracker = TensorBoardTracker(logdir)
-        params, opt_state, loss = step_fn(params, opt_state, xs, ys)
-        jax.block_until_ready(loss)
-        start = time.perf_counter()
-        last = start
-        in_flight = InFlight()
-        for step in range(1, steps + 1):
-            params, opt_state, loss = step_fn(params, opt_state, xs, ys)
-            in_flight.add(loss)
-            if step % args.log_every == 0:
-                now = time.perf_counter()
-                tracker.scalars(step, {"loss": float(loss[0]), "learning_rate": 0.01,
-                                       "step_time_s": (now - last) / args.log_every})
-                last = now
-        jax.block_until_ready(params)
-        rate = steps / (time.perf_counter() - start)
-        tracker.close()
-        return rate
-
-    print(f"jax {jax.__version__}, {n} CPU devices in one process, {args.rounds} rounds, "
-          f"TensorBoard every {args.log_every} steps")
-    for global_batch, features, steps in [(256, 4, 2000), (65536, 256, 30)]:
-        per_device = global_batch // n
-        rng = np.random.default_rng(0)
-        x = rng.standard_normal((n, per_device, features), dtype=np.float32)
-        y = rng.standard_normal((n, per_device, 1), dtype=np.float32)
-        params0 = tasks.init_linear(jax.random.PRNGKey(0), features, 1)
-        seed_rates, our_rates = [], []
-        with tempfile.TemporaryDirectory() as logdir:
-            for _ in range(args.rounds):
-                seed_rates.append(run_seed(params0, x, y, steps))
-                our_rates.append(run_ours(params0, x, y, steps, logdir))
-        seed, ours = statistics.median(seed_rates), statistics.median(our_rates)
-        print(f"global batch {global_batch:>6} x {features:>3} features: seed {seed:9.1f} steps/s, "
-              f"podlaunch {ours:9.1f} steps/s, ratio {ours / seed:.3f}")
+    variants = [] if args.no_default else [("podlaunch", [])]
+    for text in args.variant:
+        name, _, rest = text.partition("=")
+        variants.append((name, shlex.split(rest)))
+    print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {args.rounds} rounds (ABBA), "
+          f"log every {args.log_every}, checkpoints off; ratio: median (min-max) of per-round "
+          f"podlaunch / baseline", flush=True)
+    with tempfile.TemporaryDirectory() as workdir:
+        for shape in args.shapes:
+            steps = args.steps if shape == "seed" else args.large_steps
+            steps -= steps % args.log_every if steps > args.log_every else 0
+            log_every = min(args.log_every, steps)
+            for topo in args.topologies:
+                processes, devices = (int(v) for v in topo.split("x"))
+                sides = [("seed", lambda: run_seed(shape, 1, processes * devices, steps))]
+                if processes > 1:
+                    sides.append(("seed-mp", lambda: run_seed(shape, processes, devices, steps)))
+                for name, extra in variants:
+                    sides.append((name, lambda name=name, extra=extra, r=[0]: run_podlaunch(
+                        extra, shape, processes, devices, steps, log_every, workdir,
+                        f"{shape}-{topo}-{name}-{r.__setitem__(0, r[0] + 1) or r[0]}")))
+                rates: dict = {name: [] for name, _ in sides}
+                for index in range(args.rounds):
+                    for name, fn in (sides if index % 2 == 0 else sides[::-1]):
+                        rates[name].append(fn())
+                batch, features = SHAPES[shape]
+                print(f"\n{batch} x {features}, {topo} ({processes} processes x {devices} CPU "
+                      f"devices), {steps} steps:", flush=True)
+                for name, _ in sides:
+                    print(f"  {name:<14} {statistics.median(rates[name]):9.1f} steps/s  "
+                          + " ".join(f"{r:.0f}" for r in rates[name]))
+                baselines = ["seed"] + (["seed-mp"] if processes > 1 else [])
+                for name, _ in variants:
+                    for base in baselines:
+                        ratios = [a / b for a, b in zip(rates[name], rates[base])]
+                        print(f"  {name} / {base}: {statistics.median(ratios):.2f}x "
+                              f"({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
 
 
 if __name__ == "__main__":

@@ -44,9 +44,10 @@ class ProgramSpec:
 TRAINER_SECTIONS = ("task", "data", "optimizer", "train")
 
 
-
-def check_program(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:
-    """A program job (or a job with neither program nor train): none of the trainer's sections; its directory exists (made absolute)."""
+def check_program(spec, raw: dict, ctx: schema.Context):
+    """Cross-field checks of a program job (``spec``: a ``launcher.spec.JobSpec``), or of a job
+    with neither program nor train: none of the trainer's sections, and its directory exists
+    (made absolute). Returns the spec."""
     if spec.program is None:  # neither: the trainer's train section is missing
         ctx.error(("train",), "missing; expected a mapping (num_steps, global_batch_size), "
                   "or a program: section to run your own program")

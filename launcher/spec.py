@@ -14,14 +14,13 @@ are properties, never typed by the user.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Any, Literal
 
-from launcher import backends, datafiles, schema, yamlio
-from launcher.programspec import ProgramSpec, check_program
+from launcher import backends, crosschecks, schema, yamlio
 from launcher.checks import BUILTIN_TASKS
 from launcher.errors import Problem, SpecError
+from launcher.programspec import ProgramSpec
 from launcher.schema import MISSING, non_negative, positive, setting
 from worker import redact
 
@@ -83,6 +82,14 @@ class TrainSpec:
     global_batch_size: int = setting(check=positive,
                                      doc="examples per step over all devices; must divide by device_count")
     seed: int = setting(0, check=schema.seed, doc="seed of the parameter initialisation")
+    steps_per_call: int = setting(
+        1, check=schema.in_range(1, 100000),
+        doc="optimizer steps per device call (a lax.scan inside the mapped step): small steps "
+        "are dispatch-bound, so k > 1 runs faster with the same params; num_steps, "
+        "checkpoint.every_steps and logging.log_every_steps must be multiples of it")
+    allreduce: Literal["packed", "per_leaf"] = setting(
+        "packed", doc="packed: gradients and loss averaged in one flat buffer per dtype, one "
+        "collective per step (faster across processes); per_leaf: one pmean per array, as the seed")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -325,7 +332,7 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
     if spec is not MISSING and cluster is not MISSING:
         spec = dataclasses.replace(spec, cluster=cluster, source=path,
                                    locations={key: ctx.where(key) for key in LATE_CHECKED})
-        spec = _check_job(spec, raw, ctx)
+        spec = crosschecks.check_job(spec, raw, ctx)
     if ctx.problems:
         raise SpecError(ctx.problems)
     return spec
@@ -351,51 +358,6 @@ def _build_cluster(raw: Any, ctx: schema.Context) -> Any:
     for key, message in problems:
         ctx.error(("cluster", key), message)
     return MISSING if problems else cluster
-
-
-def _check_job(spec: JobSpec, raw: dict, ctx: schema.Context) -> JobSpec:
-    """Cross-field checks: batch over devices, data source settings, data files."""
-    if spec.program is not None or spec.train is None:  # train is optional for programs only
-        return check_program(spec, raw, ctx)
-    train, data = spec.train, spec.data
-    if train.global_batch_size % spec.device_count:
-        ctx.error(("train", "global_batch_size"),
-                  f"{train.global_batch_size} does not divide evenly over device_count "
-                  f"{spec.device_count} ({spec.num_processes} processes x "
-                  f"{spec.local_device_count} devices); use a multiple of {spec.device_count}")
-    raw_data = raw.get("data") or {}
-    if data.source == "synthetic":
-        if data.path is not None:
-            ctx.error(("data", "path"), "only used with data.source: file; set data.source: file "
-                      "or remove data.path")
-        if data.num_examples < train.global_batch_size:
-            ctx.error(("data", "num_examples"),
-                      f"{data.num_examples} rows cannot fill one global batch of "
-                      f"{train.global_batch_size}; raise it or lower train.global_batch_size")
-        return dataclasses.replace(spec, data_rows=data.num_examples)
-    for key in ("num_examples", "in_features", "out_features", "noise_std", "seed"):
-        if schema.given(raw_data, key):
-            ctx.error(("data", key), "only used with data.source: synthetic; remove it")
-    if data.path is None:
-        ctx.error(("data", "path"), "missing; data.source: file needs a path to a .npy, .npz or .csv")
-        return spec
-    base = os.path.dirname(os.path.abspath(spec.source))
-    full = os.path.normpath(os.path.join(base, os.path.expanduser(data.path)))
-    if not os.path.exists(full):
-        ctx.error(("data", "path"), f"no such file: {full} (paths are relative to the spec file)")
-        return spec
-    try:
-        rows, columns = datafiles.shape(full)
-    except datafiles.DataFileError as exc:
-        ctx.error(("data", "path"), f"{full}: {exc}")
-        return spec
-    if not full.endswith(".npz") and not -columns <= data.target_column < columns:
-        ctx.error(("data", "target_column"),
-                  f"expected a column index from {-columns} to {columns - 1}, got {data.target_column}")
-    if rows < train.global_batch_size:
-        ctx.error(("train", "global_batch_size"),
-                  f"{train.global_batch_size} is more than the {rows} rows of {full}; lower it")
-    return dataclasses.replace(spec, data=dataclasses.replace(data, path=full), data_rows=rows)
 
 
 # Keys checked after loading, for one backend only (task importable, memory).

@@ -262,3 +262,47 @@ def test_initialization_timeout_ends_a_run_whose_peer_never_joins(tmp_path):
     # the default (60 s) would end it much later; 5 s plus start-up on a loaded machine ends well before
     assert elapsed < 55, (elapsed, result.stdout[-3000:])
     assert not wait_gone(str(run_dir), 5.0)
+
+
+def test_one_process_runs_without_jax_distributed_with_the_same_outputs(tmp_path):
+    # One process skips jax.distributed.initialize (its pmean stays in-process: the
+    # distributed runtime put it on gloo at a third of the speed); the plan is still
+    # checked and every output is written: params, TensorBoard with the per-process
+    # step time, checkpoints.
+    run_dir = tmp_path / "run"
+    args = ("jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=1",
+            "--set", "cluster.devices_per_process=4", "--set", "train.num_steps=30",
+            "--set", "checkpoint.every_steps=10")
+    result = launch(*args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "one process, in-process collectives (no jax.distributed)" in result.stdout
+    assert "joined" not in result.stdout
+    scalars = read_scalars(str(run_dir / "tensorboard"))
+    assert [s for s, _ in scalars["step_time_s/process_000"]] == [10, 20, 30]
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["step-0000010", "step-0000020",
+                                                           "step-0000030"]
+    reference = numpy_gradient_descent(steps=30, lr=0.1)
+    for got, want in zip(read_params(run_dir), reference):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_steps_and_the_packed_all_reduce_give_the_same_params(tmp_path):
+    # 2 processes x 2 devices, 4 batches per epoch, so a call of 3 steps wraps the epoch
+    # mid-call; every variant must give k=1 per-leaf pmean's params (the seed's step).
+    finals = {}
+    for k, allreduce in [(1, "per_leaf"), (1, "packed"), (3, "per_leaf"), (3, "packed")]:
+        run_dir = tmp_path / f"k{k}-{allreduce}"
+        result = launch("jobs/linear.yaml", "--run-dir", str(run_dir),
+                        "--set", "train.num_steps=30", "--set", "data.num_examples=1024",
+                        "--set", f"train.steps_per_call={k}", "--set", f"train.allreduce={allreduce}",
+                        "--set", "logging.log_every_steps=6", "--set", "checkpoint.every_steps=12")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        finals[(k, allreduce)] = read_params(run_dir)
+        if k == 3:
+            assert "4 batches of [2, 64, 4] x" in result.stdout and "3 steps per call" in result.stdout
+            scalars = read_scalars(str(run_dir / "tensorboard"))
+            assert [s for s, _ in scalars["loss"]] == [6, 12, 18, 24, 30]
+            assert sorted(os.listdir(run_dir / "checkpoints"))[-1] == "step-0000030"
+    for variant, params in finals.items():
+        for got, want in zip(params, finals[(1, "per_leaf")]):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, err_msg=str(variant))

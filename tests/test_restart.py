@@ -82,6 +82,13 @@ def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_
     assert "injecting sigkill at step 17" in (logs / "process-001.log").read_text()
     second = (logs / "attempt-1" / "process-001.log").read_text()
     assert "resumed from the checkpoint of step 15 (attempt 1)\n" in second
+    # the restart's process 0 loads what attempt 0 compiled (the run's compilation cache;
+    # JAX writes from process 0 only, and process 1's executables, on other devices, have
+    # other keys: it compiles again), and every process says what it found
+    assert re.search(r"^compilation cache: 0 hits, [1-9]\d* misses", (logs / "process-000.log").read_text(), re.M)
+    assert re.search(r"^compilation cache: [1-9]\d* hits, \d+ misses",
+                     (logs / "attempt-1" / "process-000.log").read_text(), re.M)
+    assert re.search(r"^compilation cache: \d+ hits, \d+ misses", second, re.M)
     assert "step 40/40" in second and "step 10/40" not in second and "heartbeat" not in second
     # ... and in the final summary
     summary = out[out.index("attempts: 2 (1 restart)"):]

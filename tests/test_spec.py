@@ -265,3 +265,24 @@ def test_an_unusable_run_dir_is_bad_input_even_in_a_dry_run(tmp_path, kind):
         assert result.returncode == 2, result.stdout + result.stderr
         assert result.stderr.startswith("error: --run-dir: ") and "Traceback" not in result.stderr
     assert sorted(os.listdir(tmp_path / "full")) == ["notes.txt"]
+
+
+def test_steps_per_call_must_divide_the_steps_that_land_on_call_boundaries():
+    path = os.path.join(REPO, "jobs", "linear.yaml")
+    with pytest.raises(SpecError) as info:
+        spec.load(path, overrides=("train.steps_per_call=4", "train.num_steps=10",
+                                   "logging.log_every_steps=6", "checkpoint.every_steps=1000"))
+    text = str(info.value)
+    assert "train.num_steps: 10 is not a multiple of train.steps_per_call 4" in text
+    assert "logging.log_every_steps: 6 is not a multiple of train.steps_per_call 4" in text
+    assert "checkpoint.every_steps" not in text  # 1000 is a multiple of 4
+    with pytest.raises(SpecError, match="checkpoint.every_steps: 10 is not a multiple"):
+        spec.load(path, overrides=("train.steps_per_call=4", "train.num_steps=40",
+                                   "logging.log_every_steps=4", "checkpoint.every_steps=10"))
+    with pytest.raises(SpecError, match="train.steps_per_call: expected 1 to 100000, got 0"):
+        spec.load(path, overrides=("train.steps_per_call=0",))
+    with pytest.raises(SpecError, match="train.allreduce"):
+        spec.load(path, overrides=("train.allreduce=ring",))
+    job = spec.load(path, overrides=("train.steps_per_call=5", "train.num_steps=100",
+                                     "checkpoint.every_steps=0"))
+    assert job.train.steps_per_call == 5 and job.train.allreduce == "packed"

@@ -86,11 +86,16 @@ class OptimizerConfig(_Section):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig(_Section):
     """``train``: ``num_steps`` optimizer steps of ``global_batch_size`` examples
-    (over all devices); ``seed`` of the parameter initialisation."""
+    (over all devices); ``seed`` of the parameter initialisation;
+    ``steps_per_call`` optimizer steps per device call (``num_steps`` and the
+    checkpoint and log steps are multiples of it); ``allreduce``: ``packed``
+    (one flat buffer per dtype, one collective per step) or ``per_leaf``."""
 
     num_steps: int
     global_batch_size: int
     seed: int
+    steps_per_call: int
+    allreduce: str
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -50,6 +50,12 @@ def bypass_proxies(coordinator_address: str, environ=os.environ) -> None:
 def join(identity: contract.Identity, job: jobs.WorkerJob):
     """``jax.distributed.initialize``, then check what JAX reports against the plan.
 
+    A job of one process (``identity.num_processes`` 1, identity explicit, no
+    ``LOCAL_DEVICE_IDS``) skips ``jax.distributed.initialize`` (see
+    ``single_process``): the same checks follow, and nothing it trains needs
+    the cross-process runtime (``worker.gather`` is off for one process, and
+    ``multihost_utils.broadcast_one_to_all`` returns its input).
+
     By default every argument is explicit (``cluster_detection_method="deactivate"``).
     When the launcher sets ``identity.cluster_detection_method``
     (``contract.CLUSTER_DETECTION_METHOD``) to another of JAX's methods
@@ -62,8 +68,6 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
     """
     import jax
 
-    if identity.platform == "cpu":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     dist = job.distributed
     detection = identity.cluster_detection_method or "deactivate"
     explicit = {} if detection != "deactivate" else {
@@ -71,20 +75,23 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
     device_ids = os.environ.get(contract.LOCAL_DEVICE_IDS)
     if device_ids:  # slurm GPU jobs: this process's devices by index
         explicit["local_device_ids"] = [int(i) for i in device_ids.split(",")]
-    bypass_proxies(identity.coordinator_address)
-    print(contract.JOINING_FORMAT.format(address=identity.coordinator_address,
-                                         timeout_s=dist.initialization_timeout_s), flush=True)
-    try:
-        jax.distributed.initialize(
-            coordinator_address=identity.coordinator_address,
-            cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing
-            initialization_timeout=dist.initialization_timeout_s,
-            heartbeat_timeout_seconds=dist.heartbeat_timeout_s,
-            **explicit,
-        )
-    except Exception as exc:  # JAX aborts (SIGABRT) on a timeout; a raise is reported here
-        print(contract.INIT_FAILED_FORMAT.format(error=f"{type(exc).__name__}: {exc}"), flush=True)
-        _exit_now(contract.EXIT_INIT)
+    if not single_process(identity, device_ids):
+        if identity.platform == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        bypass_proxies(identity.coordinator_address)
+        print(contract.JOINING_FORMAT.format(address=identity.coordinator_address,
+                                             timeout_s=dist.initialization_timeout_s), flush=True)
+        try:
+            jax.distributed.initialize(
+                coordinator_address=identity.coordinator_address,
+                cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing
+                initialization_timeout=dist.initialization_timeout_s,
+                heartbeat_timeout_seconds=dist.heartbeat_timeout_s,
+                **explicit,
+            )
+        except Exception as exc:  # JAX aborts (SIGABRT) on a timeout; a raise is reported here
+            print(contract.INIT_FAILED_FORMAT.format(error=f"{type(exc).__name__}: {exc}"), flush=True)
+            _exit_now(contract.EXIT_INIT)
     seen = {
         "process_count": (jax.process_count(), identity.num_processes),
         "process_index": (jax.process_index(), identity.process_id),
@@ -101,6 +108,64 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
     return jax
 
 
+def single_process(identity: contract.Identity, device_ids: str | None = None) -> bool:
+    """Whether this worker runs without ``jax.distributed.initialize``: a job of one process.
+
+    Why: once the distributed runtime is up, JAX runs every ``pmean`` of this
+    process's devices through the cross-process CPU collectives (gloo), even
+    when there is no other process: the seed's step went from about 1,500 to
+    about 250 steps/s on 4 CPU devices with that one call (issue 13). One
+    process needs none of it. Not skipped when JAX detects the identity itself
+    (``cluster_detection_method`` set: its answer must be checked) or when the
+    launcher names the local devices (``LOCAL_DEVICE_IDS``: only
+    ``initialize`` applies them).
+    """
+    return (identity.num_processes == 1 and not identity.cluster_detection_method
+            and not device_ids)
+
+
+COMPILATION_CACHE = "compilation-cache"  # under the run directory
+
+
+class CompilationCache:
+    """JAX's persistent compilation cache in ``<run dir>/compilation-cache``, counted.
+
+    Every attempt of a run uses the same directory, so a restart loads what
+    the first attempt compiled instead of compiling again; so do the other
+    local processes (one host's run directory). JAX writes entries from
+    process 0 only: processes on other hosts (whose run directory is their
+    own) read none and compile as before. Entries may also be rejected on
+    reload (some CPUs), so hits and misses are counted from JAX's own
+    monitoring events rather than assumed, and ``line()`` reports them.
+    """
+
+    def __init__(self, run_dir: str):
+        import jax
+        import jax.monitoring
+
+        self.path = os.path.join(run_dir, COMPILATION_CACHE)
+        jax.config.update("jax_compilation_cache_dir", self.path)
+        # The worker's steps compile in well under JAX's default 1 s threshold on
+        # small models; a restart should skip those compilations too.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        self.requests = self.hits = 0
+
+        def count(event: str, **kwargs) -> None:
+            if event == "/jax/compilation_cache/compile_requests_use_cache":
+                self.requests += 1
+            elif event == "/jax/compilation_cache/cache_hits":
+                self.hits += 1
+
+        jax.monitoring.register_event_listener(count)
+
+    def line(self, compile_time_s: float | None) -> str:
+        """``compilation cache: H hits, M misses; first step compiled in S s (path)``."""
+        seconds = "?" if compile_time_s is None else f"{compile_time_s:.3f}"
+        return (f"compilation cache: {self.hits} hits, {self.requests - self.hits} misses; "
+                f"first step (trace, compile, dispatch) {seconds} s ({self.path})")
+
+
 def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     """Run the job's training loop on this process; process 0 logs and saves.
 
@@ -114,13 +179,15 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     from worker import metrics
     from worker import tasks
     from worker.tracker import make_tracker
-    from worker.train import (InFlight, make_optimizer, make_train_step, place, replicate,
-                              unreplicate)
+    from worker.train import (InFlight, make_optimizer, make_train_step, place, place_all,
+                              replicate, unreplicate)
 
     process_id = identity.process_id
     run_dir = identity.run_dir
     num_steps, global_batch = job.train.num_steps, job.train.global_batch_size
+    k = job.train.steps_per_call
 
+    cache = CompilationCache(run_dir)
     shard = datasets.load_shard(job.data, global_batch, process_id,
                                 identity.num_processes, jax.local_device_count())
     task = tasks.resolve(job.task.name, job.task.args)
@@ -130,21 +197,29 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     opt_state = optimizer.init(params)
     (params, opt_state), first_step = _resume(identity, job, (params, opt_state),
                                               shard.num_batches, out)
+    if (first_step - 1) % k:
+        raise ValueError(f"the checkpoint is at step {first_step - 1}, not a multiple of "
+                         f"train.steps_per_call {k}; resume with the steps_per_call that saved it")
     params, opt_state = replicate(params), replicate(opt_state)
-    step_fn = make_train_step(task.loss_fn, optimizer, with_metrics=True)
-    xs, ys = place(shard.x), place(shard.y)
+    step_fn = make_train_step(task.loss_fn, optimizer, with_metrics=True, steps_per_call=k,
+                              allreduce=job.train.allreduce)
+    if k == 1:
+        xs, ys = place(shard.x), place(shard.y)
+    else:  # every batch once, as one array; a call indexes its k batches on the devices
+        xs, ys = place_all(shard.x), place_all(shard.y)
+        firsts: dict = {}  # a call's first batch, as the device array the fused step takes
     batches = f"{shard.num_batches} batch" + ("" if shard.num_batches == 1 else "es")
     devices = f"{jax.local_device_count()} {jax.devices()[0].platform} device" + (
         "" if jax.local_device_count() == 1 else "s")
     out(f"process {process_id}: {batches} of {list(shard.x.shape[1:])} x, "
-        f"{list(shard.y.shape[1:])} y on {devices}")
+        f"{list(shard.y.shape[1:])} y on {devices}" + (f", {k} steps per call" if k > 1 else ""))
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
     step, logger = 0, None
     try:
         in_flight = InFlight()
         logger = metrics.StepLogger(job, process_id, identity.num_processes, tracker, out,
-                                    lag=in_flight.max_steps)
+                                    lag=in_flight.max_steps * k, steps_per_call=k)
 
         def dispatch(*args):
             outputs = step_fn(*args)
@@ -153,17 +228,29 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
 
         timed_step = logger.timed(dispatch)
         recovery = _Recovery(identity, job, shard.num_batches, out)
-        for step in range(first_step, num_steps + 1):
-            batch = (step - 1) % shard.num_batches
-            params, opt_state, loss, step_metrics = timed_step(params, opt_state, xs[batch],
-                                                               ys[batch])
+        # ``step``: the last step of each call (k steps; log, checkpoint and last steps
+        # are multiples of k, so they are call boundaries)
+        for step in range(first_step + k - 1, num_steps + 1, k):
+            batch = (step - k) % shard.num_batches  # the call's first batch
+            if k == 1:
+                inputs = (xs[batch], ys[batch])
+            else:
+                if batch not in firsts:
+                    firsts[batch] = place(np.full((1, jax.local_device_count()), batch,
+                                                  np.int32))[0]
+                inputs = (xs, ys, firsts[batch])
+            params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
+            if cache is not None:  # after the first call: everything this loop compiles
+                out(cache.line(logger.compile_time_s))
+                cache = None
             logger.after_dispatch(step, step_metrics)  # logs finished log steps: no sync
             if recovery.saves(step):  # the save waits for this step anyway: check its loss first
                 logger.flush()
             recovery.after_step(step, params, opt_state, loss, wait=logger.wait)
             if task.on_step_end is not None:
                 logger.flush()  # a hook (which may end the process) runs after its step is logged
-                task.on_step_end(step, process_id)
+                for done in range(step - k + 1, step + 1):  # a fused call's steps, in order
+                    task.on_step_end(done, process_id)
         logger.finish()  # the only device sync for logging: the last log steps, after the loop
         final = {jax.tree_util.keystr(path): leaf for path, leaf in
                  jax.tree_util.tree_flatten_with_path(unreplicate(params))[0]}
@@ -267,12 +354,16 @@ def main() -> None:
         identity = contract.Identity.from_env(os.environ)
         job = jobs.WorkerJob.from_json(identity.job_path)
         jax = join(identity, job)
-        # jax.distributed.initialize installs its preemption notifier's SIGTERM
+        # jax.distributed.initialize (when called) installs its preemption notifier's SIGTERM
         # handler, which swallows the launcher's TERM: the worker then sat out
         # grace_s until SIGKILL, with its TensorBoard writer never closed.
         signal.signal(signal.SIGTERM, _on_sigterm)
-        print(f"process {jax.process_index()}/{jax.process_count()} joined "
-              f"{identity.coordinator_address}", flush=True)
+        if single_process(identity, os.environ.get(contract.LOCAL_DEVICE_IDS)):
+            print(f"process 0/1: one process, in-process collectives "
+                  "(no jax.distributed)", flush=True)
+        else:
+            print(f"process {jax.process_index()}/{jax.process_count()} joined "
+                  f"{identity.coordinator_address}", flush=True)
         train(identity, job, out=lambda text: print(text, flush=True))
     except contract.ContractError as exc:  # Mismatch too: a configuration problem, not retried
         print(f"worker: {exc}", flush=True)
@@ -282,5 +373,6 @@ def main() -> None:
     except BaseException:
         traceback.print_exc()
         _exit_now(1)
-    jax.distributed.shutdown()
+    if not single_process(identity, os.environ.get(contract.LOCAL_DEVICE_IDS)):
+        jax.distributed.shutdown()
     print(contract.DONE_LINE, flush=True)

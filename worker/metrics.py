@@ -120,12 +120,16 @@ class StepLogger:
         one when TensorBoard is on and there are several processes.
       gather_timeout_s: seconds process 0 waits at the end for the other
         processes' last values.
+      steps_per_call: optimizer steps each call of the timed step runs
+        (``train.steps_per_call``); log steps are call boundaries, and ``lag``
+        is counted in steps.
     """
 
     def __init__(self, job: jobs.WorkerJob, process_id: int, num_processes: int, tracker,
                  out=print,
                  clock: Callable[[], float] = time.perf_counter, lag: int = 2,
-                 read_every_s: float = 0.25, gather=None, gather_timeout_s: float = 60.0):
+                 read_every_s: float = 0.25, gather=None, gather_timeout_s: float = 60.0,
+                 steps_per_call: int = 1):
         logging = job.logging
         self.log_every = logging.log_every_steps
         self.on_nonfinite = logging.on_nonfinite_loss
@@ -148,7 +152,8 @@ class StepLogger:
         self.hparams = flatten(redact.masked(job.to_dict(), job.secrets))
         self.compile_time_s: float | None = None
         self.last_loss: float | None = None
-        self._calls = 0
+        self._calls = 0  # steps dispatched (steps_per_call per call)
+        self.steps_per_call = steps_per_call
         # Log steps dispatched, not read yet: [step, calls, times or None, step_metrics].
         self._kept: collections.deque = collections.deque()
         self._held: collections.deque = collections.deque()  # process 0: (step, values) to write
@@ -173,7 +178,7 @@ class StepLogger:
                 self._mark, self._mark_calls = end, self._calls
             else:
                 self._not_own_s += end - start
-            self._calls += 1
+            self._calls += self.steps_per_call
             return result
         return counted
 
@@ -192,7 +197,9 @@ class StepLogger:
           step_metrics: ``[local_device_count, len(STEP_METRICS)]`` float32 device
             array, the train step's loss, grad_norm and param_norm (equal on every
             device; ``worker.train.make_train_step``). One array, so reading a log
-            step back is one transfer.
+            step back is one transfer. From a fused call
+            (``steps_per_call`` k > 1): ``[local_device_count, k, len(STEP_METRICS)]``,
+            every step of the call; ``step`` is its last, whose row is logged.
 
         Raises:
           FloatingPointError: see ``read``.
@@ -297,7 +304,8 @@ class StepLogger:
         fetched = jax.device_get([step_metrics for _, _, _, step_metrics in kept])
         records, lines, error = [], [], None
         for (step, _, (step_time_s, own_step_time_s), _), rows in zip(kept, fetched):
-            values = dict(zip(STEP_METRICS, map(float, rows[0])))  # device 0's row
+            # device 0's row (of a fused call: its last step's)
+            values = dict(zip(STEP_METRICS, map(float, rows[0].reshape(-1, len(STEP_METRICS))[-1])))
             loss_value = values["loss"]
             self.last_loss = loss_value
             lines.append(contract.PROGRESS_FORMAT.format(

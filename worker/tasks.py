@@ -27,8 +27,10 @@ class Task:
         y ``[batch, out_features]`` float32, loss a float32 scalar, the mean
         over the batch (so that pmean over equal shards is the global mean).
       on_step_end: optional ``(step, process_id) -> None`` called on the host
-        after each step (``step`` counts completed steps, from 1). For
-        instrumentation; it must not touch device values, or each step syncs.
+        after each step (``step`` counts completed steps, from 1); with
+        ``train.steps_per_call`` k > 1, for each of a call's k steps in order
+        once the call has finished. For instrumentation; it must not touch
+        device values, or each step syncs.
     """
 
     init_params: Callable[[jax.Array, int, int], Params]

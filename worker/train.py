@@ -38,19 +38,60 @@ def make_optimizer(spec: jobs.OptimizerConfig) -> optax.GradientTransformation:
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+def packed_pmean(tree: Any, axis_name: str = AXIS) -> Any:
+    """``jax.lax.pmean`` of every leaf of ``tree`` as one collective per dtype.
+
+    The leaves of each dtype are raveled into one flat buffer
+    (``jax.flatten_util.ravel_pytree``), averaged with one ``pmean``, and
+    unraveled: the same elementwise sums as a ``pmean`` per leaf, but one
+    all-reduce instead of one per leaf, which is what a step across
+    processes waits for (gloo on CPU: one round trip each).
+
+    Args:
+      tree: a pytree of arrays (inside ``pmap`` over ``axis_name``).
+
+    Returns:
+      ``tree`` with every leaf averaged over ``axis_name``; shapes and dtypes unchanged.
+    """
+    from jax.flatten_util import ravel_pytree
+
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out = list(leaves)
+    for dtype in dict.fromkeys(jnp.result_type(leaf) for leaf in leaves):
+        index = [i for i, leaf in enumerate(leaves) if jnp.result_type(leaf) == dtype]
+        flat, unravel = ravel_pytree([leaves[i] for i in index])
+        for i, leaf in zip(index, unravel(jax.lax.pmean(flat, axis_name=axis_name))):
+            out[i] = leaf
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
-                    with_metrics: bool = False) -> Callable:
+                    with_metrics: bool = False, steps_per_call: int = 1,
+                    allreduce: str = "per_leaf") -> Callable:
     """Build the pmapped step ``(params, opt_state, x, y) -> (params, opt_state, loss[, metrics])``.
 
     Args:
       loss_fn: ``(params, x, y) -> loss``, the per-device batch mean.
       optimizer: the optax optimizer.
       with_metrics: also return ``metrics``; the update is the same either way.
+      steps_per_call: k optimizer steps per call (``lax.scan`` over the
+        step, one device loop, traced once). With k > 1 the returned function
+        takes every batch and the index of the first (below).
+      allreduce: ``per_leaf`` (a ``pmean`` of each gradient and of the loss, as
+        the seed) or ``packed`` (``packed_pmean``: one collective per dtype);
+        the same values.
 
-    Args (of the returned function), each with a leading ``[local_device_count]`` axis:
+    Args (of the returned function, k = 1), each with a leading ``[local_device_count]`` axis:
       params, opt_state: replicated pytrees (float32).
       x: ``[local_device_count, per_device_batch_size, in_features]`` float32.
       y: ``[local_device_count, per_device_batch_size, out_features]`` float32.
+
+    Args (k > 1): ``(params, opt_state, xs, ys, first)``:
+      xs: ``[local_device_count, num_batches, per_device_batch_size, in_features]``
+        float32, every batch (placed once, ``place_all``); step i of the call
+        (0-based) uses batch ``(first + i) % num_batches``.
+      ys: ``[local_device_count, num_batches, per_device_batch_size, out_features]`` float32.
+      first: ``[local_device_count]`` int32, the call's first batch (equal on every device).
 
     Returns:
       New params and opt_state (replicated), and loss ``[local_device_count]``
@@ -60,12 +101,19 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
       (``optax.global_norm``) of the averaged gradient and of the updated
       params; equal on every device. One array, so a log step is read back
       with one device-to-host transfer (three took 58 us, one 15 us).
+      With k > 1, loss is ``[local_device_count, k]`` and metrics
+      ``[local_device_count, k, 3]``: every step's values, in step order.
     """
+    if allreduce not in ("per_leaf", "packed"):
+        raise ValueError(f"allreduce: expected per_leaf or packed, got {allreduce!r}")
 
     def train_step(params, opt_state, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        grads = jax.lax.pmean(grads, axis_name=AXIS)
-        loss = jax.lax.pmean(loss, axis_name=AXIS)
+        if allreduce == "packed":
+            grads, loss = packed_pmean((grads, loss))
+        else:
+            grads = jax.lax.pmean(grads, axis_name=AXIS)
+            loss = jax.lax.pmean(loss, axis_name=AXIS)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         if not with_metrics:
@@ -76,7 +124,25 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
         assert metrics.shape == (len(STEP_METRICS),)
         return new_params, opt_state, loss, metrics
 
-    return jax.pmap(train_step, axis_name=AXIS, donate_argnums=(0, 1))
+    if steps_per_call == 1:
+        return jax.pmap(train_step, axis_name=AXIS, donate_argnums=(0, 1))
+
+    def fused_steps(params, opt_state, xs, ys, first):
+        num_batches = xs.shape[0]
+
+        def body(carry, i):
+            batch = (first + i) % num_batches
+            x = jax.lax.dynamic_index_in_dim(xs, batch, axis=0, keepdims=False)
+            y = jax.lax.dynamic_index_in_dim(ys, batch, axis=0, keepdims=False)
+            params, opt_state = carry
+            params, opt_state, *per_step = train_step(params, opt_state, x, y)
+            return (params, opt_state), tuple(per_step)
+
+        (params, opt_state), per_step = jax.lax.scan(
+            body, (params, opt_state), jnp.arange(steps_per_call, dtype=jnp.int32))
+        return (params, opt_state, *per_step)
+
+    return jax.pmap(fused_steps, axis_name=AXIS, donate_argnums=(0, 1))
 
 
 def replicate(tree: Any) -> Any:
@@ -102,6 +168,22 @@ def place(batches: np.ndarray) -> list:
     if _identity is None:
         _identity = jax.pmap(lambda a: a)  # no collective: a pure placement
     return [_identity(batch) for batch in batches]
+
+
+def place_all(batches: np.ndarray):
+    """Every batch on the local devices as one array, for a fused step (``steps_per_call`` > 1).
+
+    Args:
+      batches: ``[num_batches, local_device_count, per_device_batch_size, ...]``.
+
+    Returns:
+      A device array ``[local_device_count, num_batches, per_device_batch_size, ...]``
+      (each device holds its own rows of every batch, as ``place`` does).
+    """
+    global _identity
+    if _identity is None:
+        _identity = jax.pmap(lambda a: a)
+    return _identity(np.ascontiguousarray(np.swapaxes(batches, 0, 1)))
 
 
 class InFlight:

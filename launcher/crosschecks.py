@@ -1,0 +1,69 @@
+"""Checks across a job's sections, made once every section has loaded on its own.
+
+``launcher.spec.load`` calls ``check_job`` with the frozen spec, the raw mapping
+(to tell what the user wrote from a default) and the schema context (file and
+line of every key), so each problem names the key that is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from launcher import datafiles, schema
+from launcher.programspec import check_program
+
+
+def check_job(spec, raw: dict, ctx: schema.Context):
+    """Cross-field checks of a loaded ``launcher.spec.JobSpec``: the batch over devices, fused
+    steps, data source settings, data files. Problems go to ``ctx``; returns the spec (with
+    ``data.path`` made absolute and ``data_rows`` counted)."""
+    if spec.program is not None or spec.train is None:  # train is optional for programs only
+        return check_program(spec, raw, ctx)
+    train, data = spec.train, spec.data
+    if train.global_batch_size % spec.device_count:
+        ctx.error(("train", "global_batch_size"),
+                  f"{train.global_batch_size} does not divide evenly over device_count "
+                  f"{spec.device_count} ({spec.num_processes} processes x "
+                  f"{spec.local_device_count} devices); use a multiple of {spec.device_count}")
+    k = train.steps_per_call
+    for key, value in ((("train", "num_steps"), train.num_steps),
+                       (("checkpoint", "every_steps"), spec.checkpoint.every_steps),
+                       (("logging", "log_every_steps"), spec.logging.log_every_steps)):
+        if value % k:
+            ctx.error(key, f"{value} is not a multiple of train.steps_per_call {k} (steps run "
+                      f"{k} to a device call, and are logged, saved and ended at call "
+                      f"boundaries); use a multiple of {k}")
+    raw_data = raw.get("data") or {}
+    if data.source == "synthetic":
+        if data.path is not None:
+            ctx.error(("data", "path"), "only used with data.source: file; set data.source: file "
+                      "or remove data.path")
+        if data.num_examples < train.global_batch_size:
+            ctx.error(("data", "num_examples"),
+                      f"{data.num_examples} rows cannot fill one global batch of "
+                      f"{train.global_batch_size}; raise it or lower train.global_batch_size")
+        return dataclasses.replace(spec, data_rows=data.num_examples)
+    for key in ("num_examples", "in_features", "out_features", "noise_std", "seed"):
+        if schema.given(raw_data, key):
+            ctx.error(("data", key), "only used with data.source: synthetic; remove it")
+    if data.path is None:
+        ctx.error(("data", "path"), "missing; data.source: file needs a path to a .npy, .npz or .csv")
+        return spec
+    base = os.path.dirname(os.path.abspath(spec.source))
+    full = os.path.normpath(os.path.join(base, os.path.expanduser(data.path)))
+    if not os.path.exists(full):
+        ctx.error(("data", "path"), f"no such file: {full} (paths are relative to the spec file)")
+        return spec
+    try:
+        rows, columns = datafiles.shape(full)
+    except datafiles.DataFileError as exc:
+        ctx.error(("data", "path"), f"{full}: {exc}")
+        return spec
+    if not full.endswith(".npz") and not -columns <= data.target_column < columns:
+        ctx.error(("data", "target_column"),
+                  f"expected a column index from {-columns} to {columns - 1}, got {data.target_column}")
+    if rows < train.global_batch_size:
+        ctx.error(("train", "global_batch_size"),
+                  f"{train.global_batch_size} is more than the {rows} rows of {full}; lower it")
+    return dataclasses.replace(spec, data=dataclasses.replace(data, path=full), data_rows=rows)
