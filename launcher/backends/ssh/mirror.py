@@ -91,8 +91,12 @@ class CheckpointMirror:
         tmp = os.path.join(self.local, f".tmp-copy-{name}")
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
-        for entry in sftp.listdir(f"{self.remote}/{name}"):
-            sftp.get(f"{self.remote}/{name}/{entry}", os.path.join(tmp, entry))
+        try:
+            for entry in sftp.listdir(f"{self.remote}/{name}"):
+                sftp.get(f"{self.remote}/{name}/{entry}", os.path.join(tmp, entry))
+        except BaseException:  # host 0 pruned it meanwhile, or the connection went: no half copy left
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         os.rename(tmp, os.path.join(self.local, name))
 
     def push(self, sftp: paramiko.SFTPClient) -> list:
