@@ -93,3 +93,44 @@ def test_a_non_finite_value_in_an_npy_file_names_its_row(tmp_path):
     assert f"{tmp_path / 'data.npy'}: row 11 (0-based), column 3: nan is not a finite number" \
         in result.stdout, result.stdout[-3000:]
     assert "FAILED: process_id 0" in result.stdout
+
+
+@pytest.mark.parametrize("fmt", ["npy", "npz"])
+def test_a_resume_in_the_middle_of_an_epoch_continues_the_same_batches(tmp_path, fmt):
+    """24 rows, batches of 8: 3 batches per epoch. Stop after step 4 (checkpoint there: the next
+    batch is the epoch's second), resume to step 7: the params equal numpy walking the batches
+    0,1,2,0,1,2,0 without a break. The data is a .npy (target column 1) or a .npz (x, y)."""
+    rng = np.random.default_rng(11)
+    rows, batch = 24, 8
+    x = rng.standard_normal((rows, FEATURES))
+    y = x @ np.array([1.5, -2.0, 0.5]) + 0.3 + 0.01 * rng.standard_normal(rows)
+    if fmt == "npy":
+        np.save(tmp_path / "data.npy", np.column_stack([x[:, 0], y, x[:, 1:]]).astype(np.float32))
+        data = "{source: file, path: data.npy, target_column: 1}"
+    else:
+        np.savez(tmp_path / "data.npz", x=x.astype(np.float32), y=y.astype(np.float32))
+        data = "{source: file, path: data.npz}"
+    spec = tmp_path / "job.yaml"
+    spec.write_text(textwrap.dedent(f"""\
+        name: resume-mid-epoch
+        data: {data}
+        optimizer: {{name: sgd, learning_rate: {LR}}}
+        train: {{num_steps: 4, global_batch_size: {batch}}}
+        logging: {{log_every_steps: 1}}
+        checkpoint: {{every_steps: 4}}
+        cluster: {{backend: local, num_processes: 2, devices_per_process: 1}}
+        """))
+    run_dir = tmp_path / "run"
+    first = launch(str(spec), "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    resumed = launch(str(spec), "--resume", str(run_dir), "--set", f"train.num_steps={STEPS}")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr
+    assert "resumed from the checkpoint of step 4 (attempt 1)" in \
+        (run_dir / "logs" / "attempt-1" / "process-000.log").read_text()
+    with np.load(os.path.join(run_dir, "params.npz")) as f:
+        got = [f[k] for k in sorted(f.files)]
+    batches = [list(range(i * batch, (i + 1) * batch)) for i in range(rows // batch)]
+    want = _reference(x.astype(np.float32).astype(np.float64),
+                      y.astype(np.float32).astype(np.float64), batches)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
