@@ -214,11 +214,13 @@ def _run(argv: list[str] | None, console: Console | None) -> int:
                                      f"cannot write into {run_dir}: {exc.strerror}; "
                                      "choose another directory")]) from None
         console.log_to(os.path.join(run_dir, "launcher.log"))
-        record = runs.Record(run_dir, job.name, job.train.num_steps)
+        record = runs.Record(run_dir, job.name, job.program.num_steps if job.is_program
+                             else job.train.num_steps)
         record.start()
         console.say(f"run directory {run_dir}"
                     + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
-        console.say(job.epoch_text())
+        if not job.is_program:  # a program reads its own data
+            console.say(job.epoch_text())
         try:
             result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
                                             resume=bool(args.resume))

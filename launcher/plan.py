@@ -211,7 +211,7 @@ def describe(plan: Plan) -> str:
     lines = [
         f"job {job.name}: {plan.num_processes} processes x {job.local_device_count} devices "
         f"= device_count {job.device_count}{batch}",
-        job.epoch_text(),
+        *([] if job.is_program else [job.epoch_text()]),
         f"coordinator_address {plan.coordinator_address}",
         f"run directory {plan.run_dir}",
     ]

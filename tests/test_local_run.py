@@ -202,9 +202,10 @@ def test_a_sigkilled_launcher_takes_its_local_workers_with_it(tmp_path):
     # silent after joining (no progress lines, heartbeats or checkpoints), so no worker dies of a
     # broken pipe instead: survivors would train on unseen.
     run_dir = tmp_path / "run"
-    with launched("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
+    with launched("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG, "--show", "all",
                   "--set", "logging.log_every_steps=1000000", "--set", "watchdog.stall_timeout_s=null") as out:
-        out.wait_for(r"\[Gloo\] Rank \d is connected", 120, count=2)
+        # both processes past their first step (gloo's "connected" lines reach the logs only)
+        out.wait_for(r"^\[p\d\] compilation cache: ", 120, count=2)
         assert len(run_pids(str(run_dir))) == 2, out.text
         out.proc.kill()
         out.proc.wait(10)
