@@ -222,11 +222,12 @@ class Tracked:
 
     @property
     def failed_to_join(self) -> bool:
-        """It ended while joining the coordinator: JAX's abort on an initialization timeout,
-        or the worker's own ``EXIT_INIT`` (not a SIGKILL or SIGTERM from outside)."""
+        """It ended while joining the coordinator: JAX's abort on an initialization timeout
+        (SIGABRT; jax 0.9 exits with code 1 after its fatal "RegisterTask" log instead), or the
+        worker's own ``EXIT_INIT`` (not a SIGKILL or SIGTERM from outside)."""
         ended = self.exit
         return (self.joining is not None and not self.joined and ended is not None
-                and (ended.signal == signal.SIGABRT or ended.code == contract.EXIT_INIT))
+                and (ended.signal == signal.SIGABRT or ended.code in (1, contract.EXIT_INIT)))
 
     def mark_stalled(self, what: str) -> None:
         """The watchdog's verdict on a running worker: alive, but no step progress (``what``)."""

@@ -217,6 +217,7 @@ def test_the_stall_watchdog_ends_a_live_hang(tmp_path):
     run_dir = tmp_path / "run"
     with launched("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
                   "--set", "logging.log_every_steps=1", "--set", "watchdog.stall_timeout_s=4",
+                  "--show", "all",  # process 1's injection line
                   "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=5",
                   "--set", "task.args.crash_process_id=1", "--set", "task.args.mode=stall") as out:
         out.wait_for("faulty_task: injecting stall at step 5", 120)
