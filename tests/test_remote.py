@@ -250,3 +250,19 @@ def test_source_refuses_a_program_that_imports_more_of_launcher(tmp_path, monkey
             remote.source("nope")
     finally:
         remote.source.cache_clear()
+
+
+def test_a_tilde_workdir_is_the_login_home_not_a_directory_named_tilde(tmp_path):
+    """issue 12, kind 2: the remote script expands ~ and ~/... as OpenSSH and scp users expect."""
+    from launcher.backends.ssh.connection import remote_path, shell_script
+
+    home = tmp_path / "home"
+    home.mkdir()
+    for workdir, want in [("~/x y/z", home / "x y" / "z"), ("~", home), ("rel", home / "rel")]:
+        script = shell_script(workdir, (), {}, ["pwd"])
+        done = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True,
+                              cwd=str(home), env={"HOME": str(home), "PATH": os.environ["PATH"]})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == str(want)
+    assert not (home / "~").exists()
+    assert remote_path("~user/x") == "'~user/x'"  # only the login user's home is expanded

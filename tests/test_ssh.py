@@ -11,6 +11,7 @@ import glob
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -522,3 +523,18 @@ def test_kill_stale_is_refused_for_local_runs():
     assert result.returncode == 2
     assert ("--kill-stale: only applies to backends whose hosts can outlive a launcher (ssh, tpu); "
             "this job's is local; remove the flag") in result.stderr
+
+
+@pytest.mark.slow
+def test_a_tilde_workdir_is_the_remote_home(tmp_path, hosts):
+    """issue 12, kind 2: ``workdir: ~/x`` is ``$HOME/x`` on every host, as with ssh and scp."""
+    name = f"podlaunch-tilde-{os.getpid()}"
+    home = os.path.expanduser("~")  # every test host is this machine, logged in as this user
+    try:
+        result = _dry_run(tmp_path, hosts, hosts=[{"host": h, "workdir": f"~/{name}"}
+                                                  for h in hosts.hosts])
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"PODLAUNCH_RUN_DIR={home}/{name}/runs/linear/" in result.stdout, result.stdout
+        assert not os.path.exists(os.path.join(home, "~"))
+    finally:
+        shutil.rmtree(os.path.join(home, name), ignore_errors=True)

@@ -149,13 +149,27 @@ def shell_script(workdir: str, setup: tuple, env: dict, argv: list) -> str:
     Fed to ``sh -s`` on stdin rather than as the SSH command line, so env
     values (secrets included) never show in the host's process list, and it
     works whatever the login shell is. Every value is ``shlex.quote``d;
-    ``setup`` lines are shell by design and go in as written.
+    ``setup`` lines are shell by design and go in as written. A ``workdir`` of
+    ``~`` or ``~/...`` is the login home, as OpenSSH and scp read it
+    (``remote_path``); preflight then reports the absolute path.
     """
-    lines = ["set -e", f"mkdir -p -- {shlex.quote(workdir)}", f"cd -- {shlex.quote(workdir)}"]
+    where = remote_path(workdir)
+    lines = ["set -e", f"mkdir -p -- {where}", f"cd -- {where}"]
     lines += list(setup)
     lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
     return "\n".join(lines) + "\n"
+
+
+def remote_path(path: str) -> str:
+    """``path`` quoted for the remote shell, a leading ``~`` or ``~/`` meaning ``$HOME``.
+
+    Quoting ``~/x`` whole would name a directory literally called ``~``.
+    """
+    if path == "~" or path.startswith("~/"):
+        rest = path[2:]
+        return '"$HOME"' + (f"/{shlex.quote(rest)}" if rest else "")
+    return shlex.quote(path)
 
 
 def command_line(argv: list) -> str:
