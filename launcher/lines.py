@@ -60,12 +60,19 @@ NOISE = (
 )
 
 _NOISE_RE = re.compile("|".join(f"(?:{n.pattern})" for n in NOISE))
+# Two threads writing gloo's line at once can also interleave it word by word, e.g. "[Gloo]
+# Rank 1 is connected to 03 is connected to  peer ranks. 3Expected number of ...": a line made
+# of nothing but that line's words and numbers is noise too (not split: it has no whole piece).
+_GLOO_INTERLEAVED = re.compile(r"(?=.*(?:\[Gloo\]|peer ranks))(?:\[Gloo\]|Rank|is|connected|to|"
+                               r"peer|ranks?|Expected|number|of|[.:]|\d+|\s)+")
 _STARTS = tuple(sorted({n.starts for n in NOISE if n.starts}))
 _SPLIT_RE = re.compile("(?=" + "|".join(re.escape(s) for s in _STARTS) + ")") if _STARTS else None
 
 
 def is_noise(line: str) -> bool:
     """Whether ``line`` (already unglued) is library noise: for the logs only."""
+    if _GLOO_INTERLEAVED.fullmatch(line):
+        return True
     match = _NOISE_RE.search(line)
     return match is not None and not (line[:match.start()] + line[match.end():]).strip()
 

@@ -58,6 +58,14 @@ def test_gloo_lines_are_noise_and_glued_ones_split_back_into_noise_pieces():
         assert contract.parse_progress(kept[0]).step == 10
     assert kinds.split_glued(progress(10)) == [progress(10)]
     assert kinds.split_glued("") == [""]
+    # interleaved word by word (seen in a CI run): still noise, every piece of it
+    interleaved = ("[Gloo] Rank 1 is connected to 03 is connected to  peer ranks. 3Expected number "
+                   "of connected peer ranks is :  peer ranks. 3Expected number of connected peer "
+                   "ranks is : 3")
+    assert all(kinds.is_noise(piece) for piece in kinds.split_glued(interleaved))
+    # words of it in a line of the user's are not noise
+    assert not kinds.is_noise("rank 1 is connected to the data service")
+    assert not kinds.is_noise("Expected number of rows: 3")
 
 
 def test_noise_is_only_what_users_cannot_act_on():
