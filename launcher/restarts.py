@@ -31,7 +31,7 @@ from launcher.backends.base import Session
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog
 from launcher.status import plural, summary
-from launcher.supervise import Interrupted, _raise_interrupted, handle_interrupts, supervise
+from launcher.supervise import Interrupted, raise_interrupted, handle_interrupts, supervise
 from worker import contract
 
 
@@ -229,7 +229,7 @@ def _start(session: Session, plan: planning.Plan, console: Console) -> tuple[lis
 def _wait(sleep: Callable[[float], None], wait_s: float) -> None:
     """Sleep, turning SIGTERM and SIGHUP into ``Interrupted`` meanwhile (supervise does it
     while running)."""
-    previous = handle_interrupts(_raise_interrupted)
+    previous = handle_interrupts(raise_interrupted)
     try:
         sleep(wait_s)
     finally:

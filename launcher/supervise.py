@@ -49,7 +49,7 @@ class Interrupted(Exception):
     """Ctrl-C, SIGTERM or SIGHUP reached the launcher."""
 
 
-def _raise_interrupted(signum, frame):
+def raise_interrupted(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
@@ -147,7 +147,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                                     name=f"reader-{t.plan.process_id}")
         t.reader.start()
 
-    previous = handle_interrupts(_raise_interrupted)
+    previous = handle_interrupts(raise_interrupted)
     first_failure: Tracked | None = None
     interrupted = False
     try:

@@ -359,7 +359,7 @@ def main() -> None:
         # grace_s until SIGKILL, with its TensorBoard writer never closed.
         signal.signal(signal.SIGTERM, _on_sigterm)
         if single_process(identity, os.environ.get(contract.LOCAL_DEVICE_IDS)):
-            print(f"process 0/1: one process, in-process collectives "
+            print("process 0/1: one process, in-process collectives "
                   "(no jax.distributed)", flush=True)
         else:
             print(f"process {jax.process_index()}/{jax.process_count()} joined "
