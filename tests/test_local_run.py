@@ -47,7 +47,8 @@ def test_main_job_trains_and_logs_to_tensorboard(tmp_path):
     assert sorted(os.listdir(run_dir / "logs")) == ["process-000.log", "process-001.log"]
     log1 = (run_dir / "logs" / "process-001.log").read_text()
     assert "step 100/100" in log1 and "[p1]" not in log1
-    assert "[Gloo] Rank 1 is connected" in log1  # library noise: in the log, never on the console
+    # library noise: in the log, never on the console (gloo's two threads may interleave its words)
+    assert "[Gloo]" in log1
     record = json.loads((run_dir / "run.json").read_text())
     assert (record["state"], record["attempts"], record["step"]) == ("succeeded", 1, 100)
     assert record["final_loss"] == pytest.approx(losses[-1], rel=1e-5)
