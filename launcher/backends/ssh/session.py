@@ -20,6 +20,7 @@ from launcher import versions
 from launcher.backends.base import Session
 from launcher.backends.ssh import hosts as hostlib
 from launcher.backends.ssh import preflight as checks
+from launcher.backends.ssh.channels import HostChannels, close_all
 from launcher.backends.ssh.settings import SshHost, SshSettings
 from launcher.backends.ssh.workers import start_all
 from launcher.status import plural
@@ -68,6 +69,7 @@ class SshHosts:
         self.job, self.settings, self.run_dir, self.console = job, settings, run_dir, console
         self.specs, self.counts = tuple(specs), tuple(counts)
         self.hosts: list = []
+        self.channels: dict = {}  # host index -> HostChannels, for the attempt's workers
 
     def resolve(self) -> list:
         """The hosts with their settings by precedence; nothing is contacted.
@@ -101,6 +103,7 @@ class SshHosts:
         started = time.monotonic()
         found = checks.preflight(hosts, self.job, self.settings, self.labels(hosts), survivors, port)
         self.hosts = hosts
+        self.channels = {h.index: HostChannels(h) for h in hosts}
         stopped = checks.survivors_found(found)
         self.console.say(f"preflight ok on {len(hosts)} hosts in {time.monotonic() - started:.1f}s "
                          f"(python {found[0].facts['python']}, jax {found[0].facts['jax']})"
@@ -128,10 +131,12 @@ class SshHosts:
 
     def start(self, plan: planning.Plan) -> list:
         """Start every worker of ``plan`` (placements in this object's host order)."""
-        return start_all(plan, self.hosts, self.settings, self.console)
+        return start_all(plan, self.channels, self.settings, self.console)
 
     def close(self) -> None:
         """Close every connection of the current attempt (safe to call again)."""
+        close_all(self.channels)
+        self.channels = {}
         for host in self.hosts:
             host.close()
         self.hosts = []
