@@ -10,6 +10,12 @@ host whose programs see that network only; processes still share this
 machine's filesystem and process table, so every host's process table is
 read here.
 
+With ``own_names`` (the default), this machine's name resolves in each namespace
+to that machine's address (``/etc/netns/NAME/hosts``, which ``ip netns exec``
+mounts over ``/etc/hosts`` for what it starts): what gloo, JAX's CPU
+collectives, gives its peers. Without, the name resolves as here (to
+loopback, as Debian's ``127.0.1.1 hostname`` line makes it).
+
 Needs root and ``ip`` (iproute2) with veth and bridge support; ``available()``
 says whether this kernel allows them. Names carry this process's id, so
 concurrent test sessions do not meet.
@@ -18,6 +24,8 @@ concurrent test sessions do not meet.
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
 
 
@@ -43,8 +51,9 @@ def available() -> str | None:
 class Machines:
     """``count`` network namespaces on one bridge; a context manager that removes them all."""
 
-    def __init__(self, count: int):
-        tag = os.getpid() % 100000
+    def __init__(self, count: int, own_names: bool = True, tag: int = 0):
+        tag = os.getpid() % 10000 * 10 + tag  # distinct per test session, and per Machines in it
+        self.own_names = own_names
         self.bridge = f"plbr{tag}"
         subnet = 64 + tag % 160, tag // 160 % 250
         self.prefix = f"10.{subnet[0]}.{subnet[1]}"
@@ -71,6 +80,10 @@ class Machines:
                 _ip("-n", name, "link", "set", "lo", "up")
                 _ip("-n", name, "addr", "add", f"{address}/24", "dev", inside)
                 _ip("-n", name, "link", "set", inside, "up")
+                if self.own_names:
+                    os.makedirs(f"/etc/netns/{name}", exist_ok=True)
+                    with open(f"/etc/netns/{name}/hosts", "w") as f:
+                        f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
         except BaseException:
             self.__exit__()
             raise
@@ -79,4 +92,5 @@ class Machines:
     def __exit__(self, *exc) -> None:
         for name in self.names:  # its veth ends go with it
             _ip("netns", "del", name, check=False)
+            shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
         _ip("link", "del", self.bridge, check=False)

@@ -91,8 +91,14 @@ def test_reach_token_from_the_listener_only_and_it_ends_on_stdin_eof(tmp_path):
         assert remote.parse_marked(listener.stdout.readline(), reach.MARK) == {"listening": port}
         answer = _ship("reach", {"role": "connect", "address": f"127.0.0.1:{port}", "token": "t0k3n",
                                  "timeout_s": 5}, tmp_path)
-        assert remote.parse_marked(answer.stdout, reach.MARK) == {
+        got = remote.parse_marked(answer.stdout, reach.MARK)
+        assert {k: got[k] for k in ("ok", "resolved", "error")} == {
             "ok": True, "resolved": "127.0.0.1", "error": None}, answer.stderr
+        # what gloo will advertise, and which network this is (the same machine and namespace)
+        assert got["hostname"] == socket.gethostname()
+        assert got["hostname_address"] == socket.getaddrinfo(socket.gethostname(), None)[0][4][0]
+        assert got["network"] == reach.identity()["network"] and got["network"].endswith(
+            "/%d" % os.stat("/proc/self/ns/net").st_ino)
         threading.Thread(target=lambda: (other.accept()[0].sendall(b"SSH-2.0-x\r\n")),
                          daemon=True).start()
         wrong = reach.connect({"role": "connect", "address": f"127.0.0.1:{other.getsockname()[1]}",
@@ -100,7 +106,8 @@ def test_reach_token_from_the_listener_only_and_it_ends_on_stdin_eof(tmp_path):
         assert not wrong["ok"] and "another program answers there" in wrong["error"], wrong
         refused = reach.connect({"role": "connect", "address": f"127.0.0.1:{proctl.free_port()}",
                                  "token": "t0k3n", "timeout_s": 5})
-        assert refused == {"ok": False, "resolved": "127.0.0.1", "error": "connection refused"}
+        assert {k: refused[k] for k in ("ok", "resolved", "error")} == {
+            "ok": False, "resolved": "127.0.0.1", "error": "connection refused"}
         assert listener.poll() is None  # 1 of 3 connections: still listening
         listener.stdin.close()  # the launcher closed the channel
         assert listener.wait(5) == 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 import time
 
@@ -111,14 +112,48 @@ def test_a_loopback_host_0_with_other_machines_is_refused_before_anything_starts
 
 
 @pytest.mark.slow
-def test_other_machines_that_reach_host_0_pass_the_check(tmp_path, machines):
-    """Host 0 named by its address on the shared network: every host reads the token back."""
+def test_other_machines_that_reach_host_0_pass_the_check_and_train(tmp_path, machines):
+    """Host 0 named by its address on the shared network, each machine's name resolving to
+    its own address: every host reads the token back, and the run trains over gloo."""
+    run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, machines, [1, 2]),
-                    *SMALL, "--dry-run")
+                    *SMALL, "--set", "train.num_steps=5", "--run-dir", str(run_dir), "--show", "all")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"coordinator_address {machines.hosts[1]}:" in result.stdout, result.stdout
+    assert f"coordinator {machines.hosts[1]}:" in result.stdout, result.stdout
     assert "could not check" not in result.stdout
-    assert not leftovers(tmp_path, tmp_path / "run", 3)
+    assert re.search(rf"^\[p1 {re.escape(machines.hosts[2])}\] step 5/5 loss", result.stdout, re.M)
+    assert "OK: 2 processes succeeded" in result.stdout
+    assert not leftovers(tmp_path, run_dir, 3)
+
+
+@pytest.fixture(scope="module")
+def loopback_named(tmp_path_factory, machines):
+    """Two other machines whose name resolves to loopback there (Debian's 127.0.1.1 line)."""
+    with netns.Machines(2, own_names=False, tag=1) as m:
+        with sshenv.hosts_or_skip(tmp_path_factory.mktemp("netns-lo"), 2,
+                                  namespaces=m.namespaces()) as env:
+            yield env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_machines_whose_names_resolve_to_loopback_are_refused_for_gloo(tmp_path, loopback_named,
+                                                                        dry_run):
+    """The same kind for the collectives: gloo gives its peers the address the host's name
+    resolves to; loopback on other machines fails at the first step. Refused up front."""
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, loopback_named, [0, 1]),
+                    *SMALL, "--run-dir", str(run_dir), *(["--dry-run"] if dry_run else []))
+    err = result.stderr
+    assert result.returncode == 2, result.stdout + err
+    name = socket.gethostname()
+    for i, host in enumerate(loopback_named.hosts):
+        assert re.search(rf"cluster\.hosts\[0\]: {re.escape(host)} \(p{i}\): its name '{name}' "
+                         rf"resolves to 127\.[\d.]+ there, a loopback address; gloo \(JAX's CPU "
+                         rf"collectives\) gives its peers that address.* Map {name} to the host's "
+                         rf"network address in its /etc/hosts", err), err
+    assert "Traceback" not in err and not (run_dir / "logs").exists()
+    assert not leftovers(tmp_path, run_dir, 2)
 
 
 # ---- items 9 and 13: two hosts on this machine's loopback ----------------------------

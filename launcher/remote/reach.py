@@ -15,13 +15,21 @@ first, one role per call:
 * ``connect`` (every host): resolve ``address`` (``host:port``) here, connect
   within ``timeout_s``, read the token; print ``MARK`` + ``{"ok": bool,
   "resolved": ip or null, "error": why or null}``. Another program that
-  happens to listen on that port here does not send the token: not ok.
+  happens to listen on that port here does not send the token: not ok. The
+  answer also says what gloo (JAX's CPU collectives) will tell this host's
+  peers to connect to: ``hostname`` and ``hostname_address``, the first
+  address it resolves to here (gloo's tcp device, given no hostname or
+  interface, as jax/_src/xla_bridge.py gives it none, binds and advertises
+  that; Debian's ``127.0.1.1 hostname`` line makes it loopback), and
+  ``network``, this machine's boot id and network namespace (hosts that share
+  one share their loopback).
 
 Args (one JSON object): ``role``, ``token``, ``timeout_s``, and ``port`` and
 ``count`` (listen) or ``address`` (connect).
 """
 
 import json
+import os
 import select
 import socket
 import sys
@@ -93,6 +101,7 @@ def connect(args):
     host = host.strip("[]")
     timeout_s = float(args["timeout_s"])
     out = {"ok": False, "resolved": None, "error": None}
+    out.update(identity())
     try:
         family, kind, proto, _, where = socket.getaddrinfo(host, int(port), 0, socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
@@ -122,6 +131,22 @@ def connect(args):
         s.close()
     _say(out)
     return out
+
+
+def identity():
+    """``hostname``, ``hostname_address`` (None if it does not resolve) and ``network``."""
+    name = socket.gethostname()
+    try:
+        address = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)[0][4][0]
+    except socket.gaierror:
+        address = None
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        network = "%s/%d" % (boot, os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        network = None
+    return {"hostname": name, "hostname_address": address, "network": network}
 
 
 def main(args):

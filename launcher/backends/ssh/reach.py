@@ -59,8 +59,8 @@ def _read_mark(chan, timeout_s: float) -> dict | None:
 
 
 def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str], where: tuple,
-          key: str, console) -> None:
-    """Refuse a coordinator address that some host cannot reach.
+          key: str, console, cpu_collectives: bool = False) -> None:
+    """Refuse a coordinator address that some host cannot reach, and a gloo address likewise.
 
     Args:
       channels: per connected host, in placement order, its channels (host 0 serves
@@ -70,9 +70,13 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
       where: (file, line) of the setting that named host 0, for the message.
       key: its dotted key (``cluster.hosts[0]``).
       console: where a check that could not run is said.
+      cpu_collectives: the processes will all-reduce over gloo (platform cpu, more than
+        one process): each host's name must not resolve to loopback there unless every
+        host is on one machine's network (``gloo_problems``).
 
     Raises:
-      SpecError: some host cannot reach ``address`` (exit 2; nothing was started).
+      SpecError: some host cannot reach ``address``, or a host's peers could not
+        reach the address gloo gives them (exit 2; nothing was started).
     """
     hosts = [c.host for c in channels]
     host0 = hosts[0]
@@ -114,6 +118,9 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
             chan.close()
     failed = [(h, ids, a) for h, ids, a in zip(hosts, labels, answers) if not a.get("ok")]
     if not failed:
+        problems = gloo_problems(hosts, labels, answers) if cpu_collectives else []
+        if problems:
+            raise SpecError([Problem(where[0], where[1], key, p) for p in problems])
         return
     ip = address.rpartition(":")[0]
     rows = "; ".join(f"{h.name} ({ids}): {a.get('error')}" for h, ids, a in failed)
@@ -128,3 +135,27 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
         message += ("Name host 0 by an address every host can reach, or open port "
                     f"{address.rpartition(':')[2]} (cluster.coordinator_port) between the hosts")
     raise SpecError([Problem(where[0], where[1], key, message)])
+
+
+def gloo_problems(hosts: Sequence, labels: Sequence[str], answers: Sequence[dict]) -> list:
+    """Per host whose name resolves to loopback there while the hosts are several networks.
+
+    gloo's tcp device (JAX's CPU collectives; jax/_src/xla_bridge.py passes it no
+    hostname nor interface) binds the first address ``gethostname()`` resolves to and
+    gives it to its peers: a loopback one is that peer's own machine, and the run fails
+    at its first all-reduce (``Gloo context initialization failed ... remote=[127.0.0.1]``).
+    Hosts in one network namespace of one machine share that loopback: no problem.
+    """
+    if len({a.get("network") for a in answers}) < 2:
+        return []
+    out = []
+    for host, ids, a in zip(hosts, labels, answers):
+        address = a.get("hostname_address")
+        if address is not None and is_loopback(address):
+            out.append(
+                f"{host.name} ({ids}): its name {a['hostname']!r} resolves to {address} there, a "
+                f"loopback address; gloo (JAX's CPU collectives) gives its peers that address, "
+                f"which on the other machines is their own, and the run would fail at its first "
+                f"step. Map {a['hostname']} to the host's network address in its /etc/hosts "
+                f"(e.g. replace Debian's '127.0.1.1 {a['hostname']}' line)")
+    return out

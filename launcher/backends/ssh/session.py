@@ -141,8 +141,10 @@ class SshHosts:
           SpecError: some host cannot reach it (nothing was started).
         """
         path = ".".join(str(k) for k in key[:2]) + "".join(f"[{k}]" for k in key[2:])
+        cpu_collectives = self.job.cluster.platform == "cpu" and self.job.num_processes > 1
         reach.check([self.channels[h.index] for h in self.hosts], address,
-                    self.labels(self.hosts), self.job.where(key), path, self.console)
+                    self.labels(self.hosts), self.job.where(key), path, self.console,
+                    cpu_collectives)
 
     def start(self, plan: planning.Plan) -> list:
         """Start every worker of ``plan`` (placements in this object's host order)."""
