@@ -215,6 +215,25 @@ def test_more_processes_than_max_sessions_run(tmp_path, hosts):
     assert not leftovers(tmp_path, run_dir, 2)
 
 
+@pytest.mark.slow
+def test_a_crash_under_max_sessions_stops_every_process(tmp_path, hosts):
+    """MaxSessions 2, 3 processes per host, p4 SIGKILLed at step 3: the teardown signals five
+    process groups over connections already full of workers, so it needs more of them."""
+    for i in range(2):
+        hosts.limit_sessions(i, 2)
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts, [0, 1],
+                                                                  processes_per_host=3),
+                    *SMALL, "--set", "train.num_steps=100000", "--set", "logging.log_every_steps=1",
+                    "--set", "checkpoint.every_steps=0", "--set", "task.name=faulty_task:make",
+                    "--set", "task.args.mode=sigkill", "--set", "task.args.crash_at_step=3",
+                    "--set", "task.args.crash_process_id=4", "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    assert re.search(r"^FAILED: process_id 4 on 127\.0\.0\.3 \(killed by SIGKILL\)", out, re.M), out
+    assert not leftovers(tmp_path, run_dir, 2)
+
+
 def _refused_start(tmp_path, hosts) -> tuple:
     """Host 1's job file path is a directory: putting the job there fails after host 0
     (max_parallel 1: hosts one after the other) started its 3 workers."""
