@@ -117,6 +117,19 @@ def test_reach_token_from_the_listener_only_and_it_ends_on_stdin_eof(tmp_path):
         other.close()
 
 
+def test_reach_listener_says_why_it_cannot_listen(capsys):
+    held = socket.socket()
+    held.bind(("", 0))
+    held.listen()
+    try:
+        port = held.getsockname()[1]
+        assert reach.listen({"port": port, "token": "x", "count": 1, "timeout_s": 1}) == 1
+        said = remote.parse_marked(capsys.readouterr().out, reach.MARK)
+        assert said["error"].startswith(f"cannot listen on port {port}: ") and "in use" in said["error"]
+    finally:
+        held.close()
+
+
 def test_killpg_stop_sequence_kills_what_ignores_term():
     proc = sleeper(ignore_term=True)
     try:

@@ -43,16 +43,20 @@ def _say(out):
 
 
 def _bind(port):
-    """A listening socket on every interface (dual-stack where IPv6 exists), as the coordinator."""
+    """A listening socket on every interface, as the coordinator: dual-stack ``::``, or
+    ``0.0.0.0`` where IPv6 is off (no AF_INET6 socket, or ``::`` not bindable)."""
     try:
-        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        host = "::"
+        return _listen(socket.AF_INET6, "::", port)
     except OSError:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        host = ""
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        return _listen(socket.AF_INET, "", port)
+
+
+def _listen(family, host, port):
+    s = socket.socket(family, socket.SOCK_STREAM)
     try:
+        if family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, port))
         s.listen(64)
     except OSError:
