@@ -361,4 +361,4 @@ def _build_cluster(raw: Any, ctx: schema.Context) -> Any:
 
 
 # Keys checked after loading, for one backend only (task importable, memory).
-LATE_CHECKED = (("task", "name"), ("data", "num_examples"))
+LATE_CHECKED = (("task", "name"), ("data", "num_examples"), ("cluster", "hosts", 0))

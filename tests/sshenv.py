@@ -14,8 +14,11 @@ Everything lives under ``<base_dir>/sshenv``: a client key (``identity_file``),
 per host ``hostN/`` with its host key, sshd_config and ``sshd.log``.
 
 Failure injection: ``stop_host``/``start_host`` (host down / back up),
-``regenerate_host_key`` (known_hosts entry becomes wrong) and
-``reject_client_key`` (host refuses our key).  Needs root (sshd privilege
+``regenerate_host_key`` (known_hosts entry becomes wrong),
+``reject_client_key`` (host refuses our key) and ``limit_sessions`` (sshd's
+``MaxSessions``).  A host can also be another machine's network: ``namespaces``
+maps a host index to a network namespace (``tests/netns.py``) whose address
+it gets, and its sshd runs in there, with its own loopback.  Needs root (sshd privilege
 separation; the remote user is root).  No pytest in here: wrap it in a fixture::
 
     with SshTestEnv(tmp_path, num_hosts=4) as env:
@@ -94,12 +97,15 @@ class SshTestEnv:
 
     user = "root"
 
-    def __init__(self, base_dir, num_hosts: int = 4):
+    def __init__(self, base_dir, num_hosts: int = 4, namespaces: dict | None = None):
         if not 1 <= num_hosts <= 250:
             raise ValueError("num_hosts must be in 1..250")
         self.base_dir = Path(base_dir) / "sshenv"
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.hosts = [f"127.0.0.{i + 2}" for i in range(num_hosts)]
+        self.namespaces = dict(namespaces or {})  # host index -> (netns name, its address)
+        self.hosts = [self.namespaces[i][1] if i in self.namespaces else f"127.0.0.{i + 2}"
+                      for i in range(num_hosts)]
+        self._max_sessions = [50] * num_hosts
         self.identity_file = str(self.base_dir / "id_ed25519")
         self.authorized_keys = str(self.base_dir / "authorized_keys")
         self.known_hosts = str(self.base_dir / "known_hosts")
@@ -127,7 +133,8 @@ class SshTestEnv:
             raise RuntimeError("SshTestEnv needs root (sshd privilege separation)")
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         self.port = next((p for p in range(FIRST_PORT, FIRST_PORT + 500)
-                          if all(_port_free(h, p) for h in self.hosts)), None)
+                          if all(_port_free(h, p) for i, h in enumerate(self.hosts)
+                                 if i not in self.namespaces)), None)
         if self.port is None:
             raise RuntimeError("no port free on all loopback test addresses")
         pub = _keygen(Path(self.identity_file), "podlaunch-test-client")
@@ -174,15 +181,16 @@ KbdInteractiveAuthentication no
 UsePAM no
 ClientAliveInterval 2
 ClientAliveCountMax 3
-MaxSessions 50
+MaxSessions {self._max_sessions[i]}
 MaxStartups 100:30:200
 PrintMotd no
 LogLevel VERBOSE
 Subsystem sftp internal-sftp
 """)
         with open(self.log_file(i), "ab") as log:  # catches pre-log errors too
+            netns = ["ip", "netns", "exec", self.namespaces[i][0]] if i in self.namespaces else []
             self._procs[i] = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(cfg), "-E", str(self.log_file(i))],
+                [*netns, SSHD, "-D", "-e", "-f", str(cfg), "-E", str(self.log_file(i))],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 start_new_session=True, preexec_fn=_die_with_parent)
         if wait:
@@ -248,6 +256,11 @@ Subsystem sftp internal-sftp
         self._auth_keys[i] = str(empty)
         self.start_host(i)
 
+    def limit_sessions(self, i: int, max_sessions: int) -> None:
+        """Restart host *i*'s sshd with ``MaxSessions max_sessions`` (channels per connection)."""
+        self._max_sessions[i] = max_sessions
+        self.start_host(i)
+
     def accept_client_key(self, i: int) -> None:
         """Undo reject_client_key(i)."""
         self._auth_keys[i] = self.authorized_keys
@@ -303,7 +316,7 @@ def in_ci() -> bool:
 
 
 @contextlib.contextmanager
-def hosts_or_skip(base_dir, num_hosts: int):
+def hosts_or_skip(base_dir, num_hosts: int, namespaces: dict | None = None):
     """An SshTestEnv for a test module; skips the module where sshd cannot run here.
 
     In CI (``in_ci()``) a missing sshd or root fails every test that needs it instead:
@@ -316,5 +329,5 @@ def hosts_or_skip(base_dir, num_hosts: int):
         if in_ci():
             pytest.fail(f"CI=true and sshd cannot run here: {why}", pytrace=False)
         pytest.skip(UNAVAILABLE + why)
-    with SshTestEnv(base_dir, num_hosts) as env:
+    with SshTestEnv(base_dir, num_hosts, namespaces) as env:
         yield env

@@ -16,12 +16,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from launcher import proctl, remote
-from launcher.remote import holders, killpg, preflight, wrapper
+from launcher.remote import holders, killpg, preflight, reach, wrapper
 
 RUN_DIR_ENV = "PODLAUNCH_RUN_DIR"
 SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -60,6 +61,75 @@ def test_killpg_signals_the_whole_group():
         proc.kill()
 
 
+def test_killpg_reports_stopped_groups_and_signals_several():
+    """What the stall watchdog asks a host: which groups' leaders are stopped (state T)."""
+    running, stopped = sleeper(), sleeper()
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while proctl.state(stopped.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        out = killpg.main({"pgids": [running.pid, stopped.pid], "signals": []})
+        assert out["stopped"] == [stopped.pid] and sorted(out["alive"]) == sorted(
+            proctl.group_members(running.pid) + proctl.group_members(stopped.pid))
+        out = killpg.main({"pgids": [running.pid, stopped.pid], "signals": ["KILL"]})
+        assert ended(running) == ended(stopped) == -signal.SIGKILL
+    finally:
+        running.kill()
+        stopped.kill()
+
+
+def test_reach_token_from_the_listener_only_and_it_ends_on_stdin_eof(tmp_path):
+    port = proctl.free_port()
+    listen = remote.python_call(SYSTEM_PYTHON, "reach", {
+        "role": "listen", "port": port, "token": "t0k3n", "count": 3, "timeout_s": 30})
+    listener = subprocess.Popen(listen, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    other = socket.socket()  # another program on another port: answers, but not the token
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    try:
+        assert remote.parse_marked(listener.stdout.readline(), reach.MARK) == {"listening": port}
+        answer = _ship("reach", {"role": "connect", "address": f"127.0.0.1:{port}", "token": "t0k3n",
+                                 "timeout_s": 5}, tmp_path)
+        got = remote.parse_marked(answer.stdout, reach.MARK)
+        assert {k: got[k] for k in ("ok", "resolved", "error")} == {
+            "ok": True, "resolved": "127.0.0.1", "error": None}, answer.stderr
+        # what gloo will advertise, and which network this is (the same machine and namespace)
+        assert got["hostname"] == socket.gethostname()
+        assert got["hostname_address"] == socket.getaddrinfo(socket.gethostname(), None)[0][4][0]
+        assert got["network"] == reach.identity()["network"] and got["network"].endswith(
+            "/%d" % os.stat("/proc/self/ns/net").st_ino)
+        threading.Thread(target=lambda: (other.accept()[0].sendall(b"SSH-2.0-x\r\n")),
+                         daemon=True).start()
+        wrong = reach.connect({"role": "connect", "address": f"127.0.0.1:{other.getsockname()[1]}",
+                               "token": "t0k3n", "timeout_s": 5})
+        assert not wrong["ok"] and "another program answers there" in wrong["error"], wrong
+        refused = reach.connect({"role": "connect", "address": f"127.0.0.1:{proctl.free_port()}",
+                                 "token": "t0k3n", "timeout_s": 5})
+        assert {k: refused[k] for k in ("ok", "resolved", "error")} == {
+            "ok": False, "resolved": "127.0.0.1", "error": "connection refused"}
+        assert listener.poll() is None  # 1 of 3 connections: still listening
+        listener.stdin.close()  # the launcher closed the channel
+        assert listener.wait(5) == 0
+        assert proctl.bind_error(port) is None  # free again for the coordinator
+    finally:
+        listener.kill()
+        other.close()
+
+
+def test_reach_listener_says_why_it_cannot_listen(capsys):
+    held = socket.socket()
+    held.bind(("", 0))
+    held.listen()
+    try:
+        port = held.getsockname()[1]
+        assert reach.listen({"port": port, "token": "x", "count": 1, "timeout_s": 1}) == 1
+        said = remote.parse_marked(capsys.readouterr().out, reach.MARK)
+        assert said["error"].startswith(f"cannot listen on port {port}: ") and "in use" in said["error"]
+    finally:
+        held.close()
+
+
 def test_killpg_stop_sequence_kills_what_ignores_term():
     proc = sleeper(ignore_term=True)
     try:
@@ -67,7 +137,7 @@ def test_killpg_stop_sequence_kills_what_ignores_term():
         out = killpg.main({"pgid": proc.pid, "grace_s": 0.5})
         assert ended(proc) == -signal.SIGKILL and out["alive"] == []
         assert time.monotonic() - started >= 0.5
-        assert killpg.main({"pgid": proc.pid, "signals": ["KILL"]}) == {"alive": []}  # gone: fine
+        assert killpg.main({"pgid": proc.pid, "signals": ["KILL"]}) == {"alive": [], "stopped": []}  # gone: fine
     finally:
         proc.kill()
 
@@ -195,7 +265,8 @@ def test_shipped_source_is_self_contained_python_3_8(name):
     calls = [n for n in ast.walk(ast.parse(text))
              if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "compile"]
     inlined = [call.args[0].value for call in calls]  # proctl's text, loaded as its own module
-    assert len(inlined) == 1
+    with open(os.path.join(os.path.dirname(remote.__file__), name + ".py")) as f:
+        assert len(inlined) == (remote.IMPORT_PROCTL in f.read())  # once where it is imported
     for code in (text, *inlined):
         # feature_version: the grammar checks of Python 3.8 that ast offers (best effort; the
         # run under python3 -c below covers the rest on this machine's python)
@@ -219,7 +290,7 @@ def test_shipped_programs_run_under_python3_c(tmp_path):
     try:
         done = _ship("killpg", {"pgid": proc.pid, "grace_s": 1}, tmp_path)
         assert done.returncode == 0, done.stderr
-        assert remote.parse_marked(done.stdout, killpg.MARK) == {"alive": []}
+        assert remote.parse_marked(done.stdout, killpg.MARK) == {"alive": [], "stopped": []}
         assert ended(proc) is not None
     finally:
         proc.kill()

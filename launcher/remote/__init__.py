@@ -25,7 +25,7 @@ import os
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PROCTL = os.path.join(os.path.dirname(_HERE), "proctl.py")
 IMPORT_PROCTL = "from launcher import proctl"
-PROGRAMS = ("preflight", "wrapper", "killpg", "holders")
+PROGRAMS = ("preflight", "wrapper", "killpg", "holders", "reach")
 
 
 def _read(path):

@@ -3,11 +3,14 @@
 ``os.killpg`` in Python rather than sh's ``kill``: the shells' builtins
 disagree on ``--`` and negative pids (dash rejects both).
 
-Args (one JSON object): ``pgid``, and either ``signals`` (names such as
-"TERM", "CONT", "KILL", sent in order) or ``grace_s`` (the whole stop
-sequence here: TERM and CONT, up to ``grace_s`` seconds, KILL, so a host
-reached over a fresh connection needs one call). A group that is gone is
-not an error. Prints ``MARK`` + JSON ``{"alive": [pids left]}``.
+Args (one JSON object): ``pgid`` (or ``pgids``, a list), and either
+``signals`` (names such as "TERM", "CONT", "KILL", sent in order; none just
+asks) or ``grace_s`` (the whole stop sequence here: TERM and CONT, up to
+``grace_s`` seconds, KILL, so a host reached over a fresh connection needs
+one call). A group that is gone is not an error. Prints ``MARK`` + JSON
+``{"alive": [pids left], "stopped": [pgids whose leader is stopped]}``
+(stopped: ``/proc/PGID/stat`` state T or t, SIGSTOP or a tracer, after the
+signals; what the stall watchdog asks of a host).
 """
 
 import json
@@ -19,13 +22,15 @@ MARK = "podlaunch-killpg "
 
 
 def main(args):
-    pgid = int(args["pgid"])
-    if args.get("grace_s") is not None:
-        alive = proctl.stop_group(pgid, float(args["grace_s"]))
-    else:
-        proctl.signal_group(pgid, args["signals"])
-        alive = proctl.group_members(pgid)
-    out = {"alive": alive}
+    pgids = [int(p) for p in args["pgids"]] if "pgids" in args else [int(args["pgid"])]
+    alive = []
+    for pgid in pgids:
+        if args.get("grace_s") is not None:
+            alive += proctl.stop_group(pgid, float(args["grace_s"]))
+        else:
+            proctl.signal_group(pgid, args["signals"])
+            alive += proctl.group_members(pgid)
+    out = {"alive": alive, "stopped": [p for p in pgids if proctl.is_stopped(p)]}
     print(MARK + json.dumps(out), flush=True)
     return out
 

@@ -185,7 +185,12 @@ def run_script(transport: paramiko.Transport, text: str, timeout_s: float = COMM
       TimeoutError: no exit within ``timeout_s`` seconds.
       paramiko.SSHException: the channel could not be opened.
     """
-    chan = transport.open_session(timeout=timeout_s)
+    return run_on_channel(transport.open_session(timeout=timeout_s), text, timeout_s)
+
+
+def run_on_channel(chan: paramiko.Channel, text: str, timeout_s: float = COMMAND_TIMEOUT_S
+                   ) -> tuple[int, str]:
+    """``run_script`` on an opened session channel (closed at the end)."""
     try:
         chan.set_combine_stderr(True)
         chan.settimeout(timeout_s)

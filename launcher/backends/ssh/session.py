@@ -20,6 +20,8 @@ from launcher import versions
 from launcher.backends.base import Session
 from launcher.backends.ssh import hosts as hostlib
 from launcher.backends.ssh import preflight as checks
+from launcher.backends.ssh import reach
+from launcher.backends.ssh.channels import HostChannels, close_all
 from launcher.backends.ssh.settings import SshHost, SshSettings
 from launcher.backends.ssh.workers import start_all
 from launcher.status import plural
@@ -68,6 +70,7 @@ class SshHosts:
         self.job, self.settings, self.run_dir, self.console = job, settings, run_dir, console
         self.specs, self.counts = tuple(specs), tuple(counts)
         self.hosts: list = []
+        self.channels: dict = {}  # host index -> HostChannels: the attempt's checks and workers
 
     def resolve(self) -> list:
         """The hosts with their settings by precedence; nothing is contacted.
@@ -101,6 +104,7 @@ class SshHosts:
         started = time.monotonic()
         found = checks.preflight(hosts, self.job, self.settings, self.labels(hosts), survivors, port)
         self.hosts = hosts
+        self.channels = {h.index: HostChannels(h) for h in hosts}
         stopped = checks.survivors_found(found)
         self.console.say(f"preflight ok on {len(hosts)} hosts in {time.monotonic() - started:.1f}s "
                          f"(python {found[0].facts['python']}, jax {found[0].facts['jax']})"
@@ -126,12 +130,30 @@ class SshHosts:
         """Host 0's address, resolved once here so every worker gets the same one."""
         return hostlib.coordinator_ip(self.hosts[0])
 
+    def check_coordinator(self, address: str, key: tuple = ("cluster", "hosts", 0)) -> None:
+        """Refuse ``address`` unless every host reaches it (``reach.check``; after ``connect``).
+
+        Args:
+          address: the coordinator_address the workers will get (``ip:port``).
+          key: the setting that named host 0, for the message.
+
+        Raises:
+          SpecError: some host cannot reach it (nothing was started).
+        """
+        path = ".".join(str(k) for k in key[:2]) + "".join(f"[{k}]" for k in key[2:])
+        cpu_collectives = self.job.cluster.platform == "cpu" and self.job.num_processes > 1
+        reach.check([self.channels[h.index] for h in self.hosts], address,
+                    self.labels(self.hosts), self.job.where(key), path, self.console,
+                    cpu_collectives)
+
     def start(self, plan: planning.Plan) -> list:
         """Start every worker of ``plan`` (placements in this object's host order)."""
-        return start_all(plan, self.hosts, self.settings, self.console)
+        return start_all(plan, self.channels, self.settings, self.console)
 
     def close(self) -> None:
         """Close every connection of the current attempt (safe to call again)."""
+        close_all(self.channels)
+        self.channels = {}
         for host in self.hosts:
             host.close()
         self.hosts = []
@@ -153,7 +175,9 @@ class SshSession(Session):
         else:
             survivors = checks.STOP if self.options.kill_stale or restart else checks.REFUSE
         found = self.ssh.connect(survivors, port=self.job.cluster.coordinator_port)
-        return self.ssh.placements(), f"{self.ssh.coordinator_ip()}:{found[0].facts['port']}"
+        address = f"{self.ssh.coordinator_ip()}:{found[0].facts['port']}"
+        self.ssh.check_coordinator(address)
+        return self.ssh.placements(), address
 
     def describe_start(self, plan: planning.Plan) -> str:
         job = plan.job

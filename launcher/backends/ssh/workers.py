@@ -5,7 +5,10 @@ values: each worker is its own channel, watched on its own, and every value
 goes through ``shlex.quote`` in a script fed to ``sh -s`` on stdin. The
 worker runs under ``launcher.remote.wrapper``, which makes it a process-group
 leader, records its pgid in a pid file and reports the exit in-band (paramiko
-drops sshd's ``exit-signal``).
+drops sshd's ``exit-signal``). Channels come from ``channels.HostChannels``
+(more connections where sshd's ``MaxSessions`` asks for them). A start that
+fails anywhere stops every worker already started, on every host, before
+``start_all`` raises.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import paramiko
 from launcher import plan as planning
 from launcher import remote
 from launcher.backends.ssh import connection, transfer
+from launcher.backends.ssh.channels import GroupStates, HostChannels
 from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S, Host
 from launcher.backends.ssh.hosts import expand
 from launcher.backends.ssh.mirror import CheckpointMirror
@@ -35,11 +39,12 @@ from worker import contract
 class SshWorker:
     """One remote worker: its channel, output, pgid and exit."""
 
-    def __init__(self, plan: planning.ProcessPlan, host: Host, script: str, grace_s: float,
-                 on_exit: Callable[[], None] | None = None,
+    def __init__(self, plan: planning.ProcessPlan, channels: HostChannels, states: GroupStates,
+                 script: str, grace_s: float, on_exit: Callable[[], None] | None = None,
                  on_line: Callable[[str], None] | None = None):
         self.plan = plan
-        self.host = host
+        self.host = channels.host
+        self.channels, self.states = channels, states
         self.grace_s = grace_s
         self.pgid: int | None = None
         self._on_exit = on_exit
@@ -48,7 +53,7 @@ class SshWorker:
         self._eof = threading.Event()
         self._pgid_known = threading.Event()
         self._exit: Exit | None = None
-        self._chan = host.connection.transport.open_session(timeout=COMMAND_TIMEOUT_S)
+        self._chan = channels.open(COMMAND_TIMEOUT_S)
         self._chan.set_combine_stderr(True)
         self._chan.exec_command("sh -s")
         self._chan.sendall(script.encode())
@@ -86,6 +91,7 @@ class SshWorker:
         """Consume the wrapper's marker lines; True when ``line`` was one."""
         if line.startswith(wrapper.PGID_MARK):
             self.pgid = int(line[len(wrapper.PGID_MARK):])
+            self.states.watch(self.host.index, self.pgid)
             self._pgid_known.set()
             return True
         if line.startswith(wrapper.EXIT_MARK):
@@ -116,6 +122,7 @@ class SshWorker:
     def _finish(self, ended: Exit, cleanup: bool = False) -> Exit:
         self._exit = ended
         if cleanup:
+            self._chan.close()  # a reader may wait on it (its connection may not be the host's own)
             # Nobody else will signal a group whose connection is gone
             # (supervise only tears down running workers): TERM, grace, KILL,
             # over a fresh connection, in a non-daemon thread so the launcher
@@ -132,7 +139,7 @@ class SshWorker:
     def _send(self, signals: tuple) -> None:
         def send():
             if self._pgid_known.wait(10.0):
-                connection.signal_group(self.host, self.pgid, signals)
+                self.channels.signal(self.pgid, signals)
         threading.Thread(target=send, name=f"signal-{self.plan.process_id}").start()
 
     def terminate(self) -> None:
@@ -142,9 +149,25 @@ class SshWorker:
         self._send(("KILL",))
 
     def stopped(self) -> bool:
-        # Knowing needs a round trip to the host; the watchdog then only loses
-        # its hint about which stalled process is the cause.
-        return False
+        # the host's /proc says (one round trip per host for every worker, at most
+        # once a second: GroupStates)
+        return self.pgid is not None and self.states.stopped(self.host.index, self.pgid)
+
+    def stop_unwatched(self, timeout_s: float = 20.0) -> None:
+        """SIGKILL the group of a worker no reader watches (a start that failed elsewhere).
+
+        Reads the channel up to the wrapper's pgid line (``lines`` is not running), then
+        signals over this host's channels and waits for the answer. A wrapper that
+        never started (its channel ends first) left nothing to stop.
+        """
+        if not self._pgid_known.is_set():
+            self._chan.settimeout(timeout_s)
+            for line in self._received_lines():
+                if self._control(line) and self._pgid_known.is_set():
+                    break
+        if self.pgid is not None:
+            self.channels.signal(self.pgid, ("KILL",), timeout_s)
+        self._chan.close()
 
 
 def _fetcher(host: Host, placement: planning.Placement, run_dir: str, console,
@@ -161,13 +184,20 @@ def _fetcher(host: Host, placement: planning.Placement, run_dir: str, console,
     return fetch
 
 
-def start_host(plan: planning.Plan, index: int, host: Host, settings: SshSettings,
-               console) -> list:
-    """Put the job (and ``sync_dir``) on ``host`` and start its workers (placement ``index``).
+def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: GroupStates,
+               settings: SshSettings, console, started: list,
+               abort: threading.Event | None = None) -> None:
+    """Put the job (and ``sync_dir``) on a host and start its workers (placement ``index``).
 
-    Process 0's worker also mirrors checkpoints and, at its end, fetches the results;
-    before a resumed attempt the checkpoints host 0 lacks are put back first.
+    Each worker is appended to ``started`` as soon as it runs, so a failure
+    anywhere can stop it; ``abort`` set (another host failed) starts no more.
+    Process 0's worker also mirrors checkpoints and, at its end, fetches the
+    results; before a resumed attempt the checkpoints host 0 lacks are put back first.
+
+    Raises:
+      Whatever the host's SFTP or channels raise (paramiko.SSHException, OSError).
     """
+    host = channels.host
     placement = plan.placements[index]
     sftp = host.connection.sftp()
     transfer.mkdirs(sftp, os.path.dirname(placement.job_path))
@@ -179,8 +209,9 @@ def start_host(plan: planning.Plan, index: int, host: Host, settings: SshSetting
     if plan.job.is_program:  # the program runs in the workdir, from its synced directory
         copied = transfer.sync_dir(sftp, plan.job.program.dir, host.workdir)
         console.say(f"{host.name}: synced {plan.job.program.dir} ({copied} files changed)")
-    workers = []
     for process in plan.on_host(index):
+        if abort is not None and abort.is_set():
+            return
         pid_file = os.path.join(state_dir(host.workdir, plan.job.name),
                                 f"process-{process.process_id:03d}.pid")
         argv = remote.python_call(placement.python, "wrapper", {
@@ -197,47 +228,55 @@ def start_host(plan: planning.Plan, index: int, host: Host, settings: SshSetting
                     console.say(f"{host.name}: put back {len(pushed)} checkpoints it lacked "
                                 f"(newest {pushed[-1]}) from {mirror.local}")
             on_exit, on_line = _fetcher(host, placement, plan.run_dir, console, mirror), mirror.on_line
-        try:
-            workers.append(SshWorker(process, host, text, settings.grace_s, on_exit, on_line))
-        except BaseException:
-            for started in workers:  # start_all never sees these: stop them here
-                started.kill()
-            raise
-    return workers
+        started.append(SshWorker(process, channels, states, text, settings.grace_s, on_exit, on_line))
 
 
-def start_all(plan: planning.Plan, hosts: list, settings: SshSettings, console) -> list:
+def stop_started(workers: list) -> None:
+    """SIGKILL every worker in ``workers`` (started, unwatched), all at once; returns when done."""
+    threads = [threading.Thread(target=w.stop_unwatched, name=f"stop-{w.plan.process_id}")
+               for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, console) -> list:
     """Start every worker of ``plan``, hosts in parallel (host i runs placement i).
+
+    Args:
+      channels: host index -> ``HostChannels`` of every host, in placement order.
 
     Returns:
       SshWorkers in process_id order.
 
     Raises:
-      LaunchError: some host could not start its workers; those already
-        started elsewhere have been killed.
+      LaunchError: some host could not start its workers. The first failure
+        stops the hosts still starting, and every worker already started on
+        any host is SIGKILLed (and gone) before this raises.
     """
-    pool = concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(hosts)))
-    futures = [pool.submit(start_host, plan, i, h, settings, console) for i, h in enumerate(hosts)]
+    states = GroupStates(channels)
+    started: list = []
+    abort = threading.Event()
+    pool = concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(channels)))
+    futures = {pool.submit(start_host, plan, i, c, states, settings, console, started, abort): c.host
+               for i, c in channels.items()}
     try:
-        concurrent.futures.wait(futures)
-    except BaseException:  # an interrupt: every host still finishes its start, then all stop
+        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        if any(f.exception() is not None for f in done):
+            abort.set()
         pool.shutdown(wait=True)
-        for future in futures:
-            if future.exception() is None:
-                for w in future.result():
-                    w.kill()
+    except BaseException:  # an interrupt: hosts finish the worker they are starting, then all stop
+        abort.set()
+        pool.shutdown(wait=True)
+        stop_started(started)
         raise
-    pool.shutdown(wait=True)
-    workers, errors = [], []
-    for host, future in zip(hosts, futures):
-        if future.exception() is not None:
-            errors.append(f"{host.name}: {type(future.exception()).__name__}: {future.exception()}")
-        else:
-            workers += future.result()
+    errors = [f"{host.name}: {type(f.exception()).__name__}: {f.exception()}"
+              for f, host in futures.items() if f.exception() is not None]
     if errors:
-        for w in workers:
-            w.kill()
-        raise LaunchError("could not start on every host; stopped the others:\n  " + "\n  ".join(errors))
-    for h in hosts:
-        h.start_keepalive()
-    return sorted(workers, key=lambda w: w.plan.process_id)
+        stop_started(started)
+        raise LaunchError(f"could not start on every host; stopped the {len(started)} processes "
+                          "already started:\n  " + "\n  ".join(errors))
+    for c in channels.values():
+        c.host.start_keepalive()
+    return sorted(started, key=lambda w: w.plan.process_id)

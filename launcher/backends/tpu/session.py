@@ -76,6 +76,8 @@ class TpuSession(Session):
                                 port if cluster.coordinator_port is None else None, dry_run, labels)
         holders.report(self.console, cleared, cluster.libtpu_lockfile, dry_run)
         coordinator_ip = self.ssh.coordinator_ip()
+        # after the holders are cleared: the port is free; host 0 is the first slice's worker 0
+        self.ssh.check_coordinator(f"{coordinator_ip}:{port}", key=("cluster", "tpu"))
         placements = self.ssh.placements(extra_env=self.slice_envs(len(found.hosts), coordinator_ip))
         return placements, f"{coordinator_ip}:{port}"
 

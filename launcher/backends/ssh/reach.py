@@ -1,0 +1,161 @@
+"""Preflight's last check: every host reaches host 0's coordinator address, tried for real.
+
+The workers get one ``coordinator_address``, resolved once on this machine
+(``hosts.coordinator_ip``). Whether each host can use it depends on that
+host's resolver, routes and firewall, and on what a loopback address means
+there (its own machine). So, once the port is known and before anything
+starts: host 0 listens on the coordinator port for a moment
+(``launcher.remote.reach`` ``listen``, bound as JAX's coordinator binds), and
+every host, host 0 included, connects to the exact address its workers will
+get and must read back a random token. A host that cannot is bad input (exit
+2, nothing started): the message names host 0, the address, the host that
+failed and why, and what to do. The cost is one more round trip per host, in
+parallel (docs/ssh.md, "The coordinator address").
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ipaddress
+import secrets
+import socket
+from typing import Sequence
+
+from launcher import remote
+from launcher.backends.ssh.channels import HostChannels
+from launcher.backends.ssh.connection import command_line
+from launcher.errors import Problem, SpecError
+from launcher.remote import reach as remote_reach
+
+REACH_TIMEOUT_S = 5.0   # each host's connect; a firewall that drops shows as this timeout
+LISTEN_TIMEOUT_S = 30.0  # host 0's listener ends by itself after this at the latest
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP, or a name resolved here) is a loopback address."""
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        try:
+            return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
+        except (OSError, ValueError):
+            return False
+
+
+def _read_mark(chan, timeout_s: float) -> dict | None:
+    """Read ``chan`` until the listener's marked line; None if it ended without one."""
+    chan.settimeout(timeout_s)
+    buffer = b""
+    while b"\n" not in buffer or remote.parse_marked(buffer.decode(errors="replace"),
+                                                     remote_reach.MARK) is None:
+        try:
+            data = chan.recv(4096)
+        except OSError:
+            return None
+        if not data:
+            break
+        buffer += data
+    return remote.parse_marked(buffer.decode(errors="replace"), remote_reach.MARK)
+
+
+def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str], where: tuple,
+          key: str, console, cpu_collectives: bool = False) -> None:
+    """Refuse a coordinator address that some host cannot reach, and a gloo address likewise.
+
+    Args:
+      channels: per connected host, in placement order, its channels (host 0 serves
+        the coordinator).
+      address: ``coordinator_address`` as the workers will get it (``ip:port``).
+      labels: per host, its processes ("p0", "p2,p3").
+      where: (file, line) of the setting that named host 0, for the message.
+      key: its dotted key (``cluster.hosts[0]``).
+      console: where a check that could not run is said.
+      cpu_collectives: the processes will all-reduce over gloo (platform cpu, more than
+        one process): each host's name must not resolve to loopback there unless every
+        host is on one machine's network (``gloo_problems``).
+
+    Raises:
+      SpecError: some host cannot reach ``address``, or a host's peers could not
+        reach the address gloo gives them (exit 2; nothing was started).
+    """
+    hosts = [c.host for c in channels]
+    host0 = hosts[0]
+    port = int(address.rpartition(":")[2])
+    token = secrets.token_hex(16)
+    listen = remote.python_call(host0.python, "reach", {
+        "role": "listen", "port": port, "token": token, "count": len(hosts),
+        "timeout_s": LISTEN_TIMEOUT_S})
+    chan = channels[0].open(REACH_TIMEOUT_S * 2)
+    try:
+        chan.set_combine_stderr(True)
+        chan.exec_command("sh -s")
+        chan.sendall(command_line(listen).encode())  # stdin stays open: its end stops the listener
+        ready = _read_mark(chan, REACH_TIMEOUT_S * 4)
+        if ready is None or "listening" not in ready:
+            why = (ready or {}).get("error", "the listener did not start")
+            console.say(f"could not check that every host reaches the coordinator {address}: "
+                        f"{host0.name}: {why}")
+            return
+        connect = {"role": "connect", "address": address, "token": token,
+                   "timeout_s": REACH_TIMEOUT_S}
+
+        def probe(host_channels: HostChannels) -> dict:
+            argv = remote.python_call(host_channels.host.python, "reach", connect)
+            try:
+                _, output = host_channels.run(command_line(argv), REACH_TIMEOUT_S * 4)
+            except Exception as exc:  # noqa: BLE001  said as that host's answer
+                return {"ok": False, "error": f"the check could not run there ({exc})"}
+            return remote.parse_marked(output, remote_reach.MARK) or {
+                "ok": False, "error": "no answer from the check: " + output.strip()[-200:]}
+
+        with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
+            answers = list(pool.map(probe, channels))
+    finally:
+        try:
+            chan.shutdown_write()
+            chan.status_event.wait(REACH_TIMEOUT_S)  # the port is free again before workers bind it
+        finally:
+            chan.close()
+    failed = [(h, ids, a) for h, ids, a in zip(hosts, labels, answers) if not a.get("ok")]
+    if not failed:
+        problems = gloo_problems(hosts, labels, answers) if cpu_collectives else []
+        if problems:
+            raise SpecError([Problem(where[0], where[1], key, p) for p in problems])
+        return
+    ip = address.rpartition(":")[0]
+    rows = "; ".join(f"{h.name} ({ids}): {a.get('error')}" for h, ids, a in failed)
+    message = (f"host 0 {host0.name} serves the coordinator at {address}, which "
+               f"{len(failed)} of {len(hosts)} hosts cannot reach: {rows}. ")
+    if is_loopback(ip):
+        message += (f"{ip} is a loopback address: on every other machine it is that machine "
+                    f"itself. Name host 0 by an address every host can reach (its network "
+                    f"address or DNS name; not localhost, nor a name that /etc/hosts maps to "
+                    f"127.x, as Debian's 127.0.1.1 line does)")
+    else:
+        message += ("Name host 0 by an address every host can reach, or open port "
+                    f"{address.rpartition(':')[2]} (cluster.coordinator_port) between the hosts")
+    raise SpecError([Problem(where[0], where[1], key, message)])
+
+
+def gloo_problems(hosts: Sequence, labels: Sequence[str], answers: Sequence[dict]) -> list:
+    """Per host whose name resolves to loopback there while the hosts are several networks.
+
+    gloo's tcp device (JAX's CPU collectives; jax/_src/xla_bridge.py passes it no
+    hostname nor interface) binds the first address ``gethostname()`` resolves to and
+    gives it to its peers: a loopback one is that peer's own machine, and the run fails
+    at its first all-reduce (``Gloo context initialization failed ... remote=[127.0.0.1]``).
+    Hosts in one network namespace of one machine share that loopback: no problem.
+    """
+    if len({a.get("network") for a in answers}) < 2:
+        return []
+    out = []
+    for host, ids, a in zip(hosts, labels, answers):
+        address = a.get("hostname_address")
+        if address is not None and is_loopback(address):
+            out.append(
+                f"{host.name} ({ids}): its name {a['hostname']!r} resolves to {address} there, a "
+                f"loopback address; gloo (JAX's CPU collectives) gives its peers that address, "
+                f"which on the other machines is their own, and the run would fail at its first "
+                f"step. Map {a['hostname']} to the host's network address in its /etc/hosts "
+                f"(e.g. replace Debian's '127.0.1.1 {a['hostname']}' line)")
+    return out
