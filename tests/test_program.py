@@ -8,28 +8,10 @@ import time
 
 import pytest
 
-from helpers import REPO, launch, run_pids
+from helpers import REPO, launch, program_job, run_pids
 
 from launcher import spec
 from launcher.errors import SpecError
-
-PROGRAM_JOB = """\
-name: faulty
-program:
-  argv: [python, faulty_program.py, {mode}, "{target}", "{at}"]
-  num_steps: 20
-  env: {{STEPS: "20"}}
-logging: {{log_every_steps: 5}}
-watchdog: {{stall_timeout_s: 30}}
-cluster: {{backend: local, num_processes: 3, devices_per_process: 1, grace_s: 2}}
-"""
-
-
-def _program_job(tmp_path, mode: str, target: int = 1, at: int = 5) -> str:
-    path = tmp_path / "faulty.yaml"
-    path.write_text(PROGRAM_JOB.format(mode=mode, target=target, at=at))
-    os.symlink(os.path.join(REPO, "tests", "faulty_program.py"), tmp_path / "faulty_program.py")
-    return str(path)
 
 
 def test_program_with_a_trainer_section_is_a_spec_error_naming_both(tmp_path):
@@ -92,7 +74,7 @@ def _failed(out: str) -> str:
 @pytest.mark.slow
 def test_program_killed_at_step_k_fails_fast_with_its_root_cause(tmp_path):
     run_dir = tmp_path / "run"
-    done = launch(_program_job(tmp_path, "kill9", target=2, at=5), "--run-dir", str(run_dir),
+    done = launch(program_job(tmp_path, "kill9", target=2, at=5), "--run-dir", str(run_dir),
                   timeout_s=120)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
@@ -103,7 +85,7 @@ def test_program_killed_at_step_k_fails_fast_with_its_root_cause(tmp_path):
 @pytest.mark.slow
 def test_program_exiting_0_early_is_a_failure(tmp_path):
     run_dir = tmp_path / "run"
-    done = launch(_program_job(tmp_path, "exit0", target=1, at=5), "--run-dir", str(run_dir),
+    done = launch(program_job(tmp_path, "exit0", target=1, at=5), "--run-dir", str(run_dir),
                   timeout_s=120)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
@@ -117,7 +99,7 @@ def test_program_exiting_0_early_is_a_failure(tmp_path):
 def test_program_crashing_before_it_joins_is_named_within_5s(tmp_path):
     run_dir = tmp_path / "run"
     started = time.monotonic()
-    done = launch(_program_job(tmp_path, "crash-before-join", target=1), "--run-dir",
+    done = launch(program_job(tmp_path, "crash-before-join", target=1), "--run-dir",
                   str(run_dir), timeout_s=120)
     elapsed = time.monotonic() - started
     out = done.stdout + done.stderr
