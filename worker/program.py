@@ -89,10 +89,13 @@ def _exit_now(code: int) -> None:
 
 
 def _on_sigterm(signum, frame):
-    # The launcher's TERM (a peer failed, Ctrl-C): write what process 0 holds, then go,
+    # The launcher's TERM (a peer failed, Ctrl-C): unwind the program (its finally blocks
+    # run) as the trainer does; _at_exit then writes what process 0 holds and exits at once,
     # skipping JAX's shutdown barrier (it would wait minutes for peers that are gone).
-    _close(wait_s=0.5)
-    _exit_now(128 + signum)
+    # Writing from here instead could deadlock on a lock the interrupted code holds (the
+    # TensorBoard writer's, a file's).
+    _state["terminated"], _state["exit_code"] = True, 128 + signum
+    raise SystemExit(128 + signum)
 
 
 def initialize(num_steps: int | None = None):
@@ -135,12 +138,15 @@ def _sys_exit(code=0):
 
 
 def _at_exit() -> None:
-    """At a normal interpreter exit: write what process 0 holds; after reporting some steps
-    but not the last (and no ``done()``), exit at once, skipping JAX's shutdown barrier,
+    """At a normal interpreter exit: write what process 0 holds; after the launcher's SIGTERM,
+    or after reporting some steps but not the last (and no ``done()``), exit at once, skipping JAX's shutdown barrier,
     which would wait for peers that are waiting for this process in a collective."""
     reporter = _state.get("reporter")
     early = (reporter is not None and reporter.last_step < reporter.num_steps
              and not _state.get("done"))
+    if _state.get("terminated"):
+        _close(wait_s=0.5)
+        _exit_now(_state.get("exit_code", 128 + signal.SIGTERM))
     _close(wait_s=0.5 if early else 60.0)
     if early:
         code = _state.get("exit_code", 0)
