@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import pytest
+import yaml
 
 from helpers import REPO, launch, program_job, run_pids
 
@@ -65,6 +67,61 @@ def test_seed_program_matches_linear_yaml(tmp_path):
     with open(tmp_path / "seed_program" / "tensorboard" / "metrics.jsonl", encoding="utf-8") as f:
         last = json.loads(f.readlines()[-1])
     assert {"step_time_s/process_000", "step_time_s/process_001"} <= set(last)
+
+
+@pytest.fixture(scope="module")
+def ssh_hosts(tmp_path_factory):
+    import sshenv
+
+    with sshenv.hosts_or_skip(tmp_path_factory.mktemp("ssh"), 2) as env:
+        yield env
+
+
+def _ssh_cluster(path, ssh_env) -> str:
+    """Two real sshd hosts (127.0.0.2-3), a workdir each: 2 processes x 2 CPU devices."""
+    cluster = {"backend": "ssh", "ssh_config_file": ssh_env.ssh_config, "python": sys.executable,
+               "hosts": [{"host": h, "workdir": str(path / f"host{i}")}
+                         for i, h in enumerate(ssh_env.hosts)],
+               "devices_per_process": 2, "env": {"PYTHONPATH": REPO}, "grace_s": 2}
+    file = path / "cluster.yaml"
+    file.write_text(yaml.safe_dump(cluster))
+    return str(file)
+
+
+@pytest.mark.slow
+def test_seed_program_matches_linear_yaml_over_ssh_from_each_hosts_own_copy(tmp_path, ssh_hosts):
+    cluster = _ssh_cluster(tmp_path, ssh_hosts)
+    ran = {}
+    for job in ("linear", "seed_program"):
+        done = launch(f"jobs/{job}.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / job))
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out
+        assert "OK: 2 processes succeeded" in out
+        ran[job] = _final_loss(tmp_path / job)  # process 0's metrics.jsonl, fetched from host 0
+    assert ran["seed_program"] == pytest.approx(ran["linear"], rel=1e-5)
+    # program.dir (the repository) was synced into each host's workdir, and the relative
+    # examples/seed_program.py ran from there (the workdir holds nothing else of it)
+    for i, host in enumerate(ssh_hosts.hosts):
+        assert f"{host}: synced {REPO} (" in out, out
+        copy = tmp_path / f"host{i}" / "examples" / "seed_program.py"
+        assert copy.read_bytes() == open(os.path.join(REPO, "examples", "seed_program.py"), "rb").read()
+        assert not (tmp_path / f"host{i}" / ".git").exists()  # transfer.SYNC_SKIP
+    assert not run_pids(str(tmp_path / "seed_program"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_seed_program_matches_linear_yaml_in_a_tpu_rehearsal(tmp_path):
+    ran = {}
+    for job in ("linear", "seed_program"):
+        done = launch(f"jobs/{job}.yaml", "--cluster", "jobs/clusters/tpu-v4-32.yaml", "--rehearse",
+                      "--run-dir", str(tmp_path / job))
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out
+        assert "rehearsing 1 x v4-32 on this machine: 4 processes (one per TPU host) x 4 CPU " \
+            "devices" in out
+        ran[job] = _final_loss(tmp_path / job)
+    assert ran["seed_program"] == pytest.approx(ran["linear"], rel=1e-5)
 
 
 def _failed(out: str) -> str:
