@@ -174,6 +174,7 @@ class _Reporter:
     def __init__(self, me: contract.Identity, job: jobs.ProgramJob, num_steps: int):
         from worker.metrics import process_tag
         from worker.tracker import make_tracker
+        from worker.train import InFlight
 
         self.me, self.num_steps, self.process_tag = me, num_steps, process_tag
         self.log_every = job.logging.log_every_steps
@@ -185,6 +186,9 @@ class _Reporter:
 
             self.gather = KeyValueGather(me.process_id, me.num_processes)
         self.held: list = []  # process 0: (step, values) until every process's time is in
+        # at most 2 reported steps queued on the devices, as the trainer: unbounded, steps of
+        # a 2 x 2 CPU run interleave on XLA's thread pool and deadlock in gloo's all-reduce
+        self.in_flight = InFlight(max_steps=2)
         self.mark = time.perf_counter()
         self.mark_step = 0
         self.last_beat = -math.inf
@@ -193,6 +197,7 @@ class _Reporter:
         self.first = True
 
     def report(self, step: int, scalars: dict) -> None:
+        self.in_flight.add(list(scalars.values()))  # waits for step - 2's (JAX arrays)
         now = time.perf_counter()
         self.last_step = step
         if not (step % self.log_every == 0 or step == self.num_steps):
@@ -253,6 +258,11 @@ def report(step: int, **scalars) -> None:
     Every call is cheap except at log steps (every ``logging.log_every_steps`` and the last
     step), where the scalars are read (a device sync for JAX arrays) and printed as the
     launcher's progress line; process 0 also writes them to TensorBoard and metrics.jsonl.
+    It keeps at most two reported steps queued on the devices: it waits for the scalars
+    of step ``step - 2`` (``jax.block_until_ready``), as the trainer does
+    (``worker.train.InFlight``), since unbounded asynchronous dispatch deadlocks
+    multi-device CPU runs in gloo's all-reduce. Pass the step's outputs (``loss=...``) so
+    that waiting for them means the step finished.
 
     Raises:
       RuntimeError: ``initialize`` was not called, or no ``num_steps`` is known.
