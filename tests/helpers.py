@@ -7,6 +7,7 @@ import glob
 import os
 import queue
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -37,13 +38,14 @@ def program_job(tmp_path, mode: str = "none", target: int = 1, at: int = 5, step
     Fault tests of the built-in trainer take it in place of ``jobs/linear.yaml`` to check
     that a program job gets the same lifecycle (``--set`` changes it further).
     """
+    os.makedirs(str(tmp_path), exist_ok=True)
     path = os.path.join(str(tmp_path), "faulty.yaml")
     with open(path, "w", encoding="utf-8") as f:
         f.write(PROGRAM_JOB.format(mode=mode, target=target, at=at, steps=steps,
                                    log_every=log_every, num_processes=num_processes))
-    link = os.path.join(str(tmp_path), "faulty_program.py")
-    if not os.path.exists(link):
-        os.symlink(os.path.join(TESTS, "faulty_program.py"), link)
+    # a copy, not a link: ssh hosts get program.dir by sync, which skips links
+    shutil.copyfile(os.path.join(TESTS, "faulty_program.py"),
+                    os.path.join(str(tmp_path), "faulty_program.py"))
     return path
 
 
