@@ -446,19 +446,24 @@ def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", helpers.KINDS)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
+def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig, kind):
     run_dir = tmp_path / "run"
     values = {"DB_PASSWORD": "pw-cmdline-4711", "PLAIN_SETTING": "plain-cmdline-4712"}
     cluster = write_cluster(tmp_path, hosts, env={"PYTHONPATH": os.pathsep.join([TESTS, REPO]), **values})
-    proc = start_launch("jobs/linear.yaml", "--cluster", cluster, *LONG, "--run-dir", str(run_dir))
+    job, name = ("jobs/linear.yaml", *LONG), "linear"
+    if kind == "program":  # as quiet as LONG: no log step, no heartbeat
+        job, name = (program_job(tmp_path / "program", steps=1000000, log_every=100000,
+                                 num_processes=NUM_HOSTS), "--set", "watchdog.stall_timeout_s=null"), "faulty"
+    proc = start_launch(*job, "--cluster", cluster, "--run-dir", str(run_dir))
     try:
         wait_in_logs(run_dir, r"\[Gloo\] Rank \d is connected", 4)
         # every "host" is this machine: the whole process table is every remote process (sshd
         # sessions, sh, the wrappers, the workers) and the local ssh machinery. No env value is
         # in any command line (docs/ssh.md: the script goes to sh -s on stdin), though each
         # worker has it in its environment.
-        assert len(survivors(tmp_path, run_dir, 0)) == NUM_HOSTS
+        assert len(survivors(tmp_path, run_dir, 0, job=name)) == NUM_HOSTS
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -476,7 +481,7 @@ def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
             proc.kill()
     assert proc.returncode == 130, out
     assert "INTERRUPTED: every process was stopped." in out
-    assert not survivors(tmp_path, run_dir)
+    assert not survivors(tmp_path, run_dir, job=name)
 
 
 @pytest.mark.slow
