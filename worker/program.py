@@ -141,6 +141,9 @@ def _at_exit() -> None:
     """At a normal interpreter exit: write what process 0 holds; after the launcher's SIGTERM,
     or after reporting some steps but not the last (and no ``done()``), exit at once, skipping JAX's shutdown barrier,
     which would wait for peers that are waiting for this process in a collective."""
+    # exiting already: a TERM now ends the process at once (a SystemExit raised in an atexit
+    # hook is only printed, and the next hook is JAX's shutdown barrier)
+    signal.signal(signal.SIGTERM, lambda signum, frame: _exit_now(128 + signum))
     reporter = _state.get("reporter")
     early = (reporter is not None and reporter.last_step < reporter.num_steps
              and not _state.get("done"))
