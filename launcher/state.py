@@ -136,6 +136,7 @@ class Tracked:
     stall: Exit | None = None         # the watchdog's verdict; its exit once reaped
     finished: bool = False            # it said its training is complete (done, or step N/N)
     joining: str | None = None        # the coordinator address it was joining (JOINING line)
+    joining_timeout_s: float | None = None  # the initialization_timeout_s that line named
     joined: bool = False              # jax.distributed.initialize returned
     tail: collections.deque = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
@@ -161,6 +162,7 @@ class Tracked:
             self.finished = True
         if self.joining is None and (joining := contract.JOINING_RE.match(line)):
             self.joining = joining.group("address")
+            self.joining_timeout_s = float(joining.group("timeout_s"))
         elif not self.joined and contract.JOINED_RE.match(line):
             self.joined = True
         step = contract.parse_step(line)

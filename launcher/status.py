@@ -172,12 +172,24 @@ def summary(result: Result) -> str:
                      f"({first.exit}) {step}; it failed first.")
         lines.append(f"last lines of {first.plan.log_path}:")
         lines += [f"  | {line}" for line in first.tail] or ["  | (no output)"]
+        if first.failed_to_join:
+            lines += _never_joined(result.processes, first.joining_timeout_s)
     elif result.interrupted:
         lines.append("INTERRUPTED: every process was stopped.")
     lines += _table(result.processes, first)
     if first is None and not result.interrupted and result.exit_code == 0:
         lines.append(f"OK: {plural(len(result.processes), 'process')} succeeded in {result.elapsed_s:.1f}s.")
     return "\n".join(lines)
+
+
+def _never_joined(processes: list, timeout_s: float) -> list:
+    """A line for each process that never reached ``jax.distributed.initialize`` (no JOINING
+    line: a program that never calls it, a process stuck before it) while a peer timed out
+    joining: the likely cause, which the launcher cannot tell from a slow start in time."""
+    return [f"process_id {t.plan.process_id} on {t.plan.host} never began joining the "
+            f"coordinator (no 'joining the coordinator' line); the processes that did waited "
+            f"for it for distributed.initialization_timeout_s {timeout_s:g} s"
+            for t in processes if t.joining is None and not t.joined]
 
 
 def _table(processes: list, first: Tracked | None) -> list:

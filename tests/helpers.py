@@ -7,6 +7,7 @@ import glob
 import os
 import queue
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -15,6 +16,54 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = [sys.executable, "-m", "launcher.cli"]
 TESTS = os.path.join(REPO, "tests")
+
+
+# A program job running tests/faulty_program.py (its modes are its docstring's).
+PROGRAM_JOB = """\
+name: faulty
+program:
+  argv: [python, faulty_program.py, {mode}, "{target}", "{at}"]
+  num_steps: {steps}
+  env: {{STEPS: "{steps}"}}
+logging: {{log_every_steps: {log_every}}}
+watchdog: {{stall_timeout_s: 30}}
+cluster: {{backend: local, num_processes: {num_processes}, devices_per_process: 1, grace_s: 2}}
+"""
+
+
+def program_job(tmp_path, mode: str = "none", target: int = 1, at: int = 5, steps: int = 20,
+                log_every: int = 5, num_processes: int = 3) -> str:
+    """Write a program job of tests/faulty_program.py into ``tmp_path``; returns its path.
+
+    Fault tests of the built-in trainer take it in place of ``jobs/linear.yaml`` to check
+    that a program job gets the same lifecycle (``--set`` changes it further).
+    """
+    os.makedirs(str(tmp_path), exist_ok=True)
+    path = os.path.join(str(tmp_path), "faulty.yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(PROGRAM_JOB.format(mode=mode, target=target, at=at, steps=steps,
+                                   log_every=log_every, num_processes=num_processes))
+    # a copy, not a link: ssh hosts get program.dir by sync, which skips links
+    shutil.copyfile(os.path.join(TESTS, "faulty_program.py"),
+                    os.path.join(str(tmp_path), "faulty_program.py"))
+    return path
+
+
+# The two kinds of job a fault test runs: the built-in trainer and a program job.
+KINDS = ("trainer", "program")
+
+
+def long_job(kind: str, tmp_path, log_every: int = 20, mode: str = "none", target: int = 1,
+             at: int = 5) -> tuple:
+    """``launch`` arguments of a 2-process job (1 CPU device each) that runs until stopped:
+    ``jobs/linear.yaml`` for the trainer, tests/faulty_program.py (``mode``, ``target``,
+    ``at``: its fault) for a program. Trainer faults are the test's own ``--set task...``."""
+    if kind == "trainer":
+        return ("jobs/linear.yaml", "--set", "train.num_steps=1000000",
+                "--set", f"logging.log_every_steps={log_every}",
+                "--set", "cluster.devices_per_process=1")
+    return (program_job(tmp_path, mode, target, at, steps=1000000, log_every=log_every,
+                        num_processes=2),)
 
 
 def env_for_tests(**extra) -> dict:

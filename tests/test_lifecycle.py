@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from helpers import LAUNCH, REPO, env_for_tests, run_pids, start_launch, wait_gone
+from helpers import KINDS, LAUNCH, REPO, env_for_tests, long_job, run_pids, start_launch, wait_gone
 
 pytestmark = pytest.mark.slow  # every test here starts the launcher and real workers
 
@@ -41,13 +41,14 @@ def _read_until(fd: int, pattern: str, timeout_s: float = 120) -> str:
     return seen.decode(errors="replace")
 
 
-def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_path):
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_path, kind):
     """Kind 3: the launcher runs on a pty as its session's controlling terminal; closing the
     pty's master is what a closed terminal window does (the kernel sends SIGHUP; later writes
     fail with EIO)."""
     run_dir = tmp_path / "run"
     master, slave = os.openpty()
-    proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir), *LONG],
+    proc = subprocess.Popen(LAUNCH + [*long_job(kind, tmp_path), "--show", "all", "--run-dir", str(run_dir)],
                             cwd=REPO, env=env_for_tests(), stdin=slave, stdout=slave, stderr=slave,
                             start_new_session=True, preexec_fn=_controlling_tty)
     os.close(slave)
@@ -160,18 +161,26 @@ def test_a_proxy_in_the_environment_does_not_carry_coordinator_traffic(tmp_path)
     assert not run_pids(str(run_dir))
 
 
-def test_a_process_that_cannot_join_is_an_init_failure_not_a_preemption(tmp_path):
-    """Kind 7: process 0 (the coordinator) never comes up; process 1 times out joining
-    (JAX aborts it: SIGABRT). Not retried, and the message says what to check."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import os, time\nif os.environ.get('PODLAUNCH_PROCESS_ID') == '0':\n    time.sleep(120)\n")
-    run_dir = tmp_path / "run"
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_process_that_cannot_join_is_an_init_failure_not_a_preemption(tmp_path, kind):
+    """Kind 7: process 0 (the coordinator) never comes up (the trainer: a sitecustomize
+    sleeps; a program: it never calls initialize); process 1 times out joining (JAX aborts
+    it: SIGABRT). Not retried; the summary names process 0 as the one that never began
+    joining, and the message says what to check."""
     env = _launch_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    if kind == "trainer":
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(
+            "import os, time\nif os.environ.get('PODLAUNCH_PROCESS_ID') == '0':\n    time.sleep(120)\n")
+        env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+        job = ("jobs/linear.yaml", "--set", "train.num_steps=5")
+    else:
+        job = long_job(kind, tmp_path, mode="never-join", target=0)
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
     result = subprocess.run(
-        LAUNCH + ["jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir), "--set", "train.num_steps=5",
+        LAUNCH + [*job, "--show", "all", "--run-dir", str(run_dir),
                   "--set", "distributed.initialization_timeout_s=3", "--set", "restarts.max_restarts=2"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = result.stdout
@@ -179,9 +188,13 @@ def test_a_process_that_cannot_join_is_an_init_failure_not_a_preemption(tmp_path
     # JAX aborts a timed-out join (SIGABRT) since 0.10; 0.9 logs a fatal error and exits 1
     assert re.search(r"^FAILED: process_id 1 on localhost \((killed by SIGABRT|exit code 1)\) while joining the "
                      r"coordinator at 127\.0\.0\.1:\d+; it failed first\.", out, re.M), out[-3000:]
+    assert re.search(r"^process_id 0 on localhost never began joining the coordinator \(no 'joining "
+                     r"the coordinator' line\); the processes that did waited for it for "
+                     r"distributed\.initialization_timeout_s 3 s$", out, re.M), out[-3000:]
     assert re.search(r"could not join the coordinator at 127\.0\.0\.1:\d+ .*a restart does not fix; "
                      r"check that every host can reach 127\.0\.0\.1 on TCP port \d+", out), out[-3000:]
     assert "attempt 1" not in out and "preemption" not in out
+    assert time.monotonic() - started < 60  # the 3 s initialization timeout, not the 120 s sleep
     assert not wait_gone(str(run_dir), 5.0)
 
 
@@ -198,16 +211,29 @@ def _helpers(run_dir) -> list:
     return out
 
 
-def test_helpers_a_worker_started_die_with_it_even_after_the_launcher_is_sigkilled(tmp_path):
+def _with_helpers(kind, tmp_path, crash_process_id=None, log_every=20) -> tuple:
+    """A long job of ``kind`` whose every process starts two ``sleep 1234`` helpers after
+    step 1 (faulty_task's or faulty_program's ``helpers``); with ``crash_process_id``,
+    that process raises at step 5."""
+    if kind == "program":
+        mode = "helpers" if crash_process_id is None else "helpers+raise"
+        return long_job(kind, tmp_path, log_every, mode, target=crash_process_id or 0, at=5)
+    crash = () if crash_process_id is None else (
+        "--set", "task.args.crash_at_step=5", "--set", f"task.args.crash_process_id={crash_process_id}")
+    return (*long_job(kind, tmp_path, log_every), "--set", "task.name=faulty_task:make",
+            "--set", "task.args.helpers=true", *crash)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_helpers_a_worker_started_die_with_it_even_after_the_launcher_is_sigkilled(tmp_path, kind):
     """Kind 5: each worker starts ``sleep 1234`` twice (one left its process group); the
     launcher is SIGKILLed: nothing of the run, helpers included, outlives it."""
     run_dir = tmp_path / "run"
-    proc = start_launch("jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir), *LONG,
-                        "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true")
+    proc = start_launch(*_with_helpers(kind, tmp_path), "--show", "all", "--run-dir", str(run_dir))
     try:
         seen = 0
         for line in proc.stdout:
-            seen += "faulty_task: started 2 helpers" in line
+            seen += f"faulty_{kind.replace('trainer', 'task')}: started 2 helpers" in line
             if seen == 2:
                 break
         deadline = time.monotonic() + 10
@@ -221,15 +247,17 @@ def test_helpers_a_worker_started_die_with_it_even_after_the_launcher_is_sigkill
     assert not wait_gone(str(run_dir), 15.0)
 
 
-def test_helpers_die_when_a_worker_fails_and_the_run_is_torn_down(tmp_path):
+@pytest.mark.parametrize("kind", KINDS)
+def test_helpers_die_when_a_worker_fails_and_the_run_is_torn_down(tmp_path, kind):
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        LAUNCH + ["jobs/linear.yaml", "--show", "all", "--run-dir", str(run_dir), "--set", "train.num_steps=100000",
-                  "--set", "cluster.devices_per_process=1", "--set", "logging.log_every_steps=1",
-                  "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true",
-                  "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=1"],
+        LAUNCH + [*_with_helpers(kind, tmp_path, crash_process_id=1, log_every=1), "--show", "all",
+                  "--run-dir", str(run_dir)],
         cwd=REPO, env=env_for_tests(), capture_output=True, text=True, timeout=180,
         stdin=subprocess.DEVNULL)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr
-    assert len(re.findall(r"^\[p\d\] faulty_task: started 2 helpers", result.stdout, re.M)) == 2
+    assert result.stdout[result.stdout.index("FAILED:"):].startswith("FAILED: process_id 1 on localhost ("), \
+        result.stdout[-3000:]
+    started = rf"^\[p\d\] faulty_{kind.replace('trainer', 'task')}: started 2 helpers"
+    assert len(re.findall(started, result.stdout, re.M)) == 2
     assert not wait_gone(str(run_dir), 5.0)

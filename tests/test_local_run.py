@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, TESTS, event_files, launch, launched, read_scalars, run_pids, wait_gone
+from helpers import (KINDS, REPO, TESTS, event_files, launch, launched, long_job, read_scalars, run_pids,
+                     wait_gone)
 
 pytestmark = pytest.mark.slow
 
@@ -133,11 +134,11 @@ def test_a_crash_stops_every_process(tmp_path, mode, what):
     assert re.search(r"^p2 +localhost +failed \(first\)", summary, re.M)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_stops_everything_and_exits_130(tmp_path, sig):
+def test_interrupt_stops_everything_and_exits_130(tmp_path, sig, kind):
     run_dir = tmp_path / "run"
-    with launched("jobs/linear.yaml", "--run-dir", str(run_dir),
-                  "--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=50") as out:
+    with launched(*long_job(kind, tmp_path, log_every=50), "--run-dir", str(run_dir)) as out:
         out.wait_for(r"^\[p0\] step \d+/", 120)  # p0 logged a step: p1 took part in it
         assert len(run_pids(str(run_dir))) == 2, out.text
         out.proc.send_signal(sig)

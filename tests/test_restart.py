@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from helpers import REPO, TESTS, launch, launched, pids_with_env, read_scalars
+from helpers import KINDS, REPO, TESTS, launch, launched, pids_with_env, program_job, read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -162,9 +162,15 @@ def attempt_pids(run_dir, attempt: int) -> list:
     return sorted(ours & set(pids_with_env("PODLAUNCH_ATTEMPT", str(attempt))))
 
 
-def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, uninterrupted):
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, kind, request):
     run_dir = tmp_path / "run"
-    with launched("jobs/linear.yaml", *COMMON, *fault("sigstop", 12), "--set", "restarts.max_restarts=1",
+    if kind == "trainer":
+        job = ("jobs/linear.yaml", *COMMON, *fault("sigstop", 12))
+    else:  # a program that reports: its heartbeats feed the watchdog as the trainer's do
+        job = (program_job(tmp_path, "sigstop", target=1, at=12, steps=STEPS, num_processes=2),
+               "--set", "restarts.backoff_s=0.2")
+    with launched(*job, "--set", "restarts.max_restarts=1",
                   "--set", "watchdog.stall_timeout_s=3", "--run-dir", str(run_dir),
                   "--show", "all") as output:  # process 1's injection line as soon as it is printed
         output.wait_for("injecting sigstop", 120)
@@ -187,8 +193,12 @@ def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, u
                      out), out
     assert re.search(r"^p1 +localhost +failed \(first\) +stalled: no step progress", out, re.M), out
     assert "stalled (no step progress for " in out and "retried after 0.2 s" in out
-    assert "[p0] resumed from the checkpoint of step 10 (attempt 1)" in out
-    assert_same_params(params(run_dir), uninterrupted)
+    if kind == "trainer":
+        assert "[p0] resumed from the checkpoint of step 10 (attempt 1)" in out
+        assert_same_params(params(run_dir), request.getfixturevalue("uninterrupted"))
+    else:  # the program is told the attempt and that it resumes
+        assert "[p1] faulty_program: attempt 1, PODLAUNCH_RESUME=1" in out, out[-4000:]
+        assert f"[p0] step {STEPS}/{STEPS} loss" in out
     assert not pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir))
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import sshenv
-from helpers import LAUNCH, REPO, Output, env_for_tests, launch, pids_with_env, run_pids, wait_gone
+from helpers import (LAUNCH, REPO, Output, env_for_tests, launch, pids_with_env, program_job, run_pids,
+                     wait_gone)
 from slurmenv import SlurmTestEnv, available
 
 pytestmark = pytest.mark.slow
@@ -182,6 +183,20 @@ def test_three_nodes_train_to_the_local_params(slurm, cluster_file, tmp_path, lo
     assert ("submitted Slurm job" in out) == (mode == "submit")
     for got, want in zip(params(run_dir), local_params):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert not run_pids(str(run_dir))
+
+
+def test_a_program_runs_from_its_own_directory_on_every_node(slurm, cluster_file, tmp_path):
+    # faulty_program.py is only in tmp_path (the spec file's directory, program.dir), not in
+    # the launcher's working directory: srun --chdir must start every step there
+    run_dir = tmp_path / "run"
+    result = run(slurm, program_job(tmp_path, steps=10), "--cluster", cluster_file(),
+                 "--run-dir", str(run_dir), "--show", "all")
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    for process_id, node in enumerate(("n1", "n2", "n3")):
+        assert re.search(rf"^\[p{process_id} {node}\] step 10/10 loss", out, re.M), out
+    assert "OK: 3 processes succeeded" in out
     assert not run_pids(str(run_dir))
 
 

@@ -23,7 +23,7 @@ import yaml
 
 import helpers
 import sshenv
-from helpers import REPO, TESTS, Output, launch, pids_with_env, start_launch
+from helpers import REPO, TESTS, Output, launch, pids_with_env, program_job, start_launch
 from launcher import plan as planning
 from launcher import spec as specs
 from launcher.backends.ssh import session as ssh_session
@@ -77,11 +77,11 @@ def remote_run_dirs(path, run_dir, job="linear") -> list[str]:
     return [str(path / f"host{i}" / "runs" / job / os.path.basename(run_dir)) for i in range(NUM_HOSTS)]
 
 
-def survivors(path, run_dir, timeout_s=15.0) -> dict:
+def survivors(path, run_dir, timeout_s=15.0, job="linear") -> dict:
     """{host index: live pids of this run there}, after waiting up to timeout_s for them to go."""
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = {i: pids for i, d in enumerate(remote_run_dirs(path, run_dir))
+        alive = {i: pids for i, d in enumerate(remote_run_dirs(path, run_dir, job))
                  if (pids := pids_with_env("PODLAUNCH_RUN_DIR", d))}
         if not alive or time.monotonic() > deadline:
             return alive
@@ -377,34 +377,48 @@ def test_env_values_arrive_unchanged(tmp_path, hosts):
     assert not os.path.exists("/tmp/podlaunch-pwned")
 
 
+def _faulty(kind, tmp_path, mode: str, helpers: bool = False) -> tuple:
+    """200 steps, each logged, where process 2 fails at step 5 (``mode``: the trainer's
+    faulty_task mode; a program job runs faulty_program from its own directory, synced to
+    every host), every process starting two ``sleep 1234`` helpers with ``helpers``.
+    Returns (launch arguments, the job's name)."""
+    if kind == "program":
+        program_mode = {"sigkill": "kill9"}.get(mode, mode) + ("+helpers" if helpers else "")
+        return (program_job(tmp_path / "program", program_mode, target=2, at=5, steps=200,
+                            log_every=1, num_processes=NUM_HOSTS),), "faulty"
+    return ("jobs/linear.yaml", "--set", "train.num_steps=200", "--set", "logging.log_every_steps=1",
+            "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=5",
+            "--set", "task.args.crash_process_id=2", "--set", f"task.args.mode={mode}",
+            "--set", f"task.args.helpers={str(helpers).lower()}"), "linear"
+
+
 @pytest.mark.slow
-def test_worker_sigkilled_at_step_k_stops_every_host(tmp_path, hosts):
+@pytest.mark.parametrize("kind", helpers.KINDS)
+def test_worker_sigkilled_at_step_k_stops_every_host(tmp_path, hosts, kind):
     run_dir = tmp_path / "run"
-    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts),
-                    "--set", "train.num_steps=200", "--set", "logging.log_every_steps=1",
-                    "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=5",
-                    "--set", "task.args.crash_process_id=2", "--set", "task.args.mode=sigkill",
-                    "--run-dir", str(run_dir))
+    job, name = _faulty(kind, tmp_path, "sigkill")
+    result = launch(*job, "--cluster", write_cluster(tmp_path, hosts), "--run-dir", str(run_dir))
     assert result.returncode == 1, result.stdout + result.stderr
     assert re.search(r"^FAILED: process_id 2 on 127\.0\.0\.4 \(killed by SIGKILL\) after step [45], its last "
                      r"logged step; it failed first\.", result.stdout, re.M), result.stdout
-    assert not survivors(tmp_path, run_dir)
+    assert not survivors(tmp_path, run_dir, job=name)
 
 
 @pytest.mark.slow
-def test_helpers_that_left_the_workers_group_die_on_every_host(tmp_path, hosts):
+@pytest.mark.parametrize("kind", helpers.KINDS)
+def test_helpers_that_left_the_workers_group_die_on_every_host(tmp_path, hosts, kind):
     """Each worker starts two ``sleep 1234`` (one in a session of its own); p2 fails: the
     teardown leaves nothing of the run, helpers included, on any host."""
     run_dir = tmp_path / "run"
-    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts),
-                    "--set", "train.num_steps=200", "--set", "logging.log_every_steps=1",
-                    "--set", "task.name=faulty_task:make", "--set", "task.args.helpers=true",
-                    "--set", "task.args.crash_at_step=5", "--set", "task.args.crash_process_id=2",
-                    "--run-dir", str(run_dir), "--show", "all")
+    job, name = _faulty(kind, tmp_path, "raise", helpers=True)
+    result = launch(*job, "--cluster", write_cluster(tmp_path, hosts), "--run-dir", str(run_dir),
+                    "--show", "all")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert len(re.findall(r"^\[p\d 127\.0\.0\.\d\] faulty_task: started 2 helpers", result.stdout,
-                          re.M)) == NUM_HOSTS, result.stdout
-    assert not survivors(tmp_path, run_dir)  # helpers inherit PODLAUNCH_RUN_DIR: counted too
+    assert re.search(r"^FAILED: process_id 2 on 127\.0\.0\.4 \(exit code 1\) at step 5", result.stdout,
+                     re.M), result.stdout
+    started = rf"^\[p\d 127\.0\.0\.\d\] faulty_{kind.replace('trainer', 'task')}: started 2 helpers"
+    assert len(re.findall(started, result.stdout, re.M)) == NUM_HOSTS, result.stdout
+    assert not survivors(tmp_path, run_dir, job=name)  # helpers inherit PODLAUNCH_RUN_DIR: counted too
 
 
 @pytest.mark.slow
@@ -432,19 +446,24 @@ def test_host_that_stops_answering_is_lost_and_stopped(tmp_path, hosts):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", helpers.KINDS)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
+def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig, kind):
     run_dir = tmp_path / "run"
     values = {"DB_PASSWORD": "pw-cmdline-4711", "PLAIN_SETTING": "plain-cmdline-4712"}
     cluster = write_cluster(tmp_path, hosts, env={"PYTHONPATH": os.pathsep.join([TESTS, REPO]), **values})
-    proc = start_launch("jobs/linear.yaml", "--cluster", cluster, *LONG, "--run-dir", str(run_dir))
+    job, name = ("jobs/linear.yaml", *LONG), "linear"
+    if kind == "program":  # as quiet as LONG: no log step, no heartbeat
+        job, name = (program_job(tmp_path / "program", steps=1000000, log_every=100000,
+                                 num_processes=NUM_HOSTS), "--set", "watchdog.stall_timeout_s=null"), "faulty"
+    proc = start_launch(*job, "--cluster", cluster, "--run-dir", str(run_dir))
     try:
         wait_in_logs(run_dir, r"\[Gloo\] Rank \d is connected", 4)
         # every "host" is this machine: the whole process table is every remote process (sshd
         # sessions, sh, the wrappers, the workers) and the local ssh machinery. No env value is
         # in any command line (docs/ssh.md: the script goes to sh -s on stdin), though each
         # worker has it in its environment.
-        assert len(survivors(tmp_path, run_dir, 0)) == NUM_HOSTS
+        assert len(survivors(tmp_path, run_dir, 0, job=name)) == NUM_HOSTS
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -462,7 +481,7 @@ def test_ctrl_c_and_sigterm_stop_every_host(tmp_path, hosts, sig):
             proc.kill()
     assert proc.returncode == 130, out
     assert "INTERRUPTED: every process was stopped." in out
-    assert not survivors(tmp_path, run_dir)
+    assert not survivors(tmp_path, run_dir, job=name)
 
 
 @pytest.mark.slow

@@ -89,10 +89,13 @@ def _exit_now(code: int) -> None:
 
 
 def _on_sigterm(signum, frame):
-    # The launcher's TERM (a peer failed, Ctrl-C): write what process 0 holds, then go,
+    # The launcher's TERM (a peer failed, Ctrl-C): unwind the program (its finally blocks
+    # run) as the trainer does; _at_exit then writes what process 0 holds and exits at once,
     # skipping JAX's shutdown barrier (it would wait minutes for peers that are gone).
-    _close(wait_s=0.5)
-    _exit_now(128 + signum)
+    # Writing from here instead could deadlock on a lock the interrupted code holds (the
+    # TensorBoard writer's, a file's).
+    _state["terminated"], _state["exit_code"] = True, 128 + signum
+    raise SystemExit(128 + signum)
 
 
 def initialize(num_steps: int | None = None):
@@ -135,12 +138,18 @@ def _sys_exit(code=0):
 
 
 def _at_exit() -> None:
-    """At a normal interpreter exit: write what process 0 holds; after reporting some steps
-    but not the last (and no ``done()``), exit at once, skipping JAX's shutdown barrier,
+    """At a normal interpreter exit: write what process 0 holds; after the launcher's SIGTERM,
+    or after reporting some steps but not the last (and no ``done()``), exit at once, skipping JAX's shutdown barrier,
     which would wait for peers that are waiting for this process in a collective."""
+    # exiting already: a TERM now ends the process at once (a SystemExit raised in an atexit
+    # hook is only printed, and the next hook is JAX's shutdown barrier)
+    signal.signal(signal.SIGTERM, lambda signum, frame: _exit_now(128 + signum))
     reporter = _state.get("reporter")
     early = (reporter is not None and reporter.last_step < reporter.num_steps
              and not _state.get("done"))
+    if _state.get("terminated"):
+        _close(wait_s=0.5)
+        _exit_now(_state.get("exit_code", 128 + signal.SIGTERM))
     _close(wait_s=0.5 if early else 60.0)
     if early:
         code = _state.get("exit_code", 0)
@@ -168,6 +177,7 @@ class _Reporter:
     def __init__(self, me: contract.Identity, job: jobs.ProgramJob, num_steps: int):
         from worker.metrics import process_tag
         from worker.tracker import make_tracker
+        from worker.train import InFlight
 
         self.me, self.num_steps, self.process_tag = me, num_steps, process_tag
         self.log_every = job.logging.log_every_steps
@@ -179,6 +189,9 @@ class _Reporter:
 
             self.gather = KeyValueGather(me.process_id, me.num_processes)
         self.held: list = []  # process 0: (step, values) until every process's time is in
+        # at most 2 reported steps queued on the devices, as the trainer: unbounded, steps of
+        # a 2 x 2 CPU run interleave on XLA's thread pool and deadlock in gloo's all-reduce
+        self.in_flight = InFlight(max_steps=2)
         self.mark = time.perf_counter()
         self.mark_step = 0
         self.last_beat = -math.inf
@@ -187,6 +200,7 @@ class _Reporter:
         self.first = True
 
     def report(self, step: int, scalars: dict) -> None:
+        self.in_flight.add(list(scalars.values()))  # waits for step - 2's (JAX arrays)
         now = time.perf_counter()
         self.last_step = step
         if not (step % self.log_every == 0 or step == self.num_steps):
@@ -247,6 +261,11 @@ def report(step: int, **scalars) -> None:
     Every call is cheap except at log steps (every ``logging.log_every_steps`` and the last
     step), where the scalars are read (a device sync for JAX arrays) and printed as the
     launcher's progress line; process 0 also writes them to TensorBoard and metrics.jsonl.
+    It keeps at most two reported steps queued on the devices: it waits for the scalars
+    of step ``step - 2`` (``jax.block_until_ready``), as the trainer does
+    (``worker.train.InFlight``), since unbounded asynchronous dispatch deadlocks
+    multi-device CPU runs in gloo's all-reduce. Pass the step's outputs (``loss=...``) so
+    that waiting for them means the step finished.
 
     Raises:
       RuntimeError: ``initialize`` was not called, or no ``num_steps`` is known.

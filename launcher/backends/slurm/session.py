@@ -89,18 +89,21 @@ class SlurmSession(Session):
         cluster, job = self.job.cluster, self.job
         python = cluster.python or self.options.python
         job_path = os.path.join(self.run_dir, "job.json")  # a shared filesystem: the same path
+        # a program runs from its own directory, the same path on every node (shared, not synced)
+        cwd = job.program.dir if job.is_program else None
         placements = []
         for node in nodes:
             env = dict(cluster.env)
             if cluster.platform == "cpu":
                 placements.append(Placement(node, cluster.processes_per_node, job.local_device_count,
-                                            "cpu", python, self.run_dir, job_path, env))
+                                            "cpu", python, self.run_dir, job_path, env, cwd=cwd))
                 continue
             for rank in range(cluster.processes_per_node):  # each its own GPUs, named explicitly
                 ids = range(rank * cluster.devices_per_process, (rank + 1) * cluster.devices_per_process)
                 placements.append(Placement(node, 1, job.local_device_count, "gpu", python,
                                             self.run_dir, job_path,
-                                            {**env, contract.LOCAL_DEVICE_IDS: ",".join(map(str, ids))}))
+                                            {**env, contract.LOCAL_DEVICE_IDS: ",".join(map(str, ids))},
+                                            cwd=cwd))
         addr = self.slurm.node_addrs(nodes[:1]).get(nodes[0], nodes[0]) if self.job_id else nodes[0]
         return tuple(placements), f"{addr}:{port}"
 
@@ -329,7 +332,7 @@ class SlurmSession(Session):
             devices = (f"local_device_ids {ids} of the node's GPUs" if ids else
                        f"JAX_NUM_CPU_DEVICES={p.local_device_count}")
             step = srun_argv(self.job_id or "<job id>", p.host, f"{self.step_prefix}p{p.process_id}",
-                             c, p.argv, c.workdir)
+                             c, p.argv, p.cwd or c.workdir)
             out.append(f"  {p.label}: {devices}; step: {' '.join(shlex.quote(a) for a in step)}")
         return "\n".join(out)
 
@@ -346,7 +349,7 @@ class SlurmSession(Session):
             for process in plan.processes:
                 name = f"{self.step_prefix}p{process.process_id}"
                 argv = srun_argv(self.job_id, process.host, name, cluster, process.argv,
-                                 cluster.workdir)
+                                 process.cwd or cluster.workdir)
                 workers.append(SrunWorker(process, self.job_id, name, argv, self.slurm,
                                           judge=self.judge))
         except LaunchError:

@@ -80,7 +80,8 @@ class SlurmCluster(ClusterSettings):
     python: str | None = setting(None, check=schema.COMMAND,
                                  doc="interpreter on the nodes; unset: this launcher's (shared filesystem)")
     workdir: str | None = setting(None, check=schema.REMOTE_PATH,
-                                  doc="directory the workers start in; unset: the launcher's")
+                                  doc="directory the workers start in; unset: the launcher's (a program "
+                                  "job starts in its program.dir)")
     coordinator_port: int = setting(0, check=port_or_zero,
                                     doc="JAX coordinator port on the first node; 0 picks a free one there")
     poll_s: float = setting(1.0, check=positive, doc="seconds between queue checks while pending")
