@@ -16,9 +16,12 @@ Traps of fabric/paramiko worked around here (see docs/ssh.md):
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import shlex
 import socket
+import struct
+import termios
 import threading
 import time
 
@@ -127,10 +130,20 @@ class Host:
             time.sleep(self.keepalive_interval_s)
 
     def check_lost(self) -> str | None:
-        """Why this host can no longer be watched, or None while it answers."""
+        """Why this host can no longer be watched, or None while it answers.
+
+        A keepalive unanswered for ``keepalive_timeout_s`` is not enough: this
+        process may be the slow one (its threads busy with a flood of output,
+        the answer unread). Where the kernel can tell (``kernel_silence``), the
+        host is lost only if it sent nothing since our last data reached the
+        socket, for that long, and nothing of it waits unread.
+        """
         pending = self._pending_since
         if self.lost is None and pending is not None and \
                 time.monotonic() - pending > self.keepalive_timeout_s:
+            silent = kernel_silence(self.connection.transport)
+            if silent is not None and silent <= self.keepalive_timeout_s:
+                return None
             self.lost = f"no answer for {self.keepalive_timeout_s:g} s"
             self.close()  # unblocks reader threads waiting on this host's channels
         return self.lost
@@ -141,6 +154,32 @@ class Host:
             self.connection.close()
         except Exception:  # noqa: BLE001  closing a dead connection may raise anything
             pass
+
+
+def kernel_silence(transport) -> float | None:
+    """Seconds the host has left our last data unanswered, as the kernel saw it; None: unknown.
+
+    Read from the connection's TCP socket (Linux ``TCP_INFO``, see tcp(7) and
+    ``struct tcp_info`` in linux/tcp.h: ``tcpi_last_data_sent`` and
+    ``tcpi_last_data_recv``, milliseconds ago, at byte offsets 44 and 52; and
+    ``FIONREAD``, bytes received but unread): 0.0 when data waits unread or
+    arrived after the last data we sent, else the milliseconds since the last
+    data arrived, in seconds. Independent of this process's threads and their
+    CPU time. None where there is no TCP socket (a ``ProxyJump`` channel) or
+    the platform has no ``TCP_INFO``.
+    """
+    sock = getattr(transport, "sock", None)
+    if not isinstance(sock, socket.socket) or not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        sent_ms, _ack_ms, received_ms = struct.unpack_from("=III", info, 44)
+        unread = struct.unpack("=i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    except (OSError, struct.error):
+        return None
+    if unread > 0 or received_ms <= sent_ms:
+        return 0.0
+    return received_ms / 1000.0
 
 
 def shell_script(workdir: str, setup: tuple, env: dict, argv: list) -> str:
