@@ -2,9 +2,9 @@
 
 Traps of fabric/paramiko worked around here (see docs/ssh.md):
 
-* fabric sets ``AutoAddPolicy`` and loads no known_hosts: every connection
-  loads the known_hosts file and uses ``RejectPolicy`` (or ``AcceptNew``,
-  which records unknown keys but, like paramiko itself, refuses changed ones).
+* fabric sets ``AutoAddPolicy`` and loads no known_hosts, on the target and
+  on every ``ProxyJump`` hop: each hop, then the target, is checked as
+  OpenSSH checks it (``hostkeys``), with its own known_hosts and policy.
 * paramiko's transport keepalive never notices a silent peer: a thread per
   host sends ``keepalive@openssh.com`` with want-reply and declares the host
   lost after ``keepalive_timeout_s`` without an answer.
@@ -17,40 +17,35 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import os
 import shlex
 import socket
 import struct
 import termios
 import threading
 import time
+from typing import Callable
 
 import fabric
 import paramiko
 
 from launcher import remote
+from launcher.backends.ssh import hostkeys
 
 COMMAND_TIMEOUT_S = 60.0
 
 
-class AcceptNew(paramiko.MissingHostKeyPolicy):
-    """OpenSSH's ``StrictHostKeyChecking accept-new``: record unknown hosts.
+class JumpHostError(Exception):
+    """A ``ProxyJump`` hop could not be opened (the target was never contacted).
 
-    paramiko consults the policy only for hosts it has no key for; a changed
-    key raises ``BadHostKeyException`` before any policy runs.
+    Attributes:
+      hop: the hop's fabric Connection.
+      known_hosts_file: checked for the hop's key.
+      cause: what opening the hop raised.
     """
 
-    _lock = threading.Lock()
-
-    def __init__(self, known_hosts_file: str):
-        self.known_hosts_file = known_hosts_file
-
-    def missing_host_key(self, client, hostname, key):
-        with self._lock:
-            os.makedirs(os.path.dirname(self.known_hosts_file) or ".", exist_ok=True)
-            with open(self.known_hosts_file, "a", encoding="utf-8") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        client.get_host_keys().add(hostname, key.get_name(), key)
+    def __init__(self, hop: fabric.Connection, known_hosts_file: str, cause: BaseException):
+        super().__init__(f"jump host {hop.original_host}: {cause}")
+        self.hop, self.known_hosts_file, self.cause = hop, known_hosts_file, cause
 
 
 @dataclasses.dataclass
@@ -63,6 +58,9 @@ class Host:
       connection: fabric's Connection, opened by ``open``.
       num_processes: worker processes it runs.
       workdir: as configured; absolute once preflight has reported it.
+      known_hosts_file, host_key_policy: how the host's key is checked.
+      hop_check: ``(known_hosts_file, host_key_policy)`` for a ``ProxyJump``
+        hop's Connection (default: the host's own).
     """
 
     index: int
@@ -75,6 +73,7 @@ class Host:
     keepalive_interval_s: float
     keepalive_timeout_s: float
     python: str
+    hop_check: Callable[[fabric.Connection], tuple] | None = None
     lost: str | None = None
     _pending_since: float | None = None
     _closed: bool = False
@@ -95,18 +94,30 @@ class Host:
         """Open ``connection`` (default: the host's own), checking the host key.
 
         Raises:
-          paramiko.BadHostKeyException, paramiko.SSHException (unknown host key,
-          refused), paramiko.AuthenticationException, OSError (unreachable).
+          JumpHostError: a ``ProxyJump`` hop failed (its cause attached).
+          paramiko.BadHostKeyException, hostkeys.UnknownHostKey,
+          paramiko.SSHException (refused), paramiko.AuthenticationException,
+          OSError (unreachable).
         """
         c = connection or self.connection
-        client = c.client
-        if os.path.exists(self.known_hosts_file):
-            client.load_host_keys(self.known_hosts_file)
-        client.set_missing_host_key_policy(
-            AcceptNew(self.known_hosts_file) if self.host_key_policy == "accept-new"
-            else paramiko.RejectPolicy())
-        c.open()
+        self._open_checked(c, self.known_hosts_file, self.host_key_policy)
         return c
+
+    def _open_checked(self, c: fabric.Connection, known_hosts_file: str, policy: str) -> None:
+        # A hop is opened (and its key checked) before anything goes through it;
+        # fabric's own c.open() then finds it connected and only opens the tunnel.
+        hop = c.gateway
+        if isinstance(hop, fabric.Connection) and not hop.is_connected:
+            hop_known, hop_policy = (self.hop_check or (lambda _: (known_hosts_file, policy)))(hop)
+            try:
+                self._open_checked(hop, hop_known, hop_policy)
+            except JumpHostError:
+                raise
+            except Exception as exc:  # noqa: BLE001  said as the hop's failure
+                raise JumpHostError(hop, hop_known, exc) from exc
+        c.connect_kwargs = dict(c.connect_kwargs, **hostkeys.prepare(
+            c.client, c.host, c.port, known_hosts_file, policy))
+        c.open()
 
     def start_keepalive(self) -> None:
         threading.Thread(target=self._keepalive, daemon=True, name=f"keepalive-{self.name}").start()

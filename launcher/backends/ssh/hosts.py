@@ -20,7 +20,8 @@ from typing import Sequence
 import fabric
 import paramiko
 
-from launcher.backends.ssh.connection import Host
+from launcher.backends.ssh.connection import Host, JumpHostError
+from launcher.backends.ssh.hostkeys import UnknownHostKey, known_hosts_name
 from launcher.backends.ssh.settings import SshHost, SshSettings
 from launcher.errors import Problem, SpecError
 
@@ -74,12 +75,10 @@ def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[in
         connection = fabric.Connection(spec.host, user=spec.user or settings.user,
                                        port=spec.port or settings.port, config=config,
                                        connect_timeout=timeout, connect_kwargs=connect_kwargs)
-        known = settings.known_hosts_file or (ssh_config.get("userknownhostsfile") or
-                                              "~/.ssh/known_hosts").split()[0]
-        policy = settings.host_key_policy or (
-            "accept-new" if ssh_config.get("stricthostkeychecking") == "accept-new" else "strict")
+        known, policy = host_key_check(settings, ssh_config)
         hosts.append(Host(index=index, name=spec.host, connection=connection,
-                          known_hosts_file=expand(known), host_key_policy=policy,
+                          known_hosts_file=known, host_key_policy=policy,
+                          hop_check=lambda hop: host_key_check(settings, hop.ssh_config),
                           num_processes=count, workdir=spec.workdir or settings.workdir,
                           keepalive_interval_s=settings.keepalive_interval_s,
                           keepalive_timeout_s=settings.keepalive_timeout_s,
@@ -87,9 +86,18 @@ def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[in
     return hosts
 
 
-def known_hosts_name(host: str, port: int) -> str:
-    """How OpenSSH names ``host:port`` in known_hosts: bare for port 22, else ``[host]:port``."""
-    return host if int(port) == 22 else f"[{host}]:{port}"
+def host_key_check(settings: SshSettings, ssh_config) -> tuple:
+    """``(known_hosts_file, host_key_policy)`` for a host (or a jump host) with ``ssh_config``.
+
+    The cluster's settings win, then ssh_config's ``UserKnownHostsFile`` (its
+    first file) and ``StrictHostKeyChecking accept-new``; else
+    ``~/.ssh/known_hosts`` and ``strict``.
+    """
+    known = settings.known_hosts_file or (ssh_config.get("userknownhostsfile") or
+                                          "~/.ssh/known_hosts").split()[0]
+    policy = settings.host_key_policy or (
+        "accept-new" if ssh_config.get("stricthostkeychecking") == "accept-new" else "strict")
+    return expand(known), policy
 
 
 def sha256_fingerprint(key) -> str:
@@ -99,28 +107,39 @@ def sha256_fingerprint(key) -> str:
 
 
 def connect_error(host: Host, exc: BaseException) -> str:
-    """One line saying why ``host`` could not be reached, and what to do."""
-    c = host.connection
+    """One line saying why ``host`` could not be reached, and what to do.
+
+    A failed ``ProxyJump`` hop is named first: ``jump host NAME (ADDRESS): WHY``.
+    """
+    if isinstance(exc, JumpHostError):
+        hop = exc.hop
+        return (f"jump host {hop.original_host} ({hop.host}:{hop.port}): "
+                + _why(exc.cause, hop, exc.known_hosts_file))
+    return _why(exc, host.connection, host.known_hosts_file)
+
+
+def _why(exc: BaseException, c, known_hosts_file: str) -> str:
+    address = f"{c.host}:{c.port}"
     if isinstance(exc, paramiko.BadHostKeyException):
         name = known_hosts_name(c.host, c.port)
         return (f"host key CHANGED: the {exc.key.get_name()} key sent by the host has fingerprint "
-                f"{sha256_fingerprint(exc.key)}, {host.known_hosts_file} has another for {name}; "
-                f"refused. If the host was reinstalled, remove the old key: "
-                f"ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(host.known_hosts_file)}")
+                f"{sha256_fingerprint(exc.key)}, {known_hosts_file} has another {exc.key.get_name()} "
+                f"key for {name}; refused. If the host was reinstalled, remove the old key: "
+                f"ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(known_hosts_file)}")
     if isinstance(exc, paramiko.AuthenticationException):
         return (f"authentication failed for user {c.user!r}; check identity_file, ssh-agent "
                 f"and the host's authorized_keys")
-    if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
-        return (f"unknown host key (not in {host.known_hosts_file}); add it (ssh-keyscan) or "
+    if isinstance(exc, UnknownHostKey):
+        return (f"unknown host key ({exc}); add it (ssh-keyscan) or "
                 f"set cluster.host_key_policy: accept-new")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return f"unreachable: connection refused at {host.address} (is sshd running?)"
+        return f"unreachable: connection refused at {address} (is sshd running?)"
     if isinstance(exc, socket.gaierror):
         return f"unreachable: cannot resolve {c.host!r}"
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return f"unreachable: no answer from {host.address} within {c.connect_timeout} s"
+        return f"unreachable: no answer from {address} within {c.connect_timeout} s"
     if isinstance(exc, OSError):
-        return f"unreachable: {host.address}: {exc.strerror or exc}"
+        return f"unreachable: {address}: {exc.strerror or exc}"
     return f"ssh failed: {type(exc).__name__}: {exc}"
 
 
