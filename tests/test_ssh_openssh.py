@@ -19,25 +19,9 @@ import yaml
 
 import sshenv
 from helpers import REPO, launch
-from test_ssh import SHORT, survivors, write_cluster
+from test_ssh import NUM_HOSTS, SHORT, env, hosts, survivors, write_cluster  # noqa: F401  env, hosts: fixtures
 
-NUM_HOSTS = 4
 THREE = ("--set", "train.global_batch_size=24", "--set", "data.num_examples=24")
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    with sshenv.hosts_or_skip(tmp_path_factory.mktemp("ssh-openssh"), NUM_HOSTS) as e:
-        yield e
-
-
-@pytest.fixture
-def hosts(env):
-    yield env
-    for i in range(NUM_HOSTS):
-        if env._key_kinds[i] != ("ed25519",):
-            env.set_host_key_kinds(i)
-    env.write_known_hosts()
 
 
 def logins(ssh_env, i: int) -> int:
