@@ -16,7 +16,8 @@ from worker import tasks
 
 
 def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
-         sleep_s: float = 0.0, slow_process_id: int = -1, helpers: bool = False) -> tasks.Task:
+         sleep_s: float = 0.0, slow_process_id: int = -1, helpers: bool = False,
+         long_line_mb: int = 100) -> tasks.Task:
     """The linear task; at ``crash_at_step`` process ``crash_process_id`` misbehaves.
 
     Args:
@@ -25,7 +26,8 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
       mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``exit0`` (os._exit(0): an
         early exit that looks like success), ``sigkill`` (kills
         itself with SIGKILL), ``stall`` (sleeps forever: alive, no progress),
-        ``sigstop`` (stops itself).
+        ``sigstop`` (stops itself), ``long_line`` (prints ``long_line_mb`` MiB of ``x``
+        without a newline, then exits with 7: its last line ends without one).
       sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
       slow_process_id: which process is slow (-1 = none).
       helpers: after step 1 every process starts two ``sleep 1234`` helpers, as data
@@ -51,6 +53,11 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
         if mode == "exit0":
             sys.stdout.flush()
             os._exit(0)
+        if mode == "long_line":
+            for _ in range(long_line_mb):
+                sys.stdout.write("x" * (1 << 20))
+            sys.stdout.flush()
+            os._exit(7)
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "sigstop":

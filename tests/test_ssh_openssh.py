@@ -156,3 +156,31 @@ def test_every_proxyjump_hop_is_checked_like_the_target(tmp_path, hosts):
     assert "OK: 3 processes succeeded" in result.stdout
     assert logins(hosts, 0) >= before + 3  # every target was reached through the bastion
     assert not survivors(tmp_path, run_dir, 5)
+
+
+# ---- 14: very long output lines -------------------------------------------------------------
+@pytest.mark.slow
+def test_a_100_mb_line_without_a_newline_passes_whole_to_the_log_and_shortened_to_the_console(
+        tmp_path, hosts):
+    """p1 prints 100 MiB of "x" without a newline and exits 7 (the launcher's keepalive
+    timeout is 4 s, far less than the line takes to pass): its host is not lost, the
+    failure is its exit code, the console and summary hold a head of the line and its
+    length, the log file every byte, and nothing of the run is left on any host."""
+    run_dir = tmp_path / "run"
+    size = 100 << 20
+    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts),
+                    "--set", "train.num_steps=50", "--set", "task.name=faulty_task:make",
+                    "--set", "task.args.crash_at_step=3", "--set", "task.args.crash_process_id=1",
+                    "--set", "task.args.mode=long_line", "--run-dir", str(run_dir), timeout_s=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-5000:]
+    assert re.search(r"^FAILED: process_id 1 on 127\.0\.0\.3 \(exit code 7\)", result.stdout, re.M), out[-5000:]
+    assert "lost" not in out
+    assert f"{'x' * 2000} [... line cut: {size:,} characters in all, every one in the log file]" in out
+    assert len(out) < 100_000
+    log = run_dir / "logs" / "process-001.log"
+    with open(log, "rb") as f:
+        data = f.read()
+    start = data.index(b"x" * 1000)
+    assert data[start:start + size + 1] == b"x" * size + b"\n"  # every byte, and the line ended
+    assert not survivors(tmp_path, run_dir)
