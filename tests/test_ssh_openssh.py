@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 import yaml
 
 import sshenv
-from helpers import REPO, launch
+from helpers import launch
 from test_ssh import NUM_HOSTS, SHORT, env, hosts, survivors, write_cluster  # noqa: F401  env, hosts: fixtures
 
 THREE = ("--set", "train.global_batch_size=24", "--set", "data.num_examples=24")
@@ -184,3 +186,152 @@ def test_a_100_mb_line_without_a_newline_passes_whole_to_the_log_and_shortened_t
     start = data.index(b"x" * 1000)
     assert data[start:start + size + 1] == b"x" * size + b"\n"  # every byte, and the line ended
     assert not survivors(tmp_path, run_dir)
+
+
+# ---- 10: ssh_config as OpenSSH reads it ------------------------------------------------------
+def openssh_resolves(config: str, name: str) -> dict:
+    """``ssh -F config -G name``: the options OpenSSH would use (the oracle)."""
+    out = subprocess.run(["ssh", "-F", config, "-G", name], capture_output=True, text=True,
+                         check=True, stdin=subprocess.DEVNULL).stdout
+    options: dict = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        options.setdefault(key, []).append(value)
+    return options
+
+
+@pytest.fixture
+def ssh_client():
+    if shutil.which("ssh") is None:
+        if sshenv.in_ci():
+            pytest.fail("CI=true and there is no ssh client here", pytrace=False)
+        pytest.skip(sshenv.UNAVAILABLE + "needs the OpenSSH client (ssh)")
+
+
+def test_ssh_config_resolves_as_ssh_G_says(tmp_path, ssh_client):
+    """Include (absolute, glob, relative to ~/.ssh, inside a Host block), Host patterns with
+    ``!`` and with ``[`` (a class to fnmatch, not to OpenSSH), Match host / originalhost,
+    %h in HostName, first value wins:
+    every host's HostName, User, Port, ConnectTimeout, known_hosts file, policy, ProxyJump
+    and IdentityFile are what ``ssh -G`` prints for it."""
+    from launcher.backends.ssh import hosts as ssh_hosts
+    from launcher.backends.ssh.settings import SshHost, SshSettings
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("id_a", "id_star", "id_cond"):
+        (keys / name).write_text("")
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "10-a.conf").write_text("Host inc-a\n  HostName 10.1.1.1\n  Port 2201\n")
+    (inc / "20-b.conf").write_text("Host inc-b\n  User bee\nHost inc-*\n  ConnectTimeout 9\n")
+    (inc / "cond.conf").write_text(f"User conduser\nIdentityFile {keys}/id_cond\n"
+                                   "Host cond-never\n  HostName 10.9.9.9\n")
+    home_ssh = os.path.expanduser("~/.ssh")
+    rel_dir = tempfile.mkdtemp(prefix="podlaunch-test-", dir=os.makedirs(home_ssh, exist_ok=True) or home_ssh)
+    try:
+        with open(os.path.join(rel_dir, "rel.conf"), "w") as f:
+            f.write("Host rel-host\n  HostName 10.2.2.2\n  StrictHostKeyChecking accept-new\n")
+        config = tmp_path / "config"
+        config.write_text(
+            f"Include {inc}/[0-9]*.conf\n"
+            f"Include {os.path.basename(rel_dir)}/rel.conf\n"          # relative: ~/.ssh/...
+            "Host cond-*\n"
+            f"  Include {inc}/cond.conf\n"
+            "  Port 2299\n"                                            # still under cond-*
+            "Host node[12]\n  HostName 10.3.3.3\n"
+            "Host *.lan !secret.lan\n  User lanuser\n  ProxyJump jumper\n"
+            "Host jumper\n  HostName 10.4.4.4\n  UserKnownHostsFile /tmp/kh-jumper\n"
+            "Match originalhost tok-*\n  HostName %h.example.com\n"
+            "Match host 10.3.*\n  User matched\n"
+            "Host *\n"
+            f"  IdentityFile {keys}/id_star\n  User default-user\n  ConnectTimeout 4\n"
+            f"  UserKnownHostsFile {tmp_path}/kh-all\n  StrictHostKeyChecking yes\n")
+        names = ["inc-a", "inc-b", "rel-host", "cond-x", "node1", "box.lan", "secret.lan",
+                 "tok-1", "plain"]
+        settings = SshSettings(ssh_config_file=str(config))
+        resolved = ssh_hosts.resolve(settings, [SshHost(host=n) for n in names], [1] * len(names),
+                                     "c.yaml")
+        for name, host in zip(names, resolved):
+            want = openssh_resolves(str(config), name)
+            c = host.connection
+            got = {"hostname": c.host, "user": c.user, "port": str(c.port),
+                   "connecttimeout": str(c.connect_timeout),
+                   "userknownhostsfile": host.known_hosts_file,
+                   "stricthostkeychecking": host.host_key_policy,
+                   "proxyjump": c.gateway.original_host if c.gateway else "none",
+                   "identityfile": [f for f in c.connect_kwargs.get("key_filename", [])
+                                    if os.path.exists(f)]}
+            expected = {"hostname": want["hostname"][0], "user": want["user"][0],
+                        "port": want["port"][0], "connecttimeout": want["connecttimeout"][0],
+                        "userknownhostsfile": want["userknownhostsfile"][0].split()[0],
+                        "stricthostkeychecking": {"true": "strict"}.get(
+                            want["stricthostkeychecking"][0], want["stricthostkeychecking"][0]),
+                        "proxyjump": want.get("proxyjump", ["none"])[0],
+                        "identityfile": [os.path.expanduser(f) for f in want["identityfile"]
+                                         if os.path.exists(os.path.expanduser(f))]}
+            assert got == expected, name
+        # the cases above are not vacuous: what OpenSSH made of them
+        by_name = dict(zip(names, resolved))
+        assert by_name["inc-a"].connection.host == "10.1.1.1" and by_name["inc-a"].connection.port == 2201
+        assert by_name["rel-host"].host_key_policy == "accept-new"
+        assert (by_name["cond-x"].connection.user, by_name["cond-x"].connection.port) == ("conduser", 2299)
+        assert by_name["node1"].connection.host == "node1"  # no [] classes in OpenSSH patterns (fnmatch has them)
+        assert by_name["box.lan"].connection.gateway.host == "10.4.4.4"
+        assert by_name["secret.lan"].connection.gateway is None
+        assert by_name["tok-1"].connection.host == "tok-1.example.com"
+        # the jump host's own known_hosts file is the one its hop is checked with
+        hop = by_name["box.lan"].connection.gateway
+        assert by_name["box.lan"].hop_check(hop) == ("/tmp/kh-jumper", "strict")
+    finally:
+        shutil.rmtree(rel_dir)
+
+
+def test_a_config_openssh_refuses_is_bad_input_naming_file_and_line(tmp_path, ssh_client):
+    config = tmp_path / "config"
+    config.write_text("Host a\n  HostName 10.0.0.1\n  NoSuchOption yes\n")
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(yaml.safe_dump({"backend": "ssh", "hosts": ["a"], "ssh_config_file": str(config)}))
+    result = launch("jobs/linear.yaml", "--cluster", str(cluster), "--dry-run")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert (f"cluster.ssh_config_file: OpenSSH cannot use it for host 'a': {config}: line 3: "
+            f"Bad configuration option: nosuchoption") in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_a_host_defined_in_an_included_file_is_reached(tmp_path, hosts):
+    """The issue's example: hosts only an Included file defines were "cannot resolve"."""
+    included = tmp_path / "hosts.d"
+    included.mkdir()
+    (included / "trainers.conf").write_text("".join(
+        f"Host trainer-{i}\n  HostName {h}\n" for i, h in enumerate(hosts.hosts)))
+    config = tmp_path / "config"
+    config.write_text(f"Include {included}/*.conf\n" + open(hosts.ssh_config).read().replace(
+        "Host ", "Host trainer-* ", 1))
+    assert openssh_connects(hosts, str(config), "trainer-1")
+    cluster = write_cluster(tmp_path, hosts, ssh_config_file=str(config))
+    raw = yaml.safe_load(open(cluster))
+    for i, h in enumerate(raw["hosts"]):
+        h["host"] = f"trainer-{i}"
+    open(cluster, "w").write(yaml.safe_dump(raw))
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK: 4 processes succeeded" in result.stdout
+    assert not survivors(tmp_path, run_dir, 5)
+
+
+def test_without_an_ssh_client_a_config_with_include_is_refused_not_misread(tmp_path, monkeypatch):
+    from launcher.backends.ssh import sshconfig
+    from launcher.errors import SpecError
+
+    config = tmp_path / "config"
+    config.write_text("Host a\n  HostName 10.0.0.1\n")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ssh on it: paramiko reads the file
+    assert sshconfig.fabric_config(["a"], str(config), "c.yaml").base_ssh_config.lookup("a")["hostname"] \
+        == "10.0.0.1"
+    config.write_text("Include other.conf\nHost a\n  HostName 10.0.0.1\n")
+    with pytest.raises(SpecError, match=r"uses Include, which only the OpenSSH client follows and there "
+                                        r"is no `ssh` on PATH here; install it"):
+        sshconfig.fabric_config(["a"], str(config), "c.yaml")

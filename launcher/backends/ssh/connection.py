@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import os
 import shlex
 import socket
 import struct
@@ -115,7 +116,11 @@ class Host:
                 raise
             except Exception as exc:  # noqa: BLE001  said as the hop's failure
                 raise JumpHostError(hop, hop_known, exc) from exc
-        c.connect_kwargs = dict(c.connect_kwargs, **hostkeys.prepare(
+        # OpenSSH skips a missing IdentityFile (its defaults are listed whether or
+        # not they exist); paramiko would fail the login on one.
+        keys = [f for f in c.connect_kwargs.get("key_filename") or []
+                if os.path.exists(os.path.expanduser(f))]
+        c.connect_kwargs = dict(c.connect_kwargs, key_filename=keys, **hostkeys.prepare(
             c.client, c.host, c.port, known_hosts_file, policy))
         c.open()
 

@@ -1,9 +1,10 @@
 """Host settings by precedence, and why a host could not be reached.
 
 Per host: its own setting (``SshHost``), then the cluster's (``SshSettings``),
-then the OpenSSH client config (``ssh_config_file``: ``HostName``, ``User``,
-``Port``, ``IdentityFile``, ``ConnectTimeout``, ``UserKnownHostsFile``,
-``StrictHostKeyChecking``), then the defaults. Works from an ``SshSettings``
+then the OpenSSH client config as OpenSSH resolves it (``sshconfig``:
+``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ConnectTimeout``,
+``UserKnownHostsFile``, ``StrictHostKeyChecking``, ``ProxyJump``,
+``ProxyCommand``), then the defaults. Works from an ``SshSettings``
 and a list of host specs, so the ssh backend (the user's hosts) and the tpu
 backend (the hosts gcloud reported) resolve hosts the same way.
 """
@@ -20,31 +21,16 @@ from typing import Sequence
 import fabric
 import paramiko
 
+from launcher.backends.ssh import sshconfig
 from launcher.backends.ssh.connection import Host, JumpHostError
 from launcher.backends.ssh.hostkeys import UnknownHostKey, known_hosts_name
 from launcher.backends.ssh.settings import SshHost, SshSettings
-from launcher.errors import Problem, SpecError
 
 DEFAULT_CONNECT_TIMEOUT_S = 10
 
 
 def expand(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
-
-
-def fabric_config(settings: SshSettings, source: str) -> fabric.Config:
-    """fabric's config reading ``ssh_config_file``.
-
-    Raises:
-      SpecError: ``ssh_config_file`` was set and names a missing file.
-    """
-    path = expand(settings.ssh_config_file)
-    if os.path.exists(path):
-        return fabric.Config(runtime_ssh_path=path)
-    if settings.ssh_config_file != "~/.ssh/config":
-        raise SpecError([Problem(source, None, "cluster.ssh_config_file",
-                                 f"no such file: {path}; fix the path or remove the key")])
-    return fabric.Config()  # ~/.ssh/config absent: fabric still reads /etc/ssh/ssh_config
 
 
 def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[int],
@@ -63,13 +49,15 @@ def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[in
     Raises:
       SpecError: ``ssh_config_file`` names a missing file.
     """
-    config = fabric_config(settings, source)
+    config = sshconfig.fabric_config([spec.host for spec in specs], settings.ssh_config_file, source)
     hosts = []
     for index, (spec, count) in enumerate(zip(specs, counts)):
         ssh_config = config.base_ssh_config.lookup(spec.host)
         timeout = settings.connect_timeout_s or int(ssh_config.get("connecttimeout",
                                                                    DEFAULT_CONNECT_TIMEOUT_S))
-        connect_kwargs = {}
+        # Never empty: given {}, fabric writes this host's IdentityFiles into the shared
+        # config's connect_kwargs, and every later host (and jump host) is offered them too.
+        connect_kwargs = {"allow_agent": True}  # paramiko's default, said explicitly
         if settings.identity_file:
             connect_kwargs["key_filename"] = [expand(settings.identity_file)]
         connection = fabric.Connection(spec.host, user=spec.user or settings.user,
