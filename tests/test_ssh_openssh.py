@@ -160,6 +160,27 @@ def test_every_proxyjump_hop_is_checked_like_the_target(tmp_path, hosts):
     assert not survivors(tmp_path, run_dir, 5)
 
 
+@pytest.mark.slow
+def test_through_a_proxycommand_the_target_s_key_is_still_checked(tmp_path, hosts):
+    """``ProxyCommand ssh -W %h:%p bastion``: the job reaches the targets through it, and a
+    target whose key changed is refused, as OpenSSH refuses it."""
+    config = jump_config(hosts, tmp_path, hosts.known_hosts)
+    text = open(config).read().replace(
+        "    ProxyJump bastion\n", f"    ProxyCommand ssh -F {config} -W %h:%p bastion\n")
+    open(config, "w").write(text)
+    cluster = behind_the_bastion(tmp_path, hosts, config)
+    before = logins(hosts, 0)
+    result = launch("jobs/linear.yaml", "--cluster", cluster, "--dry-run", *SHORT, *THREE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert logins(hosts, 0) >= before + 3  # each target through the bastion
+    hosts.regenerate_host_key(2)
+    assert not openssh_connects(hosts, config, hosts.hosts[2])
+    result = launch("jobs/linear.yaml", "--cluster", cluster, "--dry-run", *SHORT, *THREE)
+    assert result.returncode == 1
+    assert re.search(r"127\.0\.0\.4\s+p1\s+host key CHANGED", result.stderr), result.stderr
+    assert not survivors(tmp_path, tmp_path / "run", 0)
+
+
 # ---- 14: very long output lines -------------------------------------------------------------
 @pytest.mark.slow
 def test_a_100_mb_line_without_a_newline_passes_whole_to_the_log_and_shortened_to_the_console(

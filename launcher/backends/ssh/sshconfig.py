@@ -10,8 +10,9 @@ without connecting. Each host (and each ``ProxyJump`` hop, recursively) is
 resolved so, and the answers become a paramiko ``SSHConfig`` of one exact
 ``Host`` block per name, which fabric reads as before.
 
-Printed raw by ``ssh -G`` and left to paramiko/fabric to expand at connect
-time, as OpenSSH does: ``%`` tokens in ``IdentityFile`` and ``ProxyCommand``.
+Printed raw by ``ssh -G`` and expanded at connect time, as OpenSSH does:
+``%`` tokens in ``IdentityFile`` (by paramiko); those of ``ProxyCommand``
+(``%h``, ``%p``, ``%r``, ``%n``, ``%%``) are expanded here.
 
 Without an ``ssh`` client on this machine, paramiko reads the file itself (the
 old way); a file that uses ``Include`` is then refused with what to do.
@@ -86,6 +87,13 @@ def _ssh_g(ssh: str, name: str, config_file: str, source: str) -> dict:
             options["identityfile"].append(value)
         elif key in _SINGLE:
             options[key] = value
+    if options.get("proxycommand", "none") != "none":
+        # fabric expands ProxyCommand's tokens against a config of its own that
+        # has no Port (%p became 22): expanded here, as ssh_config(5) TOKENS says.
+        tokens = {"%": "%", "h": options.get("hostname", name), "p": options.get("port", "22"),
+                  "r": options.get("user", ""), "n": name}
+        options["proxycommand"] = re.sub(r"%(.)", lambda m: tokens.get(m.group(1), m.group(0)),
+                                         options["proxycommand"])
     return options
 
 
