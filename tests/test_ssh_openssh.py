@@ -356,3 +356,33 @@ def test_without_an_ssh_client_a_config_with_include_is_refused_not_misread(tmp_
     with pytest.raises(SpecError, match=r"uses Include, which only the OpenSSH client follows and there "
                                         r"is no `ssh` on PATH here; install it"):
         sshconfig.fabric_config(["a"], str(config), "c.yaml")
+
+
+def test_the_kernel_tells_a_silent_host_from_a_launcher_behind_on_reading():
+    """``kernel_silence`` on a real TCP pair: the host answered (or its data waits unread
+    here): 0; we sent and it said nothing since: the seconds of its silence, however busy
+    this process's threads were meanwhile (the kernel keeps the times)."""
+    import socket
+    import time
+    import types
+
+    from launcher.backends.ssh.connection import kernel_silence
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        ours = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+        with ours, theirs:
+            transport = types.SimpleNamespace(sock=ours)
+            theirs.sendall(b"hello")                 # the host spoke; we have not read it
+            time.sleep(0.3)
+            assert kernel_silence(transport) == 0.0  # behind on reading is not silence
+            ours.recv(5)
+            ours.sendall(b"keepalive?")              # we ask; the host says nothing
+            time.sleep(0.6)
+            silent = kernel_silence(transport)
+            assert silent is not None and silent >= 0.5
+            theirs.sendall(b"answer")
+            time.sleep(0.05)
+            ours.recv(6)
+            assert kernel_silence(transport) == 0.0  # answered after our last data
+    assert kernel_silence(types.SimpleNamespace(sock=object())) is None  # a ProxyJump channel
