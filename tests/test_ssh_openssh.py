@@ -56,7 +56,8 @@ def config_with(ssh_env, tmp_path, known_hosts: str) -> str:
 def test_a_host_with_several_key_types_is_checked_per_type_as_openssh_does(tmp_path, hosts):
     """Host 1 has RSA, ECDSA and ED25519 host keys. known_hosts with an old (wrong) RSA key
     and its right ECDSA key: OpenSSH connects, so does podlaunch. A wrong ECDSA key: both
-    refuse, as CHANGED. Only a key of a type the host lacks: unknown, not changed."""
+    refuse, as CHANGED. The right key only in a GlobalKnownHostsFile: both connect. Only a
+    key of a type the host lacks: unknown, not changed."""
     hosts.set_host_key_kinds(1, ("rsa", "ecdsa", "ed25519"))
     name = f"[{hosts.hosts[1]}]:{hosts.port}"
     others = [line for line in open(hosts.known_hosts) if not line.startswith(name)]
@@ -84,6 +85,19 @@ def test_a_host_with_several_key_types_is_checked_per_type_as_openssh_does(tmp_p
     assert re.search(r"127\.0\.0\.3\s+p1\s+host key CHANGED: the ecdsa-sha2-nistp256 key sent by the host",
                      result.stderr), result.stderr
     assert logins(hosts, 1) == before and not survivors(tmp_path, tmp_path / "run", 0)
+
+    # a key in a GlobalKnownHostsFile (e.g. /etc/ssh/ssh_known_hosts) counts, as for ssh
+    known.write_text("".join(others))
+    global_known = tmp_path / "global_known_hosts"
+    global_known.write_text(public_line(hosts.host_key(1, "ecdsa"), name))
+    text = open(config).read()
+    open(config, "w").write(text.replace("GlobalKnownHostsFile /dev/null",
+                                         f"GlobalKnownHostsFile {global_known}"))
+    assert openssh_connects(hosts, config, hosts.hosts[1])
+    result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts, ssh_config_file=config),
+                    "--dry-run", *SHORT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    global_known.write_text("")
 
     hosts.set_host_key_kinds(1, ("ed25519",))  # the host has no RSA key: an RSA line is no verdict
     known.write_text("".join(others) + public_line(old_rsa, name))
@@ -279,6 +293,7 @@ def test_ssh_config_resolves_as_ssh_G_says(tmp_path, ssh_client):
             got = {"hostname": c.host, "user": c.user, "port": str(c.port),
                    "connecttimeout": str(c.connect_timeout),
                    "userknownhostsfile": host.known_hosts_file,
+                   "also read": list(host.also_known_hosts),
                    "stricthostkeychecking": host.host_key_policy,
                    "proxyjump": c.gateway.original_host if c.gateway else "none",
                    "identityfile": [f for f in c.connect_kwargs.get("key_filename", [])
@@ -286,6 +301,8 @@ def test_ssh_config_resolves_as_ssh_G_says(tmp_path, ssh_client):
             expected = {"hostname": want["hostname"][0], "user": want["user"][0],
                         "port": want["port"][0], "connecttimeout": want["connecttimeout"][0],
                         "userknownhostsfile": want["userknownhostsfile"][0].split()[0],
+                        "also read": want["userknownhostsfile"][0].split()[1:]
+                        + want["globalknownhostsfile"][0].split(),
                         "stricthostkeychecking": {"true": "strict"}.get(
                             want["stricthostkeychecking"][0], want["stricthostkeychecking"][0]),
                         "proxyjump": want.get("proxyjump", ["none"])[0],
@@ -303,7 +320,7 @@ def test_ssh_config_resolves_as_ssh_G_says(tmp_path, ssh_client):
         assert by_name["tok-1"].connection.host == "tok-1.example.com"
         # the jump host's own known_hosts file is the one its hop is checked with
         hop = by_name["box.lan"].connection.gateway
-        assert by_name["box.lan"].hop_check(hop) == ("/tmp/kh-jumper", "strict")
+        assert by_name["box.lan"].hop_check(hop).known_hosts_file == "/tmp/kh-jumper"
     finally:
         shutil.rmtree(rel_dir)
 

@@ -60,8 +60,9 @@ class Host:
       num_processes: worker processes it runs.
       workdir: as configured; absolute once preflight has reported it.
       known_hosts_file, host_key_policy: how the host's key is checked.
-      hop_check: ``(known_hosts_file, host_key_policy)`` for a ``ProxyJump``
-        hop's Connection (default: the host's own).
+      also_known_hosts: more known_hosts files read (``hostkeys.KeyCheck.also_read``).
+      hop_check: the ``hostkeys.KeyCheck`` for a ``ProxyJump`` hop's
+        Connection (default: the host's own).
     """
 
     index: int
@@ -74,7 +75,8 @@ class Host:
     keepalive_interval_s: float
     keepalive_timeout_s: float
     python: str
-    hop_check: Callable[[fabric.Connection], tuple] | None = None
+    also_known_hosts: tuple = ()
+    hop_check: Callable[[fabric.Connection], hostkeys.KeyCheck] | None = None
     lost: str | None = None
     _pending_since: float | None = None
     _closed: bool = False
@@ -101,27 +103,28 @@ class Host:
           OSError (unreachable).
         """
         c = connection or self.connection
-        self._open_checked(c, self.known_hosts_file, self.host_key_policy)
+        self._open_checked(c, hostkeys.KeyCheck(self.known_hosts_file, self.host_key_policy,
+                                                self.also_known_hosts))
         return c
 
-    def _open_checked(self, c: fabric.Connection, known_hosts_file: str, policy: str) -> None:
+    def _open_checked(self, c: fabric.Connection, check: hostkeys.KeyCheck) -> None:
         # A hop is opened (and its key checked) before anything goes through it;
         # fabric's own c.open() then finds it connected and only opens the tunnel.
         hop = c.gateway
         if isinstance(hop, fabric.Connection) and not hop.is_connected:
-            hop_known, hop_policy = (self.hop_check or (lambda _: (known_hosts_file, policy)))(hop)
+            hop_check = self.hop_check(hop) if self.hop_check else check
             try:
-                self._open_checked(hop, hop_known, hop_policy)
+                self._open_checked(hop, hop_check)
             except JumpHostError:
                 raise
             except Exception as exc:  # noqa: BLE001  said as the hop's failure
-                raise JumpHostError(hop, hop_known, exc) from exc
+                raise JumpHostError(hop, hop_check.known_hosts_file, exc) from exc
         # OpenSSH skips a missing IdentityFile (its defaults are listed whether or
         # not they exist); paramiko would fail the login on one.
         keys = [f for f in c.connect_kwargs.get("key_filename") or []
                 if os.path.exists(os.path.expanduser(f))]
         c.connect_kwargs = dict(c.connect_kwargs, key_filename=keys, **hostkeys.prepare(
-            c.client, c.host, c.port, known_hosts_file, policy))
+            c.client, c.host, c.port, check))
         c.open()
 
     def start_keepalive(self) -> None:

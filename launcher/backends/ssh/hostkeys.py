@@ -24,6 +24,7 @@ and policy: fabric opens jump connections with ``AutoAddPolicy``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import threading
@@ -97,12 +98,32 @@ def known_hosts_name(host: str, port: int) -> str:
     return host if int(port) == 22 else f"[{host}]:{port}"
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyCheck:
+    """How one host's key is checked.
+
+    Attributes:
+      known_hosts_file: read for the host's keys; ``accept-new`` appends to it
+        (OpenSSH's first ``UserKnownHostsFile``).
+      policy: ``strict`` or ``accept-new``.
+      also_read: more files read, never written (the other user files and
+        ``GlobalKnownHostsFile``, e.g. /etc/ssh/ssh_known_hosts).
+    """
+
+    known_hosts_file: str
+    policy: str
+    also_read: tuple = ()
+
+    def keys_for(self, name: str) -> list:
+        """The keys every file holds for ``name`` (``known_keys``), in file order."""
+        return [k for f in (self.known_hosts_file, *self.also_read) for k in known_keys(f, name)]
+
+
 class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
     """OpenSSH's verdict on the key a host presented (``StrictHostKeyChecking`` yes or accept-new).
 
     Args:
-      known_hosts_file: read for the host's keys; ``accept-new`` appends to it.
-      policy: ``strict`` or ``accept-new``.
+      check: the files and the policy (``KeyCheck``).
 
     ``missing_host_key`` raises ``paramiko.BadHostKeyException`` when
     known_hosts has a different key of the presented type, ``UnknownHostKey``
@@ -111,12 +132,12 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
 
     _lock = threading.Lock()  # accept-new appends: one writer at a time
 
-    def __init__(self, known_hosts_file: str, policy: str):
-        self.known_hosts_file = known_hosts_file
-        self.policy = policy
+    def __init__(self, check: KeyCheck):
+        self.check = check
+        self.known_hosts_file, self.policy = check.known_hosts_file, check.policy
 
     def missing_host_key(self, client, hostname, key):
-        known = known_keys(self.known_hosts_file, hostname)
+        known = self.check.keys_for(hostname)
         same_type = [k for k in known if k.get_name() == key.get_name()]
         if any(k == key for k in same_type):
             return
@@ -151,14 +172,13 @@ def offer_known_types(known_types: set):
     return make
 
 
-def prepare(client: paramiko.SSHClient, host: str, port: int, known_hosts_file: str,
-            policy: str) -> dict:
+def prepare(client: paramiko.SSHClient, host: str, port: int, check: KeyCheck) -> dict:
     """Set ``client`` up to check ``host:port``'s key; returns the connect kwargs that go with it.
 
     The client keeps no host keys of its own (paramiko would check them its
     way first): ``KnownHostsPolicy`` sees every key.
     """
     client.get_host_keys().clear()
-    client.set_missing_host_key_policy(KnownHostsPolicy(known_hosts_file, policy))
-    types = {k.get_name() for k in known_keys(known_hosts_file, known_hosts_name(host, port))}
+    client.set_missing_host_key_policy(KnownHostsPolicy(check))
+    types = {k.get_name() for k in check.keys_for(known_hosts_name(host, port))}
     return {"transport_factory": offer_known_types(types)}

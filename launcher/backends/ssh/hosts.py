@@ -23,10 +23,11 @@ import paramiko
 
 from launcher.backends.ssh import sshconfig
 from launcher.backends.ssh.connection import Host, JumpHostError
-from launcher.backends.ssh.hostkeys import UnknownHostKey, known_hosts_name
+from launcher.backends.ssh.hostkeys import KeyCheck, UnknownHostKey, known_hosts_name
 from launcher.backends.ssh.settings import SshHost, SshSettings
 
 DEFAULT_CONNECT_TIMEOUT_S = 10
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"  # OpenSSH's default
 
 
 def expand(path: str) -> str:
@@ -63,9 +64,10 @@ def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[in
         connection = fabric.Connection(spec.host, user=spec.user or settings.user,
                                        port=spec.port or settings.port, config=config,
                                        connect_timeout=timeout, connect_kwargs=connect_kwargs)
-        known, policy = host_key_check(settings, ssh_config)
+        check = host_key_check(settings, ssh_config)
         hosts.append(Host(index=index, name=spec.host, connection=connection,
-                          known_hosts_file=known, host_key_policy=policy,
+                          known_hosts_file=check.known_hosts_file, host_key_policy=check.policy,
+                          also_known_hosts=check.also_read,
                           hop_check=lambda hop: host_key_check(settings, hop.ssh_config),
                           num_processes=count, workdir=spec.workdir or settings.workdir,
                           keepalive_interval_s=settings.keepalive_interval_s,
@@ -74,18 +76,25 @@ def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[in
     return hosts
 
 
-def host_key_check(settings: SshSettings, ssh_config) -> tuple:
-    """``(known_hosts_file, host_key_policy)`` for a host (or a jump host) with ``ssh_config``.
+def host_key_check(settings: SshSettings, ssh_config) -> KeyCheck:
+    """How a host (or a jump host) with ``ssh_config`` has its key checked.
 
-    The cluster's settings win, then ssh_config's ``UserKnownHostsFile`` (its
-    first file) and ``StrictHostKeyChecking accept-new``; else
-    ``~/.ssh/known_hosts`` and ``strict``.
+    known_hosts: the cluster's ``known_hosts_file``, else ssh_config's
+    ``UserKnownHostsFile`` (the first is written to, the others read), else
+    ``~/.ssh/known_hosts``; ``GlobalKnownHostsFile`` (default
+    /etc/ssh/ssh_known_hosts and /etc/ssh/ssh_known_hosts2) is read too, as
+    OpenSSH reads it. Policy: the cluster's ``host_key_policy``, else
+    ``accept-new`` when ssh_config's ``StrictHostKeyChecking`` says so, else
+    ``strict``.
     """
-    known = settings.known_hosts_file or (ssh_config.get("userknownhostsfile") or
-                                          "~/.ssh/known_hosts").split()[0]
+    user_files = (ssh_config.get("userknownhostsfile") or "~/.ssh/known_hosts").split()
+    if settings.known_hosts_file:
+        user_files = [settings.known_hosts_file]
+    global_files = (ssh_config.get("globalknownhostsfile") or GLOBAL_KNOWN_HOSTS).split()
     policy = settings.host_key_policy or (
         "accept-new" if ssh_config.get("stricthostkeychecking") == "accept-new" else "strict")
-    return expand(known), policy
+    return KeyCheck(expand(user_files[0]), policy,
+                    tuple(expand(f) for f in user_files[1:] + global_files if f != "/dev/null"))
 
 
 def sha256_fingerprint(key) -> str:

@@ -36,7 +36,8 @@ DEFAULT_PATH = "~/.ssh/config"
 SSH_G_TIMEOUT_S = 20.0
 # The options fabric, paramiko and podlaunch read (ssh -G prints them all; others are unused).
 _SINGLE = ("hostname", "user", "port", "connecttimeout", "userknownhostsfile",
-           "stricthostkeychecking", "proxyjump", "proxycommand", "forwardagent")
+           "globalknownhostsfile", "stricthostkeychecking", "proxyjump", "proxycommand",
+           "forwardagent")
 
 
 def resolve_with_openssh(names: Iterable[str], config_file: str, source: str,
