@@ -13,19 +13,25 @@ what reaches the console (``launcher.console``). Three kinds:
 
 Threads of one worker that write without a newline between them glue their
 lines together (``[Gloo] Rank 1[Gloo] Rank 0 is connected ...`` and then
-`` is connected ...``). ``unglued`` splits such lines back at the places
+`` is connected ...``). ``split_glued`` splits such lines back at the places
 where a known noise line starts, and cuts out whole noise lines found
 inside another, so no piece is shown under another line's prefix. It runs
 before the launcher parses a line, so a progress line glued behind noise
 still counts.
 
-Stdlib only (``re``): the launcher imports this before anything heavy.
+A line may be of any length: ``LineSplitter`` splits bytes into lines in
+linear time, holding at most ``MAX_HELD_BYTES`` of one (the rest goes on as
+``Piece``s), and ``Shortened`` gives the console at most ``MAX_SHOWN_CHARS``
+of it; the log file keeps all of it.
+
+Stdlib only (``re``, ``codecs``): the launcher imports this before anything heavy.
 """
 
 from __future__ import annotations
 
+import codecs
 import re
-from typing import Iterable, Iterator, NamedTuple
+from typing import NamedTuple
 
 
 class Noise(NamedTuple):
@@ -102,12 +108,6 @@ def split_glued(line: str) -> list:
     return out or [line]
 
 
-def unglued(lines: Iterable[str]) -> Iterator[str]:
-    """``split_glued`` over a stream of lines (a worker's output)."""
-    for line in lines:
-        yield from split_glued(line)
-
-
 _NOTABLE_RE = re.compile(
     r"warn|error|exception|traceback|fatal|fail|abort|panic|killed|segmentation fault"
     r"|out of memory|\boom\b|check failed|\bnan\b|\binf\b", re.IGNORECASE)
@@ -136,3 +136,101 @@ class Attention:
             return True
         return bool(_NOTABLE_RE.search(line) or _GLOG_PROBLEM_RE.match(line)
                     or line.startswith(_WORKER_REPORT))
+
+
+# ---- long lines ----------------------------------------------------------------------------
+# A worker may print a line of any length (a 100 MB array without a newline): the log file
+# keeps every character, but the reader holds at most MAX_HELD_BYTES of a line at once
+# (passing on the rest as ``Piece``s), and the console, the progress parser and the failure
+# summary see at most MAX_SHOWN_CHARS of it, with a note of its full length.
+MAX_HELD_BYTES = 64 * 1024
+MAX_SHOWN_CHARS = 2000
+
+
+class Piece(str):
+    """A part of a line too long to hold at once: more of the same line follows.
+
+    The line's last part arrives as a plain ``str``. Readers that split output
+    with ``LineSplitter`` yield these; ``Shortened`` puts such a line back
+    together for the console.
+    """
+
+
+class LineSplitter:
+    """Bytes in, lines out, in time linear in the bytes: each byte is searched once.
+
+    A partial line is held as a list of chunks (never re-joined or re-scanned
+    as more arrives) and, past ``max_held_bytes``, passed on as a ``Piece``.
+    UTF-8 is decoded incrementally, so a character split across chunks or
+    pieces arrives whole; undecodable bytes become U+FFFD. A trailing ``\\r``
+    (CRLF output) is dropped.
+
+    Attributes:
+      scanned: bytes searched for a newline so far (equals the bytes fed:
+        tests/test_console.py checks it).
+    """
+
+    def __init__(self, max_held_bytes: int = MAX_HELD_BYTES):
+        self.max_held_bytes = max_held_bytes
+        self.scanned = 0
+        self._chunks: list = []
+        self._held = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, data: bytes) -> list:
+        """The lines (``str``) and pieces (``Piece``) that ``data`` completes, in order."""
+        out = []
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            self.scanned += end + 1 - start
+            self._chunks.append(data[start:end])
+            out.append(self._take(final=True))
+            start = end + 1
+        self.scanned += len(data) - start
+        if start < len(data):
+            self._chunks.append(data[start:])
+            self._held += len(data) - start
+            if self._held >= self.max_held_bytes:
+                out.append(self._take(final=False))
+        return out
+
+    def end(self) -> list:
+        """The last line, when the output ended without a newline (``[]`` when it did not)."""
+        return [self._take(final=True)] if self._chunks else []
+
+    def _take(self, final: bool) -> str:
+        text = self._decoder.decode(b"".join(self._chunks), final=final)
+        self._chunks, self._held = [], 0
+        return text.removesuffix("\r") if final else Piece(text)
+
+
+class Shortened:
+    """Puts a line that arrived in ``Piece``s (or is simply long) back as one line to show.
+
+    ``add`` takes each piece; ``end`` takes the line's last part and returns
+    the line as shown: itself when short, else its first ``max_chars``
+    characters and a note of its full length.
+    """
+
+    def __init__(self, max_chars: int = MAX_SHOWN_CHARS):
+        self.max_chars = max_chars
+        self._head = ""
+        self._length = 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether pieces of a line have arrived and its end has not."""
+        return self._length > 0
+
+    def add(self, piece: str) -> None:
+        if len(self._head) < self.max_chars:
+            self._head += piece[:self.max_chars - len(self._head)]
+        self._length += len(piece)
+
+    def end(self, last: str) -> str:
+        self.add(last)
+        head, length = self._head, self._length
+        self._head, self._length = "", 0
+        if length <= self.max_chars:
+            return head
+        return f"{head} [... line cut: {length:,} characters in all, every one in the log file]"

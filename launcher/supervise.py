@@ -103,15 +103,33 @@ class _Output:
 
 
 def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float]) -> None:
-    """Reader thread: log file first, then the console queue."""
+    """Reader thread: log file first, then the console queue.
+
+    A long line (one that arrives in ``lines.Piece``s, or is longer than
+    ``lines.MAX_SHOWN_CHARS``) goes to the log file whole, as it arrives, and
+    to the console and the summary shortened.
+    """
     with open(tracked.plan.log_path, "a", encoding="utf-8", errors="replace") as log:
+        long = lines.Shortened()
         try:
-            for line in lines.unglued(tracked.worker.lines()):  # threads' glued lines split back
-                if not tracked.observe(line, clock()):
-                    continue  # a heartbeat: for the watchdog only
-                log.write(line + "\n")
-                log.flush()
-                out.put((tracked.plan.label, line, tracked.plan.process_id))
+            for item in tracked.worker.lines():
+                if isinstance(item, lines.Piece):  # more of this line follows
+                    log.write(item)
+                    long.add(item)
+                    continue
+                if long.pending or len(item) > long.max_chars:
+                    log.write(item + "\n")
+                    log.flush()
+                    shown = long.end(item)
+                    if tracked.observe(shown, clock()):
+                        out.put((tracked.plan.label, shown, tracked.plan.process_id))
+                    continue
+                for line in lines.split_glued(item):  # threads' glued lines split back
+                    if not tracked.observe(line, clock()):
+                        continue  # a heartbeat: for the watchdog only
+                    log.write(line + "\n")
+                    log.flush()
+                    out.put((tracked.plan.label, line, tracked.plan.process_id))
         except Exception as exc:  # a reader must never die silently
             out.put((tracked.plan.label, f"podlaunch: output stream broke: {exc!r}"))
         tracked.output_closed(clock())

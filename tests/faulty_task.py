@@ -16,7 +16,8 @@ from worker import tasks
 
 
 def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
-         sleep_s: float = 0.0, slow_process_id: int = -1, helpers: bool = False) -> tasks.Task:
+         sleep_s: float = 0.0, slow_process_id: int = -1, helpers: bool = False,
+         long_line_mb: int = 100, print_mb: int = 0, print_line_bytes: int = 0) -> tasks.Task:
     """The linear task; at ``crash_at_step`` process ``crash_process_id`` misbehaves.
 
     Args:
@@ -25,15 +26,20 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
       mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``exit0`` (os._exit(0): an
         early exit that looks like success), ``sigkill`` (kills
         itself with SIGKILL), ``stall`` (sleeps forever: alive, no progress),
-        ``sigstop`` (stops itself).
+        ``sigstop`` (stops itself), ``long_line`` (prints ``long_line_mb`` MiB of ``x``
+        without a newline, then exits with 7: its last line ends without one).
       sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
       slow_process_id: which process is slow (-1 = none).
+      print_mb: after step 1 process 0 prints this many MiB of ``x`` (bench/bench_ssh_long_lines.py),
+        as one line (``print_line_bytes`` 0) or in lines of ``print_line_bytes`` bytes, newline included.
       helpers: after step 1 every process starts two ``sleep 1234`` helpers, as data
         loaders and uploaders do: one in its process group, one in a session of its own
         (it left the group), both inheriting the worker's environment.
     """
 
     def on_step_end(step: int, process_id: int) -> None:
+        if print_mb and step == 1 and process_id == 0:
+            _print_bytes(print_mb << 20, print_line_bytes)
         if helpers and step == 1:
             subprocess.Popen(["sleep", "1234"])
             subprocess.Popen(["sleep", "1234"], start_new_session=True)
@@ -51,6 +57,11 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
         if mode == "exit0":
             sys.stdout.flush()
             os._exit(0)
+        if mode == "long_line":
+            for _ in range(long_line_mb):
+                sys.stdout.write("x" * (1 << 20))
+            sys.stdout.flush()
+            os._exit(7)
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "sigstop":
@@ -60,3 +71,13 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
                 time.sleep(3600)
 
     return tasks.Task(init_params=tasks.init_linear, loss_fn=tasks.mse, on_step_end=on_step_end)
+
+
+def _print_bytes(size: int, line_bytes: int) -> None:
+    block = ("x" * (line_bytes - 1) + "\n") * max(1, (1 << 20) // line_bytes) if line_bytes else "x" * (1 << 20)
+    written = 0
+    while written + len(block) <= size:
+        sys.stdout.write(block)
+        written += len(block)
+    sys.stdout.write("x" * max(0, size - written - 1) + "\n")
+    sys.stdout.flush()

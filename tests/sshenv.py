@@ -15,6 +15,7 @@ per host ``hostN/`` with its host key, sshd_config and ``sshd.log``.
 
 Failure injection: ``stop_host``/``start_host`` (host down / back up),
 ``regenerate_host_key`` (known_hosts entry becomes wrong),
+``set_host_key_kinds`` (RSA and ECDSA host keys besides ed25519),
 ``reject_client_key`` (host refuses our key) and ``limit_sessions`` (sshd's
 ``MaxSessions``).  A host can also be another machine's network: ``namespaces``
 maps a host index to a network namespace (``tests/netns.py``) whose address
@@ -40,12 +41,12 @@ SSHD = "/usr/sbin/sshd"
 FIRST_PORT = 22022
 
 
-def _keygen(path: Path, comment: str) -> str:
-    """Create a fresh ed25519 key pair at *path*; return the public key line."""
+def _keygen(path: Path, comment: str, kind: str = "ed25519") -> str:
+    """Create a fresh key pair of *kind* (ed25519, ecdsa, rsa) at *path*; return the public key line."""
     pub = Path(f"{path}.pub")
     path.unlink(missing_ok=True)
     pub.unlink(missing_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment,
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", comment,
                     "-f", str(path)], check=True)
     return pub.read_text().strip()
 
@@ -113,9 +114,10 @@ class SshTestEnv:
         self.port: int | None = None
         self._procs: dict[int, subprocess.Popen] = {}
         self._auth_keys = [self.authorized_keys] * num_hosts  # per host
+        self._key_kinds = [("ed25519",)] * num_hosts  # per host: its host keys' kinds
 
-    def host_key(self, i: int) -> Path:
-        return self.base_dir / f"host{i}" / "ssh_host_ed25519_key"
+    def host_key(self, i: int, kind: str = "ed25519") -> Path:
+        return self.base_dir / f"host{i}" / f"ssh_host_{kind}_key"
 
     def log_file(self, i: int) -> Path:
         return self.base_dir / f"host{i}" / "sshd.log"
@@ -170,8 +172,7 @@ class SshTestEnv:
         cfg.write_text(f"""\
 Port {self.port}
 ListenAddress {self.hosts[i]}
-HostKey {self.host_key(i)}
-PidFile {cfg.parent / 'sshd.pid'}
+{"".join(f"HostKey {self.host_key(i, kind)}{chr(10)}" for kind in self._key_kinds[i])}PidFile {cfg.parent / 'sshd.pid'}
 AuthorizedKeysFile {self._auth_keys[i]}
 StrictModes no
 PermitRootLogin prohibit-password
@@ -247,6 +248,14 @@ Subsystem sftp internal-sftp
     def regenerate_host_key(self, i: int) -> None:
         """Give host *i* a new host key (known_hosts is NOT updated); restart."""
         _keygen(self.host_key(i), f"host{i}-regenerated")
+        self.start_host(i)
+
+    def set_host_key_kinds(self, i: int, kinds: tuple = ("ed25519",)) -> None:
+        """Give host *i* host keys of these kinds (new ones generated; ed25519 kept); restart."""
+        for kind in kinds:
+            if kind != "ed25519" or not self.host_key(i).exists():
+                _keygen(self.host_key(i, kind), f"host{i}-{kind}", kind)
+        self._key_kinds[i] = tuple(kinds)
         self.start_host(i)
 
     def reject_client_key(self, i: int) -> None:

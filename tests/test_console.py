@@ -68,6 +68,39 @@ def test_gloo_lines_are_noise_and_glued_ones_split_back_into_noise_pieces():
     assert not kinds.is_noise("Expected number of rows: 3")
 
 
+def test_the_line_splitter_searches_each_byte_once_and_holds_a_bounded_part_of_a_line():
+    """Linear by count, not by clock: every byte fed is searched exactly once, and of a
+    line without a newline at most ``max_held_bytes`` (plus the chunk that crossed it) is
+    held; it leaves in ``Piece``s that put back together give every byte, UTF-8 intact."""
+    held, chunk = 4096, b"\xc3\xa9" * 1000 + b"x"  # 2001 bytes: each chunk splits an "é" in two
+    splitter = kinds.LineSplitter(max_held_bytes=held)
+    out, fed = [], 0
+    for data in [b"first\r\n"] + [chunk] * 5000 + [b"end\nsecond", b" line\nno newline"]:
+        got = splitter.feed(data)
+        fed += len(data)
+        assert splitter.scanned == fed  # each byte searched once, never rescanned
+        assert all(len(p.encode()) < held + len(chunk) for p in got if isinstance(p, kinds.Piece))
+        out += got
+    out += splitter.end()
+    assert splitter.end() == []
+    pieces = [p for p in out if isinstance(p, kinds.Piece)]
+    assert len(pieces) > 5000 * len(chunk) // (held + len(chunk))
+    assert out[0] == "first" and not isinstance(out[0], kinds.Piece)
+    long_line = "".join(out[1:len(pieces) + 2])
+    assert long_line == chunk.decode() * 5000 + "end"
+    assert out[len(pieces) + 2:] == ["second line", "no newline"]
+
+
+def test_a_long_line_is_shown_shortened_with_its_length():
+    shown = kinds.Shortened(max_chars=10)
+    assert not shown.pending and shown.end("short") == "short"
+    shown.add(kinds.Piece("a" * 8))
+    shown.add(kinds.Piece("b" * 8))
+    assert shown.pending
+    assert shown.end("cc") == "aaaaaaaabb [... line cut: 18 characters in all, every one in the log file]"
+    assert not shown.pending and shown.end("x" * 11).startswith("xxxxxxxxxx [... line cut: 11 ")
+
+
 def test_noise_is_only_what_users_cannot_act_on():
     assert kinds.is_noise("WARNING: All log messages before absl::InitializeLog() is called are "
                           "written to STDERR")

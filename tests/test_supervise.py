@@ -19,7 +19,7 @@ import types
 import pytest
 
 from fakes import FakeClock, FakeSession, FakeWorker, process_plan
-from launcher import restarts
+from launcher import lines, restarts
 from launcher import supervise as supervision
 from launcher.console import Console
 from launcher.state import Exit, State, Watchdog
@@ -110,6 +110,28 @@ def test_one_failure_stops_the_others_with_term_then_kill_after_grace(tmp_path):
     assert report.startswith("FAILED: process_id 1 on localhost (exit code 1) after step 7, "
                              "its last logged step; it failed first.")
     assert "  | Traceback: boom" in report
+
+
+def test_a_long_line_is_logged_whole_and_shown_and_summarised_shortened(tmp_path):
+    """A line in ``Piece``s (the ssh reader's over-long line) or one longer than the
+    console's cap: the log has every character, the console and the summary a head and
+    its length, and the lines around it are untouched."""
+    run = Run(tmp_path)
+    pieces = [(0.1 + i / 100, lines.Piece(chr(ord("a") + i) * 70_000)) for i in range(10)]
+    run.worker(lines=[(0.05, progress(1)), *pieces, (0.3, "z"), (0.4, "y" * 50_000),
+                      (0.5, progress(2))], exit=Exit(code=1), exit_at=0.6)
+    result = run.supervise()
+    with open(result.processes[0].plan.log_path) as f:
+        logged = f.read().splitlines()
+    whole = "".join(p for _, p in pieces) + "z"
+    assert logged == [progress(1), whole, "y" * 50_000, progress(2)]
+    shown = run.out.getvalue()
+    cap = lines.MAX_SHOWN_CHARS
+    assert f"[p0] {whole[:cap]} [... line cut: 700,001 characters in all" in shown
+    assert f"[p0] {'y' * cap} [... line cut: 50,000 characters in all" in shown
+    assert f"[p0] {progress(2)}" in shown and len(shown) < 4 * cap + 2000
+    report = summary(result)
+    assert "after step 2" in report and len(report) < 4 * cap + 2000
 
 
 def test_the_root_cause_is_the_earliest_end_its_host_reported_not_the_first_noticed(tmp_path):

@@ -2,9 +2,9 @@
 
 Traps of fabric/paramiko worked around here (see docs/ssh.md):
 
-* fabric sets ``AutoAddPolicy`` and loads no known_hosts: every connection
-  loads the known_hosts file and uses ``RejectPolicy`` (or ``AcceptNew``,
-  which records unknown keys but, like paramiko itself, refuses changed ones).
+* fabric sets ``AutoAddPolicy`` and loads no known_hosts, on the target and
+  on every ``ProxyJump`` hop: each hop, then the target, is checked as
+  OpenSSH checks it (``hostkeys``), with its own known_hosts and policy.
 * paramiko's transport keepalive never notices a silent peer: a thread per
   host sends ``keepalive@openssh.com`` with want-reply and declares the host
   lost after ``keepalive_timeout_s`` without an answer.
@@ -16,38 +16,37 @@ Traps of fabric/paramiko worked around here (see docs/ssh.md):
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import shlex
 import socket
+import struct
+import termios
 import threading
 import time
+from typing import Callable
 
 import fabric
 import paramiko
 
 from launcher import remote
+from launcher.backends.ssh import hostkeys
 
 COMMAND_TIMEOUT_S = 60.0
 
 
-class AcceptNew(paramiko.MissingHostKeyPolicy):
-    """OpenSSH's ``StrictHostKeyChecking accept-new``: record unknown hosts.
+class JumpHostError(Exception):
+    """A ``ProxyJump`` hop could not be opened (the target was never contacted).
 
-    paramiko consults the policy only for hosts it has no key for; a changed
-    key raises ``BadHostKeyException`` before any policy runs.
+    Attributes:
+      hop: the hop's fabric Connection.
+      known_hosts_file: checked for the hop's key.
+      cause: what opening the hop raised.
     """
 
-    _lock = threading.Lock()
-
-    def __init__(self, known_hosts_file: str):
-        self.known_hosts_file = known_hosts_file
-
-    def missing_host_key(self, client, hostname, key):
-        with self._lock:
-            os.makedirs(os.path.dirname(self.known_hosts_file) or ".", exist_ok=True)
-            with open(self.known_hosts_file, "a", encoding="utf-8") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        client.get_host_keys().add(hostname, key.get_name(), key)
+    def __init__(self, hop: fabric.Connection, known_hosts_file: str, cause: BaseException):
+        super().__init__(f"jump host {hop.original_host}: {cause}")
+        self.hop, self.known_hosts_file, self.cause = hop, known_hosts_file, cause
 
 
 @dataclasses.dataclass
@@ -60,6 +59,10 @@ class Host:
       connection: fabric's Connection, opened by ``open``.
       num_processes: worker processes it runs.
       workdir: as configured; absolute once preflight has reported it.
+      known_hosts_file, host_key_policy: how the host's key is checked.
+      also_known_hosts: more known_hosts files read (``hostkeys.KeyCheck.also_read``).
+      hop_check: the ``hostkeys.KeyCheck`` for a ``ProxyJump`` hop's
+        Connection (default: the host's own).
     """
 
     index: int
@@ -72,6 +75,8 @@ class Host:
     keepalive_interval_s: float
     keepalive_timeout_s: float
     python: str
+    also_known_hosts: tuple = ()
+    hop_check: Callable[[fabric.Connection], hostkeys.KeyCheck] | None = None
     lost: str | None = None
     _pending_since: float | None = None
     _closed: bool = False
@@ -92,18 +97,35 @@ class Host:
         """Open ``connection`` (default: the host's own), checking the host key.
 
         Raises:
-          paramiko.BadHostKeyException, paramiko.SSHException (unknown host key,
-          refused), paramiko.AuthenticationException, OSError (unreachable).
+          JumpHostError: a ``ProxyJump`` hop failed (its cause attached).
+          paramiko.BadHostKeyException, hostkeys.UnknownHostKey,
+          paramiko.SSHException (refused), paramiko.AuthenticationException,
+          OSError (unreachable).
         """
         c = connection or self.connection
-        client = c.client
-        if os.path.exists(self.known_hosts_file):
-            client.load_host_keys(self.known_hosts_file)
-        client.set_missing_host_key_policy(
-            AcceptNew(self.known_hosts_file) if self.host_key_policy == "accept-new"
-            else paramiko.RejectPolicy())
-        c.open()
+        self._open_checked(c, hostkeys.KeyCheck(self.known_hosts_file, self.host_key_policy,
+                                                self.also_known_hosts))
         return c
+
+    def _open_checked(self, c: fabric.Connection, check: hostkeys.KeyCheck) -> None:
+        # A hop is opened (and its key checked) before anything goes through it;
+        # fabric's own c.open() then finds it connected and only opens the tunnel.
+        hop = c.gateway
+        if isinstance(hop, fabric.Connection) and not hop.is_connected:
+            hop_check = self.hop_check(hop) if self.hop_check else check
+            try:
+                self._open_checked(hop, hop_check)
+            except JumpHostError:
+                raise
+            except Exception as exc:  # noqa: BLE001  said as the hop's failure
+                raise JumpHostError(hop, hop_check.known_hosts_file, exc) from exc
+        # OpenSSH skips a missing IdentityFile (its defaults are listed whether or
+        # not they exist); paramiko would fail the login on one.
+        keys = [f for f in c.connect_kwargs.get("key_filename") or []
+                if os.path.exists(os.path.expanduser(f))]
+        c.connect_kwargs = dict(c.connect_kwargs, key_filename=keys, **hostkeys.prepare(
+            c.client, c.host, c.port, check))
+        c.open()
 
     def start_keepalive(self) -> None:
         threading.Thread(target=self._keepalive, daemon=True, name=f"keepalive-{self.name}").start()
@@ -127,10 +149,20 @@ class Host:
             time.sleep(self.keepalive_interval_s)
 
     def check_lost(self) -> str | None:
-        """Why this host can no longer be watched, or None while it answers."""
+        """Why this host can no longer be watched, or None while it answers.
+
+        A keepalive unanswered for ``keepalive_timeout_s`` is not enough: this
+        process may be the slow one (its threads busy with a flood of output,
+        the answer unread). Where the kernel can tell (``kernel_silence``), the
+        host is lost only if it sent nothing since our last data reached the
+        socket, for that long, and nothing of it waits unread.
+        """
         pending = self._pending_since
         if self.lost is None and pending is not None and \
                 time.monotonic() - pending > self.keepalive_timeout_s:
+            silent = kernel_silence(self.connection.transport)
+            if silent is not None and silent <= self.keepalive_timeout_s:
+                return None
             self.lost = f"no answer for {self.keepalive_timeout_s:g} s"
             self.close()  # unblocks reader threads waiting on this host's channels
         return self.lost
@@ -141,6 +173,32 @@ class Host:
             self.connection.close()
         except Exception:  # noqa: BLE001  closing a dead connection may raise anything
             pass
+
+
+def kernel_silence(transport) -> float | None:
+    """Seconds the host has left our last data unanswered, as the kernel saw it; None: unknown.
+
+    Read from the connection's TCP socket (Linux ``TCP_INFO``, see tcp(7) and
+    ``struct tcp_info`` in linux/tcp.h: ``tcpi_last_data_sent`` and
+    ``tcpi_last_data_recv``, milliseconds ago, at byte offsets 44 and 52; and
+    ``FIONREAD``, bytes received but unread): 0.0 when data waits unread or
+    arrived after the last data we sent, else the milliseconds since the last
+    data arrived, in seconds. Independent of this process's threads and their
+    CPU time. None where there is no TCP socket (a ``ProxyJump`` channel) or
+    the platform has no ``TCP_INFO``.
+    """
+    sock = getattr(transport, "sock", None)
+    if not isinstance(sock, socket.socket) or not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        sent_ms, _ack_ms, received_ms = struct.unpack_from("=III", info, 44)
+        unread = struct.unpack("=i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    except (OSError, struct.error):
+        return None
+    if unread > 0 or received_ms <= sent_ms:
+        return 0.0
+    return received_ms / 1000.0
 
 
 def shell_script(workdir: str, setup: tuple, env: dict, argv: list) -> str:

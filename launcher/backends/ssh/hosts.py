@@ -1,9 +1,10 @@
 """Host settings by precedence, and why a host could not be reached.
 
 Per host: its own setting (``SshHost``), then the cluster's (``SshSettings``),
-then the OpenSSH client config (``ssh_config_file``: ``HostName``, ``User``,
-``Port``, ``IdentityFile``, ``ConnectTimeout``, ``UserKnownHostsFile``,
-``StrictHostKeyChecking``), then the defaults. Works from an ``SshSettings``
+then the OpenSSH client config as OpenSSH resolves it (``sshconfig``:
+``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ConnectTimeout``,
+``UserKnownHostsFile``, ``StrictHostKeyChecking``, ``ProxyJump``,
+``ProxyCommand``), then the defaults. Works from an ``SshSettings``
 and a list of host specs, so the ssh backend (the user's hosts) and the tpu
 backend (the hosts gcloud reported) resolve hosts the same way.
 """
@@ -20,30 +21,17 @@ from typing import Sequence
 import fabric
 import paramiko
 
-from launcher.backends.ssh.connection import Host
+from launcher.backends.ssh import sshconfig
+from launcher.backends.ssh.connection import Host, JumpHostError
+from launcher.backends.ssh.hostkeys import KeyCheck, UnknownHostKey, known_hosts_name
 from launcher.backends.ssh.settings import SshHost, SshSettings
-from launcher.errors import Problem, SpecError
 
 DEFAULT_CONNECT_TIMEOUT_S = 10
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"  # OpenSSH's default
 
 
 def expand(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
-
-
-def fabric_config(settings: SshSettings, source: str) -> fabric.Config:
-    """fabric's config reading ``ssh_config_file``.
-
-    Raises:
-      SpecError: ``ssh_config_file`` was set and names a missing file.
-    """
-    path = expand(settings.ssh_config_file)
-    if os.path.exists(path):
-        return fabric.Config(runtime_ssh_path=path)
-    if settings.ssh_config_file != "~/.ssh/config":
-        raise SpecError([Problem(source, None, "cluster.ssh_config_file",
-                                 f"no such file: {path}; fix the path or remove the key")])
-    return fabric.Config()  # ~/.ssh/config absent: fabric still reads /etc/ssh/ssh_config
 
 
 def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[int],
@@ -62,24 +50,25 @@ def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[in
     Raises:
       SpecError: ``ssh_config_file`` names a missing file.
     """
-    config = fabric_config(settings, source)
+    config = sshconfig.fabric_config([spec.host for spec in specs], settings.ssh_config_file, source)
     hosts = []
     for index, (spec, count) in enumerate(zip(specs, counts)):
         ssh_config = config.base_ssh_config.lookup(spec.host)
         timeout = settings.connect_timeout_s or int(ssh_config.get("connecttimeout",
                                                                    DEFAULT_CONNECT_TIMEOUT_S))
-        connect_kwargs = {}
+        # Never empty: given {}, fabric writes this host's IdentityFiles into the shared
+        # config's connect_kwargs, and every later host (and jump host) is offered them too.
+        connect_kwargs = {"allow_agent": True}  # paramiko's default, said explicitly
         if settings.identity_file:
             connect_kwargs["key_filename"] = [expand(settings.identity_file)]
         connection = fabric.Connection(spec.host, user=spec.user or settings.user,
                                        port=spec.port or settings.port, config=config,
                                        connect_timeout=timeout, connect_kwargs=connect_kwargs)
-        known = settings.known_hosts_file or (ssh_config.get("userknownhostsfile") or
-                                              "~/.ssh/known_hosts").split()[0]
-        policy = settings.host_key_policy or (
-            "accept-new" if ssh_config.get("stricthostkeychecking") == "accept-new" else "strict")
+        check = host_key_check(settings, ssh_config)
         hosts.append(Host(index=index, name=spec.host, connection=connection,
-                          known_hosts_file=expand(known), host_key_policy=policy,
+                          known_hosts_file=check.known_hosts_file, host_key_policy=check.policy,
+                          also_known_hosts=check.also_read,
+                          hop_check=lambda hop: host_key_check(settings, hop.ssh_config),
                           num_processes=count, workdir=spec.workdir or settings.workdir,
                           keepalive_interval_s=settings.keepalive_interval_s,
                           keepalive_timeout_s=settings.keepalive_timeout_s,
@@ -87,9 +76,25 @@ def resolve(settings: SshSettings, specs: Sequence[SshHost], counts: Sequence[in
     return hosts
 
 
-def known_hosts_name(host: str, port: int) -> str:
-    """How OpenSSH names ``host:port`` in known_hosts: bare for port 22, else ``[host]:port``."""
-    return host if int(port) == 22 else f"[{host}]:{port}"
+def host_key_check(settings: SshSettings, ssh_config) -> KeyCheck:
+    """How a host (or a jump host) with ``ssh_config`` has its key checked.
+
+    known_hosts: the cluster's ``known_hosts_file``, else ssh_config's
+    ``UserKnownHostsFile`` (the first is written to, the others read), else
+    ``~/.ssh/known_hosts``; ``GlobalKnownHostsFile`` (default
+    /etc/ssh/ssh_known_hosts and /etc/ssh/ssh_known_hosts2) is read too, as
+    OpenSSH reads it. Policy: the cluster's ``host_key_policy``, else
+    ``accept-new`` when ssh_config's ``StrictHostKeyChecking`` says so, else
+    ``strict``.
+    """
+    user_files = (ssh_config.get("userknownhostsfile") or "~/.ssh/known_hosts").split()
+    if settings.known_hosts_file:
+        user_files = [settings.known_hosts_file]
+    global_files = (ssh_config.get("globalknownhostsfile") or GLOBAL_KNOWN_HOSTS).split()
+    policy = settings.host_key_policy or (
+        "accept-new" if ssh_config.get("stricthostkeychecking") == "accept-new" else "strict")
+    return KeyCheck(expand(user_files[0]), policy,
+                    tuple(expand(f) for f in user_files[1:] + global_files if f != "/dev/null"))
 
 
 def sha256_fingerprint(key) -> str:
@@ -99,28 +104,39 @@ def sha256_fingerprint(key) -> str:
 
 
 def connect_error(host: Host, exc: BaseException) -> str:
-    """One line saying why ``host`` could not be reached, and what to do."""
-    c = host.connection
+    """One line saying why ``host`` could not be reached, and what to do.
+
+    A failed ``ProxyJump`` hop is named first: ``jump host NAME (ADDRESS): WHY``.
+    """
+    if isinstance(exc, JumpHostError):
+        hop = exc.hop
+        return (f"jump host {hop.original_host} ({hop.host}:{hop.port}): "
+                + _why(exc.cause, hop, exc.known_hosts_file))
+    return _why(exc, host.connection, host.known_hosts_file)
+
+
+def _why(exc: BaseException, c, known_hosts_file: str) -> str:
+    address = f"{c.host}:{c.port}"
     if isinstance(exc, paramiko.BadHostKeyException):
         name = known_hosts_name(c.host, c.port)
         return (f"host key CHANGED: the {exc.key.get_name()} key sent by the host has fingerprint "
-                f"{sha256_fingerprint(exc.key)}, {host.known_hosts_file} has another for {name}; "
-                f"refused. If the host was reinstalled, remove the old key: "
-                f"ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(host.known_hosts_file)}")
+                f"{sha256_fingerprint(exc.key)}, {known_hosts_file} has another {exc.key.get_name()} "
+                f"key for {name}; refused. If the host was reinstalled, remove the old key: "
+                f"ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(known_hosts_file)}")
     if isinstance(exc, paramiko.AuthenticationException):
         return (f"authentication failed for user {c.user!r}; check identity_file, ssh-agent "
                 f"and the host's authorized_keys")
-    if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
-        return (f"unknown host key (not in {host.known_hosts_file}); add it (ssh-keyscan) or "
+    if isinstance(exc, UnknownHostKey):
+        return (f"unknown host key ({exc}); add it (ssh-keyscan) or "
                 f"set cluster.host_key_policy: accept-new")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return f"unreachable: connection refused at {host.address} (is sshd running?)"
+        return f"unreachable: connection refused at {address} (is sshd running?)"
     if isinstance(exc, socket.gaierror):
         return f"unreachable: cannot resolve {c.host!r}"
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return f"unreachable: no answer from {host.address} within {c.connect_timeout} s"
+        return f"unreachable: no answer from {address} within {c.connect_timeout} s"
     if isinstance(exc, OSError):
-        return f"unreachable: {host.address}: {exc.strerror or exc}"
+        return f"unreachable: {address}: {exc.strerror or exc}"
     return f"ssh failed: {type(exc).__name__}: {exc}"
 
 

@@ -1,0 +1,184 @@
+"""Host keys checked as OpenSSH checks them, on every hop of a connection.
+
+paramiko's own check (``SSHClient.connect`` with known_hosts loaded) differs
+from OpenSSH's in ways users meet:
+
+* it asks the server for the type of the *first* known_hosts line of a host
+  only, so a host with an old RSA line and a current ECDSA line hands over
+  its new RSA key, which paramiko calls a changed key. OpenSSH offers every
+  type known_hosts has for the host first (``order_hostkeyalgs`` in
+  sshconnect2.c), in its usual preference order, then the others;
+* a key is "changed" only when known_hosts has a key *of the same type* for
+  the host and it differs; a host presenting a type known_hosts lacks is
+  unknown, not changed (refused by ``strict``, recorded by ``accept-new``);
+* known_hosts patterns (``*``, ``?``, ``!``) and hashed names are matched as
+  in sshd(8)'s SSH_KNOWN_HOSTS FILE FORMAT; ``@cert-authority`` and
+  ``@revoked`` lines are not supported and are skipped.
+
+``KnownHostsPolicy`` does the whole check (the client is given no host keys
+of its own, so paramiko consults it for every key) and ``offer_known_types``
+orders the key types a transport offers. ``connection.Host.open`` applies both
+to the target and to each ``ProxyJump`` hop, with that hop's own known_hosts
+and policy: fabric opens jump connections with ``AutoAddPolicy``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import threading
+from typing import Iterable
+
+import paramiko
+from paramiko.hostkeys import HostKeyEntry, HostKeys, InvalidHostKey
+
+
+class UnknownHostKey(paramiko.SSHException):
+    """The host's key is not in known_hosts and the policy is strict.
+
+    Attributes:
+      hostname: as looked up in known_hosts (``[host]:port`` when the port is not 22).
+      key: the key the host presented.
+      known_types: key types known_hosts does have for the host (may be empty).
+    """
+
+    def __init__(self, hostname: str, key, known_types: list, known_hosts_file: str):
+        self.hostname, self.key, self.known_types = hostname, key, known_types
+        also = f" (it has {', '.join(known_types)} for it)" if known_types else ""
+        super().__init__(f"no {key.get_name()} key for {hostname} in {known_hosts_file}{also}")
+
+
+def _pattern_matches(pattern: str, name: str) -> bool:
+    if pattern.startswith("|1|"):
+        return HostKeys.hash_host(name, pattern) == pattern
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(regex, name, re.IGNORECASE) is not None
+
+
+def names_match(patterns: Iterable[str], name: str) -> bool:
+    """Whether known_hosts ``patterns`` (one line's names) cover ``name``; a matching ``!`` pattern vetoes."""
+    matched = False
+    for pattern in patterns:
+        if pattern.startswith("!"):
+            if _pattern_matches(pattern[1:], name):
+                return False
+        elif _pattern_matches(pattern, name):
+            matched = True
+    return matched
+
+
+def known_keys(known_hosts_file: str, name: str) -> list:
+    """The keys (paramiko ``PKey``s) ``known_hosts_file`` holds for ``name``, in file order.
+
+    A missing file holds none; lines paramiko cannot read (unknown key types,
+    markers) are skipped.
+    """
+    keys = []
+    try:
+        with open(known_hosts_file, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return keys
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "@")):
+            continue
+        try:
+            entry = HostKeyEntry.from_line(line, lineno)
+        except (InvalidHostKey, ValueError):
+            continue
+        if entry is not None and names_match(entry.hostnames, name):
+            keys.append(entry.key)
+    return keys
+
+
+def known_hosts_name(host: str, port: int) -> str:
+    """How OpenSSH names ``host:port`` in known_hosts: bare for port 22, else ``[host]:port``."""
+    return host if int(port) == 22 else f"[{host}]:{port}"
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyCheck:
+    """How one host's key is checked.
+
+    Attributes:
+      known_hosts_file: read for the host's keys; ``accept-new`` appends to it
+        (OpenSSH's first ``UserKnownHostsFile``).
+      policy: ``strict`` or ``accept-new``.
+      also_read: more files read, never written (the other user files and
+        ``GlobalKnownHostsFile``, e.g. /etc/ssh/ssh_known_hosts).
+    """
+
+    known_hosts_file: str
+    policy: str
+    also_read: tuple = ()
+
+    def keys_for(self, name: str) -> list:
+        """The keys every file holds for ``name`` (``known_keys``), in file order."""
+        return [k for f in (self.known_hosts_file, *self.also_read) for k in known_keys(f, name)]
+
+
+class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's verdict on the key a host presented (``StrictHostKeyChecking`` yes or accept-new).
+
+    Args:
+      check: the files and the policy (``KeyCheck``).
+
+    ``missing_host_key`` raises ``paramiko.BadHostKeyException`` when
+    known_hosts has a different key of the presented type, ``UnknownHostKey``
+    when it has none of that type and the policy is strict; else it accepts.
+    """
+
+    _lock = threading.Lock()  # accept-new appends: one writer at a time
+
+    def __init__(self, check: KeyCheck):
+        self.check = check
+        self.known_hosts_file, self.policy = check.known_hosts_file, check.policy
+
+    def missing_host_key(self, client, hostname, key):
+        known = self.check.keys_for(hostname)
+        same_type = [k for k in known if k.get_name() == key.get_name()]
+        if any(k == key for k in same_type):
+            return
+        if same_type:
+            raise paramiko.BadHostKeyException(hostname, key, same_type[0])
+        if self.policy != "accept-new":
+            raise UnknownHostKey(hostname, key, sorted({k.get_name() for k in known}),
+                                 self.known_hosts_file)
+        with self._lock:
+            os.makedirs(os.path.dirname(self.known_hosts_file) or ".", exist_ok=True)
+            with open(self.known_hosts_file, "a", encoding="utf-8") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def _key_type(algorithm: str) -> str:
+    """The known_hosts key type a host key algorithm verifies (``rsa-sha2-512`` -> ``ssh-rsa``)."""
+    return "ssh-rsa" if algorithm.startswith("rsa-sha2-") else algorithm
+
+
+def offer_known_types(known_types: set):
+    """A paramiko ``transport_factory`` that offers the server ``known_types`` first.
+
+    Among them and among the rest paramiko's preference order stays, as OpenSSH
+    keeps its own. With no known types the order is paramiko's.
+    """
+    def make(sock, disabled_algorithms=None):
+        transport = paramiko.Transport(sock, disabled_algorithms=disabled_algorithms)
+        options = transport.get_security_options()
+        first = [a for a in options.key_types if _key_type(a) in known_types]
+        options.key_types = first + [a for a in options.key_types if a not in first]
+        return transport
+    return make
+
+
+def prepare(client: paramiko.SSHClient, host: str, port: int, check: KeyCheck) -> dict:
+    """Set ``client`` up to check ``host:port``'s key; returns the connect kwargs that go with it.
+
+    The client keeps no host keys of its own (paramiko would check them its
+    way first): ``KnownHostsPolicy`` sees every key.
+    """
+    client.get_host_keys().clear()
+    client.set_missing_host_key_policy(KnownHostsPolicy(check))
+    types = {k.get_name() for k in check.keys_for(known_hosts_name(host, port))}
+    return {"transport_factory": offer_known_types(types)}
