@@ -16,7 +16,6 @@ TIMEOUT or CANCELLED by someone else: no restart.
 
 from __future__ import annotations
 
-import json
 import shlex
 import os
 import re
@@ -26,7 +25,7 @@ import time
 
 from launcher import plan as planning
 from launcher.backends.base import Session
-from launcher.backends.slurm import probe, script
+from launcher.backends.slurm import nodes as nodefacts, script
 from launcher.backends.slurm.commands import RESUBMIT, WAIT, Slurm
 from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
@@ -81,7 +80,7 @@ class SlurmSession(Session):
                                 f"holds {len(nodes)} ({record['NodeList']}); ask salloc for more "
                                 "or lower cluster.nodes")
         self.nodes = nodes[:cluster.nodes]
-        if self.options.dry_run:
+        if self.options.dry_run or not self.job.is_program:  # the workers say their facts
             return self._placements(self.nodes, port=cluster.coordinator_port)
         return self._placements(self.nodes, port=self._probe())
 
@@ -276,38 +275,16 @@ class SlurmSession(Session):
         return ended
 
     def _probe(self) -> int:
-        """Python and JAX on every node agree; the coordinator port on the first node."""
-        cluster = self.job.cluster
-        python = cluster.python or self.options.python
-        with open(probe.__file__, encoding="utf-8") as f:
-            source = f.read()
-        argv = ["srun", f"--jobid={self.job_id}", f"--nodes={len(self.nodes)}",
-                "--ntasks-per-node=1", f"--nodelist={','.join(self.nodes)}", "--overlap",
-                f"--job-name={self.step_prefix}probe", "--quiet", python, "-c", source,
-                str(cluster.coordinator_port)]
-        result = self.slurm.run(argv, check=False)
-        answers = []
-        for line in result.stdout.splitlines():
-            try:
-                answers.append(json.loads(line))
-            except ValueError:
-                pass
+        """A program job's probe step: Python and JAX on every node agree; the coordinator port."""
+        python = self.job.cluster.python or self.options.python
+        result = self.slurm.run(nodefacts.probe_argv(self.job_id, self.nodes, f"{self.step_prefix}probe",
+                                                     python, self.job.cluster.coordinator_port),
+                                check=False)
+        answers = nodefacts.parse(result.stdout)
         if result.returncode != 0 or len(answers) != len(self.nodes):
             raise LaunchError(f"the preflight step on {','.join(self.nodes)} failed (rc "
                               f"{result.returncode}): {(result.stderr or result.stdout).strip()[-500:]}")
-        first = next(a for a in answers if "port" in a)
-        keys = ("python", "jax", "jaxlib")
-        bad = [f"{a['node']}: " + ", ".join(f"{k} {a[k]} ({first['node']}: {first[k]})" for k in keys
-                                            if a[k] != first[k]) for a in answers
-               if any(a[k] != first[k] for k in keys)]
-        bad += [f"{a['node']}: jax/jaxlib not installed for {python}" for a in answers
-                if not (a["jax"] and a["jaxlib"])]
-        if bad:
-            raise LaunchError("the nodes' Python and JAX differ: " + "; ".join(bad))
-        if "port_error" in first:
-            raise self._problem("coordinator_port", f"{first['port_error']} on {first['node']}; pick "
-                                "another or use 0")
-        return first["port"]
+        return nodefacts.check(answers, python, self._problem)
 
     # ---- steps --------------------------------------------------------------------
     def describe(self, plan: Plan) -> str:
@@ -337,7 +314,9 @@ class SlurmSession(Session):
         c = plan.job.cluster
         return (f"starting {plan.num_processes} processes ({c.processes_per_node} per node x "
                 f"{c.devices_per_process} {c.platform} devices) as steps of Slurm job {self.job_id} "
-                f"({self.mode}) on {','.join(self.nodes)}, coordinator {plan.coordinator_address}")
+                f"({self.mode}) on {','.join(self.nodes)}, coordinator {plan.coordinator_address}"
+                + (" (0: a free port there, once the workers have said their facts)"
+                   if plan.coordinator_address.endswith(":0") else ""))
 
     def start(self, plan: Plan) -> list:
         cluster = plan.job.cluster
@@ -348,12 +327,42 @@ class SlurmSession(Session):
                 argv = srun_argv(self.job_id, process.host, name, cluster, process.argv,
                                  cluster.workdir)
                 workers.append(SrunWorker(process, self.job_id, name, argv, self.slurm,
-                                          judge=self.judge))
-        except LaunchError:
+                                          judge=self.judge, rendezvous=not plan.job.is_program))
+            if not plan.job.is_program:
+                self._rendezvous(plan, workers)
+        except BaseException:
             for w in workers:
                 w.kill()
             raise
         return workers
+
+    def _rendezvous(self, plan: Plan, workers: list) -> None:
+        """Check every worker's facts (``contract.RENDEZVOUS``), then send the coordinator address.
+
+        The workers import jax meanwhile: this replaces a probe step before them.
+        """
+        answers = [None] * len(workers)
+        def read(i):
+            answers[i] = workers[i].facts()
+        threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(workers))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self.slurm.timeout_s
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        silent = [w for w, a in zip(workers, answers) if a is None]
+        if silent:
+            w = silent[0]
+            raise LaunchError(f"the step of process_id {w.plan.process_id} on {w.plan.host} ended or "
+                              f"said nothing within {self.slurm.timeout_s:g} s: "
+                              + (" | ".join(w.early_lines()[-5:]) or "no output"))
+        python = self.job.cluster.python or self.options.python
+        by_node = list({a["node"]: a for a in answers if "port" not in a}.values())
+        port = nodefacts.check([a for a in answers if "port" in a] + by_node, python, self._problem)
+        address = f"{plan.coordinator_address.rsplit(':', 1)[0]}:{port}"
+        self.console.say(f"every node runs the same Python and JAX; coordinator {address}")
+        for w in workers:
+            w.send(address)
 
     def _cancel_steps(self, steps: list) -> None:
         for step, _ in steps:
