@@ -12,6 +12,8 @@ errors: versions that differ are a launch failure (exit 1), a fixed
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 from launcher.errors import LaunchError
 from worker import nodefacts
@@ -63,3 +65,37 @@ def check(answers: list, python: str, problem) -> int:
         raise problem("coordinator_port", f"{first['port_error']} on {first['node']}; pick "
                       "another or use 0")
     return first["port"]
+
+
+def rendezvous(workers: list, timeout_s: float, python: str, problem) -> int:
+    """Every worker's facts line (``contract.RENDEZVOUS``) read and checked: the coordinator port.
+
+    The workers import jax meanwhile: this replaces a probe step before them.
+
+    Args:
+      workers: ``SrunWorker``s just started, process 0 first.
+      timeout_s: how long a worker may take to say its facts (its step may queue).
+      python, problem: as for ``check``.
+
+    Raises:
+      LaunchError: a step ended or stayed silent, or the versions differ (``check``).
+      SpecError: as ``check``.
+    """
+    answers: list = [None] * len(workers)
+
+    def read(i):
+        answers[i] = workers[i].facts()
+    threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(workers))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    silent = [w for w, a in zip(workers, answers) if a is None]
+    if silent:
+        w = silent[0]
+        raise LaunchError(f"the step of process_id {w.plan.process_id} on {w.plan.host} ended or "
+                          f"said nothing within {timeout_s:g} s: "
+                          + (" | ".join(w.early_lines()[-5:]) or "no output"))
+    first = [a for a in answers if "port" in a]
+    return check(first + [a for a in answers if "port" not in a], python, problem)

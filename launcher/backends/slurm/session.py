@@ -1,4 +1,4 @@
-"""The slurm backend's session: find or submit the job, wait for it, probe it, run one step per process.
+"""The slurm backend's session: find or submit the job, wait for it, run one step per process.
 
 Allocation mode (``SLURM_JOB_ID`` set by salloc or an sbatch script): the
 processes run as steps of that job; the job is the user's and is never
@@ -260,15 +260,23 @@ class SlurmSession(Session):
         self._submit()
 
     def judge(self, ended: Exit) -> Exit:
-        """A failed step read against its job: preemption, node failure, time limit."""
+        """A failed step read against its job: preemption, node failure, time limit.
+
+        A job that Slurm is ending is COMPLETING first: waited out (30 s at most) for its state.
+        """
+        deadline = time.monotonic() + 30
         try:
             record = self.slurm.job(self.job_id)
+            while record and "COMPLETING" in record.get("JobState", "") and time.monotonic() < deadline:
+                time.sleep(self.job.cluster.poll_s)
+                record = self.slurm.job(self.job_id)
         except LaunchError:
             return ended
         state = "GONE" if record is None else record.get("JobState", "?")
         preempting = record is not None and record.get("PreemptTime", "None") not in ("None", "")
-        if state == "TIMEOUT":
-            return Exit(lost=f"Slurm job {self.job_id} reached its time limit (TIMEOUT); task {ended}")
+        if state == "TIMEOUT" or (record or {}).get("Reason") == "TimeLimit":
+            return Exit(final=f"Slurm job {self.job_id} reached its time limit (TIMEOUT; task "
+                        f"{ended}): raise cluster.time_limit and continue with --resume {self.run_dir}")
         if state != "RUNNING" or preempting:
             what = "being preempted" if preempting and state == "RUNNING" else state
             return Exit(lost=f"Slurm job {self.job_id} is {what}; task {ended}")
@@ -337,30 +345,10 @@ class SlurmSession(Session):
         return workers
 
     def _rendezvous(self, plan: Plan, workers: list) -> None:
-        """Check every worker's facts (``contract.RENDEZVOUS``), then send the coordinator address.
-
-        The workers import jax meanwhile: this replaces a probe step before them.
-        """
-        answers = [None] * len(workers)
-        def read(i):
-            answers[i] = workers[i].facts()
-        threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(workers))]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + self.slurm.timeout_s
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        silent = [w for w, a in zip(workers, answers) if a is None]
-        if silent:
-            w = silent[0]
-            raise LaunchError(f"the step of process_id {w.plan.process_id} on {w.plan.host} ended or "
-                              f"said nothing within {self.slurm.timeout_s:g} s: "
-                              + (" | ".join(w.early_lines()[-5:]) or "no output"))
-        python = self.job.cluster.python or self.options.python
-        by_node = list({a["node"]: a for a in answers if "port" not in a}.values())
-        port = nodefacts.check([a for a in answers if "port" in a] + by_node, python, self._problem)
+        """Every worker's facts checked (``contract.RENDEZVOUS``), then the coordinator address sent."""
+        port = nodefacts.rendezvous(workers, self.slurm.timeout_s,
+                                    self.job.cluster.python or self.options.python, self._problem)
         address = f"{plan.coordinator_address.rsplit(':', 1)[0]}:{port}"
-        self.console.say(f"every node runs the same Python and JAX; coordinator {address}")
         for w in workers:
             w.send(address)
 

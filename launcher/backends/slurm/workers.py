@@ -2,7 +2,7 @@
 
 Why a step per process (docs/slurm.md): each process then has its own output
 stream (no demultiplexing of ``srun --label``), its own exit code or signal
-(srun's "task 0: Killed" line), and can be signalled alone; fail-fast across
+(srun's "task 0: Killed" line; "Node failure on n2", after which srun exits 0), and can be signalled alone; fail-fast across
 steps is ``launcher.supervise``'s, as on every backend. Steps are named
 ``<prefix>p<id>`` so a later launch (``--kill-stale``) and this one's teardown
 find them in ``squeue -s``.
@@ -34,6 +34,7 @@ from worker import contract
 
 # srun's own report of how its task ended: "srun: error: n2: task 0: Killed"
 TASK_END = re.compile(r"^srun: error: (?P<node>\S+): task \d+: (?P<what>.+)$")
+NODE_FAILURE = re.compile(r"^srun: error: Node failure on (?P<node>\S+)$")  # srun then exits 0
 EXITED = re.compile(r"^Exited with exit code (\d+)$")
 EOF_WAIT_S = 1.0
 SIGNALS = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
@@ -118,6 +119,9 @@ class SrunWorker:
         for line in itertools.chain(self._early, self._proc.stdout):
             line = line.rstrip("\n")
             match = TASK_END.match(line)
+            failure = NODE_FAILURE.match(line)
+            if failure:
+                self._ended = Exit(lost=f"srun reports a node failure on {failure.group('node')}")
             if match:
                 what = match.group("what").strip()
                 code = EXITED.match(what)
@@ -133,12 +137,12 @@ class SrunWorker:
         code = self._proc.poll()
         if code is None:
             return None
-        if code == 0:
-            return Exit(code=0)
-        if not self._eof:  # srun's last lines say how the task ended: read them first
+        if not self._eof:  # srun's last lines say how the task ended (even with exit 0): read them
             self._exited_at = self._exited_at or time.monotonic()
             if time.monotonic() - self._exited_at < EOF_WAIT_S:
                 return None
+        if code == 0 and self._ended is None:
+            return Exit(code=0)
         # no "task 0:" line: srun failed itself (no step, the job is gone) or died of a signal
         ended = self._ended or (Exit(signal=-code) if code < 0 else Exit(code=code))
         return self.judge(ended) if self.judge else ended
