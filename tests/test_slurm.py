@@ -201,6 +201,18 @@ def test_three_nodes_train_to_the_local_params(slurm, cluster_file, tmp_path, lo
     assert not run_pids(str(run_dir))
 
 
+def test_a_program_job_gets_the_probe_step_and_runs_on_three_nodes(slurm, cluster_file, tmp_path):
+    """A program (not the built-in worker) cannot say its facts: a probe step checks the nodes first."""
+    result = run(slurm, "jobs/seed_program.yaml", "--cluster", cluster_file(),
+                 "--run-dir", str(tmp_path / "run"))
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    # the probe picked the port on n1 before the steps started (not 0: not the rendezvous)
+    assert re.search(r"\(submit\) on n1,n2,n3, coordinator 127\.0\.0\.1:[1-9]\d*; logs", out), out
+    assert "OK: 3 processes succeeded" in out
+    assert not run_pids(str(tmp_path / "run"))
+
+
 # ---- failures and interrupts ---------------------------------------------------------
 def test_kill_9_of_one_task_fails_fast_naming_it(slurm, cluster_file, tmp_path):
     run_dir = tmp_path / "run"
