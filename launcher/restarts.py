@@ -94,6 +94,8 @@ def _classify_one(t: Tracked, policy) -> tuple[bool, str]:
     if ended.early:
         return False, (f"{where} exited with code 0 {ended.early}: the task or the worker ended "
                        "the process early (sys.exit(0)?), which a restart would repeat")
+    if ended.final:
+        return False, f"{where} ended: {ended.final}; a restart would end the same way"
     if ended.stalled:
         return True, f"{where} stalled ({ended.stalled})"
     if ended.lost:

@@ -34,13 +34,16 @@ class Exit:
     at: float | None = None  # wall-clock time it ended, as its own host saw it (ssh)
     stalled: str | None = None  # the watchdog's finding: alive, no step progress
     early: str | None = None    # exit code 0, but before its last step: where it stopped
+    final: str | None = None    # ended by its scheduler as a restart would repeat (a time limit)
 
     @property
     def ok(self) -> bool:
         return (self.code == 0 and self.signal is None and self.lost is None
-                and self.stalled is None and self.early is None)
+                and self.stalled is None and self.early is None and self.final is None)
 
     def __str__(self) -> str:
+        if self.final:
+            return self.final
         if self.early:
             return f"exit code 0 {self.early}"
         if self.stalled:

@@ -9,10 +9,13 @@ free, and waits until ``sinfo`` shows every node idle. Every "node" is this
 machine: they share the filesystem and the process table, as a real cluster
 shares its filesystem.
 
-Partitions: ``debug`` (every node, the default) and ``urgent`` (every node,
-higher PriorityTier), with partition preemption (``PreemptMode`` REQUEUE or
-CANCEL, chosen at start) so a job in ``urgent`` preempts one in ``debug``
-after ``GraceTime`` seconds of SIGTERM. Clients find the cluster through
+Partitions, each of every node: ``debug`` (the default), ``cancel`` and
+``urgent`` (higher PriorityTier), with partition preemption so a job in
+``urgent`` preempts one in ``debug`` (``PreemptMode`` REQUEUE, or CANCEL,
+chosen at start) or in ``cancel`` (always CANCEL: the job ends PREEMPTED and
+must be submitted again) after ``GraceTime`` seconds of SIGTERM (the end of
+a grace time is checked every 30 s, as time limits are). One cluster thus
+serves the tests of both preemption modes. Clients find the cluster through
 ``env.env()`` (``SLURM_CONF``). No pytest in here; wrap it in a fixture::
 
     with SlurmTestEnv(num_nodes=3) as env:
@@ -139,6 +142,9 @@ class SlurmTestEnv:
         nodes = ",".join(self.nodes)
         lines.append(f"PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP "
                      f"PriorityTier=1 GraceTime={self.grace_s}")
+        # the same nodes again, for jobs that a preemption cancels instead of requeueing
+        lines.append(f"PartitionName=cancel Nodes={nodes} MaxTime=INFINITE State=UP "
+                     f"PriorityTier=1 GraceTime={self.grace_s} PreemptMode=CANCEL")
         lines.append(f"PartitionName=urgent Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=10 "
                      "PreemptMode=OFF")
         self.conf.write_text("\n".join(lines) + "\n")

@@ -190,6 +190,8 @@ POLICY = specs.RestartSpec(max_restarts=2, backoff_s=1.5)
     (Exit(code=1), False, "a Python error in the job, not retried (restarts.retry_exit_codes: 143, 137; add 1"),
     (Exit(code=contract.EXIT_MISMATCH), False, "a configuration problem"),
     (Exit(code=7), False, "code 7, not in restarts.retry_exit_codes (143, 137)"),
+    (Exit(final="Slurm job 4 reached its time limit"), False,
+     "ended: Slurm job 4 reached its time limit; a restart would end the same way"),
 ])
 def test_classify(ended, retry, words):
     retryable, why = restarts.classify(failed(ended), POLICY)

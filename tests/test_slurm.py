@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 
@@ -158,6 +159,21 @@ def test_an_impossible_request_is_bad_input_before_anything_is_queued(slurm, clu
     assert not slurm.jobs()
 
 
+def test_a_fixed_coordinator_port_in_use_on_the_first_node_is_bad_input(slurm, cluster_file, tmp_path):
+    """Process 0's own facts line says the port is taken (no probe step): exit 2, job cancelled."""
+    with socket.socket() as busy:  # every test node is this machine
+        busy.bind(("", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        result = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(coordinator_port=taken),
+                     "--run-dir", str(tmp_path / "run"), *SHORT)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert re.search(r"cluster\.coordinator_port: .* on n1; pick another or use 0", result.stderr), \
+        result.stderr
+    assert not slurm.wait_queue_empty(10)
+    assert not wait_gone(str(tmp_path / "run"), 5)
+
+
 # ---- training: same params as the local run, in an allocation and by submission ---------
 @pytest.fixture(scope="module")
 def local_params(tmp_path_factory):
@@ -188,12 +204,15 @@ def test_three_nodes_train_to_the_local_params(slurm, cluster_file, tmp_path, lo
 
 def test_a_program_runs_from_its_own_directory_on_every_node(slurm, cluster_file, tmp_path):
     # faulty_program.py is only in tmp_path (the spec file's directory, program.dir), not in
-    # the launcher's working directory: srun --chdir must start every step there
+    # the launcher's working directory: srun --chdir must start every step there. A program
+    # (not the built-in worker) cannot say its node's facts: a probe step checks the nodes first.
     run_dir = tmp_path / "run"
     result = run(slurm, program_job(tmp_path, steps=10), "--cluster", cluster_file(),
                  "--run-dir", str(run_dir), "--show", "all")
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
+    # the probe picked the port on n1 before the steps started (not 0: not the rendezvous)
+    assert re.search(r"\(submit\) on n1,n2,n3, coordinator 127\.0\.0\.1:[1-9]\d*; logs", out), out
     for process_id, node in enumerate(("n1", "n2", "n3")):
         assert re.search(rf"^\[p{process_id} {node}\] step 10/10 loss", out, re.M), out
     assert "OK: 3 processes succeeded" in out
@@ -281,12 +300,17 @@ PREEMPTED_RUN = ("--set", "train.num_steps=300", "--set", "train.global_batch_si
                  "--set", "restarts.backoff_s=0")
 
 
-def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_params(slurm, cluster_file,
-                                                                             tmp_path):
-    reference = tmp_path / "local"
+def assert_uninterrupted_params(run_dir, reference) -> None:
+    """``run_dir``'s final params equal those of the same run, uninterrupted, locally (3 x 1)."""
     result = launch("jobs/linear.yaml", "--run-dir", str(reference), *PREEMPTED_RUN,
                     "--set", "cluster.num_processes=3", "--set", "cluster.devices_per_process=1")
     assert result.returncode == 0, result.stdout + result.stderr
+    for got, want in zip(params(run_dir), params(reference)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_params(slurm, cluster_file,
+                                                                             tmp_path):
     run_dir = tmp_path / "run"
     proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),
                  *PREEMPTED_RUN)
@@ -301,6 +325,88 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_params(slu
     assert re.search(r"is being preempted|is (REQUEUED|PENDING|PREEMPTED)", out), out
     assert "restarting from the latest checkpoint" in out, out
     assert re.search(r"^\[p0 n1\] resumed from the checkpoint of step \d+", out, re.M), out
-    for got, want in zip(params(run_dir), params(reference)):
-        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert_uninterrupted_params(run_dir, tmp_path / "local")
     assert urgent and not run_pids(str(run_dir))
+
+
+def resumed_run(slurm, cluster: str, run_dir, interrupt) -> tuple[str, str]:
+    """PREEMPTED_RUN by submission, ``interrupt()`` after its first checkpoint; it must resume
+    and succeed. Returns (the first Slurm job id, everything the launcher printed)."""
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(run_dir),
+                 *PREEMPTED_RUN)
+    lines: list = []
+    read_until(proc, r"^\[p0 n1\] checkpoint of step \d+ saved", lines)
+    interrupt()
+    read_rest(proc, lines, 240)
+    out = "".join(lines)
+    assert proc.returncode == 0, out
+    assert re.search(r"^\[p0 n1\] resumed from the checkpoint of step \d+", out, re.M), out
+    return re.search(r"submitted Slurm job (\d+)", out).group(1), out
+
+
+def test_a_job_preempted_under_preempt_mode_cancel_is_resubmitted_and_resumes(slurm, cluster_file,
+                                                                              tmp_path):
+    """PreemptMode=CANCEL (partition ``cancel``): --requeue does nothing, the job ends PREEMPTED."""
+    run_dir = tmp_path / "run"
+    first, out = resumed_run(slurm, cluster_file(partition="cancel"), run_dir, lambda: slurm.run(
+        "sbatch", "--parsable", "-o", "/dev/null", "-p", "urgent", "-N3", "--exclusive",
+        "--wrap", "sleep 1"))
+    assert f"Slurm job {first} is PREEMPTED: submitting it again" in out, out
+    assert len(re.findall(r"submitted Slurm job \d+", out)) == 2, out
+    assert_uninterrupted_params(run_dir, tmp_path / "local")
+    assert not run_pids(str(run_dir))
+
+
+def test_a_node_failure_is_resubmitted_and_resumes_from_the_checkpoint(slurm, cluster_file, tmp_path):
+    """A node set DOWN under a running job: Slurm ends it NODE_FAIL (requeue off), podlaunch resubmits."""
+    run_dir = tmp_path / "run"
+    try:
+        first, out = resumed_run(slurm, cluster_file(requeue="false"), run_dir, lambda: slurm.run(
+            "scontrol", "update", "nodename=n2", "state=down", "reason=podlaunch-test"))
+    finally:
+        slurm.wait_idle(60)  # ReturnToService=2: n2's slurmd registers again and it is idle
+    assert f"Slurm job {first} is NODE_FAIL: submitting it again" in out, out
+    assert re.search(r"was lost \(Slurm job \d+ is NODE_FAIL", out), out
+    assert_uninterrupted_params(run_dir, tmp_path / "local")
+    assert not run_pids(str(run_dir))
+
+
+def test_a_time_limit_is_named_as_such_and_not_resubmitted(slurm, cluster_file, tmp_path):
+    """TIMEOUT by Slurm's job state (time_limit 1 minute; Slurm checks limits every 30 s)."""
+    run_dir = tmp_path / "run"
+    result = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(time_limit="'1'"),
+                 "--run-dir", str(run_dir), *LONG, "--set", "checkpoint.every_steps=100",
+                 "--set", "restarts.max_restarts=2", "--set", "restarts.backoff_s=0",
+                 timeout_s=240)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    # the summary leads with it, as the reason the attempt is not retried
+    assert re.search(r"^FAILED: process_id \d on n\d \(Slurm job \d+ reached its time limit "
+                     r"\(TIMEOUT; task ", out, re.M), out
+    assert re.search(r"failed: process_id \d on n\d ended: Slurm job \d+ reached its time limit.* "
+                     r"raise cluster.time_limit and continue with --resume .*; a restart would end "
+                     "the same way", out), out
+    assert "preempt" not in out and "restarting" not in out, out
+    assert len(re.findall(r"submitted Slurm job \d+", out)) == 1, out
+    assert not slurm.jobs()
+    assert not wait_gone(str(run_dir), 5)
+
+
+def test_the_batch_script_ends_the_job_itself_when_its_launcher_is_gone(slurm, cluster_file, tmp_path):
+    """A launcher killed with SIGKILL renews no heartbeat: the job ends after orphan_timeout_s."""
+    run_dir = tmp_path / "run"
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(orphan_timeout_s=30),
+                 "--run-dir", str(run_dir), *LONG)
+    lines: list = []
+    read_until(proc, r"^\[p0 n1\] step \d+/", lines)
+    job_id = re.search(r"submitted Slurm job (\d+)", "".join(lines)).group(1)
+    proc.kill()
+    proc.wait()
+    # the launcher's last renewal, moved back past orphan_timeout_s instead of waiting 30 s
+    beat = run_dir / "slurm" / "launcher-heartbeat"
+    old = time.time() - 31
+    os.utime(beat, (old, old))
+    assert not slurm.wait_queue_empty(30), "the batch script did not end the job"
+    said = (run_dir / "slurm" / f"batch-{job_id}.out").read_text()
+    assert re.search(r"podlaunch: no launcher heartbeat for \d+ s: ending the job", said), said
+    assert not wait_gone(str(run_dir), 5)

@@ -32,6 +32,8 @@ Optional (set by the launcher's restart loop and ``--resume``, and by the tpu ba
                                  checkpoint of its run directory and broadcasts it;
                                  "0" (or unset): start at step 1.
   PODLAUNCH_CLUSTER_DETECTION_METHOD  see ``CLUSTER_DETECTION_METHOD`` below.
+  PODLAUNCH_RENDEZVOUS           "stdin" (the slurm backend): the coordinator's port is
+                                 not known at start; see ``RENDEZVOUS`` below.
 
 Progress lines: a worker prints ``PROGRESS_FORMAT`` lines at every logged step,
 ``HEARTBEAT_FORMAT`` lines at most every ``heartbeat_interval_s`` between them
@@ -95,6 +97,16 @@ STEP_RE = re.compile(r"^(?:step (?P<done>\d+)/\d+ |failed at step (?P<failed>\d+
 
 # Exit code a worker uses when its own checks (identity, devices) fail.
 EXIT_MISMATCH = 3
+
+# The slurm backend starts every process at once, without a probe step before them
+# (bench/bench_slurm.py): with RENDEZVOUS=stdin a worker first prints one line,
+# FACTS_PREFIX + JSON of ``worker.nodefacts.facts`` (versions; process 0 also the
+# coordinator port of its address, 0 for any free one, checked free on its node),
+# then imports jax while the launcher compares every node's facts, and then reads
+# the coordinator's ``host:port`` as one line on stdin. End of input instead: the
+# launcher refused the start; the worker exits EXIT_MISMATCH.
+RENDEZVOUS = "PODLAUNCH_RENDEZVOUS"
+FACTS_PREFIX = "podlaunch-facts "
 
 # Around jax.distributed.initialize: JOINING before, JOINED after. A process that
 # dies in between (JAX aborts with SIGABRT when the coordinator cannot be reached

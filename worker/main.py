@@ -7,13 +7,15 @@ Order matters: the environment is read and checked before jax is imported
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import sys
 import time
 import traceback
 
-from worker import contract
+from worker import contract, nodefacts
 from worker import job as jobs
 
 
@@ -335,6 +337,34 @@ class _Recovery:
             self.last_beat = time.monotonic()
 
 
+def rendezvous(identity: contract.Identity, stdin=sys.stdin, out=print) -> contract.Identity:
+    """Say this node's facts, import jax meanwhile, then take the coordinator address from stdin.
+
+    See ``contract.RENDEZVOUS``: the launcher compares every node's Python and JAX
+    versions and reads process 0's free port while the processes import jax, the
+    slow part of their start.
+
+    Returns:
+      ``identity`` with the coordinator address the launcher sent.
+
+    Raises:
+      ContractError: stdin ended first (the launcher refused the start), or the
+        line is not ``host:port``.
+    """
+    port = int(identity.coordinator_address.rsplit(":", 1)[1]) if identity.process_id == 0 else None
+    out(contract.FACTS_PREFIX + json.dumps(nodefacts.facts(port)), flush=True)
+    import jax  # noqa: F401  (the import join() needs, done while the launcher checks)
+
+    address = stdin.readline().strip()
+    host, _, port_text = address.rpartition(":")
+    if not address:
+        raise contract.ContractError("no coordinator address on stdin: the launcher stopped "
+                                     "the start (see its output)")
+    if not (host and port_text.isdigit()):
+        raise contract.ContractError(f"expected the coordinator's host:port on stdin, got {address!r}")
+    return dataclasses.replace(identity, coordinator_address=address)
+
+
 def _exit_now(code: int) -> None:
     """Exit without Python's atexit hooks.
 
@@ -352,6 +382,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         identity = contract.Identity.from_env(os.environ)
+        if os.environ.get(contract.RENDEZVOUS) == "stdin":
+            identity = rendezvous(identity)
         job = jobs.WorkerJob.from_json(identity.job_path)
         jax = join(identity, job)
         # jax.distributed.initialize (when called) installs its preemption notifier's SIGTERM

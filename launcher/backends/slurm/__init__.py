@@ -2,8 +2,9 @@
 
 See docs/slurm.md. Modules: ``settings`` (the ``cluster:`` keys), ``commands``
 (Slurm's client commands, scrubbed environment), ``script`` (the batch
-script), ``probe`` (runs on the nodes), ``workers`` (one srun step per
-process), ``session`` (the lifecycle).
+script), ``nodes`` (every node's versions and the coordinator port, checked
+before the processes join), ``workers`` (one srun step per process),
+``session`` (the lifecycle).
 """
 
 from __future__ import annotations

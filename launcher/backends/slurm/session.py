@@ -1,4 +1,4 @@
-"""The slurm backend's session: find or submit the job, wait for it, probe it, run one step per process.
+"""The slurm backend's session: find or submit the job, wait for it, run one step per process.
 
 Allocation mode (``SLURM_JOB_ID`` set by salloc or an sbatch script): the
 processes run as steps of that job; the job is the user's and is never
@@ -16,7 +16,6 @@ TIMEOUT or CANCELLED by someone else: no restart.
 
 from __future__ import annotations
 
-import json
 import shlex
 import os
 import re
@@ -26,7 +25,7 @@ import time
 
 from launcher import plan as planning
 from launcher.backends.base import Session
-from launcher.backends.slurm import probe, script
+from launcher.backends.slurm import nodes as nodefacts, script
 from launcher.backends.slurm.commands import RESUBMIT, WAIT, Slurm
 from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
@@ -81,7 +80,7 @@ class SlurmSession(Session):
                                 f"holds {len(nodes)} ({record['NodeList']}); ask salloc for more "
                                 "or lower cluster.nodes")
         self.nodes = nodes[:cluster.nodes]
-        if self.options.dry_run:
+        if self.options.dry_run or not self.job.is_program:  # the workers say their facts
             return self._placements(self.nodes, port=cluster.coordinator_port)
         return self._placements(self.nodes, port=self._probe())
 
@@ -264,53 +263,39 @@ class SlurmSession(Session):
         self._submit()
 
     def judge(self, ended: Exit) -> Exit:
-        """A failed step read against its job: preemption, node failure, time limit."""
+        """A failed step read against its job: preemption, node failure, time limit.
+
+        A job that Slurm is ending is COMPLETING first: waited out (30 s at most) for its state.
+        """
+        deadline = time.monotonic() + 30
         try:
             record = self.slurm.job(self.job_id)
+            while record and "COMPLETING" in record.get("JobState", "") and time.monotonic() < deadline:
+                time.sleep(self.job.cluster.poll_s)
+                record = self.slurm.job(self.job_id)
         except LaunchError:
             return ended
         state = "GONE" if record is None else record.get("JobState", "?")
         preempting = record is not None and record.get("PreemptTime", "None") not in ("None", "")
-        if state == "TIMEOUT":
-            return Exit(lost=f"Slurm job {self.job_id} reached its time limit (TIMEOUT); task {ended}")
+        if state == "TIMEOUT" or (record or {}).get("Reason") == "TimeLimit":
+            return Exit(final=f"Slurm job {self.job_id} reached its time limit (TIMEOUT; task "
+                        f"{ended}): raise cluster.time_limit and continue with --resume {self.run_dir}")
         if state != "RUNNING" or preempting:
             what = "being preempted" if preempting and state == "RUNNING" else state
             return Exit(lost=f"Slurm job {self.job_id} is {what}; task {ended}")
         return ended
 
     def _probe(self) -> int:
-        """Python and JAX on every node agree; the coordinator port on the first node."""
-        cluster = self.job.cluster
-        python = cluster.python or self.options.python
-        with open(probe.__file__, encoding="utf-8") as f:
-            source = f.read()
-        argv = ["srun", f"--jobid={self.job_id}", f"--nodes={len(self.nodes)}",
-                "--ntasks-per-node=1", f"--nodelist={','.join(self.nodes)}", "--overlap",
-                f"--job-name={self.step_prefix}probe", "--quiet", python, "-c", source,
-                str(cluster.coordinator_port)]
-        result = self.slurm.run(argv, check=False)
-        answers = []
-        for line in result.stdout.splitlines():
-            try:
-                answers.append(json.loads(line))
-            except ValueError:
-                pass
+        """A program job's probe step: Python and JAX on every node agree; the coordinator port."""
+        python = self.job.cluster.python or self.options.python
+        result = self.slurm.run(nodefacts.probe_argv(self.job_id, self.nodes, f"{self.step_prefix}probe",
+                                                     python, self.job.cluster.coordinator_port),
+                                check=False)
+        answers = nodefacts.parse(result.stdout)
         if result.returncode != 0 or len(answers) != len(self.nodes):
             raise LaunchError(f"the preflight step on {','.join(self.nodes)} failed (rc "
                               f"{result.returncode}): {(result.stderr or result.stdout).strip()[-500:]}")
-        first = next(a for a in answers if "port" in a)
-        keys = ("python", "jax", "jaxlib")
-        bad = [f"{a['node']}: " + ", ".join(f"{k} {a[k]} ({first['node']}: {first[k]})" for k in keys
-                                            if a[k] != first[k]) for a in answers
-               if any(a[k] != first[k] for k in keys)]
-        bad += [f"{a['node']}: jax/jaxlib not installed for {python}" for a in answers
-                if not (a["jax"] and a["jaxlib"])]
-        if bad:
-            raise LaunchError("the nodes' Python and JAX differ: " + "; ".join(bad))
-        if "port_error" in first:
-            raise self._problem("coordinator_port", f"{first['port_error']} on {first['node']}; pick "
-                                "another or use 0")
-        return first["port"]
+        return nodefacts.check(answers, python, self._problem)
 
     # ---- steps --------------------------------------------------------------------
     def describe(self, plan: Plan) -> str:
@@ -340,7 +325,9 @@ class SlurmSession(Session):
         c = plan.job.cluster
         return (f"starting {plan.num_processes} processes ({c.processes_per_node} per node x "
                 f"{c.devices_per_process} {c.platform} devices) as steps of Slurm job {self.job_id} "
-                f"({self.mode}) on {','.join(self.nodes)}, coordinator {plan.coordinator_address}")
+                f"({self.mode}) on {','.join(self.nodes)}, coordinator {plan.coordinator_address}"
+                + (" (0: a free port there, once the workers have said their facts)"
+                   if plan.coordinator_address.endswith(":0") else ""))
 
     def start(self, plan: Plan) -> list:
         cluster = plan.job.cluster
@@ -351,12 +338,22 @@ class SlurmSession(Session):
                 argv = srun_argv(self.job_id, process.host, name, cluster, process.argv,
                                  process.cwd or cluster.workdir)
                 workers.append(SrunWorker(process, self.job_id, name, argv, self.slurm,
-                                          judge=self.judge))
-        except LaunchError:
+                                          judge=self.judge, rendezvous=not plan.job.is_program))
+            if not plan.job.is_program:
+                self._rendezvous(plan, workers)
+        except BaseException:
             for w in workers:
                 w.kill()
             raise
         return workers
+
+    def _rendezvous(self, plan: Plan, workers: list) -> None:
+        """Every worker's facts checked (``contract.RENDEZVOUS``), then the coordinator address sent."""
+        port = nodefacts.rendezvous(workers, self.slurm.timeout_s,
+                                    self.job.cluster.python or self.options.python, self._problem)
+        address = f"{plan.coordinator_address.rsplit(':', 1)[0]}:{port}"
+        for w in workers:
+            w.send(address)
 
     def _cancel_steps(self, steps: list) -> None:
         for step, _ in steps:

@@ -2,7 +2,7 @@
 
 Why a step per process (docs/slurm.md): each process then has its own output
 stream (no demultiplexing of ``srun --label``), its own exit code or signal
-(srun's "task 0: Killed" line), and can be signalled alone; fail-fast across
+(srun's "task 0: Killed" line; "Node failure on n2", after which srun exits 0), and can be signalled alone; fail-fast across
 steps is ``launcher.supervise``'s, as on every backend. Steps are named
 ``<prefix>p<id>`` so a later launch (``--kill-stale``) and this one's teardown
 find them in ``squeue -s``.
@@ -17,6 +17,8 @@ leaves no task behind.
 from __future__ import annotations
 
 import ctypes
+import itertools
+import json
 import re
 import signal
 import subprocess
@@ -28,9 +30,11 @@ from launcher.backends.slurm.commands import Slurm, scrubbed
 from launcher.errors import LaunchError
 from launcher.plan import ProcessPlan
 from launcher.state import Exit
+from worker import contract
 
 # srun's own report of how its task ended: "srun: error: n2: task 0: Killed"
 TASK_END = re.compile(r"^srun: error: (?P<node>\S+): task \d+: (?P<what>.+)$")
+NODE_FAILURE = re.compile(r"^srun: error: Node failure on (?P<node>\S+)$")  # srun then exits 0
 EXITED = re.compile(r"^Exited with exit code (\d+)$")
 EOF_WAIT_S = 1.0
 SIGNALS = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
@@ -61,7 +65,7 @@ class SrunWorker:
 
     def __init__(self, plan: ProcessPlan, job_id: str, step_name: str, argv: list,
                  slurm: Slurm, base_env: dict | None = None,
-                 judge: Callable[[Exit], Exit] | None = None):
+                 judge: Callable[[Exit], Exit] | None = None, rendezvous: bool = False):
         self.plan = plan
         self.job_id = job_id
         self.step_name = step_name
@@ -72,20 +76,52 @@ class SrunWorker:
         self._exited_at: float | None = None
         self.judge = judge  # the session's reading of a failure against the job's state
         self.argv = argv
+        self._early: list = []  # lines read before the facts line (contract.RENDEZVOUS)
         env = scrubbed(base_env, plan.env)
+        if rendezvous:
+            env[contract.RENDEZVOUS] = "stdin"
         try:
             self._proc = subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                argv, env=env, stdin=subprocess.PIPE if rendezvous else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_term_with_parent,
                 text=True, encoding="utf-8", errors="replace", bufsize=1)
         except OSError as exc:
             raise LaunchError(f"cannot start srun for process_id {plan.process_id}: "
                               f"{exc.strerror}") from None
 
-    def lines(self) -> Iterator[str]:
+    def facts(self) -> dict | None:
+        """The worker's first line (``contract.FACTS_PREFIX``) as a dict; None if its output ends first.
+
+        Lines before it (srun's own errors) are kept for ``lines``.
+        """
         for line in self._proc.stdout:
+            if line.startswith(contract.FACTS_PREFIX):
+                try:
+                    return json.loads(line[len(contract.FACTS_PREFIX):])
+                except ValueError:
+                    pass
+            self._early.append(line)
+        return None
+
+    def early_lines(self) -> list:
+        return [line.rstrip("\n") for line in self._early]
+
+    def send(self, address: str) -> None:
+        """The coordinator's ``host:port``, on the worker's stdin (then closed)."""
+        try:
+            self._proc.stdin.write(address + "\n")
+            self._proc.stdin.close()
+        except (OSError, ValueError):  # the step already ended: supervise reads how
+            pass
+
+    def lines(self) -> Iterator[str]:
+        for line in itertools.chain(self._early, self._proc.stdout):
             line = line.rstrip("\n")
             match = TASK_END.match(line)
+            failure = NODE_FAILURE.match(line)
+            if failure:
+                self._ended = Exit(lost=f"srun reports a node failure on {failure.group('node')}")
             if match:
                 what = match.group("what").strip()
                 code = EXITED.match(what)
@@ -101,12 +137,12 @@ class SrunWorker:
         code = self._proc.poll()
         if code is None:
             return None
-        if code == 0:
-            return Exit(code=0)
-        if not self._eof:  # srun's last lines say how the task ended: read them first
+        if not self._eof:  # srun's last lines say how the task ended (even with exit 0): read them
             self._exited_at = self._exited_at or time.monotonic()
             if time.monotonic() - self._exited_at < EOF_WAIT_S:
                 return None
+        if code == 0 and self._ended is None:
+            return Exit(code=0)
         # no "task 0:" line: srun failed itself (no step, the job is gone) or died of a signal
         ended = self._ended or (Exit(signal=-code) if code < 0 else Exit(code=code))
         return self.judge(ended) if self.judge else ended

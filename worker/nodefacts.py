@@ -1,0 +1,60 @@
+"""What one node says about itself before a job's processes join: versions and a free port.
+
+Standard library only, and runnable alone (the slurm backend ships its source
+to every node as ``python -c`` for a program job, whose processes are not this
+package's worker). The built-in worker prints the same facts itself as its
+first line (``contract.FACTS_PREFIX``), so Slurm runs no separate probe step.
+
+The facts: the node's name, its Python version and executable, and the
+``jax`` and ``jaxlib`` versions (read from package metadata, without importing
+jax); on the coordinator's node also ``port``: the wanted coordinator port
+checked free by binding it (0: a free one picked by the kernel), or
+``port_error`` when it cannot be bound, as ``launcher.proctl`` checks a port
+locally.
+"""
+
+import json
+import os
+import platform
+import socket
+import sys
+
+
+def version(name):
+    """``name``'s installed version, or None when it is not installed (or its metadata is broken)."""
+    try:
+        from importlib import metadata
+        return metadata.version(name)
+    except Exception:
+        return None
+
+
+def port_answer(wanted):
+    """{"port": p} with ``wanted`` (or, for 0, a free port) bindable here, else {"port_error": ...}."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", wanted))
+        except OSError as exc:
+            return {"port": wanted, "port_error": exc.strerror or str(exc)}
+        return {"port": s.getsockname()[1]}
+
+
+def facts(coordinator_port=None):
+    """This node's facts; ``coordinator_port`` (an int) on the coordinator's node only."""
+    answer = {"node": os.environ.get("SLURMD_NODENAME") or platform.node(),
+              "python": platform.python_version(), "executable": sys.executable,
+              "jax": version("jax"), "jaxlib": version("jaxlib")}
+    if coordinator_port is not None:
+        answer.update(port_answer(coordinator_port))
+    return answer
+
+
+def main(argv):
+    """The probe step: one task per node; the first node of the step checks the port (argv[1])."""
+    first = os.environ.get("SLURM_NODEID", "0") == "0"
+    wanted = int(argv[1]) if len(argv) > 1 else 0
+    print(json.dumps(facts(wanted if first else None)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
