@@ -89,7 +89,12 @@ class TrainSpec:
         "checkpoint.every_steps and logging.log_every_steps must be multiples of it")
     allreduce: Literal["packed", "per_leaf"] = setting(
         "packed", doc="packed: gradients and loss averaged in one flat buffer per dtype, one "
-        "collective per step (faster across processes); per_leaf: one pmean per array, as the seed")
+        "collective per step (faster across processes); per_leaf: one pmean per array, as the seed "
+        "(pmap only: under jit, XLA places the collectives)")
+    parallelism: Literal["pmap", "jit"] = setting(
+        "pmap", doc="pmap: jax.pmap over the local devices, params replicated per device (the "
+        "seed's step, faster on CPU here); jit: jax.jit over a global Mesh of every device, the "
+        "batch sharded with NamedSharding and params replicated (same params)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -288,11 +288,12 @@ def test_a_straggler_has_the_slowest_curve_and_the_terminal_status_line_names_it
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["stop", "warn"])
-def test_a_non_finite_loss_names_its_step_and_stops_or_warns(tmp_path, mode):
+@pytest.mark.parametrize("mode,parallelism", [("stop", "pmap"), ("warn", "pmap"), ("stop", "jit")])
+def test_a_non_finite_loss_names_its_step_and_stops_or_warns(tmp_path, mode, parallelism):
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=1",
                     "--set", "cluster.devices_per_process=1", "--set", "optimizer.learning_rate=100",
+                    "--set", f"train.parallelism={parallelism}",
                     "--set", "train.num_steps=40", "--set", "logging.log_every_steps=1",
                     "--set", f"logging.on_nonfinite_loss={mode}")
     out = result.stdout

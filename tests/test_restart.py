@@ -61,10 +61,13 @@ def uninterrupted(tmp_path_factory):
     return params(run_dir)
 
 
-def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_path, uninterrupted):
+@pytest.mark.parametrize("parallelism", ["pmap", "jit"])
+def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_path, uninterrupted,
+                                                                            parallelism):
+    # jit: its checkpoints and resume give pmap's uninterrupted params too
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", *COMMON, *fault("sigkill", 17), "--set", "restarts.max_restarts=1",
-                    "--run-dir", str(run_dir))
+                    "--set", f"train.parallelism={parallelism}", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr
     assert_same_params(params(run_dir), uninterrupted)

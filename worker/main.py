@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Callable
 
 from worker import contract
 from worker import job as jobs
@@ -179,8 +180,12 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     from worker import metrics
     from worker import tasks
     from worker.tracker import make_tracker
-    from worker.train import (InFlight, make_optimizer, make_train_step, place, place_all,
-                              replicate, unreplicate)
+    from worker.train import InFlight, make_optimizer
+
+    if job.train.parallelism == "jit":  # jax.jit over a global mesh; the same functions
+        from worker import sharded as parallel
+    else:
+        from worker import train as parallel
 
     process_id = identity.process_id
     run_dir = identity.run_dir
@@ -200,19 +205,20 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     if (first_step - 1) % k:
         raise ValueError(f"the checkpoint is at step {first_step - 1}, not a multiple of "
                          f"train.steps_per_call {k}; resume with the steps_per_call that saved it")
-    params, opt_state = replicate(params), replicate(opt_state)
-    step_fn = make_train_step(task.loss_fn, optimizer, with_metrics=True, steps_per_call=k,
-                              allreduce=job.train.allreduce)
+    params, opt_state = parallel.replicate(params), parallel.replicate(opt_state)
+    step_fn = parallel.make_train_step(task.loss_fn, optimizer, with_metrics=True,
+                                       steps_per_call=k, allreduce=job.train.allreduce)
     if k == 1:
-        xs, ys = place(shard.x), place(shard.y)
+        xs, ys = parallel.place(shard.x), parallel.place(shard.y)
     else:  # every batch once, as one array; a call indexes its k batches on the devices
-        xs, ys = place_all(shard.x), place_all(shard.y)
+        xs, ys = parallel.place_all(shard.x), parallel.place_all(shard.y)
         firsts: dict = {}  # a call's first batch, as the device array the fused step takes
     batches = f"{shard.num_batches} batch" + ("" if shard.num_batches == 1 else "es")
     devices = f"{jax.local_device_count()} {jax.devices()[0].platform} device" + (
         "" if jax.local_device_count() == 1 else "s")
     out(f"process {process_id}: {batches} of {list(shard.x.shape[1:])} x, "
-        f"{list(shard.y.shape[1:])} y on {devices}" + (f", {k} steps per call" if k > 1 else ""))
+        f"{list(shard.y.shape[1:])} y on {devices}" + (f", {k} steps per call" if k > 1 else "")
+        + (", jax.jit over a global mesh" if parallel.__name__ == "worker.sharded" else ""))
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
     step, logger = 0, None
@@ -227,7 +233,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
             return outputs
 
         timed_step = logger.timed(dispatch)
-        recovery = _Recovery(identity, job, shard.num_batches, out)
+        recovery = _Recovery(identity, job, shard.num_batches, out, parallel.unreplicate)
         # ``step``: the last step of each call (k steps; log, checkpoint and last steps
         # are multiples of k, so they are call boundaries)
         for step in range(first_step + k - 1, num_steps + 1, k):
@@ -236,8 +242,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                 inputs = (xs[batch], ys[batch])
             else:
                 if batch not in firsts:
-                    firsts[batch] = place(np.full((1, jax.local_device_count()), batch,
-                                                  np.int32))[0]
+                    firsts[batch] = parallel.place_index(batch)
                 inputs = (xs, ys, firsts[batch])
             params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
             if cache is not None:  # after the first call: everything this loop compiles
@@ -253,7 +258,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                     task.on_step_end(done, process_id)
         logger.finish()  # the only device sync for logging: the last log steps, after the loop
         final = {jax.tree_util.keystr(path): leaf for path, leaf in
-                 jax.tree_util.tree_flatten_with_path(unreplicate(params))[0]}
+                 jax.tree_util.tree_flatten_with_path(parallel.unreplicate(params))[0]}
         if process_id == 0:
             np.savez(os.path.join(run_dir, "params.npz"), **final)
         return final
@@ -298,11 +303,12 @@ class _Recovery:
     """
 
     def __init__(self, identity: contract.Identity, job: jobs.WorkerJob, num_batches: int,
-                 out):
+                 out, unreplicate: Callable):
         self.every, self.keep = job.checkpoint.every_steps, job.checkpoint.keep
         self.num_steps = job.train.num_steps
         self.interval_s = contract.heartbeat_interval_s(job.watchdog.stall_timeout_s)
         self.identity, self.num_batches, self.out = identity, num_batches, out
+        self.unreplicate = unreplicate  # pmap's or jit's layout of the replicated state
         self.last_beat = -float("inf")  # the first step beats at once: compilation is over
 
     def saves(self, step: int) -> bool:
@@ -325,7 +331,7 @@ class _Recovery:
             from worker import checkpoint
 
             path = checkpoint.save_replicated(self.identity.run_dir, step, params, opt_state,
-                                              self.num_batches, self.keep)
+                                              self.num_batches, self.keep, self.unreplicate)
             self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path))
         if self.interval_s is None:
             return
