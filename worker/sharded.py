@@ -6,10 +6,9 @@ written the way JAX recommends now that ``pmap`` is in maintenance mode
 to the new jax.pmap"): one ``jax.jit`` over a 1-D ``jax.sharding.Mesh`` of
 every device of every process, the batch sharded along its leading axis with
 ``NamedSharding(mesh, P("batch"))``, params and optimizer state replicated
-(``P()``). ``loss_fn`` sees the global batch (a global array); its mean and
-the gradient's sum over the batch axis become all-reduces that XLA's SPMD
-partitioner inserts, so the step needs no ``pmean`` and
-``train.allreduce`` does not apply.
+(``P()``). The step itself is ``worker.train``'s, run per device under
+``vmap`` inside the ``jit`` (``make_train_step``), so both paths do the
+same arithmetic and ``train.allreduce`` applies to both.
 
 Each process still loads only its own rows (``worker.data``) and turns them
 into global arrays with ``jax.make_array_from_process_local_data``. The mesh
@@ -32,7 +31,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from worker.train import step_function
+from worker.train import averaging, step_function
 
 AXIS = "batch"  # the mesh's one axis: data parallelism over every device
 
@@ -60,9 +59,19 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
     """Build the jitted step; arguments and results as ``worker.train.make_train_step``'s,
     with global arrays in place of per-device stacks.
 
+    Inside the ``jit``, each batch's rows are split into ``[device_count,
+    per_device_batch_size]`` (the split falls on the sharding, so no data
+    moves) and ``worker.train``'s own per-device step runs under
+    ``jax.vmap(..., axis_name=AXIS)`` over that axis: its ``pmean`` becomes a
+    reduction over the sharded axis, which XLA's SPMD partitioner turns into
+    one all-reduce (one per dtype with ``packed``, as under ``pmap``). So the
+    arithmetic is pmap's, and params and optimizer state stay replicated
+    global arrays, unbatched (``out_axes=None``: values after a ``pmean`` are
+    equal on every device).
+
     Args:
-      loss_fn, optimizer, with_metrics, steps_per_call: as ``worker.train.make_train_step``.
-      allreduce: ignored: XLA inserts (and combines) the step's all-reduces.
+      loss_fn, optimizer, with_metrics, steps_per_call, allreduce: as
+        ``worker.train.make_train_step``.
 
     Args (of the returned function, k = 1), global arrays:
       params, opt_state: replicated pytrees (``replicate``), donated.
@@ -81,17 +90,23 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
       one local device, so ``worker.metrics`` reads either with one transfer
       (a global array spanning other processes cannot be fetched).
     """
-    del allreduce
-    step = step_function(loss_fn, optimizer, lambda grads_and_loss: grads_and_loss,
-                         with_metrics, steps_per_call)
+    per_device = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics,
+                               steps_per_call)
+    devices = mesh().size
+    rows = 0 if steps_per_call == 1 else 1  # the batch rows' axis (1: after the batches')
 
-    def with_device_axis(*args):
-        outputs = step(*args)
+    def split(a):
+        return a.reshape(a.shape[:rows] + (devices, -1) + a.shape[rows + 1:])
+
+    def step(params, opt_state, x, y, *first):
+        outputs = jax.vmap(per_device, in_axes=(None, None, rows, rows) + (None,) * len(first),
+                           out_axes=None, axis_name=AXIS)(params, opt_state, split(x), split(y),
+                                                          *first)
         if not with_metrics:
             return outputs
         return (*outputs[:-1], outputs[-1][None])
 
-    jitted = jax.jit(with_device_axis, out_shardings=replicated(), donate_argnums=(0, 1))
+    jitted = jax.jit(step, out_shardings=replicated(), donate_argnums=(0, 1))
     if not with_metrics:
         return jitted
 

@@ -105,16 +105,27 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
       With k > 1, loss is ``[local_device_count, k]`` and metrics
       ``[local_device_count, k, 3]``: every step's values, in step order.
     """
-    if allreduce not in ("per_leaf", "packed"):
+    step = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics, steps_per_call)
+    return jax.pmap(step, axis_name=AXIS, donate_argnums=(0, 1))
+
+
+def averaging(allreduce: str) -> Callable[[Any], Any]:
+    """``(grads, loss) -> (grads, loss)`` averaged over the ``AXIS`` of every device: ``packed``
+    (``packed_pmean``) or ``per_leaf`` (a ``pmean`` of the gradients, then of the loss).
+
+    Raises:
+      ValueError: ``allreduce`` is neither.
+    """
+    if allreduce == "packed":
+        return packed_pmean
+    if allreduce != "per_leaf":
         raise ValueError(f"allreduce: expected per_leaf or packed, got {allreduce!r}")
 
     def per_leaf_pmean(grads_and_loss):
         grads, loss = grads_and_loss
         return jax.lax.pmean(grads, axis_name=AXIS), jax.lax.pmean(loss, axis_name=AXIS)
 
-    step = step_function(loss_fn, optimizer, packed_pmean if allreduce == "packed" else per_leaf_pmean,
-                         with_metrics, steps_per_call)
-    return jax.pmap(step, axis_name=AXIS, donate_argnums=(0, 1))
+    return per_leaf_pmean
 
 
 def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
@@ -125,15 +136,14 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
     Args:
       loss_fn, optimizer, with_metrics, steps_per_call: as ``make_train_step``.
       average: ``(grads, loss) -> (grads, loss)`` averaged over every device
-        (``pmean`` inside ``pmap``; the identity under ``jit``, where ``loss_fn``
-        sees the global batch and XLA inserts the all-reduce).
+        (``averaging``: ``pmean`` over ``AXIS``, which ``pmap`` and
+        ``worker.sharded``'s ``vmap`` both name).
 
     Returns:
       ``(params, opt_state, x, y) -> (params, opt_state, loss[, metrics])`` for
       k = 1, or ``(params, opt_state, xs, ys, first)`` running k steps in one
       ``lax.scan`` (xs, ys: every batch along axis 0; ``first``: an int32 scalar),
-      whose loss and metrics gain a leading ``[k]`` axis. Shapes are per
-      device under ``pmap`` and global under ``jit``.
+      whose loss and metrics gain a leading ``[k]`` axis; shapes are one device's.
     """
     def train_step(params, opt_state, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
