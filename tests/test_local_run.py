@@ -280,13 +280,16 @@ def test_one_process_runs_without_jax_distributed_with_the_same_outputs(tmp_path
     # One process skips jax.distributed.initialize (its pmean stays in-process: the
     # distributed runtime put it on gloo at a third of the speed); the plan is still
     # checked and every output is written: params, TensorBoard with the per-process
-    # step time, checkpoints.
+    # step time, checkpoints. (And train.compilation_cache false: no cache, said so.)
     run_dir = tmp_path / "run"
     args = ("jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=1",
             "--set", "cluster.devices_per_process=4", "--set", "train.num_steps=30",
-            "--set", "checkpoint.every_steps=10")
+            "--set", "checkpoint.every_steps=10", "--set", "train.compilation_cache=false")
     result = launch(*args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert re.search(r"^\[p0\] compilation cache: 0 hits, [1-9]\d* misses; first step \(trace, compile, "
+                     r"dispatch\) \d+\.\d{3} s \(off\)$", result.stdout, re.M), result.stdout[-3000:]
+    assert not (run_dir / "compilation-cache").exists()
     assert "one process, in-process collectives (no jax.distributed)" in result.stdout
     assert "joined" not in result.stdout
     scalars = read_scalars(str(run_dir / "tensorboard"))

@@ -140,17 +140,18 @@ class CompilationCache:
     monitoring events rather than assumed, and ``line()`` reports them.
     """
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, enabled: bool = True):
         import jax
         import jax.monitoring
 
-        self.path = os.path.join(run_dir, COMPILATION_CACHE)
-        jax.config.update("jax_compilation_cache_dir", self.path)
-        # The worker's steps compile in well under JAX's default 1 s threshold on
-        # small models; a restart should skip those compilations too.
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         self.requests = self.hits = 0
+        self.path = os.path.join(run_dir, COMPILATION_CACHE) if enabled else "off"
+        if enabled:  # off (train.compilation_cache: false): every compile is a miss
+            jax.config.update("jax_compilation_cache_dir", self.path)
+            # The worker's steps compile in well under JAX's default 1 s threshold on
+            # small models; a restart should skip those compilations too.
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
         def count(event: str, **kwargs) -> None:
             if event == "/jax/compilation_cache/compile_requests_use_cache":
@@ -161,10 +162,10 @@ class CompilationCache:
         jax.monitoring.register_event_listener(count)
 
     def line(self, compile_time_s: float | None) -> str:
-        """``compilation cache: H hits, M misses; first step compiled in S s (path)``."""
+        """``contract.CACHE_FORMAT``: hits, misses, the first call's seconds, the directory."""
         seconds = "?" if compile_time_s is None else f"{compile_time_s:.3f}"
-        return (f"compilation cache: {self.hits} hits, {self.requests - self.hits} misses; "
-                f"first step (trace, compile, dispatch) {seconds} s ({self.path})")
+        return contract.CACHE_FORMAT.format(hits=self.hits, misses=self.requests - self.hits,
+                                            seconds=seconds, path=self.path)
 
 
 def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
@@ -192,7 +193,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     num_steps, global_batch = job.train.num_steps, job.train.global_batch_size
     k = job.train.steps_per_call
 
-    cache = CompilationCache(run_dir)
+    cache = CompilationCache(run_dir, job.train.compilation_cache)
     shard = datasets.load_shard(job.data, global_batch, process_id,
                                 identity.num_processes, jax.local_device_count())
     task = tasks.resolve(job.task.name, job.task.args)
