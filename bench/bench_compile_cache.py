@@ -42,7 +42,7 @@ sys.path.insert(0, REPO)
 from worker import contract  # noqa: E402  (after the path is set)
 
 
-def deep_mlp(layers: int = 48, width: int = 32, crash_at_step: int = 0,
+def deep_mlp(layers: int = 12, width: int = 32, crash_at_step: int = 0,
              crash_process_id: int = 0):
     """A task (``task.name: bench_compile_cache:deep_mlp``): ``layers`` tanh layers of
     ``width`` units, then a linear output; mean squared error. The layers are a Python
@@ -127,7 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topology", default="1x2", help="PxD: P processes x D CPU devices")
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=48)
+    parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--crash-process-id", type=int, default=0)
     args = parser.parse_args()
