@@ -24,6 +24,12 @@ median steps/s, and the median (min-max) of the per-round ratios.
     python bench/bench_step.py                                  # 1x4 and 2x2, both shapes
     python bench/bench_step.py --topologies 1x4 --shapes seed --rounds 7
     python bench/bench_step.py --variant k100='--set train.steps_per_call=100'
+    python bench/bench_step.py --no-baselines --variant jit='--set train.parallelism=jit'
+    python bench/bench_step.py --no-baselines --common '--set train.steps_per_call=100' \
+        --variant jit='--set train.parallelism=jit'
+
+Each variant is also compared with the default podlaunch side (``jit /
+podlaunch``: jax.jit over a global mesh against pmap, same rounds).
 """
 
 from __future__ import annotations
@@ -119,11 +125,16 @@ def main() -> None:
                         help="NAME='--set KEY=VALUE ...': another podlaunch side (repeatable)")
     parser.add_argument("--no-default", action="store_true",
                         help="leave out the podlaunch side with the spec's defaults")
+    parser.add_argument("--common", default="",
+                        help="'--set KEY=VALUE ...' for every podlaunch side (the default's too)")
+    parser.add_argument("--no-baselines", action="store_true",
+                        help="leave out seed and seed-mp (variants against podlaunch only)")
     args = parser.parse_args()
-    variants = [] if args.no_default else [("podlaunch", [])]
+    common = shlex.split(args.common)
+    variants = [] if args.no_default else [("podlaunch", common)]
     for text in args.variant:
         name, _, rest = text.partition("=")
-        variants.append((name, shlex.split(rest)))
+        variants.append((name, common + shlex.split(rest)))
     print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {args.rounds} rounds (ABBA), "
           f"log every {args.log_every}, checkpoints off; ratio: median (min-max) of per-round "
           f"podlaunch / baseline", flush=True)
@@ -134,8 +145,9 @@ def main() -> None:
             log_every = min(args.log_every, steps)
             for topo in args.topologies:
                 processes, devices = (int(v) for v in topo.split("x"))
-                sides = [("seed", lambda: run_seed(shape, 1, processes * devices, steps))]
-                if processes > 1:
+                sides = [] if args.no_baselines else [
+                    ("seed", lambda: run_seed(shape, 1, processes * devices, steps))]
+                if processes > 1 and not args.no_baselines:
                     sides.append(("seed-mp", lambda: run_seed(shape, processes, devices, steps)))
                 for name, extra in variants:
                     sides.append((name, lambda name=name, extra=extra, r=[0]: run_podlaunch(
@@ -151,11 +163,15 @@ def main() -> None:
                 for name, _ in sides:
                     print(f"  {name:<14} {statistics.median(rates[name]):9.1f} steps/s  "
                           + " ".join(f"{r:.0f}" for r in rates[name]))
-                baselines = ["seed"] + (["seed-mp"] if processes > 1 else [])
+                baselines = [name for name, _ in sides if name.startswith("seed")]
                 for name, _ in variants:
                     for base in baselines:
                         ratios = [a / b for a, b in zip(rates[name], rates[base])]
                         print(f"  {name} / {base}: {statistics.median(ratios):.2f}x "
+                              f"({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+                    if name != "podlaunch" and not args.no_default:
+                        ratios = [a / b for a, b in zip(rates[name], rates["podlaunch"])]
+                        print(f"  {name} / podlaunch: {statistics.median(ratios):.2f}x "
                               f"({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
 
 

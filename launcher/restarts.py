@@ -30,7 +30,7 @@ from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog
-from launcher.status import plural, summary
+from launcher.status import compile_text, plural, summary
 from launcher.supervise import Interrupted, raise_interrupted, handle_interrupts, supervise
 from worker import contract
 
@@ -248,4 +248,7 @@ def attempts_table(attempts: list) -> str:
         reached = "-" if step is None else str(step)
         lines.append(f"  attempt {a.number:<3} last step {reached:<8} {a.log_dir}")
         lines.append(f"      {a.verdict if first is not None or a.verdict else 'succeeded'}")
+        compiled = compile_text(a.result.processes)
+        if compiled is not None:
+            lines.append(f"      {compiled}")
     return "\n".join(lines)

@@ -90,6 +90,15 @@ class TrainSpec:
     allreduce: Literal["packed", "per_leaf"] = setting(
         "packed", doc="packed: gradients and loss averaged in one flat buffer per dtype, one "
         "collective per step (faster across processes); per_leaf: one pmean per array, as the seed")
+    parallelism: Literal["pmap", "jit"] = setting(
+        "pmap", doc="pmap: jax.pmap over the local devices, params replicated per device (the "
+        "seed's step; the default while jit is not measured faster: README, Benchmarks); jit: "
+        "jax.jit over a global Mesh of every device, the batch sharded with NamedSharding, params "
+        "replicated, the same per-device step inside (same params)")
+    compilation_cache: bool = setting(
+        True, doc="JAX's persistent compilation cache in <run dir>/compilation-cache, shared by "
+        "every process and attempt of the run, so a restart loads what was compiled; false: "
+        "every attempt compiles")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

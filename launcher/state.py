@@ -93,10 +93,18 @@ class ProcessStats:
     timed_steps: int = 0
     timed_s: float = 0.0
     resumed_at: int = 0  # a resumed attempt's checkpoint step: its first interval starts there
+    # its CACHE_FORMAT line: the persistent compilation cache's hits and misses, and the
+    # first call's seconds (trace, compile, dispatch; None: not said)
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+    first_step_s: float | None = None
 
     def observe(self, line: str) -> contract.Progress | None:
         """Update from one output line; returns its Progress, or None for other lines."""
         progress = contract.parse_progress(line)
+        if progress is None and (cache := contract.CACHE_RE.match(line)):
+            self.cache_hits, self.cache_misses = int(cache["hits"]), int(cache["misses"])
+            self.first_step_s = None if cache["seconds"] == "?" else float(cache["seconds"])
         if progress is None:
             resumed = contract.parse_resumed_step(line)
             if resumed is not None and self.progress is None:

@@ -155,6 +155,22 @@ def status_text(tracked: Sequence, now: float | None = None, elapsed_s: float | 
     return " | ".join(parts)
 
 
+def compile_text(processes: list) -> str | None:
+    """One attempt's compilation, from its processes' cache lines: the slowest first step
+    and the cache's hits and misses summed over processes; None when none reported."""
+    seen = [t for t in processes if t.stats.cache_hits is not None]
+    if not seen:
+        return None
+    timed = [t for t in seen if t.stats.first_step_s is not None]
+    slowest = max(timed, key=lambda t: t.stats.first_step_s, default=None)
+    first = ("first step -" if slowest is None else
+             f"first step up to {slowest.stats.first_step_s:.3f} s ({slowest.plan.label})")
+    hits = sum(t.stats.cache_hits for t in seen)
+    misses = sum(t.stats.cache_misses for t in seen)
+    return (f"compilation: {first}; cache {plural(hits, 'hit')}, {plural(misses, 'miss')} "
+            f"over {plural(len(seen), 'process')}")
+
+
 def summary(result: Result) -> str:
     """The end-of-run report; a failure report leads with the first failure's tail."""
     lines = []
@@ -177,6 +193,9 @@ def summary(result: Result) -> str:
     elif result.interrupted:
         lines.append("INTERRUPTED: every process was stopped.")
     lines += _table(result.processes, first)
+    compiled = compile_text(result.processes)
+    if compiled is not None:
+        lines.append(compiled)
     if first is None and not result.interrupted and result.exit_code == 0:
         lines.append(f"OK: {plural(len(result.processes), 'process')} succeeded in {result.elapsed_s:.1f}s.")
     return "\n".join(lines)
@@ -193,17 +212,22 @@ def _never_joined(processes: list, timeout_s: float) -> list:
 
 
 def _table(processes: list, first: Tracked | None) -> list:
-    """One row per process: host, state, exit, steps done, mean step time (ms)."""
-    header = ("process", "host", "state", "exit", "steps", "mean step ms")
+    """One row per process: host, state, exit, steps done, mean step time (ms), the first
+    step's seconds (trace, compile, dispatch) and the compilation cache's hits/misses."""
+    header = ("process", "host", "state", "exit", "steps", "mean step ms", "first step s",
+              "cache hits/misses")
     rows = []
     for t in processes:
-        mean_s = t.stats.mean_step_time_s
+        stats = t.stats
+        mean_s = stats.mean_step_time_s
         rows.append((f"p{t.plan.process_id}", t.plan.host,
                      t.state.value + (" (first)" if t is first else ""), str(t.exit or "-"),
                      "-" if t.last_step is None else str(t.last_step),
-                     "-" if mean_s is None else f"{mean_s * 1e3:.3f}"))
+                     "-" if mean_s is None else f"{mean_s * 1e3:.3f}",
+                     "-" if stats.first_step_s is None else f"{stats.first_step_s:.3f}",
+                     "-" if stats.cache_hits is None else f"{stats.cache_hits}/{stats.cache_misses}"))
     widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
-    numeric = (4, 5)  # right-aligned columns
+    numeric = (4, 5, 6, 7)  # right-aligned columns
     return ["  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
                       for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
             for row in [header] + rows]

@@ -75,21 +75,30 @@ def numpy_gradient_descent(steps: int, lr: float, num_examples=256, in_features=
     return [w, b]
 
 
-def test_params_do_not_depend_on_the_topology_and_equal_numpy_gd(tmp_path):
+def test_params_do_not_depend_on_the_topology_or_the_parallelism_and_equal_numpy_gd(tmp_path):
+    # pmap on every topology; train.parallelism jit (jax.jit over a global mesh of every
+    # process's devices) on the multi-device ones, against pmap's params on the same one
     finals = {}
-    for processes, devices in [(1, 1), (1, 4), (2, 2), (4, 1)]:
-        run_dir = tmp_path / f"{processes}x{devices}"
+    for processes, devices, parallelism in [(1, 1, "pmap"), (1, 4, "pmap"), (2, 2, "pmap"),
+                                            (4, 1, "pmap"), (1, 4, "jit"), (2, 2, "jit"),
+                                            (4, 1, "jit")]:
+        run_dir = tmp_path / f"{processes}x{devices}-{parallelism}"
         result = launch("jobs/linear.yaml", "--run-dir", str(run_dir),
                         "--set", "train.num_steps=30", "--set", "logging.tensorboard=false",
                         "--set", f"cluster.num_processes={processes}",
-                        "--set", f"cluster.devices_per_process={devices}")
+                        "--set", f"cluster.devices_per_process={devices}",
+                        "--set", f"train.parallelism={parallelism}")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-        finals[(processes, devices)] = read_params(run_dir)
+        assert ("jax.jit over a global mesh" in result.stdout) == (parallelism == "jit")
+        finals[(processes, devices, parallelism)] = read_params(run_dir)
     reference = numpy_gradient_descent(steps=30, lr=0.1)
-    for topology, params in finals.items():
-        for got, want, base in zip(params, reference, finals[(1, 1)]):
+    for (processes, devices, parallelism), params in finals.items():
+        topology = (processes, devices, parallelism)
+        for got, want, base, pmap in zip(params, reference, finals[(1, 1, "pmap")],
+                                         finals[(processes, devices, "pmap")]):
             np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-7, err_msg=str(topology))
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(topology))
+            np.testing.assert_allclose(got, pmap, rtol=1e-6, atol=0, err_msg=str(topology))
 
 
 def run_until_it_fails(*args, timeout_s=120):
@@ -272,13 +281,16 @@ def test_one_process_runs_without_jax_distributed_with_the_same_outputs(tmp_path
     # One process skips jax.distributed.initialize (its pmean stays in-process: the
     # distributed runtime put it on gloo at a third of the speed); the plan is still
     # checked and every output is written: params, TensorBoard with the per-process
-    # step time, checkpoints.
+    # step time, checkpoints. (And train.compilation_cache false: no cache, said so.)
     run_dir = tmp_path / "run"
     args = ("jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=1",
             "--set", "cluster.devices_per_process=4", "--set", "train.num_steps=30",
-            "--set", "checkpoint.every_steps=10")
+            "--set", "checkpoint.every_steps=10", "--set", "train.compilation_cache=false")
     result = launch(*args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert re.search(r"^\[p0\] compilation cache: 0 hits, [1-9]\d* misses; first step \(trace, compile, "
+                     r"dispatch\) \d+\.\d{3} s \(off\)$", result.stdout, re.M), result.stdout[-3000:]
+    assert not (run_dir / "compilation-cache").exists()
     assert "one process, in-process collectives (no jax.distributed)" in result.stdout
     assert "joined" not in result.stdout
     scalars = read_scalars(str(run_dir / "tensorboard"))
@@ -290,23 +302,34 @@ def test_one_process_runs_without_jax_distributed_with_the_same_outputs(tmp_path
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_fused_steps_and_the_packed_all_reduce_give_the_same_params(tmp_path):
+def test_fused_steps_the_packed_all_reduce_and_jit_give_the_same_params(tmp_path):
     # 2 processes x 2 devices, 4 batches per epoch, so a call of 3 steps wraps the epoch
     # mid-call; every variant must give k=1 per-leaf pmean's params (the seed's step).
     finals = {}
-    for k, allreduce in [(1, "per_leaf"), (1, "packed"), (3, "per_leaf"), (3, "packed")]:
-        run_dir = tmp_path / f"k{k}-{allreduce}"
+    for k, allreduce, parallelism in [(1, "per_leaf", "pmap"), (1, "packed", "pmap"),
+                                      (3, "per_leaf", "pmap"), (3, "packed", "pmap"),
+                                      (3, "packed", "jit")]:
+        variant = (k, allreduce, parallelism)
+        run_dir = tmp_path / f"k{k}-{allreduce}-{parallelism}"
         result = launch("jobs/linear.yaml", "--run-dir", str(run_dir),
                         "--set", "train.num_steps=30", "--set", "data.num_examples=1024",
                         "--set", f"train.steps_per_call={k}", "--set", f"train.allreduce={allreduce}",
+                        "--set", f"train.parallelism={parallelism}",
                         "--set", "logging.log_every_steps=6", "--set", "checkpoint.every_steps=12")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-        finals[(k, allreduce)] = read_params(run_dir)
+        finals[variant] = read_params(run_dir)
         if k == 3:
             assert "4 batches of [2, 64, 4] x" in result.stdout and "3 steps per call" in result.stdout
             scalars = read_scalars(str(run_dir / "tensorboard"))
             assert [s for s, _ in scalars["loss"]] == [6, 12, 18, 24, 30]
+            assert [s for s, _ in scalars["step_time_s/process_001"]] == [6, 12, 18, 24, 30]
             assert sorted(os.listdir(run_dir / "checkpoints"))[-1] == "step-0000030"
+        if parallelism == "jit":  # the checkpoint holds the replicated state once, as pmap's does
+            with np.load(run_dir / "checkpoints" / "step-0000030" / "state.npz") as saved, \
+                    np.load(tmp_path / "k3-packed-pmap" / "checkpoints" / "step-0000030"
+                            / "state.npz") as pmap_saved:
+                assert {n: saved[n].shape for n in saved.files} == \
+                    {n: pmap_saved[n].shape for n in pmap_saved.files}
     for variant, params in finals.items():
-        for got, want in zip(params, finals[(1, "per_leaf")]):
+        for got, want in zip(params, finals[(1, "per_leaf", "pmap")]):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, err_msg=str(variant))

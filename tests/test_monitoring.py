@@ -133,11 +133,37 @@ def test_summary_table_columns_stay_aligned_with_a_long_state():
                   state=State.STOPPED, exit=Exit(code=143))
     text = summary(Result([ok, failed], failed, False, 3.0))
     table = text.splitlines()[-3:]
-    assert table[0].split() == ["process", "host", "state", "exit", "steps", "mean", "step", "ms"]
-    assert re.match(r"^p2 +host-long-name +failed \(first\) +killed by SIGKILL +5 +20\.000$", table[2])
-    assert re.match(r"^p0 +localhost +stopped +exit code 143 +10 +30\.000$", table[1])
+    assert table[0].split() == ["process", "host", "state", "exit", "steps", "mean", "step", "ms",
+                                "first", "step", "s", "cache", "hits/misses"]
+    assert re.match(r"^p2 +host-long-name +failed \(first\) +killed by SIGKILL +5 +20\.000 +- +-$", table[2])
+    assert re.match(r"^p0 +localhost +stopped +exit code 143 +10 +30\.000 +- +-$", table[1])
     starts = {row.index(word) for row, word in zip(table, ("exit", "exit code", "killed"))}
     assert len(starts) == 1, table  # the exit column starts at the same place in every row
+
+
+def test_summary_reports_each_process_compilation_and_the_attempts_slowest():
+    from launcher import restarts
+
+    def cache(hits, misses, seconds):
+        return contract.CACHE_FORMAT.format(hits=hits, misses=misses, seconds=seconds, path="/r/cc")
+
+    done = [_progress(10, 0.01, num_steps=10)]
+    first = [_tracked(0, lines=[cache(0, 4, "1.250")] + done, state=State.SUCCEEDED, exit=Exit(code=0)),
+             _tracked(1, "host-b", [cache(0, 4, "2.500")] + done, State.SUCCEEDED, Exit(code=0))]
+    again = [_tracked(0, lines=[cache(4, 0, "0.110")] + done, state=State.SUCCEEDED, exit=Exit(code=0)),
+             _tracked(1, "host-b", [cache(0, 4, "?")] + done, State.SUCCEEDED, Exit(code=0))]
+    text = summary(Result(again, None, False, 3.0)).splitlines()
+    assert re.match(r"^p0 +localhost +succeeded +exit code 0 +10 +50\.000 +0\.110 +4/0$", text[1])
+    assert re.match(r"^p1 +host-b +succeeded +exit code 0 +10 +50\.000 +- +0/4$", text[2])
+    assert text[3] == "compilation: first step up to 0.110 s (p0); cache 4 hits, 4 misses over 2 processes"
+    attempts = [restarts.Attempt(0, "/r/logs", Result(first, None, False, 3.0)),
+                restarts.Attempt(1, "/r/logs/attempt-1", Result(again, None, False, 3.0))]
+    table = restarts.attempts_table(attempts)
+    assert ("compilation: first step up to 2.500 s (p1 host-b); cache 0 hits, 8 misses over "
+            "2 processes") in table, table
+    assert "compilation: first step up to 0.110 s (p0); cache 4 hits, 4 misses" in table
+    # no cache line (a program, an older worker): no compilation line, dashes in the table
+    assert "compilation" not in summary(Result([_tracked(0, lines=done)], None, False, 1.0))
 
 
 def test_launch_tensorboard_names_the_install_command_when_it_is_missing(tmp_path):
@@ -199,10 +225,13 @@ def test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jso
     # piped: plain status lines, never a terminal redraw
     assert re.search(r"^podlaunch: status: \d/2 running \| ", out, re.M) and "\r" not in out
     table = out[out.index("process  host"):].splitlines()
-    assert table[0].split() == ["process", "host", "state", "exit", "steps", "mean", "step", "ms"]
-    for process_id in (0, 1):
-        assert re.match(rf"^p{process_id} +localhost +succeeded +exit code 0 +20 +\d+\.\d{{3}}$",
-                        table[1 + process_id]), table
+    assert table[0].split() == ["process", "host", "state", "exit", "steps", "mean", "step", "ms",
+                                "first", "step", "s", "cache", "hits/misses"]
+    for process_id in (0, 1):  # a fresh run directory: its compilation cache starts empty
+        assert re.match(rf"^p{process_id} +localhost +succeeded +exit code 0 +20 +\d+\.\d{{3}} "
+                        r"+\d+\.\d{3} +0/[1-9]\d*$", table[1 + process_id]), table
+    assert re.match(r"^compilation: first step up to \d+\.\d{3} s \(p[01]\); cache 0 hits, "
+                    r"[1-9]\d* misses over 2 processes$", table[3]), table
 
     logdir = str(run_dir / "tensorboard")
     assert len(event_files(str(run_dir))) == 1  # process 0 alone writes
@@ -288,11 +317,12 @@ def test_a_straggler_has_the_slowest_curve_and_the_terminal_status_line_names_it
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["stop", "warn"])
-def test_a_non_finite_loss_names_its_step_and_stops_or_warns(tmp_path, mode):
+@pytest.mark.parametrize("mode,parallelism", [("stop", "pmap"), ("warn", "pmap"), ("stop", "jit")])
+def test_a_non_finite_loss_names_its_step_and_stops_or_warns(tmp_path, mode, parallelism):
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=1",
                     "--set", "cluster.devices_per_process=1", "--set", "optimizer.learning_rate=100",
+                    "--set", f"train.parallelism={parallelism}",
                     "--set", "train.num_steps=40", "--set", "logging.log_every_steps=1",
                     "--set", f"logging.on_nonfinite_loss={mode}")
     out = result.stdout

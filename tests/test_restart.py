@@ -61,10 +61,13 @@ def uninterrupted(tmp_path_factory):
     return params(run_dir)
 
 
-def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_path, uninterrupted):
+@pytest.mark.parametrize("parallelism", ["pmap", "jit"])
+def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_path, uninterrupted,
+                                                                            parallelism):
+    # jit: its checkpoints and resume give pmap's uninterrupted params too
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", *COMMON, *fault("sigkill", 17), "--set", "restarts.max_restarts=1",
-                    "--run-dir", str(run_dir))
+                    "--set", f"train.parallelism={parallelism}", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr
     assert_same_params(params(run_dir), uninterrupted)
@@ -94,6 +97,10 @@ def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_
     # ... and in the final summary
     summary = out[out.index("attempts: 2 (1 restart)"):]
     assert "killed by SIGKILL (a preemption or a signal); retried after 0.2 s" in summary
+    # each attempt's compilation, from every process's cache line: attempt 1 found entries
+    compiled = re.findall(r"^ +compilation: first step up to \d+\.\d{3} s \(p[01]\); cache (\d+) "
+                          r"hits?, (\d+) miss(?:es)? over 2 processes$", summary, re.M)
+    assert len(compiled) == 2 and compiled[0][0] == "0" and int(compiled[1][0]) > 0, summary
     assert re.search(r"attempt 1 +last step 40 .*attempt-1\n +succeeded", summary), summary
     # TensorBoard: the earlier event file stays; the curve continues to the end
     events = sorted(n for n in os.listdir(run_dir / "tensorboard") if n.startswith("events.out"))

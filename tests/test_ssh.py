@@ -294,9 +294,12 @@ def _params(run_dir) -> dict:
 
 
 @pytest.mark.slow
-def test_four_hosts_match_single_host_debug_mode(tmp_path, hosts):
+@pytest.mark.parametrize("parallelism", ["pmap", "jit"])
+def test_four_hosts_match_single_host_debug_mode(tmp_path, hosts, parallelism):
+    # jit on the hosts (one global mesh over 4 processes) against pmap locally
     ssh_dir, local_dir = tmp_path / "ssh-run", tmp_path / "local-run"
     result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts), *SHORT,
+                    "--set", f"train.parallelism={parallelism}",
                     "--run-dir", str(ssh_dir), "--show", "all")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout

@@ -308,11 +308,14 @@ def test_stale_holders_ours_always_others_only_when_asked(tmp_path, hosts, monke
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_rehearsal_of_v4_32_matches_one_process_with_16_devices(tmp_path):
+@pytest.mark.parametrize("parallelism", ["pmap", "jit"])
+def test_rehearsal_of_v4_32_matches_one_process_with_16_devices(tmp_path, parallelism):
+    # the rehearsal with jit (a global mesh of 4 processes x 4 devices) against pmap in one process
     steps = ("--set", "train.num_steps=5", "--set", "train.global_batch_size=64",
              "--set", "logging.tensorboard=false")
     rehearsal = run_launch(tmp_path, "jobs/linear.yaml", "--cluster", "jobs/clusters/tpu-v4-32.yaml",
-                           "--rehearse", *steps, "--run-dir", str(tmp_path / "rehearsal"))
+                           "--rehearse", *steps, "--set", f"train.parallelism={parallelism}",
+                           "--run-dir", str(tmp_path / "rehearsal"))
     assert rehearsal.returncode == 0, rehearsal.stdout + rehearsal.stderr
     assert "rehearsing 1 x v4-32 on this machine: 4 processes (one per TPU host) x 4 CPU devices" \
         in rehearsal.stdout

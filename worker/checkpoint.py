@@ -239,22 +239,28 @@ def latest(ckpt_dir: str, template: list, num_batches: int,
 
 
 # ---- with jax: the worker's side -------------------------------------------
-def save_replicated(run_dir: str, step: int, params, opt_state, num_batches: int, keep: int) -> str:
-    """Process 0: save device 0's copy of replicated ``params`` and ``opt_state`` after ``step``.
+def save_replicated(run_dir: str, step: int, params, opt_state, num_batches: int, keep: int,
+                    unreplicate: Callable | None = None) -> str:
+    """Process 0: save one copy of replicated ``params`` and ``opt_state`` after ``step``.
 
     Args:
       run_dir: process 0's run directory (checkpoints go in ``<run_dir>/checkpoints``).
       step: optimizer steps completed.
-      params, opt_state: replicated pytrees, every leaf ``[local_device_count, ...]``.
+      params, opt_state: replicated pytrees, every leaf ``[local_device_count, ...]``
+        (``pmap``'s layout), or as ``unreplicate`` takes them.
       num_batches: global batches in the dataset (the data position is ``step % num_batches``).
       keep: checkpoints to keep.
+      unreplicate: a pytree of replicated leaves -> the same of numpy arrays
+        (``worker.sharded.unreplicate`` for ``jit``'s global arrays); default: device 0's copy.
 
     Returns:
       The new checkpoint directory.
     """
     import jax
 
-    leaves = [np.asarray(a[0]) for a in jax.tree_util.tree_leaves((params, opt_state))]
+    state = (params, opt_state)
+    leaves = jax.tree_util.tree_leaves(unreplicate(state) if unreplicate is not None else
+                                       jax.tree.map(lambda a: np.asarray(a[0]), state))
     return save(directory(run_dir), Checkpoint(step=step, leaves=leaves, next_batch=step % num_batches,
                                                num_batches=num_batches), keep)
 

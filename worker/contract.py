@@ -89,6 +89,12 @@ HEARTBEAT_FORMAT = "podlaunch-heartbeat step {step}"
 # N + 1 were done by an earlier attempt (the launcher's mean step time needs it).
 RESUMED_FORMAT = "resumed from the checkpoint of step {step} (attempt {attempt})"
 RESUMED_RE = re.compile(r"^resumed from the checkpoint of step (?P<step>\d+) \(attempt \d+\)$")
+# Every process after its first call: JAX's persistent cache's hits and misses (its own
+# events) and that call's wall seconds ("?" unknown); the launcher's summary shows them.
+CACHE_FORMAT = ("compilation cache: {hits} hits, {misses} misses; first step (trace, compile, "
+                "dispatch) {seconds} s ({path})")
+CACHE_RE = re.compile(r"^compilation cache: (?P<hits>\d+) hits, (?P<misses>\d+) misses; first step "
+                      r"\(trace, compile, dispatch\) (?P<seconds>[0-9.]+|\?) s")
 # Process 0, once a checkpoint is complete (renamed into place): over ssh the
 # launcher copies it from host 0 into the local run directory when it sees this.
 CHECKPOINT_FORMAT = "checkpoint of step {step} saved: {path}"

@@ -89,13 +89,17 @@ class TrainConfig(_Section):
     (over all devices); ``seed`` of the parameter initialisation;
     ``steps_per_call`` optimizer steps per device call (``num_steps`` and the
     checkpoint and log steps are multiples of it); ``allreduce``: ``packed``
-    (one flat buffer per dtype, one collective per step) or ``per_leaf``."""
+    (one flat buffer per dtype, one collective per step) or ``per_leaf``;
+    ``parallelism``: ``pmap`` (``worker.train``) or ``jit`` (``worker.sharded``);
+    ``compilation_cache``: JAX's persistent cache in the run directory, or none."""
 
     num_steps: int
     global_batch_size: int
     seed: int
     steps_per_call: int
     allreduce: str
+    parallelism: str
+    compilation_cache: bool
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

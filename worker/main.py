@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Callable
 
 from worker import contract, nodefacts
 from worker import job as jobs
@@ -141,17 +142,18 @@ class CompilationCache:
     monitoring events rather than assumed, and ``line()`` reports them.
     """
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, enabled: bool = True):
         import jax
         import jax.monitoring
 
-        self.path = os.path.join(run_dir, COMPILATION_CACHE)
-        jax.config.update("jax_compilation_cache_dir", self.path)
-        # The worker's steps compile in well under JAX's default 1 s threshold on
-        # small models; a restart should skip those compilations too.
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         self.requests = self.hits = 0
+        self.path = os.path.join(run_dir, COMPILATION_CACHE) if enabled else "off"
+        if enabled:  # off (train.compilation_cache: false): every compile is a miss
+            jax.config.update("jax_compilation_cache_dir", self.path)
+            # The worker's steps compile in well under JAX's default 1 s threshold on
+            # small models; a restart should skip those compilations too.
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
         def count(event: str, **kwargs) -> None:
             if event == "/jax/compilation_cache/compile_requests_use_cache":
@@ -162,10 +164,10 @@ class CompilationCache:
         jax.monitoring.register_event_listener(count)
 
     def line(self, compile_time_s: float | None) -> str:
-        """``compilation cache: H hits, M misses; first step compiled in S s (path)``."""
+        """``contract.CACHE_FORMAT``: hits, misses, the first call's seconds, the directory."""
         seconds = "?" if compile_time_s is None else f"{compile_time_s:.3f}"
-        return (f"compilation cache: {self.hits} hits, {self.requests - self.hits} misses; "
-                f"first step (trace, compile, dispatch) {seconds} s ({self.path})")
+        return contract.CACHE_FORMAT.format(hits=self.hits, misses=self.requests - self.hits,
+                                            seconds=seconds, path=self.path)
 
 
 def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
@@ -181,15 +183,19 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     from worker import metrics
     from worker import tasks
     from worker.tracker import make_tracker
-    from worker.train import (InFlight, make_optimizer, make_train_step, place, place_all,
-                              replicate, unreplicate)
+    from worker.train import InFlight, make_optimizer
+
+    if job.train.parallelism == "jit":  # jax.jit over a global mesh; the same functions
+        from worker import sharded as parallel
+    else:
+        from worker import train as parallel
 
     process_id = identity.process_id
     run_dir = identity.run_dir
     num_steps, global_batch = job.train.num_steps, job.train.global_batch_size
     k = job.train.steps_per_call
 
-    cache = CompilationCache(run_dir)
+    cache = CompilationCache(run_dir, job.train.compilation_cache)
     shard = datasets.load_shard(job.data, global_batch, process_id,
                                 identity.num_processes, jax.local_device_count())
     task = tasks.resolve(job.task.name, job.task.args)
@@ -202,19 +208,20 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     if (first_step - 1) % k:
         raise ValueError(f"the checkpoint is at step {first_step - 1}, not a multiple of "
                          f"train.steps_per_call {k}; resume with the steps_per_call that saved it")
-    params, opt_state = replicate(params), replicate(opt_state)
-    step_fn = make_train_step(task.loss_fn, optimizer, with_metrics=True, steps_per_call=k,
-                              allreduce=job.train.allreduce)
+    params, opt_state = parallel.replicate(params), parallel.replicate(opt_state)
+    step_fn = parallel.make_train_step(task.loss_fn, optimizer, with_metrics=True,
+                                       steps_per_call=k, allreduce=job.train.allreduce)
     if k == 1:
-        xs, ys = place(shard.x), place(shard.y)
+        xs, ys = parallel.place(shard.x), parallel.place(shard.y)
     else:  # every batch once, as one array; a call indexes its k batches on the devices
-        xs, ys = place_all(shard.x), place_all(shard.y)
+        xs, ys = parallel.place_all(shard.x), parallel.place_all(shard.y)
         firsts: dict = {}  # a call's first batch, as the device array the fused step takes
     batches = f"{shard.num_batches} batch" + ("" if shard.num_batches == 1 else "es")
     devices = f"{jax.local_device_count()} {jax.devices()[0].platform} device" + (
         "" if jax.local_device_count() == 1 else "s")
     out(f"process {process_id}: {batches} of {list(shard.x.shape[1:])} x, "
-        f"{list(shard.y.shape[1:])} y on {devices}" + (f", {k} steps per call" if k > 1 else ""))
+        f"{list(shard.y.shape[1:])} y on {devices}" + (f", {k} steps per call" if k > 1 else "")
+        + (", jax.jit over a global mesh" if parallel.__name__ == "worker.sharded" else ""))
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
     step, logger = 0, None
@@ -229,7 +236,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
             return outputs
 
         timed_step = logger.timed(dispatch)
-        recovery = _Recovery(identity, job, shard.num_batches, out)
+        recovery = _Recovery(identity, job, shard.num_batches, out, parallel.unreplicate)
         # ``step``: the last step of each call (k steps; log, checkpoint and last steps
         # are multiples of k, so they are call boundaries)
         for step in range(first_step + k - 1, num_steps + 1, k):
@@ -238,8 +245,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                 inputs = (xs[batch], ys[batch])
             else:
                 if batch not in firsts:
-                    firsts[batch] = place(np.full((1, jax.local_device_count()), batch,
-                                                  np.int32))[0]
+                    firsts[batch] = parallel.place_index(batch)
                 inputs = (xs, ys, firsts[batch])
             params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
             if cache is not None:  # after the first call: everything this loop compiles
@@ -255,7 +261,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                     task.on_step_end(done, process_id)
         logger.finish()  # the only device sync for logging: the last log steps, after the loop
         final = {jax.tree_util.keystr(path): leaf for path, leaf in
-                 jax.tree_util.tree_flatten_with_path(unreplicate(params))[0]}
+                 jax.tree_util.tree_flatten_with_path(parallel.unreplicate(params))[0]}
         if process_id == 0:
             np.savez(os.path.join(run_dir, "params.npz"), **final)
         return final
@@ -300,11 +306,12 @@ class _Recovery:
     """
 
     def __init__(self, identity: contract.Identity, job: jobs.WorkerJob, num_batches: int,
-                 out):
+                 out, unreplicate: Callable):
         self.every, self.keep = job.checkpoint.every_steps, job.checkpoint.keep
         self.num_steps = job.train.num_steps
         self.interval_s = contract.heartbeat_interval_s(job.watchdog.stall_timeout_s)
         self.identity, self.num_batches, self.out = identity, num_batches, out
+        self.unreplicate = unreplicate  # pmap's or jit's layout of the replicated state
         self.last_beat = -float("inf")  # the first step beats at once: compilation is over
 
     def saves(self, step: int) -> bool:
@@ -327,7 +334,7 @@ class _Recovery:
             from worker import checkpoint
 
             path = checkpoint.save_replicated(self.identity.run_dir, step, params, opt_state,
-                                              self.num_batches, self.keep)
+                                              self.num_batches, self.keep, self.unreplicate)
             self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path))
         if self.interval_s is None:
             return

@@ -91,7 +91,8 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
         float32, every batch (placed once, ``place_all``); step i of the call
         (0-based) uses batch ``(first + i) % num_batches``.
       ys: ``[local_device_count, num_batches, per_device_batch_size, out_features]`` float32.
-      first: ``[local_device_count]`` int32, the call's first batch (equal on every device).
+      first: ``[local_device_count]`` int32, the call's first batch (equal on every
+        device; ``place_index``).
 
     Returns:
       New params and opt_state (replicated), and loss ``[local_device_count]``
@@ -104,16 +105,49 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
       With k > 1, loss is ``[local_device_count, k]`` and metrics
       ``[local_device_count, k, 3]``: every step's values, in step order.
     """
-    if allreduce not in ("per_leaf", "packed"):
+    step = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics, steps_per_call)
+    return jax.pmap(step, axis_name=AXIS, donate_argnums=(0, 1))
+
+
+def averaging(allreduce: str) -> Callable[[Any], Any]:
+    """``(grads, loss) -> (grads, loss)`` averaged over the ``AXIS`` of every device: ``packed``
+    (``packed_pmean``) or ``per_leaf`` (a ``pmean`` of the gradients, then of the loss).
+
+    Raises:
+      ValueError: ``allreduce`` is neither.
+    """
+    if allreduce == "packed":
+        return packed_pmean
+    if allreduce != "per_leaf":
         raise ValueError(f"allreduce: expected per_leaf or packed, got {allreduce!r}")
 
+    def per_leaf_pmean(grads_and_loss):
+        grads, loss = grads_and_loss
+        return jax.lax.pmean(grads, axis_name=AXIS), jax.lax.pmean(loss, axis_name=AXIS)
+
+    return per_leaf_pmean
+
+
+def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
+                  average: Callable[[Any], Any], with_metrics: bool = False,
+                  steps_per_call: int = 1) -> Callable:
+    """The step before it is mapped: ``make_train_step``'s (pmap) and ``worker.sharded``'s (jit).
+
+    Args:
+      loss_fn, optimizer, with_metrics, steps_per_call: as ``make_train_step``.
+      average: ``(grads, loss) -> (grads, loss)`` averaged over every device
+        (``averaging``: ``pmean`` over ``AXIS``, which ``pmap`` and
+        ``worker.sharded``'s ``vmap`` both name).
+
+    Returns:
+      ``(params, opt_state, x, y) -> (params, opt_state, loss[, metrics])`` for
+      k = 1, or ``(params, opt_state, xs, ys, first)`` running k steps in one
+      ``lax.scan`` (xs, ys: every batch along axis 0; ``first``: an int32 scalar),
+      whose loss and metrics gain a leading ``[k]`` axis; shapes are one device's.
+    """
     def train_step(params, opt_state, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        if allreduce == "packed":
-            grads, loss = packed_pmean((grads, loss))
-        else:
-            grads = jax.lax.pmean(grads, axis_name=AXIS)
-            loss = jax.lax.pmean(loss, axis_name=AXIS)
+        grads, loss = average((grads, loss))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         if not with_metrics:
@@ -125,7 +159,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
         return new_params, opt_state, loss, metrics
 
     if steps_per_call == 1:
-        return jax.pmap(train_step, axis_name=AXIS, donate_argnums=(0, 1))
+        return train_step
 
     def fused_steps(params, opt_state, xs, ys, first):
         num_batches = xs.shape[0]
@@ -142,7 +176,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
             body, (params, opt_state), jnp.arange(steps_per_call, dtype=jnp.int32))
         return (params, opt_state, *per_step)
 
-    return jax.pmap(fused_steps, axis_name=AXIS, donate_argnums=(0, 1))
+    return fused_steps
 
 
 def replicate(tree: Any) -> Any:
@@ -211,6 +245,11 @@ class InFlight:
         self._pending.append(output)
         if len(self._pending) > self.max_steps:
             jax.block_until_ready(self._pending.pop(0))
+
+
+def place_index(batch: int):
+    """A fused call's first batch as the step takes it: ``[local_device_count]`` int32 on the devices."""
+    return place(np.full((1, jax.local_device_count()), batch, np.int32))[0]
 
 
 def unreplicate(tree: Any) -> Any:

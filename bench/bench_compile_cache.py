@@ -1,0 +1,162 @@
+"""Time from a restart to its first step, with JAX's persistent compilation cache and without.
+
+Each side is one real ``launch`` (single-host debug mode) of a task whose
+step takes over a second to compile (``deep_mlp``: an MLP of ``--layers``
+dense layers, unrolled, so XLA compiles every layer), with a fault that
+fires once: process ``--crash-process-id`` SIGKILLs itself after step
+``--crash-at-step`` of attempt 0, and ``restarts.max_restarts: 1`` restarts
+every process from the latest checkpoint. The sides differ in one key:
+``train.compilation_cache`` true (the default: attempt 1 reads what attempt 0
+wrote under ``<run dir>/compilation-cache``) or false.
+
+Measured per side, from the launcher's own output read as it comes:
+``restart to first step``, the seconds from the launcher's ``attempt 1
+(restart 1 of 1): starting`` line to process 0's first progress line of that
+attempt (``logging.log_every_steps: 1``), and, from every process's log of
+attempt 1, its ``compilation cache: H hits, M misses; first step ... S s``
+line: what JAX's cache really did, per process (JAX writes entries from
+process 0 only, and entries may be rejected on reload; nothing is assumed).
+
+Rounds alternate the order (ABBA); the ratio is off / on per round, median
+(min-max).
+
+    python bench/bench_compile_cache.py --rounds 4
+    python bench/bench_compile_cache.py --topology 2x1 --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from worker import contract  # noqa: E402  (after the path is set)
+
+
+def deep_mlp(layers: int = 12, width: int = 32, crash_at_step: int = 0,
+             crash_process_id: int = 0):
+    """A task (``task.name: bench_compile_cache:deep_mlp``): ``layers`` tanh layers of
+    ``width`` units, then a linear output; mean squared error. The layers are a Python
+    loop, so the step's HLO grows with ``layers`` and so does its compile time.
+
+    ``crash_at_step`` (0 = never): process ``crash_process_id`` SIGKILLs itself after
+    that step on attempt 0 (``PODLAUNCH_ATTEMPT``), a retryable failure.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from worker import tasks
+
+    def init_params(key, in_features, out_features):
+        sizes = [in_features] + [width] * layers + [out_features]
+        keys = jax.random.split(key, len(sizes) - 1)
+        return [(jax.random.normal(k, (a, b)) / jnp.sqrt(a), jnp.zeros((b,)))
+                for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
+
+    def loss_fn(params, x, y):
+        for w, b in params[:-1]:
+            x = jnp.tanh(x @ w + b)
+        w, b = params[-1]
+        return jnp.mean((x @ w + b - y) ** 2)
+
+    def on_step_end(step, process_id):
+        if (step == crash_at_step and process_id == crash_process_id
+                and os.environ.get(contract.ATTEMPT, "0") == "0"):
+            print(f"bench_compile_cache: SIGKILL at step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return tasks.Task(init_params=init_params, loss_fn=loss_fn, on_step_end=on_step_end)
+
+
+RESTART = re.compile(r"^podlaunch: attempt 1 \(restart 1 of 1\): starting")
+STEP = re.compile(r"^\[p0\] step \d+/\d+ loss")
+
+
+def run(cache: bool, args, workdir: str, tag: str) -> dict:
+    """One launch with a restart; the restart's timing and every process's cache line."""
+    processes, devices = (int(v) for v in args.topology.split("x"))
+    run_dir = os.path.join(workdir, tag)
+    argv = [sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--run-dir", run_dir,
+            "--status-every", "0",
+            "--set", f"cluster.num_processes={processes}",
+            "--set", f"cluster.devices_per_process={devices}",
+            "--set", "task.name=bench_compile_cache:deep_mlp",
+            "--set", f"task.args.layers={args.layers}", "--set", f"task.args.width={args.width}",
+            "--set", "task.args.crash_at_step=7",
+            "--set", f"task.args.crash_process_id={args.crash_process_id}",
+            "--set", "train.num_steps=20", "--set", "logging.log_every_steps=1",
+            "--set", "checkpoint.every_steps=5", "--set", "restarts.max_restarts=1",
+            "--set", "restarts.backoff_s=0.1", "--set", f"train.compilation_cache={str(cache).lower()}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_", "XLA_"))}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "bench"), REPO])
+    restart_at = first_at = None
+    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as launch:
+        text = []
+        for line in launch.stdout:
+            now = time.monotonic()
+            text.append(line)
+            if restart_at is None and RESTART.match(line):
+                restart_at = now
+            elif restart_at is not None and first_at is None and STEP.match(line):
+                first_at = now
+        code = launch.wait()
+    if code != 0 or restart_at is None or first_at is None:
+        raise SystemExit(f"{tag}: exit {code}, restart seen {restart_at is not None}, "
+                         f"first step seen {first_at is not None}:\n{''.join(text)[-4000:]}")
+    lines = {}
+    for process_id in range(processes):
+        log = os.path.join(run_dir, "logs", "attempt-1", f"process-{process_id:03d}.log")
+        with open(log, encoding="utf-8") as f:
+            lines[process_id] = next(m for m in map(contract.CACHE_RE.match, f) if m)
+    return {"restart_s": first_at - restart_at,
+            "first_step_s": {p: float(m["seconds"]) for p, m in lines.items()},
+            "hits": {p: (int(m["hits"]), int(m["misses"])) for p, m in lines.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topology", default="1x2", help="PxD: P processes x D CPU devices")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--crash-process-id", type=int, default=0)
+    args = parser.parse_args()
+    print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {args.topology}, deep_mlp "
+          f"{args.layers} x {args.width}, {args.rounds} rounds (ABBA)", flush=True)
+    sides = [("on", True), ("off", False)]
+    got: dict = {name: [] for name, _ in sides}
+    with tempfile.TemporaryDirectory() as workdir:
+        for index in range(args.rounds):
+            for name, cache in (sides if index % 2 == 0 else sides[::-1]):
+                result = run(cache, args, workdir, f"{name}-{index}")
+                got[name].append(result)
+                print(f"  round {index} cache {name:<3}: restart to first step "
+                      f"{result['restart_s']:.2f} s; per process (first step s, hits/misses): "
+                      + ", ".join(f"p{p} {result['first_step_s'][p]:.2f} s "
+                                  f"{result['hits'][p][0]}/{result['hits'][p][1]}"
+                                  for p in sorted(result["hits"])), flush=True)
+    for name, _ in sides:
+        times = [r["restart_s"] for r in got[name]]
+        compiles = [max(r["first_step_s"].values()) for r in got[name]]
+        print(f"cache {name:<3}: restart to first step median {statistics.median(times):.2f} s "
+              f"({min(times):.2f}-{max(times):.2f}); slowest process's first step median "
+              f"{statistics.median(compiles):.2f} s")
+    for what, key in (("restart to first step", lambda r: r["restart_s"]),
+                      ("slowest first step", lambda r: max(r["first_step_s"].values()))):
+        ratios = [key(off) / key(on) for on, off in zip(got["on"], got["off"])]
+        print(f"off / on, {what}: {statistics.median(ratios):.2f}x "
+              f"({min(ratios):.2f}-{max(ratios):.2f})")
+
+
+if __name__ == "__main__":
+    main()

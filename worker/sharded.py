@@ -1,0 +1,168 @@
+"""The train step as ``jax.jit`` over a global mesh (``train.parallelism: jit``).
+
+The same step as ``worker.train``'s ``pmap`` (``worker.train.step_function``),
+written the way JAX recommends now that ``pmap`` is in maintenance mode
+(JAX docs, "Distributed arrays and automatic parallelization" and "Migrating
+to the new jax.pmap"): one ``jax.jit`` over a 1-D ``jax.sharding.Mesh`` of
+every device of every process, the batch sharded along its leading axis with
+``NamedSharding(mesh, P("batch"))``, params and optimizer state replicated
+(``P()``). The step itself is ``worker.train``'s, run per device under
+``vmap`` inside the ``jit`` (``make_train_step``), so both paths do the
+same arithmetic and ``train.allreduce`` applies to both.
+
+Each process still loads only its own rows (``worker.data``) and turns them
+into global arrays with ``jax.make_array_from_process_local_data``. The mesh
+orders devices by process, then id, so process p's rows are global rows
+``[p * B / P, (p + 1) * B / P)`` of each batch, exactly as ``worker.data``
+assigns them.
+
+The functions mirror ``worker.train``'s (``make_train_step``, ``replicate``,
+``place``, ``place_all``, ``place_index``, ``unreplicate``), so the loop in
+``worker.main`` takes either module.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from worker.train import averaging, step_function
+
+AXIS = "batch"  # the mesh's one axis: data parallelism over every device
+
+
+@functools.cache
+def mesh() -> Mesh:
+    """Every device of the job on one axis, ``[device_count]``, grouped by process."""
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    return Mesh(np.array(devices), (AXIS,))
+
+
+def replicated() -> NamedSharding:
+    """A full copy on every device (params, optimizer state, scalars)."""
+    return NamedSharding(mesh(), PartitionSpec())
+
+
+def batch_sharded(axis: int = 0) -> NamedSharding:
+    """Split along ``axis`` over every device (``axis`` 1 for a stack of batches)."""
+    return NamedSharding(mesh(), PartitionSpec(*([None] * axis), AXIS))
+
+
+def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
+                    with_metrics: bool = False, steps_per_call: int = 1,
+                    allreduce: str = "packed") -> Callable:
+    """Build the jitted step; arguments and results as ``worker.train.make_train_step``'s,
+    with global arrays in place of per-device stacks.
+
+    Inside the ``jit``, each batch's rows are split into ``[device_count,
+    per_device_batch_size]`` (the split falls on the sharding, so no data
+    moves) and ``worker.train``'s own per-device step runs under
+    ``jax.vmap(..., axis_name=AXIS)`` over that axis: its ``pmean`` becomes a
+    reduction over the sharded axis, which XLA's SPMD partitioner turns into
+    one all-reduce (one per dtype with ``packed``, as under ``pmap``). So the
+    arithmetic is pmap's, and params and optimizer state stay replicated
+    global arrays, unbatched (``out_axes=None``: values after a ``pmean`` are
+    equal on every device).
+
+    Args:
+      loss_fn, optimizer, with_metrics, steps_per_call, allreduce: as
+        ``worker.train.make_train_step``.
+
+    Args (of the returned function, k = 1), global arrays:
+      params, opt_state: replicated pytrees (``replicate``), donated.
+      x: ``[global_batch_size, in_features]`` float32, batch-sharded (``place``).
+      y: ``[global_batch_size, out_features]`` float32, batch-sharded.
+
+    Args (k > 1): ``(params, opt_state, xs, ys, first)``: xs
+      ``[num_batches, global_batch_size, in_features]`` and ys (``place_all``),
+      sharded along axis 1; ``first`` a replicated int32 scalar (``place_index``).
+
+    Returns:
+      New params and opt_state (replicated), loss (a replicated float32 scalar;
+      ``[k]`` for k > 1) and, with ``with_metrics``, this process's first
+      device's copy of the metrics, ``[1, 3]`` float32 (``[1, k, 3]`` for k > 1,
+      columns ``worker.metrics.STEP_METRICS``): the layout ``pmap`` gives with
+      one local device, so ``worker.metrics`` reads either with one transfer
+      (a global array spanning other processes cannot be fetched).
+    """
+    per_device = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics,
+                               steps_per_call)
+    devices = mesh().size
+    rows = 0 if steps_per_call == 1 else 1  # the batch rows' axis (1: after the batches')
+
+    def split(a):
+        return a.reshape(a.shape[:rows] + (devices, -1) + a.shape[rows + 1:])
+
+    def step(params, opt_state, x, y, *first):
+        outputs = jax.vmap(per_device, in_axes=(None, None, rows, rows) + (None,) * len(first),
+                           out_axes=None, axis_name=AXIS)(params, opt_state, split(x), split(y),
+                                                          *first)
+        if not with_metrics:
+            return outputs
+        return (*outputs[:-1], outputs[-1][None])
+
+    jitted = jax.jit(step, out_shardings=replicated(), donate_argnums=(0, 1))
+    if not with_metrics:
+        return jitted
+
+    def call(*args):
+        *state, step_metrics = jitted(*args)
+        return (*state, step_metrics.addressable_data(0))
+
+    return call
+
+
+def _global(local: np.ndarray, sharding: NamedSharding, axis: int) -> jax.Array:
+    """This process's rows along ``axis`` as its part of the global array."""
+    shape = list(local.shape)
+    shape[axis] *= jax.process_count()
+    return jax.make_array_from_process_local_data(sharding, local, tuple(shape))
+
+
+def place(batches: np.ndarray) -> list:
+    """Every batch as a global array, batch-sharded.
+
+    Args:
+      batches: ``[num_batches, local_device_count, per_device_batch_size, ...]``
+        (``worker.data.Shard``'s layout): this process's rows of each batch.
+
+    Returns:
+      num_batches global arrays ``[global_batch_size, ...]``, each device
+      holding its ``per_device_batch_size`` rows.
+    """
+    rows = batches.reshape(batches.shape[0], -1, *batches.shape[3:])
+    return [_global(batch, batch_sharded(), 0) for batch in rows]
+
+
+def place_all(batches: np.ndarray) -> jax.Array:
+    """Every batch as one global array for a fused step (``steps_per_call`` > 1).
+
+    Args:
+      batches: ``[num_batches, local_device_count, per_device_batch_size, ...]``.
+
+    Returns:
+      ``[num_batches, global_batch_size, ...]``, sharded along axis 1.
+    """
+    rows = np.ascontiguousarray(batches.reshape(batches.shape[0], -1, *batches.shape[3:]))
+    return _global(rows, batch_sharded(1), 1)
+
+
+def place_index(batch: int) -> jax.Array:
+    """A fused call's first batch: a replicated int32 scalar."""
+    return jax.make_array_from_process_local_data(replicated(), np.int32(batch), ())
+
+
+def replicate(tree: Any) -> Any:
+    """Every leaf as a replicated global array (the same value on every process)."""
+    return jax.tree.map(lambda a: jax.make_array_from_process_local_data(
+        replicated(), np.asarray(a), np.shape(a)), tree)
+
+
+def unreplicate(tree: Any) -> Any:
+    """This process's first copy of every replicated leaf, as numpy."""
+    return jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), tree)
