@@ -13,7 +13,7 @@ import sys
 
 from launcher.errors import Problem, SpecError
 
-BUILTIN_TASKS = ("linear_regression",)
+BUILTIN_TASKS = ("linear_regression", "softmax_classifier")
 
 
 def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:

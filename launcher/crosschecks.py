@@ -43,6 +43,9 @@ def check_job(spec, raw: dict, ctx: schema.Context):
             ctx.error(("data", "num_examples"),
                       f"{data.num_examples} rows cannot fill one global batch of "
                       f"{train.global_batch_size}; raise it or lower train.global_batch_size")
+        if schema.given(raw_data, "target_dtype"):
+            ctx.error(("data", "target_dtype"), "only used with data.source: file (.npy, .csv); "
+                      "remove it")
         return dataclasses.replace(spec, data_rows=data.num_examples)
     for key in ("num_examples", "in_features", "out_features", "noise_std", "seed"):
         if schema.given(raw_data, key):
@@ -60,6 +63,9 @@ def check_job(spec, raw: dict, ctx: schema.Context):
     except datafiles.DataFileError as exc:
         ctx.error(("data", "path"), f"{full}: {exc}")
         return spec
+    if full.endswith(".npz") and schema.given(raw_data, "target_dtype"):
+        ctx.error(("data", "target_dtype"), "an .npz keeps each array's own dtype; remove it "
+                  "(save labels with an integer dtype)")
     if not full.endswith(".npz") and not -columns <= data.target_column < columns:
         ctx.error(("data", "target_column"),
                   f"expected a column index from {-columns} to {columns - 1}, got {data.target_column}")

@@ -8,6 +8,7 @@ each device holds the full-batch mean gradient after the collective.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import jax
@@ -67,75 +68,80 @@ def packed_pmean(tree: Any, axis_name: str = AXIS) -> Any:
 
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
                     with_metrics: bool = False, steps_per_call: int = 1,
-                    allreduce: str = "per_leaf") -> Callable:
-    """Build the pmapped step ``(params, opt_state, x, y) -> (params, opt_state, loss[, metrics])``.
+                    allreduce: str = "per_leaf", metrics_fn: Callable | None = None) -> Callable:
+    """Build the pmapped step ``(params, opt_state, batch) -> (params, opt_state, loss[, metrics])``.
 
     Args:
-      loss_fn: ``(params, x, y) -> loss``, the per-device batch mean.
+      loss_fn: ``(params, batch) -> loss``, the per-device batch mean; ``batch``
+        a dict of named arrays ``[per_device_batch_size, ...]`` (``worker.data``).
       optimizer: the optax optimizer.
       with_metrics: also return ``metrics``; the update is the same either way.
       steps_per_call: k optimizer steps per call (``lax.scan`` over the
         step, one device loop, traced once). With k > 1 the returned function
-        takes every batch and the index of the first (below).
+        takes a window of batches and the index of the first (below).
       allreduce: ``per_leaf`` (a ``pmean`` of each gradient and of the loss, as
         the seed) or ``packed`` (``packed_pmean``: one collective per dtype);
         the same values.
+      metrics_fn: optional ``(params, batch) -> {name: scalar}`` (a task's
+        ``metrics_fn``, e.g. accuracy) on the params before the update,
+        averaged over every device like the loss; appended to ``metrics`` in
+        the dict's order.
 
     Args (of the returned function, k = 1), each with a leading ``[local_device_count]`` axis:
       params, opt_state: replicated pytrees (float32).
-      x: ``[local_device_count, per_device_batch_size, in_features]`` float32.
-      y: ``[local_device_count, per_device_batch_size, out_features]`` float32.
+      batch: dict of arrays ``[local_device_count, per_device_batch_size, ...]``.
 
-    Args (k > 1): ``(params, opt_state, xs, ys, first)``:
-      xs: ``[local_device_count, num_batches, per_device_batch_size, in_features]``
-        float32, every batch (placed once, ``place_all``); step i of the call
-        (0-based) uses batch ``(first + i) % num_batches``.
-      ys: ``[local_device_count, num_batches, per_device_batch_size, out_features]`` float32.
-      first: ``[local_device_count]`` int32, the call's first batch (equal on every device).
+    Args (k > 1): ``(params, opt_state, window, first)``:
+      window: dict of arrays ``[local_device_count, W, per_device_batch_size, ...]``;
+        step i of the call (0-based) uses entry ``(first + i) % W``.
+      first: ``[local_device_count]`` int32 (equal on every device).
 
     Returns:
       New params and opt_state (replicated), and loss ``[local_device_count]``
       float32, the global-batch mean loss, equal on every device. With
-      ``with_metrics``, also ``metrics``: ``[local_device_count, 3]`` float32,
-      columns ``worker.metrics.STEP_METRICS``: the loss, and the global L2 norm
-      (``optax.global_norm``) of the averaged gradient and of the updated
-      params; equal on every device. One array, so a log step is read back
-      with one device-to-host transfer (three took 58 us, one 15 us).
+      ``with_metrics``, also ``metrics``: ``[local_device_count, 3 + M]`` float32,
+      columns ``worker.metrics.STEP_METRICS`` (the loss, and the global L2 norm,
+      ``optax.global_norm``, of the averaged gradient and of the updated params)
+      then the M values of ``metrics_fn``; equal on every device. One array, so
+      a log step is read back with one device-to-host transfer.
       With k > 1, loss is ``[local_device_count, k]`` and metrics
-      ``[local_device_count, k, 3]``: every step's values, in step order.
+      ``[local_device_count, k, 3 + M]``: every step's values, in step order.
     """
     if allreduce not in ("per_leaf", "packed"):
         raise ValueError(f"allreduce: expected per_leaf or packed, got {allreduce!r}")
 
-    def train_step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        extra = metrics_fn(params, batch) if (with_metrics and metrics_fn) else {}
         if allreduce == "packed":
-            grads, loss = packed_pmean((grads, loss))
+            grads, loss, extra = packed_pmean((grads, loss, extra))
         else:
             grads = jax.lax.pmean(grads, axis_name=AXIS)
             loss = jax.lax.pmean(loss, axis_name=AXIS)
+            extra = jax.lax.pmean(extra, axis_name=AXIS)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         if not with_metrics:
             return new_params, opt_state, loss
         # Read-only reductions of values the update already made: they add no
         # collective (grads are averaged already) and do not feed the update.
-        metrics = jnp.stack([loss, optax.global_norm(grads), optax.global_norm(new_params)])
-        assert metrics.shape == (len(STEP_METRICS),)
+        metrics = jnp.stack([loss, optax.global_norm(grads), optax.global_norm(new_params)]
+                            + [jnp.asarray(v, jnp.float32) for v in extra.values()])
+        assert metrics.shape == (len(STEP_METRICS) + len(extra),)
         return new_params, opt_state, loss, metrics
 
     if steps_per_call == 1:
         return jax.pmap(train_step, axis_name=AXIS, donate_argnums=(0, 1))
 
-    def fused_steps(params, opt_state, xs, ys, first):
-        num_batches = xs.shape[0]
+    def fused_steps(params, opt_state, window, first):
+        size = jax.tree_util.tree_leaves(window)[0].shape[0]
 
         def body(carry, i):
-            batch = (first + i) % num_batches
-            x = jax.lax.dynamic_index_in_dim(xs, batch, axis=0, keepdims=False)
-            y = jax.lax.dynamic_index_in_dim(ys, batch, axis=0, keepdims=False)
+            index = (first + i) % size
+            batch = jax.tree.map(
+                lambda a: jax.lax.dynamic_index_in_dim(a, index, axis=0, keepdims=False), window)
             params, opt_state = carry
-            params, opt_state, *per_step = train_step(params, opt_state, x, y)
+            params, opt_state, *per_step = train_step(params, opt_state, batch)
             return (params, opt_state), tuple(per_step)
 
         (params, opt_state), per_step = jax.lax.scan(
@@ -152,38 +158,26 @@ def replicate(tree: Any) -> Any:
 
 
 _identity = None
+_identity_lock = threading.Lock()
 
 
-def place(batches: np.ndarray) -> list:
-    """Put every batch on the local devices once, in the layout ``pmap`` expects.
+def place(tree: Any) -> Any:
+    """Put a batch on the local devices, in the layout ``pmap`` expects.
 
-    Args:
-      batches: ``[num_batches, local_device_count, per_device_batch_size, ...]``.
-
-    Returns:
-      num_batches device arrays ``[local_device_count, per_device_batch_size, ...]``.
-      Feeding these instead of numpy saves a host-to-device copy per step.
-    """
-    global _identity
-    if _identity is None:
-        _identity = jax.pmap(lambda a: a)  # no collective: a pure placement
-    return [_identity(batch) for batch in batches]
-
-
-def place_all(batches: np.ndarray):
-    """Every batch on the local devices as one array, for a fused step (``steps_per_call`` > 1).
+    Safe to call from the input pipeline's thread (``worker.data.Batches``).
 
     Args:
-      batches: ``[num_batches, local_device_count, per_device_batch_size, ...]``.
+      tree: a pytree (a dict of named arrays) of numpy arrays, each
+        ``[local_device_count, ...]``: leading entry d goes to local device d.
 
     Returns:
-      A device array ``[local_device_count, num_batches, per_device_batch_size, ...]``
-      (each device holds its own rows of every batch, as ``place`` does).
+      The same pytree of device arrays, sharded over the local devices.
     """
     global _identity
-    if _identity is None:
-        _identity = jax.pmap(lambda a: a)
-    return _identity(np.ascontiguousarray(np.swapaxes(batches, 0, 1)))
+    with _identity_lock:
+        if _identity is None:
+            _identity = jax.pmap(lambda a: a)  # no collective: a pure placement
+    return _identity(tree)
 
 
 class InFlight:
