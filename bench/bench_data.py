@@ -35,7 +35,8 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from launcher.state import ProcessStats  # noqa: E402  (after the path is set)
+from bench.bench_step import _env, process0_steps_per_s  # noqa: E402  (after the path is set)
+from launcher import proctl  # noqa: E402
 
 SHAPES = {  # name: (global batch, features, batches per epoch, steps)
     "seed": (256, 4, 1, 3000),
@@ -43,10 +44,6 @@ SHAPES = {  # name: (global batch, features, batches per epoch, steps)
     "seed-64": (256, 4, 64, 3000),
     "large-4": (65536, 256, 4, 200),
 }
-
-
-def _env() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_", "XLA_"))}
 
 
 def _status(pid: int) -> dict:
@@ -62,20 +59,8 @@ def _status(pid: int) -> dict:
 def _workers(run_dir: str) -> list[int]:
     """Pids of ``python -m worker`` processes whose environment names ``run_dir``."""
     needle = f"PODLAUNCH_RUN_DIR={run_dir}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if needle in environ and b"worker" in argv and b"-m" in argv:
-            found.append(int(entry))
-    return found
+    return [pid for pid in proctl.pids()
+            if needle in proctl.environ(pid) and " -m worker" in proctl.cmdline(pid, 400)]
 
 
 def write_npy(path: str, size_gb: float, columns: int = 65) -> int:
@@ -160,14 +145,7 @@ def run(repo: str, python: str, shape: str, workdir: str, tag: str, extra: list)
             "--set", f"data.num_examples={batch * count}", "--set", f"data.in_features={features}",
             "--set", "logging.log_every_steps=100", "--set", "checkpoint.every_steps=0",
             "--set", "optimizer.learning_rate=0.01", *extra]
-    done = subprocess.run(args, cwd=repo, env=_env(), capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise SystemExit(f"{tag} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
-    stats = ProcessStats()
-    with open(os.path.join(run_dir, "logs", "process-000.log"), encoding="utf-8") as log:
-        for line in log:
-            stats.observe(line.rstrip("\n"))
-    return 1.0 / stats.mean_step_time_s
+    return process0_steps_per_s(args, repo, run_dir, steps, tag)
 
 
 def speed(args) -> None:

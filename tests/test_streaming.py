@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import textwrap
 
 import numpy as np
 import pytest
-import yaml
 
-from helpers import REPO, TESTS, launch, launched
-from test_restart import assert_same_params, fault, params
+from helpers import REPO, launch, launched
+from test_restart import assert_same_params, fault, params, reference_run, ssh_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -76,10 +74,7 @@ COMMON = ("--set", f"train.num_steps={STEPS}", "--set", "cluster.devices_per_pro
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    result = launch("jobs/linear.yaml", *COMMON, "--run-dir", str(run_dir))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-    return params(run_dir)
+    return reference_run(tmp_path_factory, *COMMON)
 
 
 def test_killed_and_resumed_shuffled_run_sees_the_same_batches(tmp_path, uninterrupted):
@@ -110,16 +105,8 @@ def ssh_hosts(tmp_path_factory):
 
 
 def test_killed_and_resumed_shuffled_run_over_ssh(tmp_path, ssh_hosts, uninterrupted):
-    cluster = {
-        "backend": "ssh", "ssh_config_file": ssh_hosts.ssh_config, "python": sys.executable,
-        "hosts": [{"host": h, "workdir": str(tmp_path / f"host{i}")}
-                  for i, h in enumerate(ssh_hosts.hosts)],
-        "env": {"PYTHONPATH": os.pathsep.join([TESTS, REPO])},
-        "grace_s": 2, "keepalive_interval_s": 1, "keepalive_timeout_s": 4,
-    }
-    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
     run_dir = tmp_path / "run"
-    result = launch("jobs/linear.yaml", "--cluster", str(tmp_path / "cluster.yaml"), *COMMON,
+    result = launch("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, ssh_hosts), *COMMON,
                     *fault("sigkill", 17), "--set", "restarts.max_restarts=1",
                     "--run-dir", str(run_dir))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
