@@ -98,7 +98,7 @@ def memory(args) -> None:
                 f"train: {{num_steps: {args.steps}, global_batch_size: 4096}}\n"
                 "logging: {log_every_steps: 50}\ncheckpoint: {every_steps: 0}\n"
                 "cluster: {backend: local, num_processes: 2, devices_per_process: 1}\n")
-    run_dir = os.path.join(args.dir, "podlaunch-bench-run")
+    run_dir = os.path.join(tempfile.mkdtemp(prefix="podlaunch-bench-", dir=args.dir), "run")
     peaks: dict = {}
     done = threading.Event()
 
