@@ -11,6 +11,7 @@ import dataclasses
 import os
 
 from launcher import datafiles, schema
+from launcher.checks import BUILTIN_TASKS
 from launcher.programspec import check_program
 
 
@@ -63,6 +64,12 @@ def check_job(spec, raw: dict, ctx: schema.Context):
     except datafiles.DataFileError as exc:
         ctx.error(("data", "path"), f"{full}: {exc}")
         return spec
+    if full.endswith(".npz") and spec.task.name in BUILTIN_TASKS:
+        missing = [n for n in ("x", "y") if n not in datafiles.npz_arrays(full)]
+        if missing:
+            ctx.error(("data", "path"), f"{full}: task {spec.task.name} reads arrays x and y; "
+                      f"{' and '.join(missing)} missing: save with numpy.savez(path, x=features, "
+                      "y=targets)")
     if full.endswith(".npz") and schema.given(raw_data, "target_dtype"):
         ctx.error(("data", "target_dtype"), "an .npz keeps each array's own dtype; remove it "
                   "(save labels with an integer dtype)")
