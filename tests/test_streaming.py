@@ -51,18 +51,21 @@ def _reference(steps: int, lr: float) -> list:
 
 def test_shuffled_params_do_not_depend_on_the_topology_and_equal_numpy(tmp_path):
     finals = {}
-    for processes, devices in [(1, 4), (2, 2), (4, 1)]:
-        run_dir = tmp_path / f"{processes}x{devices}"
+    # and 2 x 2 with fused calls of 3 steps (a call's 3 batches read and placed together)
+    for processes, devices, k in [(1, 4, 1), (2, 2, 1), (4, 1, 1), (2, 2, 3)]:
+        run_dir = tmp_path / f"{processes}x{devices}-k{k}"
         result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), *SHUFFLED,
                         "--set", "train.num_steps=12", "--set", "logging.tensorboard=false",
                         "--set", f"cluster.num_processes={processes}",
-                        "--set", f"cluster.devices_per_process={devices}")
+                        "--set", f"cluster.devices_per_process={devices}",
+                        "--set", f"train.steps_per_call={k}", "--set", "logging.log_every_steps=6",
+                        "--set", "checkpoint.every_steps=0")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr
         assert "shuffled (seed 11), prefetch 2" in result.stdout
-        finals[(processes, devices)] = params(run_dir)
+        finals[(processes, devices, k)] = params(run_dir)
     want = _reference(12, 0.1)
     for topology, got in finals.items():
-        assert_same_params(got, finals[(1, 4)])
+        assert_same_params(got, finals[(1, 4, 1)])
         np.testing.assert_allclose(got["[0]"], want[0], rtol=1e-5, atol=1e-6, err_msg=str(topology))
         np.testing.assert_allclose(got["[1]"], want[1], rtol=1e-5, atol=1e-6, err_msg=str(topology))
 
