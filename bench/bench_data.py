@@ -17,12 +17,15 @@ epoch, so this tree streams them) and ``large-4`` (4 batches of 65,536 x 256).
 
     python bench/bench_data.py memory --size-gb 8
     python bench/bench_data.py speed --baseline /work/main --rounds 3
+    python bench/bench_data.py speed --baseline /work/main --shapes large-4 \
+        --extra='--set data.resident=true'
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -134,16 +137,19 @@ def memory(args) -> None:
               f"peak RssFile {peak['RssFile'] / gib:.3f} GiB, VmHWM {peak['VmHWM'] / gib:.3f} GiB")
 
 
-def run(repo: str, python: str, shape: str, workdir: str, tag: str, extra: list) -> float:
+def run(repo: str, python: str, shape: str, workdir: str, tag: str, extra: list,
+        large_steps: int = 200) -> float:
     """One launch from ``repo`` with ``python``; process 0's own steps/s (compilation excluded)."""
     batch, features, count, steps = SHAPES[shape]
+    steps = large_steps if batch > 256 else steps
     run_dir = os.path.join(workdir, tag)
     args = [python, "-m", "launcher.cli", "jobs/linear.yaml", "--run-dir", run_dir,
             "--show", "none", "--status-every", "0",
             "--set", "cluster.num_processes=2", "--set", "cluster.devices_per_process=2",
             "--set", f"train.num_steps={steps}", "--set", f"train.global_batch_size={batch}",
             "--set", f"data.num_examples={batch * count}", "--set", f"data.in_features={features}",
-            "--set", "logging.log_every_steps=100", "--set", "checkpoint.every_steps=0",
+            "--set", f"logging.log_every_steps={20 if batch > 256 else 100}",
+            "--set", "checkpoint.every_steps=0",
             "--set", "optimizer.learning_rate=0.01", *extra]
     return process0_steps_per_s(args, repo, run_dir, steps, tag)
 
@@ -156,8 +162,10 @@ def speed(args) -> None:
         for shape in args.shapes:
             ratios, mine_all, theirs_all = [], [], []
             for r in range(args.rounds):
-                sides = [("this", lambda t: run(REPO, sys.executable, shape, workdir, t, args.extra)),
-                         ("base", lambda t: run(args.baseline, baseline_python, shape, workdir, t, []))]
+                sides = [("this", lambda t: run(REPO, sys.executable, shape, workdir, t, args.extra,
+                                                args.large_steps)),
+                         ("base", lambda t: run(args.baseline, baseline_python, shape, workdir, t,
+                                                [], args.large_steps))]
                 got = {}
                 for name, side in (sides if r % 2 == 0 else sides[::-1]):
                     got[name] = side(f"{shape}-{name}-{r}")
@@ -184,7 +192,9 @@ def main() -> None:
     s.add_argument("--baseline-python", help="default: BASELINE/.venv/bin/python")
     s.add_argument("--rounds", type=int, default=3)
     s.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    s.add_argument("--extra", nargs="*", default=[], help="--set KEY=VALUE ... for this tree")
+    s.add_argument("--extra", type=shlex.split, default=[],
+                   help="'--set KEY=VALUE ...' for this tree's side")
+    s.add_argument("--large-steps", type=int, default=200, help="steps at 65,536 x 256")
     args = parser.parse_args()
     (memory if args.what == "memory" else speed)(args)
 

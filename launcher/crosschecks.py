@@ -36,6 +36,9 @@ def check_job(spec, raw: dict, ctx: schema.Context):
                       f"{k} to a device call, and are logged, saved and ended at call "
                       f"boundaries); use a multiple of {k}")
     raw_data = raw.get("data") or {}
+    if data.resident and data.shuffle:
+        ctx.error(("data", "resident"), "cannot be used with data.shuffle: true (every epoch's "
+                  "batches are new); remove one of them")
     if data.source == "synthetic":
         if data.path is not None:
             ctx.error(("data", "path"), "only used with data.source: file; set data.source: file "

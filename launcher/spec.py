@@ -71,6 +71,9 @@ class DataSpec:
     prefetch: int = setting(2, check=positive, doc="device calls' batches each process reads and "
                             "places ahead of the step (host and device memory: about this many "
                             "batches)")
+    resident: bool = setting(False, doc="unshuffled data that fits in device memory: keep every "
+                             "batch on the devices after its first use (no reads or copies per "
+                             "step, as before streaming)")
     target_dtype: Literal["float32", "int32"] = setting(
         "float32", doc="file (.npy, .csv): the target column as float32 targets, or int32 class "
         "labels (whole numbers)")

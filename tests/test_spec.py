@@ -95,6 +95,8 @@ BAD = [
      ["bad.yaml:7: data.target_dtype: only used with data.source: file"]),
     ("target-dtype-unknown", edit("num_examples: 64", "num_examples: 64\n  target_dtype: int8"), [],
      ["bad.yaml:7: data.target_dtype: expected one of"]),
+    ("resident-and-shuffle", edit("num_examples: 64", "num_examples: 64\n  shuffle: true\n  resident: true"), [],
+     ["bad.yaml:8: data.resident: cannot be used with data.shuffle: true"]),
     ("set-task-not-importable", GOOD, ["--set", "task.name=no_such_module_xyz:make"],
      ["--set: task.name: module 'no_such_module_xyz' is not importable by the workers"]),
     ("env-float", GOOD + "  env: {RATIO: 1.50}\n", [],

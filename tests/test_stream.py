@@ -199,3 +199,32 @@ def test_a_bad_row_in_the_reading_thread_reaches_the_training_thread(tmp_path):
             batches.get(3)
     finally:
         batches.close()
+
+
+class _Synthetic:
+    source, num_examples, in_features, out_features, noise_std, seed = "synthetic", 9000, 3, 2, 0.1, 4
+
+
+def test_synthetic_rows_are_the_same_read_in_order_or_shuffled():
+    from worker.sources import Synthetic, synthetic_rows
+
+    source = Synthetic(_Synthetic)
+    x, y = synthetic_rows(4, 3, 2, 0.1, 0, 9000)
+    for rows in (np.arange(4000, 8300), np.array([8999, 0, 4096, 4095, 17])):
+        got = source.read(rows)
+        np.testing.assert_array_equal(got["x"], x[rows])
+        np.testing.assert_array_equal(got["y"], y[rows])
+
+
+def test_resident_batches_are_read_and_placed_once(tmp_path):
+    _table(tmp_path, rows=64)
+    job = _Job()
+    job.path, job.shuffle = str(tmp_path / "t.npy"), False
+    source = open_source(job, str(tmp_path))
+    placed = []
+    order = datasets.make_order(job, source.num_rows, 8)  # 8 batches, more than prefetch 2
+    batches = datasets.Batches(source, order, 0, 1, 1, place=lambda t: placed.append(t) or t,
+                               prefetch=2, first_step=0, num_steps=40, resident=True)
+    assert batches.resident and batches._thread is None
+    got = [batches.get(step)[0] for step in range(40)]
+    assert len(placed) == 8 and all(got[s] is got[s % 8] for s in range(40))

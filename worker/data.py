@@ -50,6 +50,7 @@ class Batches:
       steps_per_call: k steps per device call.
       prefetch: calls read and placed ahead (>= 1).
       first_step, num_steps: 0-based first step, and the last step (exclusive).
+      resident: keep every batch on the devices once placed (unshuffled orders only).
 
     Raises (from ``get``):
       DataError: a bad value or a short file in the rows read, naming file, row, column.
@@ -58,7 +59,8 @@ class Batches:
 
     def __init__(self, source, order: Order, process_id: int, num_processes: int,
                  local_device_count: int, place: Callable, steps_per_call: int = 1,
-                 prefetch: int = 2, first_step: int = 0, num_steps: int = 0):
+                 prefetch: int = 2, first_step: int = 0, num_steps: int = 0,
+                 resident: bool = False):
         self.source, self.order, self.place = source, order, place
         self.process_id, self.num_processes = process_id, num_processes
         self.local_device_count, self.k = local_device_count, steps_per_call
@@ -68,9 +70,10 @@ class Batches:
                              f"{num_processes} processes x {local_device_count} devices")
         self.per_device_batch_size = share // local_device_count
         # Unshuffled batches that all fit in the prefetch window are read and placed once
-        # and reused every epoch: on-device as before, and still only a few batches.
-        self.resident = (not order.shuffle
-                         and order.num_batches <= max(prefetch, steps_per_call))
+        # and reused every epoch: on-device as before, and still only a few batches. With
+        # ``resident`` (data.resident) every batch is kept, whatever their number.
+        self.resident = not order.shuffle and (
+            resident or order.num_batches <= max(prefetch, steps_per_call))
         self._cache: dict = {}
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()

@@ -56,6 +56,7 @@ class DataConfig(_Section):
       shuffle: a seeded permutation of the rows per epoch (``worker.order``).
       shuffle_seed: its seed.
       prefetch: device calls' batches read and placed ahead (``worker.data.Batches``).
+      resident: keep every batch on the devices after its first use (unshuffled only).
       target_dtype: ``float32`` targets ``[rows, 1]`` or ``int32`` labels ``[rows]``
         (.npy, .csv).
     """
@@ -72,6 +73,7 @@ class DataConfig(_Section):
     shuffle: bool
     shuffle_seed: int
     prefetch: int
+    resident: bool
     target_dtype: str
 
 

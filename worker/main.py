@@ -217,7 +217,8 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                               allreduce=job.train.allreduce, metrics_fn=task.metrics_fn)
     batches = datasets.Batches(source, order, process_id, identity.num_processes, local_devices,
                                place, steps_per_call=k, prefetch=job.data.prefetch,
-                               first_step=first_step - 1, num_steps=num_steps)
+                               first_step=first_step - 1, num_steps=num_steps,
+                               resident=job.data.resident)
     count = order.num_batches
     fields = ", ".join(f"{list(a.shape)} {n}" + ("" if a.dtype == np.float32 else f" {a.dtype}")
                        for n, a in sample.items())

@@ -70,19 +70,32 @@ class Synthetic:
         self.data, self.num_rows, self._chunks = data, data.num_examples, {}
         self.name = "synthetic data"
 
+    def _chunk(self, chunk: int) -> tuple:
+        if chunk not in self._chunks:
+            d = self.data
+            self._chunks[chunk] = synthetic_chunk(d.seed, d.in_features, d.out_features,
+                                                  d.noise_std, chunk)
+        return self._chunks[chunk]
+
     def read(self, rows: np.ndarray) -> dict:
         d = self.data
         out = {"x": np.empty((len(rows), d.in_features), np.float32),
                "y": np.empty((len(rows), d.out_features), np.float32)}
+        if _contiguous(rows):  # unshuffled: slices of chunks, one copy
+            start, stop, at = int(rows[0]), int(rows[-1]) + 1, 0
+            for chunk in range(start // SYNTHETIC_CHUNK_ROWS, (stop - 1) // SYNTHETIC_CHUNK_ROWS + 1):
+                lo = max(start - chunk * SYNTHETIC_CHUNK_ROWS, 0)
+                hi = min(stop - chunk * SYNTHETIC_CHUNK_ROWS, SYNTHETIC_CHUNK_ROWS)
+                x, y = self._chunk(chunk)
+                out["x"][at:at + hi - lo], out["y"][at:at + hi - lo] = x[lo:hi], y[lo:hi]
+                at += hi - lo
+            return out
         chunk_of = rows // SYNTHETIC_CHUNK_ROWS
         for chunk in np.unique(chunk_of):
-            if chunk not in self._chunks:
-                self._chunks[chunk] = synthetic_chunk(d.seed, d.in_features, d.out_features,
-                                                      d.noise_std, int(chunk))
             where = chunk_of == chunk
             within = rows[where] % SYNTHETIC_CHUNK_ROWS
-            out["x"][where] = self._chunks[chunk][0][within]
-            out["y"][where] = self._chunks[chunk][1][within]
+            x, y = self._chunk(int(chunk))
+            out["x"][where], out["y"][where] = x[within], y[within]
         return out
 
 
@@ -133,8 +146,11 @@ class _Mapped:
                             f"{self.shape[0]} rows: row {whole} (0-based), column 1 onwards are "
                             "missing (a truncated copy?); copy the file again")
 
-    def read(self, rows: np.ndarray) -> np.ndarray:
+    def read(self, rows: np.ndarray, copy: bool = True) -> np.ndarray:
+        """The rows (a copy; with ``copy`` False, contiguous rows are a view of the map)."""
         self._check_size(os.fstat(self._fd).st_size, int(rows.max()) + 1)
+        if not copy and _contiguous(rows):
+            return self.table[int(rows[0]):int(rows[-1]) + 1]
         return _take(self.table, rows)
 
 
@@ -165,10 +181,10 @@ class NpyTable:
         self.target_dtype = target_dtype
 
     def read(self, rows: np.ndarray) -> dict:
-        table = self.mapped.read(rows)
+        table = self.mapped.read(rows, copy=False)  # read once into x and y below
         _check_finite(self.name, table, rows)
         x = np.delete(table, self.target, axis=1).astype(np.float32, copy=False)
-        y = table[:, self.target:self.target + 1]
+        y = np.array(table[:, self.target:self.target + 1])
         if self.target_dtype == "int32":
             labels = y[:, 0]
             wrong = np.flatnonzero(labels != np.round(labels))
