@@ -78,6 +78,11 @@ class Batches:
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
         self._thread = None
+        if self.resident and num_steps > first_step:
+            # placed before the first step, as all-in-memory loading did: reading them
+            # later would be timed as the first steps' own time
+            for b in range(order.num_batches if steps_per_call == 1 else 1):
+                self.get(b * steps_per_call)
         if not self.resident:
             self._thread = threading.Thread(
                 target=self._produce, args=(first_step, num_steps), daemon=True,
