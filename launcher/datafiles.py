@@ -8,6 +8,7 @@ member headers inside an ``.npz`` zip, and the line count of a ``.csv``.
 from __future__ import annotations
 
 import ast
+import os
 import struct
 import zipfile
 from typing import IO
@@ -22,6 +23,11 @@ class DataFileError(Exception):
 
 
 def _npy_shape(stream: IO[bytes], name: str) -> tuple[int, ...]:
+    return _npy_header(stream, name)[0]
+
+
+def _npy_header(stream: IO[bytes], name: str) -> tuple[tuple[int, ...], int]:
+    """The shape and the bytes per value of the .npy at the start of ``stream``."""
     magic = stream.read(8)
     if magic[:6] != b"\x93NUMPY":
         raise DataFileError(f"{name} is not an .npy file (bad magic bytes)")
@@ -36,7 +42,7 @@ def _npy_shape(stream: IO[bytes], name: str) -> tuple[int, ...]:
     if header.get("fortran_order"):
         raise DataFileError(f"{name} is in Fortran order; save it with C order "
                             "(numpy.ascontiguousarray) so rows can be memory-mapped")
-    return tuple(header["shape"])
+    return tuple(header["shape"]), int(descr[2:]) if descr[2:].isdigit() else 0
 
 
 def shape(path: str) -> tuple[int, int]:
@@ -52,9 +58,16 @@ def shape(path: str) -> tuple[int, int]:
     try:
         if path.endswith(".npy"):
             with open(path, "rb") as f:
-                dims = _npy_shape(f, path)
+                dims, itemsize = _npy_header(f, path)
+                data_start = f.tell()
             if len(dims) != 2:
                 raise DataFileError(f"expected a 2-D array [rows, columns], got shape {dims}")
+            size, row_bytes = os.path.getsize(path), itemsize * dims[1]
+            if row_bytes and size < data_start + dims[0] * row_bytes:  # a copy cut short
+                raise DataFileError(
+                    f"the file is {size} bytes, too short for its {dims[0]} rows: rows "
+                    f"{(size - data_start) // row_bytes} (0-based) onwards are missing (a "
+                    "truncated copy?); copy the file again")
             return dims
         if path.endswith(".npz"):
             return _npz_shape(path)

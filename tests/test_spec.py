@@ -275,6 +275,23 @@ def test_bad_npz_arrays_are_reported_before_launch(tmp_path, arrays, expected):
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
+def test_a_truncated_npy_is_reported_before_launch(tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "data.npy", np.ones((40, 4), np.float32))
+    size = (tmp_path / "data.npy").stat().st_size
+    with open(tmp_path / "data.npy", "r+b") as f:
+        f.truncate(size - 9 * 16 - 8)  # 30.5 rows left
+    (tmp_path / "job.yaml").write_text(GOOD.replace(
+        "source: synthetic\n  num_examples: 64", "source: file\n  path: data.npy").replace(
+        "global_batch_size: 64", "global_batch_size: 4").replace("num_processes: 2", "num_processes: 1"))
+    result = launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (f"job.yaml:6: data.path: {tmp_path / 'data.npy'}: the file is {size - 152} bytes, too "
+            "short for its 40 rows: rows 30 (0-based) onwards are missing") in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_spec_that_is_not_utf8_is_bad_input(tmp_path):
     (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe bad\n")
     result = launch(str(tmp_path / "bin.yaml"))

@@ -83,7 +83,7 @@ class Batches:
             # later would be timed as the first steps' own time
             for b in range(order.num_batches if steps_per_call == 1 else 1):
                 self.get(b * steps_per_call)
-        if not self.resident:
+        if not self.resident and num_steps > first_step:
             self._thread = threading.Thread(
                 target=self._produce, args=(first_step, num_steps), daemon=True,
                 name="podlaunch-input")
