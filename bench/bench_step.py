@@ -81,7 +81,13 @@ def run_podlaunch(extra: list, shape: str, processes: int, devices: int, steps: 
             "--set", f"data.num_examples={batch}", "--set", f"data.in_features={features}",
             "--set", f"logging.log_every_steps={log_every}", "--set", "checkpoint.every_steps=0",
             "--set", "optimizer.learning_rate=0.01", *extra]
-    done = subprocess.run(args, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=1800)
+    return process0_steps_per_s(args, REPO, run_dir, steps, tag)
+
+
+def process0_steps_per_s(args: list, cwd: str, run_dir: str, steps: int, tag: str) -> float:
+    """Run the launch ``args`` in ``cwd``; process 0's own steps/s from its log (compilation
+    excluded), or exit naming ``tag`` when it failed or timed fewer than ``steps`` steps."""
+    done = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{tag} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
     stats = ProcessStats()

@@ -13,16 +13,17 @@ import sys
 
 from launcher.errors import Problem, SpecError
 
-BUILTIN_TASKS = ("linear_regression",)
+BUILTIN_TASKS = ("linear_regression", "softmax_classifier")
 
 
 def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
     """For local runs: synthetic data that cannot fit in this machine's memory is refused.
 
-    Every process holds its rows of every global batch twice (numpy, and the
-    copy on its CPU devices: ``worker.train.place``), so the processes on this
-    machine together need ``2 x rows x (in_features + out_features) x 4`` bytes,
-    rows being the ``num_examples`` that fill whole global batches.
+    Synthetic data is generated, not read from a file: each process keeps the
+    chunks it has generated (``worker.sources.Synthetic``), and with shuffled or
+    several batches that is every row, so the processes on this machine together
+    may hold ``num_processes x rows x (in_features + out_features) x 4`` bytes.
+    File data is memory-mapped and never counted (docs/data.md).
 
     Raises:
       SpecError: that exceeds 80% of the machine's memory (``memory_bytes``,
@@ -35,16 +36,17 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
         return
     if memory_bytes is None:
         memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    rows = data.num_examples // spec.train.global_batch_size * spec.train.global_batch_size
-    need = 2 * rows * (data.in_features + data.out_features) * 4
+    rows = data.num_examples
+    need = spec.num_processes * rows * (data.in_features + data.out_features) * 4
     if need > 0.8 * memory_bytes:
         gib = 1 << 30
         raise SpecError([Problem(*spec.where(("data", "num_examples")), "data.num_examples",
                                  f"{rows} rows x {data.in_features + data.out_features} float32 "
-                                 f"columns need about {need / gib:.1f} GiB here (every process "
-                                 f"holds its rows twice), more than 80% of this machine's "
-                                 f"{memory_bytes / gib:.1f} GiB; lower data.num_examples or "
-                                 "data.in_features")])
+                                 f"columns need about {need / gib:.1f} GiB here (each of the "
+                                 f"{spec.num_processes} processes may generate every row), more "
+                                 f"than 80% of this machine's {memory_bytes / gib:.1f} GiB; lower "
+                                 "data.num_examples or data.in_features, or write the data to "
+                                 "a .npy file (memory-mapped, streamed)")])
 
 
 def worker_search_path(pythonpath: str | None) -> list:

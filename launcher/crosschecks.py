@@ -11,6 +11,7 @@ import dataclasses
 import os
 
 from launcher import datafiles, schema
+from launcher.checks import BUILTIN_TASKS
 from launcher.programspec import check_program
 
 
@@ -35,6 +36,9 @@ def check_job(spec, raw: dict, ctx: schema.Context):
                       f"{k} to a device call, and are logged, saved and ended at call "
                       f"boundaries); use a multiple of {k}")
     raw_data = raw.get("data") or {}
+    if data.resident and data.shuffle:
+        ctx.error(("data", "resident"), "cannot be used with data.shuffle: true (every epoch's "
+                  "batches are new); remove one of them")
     if data.source == "synthetic":
         if data.path is not None:
             ctx.error(("data", "path"), "only used with data.source: file; set data.source: file "
@@ -43,6 +47,9 @@ def check_job(spec, raw: dict, ctx: schema.Context):
             ctx.error(("data", "num_examples"),
                       f"{data.num_examples} rows cannot fill one global batch of "
                       f"{train.global_batch_size}; raise it or lower train.global_batch_size")
+        if schema.given(raw_data, "target_dtype"):
+            ctx.error(("data", "target_dtype"), "only used with data.source: file (.npy, .csv); "
+                      "remove it")
         return dataclasses.replace(spec, data_rows=data.num_examples)
     for key in ("num_examples", "in_features", "out_features", "noise_std", "seed"):
         if schema.given(raw_data, key):
@@ -60,6 +67,15 @@ def check_job(spec, raw: dict, ctx: schema.Context):
     except datafiles.DataFileError as exc:
         ctx.error(("data", "path"), f"{full}: {exc}")
         return spec
+    if full.endswith(".npz") and spec.task.name in BUILTIN_TASKS:
+        missing = [n for n in ("x", "y") if n not in datafiles.npz_arrays(full)]
+        if missing:
+            ctx.error(("data", "path"), f"{full}: task {spec.task.name} reads arrays x and y; "
+                      f"{' and '.join(missing)} missing: save with numpy.savez(path, x=features, "
+                      "y=targets)")
+    if full.endswith(".npz") and schema.given(raw_data, "target_dtype"):
+        ctx.error(("data", "target_dtype"), "an .npz keeps each array's own dtype; remove it "
+                  "(save labels with an integer dtype)")
     if not full.endswith(".npz") and not -columns <= data.target_column < columns:
         ctx.error(("data", "target_column"),
                   f"expected a column index from {-columns} to {columns - 1}, got {data.target_column}")

@@ -8,6 +8,7 @@ member headers inside an ``.npz`` zip, and the line count of a ``.csv``.
 from __future__ import annotations
 
 import ast
+import os
 import struct
 import zipfile
 from typing import IO
@@ -22,6 +23,11 @@ class DataFileError(Exception):
 
 
 def _npy_shape(stream: IO[bytes], name: str) -> tuple[int, ...]:
+    return _npy_header(stream, name)[0]
+
+
+def _npy_header(stream: IO[bytes], name: str) -> tuple[tuple[int, ...], int]:
+    """The shape and the bytes per value of the .npy at the start of ``stream``."""
     magic = stream.read(8)
     if magic[:6] != b"\x93NUMPY":
         raise DataFileError(f"{name} is not an .npy file (bad magic bytes)")
@@ -36,15 +42,15 @@ def _npy_shape(stream: IO[bytes], name: str) -> tuple[int, ...]:
     if header.get("fortran_order"):
         raise DataFileError(f"{name} is in Fortran order; save it with C order "
                             "(numpy.ascontiguousarray) so rows can be memory-mapped")
-    return tuple(header["shape"])
+    return tuple(header["shape"]), int(descr[2:]) if descr[2:].isdigit() else 0
 
 
 def shape(path: str) -> tuple[int, int]:
     """Return (num_rows, num_columns) of a dataset file.
 
-    For ``.npz`` files num_columns is the feature count of array ``x`` (the
-    targets are array ``y``); for ``.npy`` and ``.csv`` it counts every column,
-    target included.
+    For ``.npz`` files num_columns is the feature count of array ``x`` (0 when
+    there is none: a task reads its arrays by name); for ``.npy`` and ``.csv``
+    it counts every column, target included.
 
     Raises:
       DataFileError: with a message saying what is wrong with the file.
@@ -52,25 +58,19 @@ def shape(path: str) -> tuple[int, int]:
     try:
         if path.endswith(".npy"):
             with open(path, "rb") as f:
-                dims = _npy_shape(f, path)
+                dims, itemsize = _npy_header(f, path)
+                data_start = f.tell()
             if len(dims) != 2:
                 raise DataFileError(f"expected a 2-D array [rows, columns], got shape {dims}")
+            size, row_bytes = os.path.getsize(path), itemsize * dims[1]
+            if row_bytes and size < data_start + dims[0] * row_bytes:  # a copy cut short
+                raise DataFileError(
+                    f"the file is {size} bytes, too short for its {dims[0]} rows: rows "
+                    f"{(size - data_start) // row_bytes} (0-based) onwards are missing (a "
+                    "truncated copy?); copy the file again")
             return dims
         if path.endswith(".npz"):
-            with zipfile.ZipFile(path) as archive:
-                names = set(archive.namelist())
-                if not {"x.npy", "y.npy"} <= names:
-                    raise DataFileError(
-                        f"expected arrays named 'x' and 'y', found {sorted(n[:-4] for n in names)}; "
-                        "save with numpy.savez(path, x=features, y=targets)")
-                with archive.open("x.npy") as f:
-                    x = _npy_shape(f, "x")
-                with archive.open("y.npy") as f:
-                    y = _npy_shape(f, "y")
-            if len(x) != 2 or x[0] != y[0]:
-                raise DataFileError(f"expected x [rows, features] and y [rows, ...] with equal rows, "
-                                    f"got x {x} and y {y}")
-            return x[0], x[1]
+            return _npz_shape(path)
         if path.endswith(".csv"):
             return _csv_shape(path)
     except OSError as exc:
@@ -80,6 +80,35 @@ def shape(path: str) -> tuple[int, int]:
     except (zipfile.BadZipFile, ValueError, SyntaxError, KeyError, struct.error) as exc:
         raise DataFileError(f"cannot read the file's header: {exc}") from None
     raise DataFileError(f"expected a file ending in {', '.join(SUFFIXES)}")
+
+
+def npz_arrays(path: str) -> dict:
+    """``{name: shape}`` of every array of an ``.npz`` (member headers only).
+
+    Raises:
+      DataFileError: no arrays, an array with no row axis, or arrays with different row counts.
+    """
+    shapes = {}
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            if name.endswith(".npy"):
+                with archive.open(name) as f:
+                    shapes[name[:-4]] = _npy_shape(f, name[:-4])
+    if not shapes:
+        raise DataFileError("holds no arrays; save with numpy.savez(path, x=features, y=targets)")
+    rows = {name: shape[0] if shape else None for name, shape in shapes.items()}
+    if None in rows.values() or len(set(rows.values())) != 1:
+        raise DataFileError(f"expected arrays with one row per example (equal first dimensions), "
+                            f"got {', '.join(f'{n} {s}' for n, s in shapes.items())}")
+    return shapes
+
+
+def _npz_shape(path: str) -> tuple[int, int]:
+    shapes = npz_arrays(path)
+    x = shapes.get("x")
+    if x is not None and len(x) != 2:
+        raise DataFileError(f"expected x [rows, features], got x {x}")
+    return next(iter(shapes.values()))[0], x[1] if x is not None else 0
 
 
 def _csv_shape(path: str) -> tuple[int, int]:

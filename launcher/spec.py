@@ -65,6 +65,18 @@ class DataSpec:
     last_batch: Literal["drop", "pad"] = setting(
         "drop", doc="rows that do not fill a last global batch: drop them, or pad that batch "
         "with rows from the start (the launch says how many rows each epoch uses)")
+    shuffle: bool = setting(False, doc="a seeded permutation of the rows for every epoch, the same "
+                            "global order on every topology")
+    shuffle_seed: int = setting(0, check=schema.seed, doc="seed of the shuffle")
+    prefetch: int = setting(2, check=positive, doc="device calls' batches each process reads and "
+                            "places ahead of the step (host and device memory: about this many "
+                            "batches)")
+    resident: bool = setting(False, doc="unshuffled data that fits in device memory: keep every "
+                             "batch on the devices after its first use (no reads or copies per "
+                             "step, as before streaming)")
+    target_dtype: Literal["float32", "int32"] = setting(
+        "float32", doc="file (.npy, .csv): the target column as float32 targets, or int32 class "
+        "labels (whole numbers)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -165,8 +165,22 @@ def test_another_jobs_checkpoint_is_an_error_not_skipped(tmp_path):
     with pytest.raises(checkpoint.IncompatibleCheckpoint, match="different data or batch size"):
         checkpoint.latest(str(tmp_path), TEMPLATE, num_batches=4)
     manifest = json.loads((tmp_path / "step-0000010" / "manifest.json").read_text())
-    assert manifest["data"] == {"next_batch": 1, "num_batches": 3}
+    assert manifest["data"] == {"next_batch": 1, "num_batches": 3, "epoch": 3}
     assert len(manifest["state_file"]["sha256"]) == 64
+
+
+def test_a_checkpoint_of_another_data_order_is_an_error(tmp_path):
+    shuffled = {"shuffle": True, "shuffle_seed": 7}
+    checkpoint.save(str(tmp_path), dataclasses.replace(state(10), order=shuffled), keep=3)
+    manifest = json.loads((tmp_path / "step-0000010" / "manifest.json").read_text())
+    assert manifest["data"] == {"next_batch": 1, "num_batches": 3, "epoch": 3,
+                                "shuffle": True, "shuffle_seed": 7}
+    assert checkpoint.latest(str(tmp_path), TEMPLATE, 3, order=shuffled).step == 10
+    for other, said in (({"shuffle": True, "shuffle_seed": 8}, "shuffled, seed 8"),
+                        (None, "not shuffled")):
+        with pytest.raises(checkpoint.IncompatibleCheckpoint,
+                           match=rf"data order \(shuffled, seed 7\) differs from this job's \({said}\)"):
+            checkpoint.latest(str(tmp_path), TEMPLATE, 3, order=other)
 
 
 # ---- the restart policy (launcher side, no processes) -------------------------

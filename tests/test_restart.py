@@ -53,12 +53,17 @@ def assert_same_params(got: dict, want: dict) -> None:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=0)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def reference_run(tmp_path_factory, *args: str) -> dict:
+    """The params of an uninterrupted ``launch jobs/linear.yaml ARGS``."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    result = launch("jobs/linear.yaml", *COMMON, "--run-dir", str(run_dir))
+    result = launch("jobs/linear.yaml", *args, "--run-dir", str(run_dir))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     return params(run_dir)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return reference_run(tmp_path_factory, *COMMON)
 
 
 @pytest.mark.parametrize("parallelism", ["pmap", "jit"])
@@ -218,7 +223,8 @@ def ssh_hosts(tmp_path_factory):
         yield env
 
 
-def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, ssh_hosts, uninterrupted):
+def ssh_cluster(tmp_path, ssh_hosts) -> str:
+    """A cluster file for the sshd hosts (a workdir each under ``tmp_path``); its path."""
     cluster = {
         "backend": "ssh", "ssh_config_file": ssh_hosts.ssh_config, "python": sys.executable,
         "hosts": [{"host": h, "workdir": str(tmp_path / f"host{i}")} for i, h in enumerate(ssh_hosts.hosts)],
@@ -226,8 +232,12 @@ def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, ssh_hosts, 
         "grace_s": 2, "keepalive_interval_s": 1, "keepalive_timeout_s": 4,
     }
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    return str(tmp_path / "cluster.yaml")
+
+
+def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, ssh_hosts, uninterrupted):
     run_dir = tmp_path / "run"
-    result = launch("jobs/linear.yaml", "--cluster", str(tmp_path / "cluster.yaml"), *COMMON,
+    result = launch("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, ssh_hosts), *COMMON,
                     *fault("sigkill", 17), "--set", "restarts.max_restarts=1", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr

@@ -87,6 +87,16 @@ BAD = [
     ("data-beyond-memory", edit("num_examples: 64", "num_examples: 2000000000"), [],
      ["bad.yaml:6: data.num_examples: 2000000000 rows x 5 float32 columns need about",
       "lower data.num_examples or data.in_features"]),
+    ("shuffle-not-bool", edit("num_examples: 64", "num_examples: 64\n  shuffle: yes"), [],
+     ["bad.yaml:7: data.shuffle: expected true or false"]),
+    ("prefetch-zero", edit("num_examples: 64", "num_examples: 64\n  prefetch: 0"), [],
+     ["bad.yaml:7: data.prefetch: expected"]),
+    ("target-dtype-synthetic", edit("num_examples: 64", "num_examples: 64\n  target_dtype: int32"), [],
+     ["bad.yaml:7: data.target_dtype: only used with data.source: file"]),
+    ("target-dtype-unknown", edit("num_examples: 64", "num_examples: 64\n  target_dtype: int8"), [],
+     ["bad.yaml:7: data.target_dtype: expected one of"]),
+    ("resident-and-shuffle", edit("num_examples: 64", "num_examples: 64\n  shuffle: true\n  resident: true"), [],
+     ["bad.yaml:8: data.resident: cannot be used with data.shuffle: true"]),
     ("set-task-not-importable", GOOD, ["--set", "task.name=no_such_module_xyz:make"],
      ["--set: task.name: module 'no_such_module_xyz' is not importable by the workers"]),
     ("env-float", GOOD + "  env: {RATIO: 1.50}\n", [],
@@ -243,6 +253,42 @@ def test_bad_data_file_content_is_reported_before_launch(tmp_path, name, content
     result = launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "job.yaml:6: data.path: " in result.stderr and expected in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("arrays, expected", [
+    ({"x": (8, 3), "label": (8,)}, "data.npz: task linear_regression reads arrays x and y; y missing"),
+    ({"x": (8, 3), "y": (7,)}, "data.npz: expected arrays with one row per example (equal first "
+     "dimensions), got x (8, 3), y (7,)"),
+    ({"x": (8, 3, 2), "y": (8,)}, "data.npz: expected x [rows, features], got x (8, 3, 2)"),
+])
+def test_bad_npz_arrays_are_reported_before_launch(tmp_path, arrays, expected):
+    import numpy as np
+
+    np.savez(tmp_path / "data.npz", **{n: np.zeros(shape, np.float32) for n, shape in arrays.items()})
+    (tmp_path / "job.yaml").write_text(GOOD.replace(
+        "source: synthetic\n  num_examples: 64", "source: file\n  path: data.npz").replace(
+        "global_batch_size: 64", "global_batch_size: 4").replace("num_processes: 2", "num_processes: 1"))
+    result = launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "job.yaml:6: data.path: " in result.stderr and expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_truncated_npy_is_reported_before_launch(tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "data.npy", np.ones((40, 4), np.float32))
+    size = (tmp_path / "data.npy").stat().st_size
+    with open(tmp_path / "data.npy", "r+b") as f:
+        f.truncate(size - 9 * 16 - 8)  # 30.5 rows left
+    (tmp_path / "job.yaml").write_text(GOOD.replace(
+        "source: synthetic\n  num_examples: 64", "source: file\n  path: data.npy").replace(
+        "global_batch_size: 64", "global_batch_size: 4").replace("num_processes: 2", "num_processes: 1"))
+    result = launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (f"job.yaml:6: data.path: {tmp_path / 'data.npy'}: the file is {size - 152} bytes, too "
+            "short for its 40 rows: rows 30 (0-based) onwards are missing") in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -63,6 +63,10 @@ class Checkpoint:
       next_batch: index of the global batch the next step uses (the data position).
       num_batches: global batches in the dataset when it was saved.
       path: the checkpoint directory.
+      order: how the data was ordered (``{"shuffle": bool, "shuffle_seed": int}``;
+        None: unshuffled, as checkpoints from before shuffling). With the step it
+        fixes the data position (``worker.order.Order.position``: epoch, offset
+        in the global order), which is topology-free.
     """
 
     step: int
@@ -70,6 +74,7 @@ class Checkpoint:
     next_batch: int
     num_batches: int
     path: str = ""
+    order: dict | None = None
 
 
 def directory(run_dir: str) -> str:
@@ -132,7 +137,8 @@ def save(ckpt_dir: str, ckpt: Checkpoint, keep: int) -> str:
         os.fsync(f.fileno())
     manifest = {
         "format": FORMAT, "step": ckpt.step,
-        "data": {"next_batch": ckpt.next_batch, "num_batches": ckpt.num_batches},
+        "data": {"next_batch": ckpt.next_batch, "num_batches": ckpt.num_batches,
+                 "epoch": ckpt.step // ckpt.num_batches, **(ckpt.order or {})},
         "leaves": [{"shape": list(np.shape(a)), "dtype": str(np.asarray(a).dtype)} for a in ckpt.leaves],
         "state_file": {"name": STATE_FILE, "size_bytes": os.path.getsize(state), "sha256": _sha256(state)},
     }
@@ -161,7 +167,7 @@ def _prune(ckpt_dir: str, keep: int) -> None:
             shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
 
 
-def load(path: str, template: list, num_batches: int) -> Checkpoint:
+def load(path: str, template: list, num_batches: int, order: dict | None = None) -> Checkpoint:
     """Read and verify one checkpoint directory against the job's state.
 
     Args:
@@ -169,6 +175,7 @@ def load(path: str, template: list, num_batches: int) -> Checkpoint:
       template: leaves of the freshly initialised ``(params, opt_state)``;
         the checkpoint's leaves must have the same count, shapes and dtypes.
       num_batches: global batches in this job's dataset.
+      order: this job's ``{"shuffle": bool, "shuffle_seed": int}`` (None: unshuffled).
 
     Returns:
       The verified Checkpoint.
@@ -203,14 +210,30 @@ def load(path: str, template: list, num_batches: int) -> Checkpoint:
         raise IncompatibleCheckpoint(
             f"data position {data['next_batch']} of {data['num_batches']} batches does not fit this "
             f"job's data ({step % num_batches} of {num_batches} at step {step}): different data or batch size")
+    theirs = _order(data)
+    if theirs != _order(order or {}):
+        raise IncompatibleCheckpoint(
+            f"its data order ({_order_text(theirs)}) differs from this job's "
+            f"({_order_text(_order(order or {}))}): resuming would not see the batches the run "
+            "would have seen; set data.shuffle and data.shuffle_seed as the run that saved it")
     with np.load(state) as arrays:
         leaves = [arrays[f"leaf_{i:05d}"] for i in range(len(specs))]
     return Checkpoint(step=step, leaves=leaves, next_batch=data["next_batch"],
-                      num_batches=data["num_batches"], path=path)
+                      num_batches=data["num_batches"], path=path, order=theirs)
+
+
+def _order(data: dict) -> dict:
+    """The order part of a data position; an unshuffled one's seed does not matter."""
+    shuffle = bool(data.get("shuffle", False))
+    return {"shuffle": shuffle, "shuffle_seed": int(data.get("shuffle_seed", 0)) if shuffle else 0}
+
+
+def _order_text(order: dict) -> str:
+    return f"shuffled, seed {order['shuffle_seed']}" if order["shuffle"] else "not shuffled"
 
 
 def latest(ckpt_dir: str, template: list, num_batches: int,
-           warn: Callable[[str], None] = print) -> Checkpoint | None:
+           warn: Callable[[str], None] = print, order: dict | None = None) -> Checkpoint | None:
     """The newest checkpoint that verifies; corrupt newer ones are skipped with a warning.
 
     Returns:
@@ -225,7 +248,7 @@ def latest(ckpt_dir: str, template: list, num_batches: int,
     for step in reversed(list_steps(ckpt_dir)):
         path = step_dir(ckpt_dir, step)
         try:
-            return load(path, template, num_batches)
+            return load(path, template, num_batches, order)
         except IncompatibleCheckpoint:
             raise
         except CheckpointError as exc:
@@ -240,7 +263,7 @@ def latest(ckpt_dir: str, template: list, num_batches: int,
 
 # ---- with jax: the worker's side -------------------------------------------
 def save_replicated(run_dir: str, step: int, params, opt_state, num_batches: int, keep: int,
-                    unreplicate: Callable | None = None) -> str:
+                    order: dict | None = None, unreplicate: Callable | None = None) -> str:
     """Process 0: save one copy of replicated ``params`` and ``opt_state`` after ``step``.
 
     Args:
@@ -250,6 +273,7 @@ def save_replicated(run_dir: str, step: int, params, opt_state, num_batches: int
         (``pmap``'s layout), or as ``unreplicate`` takes them.
       num_batches: global batches in the dataset (the data position is ``step % num_batches``).
       keep: checkpoints to keep.
+      order: ``{"shuffle": bool, "shuffle_seed": int}`` of the data (None: unshuffled).
       unreplicate: a pytree of replicated leaves -> the same of numpy arrays
         (``worker.sharded.unreplicate`` for ``jit``'s global arrays); default: device 0's copy.
 
@@ -262,11 +286,11 @@ def save_replicated(run_dir: str, step: int, params, opt_state, num_batches: int
     leaves = jax.tree_util.tree_leaves(unreplicate(state) if unreplicate is not None else
                                        jax.tree.map(lambda a: np.asarray(a[0]), state))
     return save(directory(run_dir), Checkpoint(step=step, leaves=leaves, next_batch=step % num_batches,
-                                               num_batches=num_batches), keep)
+                                               num_batches=num_batches, order=order), keep)
 
 
 def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
-                      warn: Callable[[str], None] = print):
+                      warn: Callable[[str], None] = print, order: dict | None = None):
     """Process 0 reads the latest good checkpoint; every process gets it by broadcast.
 
     Only process 0 touches the checkpoint files, so other hosts need no shared
@@ -280,6 +304,7 @@ def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
         the template for shapes and dtypes, and the answer when there is no checkpoint.
       num_batches: global batches in the dataset.
       warn: where process 0 reports skipped (corrupt) checkpoints.
+      order: this job's data order (``load``).
 
     Returns:
       ``(state, step)``: the restored state and its step, or ``(state, 0)`` unchanged.
@@ -296,7 +321,7 @@ def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
     found, error, header = None, "", np.zeros(2, np.int32)  # [status 1/0/-1, step]
     if process_id == 0:
         try:
-            found = latest(directory(run_dir), leaves, num_batches, warn)
+            found = latest(directory(run_dir), leaves, num_batches, warn, order)
         except (IncompatibleCheckpoint, NoUsableCheckpoint) as exc:
             error = str(exc)
         header = np.array([-1 if error else int(found is not None), found.step if found else 0], np.int32)

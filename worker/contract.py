@@ -125,6 +125,9 @@ JOINING_RE = re.compile(r"^joining the coordinator at (?P<address>\S+) \(initial
 JOINED_RE = re.compile(r"^process \d+/\d+ joined ")
 INIT_FAILED_FORMAT = "podlaunch-init-failed: {error}"
 EXIT_INIT = 4
+# Bad data found while reading batches (worker.sources.DataError): the file, row and
+# column are in the message; not in restarts.retry_exit_codes' default, so not retried.
+EXIT_DATA = 5
 
 # The worker's last line after a complete run. A process that exits 0 without it
 # (and without a progress line of its last step) ended early: the launcher counts

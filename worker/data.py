@@ -1,207 +1,159 @@
-"""Each process loads only its own shard of every global batch.
+"""The input pipeline: each process streams its own rows of each step's global batch.
 
-The dataset has ``num_examples`` rows. Global batch ``i`` is rows
-``[i*B, (i+1)*B)`` with ``B = global_batch_size``; a trailing partial batch is
-dropped, and step ``s`` (0-based) uses batch ``s % num_batches``. Within a
-batch, process ``p`` of ``P`` owns the contiguous rows
-``[p*B/P, (p+1)*B/P)``, split evenly over its local devices. So the union of
-all shards is exactly the global batch whatever the topology, and the
-parameters after N steps do not depend on how devices are split over processes.
+Which rows a step uses is ``worker.order`` (topology-free, optionally shuffled);
+where they come from is ``worker.sources`` (memory-mapped files, checked rows).
+``Batches`` reads this process's share of each call's batches on a background
+thread, puts them on the local devices, and keeps at most ``prefetch`` calls
+ready: the host-to-device copy of the next batch overlaps the current step, and
+host and device memory hold a few batches, never the dataset.
+
+A batch is a dict of named arrays, each ``[local_device_count,
+per_device_batch_size, ...]`` (the ``pmap`` layout); for a fused call
+(``train.steps_per_call`` k > 1) each is ``[local_device_count, W,
+per_device_batch_size, ...]`` with a ``first`` index: step i of the call uses
+window entry ``(first + i) % W``.
+
+Threads, not processes: the work is numpy slicing and copies that release the
+GIL, and worker processes forked after JAX has started (or sharing batches
+through ``/dev/shm``) are what broke Grain-based loaders elsewhere
+(docs/data.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import zipfile
+import queue
+import threading
+from typing import Callable
 
 import numpy as np
 
-from worker import csvdata
 from worker import job as jobs
-
-# Synthetic rows are generated in fixed chunks, each from its own seed, so a
-# process can generate its rows without generating anyone else's.
-SYNTHETIC_CHUNK_ROWS = 4096
-
-
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    """This process's rows of every global batch.
-
-    Attributes:
-      x: ``[num_batches, local_device_count, per_device_batch_size, in_features]`` float32.
-      y: ``[num_batches, local_device_count, per_device_batch_size, out_features]`` float32.
-    """
-
-    x: np.ndarray
-    y: np.ndarray
-
-    @property
-    def num_batches(self) -> int:
-        return self.x.shape[0]
-
-    @property
-    def in_features(self) -> int:
-        return self.x.shape[-1]
-
-    @property
-    def out_features(self) -> int:
-        return self.y.shape[-1]
+from worker.order import Order, num_batches  # noqa: F401  (num_batches: re-exported)
+from worker.sources import (DataError, open_source, synthetic_rows,  # noqa: F401
+                            synthetic_truth)
 
 
-def num_batches(num_examples: int, global_batch_size: int, pad: bool = False) -> int:
-    """Global batches per epoch: whole ones only (``drop``), or the last one filled (``pad``)."""
-    return -(-num_examples // global_batch_size) if pad else num_examples // global_batch_size
+def make_order(data: jobs.DataConfig, num_rows: int, global_batch_size: int) -> Order:
+    """The job's ``Order`` over ``num_rows`` rows (``last_batch``, ``shuffle``, ``shuffle_seed``)."""
+    return Order(num_rows, global_batch_size, pad=data.last_batch == "pad",
+                 shuffle=data.shuffle, seed=data.shuffle_seed)
 
 
-def own_rows(num_examples: int, global_batch_size: int, process_id: int,
-             num_processes: int, pad: bool = False) -> list[tuple[int, int]]:
-    """Row segments ``[start, stop)`` this process owns, in order, for every global batch.
-
-    Batch ``i`` is rows ``i * global_batch_size`` onwards, each process taking
-    its contiguous share. With ``pad``, a last batch the rows do not fill
-    takes rows from the start again (so a segment may wrap: two segments);
-    without it, the rows after the last whole batch are not used.
-
-    Raises:
-      ValueError: the batch does not divide over processes, or exceeds the data.
-    """
-    if global_batch_size % num_processes:
-        raise ValueError(f"global_batch_size {global_batch_size} does not divide over "
-                         f"{num_processes} processes")
-    count = num_batches(num_examples, global_batch_size, pad)
-    if count == 0:
-        raise ValueError(f"{num_examples} rows cannot fill a global batch of {global_batch_size}")
-    per_process = global_batch_size // num_processes
-    segments = []
-    for i in range(count):
-        start = i * global_batch_size + process_id * per_process
-        stop = start + per_process
-        lo = start
-        while lo < stop:  # more than one segment only when a padded batch wraps
-            hi = min(stop, (lo // num_examples + 1) * num_examples)
-            segments.append((lo % num_examples, (hi - 1) % num_examples + 1))
-            lo = hi
-    return segments
-
-
-def synthetic_truth(seed: int, in_features: int, out_features: int) -> tuple[np.ndarray, np.ndarray]:
-    """The true ``w [in, out]`` and ``b [out]`` (float32) of the synthetic data."""
-    rng = np.random.default_rng([seed, 0])
-    return (rng.standard_normal((in_features, out_features)).astype(np.float32),
-            rng.standard_normal(out_features).astype(np.float32))
-
-
-def synthetic_rows(seed: int, in_features: int, out_features: int, noise_std: float,
-                   start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``[start, stop)`` of ``y = x @ w_true + b_true + noise_std * N(0, 1)``.
-
-    Returns x ``[stop-start, in]`` and y ``[stop-start, out]``, float32. Row r
-    is the same whoever generates it: chunk ``c`` comes from seed ``[seed, 1, c]``.
-    """
-    w, b = synthetic_truth(seed, in_features, out_features)
-    xs, ys = [], []
-    for chunk in range(start // SYNTHETIC_CHUNK_ROWS, (stop - 1) // SYNTHETIC_CHUNK_ROWS + 1):
-        rng = np.random.default_rng([seed, 1, chunk])
-        x = rng.standard_normal((SYNTHETIC_CHUNK_ROWS, in_features), dtype=np.float32)
-        noise = rng.standard_normal((SYNTHETIC_CHUNK_ROWS, out_features), dtype=np.float32)
-        lo = max(start - chunk * SYNTHETIC_CHUNK_ROWS, 0)
-        hi = min(stop - chunk * SYNTHETIC_CHUNK_ROWS, SYNTHETIC_CHUNK_ROWS)
-        xs.append(x[lo:hi])
-        ys.append(x[lo:hi] @ w + b + np.float32(noise_std) * noise[lo:hi])
-    return np.concatenate(xs), np.concatenate(ys)
-
-
-def _file_rows(path: str, target_column: int, segments: list, table_rows: int | None = None):
-    """Read only this process's rows of a .npy, .npz or .csv file.
-
-    Raises:
-      ValueError: a value is not finite (naming the file, its row and column).
-    """
-    if path.endswith(".npz"):
-        with np.load(path) as arrays:  # npz members cannot be memory-mapped
-            x_all, y_all = arrays["x"], arrays["y"]
-        x = np.concatenate([x_all[s:e] for s, e in segments])
-        y = np.concatenate([y_all[s:e] for s, e in segments])
-        y = y.reshape(len(y), -1)
-        _check_finite(path, np.concatenate([x.reshape(len(x), -1), y], axis=1), segments)
-        return x, y
-    if path.endswith(".npy"):
-        table = np.load(path, mmap_mode="r")  # only our rows are paged in
-        rows = np.concatenate([np.asarray(table[s:e]) for s, e in segments])
-        _check_finite(path, rows, segments)
-    else:  # .csv: the launcher's pre-check and this reader are one parser (worker.csvdata)
-        try:
-            rows = np.array(csvdata.read_rows(path, segments), dtype=np.float64, ndmin=2)
-        except csvdata.CsvError as exc:
-            raise ValueError(f"{path}: {exc}") from None
-    target = target_column % rows.shape[1]
-    return np.delete(rows, target, axis=1), rows[:, target:target + 1]
-
-
-def _check_finite(path: str, rows: np.ndarray, segments: list) -> None:
-    """Raise ValueError naming the first non-finite value's row (0-based, in the file) and column."""
-    bad = ~np.isfinite(rows)
-    if not bad.any():
-        return
-    index, column = (int(v) for v in np.argwhere(bad)[0])
-    file_rows = np.concatenate([np.arange(s, e) for s, e in segments])
-    raise ValueError(f"{path}: row {int(file_rows[index])} (0-based), column {column + 1}: "
-                     f"{float(rows[index, column])!r} is not a finite number; data must be finite "
-                     "(fix or drop the row)")
-
-
-def file_row_count(path: str) -> int:
-    """Data rows of a .npy, .npz or .csv file (headers and blank lines not counted)."""
-    if path.endswith(".npz"):  # the member's header only: _file_rows reads the arrays once
-        with zipfile.ZipFile(path) as archive, archive.open("x.npy") as f:
-            major, _ = np.lib.format.read_magic(f)
-            read = (np.lib.format.read_array_header_1_0 if major == 1
-                    else np.lib.format.read_array_header_2_0)
-            return read(f)[0][0]
-    if path.endswith(".npy"):
-        return np.load(path, mmap_mode="r").shape[0]
-    with open(path, "r", encoding="utf-8") as f:  # counted, not parsed: read_rows parses ours
-        return sum(1 for _ in csvdata.data_lines(f))
-
-
-def load_shard(data: jobs.DataConfig, global_batch_size: int, process_id: int,
-               num_processes: int, local_device_count: int) -> Shard:
-    """Load this process's rows of every global batch, shaped for ``pmap``.
+class Batches:
+    """This process's batches, call by call, read ahead on a thread and placed on its devices.
 
     Args:
-      data: the job's ``data`` section (``last_batch``: drop or pad a last partial batch).
-      global_batch_size: examples per step over all devices.
-      process_id, num_processes: this process's identity.
-      local_device_count: devices of this process.
+      source: a ``worker.sources`` source (``read(rows) -> {name: [n, ...]}``).
+      order: the rows of every global batch.
+      process_id, num_processes, local_device_count: this process and its devices.
+      place: puts a dict of numpy arrays ``[local_device_count, ...]`` on the local devices.
+      steps_per_call: k steps per device call.
+      prefetch: calls read and placed ahead (>= 1).
+      first_step, num_steps: 0-based first step, and the last step (exclusive).
+      resident: keep every batch on the devices once placed (unshuffled orders only).
 
-    Returns:
-      A Shard with x, y ``[num_batches, local_device_count, per_device_batch_size, features]``.
-
-    Raises:
-      ValueError: the batch does not divide, the data is too small, or a value is not finite.
-      OSError: the data file cannot be read.
+    Raises (from ``get``):
+      DataError: a bad value or a short file in the rows read, naming file, row, column.
+      ValueError: the batch does not divide over processes or devices.
     """
-    pad = data.last_batch == "pad"
-    rows = data.num_examples if data.source == "synthetic" else file_row_count(data.path)
-    segments = own_rows(rows, global_batch_size, process_id, num_processes, pad)
-    if data.source == "synthetic":
-        parts = [synthetic_rows(data.seed, data.in_features, data.out_features,
-                                data.noise_std, s, e) for s, e in segments]
-        x = np.concatenate([p[0] for p in parts])
-        y = np.concatenate([p[1] for p in parts])
-    else:
-        x, y = _file_rows(data.path, data.target_column, segments)
-    return _shape(x, y, num_batches(rows, global_batch_size, pad), local_device_count)
 
+    def __init__(self, source, order: Order, process_id: int, num_processes: int,
+                 local_device_count: int, place: Callable, steps_per_call: int = 1,
+                 prefetch: int = 2, first_step: int = 0, num_steps: int = 0,
+                 resident: bool = False):
+        self.source, self.order, self.place = source, order, place
+        self.process_id, self.num_processes = process_id, num_processes
+        self.local_device_count, self.k = local_device_count, steps_per_call
+        share = order.global_batch_size // num_processes
+        if order.global_batch_size % num_processes or share % local_device_count:
+            raise ValueError(f"global_batch_size {order.global_batch_size} does not divide over "
+                             f"{num_processes} processes x {local_device_count} devices")
+        self.per_device_batch_size = share // local_device_count
+        # Unshuffled batches that all fit in the prefetch window are read and placed once
+        # and reused every epoch: on-device as before, and still only a few batches. With
+        # ``resident`` (data.resident) every batch is kept, whatever their number.
+        self.resident = not order.shuffle and (
+            resident or order.num_batches <= max(prefetch, steps_per_call))
+        self._cache: dict = {}
+        self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self._stop = threading.Event()
+        self._thread = None
+        if self.resident and num_steps > first_step:
+            # placed before the first step, as all-in-memory loading did: reading them
+            # later would be timed as the first steps' own time
+            for b in range(order.num_batches if steps_per_call == 1 else 1):
+                self.get(b * steps_per_call)
+        if not self.resident and num_steps > first_step:
+            self._thread = threading.Thread(
+                target=self._produce, args=(first_step, num_steps), daemon=True,
+                name="podlaunch-input")
+            self._thread.start()
 
-def _shape(x: np.ndarray, y: np.ndarray, num_batches: int, local_device_count: int) -> Shard:
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    y = np.ascontiguousarray(y, dtype=np.float32)
-    per_process = x.shape[0] // num_batches
-    if per_process % local_device_count:
-        raise ValueError(f"{per_process} rows per process do not divide over "
-                         f"{local_device_count} local devices")
-    per_device = per_process // local_device_count
-    return Shard(x.reshape(num_batches, local_device_count, per_device, x.shape[-1]),
-                 y.reshape(num_batches, local_device_count, per_device, y.shape[-1]))
+    def _host_batch(self, step: int) -> dict:
+        """This process's rows of 0-based ``step``: ``{name: [local_device_count, per_device, ...]}``."""
+        rows = self.order.process_rows(step, self.process_id, self.num_processes)
+        batch = self.source.read(rows)
+        return {name: np.ascontiguousarray(a).reshape(
+                    (self.local_device_count, self.per_device_batch_size) + a.shape[1:])
+                for name, a in batch.items()}
+
+    def _window(self, steps) -> dict:
+        batches = [self._host_batch(s) for s in steps]
+        if self.k == 1:
+            return batches[0]
+        return {name: np.stack([b[name] for b in batches], axis=1) for name in batches[0]}
+
+    def _produce(self, first_step: int, num_steps: int) -> None:
+        try:
+            for start in range(first_step, num_steps, self.k):
+                if self._stop.is_set():
+                    return
+                item = (start, self.place(self._window(range(start, start + self.k))))
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+            self._queue.put((None, exc))
+
+    def host_batch(self, step: int) -> dict:
+        """0-based ``step``'s batch on the host (shapes and dtypes; the first batch's check)."""
+        return self._host_batch(step)
+
+    def get(self, start: int) -> tuple:
+        """The inputs of the call whose first step (0-based) is ``start``.
+
+        Returns:
+          ``(batch,)`` for k = 1, else ``(window, first)`` with ``first``
+          ``[local_device_count]`` int32 on the devices.
+        """
+        if self.resident:
+            b = start % self.order.num_batches
+            if self.k == 1:
+                if b not in self._cache:
+                    self._cache[b] = self.place(self._host_batch(b))
+                return (self._cache[b],)
+            if "window" not in self._cache:
+                self._cache["window"] = self.place(self._window(range(self.order.num_batches)))
+            return self._cache["window"], self._first(b)
+        got, item = self._queue.get()
+        if got is None:
+            raise item
+        if got != start:
+            raise RuntimeError(f"input pipeline out of order: call at step {start + 1} got "
+                               f"the batches of step {got + 1}")
+        return (item,) if self.k == 1 else (item, self._first(0))
+
+    def _first(self, b: int):
+        key = ("first", b)
+        if key not in self._cache:
+            self._cache[key] = self.place(np.full((self.local_device_count,), b, np.int32))
+        return self._cache[key]
+
+    def close(self) -> None:
+        """Stop the reading thread (it may be blocked on a full queue)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

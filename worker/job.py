@@ -43,7 +43,7 @@ class TaskConfig(_Section):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig(_Section):
-    """``data``: where the rows come from (``worker.data.load_shard``).
+    """``data``: where the rows come from and in which order (``worker.data``).
 
     Attributes:
       source: ``synthetic`` or ``file``.
@@ -53,6 +53,12 @@ class DataConfig(_Section):
       target_column: file data (.npy, .csv): index of the target column.
       last_batch: ``drop`` the rows after the last whole global batch, or ``pad``
         it with rows from the start.
+      shuffle: a seeded permutation of the rows per epoch (``worker.order``).
+      shuffle_seed: its seed.
+      prefetch: device calls' batches read and placed ahead (``worker.data.Batches``).
+      resident: keep every batch on the devices after its first use (unshuffled only).
+      target_dtype: ``float32`` targets ``[rows, 1]`` or ``int32`` labels ``[rows]``
+        (.npy, .csv).
     """
 
     source: str
@@ -64,6 +70,11 @@ class DataConfig(_Section):
     path: str | None
     target_column: int
     last_batch: str
+    shuffle: bool
+    shuffle_seed: int
+    prefetch: int
+    resident: bool
+    target_dtype: str
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -18,6 +18,7 @@ from typing import Callable
 
 from worker import contract, nodefacts
 from worker import job as jobs
+from worker.sources import DataError
 
 
 class Mismatch(contract.ContractError):
@@ -196,31 +197,47 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     k = job.train.steps_per_call
 
     cache = CompilationCache(run_dir, job.train.compilation_cache)
-    shard = datasets.load_shard(job.data, global_batch, process_id,
-                                identity.num_processes, jax.local_device_count())
+    source = datasets.open_source(job.data, run_dir)
+    order = datasets.make_order(job.data, source.num_rows, global_batch)
+    order_key = {"shuffle": job.data.shuffle, "shuffle_seed": job.data.shuffle_seed}
     task = tasks.resolve(job.task.name, job.task.args)
-    params = task.init_params(jax.random.PRNGKey(job.train.seed),
-                              shard.in_features, shard.out_features)
+    local_devices = jax.local_device_count()
+    batches = datasets.Batches(source, order, process_id, identity.num_processes, local_devices,
+                               parallel.placer(k), steps_per_call=k, prefetch=job.data.prefetch)
+    sample = batches.host_batch(0)  # shapes and dtypes (and an early check of the first rows)
+    batches.close()
+    y = sample.get("y")
+    out_features = y.shape[-1] if y is not None and y.ndim == 3 else 1
+    params = task.init_params(jax.random.PRNGKey(job.train.seed), sample["x"].shape[-1]
+                              if "x" in sample else 0, out_features)
     optimizer = make_optimizer(job.optimizer)
     opt_state = optimizer.init(params)
     (params, opt_state), first_step = _resume(identity, job, (params, opt_state),
-                                              shard.num_batches, out)
+                                              order.num_batches, out, order_key)
     if (first_step - 1) % k:
         raise ValueError(f"the checkpoint is at step {first_step - 1}, not a multiple of "
                          f"train.steps_per_call {k}; resume with the steps_per_call that saved it")
     params, opt_state = parallel.replicate(params), parallel.replicate(opt_state)
-    step_fn = parallel.make_train_step(task.loss_fn, optimizer, with_metrics=True,
-                                       steps_per_call=k, allreduce=job.train.allreduce)
-    if k == 1:
-        xs, ys = parallel.place(shard.x), parallel.place(shard.y)
-    else:  # every batch once, as one array; a call indexes its k batches on the devices
-        xs, ys = parallel.place_all(shard.x), parallel.place_all(shard.y)
-        firsts: dict = {}  # a call's first batch, as the device array the fused step takes
-    batches = f"{shard.num_batches} batch" + ("" if shard.num_batches == 1 else "es")
-    devices = f"{jax.local_device_count()} {jax.devices()[0].platform} device" + (
-        "" if jax.local_device_count() == 1 else "s")
-    out(f"process {process_id}: {batches} of {list(shard.x.shape[1:])} x, "
-        f"{list(shard.y.shape[1:])} y on {devices}" + (f", {k} steps per call" if k > 1 else "")
+    metric_names = metrics.STEP_METRICS
+    if task.metrics_fn is not None:
+        metric_names += tuple(jax.eval_shape(task.metrics_fn, parallel.unreplicate(params),
+                                             {n: a[0] for n, a in sample.items()}))
+    step_fn = parallel.make_train_step(task.batch_loss(), optimizer, with_metrics=True,
+                                       steps_per_call=k, allreduce=job.train.allreduce,
+                                       metrics_fn=task.metrics_fn)
+    batches = datasets.Batches(source, order, process_id, identity.num_processes, local_devices,
+                               parallel.placer(k), steps_per_call=k, prefetch=job.data.prefetch,
+                               first_step=first_step - 1, num_steps=num_steps,
+                               resident=job.data.resident)
+    count = order.num_batches
+    fields = ", ".join(f"{list(a.shape)} {n}" + ("" if a.dtype == np.float32 else f" {a.dtype}")
+                       for n, a in sample.items())
+    devices = f"{local_devices} {jax.devices()[0].platform} device" + (
+        "" if local_devices == 1 else "s")
+    out(f"process {process_id}: {count} batch{'' if count == 1 else 'es'} of {fields} on "
+        f"{devices}" + (f", {k} steps per call" if k > 1 else "")
+        + (f", shuffled (seed {order.seed})" if order.shuffle else "")
+        + (", resident" if batches.resident else f", prefetch {job.data.prefetch}")
         + (", jax.jit over a global mesh" if parallel.__name__ == "worker.sharded" else ""))
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
@@ -228,7 +245,8 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     try:
         in_flight = InFlight()
         logger = metrics.StepLogger(job, process_id, identity.num_processes, tracker, out,
-                                    lag=in_flight.max_steps * k, steps_per_call=k)
+                                    lag=in_flight.max_steps * k, steps_per_call=k,
+                                    metric_names=metric_names)
 
         def dispatch(*args):
             outputs = step_fn(*args)
@@ -236,17 +254,11 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
             return outputs
 
         timed_step = logger.timed(dispatch)
-        recovery = _Recovery(identity, job, shard.num_batches, out, parallel.unreplicate)
+        recovery = _Recovery(identity, job, order.num_batches, out, parallel.unreplicate, order_key)
         # ``step``: the last step of each call (k steps; log, checkpoint and last steps
         # are multiples of k, so they are call boundaries)
         for step in range(first_step + k - 1, num_steps + 1, k):
-            batch = (step - k) % shard.num_batches  # the call's first batch
-            if k == 1:
-                inputs = (xs[batch], ys[batch])
-            else:
-                if batch not in firsts:
-                    firsts[batch] = parallel.place_index(batch)
-                inputs = (xs, ys, firsts[batch])
+            inputs = batches.get(step - k)  # the call's batches, from its first step (0-based)
             params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
             if cache is not None:  # after the first call: everything this loop compiles
                 out(cache.line(logger.compile_time_s))
@@ -272,13 +284,14 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
             out(contract.FAILED_FORMAT.format(step=failed_at, error=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        batches.close()
         if logger is not None:
             logger.close()  # records held for other processes' values: written with what came
         tracker.close()
 
 
 def _resume(identity: contract.Identity, job: jobs.WorkerJob, state, num_batches: int,
-            out) -> tuple:
+            out, order: dict | None = None) -> tuple:
     """Restore ``state`` (unreplicated ``(params, opt_state)``) when the launcher says resume.
 
     Returns:
@@ -289,7 +302,7 @@ def _resume(identity: contract.Identity, job: jobs.WorkerJob, state, num_batches
     from worker import checkpoint
 
     state, step = checkpoint.restore_broadcast(identity.run_dir, identity.process_id, state,
-                                               num_batches, warn=out)
+                                               num_batches, warn=out, order=order)
     if step:
         out(contract.RESUMED_FORMAT.format(step=step, attempt=identity.attempt))
     else:
@@ -306,12 +319,13 @@ class _Recovery:
     """
 
     def __init__(self, identity: contract.Identity, job: jobs.WorkerJob, num_batches: int,
-                 out, unreplicate: Callable):
+                 out, unreplicate: Callable, order: dict | None = None):
         self.every, self.keep = job.checkpoint.every_steps, job.checkpoint.keep
         self.num_steps = job.train.num_steps
         self.interval_s = contract.heartbeat_interval_s(job.watchdog.stall_timeout_s)
         self.identity, self.num_batches, self.out = identity, num_batches, out
         self.unreplicate = unreplicate  # pmap's or jit's layout of the replicated state
+        self.order = order
         self.last_beat = -float("inf")  # the first step beats at once: compilation is over
 
     def saves(self, step: int) -> bool:
@@ -334,7 +348,8 @@ class _Recovery:
             from worker import checkpoint
 
             path = checkpoint.save_replicated(self.identity.run_dir, step, params, opt_state,
-                                              self.num_batches, self.keep, self.unreplicate)
+                                              self.num_batches, self.keep, self.order,
+                                              self.unreplicate)
             self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path))
         if self.interval_s is None:
             return
@@ -407,6 +422,9 @@ def main() -> None:
     except contract.ContractError as exc:  # Mismatch too: a configuration problem, not retried
         print(f"worker: {exc}", flush=True)
         _exit_now(contract.EXIT_MISMATCH)
+    except DataError as exc:  # bad rows: the same on a retry, so a code no restart retries
+        print(f"worker: data error: {exc}", flush=True)
+        _exit_now(contract.EXIT_DATA)
     except SystemExit as exc:  # SIGTERM from the launcher
         _exit_now(exc.code if isinstance(exc.code, int) else 1)
     except BaseException:

@@ -129,8 +129,9 @@ class StepLogger:
                  out=print,
                  clock: Callable[[], float] = time.perf_counter, lag: int = 2,
                  read_every_s: float = 0.25, gather=None, gather_timeout_s: float = 60.0,
-                 steps_per_call: int = 1):
+                 steps_per_call: int = 1, metric_names: tuple = STEP_METRICS):
         logging = job.logging
+        self.metric_names = tuple(metric_names)  # the step's metrics columns (a task's added)
         self.log_every = logging.log_every_steps
         self.on_nonfinite = logging.on_nonfinite_loss
         if self.on_nonfinite not in NONFINITE_MODES:
@@ -305,7 +306,8 @@ class StepLogger:
         records, lines, error = [], [], None
         for (step, _, (step_time_s, own_step_time_s), _), rows in zip(kept, fetched):
             # device 0's row (of a fused call: its last step's)
-            values = dict(zip(STEP_METRICS, map(float, rows[0].reshape(-1, len(STEP_METRICS))[-1])))
+            values = dict(zip(self.metric_names,
+                              map(float, rows[0].reshape(-1, len(self.metric_names))[-1])))
             loss_value = values["loss"]
             self.last_loss = loss_value
             lines.append(contract.PROGRESS_FORMAT.format(

@@ -17,8 +17,7 @@ orders devices by process, then id, so process p's rows are global rows
 assigns them.
 
 The functions mirror ``worker.train``'s (``make_train_step``, ``replicate``,
-``place``, ``place_all``, ``place_index``, ``unreplicate``), so the loop in
-``worker.main`` takes either module.
+``placer``, ``unreplicate``), so the loop in ``worker.main`` takes either module.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def batch_sharded(axis: int = 0) -> NamedSharding:
 
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
                     with_metrics: bool = False, steps_per_call: int = 1,
-                    allreduce: str = "packed") -> Callable:
+                    allreduce: str = "packed", metrics_fn: Callable | None = None) -> Callable:
     """Build the jitted step; arguments and results as ``worker.train.make_train_step``'s,
     with global arrays in place of per-device stacks.
 
@@ -70,38 +69,41 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
     equal on every device).
 
     Args:
-      loss_fn, optimizer, with_metrics, steps_per_call, allreduce: as
+      loss_fn, optimizer, with_metrics, steps_per_call, allreduce, metrics_fn: as
         ``worker.train.make_train_step``.
 
     Args (of the returned function, k = 1), global arrays:
       params, opt_state: replicated pytrees (``replicate``), donated.
-      x: ``[global_batch_size, in_features]`` float32, batch-sharded (``place``).
-      y: ``[global_batch_size, out_features]`` float32, batch-sharded.
+      batch: dict of arrays ``[global_batch_size, ...]``, batch-sharded (``placer(1)``).
 
-    Args (k > 1): ``(params, opt_state, xs, ys, first)``: xs
-      ``[num_batches, global_batch_size, in_features]`` and ys (``place_all``),
-      sharded along axis 1; ``first`` a replicated int32 scalar (``place_index``).
+    Args (k > 1): ``(params, opt_state, window, first)``: window a dict of arrays
+      ``[W, global_batch_size, ...]`` sharded along axis 1 (``placer(k)``);
+      ``first`` a replicated int32 scalar.
 
     Returns:
       New params and opt_state (replicated), loss (a replicated float32 scalar;
       ``[k]`` for k > 1) and, with ``with_metrics``, this process's first
-      device's copy of the metrics, ``[1, 3]`` float32 (``[1, k, 3]`` for k > 1,
-      columns ``worker.metrics.STEP_METRICS``): the layout ``pmap`` gives with
-      one local device, so ``worker.metrics`` reads either with one transfer
-      (a global array spanning other processes cannot be fetched).
+      device's copy of the metrics, ``[1, 3 + M]`` float32 (``[1, k, 3 + M]``
+      for k > 1, columns ``worker.metrics.STEP_METRICS`` then ``metrics_fn``'s):
+      the layout ``pmap`` gives with one local device, so ``worker.metrics``
+      reads either with one transfer (a global array spanning other processes
+      cannot be fetched).
+
+    Raises:
+      ValueError: ``allreduce`` is neither ``per_leaf`` nor ``packed``.
     """
     per_device = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics,
-                               steps_per_call)
+                               steps_per_call, metrics_fn)
     devices = mesh().size
-    rows = 0 if steps_per_call == 1 else 1  # the batch rows' axis (1: after the batches')
+    rows = 0 if steps_per_call == 1 else 1  # the batch rows' axis (1: after the window's)
 
     def split(a):
         return a.reshape(a.shape[:rows] + (devices, -1) + a.shape[rows + 1:])
 
-    def step(params, opt_state, x, y, *first):
-        outputs = jax.vmap(per_device, in_axes=(None, None, rows, rows) + (None,) * len(first),
-                           out_axes=None, axis_name=AXIS)(params, opt_state, split(x), split(y),
-                                                          *first)
+    def step(params, opt_state, batch, *first):
+        outputs = jax.vmap(per_device, in_axes=(None, None, rows) + (None,) * len(first),
+                           out_axes=None, axis_name=AXIS)(
+            params, opt_state, jax.tree.map(split, batch), *first)
         if not with_metrics:
             return outputs
         return (*outputs[:-1], outputs[-1][None])
@@ -124,37 +126,34 @@ def _global(local: np.ndarray, sharding: NamedSharding, axis: int) -> jax.Array:
     return jax.make_array_from_process_local_data(sharding, local, tuple(shape))
 
 
-def place(batches: np.ndarray) -> list:
-    """Every batch as a global array, batch-sharded.
+def placer(steps_per_call: int = 1) -> Callable[[Any], Any]:
+    """The function ``worker.data.Batches`` puts this process's batches on the devices with.
 
-    Args:
-      batches: ``[num_batches, local_device_count, per_device_batch_size, ...]``
-        (``worker.data.Shard``'s layout): this process's rows of each batch.
-
-    Returns:
-      num_batches global arrays ``[global_batch_size, ...]``, each device
-      holding its ``per_device_batch_size`` rows.
+    The returned ``place(tree)`` takes ``worker.data``'s (pmap) layout and returns
+    global arrays:
+      - a batch (k = 1): dict of ``[local_device_count, per_device_batch_size, ...]``
+        -> ``[global_batch_size, ...]``, batch-sharded;
+      - a window (k > 1): dict of ``[local_device_count, W, per_device_batch_size, ...]``
+        -> ``[W, global_batch_size, ...]``, sharded along axis 1;
+      - a call's first index: ``[local_device_count]`` int32 (equal entries) -> a
+        replicated int32 scalar.
+    The mesh orders devices by process, then id, so this process's rows are its
+    contiguous block of each global batch, as ``worker.order`` assigns them.
     """
-    rows = batches.reshape(batches.shape[0], -1, *batches.shape[3:])
-    return [_global(batch, batch_sharded(), 0) for batch in rows]
+    def rows_of_batch(a: np.ndarray) -> jax.Array:
+        return _global(np.ascontiguousarray(a).reshape(-1, *a.shape[2:]), batch_sharded(0), 0)
 
+    def rows_of_window(a: np.ndarray) -> jax.Array:
+        stacked = np.ascontiguousarray(np.swapaxes(a, 0, 1))  # [W, local_device_count, per, ...]
+        return _global(stacked.reshape(stacked.shape[0], -1, *stacked.shape[3:]),
+                       batch_sharded(1), 1)
 
-def place_all(batches: np.ndarray) -> jax.Array:
-    """Every batch as one global array for a fused step (``steps_per_call`` > 1).
+    def place(tree: Any) -> Any:
+        if isinstance(tree, np.ndarray) and tree.ndim == 1:  # a call's first index
+            return jax.make_array_from_process_local_data(replicated(), np.int32(tree[0]), ())
+        return jax.tree.map(rows_of_batch if steps_per_call == 1 else rows_of_window, tree)
 
-    Args:
-      batches: ``[num_batches, local_device_count, per_device_batch_size, ...]``.
-
-    Returns:
-      ``[num_batches, global_batch_size, ...]``, sharded along axis 1.
-    """
-    rows = np.ascontiguousarray(batches.reshape(batches.shape[0], -1, *batches.shape[3:]))
-    return _global(rows, batch_sharded(1), 1)
-
-
-def place_index(batch: int) -> jax.Array:
-    """A fused call's first batch: a replicated int32 scalar."""
-    return jax.make_array_from_process_local_data(replicated(), np.int32(batch), ())
+    return place
 
 
 def replicate(tree: Any) -> Any:

@@ -8,6 +8,7 @@ each device holds the full-batch mean gradient after the collective.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import jax
@@ -67,51 +68,57 @@ def packed_pmean(tree: Any, axis_name: str = AXIS) -> Any:
 
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
                     with_metrics: bool = False, steps_per_call: int = 1,
-                    allreduce: str = "per_leaf") -> Callable:
-    """Build the pmapped step ``(params, opt_state, x, y) -> (params, opt_state, loss[, metrics])``.
+                    allreduce: str = "per_leaf", metrics_fn: Callable | None = None) -> Callable:
+    """Build the pmapped step ``(params, opt_state, batch) -> (params, opt_state, loss[, metrics])``.
 
     Args:
-      loss_fn: ``(params, x, y) -> loss``, the per-device batch mean.
+      loss_fn: ``(params, batch) -> loss``, the per-device batch mean; ``batch``
+        a dict of named arrays ``[per_device_batch_size, ...]`` (``worker.data``).
       optimizer: the optax optimizer.
       with_metrics: also return ``metrics``; the update is the same either way.
       steps_per_call: k optimizer steps per call (``lax.scan`` over the
         step, one device loop, traced once). With k > 1 the returned function
-        takes every batch and the index of the first (below).
+        takes a window of batches and the index of the first (below).
       allreduce: ``per_leaf`` (a ``pmean`` of each gradient and of the loss, as
         the seed) or ``packed`` (``packed_pmean``: one collective per dtype);
         the same values.
+      metrics_fn: optional ``(params, batch) -> {name: scalar}`` (a task's
+        ``metrics_fn``, e.g. accuracy) on the params before the update,
+        averaged over every device like the loss; appended to ``metrics`` in
+        the dict's order.
 
     Args (of the returned function, k = 1), each with a leading ``[local_device_count]`` axis:
       params, opt_state: replicated pytrees (float32).
-      x: ``[local_device_count, per_device_batch_size, in_features]`` float32.
-      y: ``[local_device_count, per_device_batch_size, out_features]`` float32.
+      batch: dict of arrays ``[local_device_count, per_device_batch_size, ...]``.
 
-    Args (k > 1): ``(params, opt_state, xs, ys, first)``:
-      xs: ``[local_device_count, num_batches, per_device_batch_size, in_features]``
-        float32, every batch (placed once, ``place_all``); step i of the call
-        (0-based) uses batch ``(first + i) % num_batches``.
-      ys: ``[local_device_count, num_batches, per_device_batch_size, out_features]`` float32.
-      first: ``[local_device_count]`` int32, the call's first batch (equal on every
-        device; ``place_index``).
+    Args (k > 1): ``(params, opt_state, window, first)``:
+      window: dict of arrays ``[local_device_count, W, per_device_batch_size, ...]``;
+        step i of the call (0-based) uses entry ``(first + i) % W``.
+      first: ``[local_device_count]`` int32 (equal on every device).
 
     Returns:
       New params and opt_state (replicated), and loss ``[local_device_count]``
       float32, the global-batch mean loss, equal on every device. With
-      ``with_metrics``, also ``metrics``: ``[local_device_count, 3]`` float32,
-      columns ``worker.metrics.STEP_METRICS``: the loss, and the global L2 norm
-      (``optax.global_norm``) of the averaged gradient and of the updated
-      params; equal on every device. One array, so a log step is read back
-      with one device-to-host transfer (three took 58 us, one 15 us).
+      ``with_metrics``, also ``metrics``: ``[local_device_count, 3 + M]`` float32,
+      columns ``worker.metrics.STEP_METRICS`` (the loss, and the global L2 norm,
+      ``optax.global_norm``, of the averaged gradient and of the updated params)
+      then the M values of ``metrics_fn``; equal on every device. One array, so
+      a log step is read back with one device-to-host transfer.
       With k > 1, loss is ``[local_device_count, k]`` and metrics
-      ``[local_device_count, k, 3]``: every step's values, in step order.
+      ``[local_device_count, k, 3 + M]``: every step's values, in step order.
+
+    Raises:
+      ValueError: ``allreduce`` is neither ``per_leaf`` nor ``packed``.
     """
-    step = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics, steps_per_call)
+    step = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics, steps_per_call,
+                         metrics_fn)
     return jax.pmap(step, axis_name=AXIS, donate_argnums=(0, 1))
 
 
-def averaging(allreduce: str) -> Callable[[Any], Any]:
-    """``(grads, loss) -> (grads, loss)`` averaged over the ``AXIS`` of every device: ``packed``
-    (``packed_pmean``) or ``per_leaf`` (a ``pmean`` of the gradients, then of the loss).
+def averaging(allreduce: str) -> Callable[[tuple], tuple]:
+    """``(grads, loss, extra) -> the same`` averaged over the ``AXIS`` of every device:
+    ``packed`` (``packed_pmean``, one collective per dtype) or ``per_leaf`` (a ``pmean``
+    of the gradients, then of the loss, then of the extra metrics, as the seed).
 
     Raises:
       ValueError: ``allreduce`` is neither.
@@ -121,55 +128,57 @@ def averaging(allreduce: str) -> Callable[[Any], Any]:
     if allreduce != "per_leaf":
         raise ValueError(f"allreduce: expected per_leaf or packed, got {allreduce!r}")
 
-    def per_leaf_pmean(grads_and_loss):
-        grads, loss = grads_and_loss
-        return jax.lax.pmean(grads, axis_name=AXIS), jax.lax.pmean(loss, axis_name=AXIS)
+    def per_leaf_pmean(parts: tuple) -> tuple:
+        return tuple(jax.lax.pmean(part, axis_name=AXIS) for part in parts)
 
     return per_leaf_pmean
 
 
 def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
-                  average: Callable[[Any], Any], with_metrics: bool = False,
-                  steps_per_call: int = 1) -> Callable:
+                  average: Callable[[tuple], tuple], with_metrics: bool = False,
+                  steps_per_call: int = 1, metrics_fn: Callable | None = None) -> Callable:
     """The step before it is mapped: ``make_train_step``'s (pmap) and ``worker.sharded``'s (jit).
 
     Args:
-      loss_fn, optimizer, with_metrics, steps_per_call: as ``make_train_step``.
-      average: ``(grads, loss) -> (grads, loss)`` averaged over every device
+      loss_fn, optimizer, with_metrics, steps_per_call, metrics_fn: as ``make_train_step``.
+      average: ``(grads, loss, extra) -> the same`` averaged over every device
         (``averaging``: ``pmean`` over ``AXIS``, which ``pmap`` and
         ``worker.sharded``'s ``vmap`` both name).
 
     Returns:
-      ``(params, opt_state, x, y) -> (params, opt_state, loss[, metrics])`` for
-      k = 1, or ``(params, opt_state, xs, ys, first)`` running k steps in one
-      ``lax.scan`` (xs, ys: every batch along axis 0; ``first``: an int32 scalar),
-      whose loss and metrics gain a leading ``[k]`` axis; shapes are one device's.
+      ``(params, opt_state, batch) -> (params, opt_state, loss[, metrics])`` for
+      k = 1, or ``(params, opt_state, window, first)`` running k steps in one
+      ``lax.scan`` (window: batches along axis 0 of every array; ``first``: an
+      int32 scalar), whose loss and metrics gain a leading ``[k]`` axis; shapes
+      are one device's.
     """
-    def train_step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        grads, loss = average((grads, loss))
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        extra = metrics_fn(params, batch) if (with_metrics and metrics_fn) else {}
+        grads, loss, extra = average((grads, loss, extra))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         if not with_metrics:
             return new_params, opt_state, loss
         # Read-only reductions of values the update already made: they add no
         # collective (grads are averaged already) and do not feed the update.
-        metrics = jnp.stack([loss, optax.global_norm(grads), optax.global_norm(new_params)])
-        assert metrics.shape == (len(STEP_METRICS),)
+        metrics = jnp.stack([loss, optax.global_norm(grads), optax.global_norm(new_params)]
+                            + [jnp.asarray(v, jnp.float32) for v in extra.values()])
+        assert metrics.shape == (len(STEP_METRICS) + len(extra),)
         return new_params, opt_state, loss, metrics
 
     if steps_per_call == 1:
         return train_step
 
-    def fused_steps(params, opt_state, xs, ys, first):
-        num_batches = xs.shape[0]
+    def fused_steps(params, opt_state, window, first):
+        size = jax.tree_util.tree_leaves(window)[0].shape[0]
 
         def body(carry, i):
-            batch = (first + i) % num_batches
-            x = jax.lax.dynamic_index_in_dim(xs, batch, axis=0, keepdims=False)
-            y = jax.lax.dynamic_index_in_dim(ys, batch, axis=0, keepdims=False)
+            index = (first + i) % size
+            batch = jax.tree.map(
+                lambda a: jax.lax.dynamic_index_in_dim(a, index, axis=0, keepdims=False), window)
             params, opt_state = carry
-            params, opt_state, *per_step = train_step(params, opt_state, x, y)
+            params, opt_state, *per_step = train_step(params, opt_state, batch)
             return (params, opt_state), tuple(per_step)
 
         (params, opt_state), per_step = jax.lax.scan(
@@ -186,38 +195,32 @@ def replicate(tree: Any) -> Any:
 
 
 _identity = None
+_identity_lock = threading.Lock()
 
 
-def place(batches: np.ndarray) -> list:
-    """Put every batch on the local devices once, in the layout ``pmap`` expects.
+def place(tree: Any) -> Any:
+    """Put a batch on the local devices, in the layout ``pmap`` expects.
 
-    Args:
-      batches: ``[num_batches, local_device_count, per_device_batch_size, ...]``.
-
-    Returns:
-      num_batches device arrays ``[local_device_count, per_device_batch_size, ...]``.
-      Feeding these instead of numpy saves a host-to-device copy per step.
-    """
-    global _identity
-    if _identity is None:
-        _identity = jax.pmap(lambda a: a)  # no collective: a pure placement
-    return [_identity(batch) for batch in batches]
-
-
-def place_all(batches: np.ndarray):
-    """Every batch on the local devices as one array, for a fused step (``steps_per_call`` > 1).
+    Safe to call from the input pipeline's thread (``worker.data.Batches``).
 
     Args:
-      batches: ``[num_batches, local_device_count, per_device_batch_size, ...]``.
+      tree: a pytree (a dict of named arrays) of numpy arrays, each
+        ``[local_device_count, ...]``: leading entry d goes to local device d.
 
     Returns:
-      A device array ``[local_device_count, num_batches, per_device_batch_size, ...]``
-      (each device holds its own rows of every batch, as ``place`` does).
+      The same pytree of device arrays, sharded over the local devices.
     """
     global _identity
-    if _identity is None:
-        _identity = jax.pmap(lambda a: a)
-    return _identity(np.ascontiguousarray(np.swapaxes(batches, 0, 1)))
+    with _identity_lock:
+        if _identity is None:
+            _identity = jax.pmap(lambda a: a)  # no collective: a pure placement
+    return _identity(tree)
+
+
+def placer(steps_per_call: int = 1) -> Callable[[Any], Any]:
+    """The function ``worker.data.Batches`` puts batches on the devices with: ``place``
+    (pmap's layout is the same for a batch, a window of batches and a call's first index)."""
+    return place
 
 
 class InFlight:
@@ -245,11 +248,6 @@ class InFlight:
         self._pending.append(output)
         if len(self._pending) > self.max_steps:
             jax.block_until_ready(self._pending.pop(0))
-
-
-def place_index(batch: int):
-    """A fused call's first batch as the step takes it: ``[local_device_count]`` int32 on the devices."""
-    return place(np.full((1, jax.local_device_count()), batch, np.int32))[0]
 
 
 def unreplicate(tree: Any) -> Any:
