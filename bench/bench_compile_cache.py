@@ -17,11 +17,19 @@ attempt 1, its ``compilation cache: H hits, M misses; first step ... S s``
 line: what JAX's cache really did, per process (JAX writes entries from
 process 0 only, and entries may be rejected on reload; nothing is assumed).
 
+``--rerun``: a re-run instead of a restart. No fault; each side launches
+without ``--run-dir`` from a directory of its own, so every run is in the
+default layout (``runs/linear/<timestamp>``) and, with the cache, reads
+``runs/linear/compilation-cache``, which one untimed run fills before the
+rounds. Measured: the seconds from starting ``launch`` to process 0's first
+progress line, and every process's cache line of that run (attempt 0).
+
 Rounds alternate the order (ABBA); the ratio is off / on per round, median
 (min-max).
 
     python bench/bench_compile_cache.py --rounds 4
     python bench/bench_compile_cache.py --topology 2x1 --rounds 4
+    python bench/bench_compile_cache.py --rerun --rounds 4
 """
 
 from __future__ import annotations
@@ -79,43 +87,53 @@ def deep_mlp(layers: int = 12, width: int = 32, crash_at_step: int = 0,
 
 RESTART = re.compile(r"^podlaunch: attempt 1 \(restart 1 of 1\): starting")
 STEP = re.compile(r"^\[p0\] step \d+/\d+ loss")
+RUN_DIR = re.compile(r"^podlaunch: run directory (\S+)")
 
 
 def run(cache: bool, args, workdir: str, tag: str) -> dict:
-    """One launch with a restart; the restart's timing and every process's cache line."""
+    """One launch with a restart (``--rerun``: a run in ``workdir/tag/runs/linear/``); the
+    restart's (the run's) time to its first step and every process's cache line."""
     processes, devices = (int(v) for v in args.topology.split("x"))
-    run_dir = os.path.join(workdir, tag)
-    argv = [sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--run-dir", run_dir,
-            "--status-every", "0",
+    if args.rerun:
+        cwd, where = os.path.join(workdir, tag), []
+        os.makedirs(cwd, exist_ok=True)
+    else:
+        cwd, where = REPO, ["--run-dir", os.path.join(workdir, tag)]
+    argv = [sys.executable, "-m", "launcher.cli", os.path.join(REPO, "jobs", "linear.yaml"),
+            *where, "--status-every", "0",
             "--set", f"cluster.num_processes={processes}",
             "--set", f"cluster.devices_per_process={devices}",
             "--set", "task.name=bench_compile_cache:deep_mlp",
             "--set", f"task.args.layers={args.layers}", "--set", f"task.args.width={args.width}",
-            "--set", "task.args.crash_at_step=7",
+            "--set", f"task.args.crash_at_step={0 if args.rerun else 7}",
             "--set", f"task.args.crash_process_id={args.crash_process_id}",
             "--set", "train.num_steps=20", "--set", "logging.log_every_steps=1",
             "--set", "checkpoint.every_steps=5", "--set", "restarts.max_restarts=1",
             "--set", "restarts.backoff_s=0.1", "--set", f"train.compilation_cache={str(cache).lower()}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_", "XLA_"))}
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "bench"), REPO])
-    restart_at = first_at = None
-    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+    restart_at = first_at = run_dir = None
+    started = time.monotonic()
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as launch:
         text = []
         for line in launch.stdout:
             now = time.monotonic()
             text.append(line)
-            if restart_at is None and RESTART.match(line):
-                restart_at = now
-            elif restart_at is not None and first_at is None and STEP.match(line):
+            if run_dir is None and RUN_DIR.match(line):
+                run_dir = RUN_DIR.match(line)[1]
+            if restart_at is None and (args.rerun or RESTART.match(line)):
+                restart_at = started if args.rerun else now
+            if restart_at is not None and first_at is None and STEP.match(line):
                 first_at = now
         code = launch.wait()
-    if code != 0 or restart_at is None or first_at is None:
+    if code != 0 or restart_at is None or first_at is None or run_dir is None:
         raise SystemExit(f"{tag}: exit {code}, restart seen {restart_at is not None}, "
                          f"first step seen {first_at is not None}:\n{''.join(text)[-4000:]}")
     lines = {}
     for process_id in range(processes):
-        log = os.path.join(run_dir, "logs", "attempt-1", f"process-{process_id:03d}.log")
+        log = os.path.join(run_dir, "logs", "" if args.rerun else "attempt-1",
+                           f"process-{process_id:03d}.log")
         with open(log, encoding="utf-8") as f:
             lines[process_id] = next(m for m in map(contract.CACHE_RE.match, f) if m)
     return {"restart_s": first_at - restart_at,
@@ -130,17 +148,23 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--crash-process-id", type=int, default=0)
+    parser.add_argument("--rerun", action="store_true",
+                        help="time a re-run of the job (runs/<job>/ layout) from the command to "
+                             "its first step, instead of a restart")
     args = parser.parse_args()
+    what = "re-run" if args.rerun else "restart"
     print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {args.topology}, deep_mlp "
-          f"{args.layers} x {args.width}, {args.rounds} rounds (ABBA)", flush=True)
+          f"{args.layers} x {args.width}, {args.rounds} rounds (ABBA), {what}", flush=True)
     sides = [("on", True), ("off", False)]
     got: dict = {name: [] for name, _ in sides}
     with tempfile.TemporaryDirectory() as workdir:
+        if args.rerun:  # the job's cache, filled by an earlier run (not timed)
+            run(True, args, workdir, "on")
         for index in range(args.rounds):
             for name, cache in (sides if index % 2 == 0 else sides[::-1]):
-                result = run(cache, args, workdir, f"{name}-{index}")
+                result = run(cache, args, workdir, name if args.rerun else f"{name}-{index}")
                 got[name].append(result)
-                print(f"  round {index} cache {name:<3}: restart to first step "
+                print(f"  round {index} cache {name:<3}: {what} to first step "
                       f"{result['restart_s']:.2f} s; per process (first step s, hits/misses): "
                       + ", ".join(f"p{p} {result['first_step_s'][p]:.2f} s "
                                   f"{result['hits'][p][0]}/{result['hits'][p][1]}"
@@ -148,13 +172,13 @@ def main() -> None:
     for name, _ in sides:
         times = [r["restart_s"] for r in got[name]]
         compiles = [max(r["first_step_s"].values()) for r in got[name]]
-        print(f"cache {name:<3}: restart to first step median {statistics.median(times):.2f} s "
+        print(f"cache {name:<3}: {what} to first step median {statistics.median(times):.2f} s "
               f"({min(times):.2f}-{max(times):.2f}); slowest process's first step median "
               f"{statistics.median(compiles):.2f} s")
-    for what, key in (("restart to first step", lambda r: r["restart_s"]),
-                      ("slowest first step", lambda r: max(r["first_step_s"].values()))):
+    for measure, key in ((f"{what} to first step", lambda r: r["restart_s"]),
+                         ("slowest first step", lambda r: max(r["first_step_s"].values()))):
         ratios = [key(off) / key(on) for on, off in zip(got["on"], got["off"])]
-        print(f"off / on, {what}: {statistics.median(ratios):.2f}x "
+        print(f"off / on, {measure}: {statistics.median(ratios):.2f}x "
               f"({min(ratios):.2f}-{max(ratios):.2f})")
 
 

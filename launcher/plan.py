@@ -119,7 +119,34 @@ def log_path(run_dir: str, process_id: int, attempt: int = 0) -> str:
     return os.path.join(run_dir, "logs", f"attempt-{attempt}", name)
 
 
-def worker_env(job, placement: Placement, coordinator_address: str, process_id: int) -> dict:
+def in_job_directory(job_name: str, run_dir: str) -> bool:
+    """Whether ``run_dir`` lies in the job's directory of the default layout: ``.../runs/<job>/<run>``
+    (``launch`` without ``--run-dir``, its ``--resume``, or a ``--run-dir`` named so)."""
+    parent = os.path.dirname(os.path.normpath(run_dir))
+    return (os.path.basename(parent) == job_name
+            and os.path.basename(os.path.dirname(parent)) == "runs")
+
+
+def compilation_cache_dir(job, run_dir: str, placement: Placement) -> str | None:
+    """JAX's persistent compilation cache as ``placement``'s workers see it, or None (none used).
+
+    A run in the default layout (``runs/<job>/<run>``, decided on the local
+    ``run_dir``) shares ``runs/<job>/compilation-cache`` with every other run of
+    the job on that host (its ``<workdir>/runs/<job>/`` over ssh and tpu), so a
+    re-run loads what an earlier run compiled; a run directory elsewhere
+    (``--run-dir``) keeps its own ``<run dir>/compilation-cache``, which every
+    attempt of the run shares. None for a program job (it runs its own JAX) and
+    for ``train.compilation_cache: false``.
+    """
+    if job.is_program or not job.train.compilation_cache:
+        return None
+    home = (os.path.dirname(os.path.normpath(placement.run_dir))
+            if in_job_directory(job.name, run_dir) else placement.run_dir)
+    return os.path.join(home, contract.COMPILATION_CACHE)
+
+
+def worker_env(job, placement: Placement, coordinator_address: str, process_id: int,
+               cache_dir: str | None = None) -> dict:
     """The environment a worker gets: platform variables, the contract, then the placement's env.
 
     Args:
@@ -127,6 +154,7 @@ def worker_env(job, placement: Placement, coordinator_address: str, process_id: 
       placement: the host the process runs on.
       coordinator_address: ``host:port``, identical for every process.
       process_id: this process's id.
+      cache_dir: the compilation cache's directory there (``compilation_cache_dir``), or None.
     """
     env = {"PYTHONUNBUFFERED": "1"}
     if placement.platform == "cpu":
@@ -137,7 +165,7 @@ def worker_env(job, placement: Placement, coordinator_address: str, process_id: 
         coordinator_address=coordinator_address, num_processes=job.num_processes,
         process_id=process_id, local_device_count=placement.local_device_count,
         platform=placement.platform, job_path=placement.job_path,
-        run_dir=placement.run_dir).to_env())
+        run_dir=placement.run_dir, compilation_cache_dir=cache_dir).to_env())
     env.update(placement.env)
     if job.is_program:
         # jax.distributed.initialize() with no arguments reads it (and worker.program passes it)
@@ -185,7 +213,8 @@ def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
             processes.append(ProcessPlan(
                 process_id=process_id, host=placement.host,
                 local_device_count=placement.local_device_count,
-                env=worker_env(job, placement, coordinator_address, process_id),
+                env=worker_env(job, placement, coordinator_address, process_id,
+                               compilation_cache_dir(job, run_dir, placement)),
                 argv=program_argv(job, placement) if job.is_program
                 else (placement.python, "-m", "worker"),
                 log_path=log_path(run_dir, process_id), label=label, python=placement.python,

@@ -108,9 +108,11 @@ class TrainSpec:
         "jax.jit over a global Mesh of every device, the batch sharded with NamedSharding, params "
         "replicated, the same per-device step inside (same params)")
     compilation_cache: bool = setting(
-        True, doc="JAX's persistent compilation cache in <run dir>/compilation-cache, shared by "
-        "every process and attempt of the run, so a restart loads what was compiled; false: "
-        "every attempt compiles")
+        True, doc="JAX's persistent compilation cache, shared by every process and attempt of "
+        "the run, so a restart loads what was compiled: runs/<job>/compilation-cache for a run in "
+        "the default layout (runs/<job>/<run>), shared by every run of the job, so a re-run "
+        "loads it too; <run dir>/compilation-cache for a --run-dir elsewhere; false: every "
+        "attempt compiles")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -41,6 +41,7 @@ def linear_job() -> WorkerJob:
     {},
     {"attempt": 2, "resume": True, "cluster_detection_method": "gcetpu"},
     {"attempt": 1, "resume": False},
+    {"compilation_cache_dir": "/runs/compilation-cache"},
 ])
 def test_identity_round_trips_through_the_environment(optional):
     given = identity(**optional)
@@ -64,7 +65,36 @@ def test_the_plans_environment_is_the_identity_of_each_process(tmp_path):
         got = Identity.from_env(process.env)
         assert got == identity(coordinator_address="127.0.0.1:12345", num_processes=2,
                                process_id=process.process_id, local_device_count=2,
-                               platform="cpu", job_path=plan.job_path, run_dir=str(tmp_path))
+                               platform="cpu", job_path=plan.job_path, run_dir=str(tmp_path),
+                               compilation_cache_dir=str(tmp_path / "compilation-cache"))
+
+
+def _cache_dirs(local_run_dir: str, host_run_dir: str, *overrides: str) -> list:
+    job = specs.load(LINEAR, overrides=list(overrides))
+    placement = planning.Placement(host="h", num_processes=2, local_device_count=2,
+                                   platform="cpu", python="python3", run_dir=host_run_dir,
+                                   job_path=host_run_dir + "/job.json")
+    plan = planning.make_plan(job, [placement], local_run_dir, "h:1")
+    return [p.env.get(contract.COMPILATION_CACHE_DIR) for p in plan.processes]
+
+
+def test_a_run_in_the_jobs_directory_shares_the_jobs_compilation_cache():
+    # the default layout, locally: runs/<job>/compilation-cache, for every run of the job
+    assert _cache_dirs("/w/runs/linear/20260101-000000-000", "/w/runs/linear/20260101-000000-000") \
+        == ["/w/runs/linear/compilation-cache"] * 2
+    # on another host (ssh, tpu): that host's <workdir>/runs/<job>/compilation-cache
+    assert _cache_dirs("/w/runs/linear/r1", "/home/u/pl/runs/linear/r1") \
+        == ["/home/u/pl/runs/linear/compilation-cache"] * 2
+    # --run-dir elsewhere: the run's own, on every host (the remote one is in the layout)
+    assert _cache_dirs("/tmp/x/mine", "/tmp/x/mine") == ["/tmp/x/mine/compilation-cache"] * 2
+    assert _cache_dirs("/tmp/x/mine", "/home/u/pl/runs/linear/mine") \
+        == ["/home/u/pl/runs/linear/mine/compilation-cache"] * 2
+    # runs/ of another job's name, or a directory named like a job outside runs/: the run's own
+    assert _cache_dirs("/w/runs/other/r1", "/w/runs/other/r1") == ["/w/runs/other/r1/compilation-cache"] * 2
+    assert _cache_dirs("/w/linear/r1", "/w/linear/r1") == ["/w/linear/r1/compilation-cache"] * 2
+    # train.compilation_cache false: none named (the worker uses none)
+    assert _cache_dirs("/w/runs/linear/r1", "/w/runs/linear/r1",
+                       "train.compilation_cache=false") == [None, None]
 
 
 @pytest.mark.parametrize("change, message", [

@@ -119,6 +119,44 @@ def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["step-0000030", "step-0000035", "step-0000040"]
 
 
+CACHE_LINE = (r"^\[p0\] compilation cache: (\d+) hits, (\d+) misses; first step \(trace, compile, "
+              r"dispatch\) \d+\.\d{3} s \((.+)\)$")
+SUMMARY_CACHE = (r"^ *compilation: first step up to \d+\.\d{3} s \(p[01]\); cache (\d+) hits?, "
+                 r"(\d+) miss(?:es)? over 2 processes$")
+
+
+def test_a_rerun_of_a_job_loads_what_the_earlier_run_compiled(tmp_path):
+    # Two runs of the same job in the default layout (runs/<job>/<timestamp> under the
+    # launcher's working directory) share runs/<job>/compilation-cache: the second run's
+    # process 0 loads the step its first attempt needs. A --run-dir elsewhere keeps its own.
+    job = os.path.join(REPO, "jobs", "linear.yaml")
+    args = (job, "--set", "train.num_steps=10", "--set", "cluster.devices_per_process=1",
+            "--set", "checkpoint.every_steps=0", "--set", "logging.tensorboard=false")
+    seen = []
+    for _ in range(2):
+        result = launch(*args, cwd=str(tmp_path))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        (line,) = re.findall(CACHE_LINE, result.stdout, re.M)
+        (summary,) = re.findall(SUMMARY_CACHE, result.stdout, re.M)
+        seen.append((int(line[0]), int(line[1]), line[2], int(summary[0])))
+    shared = str(tmp_path / "runs" / "linear" / "compilation-cache")
+    (first_hits, first_misses, first_path, first_sum), (hits, _, path, total) = seen
+    assert first_path == path == shared and first_hits == 0 and first_misses > 0 and first_sum == 0
+    assert hits > 0 and total >= hits, seen
+    assert os.listdir(shared)  # process 0 wrote its entries there, not in either run directory
+    runs = sorted(d for d in os.listdir(tmp_path / "runs" / "linear") if d != "compilation-cache")
+    assert len(runs) == 2 and not any(
+        os.path.exists(tmp_path / "runs" / "linear" / d / "compilation-cache") for d in runs)
+    # --run-dir outside runs/<job>/: its own cache, empty at first, though the job's is full
+    own = tmp_path / "elsewhere"
+    result = launch(*args, "--run-dir", str(own), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    ((hits, misses, path),) = re.findall(CACHE_LINE, result.stdout, re.M)
+    assert (hits, path) == ("0", str(own / "compilation-cache")) and int(misses) > 0
+    ((summary_hits, _),) = re.findall(SUMMARY_CACHE, result.stdout, re.M)
+    assert summary_hits == "0", result.stdout[-3000:]
+
+
 def test_resume_skips_a_truncated_checkpoint_and_continues(tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
     first = launch("jobs/linear.yaml", *COMMON, "--set", "train.num_steps=20", "--run-dir", str(run_dir))

@@ -341,6 +341,28 @@ def test_hosts_that_share_one_workdir_run(tmp_path, hosts):
         assert not pids_with_env("PODLAUNCH_RUN_DIR", remote)
 
 
+@pytest.mark.slow
+def test_reruns_in_the_default_layout_share_each_hosts_job_cache(tmp_path, hosts):
+    # launch without --run-dir (runs/linear/<timestamp> here): each host's workers use
+    # <workdir>/runs/linear/compilation-cache there, and a re-run's process 0 loads from it
+    cluster = write_cluster(tmp_path, hosts)
+    local = tmp_path / "here"
+    local.mkdir()
+    found = []
+    for _ in range(2):
+        result = launch(os.path.join(REPO, "jobs", "linear.yaml"), "--cluster", cluster, *SHORT,
+                        "--set", "checkpoint.every_steps=0", "--show", "all", cwd=str(local))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        lines = re.findall(r"^\[p(\d) \S+\] compilation cache: (\d+) hits, \d+ misses; .* \((.+)\)$",
+                           result.stdout, re.M)
+        assert sorted(int(p) for p, _, _ in lines) == [0, 1, 2, 3], result.stdout[-3000:]
+        for process_id, _, path in lines:
+            assert path == str(tmp_path / f"host{process_id}" / "runs" / "linear" / "compilation-cache")
+        found.append({int(p): int(h) for p, h, _ in lines})
+    assert found[0][0] == 0 and found[1][0] > 0, found
+    assert not (local / "runs" / "linear" / "compilation-cache").exists()  # nothing ran here
+
+
 def test_mkdirs_tolerates_a_directory_made_meanwhile(tmp_path):
     made = set()
 

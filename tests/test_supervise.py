@@ -302,6 +302,7 @@ def test_a_second_interrupt_during_teardown_kills_at_once(tmp_path):
 def _job(max_restarts: int, backoff_s: float = 1.5, retry_exit_codes=(143, 137)):
     return types.SimpleNamespace(
         name="fake", num_processes=2, is_program=False,
+        train=types.SimpleNamespace(compilation_cache=True),
         restarts=types.SimpleNamespace(max_restarts=max_restarts, backoff_s=backoff_s,
                                        retry_exit_codes=retry_exit_codes),
         watchdog=types.SimpleNamespace(stall_timeout_s=None, first_step_timeout_s=None),

@@ -34,6 +34,10 @@ Optional (set by the launcher's restart loop and ``--resume``, and by the tpu ba
   PODLAUNCH_CLUSTER_DETECTION_METHOD  see ``CLUSTER_DETECTION_METHOD`` below.
   PODLAUNCH_RENDEZVOUS           "stdin" (the slurm backend): the coordinator's port is
                                  not known at start; see ``RENDEZVOUS`` below.
+  PODLAUNCH_COMPILATION_CACHE_DIR  JAX's persistent compilation cache as this process
+                                 sees it (``train.compilation_cache``); unset:
+                                 ``<run dir>/compilation-cache``. The launcher sets it
+                                 (``launcher.plan.compilation_cache_dir``).
 
 Progress lines: a worker prints ``PROGRESS_FORMAT`` lines at every logged step,
 ``HEARTBEAT_FORMAT`` lines at most every ``heartbeat_interval_s`` between them
@@ -67,6 +71,10 @@ ATTEMPT = "PODLAUNCH_ATTEMPT"
 # visible device (and never JAX's guess from SLURM_LOCALID).
 LOCAL_DEVICE_IDS = "PODLAUNCH_LOCAL_DEVICE_IDS"
 RESUME = "PODLAUNCH_RESUME"
+COMPILATION_CACHE_DIR = "PODLAUNCH_COMPILATION_CACHE_DIR"
+# The compilation cache's directory name: in the job's directory (runs/<job>/) for a run
+# in the default layout, else in the run directory (launcher.plan.compilation_cache_dir).
+COMPILATION_CACHE = "compilation-cache"
 
 # "step 40/100 loss 0.012345 | 812.3 steps/s | step_time_s 0.001231 (own 0.000402)"
 # step_time_s: wall seconds per step since the previous logged step (equal on
@@ -325,6 +333,8 @@ class Identity:
       cluster_detection_method: JAX's ``cluster_detection_method`` for
         ``jax.distributed.initialize``; None means ``"deactivate"`` (the ids
         above are used as given).
+      compilation_cache_dir: JAX's persistent compilation cache directory as this
+        process sees it; None means ``<run_dir>/compilation-cache``.
 
     Raises (on construction):
       ContractError: a value of the wrong type or out of range.
@@ -340,6 +350,7 @@ class Identity:
     attempt: int = 0
     resume: bool = False
     cluster_detection_method: str | None = None
+    compilation_cache_dir: str | None = None
 
     def __post_init__(self):
         check_fields(self)
@@ -356,7 +367,8 @@ class Identity:
     def to_env(self) -> dict[str, str]:
         """The environment variables that carry this identity, in a fixed order.
 
-        The optional ones (attempt, resume, cluster_detection_method) are set
+        The optional ones (attempt, resume, cluster_detection_method,
+        compilation_cache_dir) are set
         only when they differ from their defaults: the launcher's restart loop
         and the tpu backend add them per attempt and per host.
         """
@@ -375,6 +387,8 @@ class Identity:
             env[RESUME] = "1"
         if self.cluster_detection_method is not None:
             env[CLUSTER_DETECTION_METHOD] = self.cluster_detection_method
+        if self.compilation_cache_dir is not None:
+            env[COMPILATION_CACHE_DIR] = self.compilation_cache_dir
         return env
 
     @classmethod
@@ -416,4 +430,5 @@ class Identity:
             attempt=integer(ATTEMPT, "0"),
             resume=_BOOL_ENV[resume],
             cluster_detection_method=environ.get(CLUSTER_DETECTION_METHOD) or None,
+            compilation_cache_dir=environ.get(COMPILATION_CACHE_DIR) or None,
         )

@@ -102,7 +102,8 @@ class TrainConfig(_Section):
     checkpoint and log steps are multiples of it); ``allreduce``: ``packed``
     (one flat buffer per dtype, one collective per step) or ``per_leaf``;
     ``parallelism``: ``pmap`` (``worker.train``) or ``jit`` (``worker.sharded``);
-    ``compilation_cache``: JAX's persistent cache in the run directory, or none."""
+    ``compilation_cache``: JAX's persistent cache (in the directory the launcher
+    names, ``contract.COMPILATION_CACHE_DIR``), or none."""
 
     num_steps: int
     global_batch_size: int

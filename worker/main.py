@@ -128,27 +128,33 @@ def single_process(identity: contract.Identity, device_ids: str | None = None) -
             and not device_ids)
 
 
-COMPILATION_CACHE = "compilation-cache"  # under the run directory
-
-
 class CompilationCache:
-    """JAX's persistent compilation cache in ``<run dir>/compilation-cache``, counted.
+    """JAX's persistent compilation cache in the directory the launcher names, counted.
 
-    Every attempt of a run uses the same directory, so a restart loads what
-    the first attempt compiled instead of compiling again; so do the other
-    local processes (one host's run directory). JAX writes entries from
-    process 0 only: processes on other hosts (whose run directory is their
-    own) read none and compile as before. Entries may also be rejected on
-    reload (some CPUs), so hits and misses are counted from JAX's own
-    monitoring events rather than assumed, and ``line()`` reports them.
+    The launcher names it (``contract.COMPILATION_CACHE_DIR``;
+    ``launcher.plan.compilation_cache_dir``): ``runs/<job>/compilation-cache``
+    for a run in the default layout, shared by every run of the job, else
+    ``<run dir>/compilation-cache`` (also the default when it names none).
+    Every attempt of a run uses the same directory, so a restart (or a re-run)
+    loads what was compiled before instead of compiling again; so do the other
+    local processes. JAX writes entries from process 0 only: processes on
+    other hosts (whose directory is their own) read none and compile as
+    before. Entries may also be rejected on reload (some CPUs), so hits and
+    misses are counted from JAX's own monitoring events rather than assumed,
+    and ``line()`` reports them.
+
+    Args:
+      path: the directory (made by JAX when missing), or None for ``run_dir``'s.
+      run_dir: the run directory.
+      enabled: False (``train.compilation_cache: false``): no cache, every compile a miss.
     """
 
-    def __init__(self, run_dir: str, enabled: bool = True):
+    def __init__(self, path: str | None, run_dir: str, enabled: bool = True):
         import jax
         import jax.monitoring
 
         self.requests = self.hits = 0
-        self.path = os.path.join(run_dir, COMPILATION_CACHE) if enabled else "off"
+        self.path = (path or os.path.join(run_dir, contract.COMPILATION_CACHE)) if enabled else "off"
         if enabled:  # off (train.compilation_cache: false): every compile is a miss
             jax.config.update("jax_compilation_cache_dir", self.path)
             # The worker's steps compile in well under JAX's default 1 s threshold on
@@ -196,7 +202,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     num_steps, global_batch = job.train.num_steps, job.train.global_batch_size
     k = job.train.steps_per_call
 
-    cache = CompilationCache(run_dir, job.train.compilation_cache)
+    cache = CompilationCache(identity.compilation_cache_dir, run_dir, job.train.compilation_cache)
     source = datasets.open_source(job.data, run_dir)
     order = datasets.make_order(job.data, source.num_rows, global_batch)
     order_key = {"shuffle": job.data.shuffle, "shuffle_seed": job.data.shuffle_seed}
