@@ -213,8 +213,7 @@ def place(tree: Any) -> Any:
     Returns:
       The same pytree of device arrays, sharded over the local devices.
     """
-    sharding = _local_sharding()
-    return jax.tree.map(lambda a: jax.device_put(aligned(np.asarray(a)), sharding), tree)
+    return jax.device_put(jax.tree.map(lambda a: aligned(np.asarray(a)), tree), _local_sharding())
 
 
 @functools.cache
