@@ -125,8 +125,12 @@ class Synthetic:
             start, stop = int(rows[0]), int(rows[-1]) + 1
             self._make(range(start // SYNTHETIC_CHUNK_ROWS, (stop - 1) // SYNTHETIC_CHUNK_ROWS + 1))
             return {"x": self._x[start:stop], "y": self._y[start:stop]}
+        if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= self.num_rows):
+            raise IndexError(f"synthetic data: rows outside [0, {self.num_rows})")
         self.generate(rows)
-        return {name: np.take(table, rows, axis=0,
+        # mode="clip" (the rows are checked above): with the default "raise", numpy's take
+        # gathers into a temporary and copies that into ``out``, a second copy
+        return {name: np.take(table, rows, axis=0, mode="clip",
                               out=aligned_empty((len(rows),) + table.shape[1:], table.dtype))
                 for name, table in (("x", self._x), ("y", self._y))}
 
