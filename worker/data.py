@@ -29,8 +29,8 @@ import numpy as np
 
 from worker import job as jobs
 from worker.order import Order, num_batches  # noqa: F401  (num_batches: re-exported)
-from worker.sources import (DataError, open_source, synthetic_rows,  # noqa: F401
-                            synthetic_truth)
+from worker.sources import (DataError, aligned_empty, open_source,  # noqa: F401
+                            synthetic_rows, synthetic_truth)
 
 
 def make_order(data: jobs.DataConfig, num_rows: int, global_batch_size: int) -> Order:
@@ -78,6 +78,13 @@ class Batches:
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
         self._thread = None
+        generate = getattr(source, "generate", None)
+        if generate is not None and num_steps > first_step:
+            # generated data (synthetic) is made before step 1 for the rows of one epoch, as
+            # loading did before streaming: making it is not reading, and would otherwise be
+            # timed as the first steps' own time
+            for step in range(first_step, min(num_steps, first_step + order.num_batches)):
+                generate(order.process_rows(step, process_id, num_processes))
         if self.resident and num_steps > first_step:
             # placed before the first step, as all-in-memory loading did: reading them
             # later would be timed as the first steps' own time
@@ -101,7 +108,10 @@ class Batches:
         batches = [self._host_batch(s) for s in steps]
         if self.k == 1:
             return batches[0]
-        return {name: np.stack([b[name] for b in batches], axis=1) for name in batches[0]}
+        return {name: np.stack([b[name] for b in batches], axis=1, out=aligned_empty(
+                    (self.local_device_count, len(batches)) + batches[0][name].shape[1:],
+                    batches[0][name].dtype))
+                for name in batches[0]}
 
     def _produce(self, first_step: int, num_steps: int) -> None:
         try:

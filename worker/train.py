@@ -8,16 +8,18 @@ each device holds the full-batch mean gradient after the collective.
 
 from __future__ import annotations
 
-import threading
+import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from worker import job as jobs
 from worker.metrics import STEP_METRICS
+from worker.sources import aligned
 
 AXIS = "batch"  # the seed's axis name
 
@@ -194,14 +196,15 @@ def replicate(tree: Any) -> Any:
     return jax.tree.map(lambda a: np.broadcast_to(np.asarray(a), (n,) + np.shape(a)).copy(), tree)
 
 
-_identity = None
-_identity_lock = threading.Lock()
-
-
 def place(tree: Any) -> Any:
     """Put a batch on the local devices, in the layout ``pmap`` expects.
 
     Safe to call from the input pipeline's thread (``worker.data.Batches``).
+    ``jax.device_put`` with a sharding over the local devices' leading axis: on CPU
+    devices a C-contiguous, ``worker.sources.ALIGN_BYTES``-aligned host array is used in
+    place, no copy (``worker.data`` reads batches that way); any other array is first
+    copied once into an aligned one. A host array given here must not be written
+    afterwards (the devices may be reading it).
 
     Args:
       tree: a pytree (a dict of named arrays) of numpy arrays, each
@@ -210,11 +213,13 @@ def place(tree: Any) -> Any:
     Returns:
       The same pytree of device arrays, sharded over the local devices.
     """
-    global _identity
-    with _identity_lock:
-        if _identity is None:
-            _identity = jax.pmap(lambda a: a)  # no collective: a pure placement
-    return _identity(tree)
+    return jax.device_put(jax.tree.map(lambda a: aligned(np.asarray(a)), tree), _local_sharding())
+
+
+@functools.cache
+def _local_sharding() -> NamedSharding:
+    """Leading axis split over the local devices, in order: what ``pmap`` takes as is."""
+    return NamedSharding(Mesh(np.array(jax.local_devices()), (AXIS,)), PartitionSpec(AXIS))
 
 
 def placer(steps_per_call: int = 1) -> Callable[[Any], Any]:
