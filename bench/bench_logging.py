@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from launcher.state import ProcessStats  # noqa: E402  (after the path is set)
+from bench.bench_step import process0_steps_per_s  # noqa: E402  (after the path is set)
 
 SHAPES = {
     # name: (global_batch_size = num_examples, in_features, num_steps)
@@ -56,17 +55,7 @@ def run_once(shape: str, side: str, processes: int, devices: int, workdir: str, 
             "--set", f"train.num_steps={num_steps}", "--set", f"train.global_batch_size={batch}",
             "--set", f"data.num_examples={batch}", "--set", f"data.in_features={features}"]
     args += [a.format(num_steps=num_steps) for a in SIDES[side]]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_"))}
-    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"{shape}/{side} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
-    stats = ProcessStats()
-    with open(os.path.join(run_dir, "logs", "process-000.log"), encoding="utf-8") as log:
-        for line in log:
-            stats.observe(line.rstrip("\n"))
-    if stats.timed_steps != num_steps:
-        raise SystemExit(f"{shape}/{side}: timed {stats.timed_steps} of {num_steps} steps")
-    return 1.0 / stats.mean_step_time_s
+    return process0_steps_per_s(args, REPO, run_dir, num_steps, f"{shape}/{side}")
 
 
 def main() -> None:
