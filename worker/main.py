@@ -10,25 +10,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import sys
 import time
 import traceback
 from typing import Callable
 
-from worker import contract, nodefacts
+from worker import contract, interrupts, nodefacts
 from worker import job as jobs
 from worker.sources import DataError
 
 
 class Mismatch(contract.ContractError):
     """What JAX reports differs from the launcher's plan."""
-
-
-def _on_sigterm(signum, frame):
-    # Turn the launcher's SIGTERM into SystemExit so `finally` blocks close
-    # the TensorBoard writer; a worker stuck in a collective gets SIGKILL later.
-    raise SystemExit(128 + signum)
 
 
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "all_proxy")
@@ -290,10 +283,11 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
             out(contract.FAILED_FORMAT.format(step=failed_at, error=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
-        batches.close()
-        if logger is not None:
-            logger.close()  # records held for other processes' values: written with what came
-        tracker.close()
+        with interrupts.held():  # a SIGTERM now must not cut the writing of the records short
+            batches.close()
+            if logger is not None:
+                logger.close()  # records held for other processes' values: written with what came
+            tracker.close()
 
 
 def _resume(identity: contract.Identity, job: jobs.WorkerJob, state, num_batches: int,
@@ -407,7 +401,9 @@ def _exit_now(code: int) -> None:
 
 def main() -> None:
     """Entry point of ``python -m worker``; exits non-zero on any failure."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    # the launcher's SIGTERM unwinds the worker as SystemExit, so `finally` blocks write what
+    # process 0 holds; a worker stuck in a collective gets SIGKILL later
+    interrupts.install()
     try:
         identity = contract.Identity.from_env(os.environ)
         if os.environ.get(contract.RENDEZVOUS) == "stdin":
@@ -417,7 +413,7 @@ def main() -> None:
         # jax.distributed.initialize (when called) installs its preemption notifier's SIGTERM
         # handler, which swallows the launcher's TERM: the worker then sat out
         # grace_s until SIGKILL, with its TensorBoard writer never closed.
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        interrupts.install()
         if single_process(identity, os.environ.get(contract.LOCAL_DEVICE_IDS)):
             print("process 0/1: one process, in-process collectives "
                   "(no jax.distributed)", flush=True)

@@ -28,6 +28,9 @@ The training loop stays a few lines; everything it reports goes through one
 * ``close()`` when the loop ends early (an error, SIGTERM): reads the kept
   log steps that have finished, then process 0 writes what it holds, waiting
   at most 0.5 s for the other processes' values.
+* A SIGTERM that arrives while log steps are taken off the queue, printed,
+  held or written is raised once they are (``worker.interrupts.held``): a
+  progress line on the console is always a record in TensorBoard.
 
 Two step times (seconds per step since the previous log step), taken when a
 log step has been dispatched (once ``lag`` steps are in flight, a dispatch
@@ -56,7 +59,7 @@ import math
 import time
 from typing import Any, Callable
 
-from worker import contract
+from worker import contract, interrupts
 from worker import job as jobs
 from worker import redact
 
@@ -212,8 +215,9 @@ class StepLogger:
             self._finished += 1
         now = self.clock()
         if self._finished and now - self._last_read >= self.read_every_s:
-            finished, self._finished = self._finished, 0
-            self.read([self._kept.popleft() for _ in range(finished)])
+            with interrupts.held():  # taken off _kept: printed and held whole, or not at all
+                finished, self._finished = self._finished, 0
+                self.read([self._kept.popleft() for _ in range(finished)])
         elif self._held and now - self._last_collect >= self.read_every_s:
             # Process 0 between its own reads: other processes' values may have come.
             self._collect_and_write()
@@ -237,9 +241,10 @@ class StepLogger:
 
     def flush(self) -> None:
         """Read every kept log step, waiting for it (before a checkpoint, a task's hook)."""
-        if self._kept:
-            kept, self._kept, self._finished = list(self._kept), collections.deque(), 0
-            self.read(kept)
+        with interrupts.held():
+            if self._kept:
+                kept, self._kept, self._finished = list(self._kept), collections.deque(), 0
+                self.read(kept)
 
     def finish(self) -> None:
         """After the last dispatch: ``flush``, then write every record process 0 holds.
@@ -262,17 +267,18 @@ class StepLogger:
         values that do not come are NaN (``null`` in metrics.jsonl). Errors
         are swallowed: the process is ending already.
         """
-        finished = list(self._kept)[:self._finished]
-        self._kept.clear()
-        self._finished = 0
-        if finished and not self._stopped:
-            try:
-                # Other processes do not post: process 0 may be gone with the store.
-                self.read(finished, post=self.process_id == 0)
-            except Exception:  # noqa: BLE001 - a non-finite loss among them, or a closed stdout
-                pass
-        if self._held:
-            self._write_held(self.gather.wait([step for step, _ in self._held], timeout_s=wait_s))
+        with interrupts.held():
+            finished = list(self._kept)[:self._finished]
+            self._kept.clear()
+            self._finished = 0
+            if finished and not self._stopped:
+                try:
+                    # Other processes do not post: process 0 may be gone with the store.
+                    self.read(finished, post=self.process_id == 0)
+                except Exception:  # noqa: BLE001 - a non-finite loss among them, or a closed stdout
+                    pass
+            if self._held:
+                self._write_held(self.gather.wait([step for step, _ in self._held], timeout_s=wait_s))
 
     def read(self, kept: list, post: bool = True) -> list:
         """Read a batch of finished log steps: progress lines, own times posted, scalars written.
@@ -363,11 +369,12 @@ class StepLogger:
 
     def _write_held(self, arrived: dict) -> None:
         """Write held records in step order while their per-process values have arrived."""
-        while self._held and self._held[0][0] in arrived:
-            step, values = self._held.popleft()
-            values.update(zip(map(process_tag, range(self.num_processes)), arrived.get(step, ())))
-            self._write(step, values)
-        self.tracker.flush()
+        with interrupts.held():  # taken off _held: written, or still held
+            while self._held and self._held[0][0] in arrived:
+                step, values = self._held.popleft()
+                values.update(zip(map(process_tag, range(self.num_processes)), arrived.get(step, ())))
+                self._write(step, values)
+            self.tracker.flush()
 
     def _write(self, step: int, values: dict) -> None:
         self.tracker.scalars(step, values)

@@ -44,7 +44,7 @@ import signal
 import sys
 import time
 
-from worker import contract
+from worker import contract, interrupts
 from worker import job as jobs
 
 _state: dict = {}
@@ -88,14 +88,13 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _on_sigterm(signum, frame):
-    # The launcher's TERM (a peer failed, Ctrl-C): unwind the program (its finally blocks
-    # run) as the trainer does; _at_exit then writes what process 0 holds and exits at once,
-    # skipping JAX's shutdown barrier (it would wait minutes for peers that are gone).
-    # Writing from here instead could deadlock on a lock the interrupted code holds (the
-    # TensorBoard writer's, a file's).
-    _state["terminated"], _state["exit_code"] = True, 128 + signum
-    raise SystemExit(128 + signum)
+def _terminated(signum: int) -> None:
+    # The launcher's TERM (a peer failed, Ctrl-C) unwinds the program as SystemExit (its
+    # finally blocks run) as in the trainer (worker.interrupts); _at_exit then writes what
+    # process 0 holds and exits at once, skipping JAX's shutdown barrier (it would wait
+    # minutes for peers that are gone). Writing from the handler instead could deadlock on
+    # a lock the interrupted code holds (the TensorBoard writer's, a file's).
+    _state["terminated"], _state["exit_code"] = True, interrupts.exit_code(signum)
 
 
 def initialize(num_steps: int | None = None):
@@ -121,7 +120,7 @@ def initialize(num_steps: int | None = None):
         print(f"worker: {exc}", flush=True)
         _exit_now(contract.EXIT_MISMATCH)
     # jax.distributed.initialize installs a SIGTERM handler that swallows the launcher's TERM
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupts.install(on_signal=_terminated)
     print(f"process {jax.process_index()}/{jax.process_count()} joined "
           f"{me.coordinator_address}", flush=True)
     _state.update(identity=me, num_steps=num_steps or job.program.num_steps)
@@ -208,6 +207,10 @@ class _Reporter:
                 print(contract.HEARTBEAT_FORMAT.format(step=step), flush=True)
                 self.last_beat = now
             return
+        with interrupts.held():  # a progress line printed is a record written or held
+            self._log(step, scalars)
+
+    def _log(self, step: int, scalars: dict) -> None:
         values = {k: float(v) for k, v in scalars.items()}  # waits for device values: a sync
         now = time.perf_counter()
         steps = max(1, step - self.mark_step)
@@ -235,11 +238,12 @@ class _Reporter:
             self._write(self.gather.collect(s for s, _ in self.held))
 
     def _write(self, arrived: dict) -> None:
-        while self.held and self.held[0][0] in arrived:
-            step, values = self.held.pop(0)
-            values.update(zip(map(self.process_tag, range(self.me.num_processes)), arrived[step]))
-            self.tracker.scalars(step, values)
-        self.tracker.flush()
+        with interrupts.held():  # taken off held: written, or still held
+            while self.held and self.held[0][0] in arrived:
+                step, values = self.held.pop(0)
+                values.update(zip(map(self.process_tag, range(self.me.num_processes)), arrived[step]))
+                self.tracker.scalars(step, values)
+            self.tracker.flush()
 
     def close(self, wait_s: float) -> None:
         if self.held:
