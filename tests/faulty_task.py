@@ -16,7 +16,8 @@ from worker import tasks
 
 
 def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
-         sleep_s: float = 0.0, slow_process_id: int = -1, helpers: bool = False,
+         sleep_s: float = 0.0, slow_process_id: int = -1, slow_attempt: int = -1,
+         helpers: bool = False,
          long_line_mb: int = 100, print_mb: int = 0, print_line_bytes: int = 0) -> tasks.Task:
     """The linear task; at ``crash_at_step`` process ``crash_process_id`` misbehaves.
 
@@ -30,6 +31,9 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
         without a newline, then exits with 7: its last line ends without one).
       sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
       slow_process_id: which process is slow (-1 = none).
+      slow_attempt: the attempt (``PODLAUNCH_ATTEMPT``) on which it is slow (-1 = every one):
+        a run that must still be running when a test interrupts it, and that may then
+        resume at full speed.
       print_mb: after step 1 process 0 prints this many MiB of ``x`` (bench/bench_ssh_long_lines.py),
         as one line (``print_line_bytes`` 0) or in lines of ``print_line_bytes`` bytes, newline included.
       helpers: after step 1 every process starts two ``sleep 1234`` helpers, as data
@@ -44,7 +48,8 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
             subprocess.Popen(["sleep", "1234"])
             subprocess.Popen(["sleep", "1234"], start_new_session=True)
             print("faulty_task: started 2 helpers", flush=True)
-        if process_id == slow_process_id and sleep_s:
+        if process_id == slow_process_id and sleep_s and slow_attempt in (
+                -1, int(os.environ.get("PODLAUNCH_ATTEMPT", "0"))):
             time.sleep(sleep_s)
         if step != crash_at_step or process_id != crash_process_id:
             return

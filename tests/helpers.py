@@ -8,6 +8,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -80,11 +81,22 @@ def launch(*args: str, timeout_s: float = 300, cwd: str | None = None) -> subpro
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
 
 
+def sighup_default() -> None:
+    """``preexec_fn`` of a launcher a test may send SIGHUP: SIGHUP back to its default.
+
+    A test runner started under ``nohup`` (or by a CI agent that ignores SIGHUP) passes an
+    ignored SIGHUP on to every child, and the launcher keeps an ignored SIGHUP ignored
+    (``nohup launch``: test_lifecycle.test_nohup_keeps_sighup_ignored); a launch from a
+    terminal has it at its default.
+    """
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def start_launch(*args: str, cwd: str | None = None) -> subprocess.Popen:
-    """Start ``launch ARGS`` in the background, output piped (merged)."""
+    """Start ``launch ARGS`` in the background, output piped (merged), SIGHUP at its default."""
     return subprocess.Popen(LAUNCH + list(args), cwd=cwd or REPO, env=env_for_tests(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, preexec_fn=sighup_default)
 
 
 class Output:

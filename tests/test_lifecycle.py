@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from helpers import KINDS, LAUNCH, REPO, env_for_tests, long_job, run_pids, start_launch, wait_gone
+from helpers import (KINDS, LAUNCH, REPO, env_for_tests, long_job, run_pids, sighup_default,
+                     start_launch, wait_gone)
 
 pytestmark = pytest.mark.slow  # every test here starts the launcher and real workers
 
@@ -26,6 +27,7 @@ LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=20
 
 def _controlling_tty():
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # after setsid: the pty becomes the session's terminal
+    sighup_default()
 
 
 def _read_until(fd: int, pattern: str, timeout_s: float = 120) -> str:

@@ -19,7 +19,7 @@ import pytest
 
 import sshenv
 from helpers import (LAUNCH, REPO, Output, env_for_tests, launch, pids_with_env, program_job, run_pids,
-                     wait_gone)
+                     sighup_default, wait_gone)
 from slurmenv import SlurmTestEnv, available
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,8 @@ def run(env, *args, prefix=(), timeout_s=120) -> subprocess.CompletedProcess:
 
 def start(env, *args) -> subprocess.Popen:
     return subprocess.Popen(LAUNCH + list(args), cwd=REPO, env=slurm_env(env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=sighup_default)
 
 
 def read_until(proc, pattern: str, lines: list, timeout_s: float = 90) -> str:
@@ -298,6 +299,13 @@ PREEMPTED_RUN = ("--set", "train.num_steps=300", "--set", "train.global_batch_si
                  "--set", "logging.log_every_steps=10", "--set", "logging.tensorboard=false",
                  "--set", "checkpoint.every_steps=20", "--set", "restarts.max_restarts=2",
                  "--set", "restarts.backoff_s=0")
+# The interrupted attempt steps slowly (0.1 s per step: 300 steps take 30 s), so that
+# slurmctld's preemption, or its node failure, surely lands before the run could end by
+# itself on a loaded machine (at full speed 300 steps take ~1 s); the attempts after it
+# run at full speed. The task is the seed's linear one (faulty_task), so the final params
+# are those of PREEMPTED_RUN alone.
+SLOW_FIRST_ATTEMPT = ("--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.1",
+                      "--set", "task.args.slow_process_id=0", "--set", "task.args.slow_attempt=0")
 
 
 def assert_uninterrupted_params(run_dir, reference) -> None:
@@ -313,7 +321,7 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_params(slu
                                                                              tmp_path):
     run_dir = tmp_path / "run"
     proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),
-                 *PREEMPTED_RUN)
+                 *PREEMPTED_RUN, *SLOW_FIRST_ATTEMPT)
     lines: list = []
     read_until(proc, r"^\[p0 n1\] checkpoint of step \d+ saved", lines)
     # a job in the higher-priority partition takes every node: ours gets SIGTERM, then is requeued
@@ -333,7 +341,7 @@ def resumed_run(slurm, cluster: str, run_dir, interrupt) -> tuple[str, str]:
     """PREEMPTED_RUN by submission, ``interrupt()`` after its first checkpoint; it must resume
     and succeed. Returns (the first Slurm job id, everything the launcher printed)."""
     proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(run_dir),
-                 *PREEMPTED_RUN)
+                 *PREEMPTED_RUN, *SLOW_FIRST_ATTEMPT)
     lines: list = []
     read_until(proc, r"^\[p0 n1\] checkpoint of step \d+ saved", lines)
     interrupt()
