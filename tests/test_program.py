@@ -153,7 +153,7 @@ def test_program_exiting_0_early_is_a_failure(tmp_path):
 
 
 @pytest.mark.slow
-def test_program_crashing_before_it_joins_is_named_within_5s(tmp_path):
+def test_program_crashing_before_it_joins_is_named_and_its_peers_stopped_at_once(tmp_path):
     run_dir = tmp_path / "run"
     started = time.monotonic()
     done = launch(program_job(tmp_path, "crash-before-join", target=1), "--run-dir",
@@ -164,9 +164,10 @@ def test_program_crashing_before_it_joins_is_named_within_5s(tmp_path):
     failed = _failed(out)
     assert failed.startswith("FAILED: process_id 1 on localhost (exit code 1)"), out
     assert "no such dataset (on purpose, before joining)" in failed
-    # the whole launch, python start-up and teardown included: the peers blocked in
-    # initialize were stopped, not left to the 60 s initialization timeout
-    assert elapsed < 5, (elapsed, out)
+    # the whole launch, python start-up and teardown included (about 1 s here, 7 Python
+    # start-ups on 2 cores): the peers blocked in initialize were stopped, not left to the
+    # 60 s initialization timeout; the bound leaves room for a loaded machine
+    assert elapsed < 20, (elapsed, out)
     assert not run_pids(str(run_dir))
 
 

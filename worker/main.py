@@ -347,10 +347,11 @@ class _Recovery:
         if saving and self.identity.process_id == 0:
             from worker import checkpoint
 
-            path = checkpoint.save_replicated(self.identity.run_dir, step, params, opt_state,
-                                              self.num_batches, self.keep, self.order,
-                                              self.unreplicate)
-            self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path))
+            with interrupts.held():  # a SIGTERM mid-save: the save and its line, then the exit
+                path = checkpoint.save_replicated(self.identity.run_dir, step, params, opt_state,
+                                                  self.num_batches, self.keep, self.order,
+                                                  self.unreplicate)
+                self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path))
         if self.interval_s is None:
             return
         if saving or time.monotonic() - self.last_beat >= self.interval_s:
