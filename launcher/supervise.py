@@ -256,30 +256,41 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
 
 
 def _root_cause(tracked: list, output: _Output, clock: Callable[[], float],
-                window_s: float = 0.3) -> Tracked:
+                window_s: float = 0.3, cause_wait_s: float = 3.0) -> Tracked:
     """The failure that caused the others.
 
     A death cascades in milliseconds (peers see a reset collective and exit
-    too), often within one poll; so wait a short window for the cascade to
-    show. Then: a process whose last lines say it lost a peer
+    too), often within one poll; so wait a short window (``window_s``) for the
+    cascade to show. Then: a process whose last lines say it lost a peer
     (``contract.is_peer_loss``: a collective or the coordination service
     failed under it) is a consequence, not a cause, so the others come first;
-    among those, the earliest by host time (when the worker caught its error,
-    or when its wrapper saw it end), else by when its output closed at the
-    launcher. Launcher-side notice order is not evidence: processes are
-    polled in process_id order, and reader threads lag under load.
+    while every failure seen is such a consequence and some process still
+    runs, wait up to ``cause_wait_s`` more for the cause to be seen (its end
+    can reach the launcher late: an exit report queued behind megabytes of
+    output on an SSH channel, a loaded host). Among the causes, the earliest
+    by host time (when the worker caught its error, or when its wrapper saw
+    it end), else by when its output closed at the launcher. Launcher-side
+    notice order is not evidence: processes are polled in process_id order,
+    and reader threads lag under load.
     """
-    deadline = clock() + window_s
-    while clock() < deadline:
-        output.wait(0.02)
-        for t in tracked:
-            if t.running:
-                t.poll(clock)
-    failed = [t for t in tracked if t.state is State.FAILED]
-    for t in failed:
-        if t.reader is not None:
-            t.reader.join(timeout=0.2)
-    causes = [t for t in failed if not any(contract.is_peer_loss(line) for line in t.tail)]
+    def settle(until: float) -> None:
+        while clock() < until:
+            output.wait(0.02)
+            for t in tracked:
+                if t.running:
+                    t.poll(clock)
+
+    settle(clock() + window_s)
+    last_chance = clock() + cause_wait_s
+    while True:
+        failed = [t for t in tracked if t.state is State.FAILED]
+        for t in failed:
+            if t.reader is not None:
+                t.reader.join(timeout=0.2)  # its last lines: whether it lost a peer
+        causes = [t for t in failed if not any(contract.is_peer_loss(line) for line in t.tail)]
+        if causes or not any(t.running for t in tracked) or clock() >= last_chance:
+            break
+        settle(min(clock() + 0.1, last_chance))
     candidates = causes or failed
 
     def host_time(t: Tracked):

@@ -164,6 +164,32 @@ def test_a_process_that_lost_a_peer_is_a_consequence_even_when_its_time_is_earli
     assert summary(result).startswith("FAILED: process_id 1 on localhost (exit code 0 before")
 
 
+def test_a_cause_seen_after_its_cascade_still_leads(tmp_path):
+    """The cause's end reaches the launcher 0.8 s after its peers' reactions (an exit report
+    queued behind a long line on an SSH channel, a loaded host): past the 0.3 s window, but
+    every failure seen by then says it lost a peer, so the launcher waits for the cause."""
+    run = Run(tmp_path)
+    gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
+    run.worker(lines=[(0.95, gloo)], exit=Exit(code=1), exit_at=1.0)
+    run.worker(exit=Exit(signal=signal.SIGKILL), exit_at=1.8)           # the cause, seen late
+    run.worker(on_term="exit", term_exit=Exit(signal=signal.SIGTERM))   # blocked in a collective
+    result = run.supervise()
+    assert result.first_failure is result.processes[1]
+    assert run.said[0] == "p1 failed (killed by SIGKILL); stopping the other 1 process"
+    assert run.states() == [State.FAILED, State.FAILED, State.STOPPED]
+
+
+def test_a_cascade_without_a_cause_in_sight_is_stopped_after_cause_wait_s(tmp_path):
+    run = Run(tmp_path)
+    gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
+    run.worker(lines=[(0.95, gloo)], exit=Exit(code=1), exit_at=1.0)
+    blocked = run.worker(on_term="exit", term_exit=Exit(signal=signal.SIGTERM))
+    result = run.supervise()
+    assert result.first_failure is result.processes[0]  # nothing better was seen
+    terminated = blocked.called("terminate")
+    assert terminated and 1.0 + 0.3 + 3.0 <= terminated[0] <= 1.0 + 0.3 + 3.0 + 0.5, terminated
+
+
 def test_without_host_times_the_root_cause_is_the_output_that_closed_first(tmp_path):
     run = Run(tmp_path)
     run.worker(exit=Exit(code=1), exit_at=1.0)                        # output closes at 1.0
