@@ -142,13 +142,13 @@ def _at_exit() -> None:
     which would wait for peers that are waiting for this process in a collective."""
     # exiting already: a TERM now ends the process at once (a SystemExit raised in an atexit
     # hook is only printed, and the next hook is JAX's shutdown barrier)
-    signal.signal(signal.SIGTERM, lambda signum, frame: _exit_now(128 + signum))
+    signal.signal(signal.SIGTERM, lambda signum, frame: _exit_now(interrupts.exit_code(signum)))
     reporter = _state.get("reporter")
     early = (reporter is not None and reporter.last_step < reporter.num_steps
              and not _state.get("done"))
     if _state.get("terminated"):
         _close(wait_s=0.5)
-        _exit_now(_state.get("exit_code", 128 + signal.SIGTERM))
+        _exit_now(_state.get("exit_code", interrupts.exit_code(signal.SIGTERM)))
     _close(wait_s=0.5 if early else 60.0)
     if early:
         code = _state.get("exit_code", 0)
