@@ -11,6 +11,7 @@ import importlib.machinery
 import os
 import sys
 
+from launcher import syncrules
 from launcher.errors import Problem, SpecError
 
 BUILTIN_TASKS = ("linear_regression", "softmax_classifier")
@@ -97,3 +98,29 @@ def check_task_importable(spec, pythonpath: str | None = None) -> None:
                                  "this directory, the workers' PYTHONPATH and site-packages); "
                                  "install it, run from its directory, or add its directory to "
                                  "cluster.env.PYTHONPATH")])
+
+
+def check_syncs(spec) -> None:
+    """For ssh and tpu: refuse a sync (``program.dir``, ``cluster.sync_dir``) that could copy
+    secrets to the hosts (``syncrules.check_source``): a home directory, or keys and
+    credentials inside that the spec neither excludes nor includes by name.
+
+    Raises:
+      SpecError: one problem per refused directory, at its key.
+    """
+    problems = []
+    sync_dir = spec.cluster.sync_dir  # ssh and tpu settings (SshSettings) have it
+    if sync_dir:
+        why = syncrules.check_source(os.path.expanduser(sync_dir), spec.cluster.sync_rules)
+        if why:
+            problems.append(Problem(*spec.where(("cluster", "sync_dir")), "cluster.sync_dir",
+                                    why.replace("under include", "under cluster.sync_include")
+                                    .replace("under exclude", "under cluster.sync_exclude")))
+    if spec.program is not None:
+        why = syncrules.check_source(spec.program.dir, spec.program.sync_rules)
+        if why:
+            problems.append(Problem(*spec.where(("program", "dir")), "program.dir",
+                                    why.replace("under include", "under program.include")
+                                    .replace("under exclude", "under program.exclude")))
+    if problems:
+        raise SpecError(problems)

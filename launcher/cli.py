@@ -21,7 +21,7 @@ import yaml
 
 from launcher import backends
 from launcher import plan as planning
-from launcher import restarts, runs
+from launcher import lines, restarts, runlock, runs
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
@@ -173,14 +173,17 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
       KeyboardInterrupt: interrupted before any process started (exit code 130).
     """
     previous = handle_interrupts(_interrupt)
+    held: list = []  # the run directory's lock, once taken (runlock): dropped on every way out
     try:
-        return _run(argv, console)
+        return _run(argv, console, held)
     finally:
+        for lock in held:
+            lock.release()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _run(argv: list[str] | None, console: Console | None) -> int:
+def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     args = _parser().parse_args(argv)
     show = parse_show(args.show)
     console = console or Console(show=show, status_every_s=args.status_every,
@@ -206,6 +209,7 @@ def _run(argv: list[str] | None, console: Console | None) -> int:
         if args.dry_run:
             console.block(session.describe(plan))
             return EXIT_OK
+        held.append(runlock.acquire(run_dir, "--resume" if args.resume else "--run-dir"))
         first_attempt = restarts.next_attempt(run_dir)
         try:
             _write_run_files(plan)
@@ -269,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 def _say_error(text: str) -> None:
     """Print to stderr; a closed stderr (the terminal went away) is not an error of its own."""
     try:
-        print(text, file=sys.stderr, flush=True)
+        print(lines.printable(text, keep_newlines=True), file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
 

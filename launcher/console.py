@@ -33,6 +33,7 @@ import time
 from typing import Callable, TextIO
 
 from launcher import lines as kinds
+from launcher import proctl
 from launcher.state import State
 from launcher.status import plural, status_text
 
@@ -70,7 +71,7 @@ class Console:
     def log_to(self, path: str) -> None:
         """Also append launcher messages and the summary to ``path`` (the run's launcher.log)."""
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self.log = open(path, "a", encoding="utf-8", errors="replace")
+        self.log = open(path, "a", encoding="utf-8", errors="replace", opener=proctl.private_opener)
         if self.live.lost is not None:
             self._log_text(f"podlaunch: {self.live.lost}\n")
 
@@ -93,6 +94,7 @@ class Console:
         return self.live.lost
 
     def line(self, label: str, text: str, process_id: int | None = None) -> None:
+        text = kinds.printable(text)  # a worker's bytes never drive the terminal
         if process_id is None:  # the launcher's own line about a process
             self.live.write(f"[{label}] {text}\n")
             return
@@ -106,12 +108,14 @@ class Console:
                 (label, text))
 
     def say(self, text: str) -> None:
-        self.live.write(f"podlaunch: {text}\n")
+        self.live.write(f"podlaunch: {kinds.printable(text, keep_newlines=True)}\n")
         self._log_text(f"podlaunch: {text}\n")
 
     def block(self, text: str) -> None:
-        """A finished block of lines (the summary): to the console and to launcher.log."""
-        self.live.write(text + "\n")
+        """A finished block of lines (the summary): to the console and to launcher.log.
+
+        Worker text in it (log tails) is shown escaped (``lines.printable``)."""
+        self.live.write(kinds.printable(text, keep_newlines=True) + "\n")
         self._log_text(text + "\n")
 
     def close(self) -> None:

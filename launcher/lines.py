@@ -234,3 +234,28 @@ class Shortened:
         if length <= self.max_chars:
             return head
         return f"{head} [... line cut: {length:,} characters in all, every one in the log file]"
+
+
+# Characters a terminal acts on instead of showing: C0 controls but tab, DEL, C1 controls
+# (U+0080-U+009F, 8-bit CSI among them), and the bidirectional overrides and isolates that
+# reorder what follows them (the "Trojan Source" characters, CVE-2021-42574).
+_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_KEEP_NEWLINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: "re.Match") -> str:
+    c = ord(match.group())
+    return "\\x%02x" % c if c < 0x100 else "\\u%04x" % c
+
+
+def printable(text: str, keep_newlines: bool = False) -> str:
+    """``text`` with every character a terminal would act on shown as an escape.
+
+    ESC (so every ANSI/OSC sequence: colours, a window title, clear screen, cursor
+    moves), carriage return, backspace, bell, other C0/C1 controls and the bidi
+    controls become ``\\x1b``, ``\\x0d``, ``\\u202e`` ...; tabs stay, and newlines
+    with ``keep_newlines``. What a worker prints reaches the console through this;
+    its log file keeps the bytes whole.
+    """
+    pattern = _UNSAFE_KEEP_NEWLINES if keep_newlines else _UNSAFE
+    return pattern.sub(_escaped, text) if pattern.search(text) else text

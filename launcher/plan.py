@@ -250,5 +250,6 @@ def describe(plan: Plan) -> str:
                      f"{process.local_device_count} devices, log {process.log_path}"
                      + (f", in {process.cwd}" if process.cwd else ""))
         lines.append("  " + " ".join(["env"] + [f"{k}={shlex.quote(v)}" for k, v in env.items()]
-                                     + [shlex.quote(a) for a in process.argv]))
+                                     + [shlex.quote(a) for a in
+                                        redact.masked_argv(process.argv, job.secrets)]))
     return "\n".join(lines)

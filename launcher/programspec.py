@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from launcher import schema
+from launcher import schema, syncrules
 from launcher.schema import positive, setting
 
 
@@ -38,6 +38,13 @@ class ProgramSpec:
     num_steps: int | None = setting(None, check=positive,
                                     doc="steps the program will report (worker.program.report); "
                                     "an exit 0 before it reported the last one is a failure")
+    include: tuple[str, ...] = setting((), doc="globs synced even if skipped by default (build, "
+                                       "node_modules, ...) or looking like a secret (id_*, *.pem)")
+    exclude: tuple[str, ...] = setting((), doc="globs (relative paths or names) never synced")
+
+    @property
+    def sync_rules(self) -> syncrules.Rules:
+        return syncrules.Rules(tuple(self.include), tuple(self.exclude))
 
 
 # The trainer's sections: a program job has none of them.

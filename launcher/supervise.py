@@ -109,7 +109,9 @@ def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float]) -> None:
     ``lines.MAX_SHOWN_CHARS``) goes to the log file whole, as it arrives, and
     to the console and the summary shortened.
     """
-    with open(tracked.plan.log_path, "a", encoding="utf-8", errors="replace") as log:
+    # mode 0600: a worker's output may hold secrets (a printed environment, a URL)
+    with open(tracked.plan.log_path, "a", encoding="utf-8", errors="replace",
+              opener=proctl.private_opener) as log:
         long = lines.Shortened()
         try:
             for item in tracked.worker.lines():

@@ -372,7 +372,7 @@ def test_mkdirs_tolerates_a_directory_made_meanwhile(tmp_path):
                 return os.stat(path) if os.path.isdir(path) else None
             raise FileNotFoundError(path)
 
-        def mkdir(self, path):
+        def mkdir(self, path, mode=0o777):
             os.mkdir(path)  # the other host's
             made.add(path)
             raise OSError("Failure")

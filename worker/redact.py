@@ -12,7 +12,12 @@ A value is masked when:
   * its key is listed in the spec's ``secrets:`` (exact names, any depth);
   * or, inside any string, it is the password of a URL
     (``postgres://user:pw@db/x`` -> ``postgres://user:****@db/x``, RFC 3986
-    userinfo).
+    userinfo);
+  * or, in a list of strings (a command line: ``program.argv``, list values of
+    ``task.args``), it is the value of a flag or assignment whose name is a
+    secret by the rules above: ``--api-token=X`` -> ``--api-token=****``,
+    ``--password Y`` -> ``--password ****``, ``DB_PASS=x`` -> ``DB_PASS=****``
+    (``masked_argv``).
 """
 
 import re
@@ -64,7 +69,35 @@ def masked(value, explicit=(), name=None):
     if isinstance(value, dict):
         return {k: masked(v, explicit, k) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(masked(v, explicit) for v in value)
+        items = masked_argv(value, explicit) if any(isinstance(v, str) for v in value) else value
+        return type(value)(masked(v, explicit) for v in items)
     if isinstance(value, str):
         return mask_text(value)
     return value
+
+
+_ASSIGNMENT = re.compile(r"^(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)=(?P<value>.*)$", re.S)
+_FLAG = re.compile(r"^--?(?P<name>[A-Za-z][A-Za-z0-9_.-]*)$")
+
+
+def masked_argv(argv, explicit=()) -> list:
+    """A copy of the command line ``argv`` with the value of every secret flag masked.
+
+    ``--name=value``, ``-name=value`` and ``name=value`` items whose name is a secret
+    (``is_secret``, dashes stripped) keep the name and lose the value; a secret
+    ``--name`` or ``-name`` item masks the item after it, unless that one is a flag
+    itself. Items that are not strings are kept as they are.
+    """
+    out = list(argv)
+    for i, item in enumerate(out):
+        if not isinstance(item, str):
+            continue
+        assignment = _ASSIGNMENT.match(item)
+        if assignment and is_secret(assignment.group("name").lstrip("-"), explicit):
+            out[i] = assignment.group("name") + "=" + MASK
+            continue
+        flag = _FLAG.match(item)
+        if (flag and is_secret(flag.group("name"), explicit) and i + 1 < len(out)
+                and isinstance(out[i + 1], str) and not out[i + 1].startswith("-")):
+            out[i + 1] = MASK
+    return out

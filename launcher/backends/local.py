@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import signal
 import subprocess
 import threading
@@ -63,8 +64,10 @@ class LocalWorker:
     starts the worker as the leader of its own session and, when the worker ends,
     is stopped or the launcher dies, kills every descendant the worker left, even
     those that left its process group. The worker's environment reaches the
-    wrapper on stdin, never in a command line. Teardown signals the worker's
-    process group directly once the wrapper reported it (``PGID_MARK``).
+    wrapper on stdin, never in a command line, with the wrapper's control token
+    (``wrapper.TOKEN_VAR``). Teardown signals the worker's process group directly
+    once the wrapper reported it (``PGID_MARK`` with that token) and the group is
+    verified to be the wrapper's own child (``_own_group``).
     """
 
     def __init__(self, plan: ProcessPlan, grace_s: float = 3.0):
@@ -72,6 +75,7 @@ class LocalWorker:
         self.pgid: int | None = None
         self._reported: str | None = None
         self._eof = threading.Event()
+        self._token = secrets.token_hex(16)
         argv = remote.python_call(plan.python or plan.argv[0], "wrapper", {
             "argv": list(plan.argv), "cwd": plan.cwd, "pid_file": None, "run_dir": plan.env.get(contract.RUN_DIR, "."),
             "process_id": plan.process_id, "grace_s": grace_s, "parent_pid": os.getpid(),
@@ -84,7 +88,7 @@ class LocalWorker:
             raise LaunchError(f"cannot start process_id {plan.process_id}: {plan.argv[0]}: "
                               f"{exc.strerror}") from None
         try:
-            self._proc.stdin.write(json.dumps(dict(plan.env)))
+            self._proc.stdin.write(json.dumps({**plan.env, wrapper.TOKEN_VAR: self._token}))
             self._proc.stdin.close()
         except OSError:  # it died at once: poll reports how
             pass
@@ -97,16 +101,28 @@ class LocalWorker:
     def lines(self) -> Iterator[str]:
         try:
             for line in self._proc.stdout:
-                line = line.rstrip("\n")
-                if line.startswith(wrapper.PGID_MARK):
-                    self.pgid = int(line[len(wrapper.PGID_MARK):])
-                elif line.startswith(wrapper.EXIT_MARK):
-                    self._reported = line[len(wrapper.EXIT_MARK):]
-                else:
-                    yield line
+                kind, payload, head = wrapper.control(line.rstrip("\n"), self._token)
+                if kind == "pgid":
+                    self.pgid = self._own_group(payload)
+                elif kind == "exit":
+                    self._reported = payload
+                if head:
+                    yield head
             self._proc.stdout.close()
         finally:
             self._eof.set()
+
+    def _own_group(self, payload: str) -> int | None:
+        """The reported pgid if it is the wrapper's child and leads its own group, else None
+        (then teardown goes through the wrapper: nothing else is ever signalled)."""
+        try:
+            pgid = int(payload)
+        except ValueError:
+            return None
+        fields = proctl.stat_fields(pgid)
+        if fields is None or fields[1] != self._proc.pid or fields[2] != pgid:
+            return None
+        return pgid
 
     def poll(self) -> Exit | None:
         code = self._proc.poll()

@@ -9,6 +9,16 @@ the pid file; prints ``EXIT_MARK`` with the exit code or signal and the
 host's clock. sshd reports a signal death as an ``exit-signal`` request that
 paramiko drops, so the wrapper says it in-band.
 
+Its two control lines share the stream with the worker's own output, so each
+carries the launcher's secret ``TOKEN_VAR`` (a fresh random value per
+process): ``podlaunch-pgid TOKEN PGID``, ``podlaunch-exit TOKEN code=N at=T``.
+The token reaches the wrapper in its environment (ssh: exported by the script
+on sshd's stdin) or in the JSON on its stdin (locally), never in a command
+line, and the wrapper removes it before the worker starts: a worker that
+prints a marker verbatim (a program echoing its input, a dataset, a log it
+reads) prints a line without the token, which the launcher treats as any
+other worker line (``control``).
+
 Every descendant dies with the worker: the wrapper is a child subreaper
 (PR_SET_CHILD_SUBREAPER), so a helper the worker started (a data loader, an
 uploader) stays below the wrapper even when it leaves the worker's process
@@ -40,6 +50,33 @@ from launcher import proctl
 
 PGID_MARK = "podlaunch-pgid "
 EXIT_MARK = "podlaunch-exit "
+# The environment variable that hands the wrapper its control token (removed before
+# the worker starts, so the worker never sees it).
+TOKEN_VAR = "PODLAUNCH_WRAPPER_TOKEN"
+
+
+def control(line, token):
+    """Read one output line against the control ``token``.
+
+    Returns:
+      ``(kind, payload, head)``: kind ``"pgid"`` or ``"exit"`` with the marker's
+      payload for a line the wrapper wrote (``head``: worker output glued in
+      front of it, when the worker's last output had no newline), else
+      ``(None, None, line)``: a worker line, whatever it looks like.
+    """
+    if not token:
+        return None, None, line
+    pgid = PGID_MARK + token + " "
+    if line.startswith(pgid):
+        return "pgid", line[len(pgid):], ""
+    head, mark, payload = line.rpartition(EXIT_MARK + token + " ")
+    if mark:
+        try:
+            parse_exit_report(payload)
+        except (ValueError, KeyError, IndexError):
+            return None, None, line
+        return "exit", payload, head
+    return None, None, line
 
 
 def exit_report(code, at):
@@ -76,10 +113,14 @@ def main(args):
     own_process = __name__ == "__main__"
     if own_process:
         proctl.set_child_subreaper()
-    env = None
+        # What the worker writes on a host (its run directory, checkpoints, metrics, the pid
+        # file) may hold the job's secrets: owner-only, whatever the login's umask.
+        os.umask(0o077)
+    env = dict(os.environ)
     if args.get("env_from_stdin"):
-        env = dict(os.environ)
         env.update(json.loads(sys.stdin.read() or "{}"))
+    token = env.pop(TOKEN_VAR, "")  # the worker never sees it
+    marks = {mark: mark + token + " " if token else mark for mark in (PGID_MARK, EXIT_MARK)}
     if args.get("pid_file"):
         os.makedirs(os.path.dirname(args["pid_file"]), exist_ok=True)
     os.makedirs(args["run_dir"], exist_ok=True)
@@ -107,7 +148,7 @@ def main(args):
                 json.dump({"pgid": p.pid, "run_dir": args["run_dir"],
                            "process_id": args["process_id"], "node": socket.gethostname()}, f)
             os.replace(tmp, args["pid_file"])
-        _say(PGID_MARK + "%d" % p.pid)
+        _say(marks[PGID_MARK] + "%d" % p.pid)
         while True:
             try:
                 code = p.wait(timeout=0.1)
@@ -132,7 +173,7 @@ def main(args):
             os.unlink(args["pid_file"])
         except OSError:
             pass
-    _say(EXIT_MARK + exit_report(code, ended_at))
+    _say(marks[EXIT_MARK] + exit_report(code, ended_at))
     return 128 - code if code < 0 else code
 
 

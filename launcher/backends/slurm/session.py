@@ -31,7 +31,7 @@ from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
 from launcher.state import Exit
-from worker import contract
+from worker import contract, redact
 
 TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")
 
@@ -318,7 +318,8 @@ class SlurmSession(Session):
                        f"JAX_NUM_CPU_DEVICES={p.local_device_count}")
             step = srun_argv(self.job_id or "<job id>", p.host, f"{self.step_prefix}p{p.process_id}",
                              c, p.argv, p.cwd or c.workdir)
-            out.append(f"  {p.label}: {devices}; step: {' '.join(shlex.quote(a) for a in step)}")
+            shown = redact.masked_argv(step, plan.job.secrets)
+            out.append(f"  {p.label}: {devices}; step: {' '.join(shlex.quote(a) for a in shown)}")
         return "\n".join(out)
 
     def describe_start(self, plan: Plan) -> str:

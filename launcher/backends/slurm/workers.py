@@ -12,16 +12,22 @@ srun itself turns a SIGTERM into SIGKILL of the step), ``kill`` SIGKILLs the
 task the same way and then srun. srun gets SIGTERM when the launcher dies
 (PR_SET_PDEATHSIG), on which it kills its step: a launcher killed with SIGKILL
 leaves no task behind.
+
+srun's own messages (how the task ended, a node failure) are read from srun's
+stderr only, and the task's stderr is joined to its stdout on the node
+(``TASK_SHELL``): a task that prints ``srun: error: n1: task 0: Killed`` prints
+a line like any other, and cannot make the launcher think it died.
 """
 
 from __future__ import annotations
 
 import ctypes
-import itertools
 import json
+import queue
 import re
 import signal
 import subprocess
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -37,6 +43,9 @@ TASK_END = re.compile(r"^srun: error: (?P<node>\S+): task \d+: (?P<what>.+)$")
 NODE_FAILURE = re.compile(r"^srun: error: Node failure on (?P<node>\S+)$")  # srun then exits 0
 EXITED = re.compile(r"^Exited with exit code (\d+)$")
 EOF_WAIT_S = 1.0
+# Runs the task on its node with its stderr joined to its stdout, so srun's own stderr
+# carries srun's messages alone, and owner-only files (what it writes may hold secrets).
+TASK_SHELL = ("sh", "-c", 'umask 077; exec "$@" 2>&1', "podlaunch-task")
 SIGNALS = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
 
 
@@ -57,7 +66,7 @@ def srun_argv(job_id: str, node: str, step_name: str, cluster, argv: tuple,
         cmd.append(f"--cpus-per-task={cluster.cpus_per_process}")
     if workdir:
         cmd.append(f"--chdir={workdir}")
-    return cmd + ["--"] + list(argv)
+    return cmd + ["--", *TASK_SHELL] + list(argv)
 
 
 class SrunWorker:
@@ -77,6 +86,7 @@ class SrunWorker:
         self.judge = judge  # the session's reading of a failure against the job's state
         self.argv = argv
         self._early: list = []  # lines read before the facts line (contract.RENDEZVOUS)
+        self._srun: queue.Queue = queue.Queue()  # srun's own stderr lines, as they come
         env = scrubbed(base_env, plan.env)
         if rendezvous:
             env[contract.RENDEZVOUS] = "stdin"
@@ -84,11 +94,40 @@ class SrunWorker:
             self._proc = subprocess.Popen(
                 argv, env=env, stdin=subprocess.PIPE if rendezvous else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_term_with_parent,
+                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_term_with_parent,
                 text=True, encoding="utf-8", errors="replace", bufsize=1)
         except OSError as exc:
             raise LaunchError(f"cannot start srun for process_id {plan.process_id}: "
                               f"{exc.strerror}") from None
+        self._srun_reader = threading.Thread(target=self._read_srun, daemon=True,
+                                             name=f"srun-{plan.process_id}")
+        self._srun_reader.start()
+
+    def _read_srun(self) -> None:
+        """srun's stderr: its reports of how the task ended, kept for ``poll``, and shown."""
+        for line in self._proc.stderr:
+            line = line.rstrip("\n")
+            match = TASK_END.match(line)
+            failure = NODE_FAILURE.match(line)
+            if failure:
+                self._ended = Exit(lost=f"srun reports a node failure on {failure.group('node')}")
+            if match:
+                what = match.group("what").strip()
+                code = EXITED.match(what)
+                if code:
+                    self._ended = Exit(code=int(code.group(1)))
+                elif what.split(" (")[0] in SIGNALS:
+                    self._ended = Exit(signal=SIGNALS[what.split(" (")[0]])
+            self._srun.put(line)
+        self._proc.stderr.close()
+
+    def _srun_lines(self) -> list:
+        out = []
+        try:
+            while True:
+                out.append(self._srun.get_nowait())
+        except queue.Empty:
+            return out
 
     def facts(self) -> dict | None:
         """The worker's first line (``contract.FACTS_PREFIX``) as a dict; None if its output ends first.
@@ -105,6 +144,8 @@ class SrunWorker:
         return None
 
     def early_lines(self) -> list:
+        """What the step printed before its facts line, and srun's messages so far."""
+        self._early += [line + "\n" for line in self._srun_lines()]
         return [line.rstrip("\n") for line in self._early]
 
     def send(self, address: str) -> None:
@@ -116,21 +157,14 @@ class SrunWorker:
             pass
 
     def lines(self) -> Iterator[str]:
-        for line in itertools.chain(self._early, self._proc.stdout):
-            line = line.rstrip("\n")
-            match = TASK_END.match(line)
-            failure = NODE_FAILURE.match(line)
-            if failure:
-                self._ended = Exit(lost=f"srun reports a node failure on {failure.group('node')}")
-            if match:
-                what = match.group("what").strip()
-                code = EXITED.match(what)
-                if code:
-                    self._ended = Exit(code=int(code.group(1)))
-                elif what.split(" (")[0] in SIGNALS:
-                    self._ended = Exit(signal=SIGNALS[what.split(" (")[0]])
-            yield line
+        for line in self._early:
+            yield line.rstrip("\n")
+        for line in self._proc.stdout:
+            yield from self._srun_lines()
+            yield line.rstrip("\n")
         self._proc.stdout.close()
+        self._srun_reader.join(EOF_WAIT_S * 5)  # srun's last lines say how the task ended
+        yield from self._srun_lines()
         self._eof = True
 
     def poll(self) -> Exit | None:

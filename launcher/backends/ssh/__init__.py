@@ -23,6 +23,11 @@ class SshBackend(Backend):
     cluster_type = SshCluster
     stops_stale = True
 
+    def check(self, job, options: Options) -> None:
+        from launcher import checks
+
+        checks.check_syncs(job)
+
     def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:
         from launcher.backends.ssh.session import SshSession  # imports fabric
 

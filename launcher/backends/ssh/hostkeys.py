@@ -12,8 +12,13 @@ from OpenSSH's in ways users meet:
   the host and it differs; a host presenting a type known_hosts lacks is
   unknown, not changed (refused by ``strict``, recorded by ``accept-new``);
 * known_hosts patterns (``*``, ``?``, ``!``) and hashed names are matched as
-  in sshd(8)'s SSH_KNOWN_HOSTS FILE FORMAT; ``@cert-authority`` and
-  ``@revoked`` lines are not supported and are skipped.
+  in sshd(8)'s SSH_KNOWN_HOSTS FILE FORMAT;
+* a key on a ``@revoked`` line for the host is refused whatever else the
+  files say (``RevokedHostKey``, with OpenSSH's "REVOKED HOST KEY DETECTED"),
+  as sshconnect.c's check_host_key does before any other check;
+* ``@cert-authority`` lines: paramiko cannot verify host certificates, so
+  they vouch for nothing here; a host whose only entries are CA lines is
+  refused as unknown, with a message that says so (``UnknownHostKey.ca_only``).
 
 ``KnownHostsPolicy`` does the whole check (the client is given no host keys
 of its own, so paramiko consults it for every key) and ``offer_known_types``
@@ -43,10 +48,30 @@ class UnknownHostKey(paramiko.SSHException):
       known_types: key types known_hosts does have for the host (may be empty).
     """
 
-    def __init__(self, hostname: str, key, known_types: list, known_hosts_file: str):
+    def __init__(self, hostname: str, key, known_types: list, known_hosts_file: str,
+                 ca_only: bool = False):
         self.hostname, self.key, self.known_types = hostname, key, known_types
+        self.ca_only = ca_only
         also = f" (it has {', '.join(known_types)} for it)" if known_types else ""
+        if ca_only:
+            also += (" (only @cert-authority lines match it: podlaunch cannot check host "
+                     "certificates; add the host's own key)")
         super().__init__(f"no {key.get_name()} key for {hostname} in {known_hosts_file}{also}")
+
+
+class RevokedHostKey(paramiko.SSHException):
+    """The host presented a key that a ``@revoked`` line in known_hosts names.
+
+    Attributes:
+      hostname: as looked up in known_hosts.
+      key: the revoked key.
+      known_hosts_file: the file whose line revokes it.
+    """
+
+    def __init__(self, hostname: str, key, known_hosts_file: str):
+        self.hostname, self.key, self.known_hosts_file = hostname, key, known_hosts_file
+        super().__init__(f"REVOKED HOST KEY DETECTED: the {key.get_name()} host key for {hostname} "
+                         f"is marked as revoked in {known_hosts_file}")
 
 
 def _pattern_matches(pattern: str, name: str) -> bool:
@@ -68,11 +93,15 @@ def names_match(patterns: Iterable[str], name: str) -> bool:
     return matched
 
 
-def known_keys(known_hosts_file: str, name: str) -> list:
+def known_keys(known_hosts_file: str, name: str, marker: str | None = None) -> list:
     """The keys (paramiko ``PKey``s) ``known_hosts_file`` holds for ``name``, in file order.
 
-    A missing file holds none; lines paramiko cannot read (unknown key types,
-    markers) are skipped.
+    Args:
+      marker: None for plain lines; ``"@revoked"`` or ``"@cert-authority"`` for the
+        keys of the lines with that marker.
+
+    A missing file holds none; lines paramiko cannot read (unknown key types)
+    are skipped.
     """
     keys = []
     try:
@@ -82,7 +111,14 @@ def known_keys(known_hosts_file: str, name: str) -> list:
         return keys
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
-        if not line or line.startswith(("#", "@")):
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("@"):
+            first, _, line = line.partition(" ")
+            if first != marker:
+                continue
+            line = line.strip()
+        elif marker is not None:
             continue
         try:
             entry = HostKeyEntry.from_line(line, lineno)
@@ -114,9 +150,17 @@ class KeyCheck:
     policy: str
     also_read: tuple = ()
 
-    def keys_for(self, name: str) -> list:
+    def keys_for(self, name: str, marker: str | None = None) -> list:
         """The keys every file holds for ``name`` (``known_keys``), in file order."""
-        return [k for f in (self.known_hosts_file, *self.also_read) for k in known_keys(f, name)]
+        return [k for f in (self.known_hosts_file, *self.also_read)
+                for k in known_keys(f, name, marker)]
+
+    def revoked_in(self, name: str, key) -> str | None:
+        """The file whose ``@revoked`` line names ``key`` (for ``name``), or None."""
+        for f in (self.known_hosts_file, *self.also_read):
+            if any(k == key for k in known_keys(f, name, "@revoked")):
+                return f
+        return None
 
 
 class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
@@ -137,6 +181,9 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
         self.known_hosts_file, self.policy = check.known_hosts_file, check.policy
 
     def missing_host_key(self, client, hostname, key):
+        revoked_by = self.check.revoked_in(hostname, key)
+        if revoked_by is not None:  # first, as OpenSSH: no other line can vouch for it
+            raise RevokedHostKey(hostname, key, revoked_by)
         known = self.check.keys_for(hostname)
         same_type = [k for k in known if k.get_name() == key.get_name()]
         if any(k == key for k in same_type):
@@ -145,7 +192,9 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
             raise paramiko.BadHostKeyException(hostname, key, same_type[0])
         if self.policy != "accept-new":
             raise UnknownHostKey(hostname, key, sorted({k.get_name() for k in known}),
-                                 self.known_hosts_file)
+                                 self.known_hosts_file,
+                                 ca_only=not known and bool(self.check.keys_for(hostname,
+                                                                               "@cert-authority")))
         with self._lock:
             os.makedirs(os.path.dirname(self.known_hosts_file) or ".", exist_ok=True)
             with open(self.known_hosts_file, "a", encoding="utf-8") as f:

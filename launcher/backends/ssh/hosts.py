@@ -23,7 +23,7 @@ import paramiko
 
 from launcher.backends.ssh import sshconfig
 from launcher.backends.ssh.connection import Host, JumpHostError
-from launcher.backends.ssh.hostkeys import KeyCheck, UnknownHostKey, known_hosts_name
+from launcher.backends.ssh.hostkeys import KeyCheck, RevokedHostKey, UnknownHostKey, known_hosts_name
 from launcher.backends.ssh.settings import SshHost, SshSettings
 
 DEFAULT_CONNECT_TIMEOUT_S = 10
@@ -123,6 +123,11 @@ def _why(exc: BaseException, c, known_hosts_file: str) -> str:
                 f"{sha256_fingerprint(exc.key)}, {known_hosts_file} has another {exc.key.get_name()} "
                 f"key for {name}; refused. If the host was reinstalled, remove the old key: "
                 f"ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(known_hosts_file)}")
+    if isinstance(exc, RevokedHostKey):
+        return (f"REVOKED HOST KEY DETECTED: the {exc.key.get_name()} key sent by the host "
+                f"(fingerprint {sha256_fingerprint(exc.key)}) is marked as revoked in "
+                f"{exc.known_hosts_file}; refused. This could mean that a stolen key is being "
+                "used to impersonate this host: ask its administrator")
     if isinstance(exc, paramiko.AuthenticationException):
         return (f"authentication failed for user {c.user!r}; check identity_file, ssh-agent "
                 f"and the host's authorized_keys")

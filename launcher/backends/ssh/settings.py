@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from launcher import schema
+from launcher import schema, syncrules
 from launcher.backends.base import ClusterSettings
 from launcher.schema import non_negative, port_or_zero, positive, setting
 
@@ -59,9 +59,16 @@ class SshSettings:
                           doc="remote python that runs the worker (sshd's PATH is minimal: prefer an absolute path)")
     setup: tuple[str, ...] = setting((), doc="shell commands run on each host before the worker (not quoted)")
     sync_dir: str | None = setting(None, check=schema.LOCAL_PATH,
-                                   doc="local directory synced into each host's workdir before start")
+                                   doc="local directory mirrored into each host's workdir before start")
+    sync_include: tuple[str, ...] = setting((), doc="globs of sync_dir synced even if skipped by "
+                                            "default or looking like a secret")
+    sync_exclude: tuple[str, ...] = setting((), doc="globs of sync_dir never synced")
     grace_s: float = setting(5.0, check=non_negative, doc="after SIGTERM, wait this long before SIGKILL")
     env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names, doc="extra environment for every worker")
+
+    @property
+    def sync_rules(self) -> syncrules.Rules:
+        return syncrules.Rules(tuple(self.sync_include), tuple(self.sync_exclude))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

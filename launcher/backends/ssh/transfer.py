@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 
 import paramiko
 
-SYNC_SKIP = {".git", "__pycache__", ".venv", "runs", ".podlaunch", ".pytest_cache"}
+from launcher import syncrules
 
 
 def put_if_changed(sftp: paramiko.SFTPClient, local: str, remote: str, writer: str) -> bool:
@@ -28,12 +29,13 @@ def put_if_changed(sftp: paramiko.SFTPClient, local: str, remote: str, writer: s
         pass
     temporary = f"{remote}.{writer}.tmp"
     with sftp.open(temporary, "wb") as f:
+        f.chmod(0o600)  # before the first byte: it may hold secrets (job.json: task.args)
         f.write(data)
     sftp.posix_rename(temporary, remote)
     return True
 
 
-def mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:
+def mkdirs(sftp: paramiko.SFTPClient, path: str, mode: int = 0o700) -> None:
     """``mkdir -p`` over SFTP, safe when hosts that share the directory (an NFS home) run it
     at once: a mkdir that fails because another host just made the directory is fine
     (SFTP reports that only as a generic "Failure", so the directory is looked at again)."""
@@ -47,7 +49,7 @@ def mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:
             path = os.path.dirname(path)
     for p in reversed(missing):
         try:
-            sftp.mkdir(p)
+            sftp.mkdir(p, mode)
         except OSError:
             try:
                 if stat.S_ISDIR(sftp.stat(p).st_mode):
@@ -57,33 +59,148 @@ def mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:
             raise
 
 
-def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str) -> int:
-    """Mirror ``local_dir`` into ``remote_dir``: files whose size or mtime differ are copied.
+MANIFEST = ".podlaunch/synced.json"  # in the target directory: what the syncs wrote there
 
-    Skips ``SYNC_SKIP`` names and symlinks; never deletes remote files.
+
+class SyncRefused(Exception):
+    """A sync would write where it must not (over a file it did not write, through a
+    symlink, into its own source); nothing of that host was changed by the refused step."""
+
+
+def _read_manifest(sftp: paramiko.SFTPClient, remote_dir: str) -> dict:
+    try:
+        with sftp.open(f"{remote_dir}/{MANIFEST}", "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+        return {"files": dict(manifest.get("files", {})), "dirs": dict(manifest.get("dirs", {}))}
+    except (OSError, ValueError, AttributeError):
+        return {"files": {}, "dirs": {}}
+
+
+def _write_manifest(sftp: paramiko.SFTPClient, remote_dir: str, manifest: dict, writer: str) -> None:
+    mkdirs(sftp, f"{remote_dir}/{os.path.dirname(MANIFEST)}")
+    temporary = f"{remote_dir}/{MANIFEST}.{writer}.tmp"
+    with sftp.open(temporary, "wb") as f:
+        f.chmod(0o600)
+        f.write(json.dumps(manifest, sort_keys=True).encode("utf-8"))
+    sftp.posix_rename(temporary, f"{remote_dir}/{MANIFEST}")
+
+
+def _lstat(sftp: paramiko.SFTPClient, path: str):
+    try:
+        return sftp.lstat(path)
+    except OSError:
+        return None
+
+
+def _refuse_own_source(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str, writer: str) -> None:
+    """Refuse a target that is the source itself or lies inside it (a shared filesystem):
+    a probe file made there must not appear anywhere under the source."""
+    name = f".podlaunch-sync-probe-{writer}"
+    probe = f"{remote_dir}/{name}"
+    with sftp.open(probe, "wb") as f:
+        f.write(b"")
+    try:
+        for here, _, names in os.walk(local_dir):
+            if name in names:
+                raise SyncRefused(f"{remote_dir} on the host is {local_dir} here, or inside it (a "
+                                  "shared filesystem): the sync would copy the directory into "
+                                  "itself; give the host another workdir")
+    finally:
+        try:
+            sftp.remove(probe)
+        except OSError:
+            pass
+
+
+def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
+             rules: syncrules.Rules = syncrules.Rules(), writer: str = "sync") -> int:
+    """Mirror ``local_dir`` into ``remote_dir`` exactly, writing only what the sync owns.
+
+    What is copied is ``syncrules.walk``'s list (skipped names, secrets and symlinks
+    never). Files whose size or mtime differ are copied (to a temporary, then renamed,
+    so a host sharing the directory never reads half a file), owner-only (mode &
+    0700); files and directories an earlier sync of this source wrote and that are
+    gone here, or changed in kind (a package ``helper/`` that became ``helper.py``),
+    are removed. ``remote_dir/.podlaunch/synced.json`` (``MANIFEST``) records what
+    the syncs wrote; a remote file that it does not list is never overwritten (unless
+    it already has the local size and mtime, then it is adopted as is), and nothing
+    is written through a symlink.
 
     Returns:
-      The number of files copied (0 when nothing changed).
+      The number of files copied or removed (0 when nothing changed).
+
+    Raises:
+      SyncRefused: the target is the source (or inside it), or a file or symlink that
+        the sync did not write stands where it would write.
+      OSError, paramiko.SSHException: SFTP failed.
     """
-    copied = 0
+    files, dirs, _ = syncrules.walk(local_dir, rules)
+    source = os.path.realpath(local_dir)
     mkdirs(sftp, remote_dir)
-    remote = {a.filename: a for a in sftp.listdir_attr(remote_dir)}
-    for entry in sorted(os.scandir(local_dir), key=lambda e: e.name):
-        if entry.name in SYNC_SKIP or entry.is_symlink():
-            continue
-        target = f"{remote_dir}/{entry.name}"
-        if entry.is_dir():
-            copied += sync_dir(sftp, entry.path, target)
-            continue
-        st = entry.stat()
-        have = remote.get(entry.name)
-        if have is not None and have.st_size == st.st_size and have.st_mtime == int(st.st_mtime):
-            continue
-        sftp.put(entry.path, target)
-        sftp.utime(target, (int(st.st_atime), int(st.st_mtime)))
-        sftp.chmod(target, stat.S_IMODE(st.st_mode))
-        copied += 1
-    return copied
+    _refuse_own_source(sftp, local_dir, remote_dir, writer)
+    manifest = _read_manifest(sftp, remote_dir)
+    owned_files, owned_dirs = manifest["files"], manifest["dirs"]
+    changed = 0
+    # 1. what an earlier sync of this source wrote and the source no longer has (or has
+    #    in another kind): files first, then directories deepest first
+    for rel in sorted(owned_files):
+        if owned_files[rel].get("source") == source and rel not in files:
+            have = _lstat(sftp, f"{remote_dir}/{rel}")
+            if have is not None and stat.S_ISREG(have.st_mode):
+                sftp.remove(f"{remote_dir}/{rel}")
+                changed += 1
+            del owned_files[rel]
+    for rel in sorted(owned_dirs, key=lambda r: -r.count("/")):
+        if owned_dirs[rel] == source and rel not in dirs:
+            cache = f"{remote_dir}/{rel}/__pycache__"  # Python's, made from the files we wrote
+            try:
+                for name in sftp.listdir(cache):
+                    sftp.remove(f"{cache}/{name}")
+                sftp.rmdir(cache)
+            except OSError:
+                pass
+            try:
+                sftp.rmdir(f"{remote_dir}/{rel}")  # only once empty: never what others put there
+            except OSError:
+                pass
+            del owned_dirs[rel]
+    # 2. directories, parents first
+    for rel in sorted(dirs, key=lambda r: (r.count("/"), r)):
+        target = f"{remote_dir}/{rel}"
+        have = _lstat(sftp, target)
+        if have is None:
+            sftp.mkdir(target, 0o700)
+            owned_dirs[rel] = source
+        elif not stat.S_ISDIR(have.st_mode):
+            raise SyncRefused(f"{target} exists and is not a directory (podlaunch did not write "
+                              "it); move it away or choose another workdir")
+    # 3. files
+    try:
+        for rel, entry in sorted(files.items()):
+            target = f"{remote_dir}/{rel}"
+            have = _lstat(sftp, target)
+            same = (have is not None and stat.S_ISREG(have.st_mode) and have.st_size == entry.size
+                    and have.st_mtime == entry.mtime)
+            if have is not None and not stat.S_ISREG(have.st_mode):
+                raise SyncRefused(f"{target} exists and is not a regular file (a symlink or a "
+                                  "directory podlaunch did not write); the sync never writes "
+                                  "through it: move it away or choose another workdir")
+            if have is not None and not same and rel not in owned_files:
+                raise SyncRefused(f"{target} exists and podlaunch did not write it; the sync "
+                                  f"never overwrites such a file: move it away, exclude {rel}, "
+                                  "or choose another workdir")
+            owned_files[rel] = {"source": source, "size": entry.size, "mtime": entry.mtime}
+            if same:
+                continue
+            temporary = f"{target}.{writer}.tmp"
+            sftp.put(entry.path, temporary)
+            sftp.chmod(temporary, entry.mode & 0o700)
+            sftp.utime(temporary, (entry.mtime, entry.mtime))
+            sftp.posix_rename(temporary, target)
+            changed += 1
+    finally:
+        _write_manifest(sftp, remote_dir, manifest, writer)
+    return changed
 
 
 def get_tree(sftp: paramiko.SFTPClient, remote: str, local: str) -> int:

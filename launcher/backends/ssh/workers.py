@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import secrets
 import socket
 import threading
 from typing import Callable, Iterator
@@ -41,7 +42,7 @@ class SshWorker:
     """One remote worker: its channel, output, pgid and exit."""
 
     def __init__(self, plan: planning.ProcessPlan, channels: HostChannels, states: GroupStates,
-                 script: str, grace_s: float, on_exit: Callable[[], None] | None = None,
+                 script: str, grace_s: float, token: str, on_exit: Callable[[], None] | None = None,
                  on_line: Callable[[str], None] | None = None):
         self.plan = plan
         self.host = channels.host
@@ -51,6 +52,7 @@ class SshWorker:
         self._on_exit = on_exit
         self._on_line = on_line
         self._reported: str | None = None   # the wrapper's EXIT_MARK payload
+        self._token = token                 # what the wrapper's control lines carry
         self._eof = threading.Event()
         self._pgid_known = threading.Event()
         self._exit: Exit | None = None
@@ -101,19 +103,25 @@ class SshWorker:
     def _control(self, line: str) -> str | None:
         """Consume the wrapper's markers: ``line`` without one, or None when it was all marker.
 
-        A worker whose last output lacks a newline leaves the exit marker
-        glued behind it: the worker's part is kept, the marker taken.
+        Only lines with this worker's token are markers (``wrapper.control``): a
+        worker printing ``podlaunch-pgid 1`` prints a line like any other. A
+        worker whose last output lacks a newline leaves the exit marker glued
+        behind it: the worker's part is kept, the marker taken.
         """
-        if line.startswith(wrapper.PGID_MARK):
-            self.pgid = int(line[len(wrapper.PGID_MARK):])
+        kind, payload, head = wrapper.control(line, self._token)
+        if kind is None:
+            return line
+        if kind == "pgid":
+            try:
+                self.pgid = int(payload)
+            except ValueError:
+                return None
             self.states.watch(self.host.index, self.pgid)
             self._pgid_known.set()
             return None
-        head, mark, payload = line.rpartition(wrapper.EXIT_MARK)
-        if mark and (not head or _is_exit_report(payload)):
+        if kind == "exit":
             self._reported = payload
-            return head or None
-        return line
+        return head or None
 
     def poll(self) -> Exit | None:
         if self._exit is not None:
@@ -186,14 +194,6 @@ class SshWorker:
         self._chan.close()
 
 
-def _is_exit_report(payload: str) -> bool:
-    try:
-        wrapper.parse_exit_report(payload)
-    except (ValueError, KeyError, IndexError):
-        return False
-    return True
-
-
 def _fetcher(host: Host, placement: planning.Placement, run_dir: str, console,
              mirror: CheckpointMirror) -> Callable[[], None]:
     def fetch():
@@ -224,14 +224,16 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     host = channels.host
     placement = plan.placements[index]
     sftp = host.connection.sftp()
+    writer = f"{socket.gethostname()}-{os.getpid()}-{index}"
     transfer.mkdirs(sftp, os.path.dirname(placement.job_path))
-    transfer.put_if_changed(sftp, plan.job_path, placement.job_path,
-                            writer=f"{socket.gethostname()}-{os.getpid()}-{index}")
+    transfer.put_if_changed(sftp, plan.job_path, placement.job_path, writer=writer)
     if settings.sync_dir:
-        copied = transfer.sync_dir(sftp, expand(settings.sync_dir), host.workdir)
+        copied = transfer.sync_dir(sftp, expand(settings.sync_dir), host.workdir,
+                                   settings.sync_rules, writer)
         console.say(f"{host.name}: synced {settings.sync_dir} ({copied} files changed)")
     if plan.job.is_program:  # the program runs in the workdir, from its synced directory
-        copied = transfer.sync_dir(sftp, plan.job.program.dir, host.workdir)
+        copied = transfer.sync_dir(sftp, plan.job.program.dir, host.workdir,
+                                   plan.job.program.sync_rules, writer)
         console.say(f"{host.name}: synced {plan.job.program.dir} ({copied} files changed)")
     for process in plan.on_host(index):
         if abort is not None and abort.is_set():
@@ -241,7 +243,9 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
         argv = remote.python_call(placement.python, "wrapper", {
             "argv": list(process.argv), "pid_file": pid_file, "run_dir": placement.run_dir,
             "process_id": process.process_id})
-        text = connection.shell_script(host.workdir, settings.setup, process.env, argv)
+        token = secrets.token_hex(16)  # the wrapper's control lines carry it; the worker never sees it
+        text = connection.shell_script(host.workdir, settings.setup,
+                                       {**process.env, wrapper.TOKEN_VAR: token}, argv)
         on_exit = on_line = None
         if process.process_id == 0:
             mirror = CheckpointMirror(host, plan.run_dir, placement.run_dir,
@@ -252,7 +256,8 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
                     console.say(f"{host.name}: put back {len(pushed)} checkpoints it lacked "
                                 f"(newest {pushed[-1]}) from {mirror.local}")
             on_exit, on_line = _fetcher(host, placement, plan.run_dir, console, mirror), mirror.on_line
-        started.append(SshWorker(process, channels, states, text, settings.grace_s, on_exit, on_line))
+        started.append(SshWorker(process, channels, states, text, settings.grace_s, token,
+                                 on_exit, on_line))
 
 
 def stop_started(workers: list) -> None:

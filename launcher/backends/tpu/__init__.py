@@ -18,6 +18,11 @@ class TpuBackend(Backend):
     cluster_type = TpuCluster
     stops_stale = True
 
+    def check(self, job, options: Options) -> None:
+        from launcher import checks
+
+        checks.check_syncs(job)
+
     def rehearsal(self, job) -> Backend:
         """The pod's exact topology as local CPU processes (``--rehearse``)."""
         from launcher.backends.rehearsal import RehearsalBackend
