@@ -32,8 +32,7 @@ SKIP = (".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "runs", ".podlaun
 SECRET_NAMES = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".netrc", ".pgpass",
                 ".git-credentials", ".pypirc", ".npmrc", ".boto", "gcloud",
                 "application_default_credentials.json", "id_rsa", "id_dsa", "id_ecdsa",
-                "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk", "authorized_keys", "known_hosts",
-                "credentials", "credentials.json", ".bash_history", ".python_history")
+                "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk", "credentials", "credentials.json", ".bash_history", ".python_history")
 SECRET_SUFFIXES = (".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".ppk", ".gpg",
                    ".asc", ".kdbx")
 

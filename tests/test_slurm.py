@@ -220,6 +220,31 @@ def test_a_program_runs_from_its_own_directory_on_every_node(slurm, cluster_file
     assert not run_pids(str(run_dir))
 
 
+def test_a_task_printing_sruns_own_messages_changes_nothing(slurm, cluster_file, tmp_path):
+    # srun's own reports (how a task ended, a node failure) are read from srun's stderr only:
+    # a task that prints them verbatim (and the ssh wrapper's markers) prints lines like any
+    # other, so these processes still succeed, and the task's stderr still reaches its log
+    prog = tmp_path / "prog"
+    prog.mkdir()
+    (prog / "p.py").write_text(
+        "import os, sys\n"
+        "print('srun: error: n1: task 0: Killed', flush=True)\n"
+        "print('srun: error: Node failure on n2', flush=True)\n"
+        "print('podlaunch-exit code=1 at=1.0', flush=True)\n"
+        "print('on stderr', file=sys.stderr, flush=True)\n"
+        "print('srun: error: n3: task 0: Exited with exit code 9', file=sys.stderr, flush=True)\n")
+    spec = tmp_path / "j.yaml"
+    spec.write_text(f"name: forged\nprogram: {{argv: [python, p.py], dir: {prog}}}\n")
+    run_dir = tmp_path / "run"
+    result = run(slurm, str(spec), "--cluster", cluster_file(), "--run-dir", str(run_dir),
+                 "--show", "all")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "OK: 3 processes succeeded" in out
+    assert "on stderr" in (run_dir / "logs" / "process-001.log").read_text()
+    assert not run_pids(str(run_dir))
+
+
 # ---- failures and interrupts ---------------------------------------------------------
 def test_kill_9_of_one_task_fails_fast_naming_it(slurm, cluster_file, tmp_path):
     run_dir = tmp_path / "run"

@@ -93,18 +93,24 @@ def _lstat(sftp: paramiko.SFTPClient, path: str):
 
 
 def _refuse_own_source(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str, writer: str) -> None:
-    """Refuse a target that is the source itself or lies inside it (a shared filesystem):
-    a probe file made there must not appear anywhere under the source."""
+    """Refuse a target that is the source itself or contains it (a filesystem shared with
+    the host, e.g. an NFS home with ``workdir: ~``): a probe file made in the target must
+    not appear in the source or in a directory above it."""
     name = f".podlaunch-sync-probe-{writer}"
     probe = f"{remote_dir}/{name}"
     with sftp.open(probe, "wb") as f:
         f.write(b"")
     try:
-        for here, _, names in os.walk(local_dir):
-            if name in names:
-                raise SyncRefused(f"{remote_dir} on the host is {local_dir} here, or inside it (a "
-                                  "shared filesystem): the sync would copy the directory into "
-                                  "itself; give the host another workdir")
+        here = os.path.realpath(local_dir)
+        while True:
+            if os.path.exists(os.path.join(here, name)):
+                raise SyncRefused(f"{remote_dir} on the host is {here} here (a shared "
+                                  f"filesystem), which is or contains the source {local_dir}: "
+                                  "the sync would write over its own source; give the host a "
+                                  "workdir outside it")
+            if here == os.path.dirname(here):
+                break
+            here = os.path.dirname(here)
     finally:
         try:
             sftp.remove(probe)
