@@ -14,20 +14,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import signal
 import sys
 
 import yaml
 
 from launcher import backends
 from launcher import plan as planning
-from launcher import lines, restarts, runlock, runs
+from launcher import interrupts, lines, restarts, runlock, runs
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.status import check_show, parse_show, plural, summary
-from launcher.supervise import handle_interrupts
 from worker import job as jobs
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -157,10 +155,6 @@ def _write_run_files(plan: planning.Plan) -> None:
     jobs.for_spec_dict(resolved).to_json(plan.job_path)
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def run(argv: list[str] | None = None, console: Console | None = None) -> int:
     """Parse flags, validate, plan, launch and supervise; return the exit code.
 
@@ -172,15 +166,14 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
       LaunchError: the run could not be started (exit code 1).
       KeyboardInterrupt: interrupted before any process started (exit code 130).
     """
-    previous = handle_interrupts(_interrupt)
+    previous = interrupts.install(interrupts.raise_keyboard_interrupt)
     held: list = []  # the run directory's lock, once taken (runlock): dropped on every way out
     try:
         return _run(argv, console, held)
     finally:
         for lock in held:
             lock.release()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        interrupts.restore(previous)
 
 
 def _run(argv: list[str] | None, console: Console | None, held: list) -> int:

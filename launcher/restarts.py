@@ -31,7 +31,9 @@ from launcher.backends.base import Session
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog
 from launcher.status import compile_text, plural, summary
-from launcher.supervise import Interrupted, raise_interrupted, handle_interrupts, supervise
+from launcher import interrupts
+from launcher.interrupts import Interrupted
+from launcher.supervise import supervise
 from worker import contract
 
 
@@ -219,24 +221,16 @@ def _start(session: Session, plan: planning.Plan, console: Console) -> tuple[lis
         console.say(f"interrupted ({pending[0]}) while starting; stopping every process as soon "
                     "as they have started (again to abandon the start)")
 
-    previous = handle_interrupts(hold)
-    try:
+    with interrupts.handled(hold):
         workers = session.start(plan)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return workers, (pending[0] if pending else None)
 
 
 def _wait(sleep: Callable[[float], None], wait_s: float) -> None:
     """Sleep, turning SIGTERM and SIGHUP into ``Interrupted`` meanwhile (supervise does it
     while running)."""
-    previous = handle_interrupts(raise_interrupted)
-    try:
+    with interrupts.handled(interrupts.raise_interrupted):
         sleep(wait_s)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def attempts_table(attempts: list) -> str:

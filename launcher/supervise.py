@@ -36,38 +36,14 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from launcher import lines, proctl
+from launcher import interrupts, lines, proctl
+from launcher.interrupts import Interrupted
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
 from launcher.status import plural
 from worker import contract
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped
-
-
-class Interrupted(Exception):
-    """Ctrl-C, SIGTERM or SIGHUP reached the launcher."""
-
-
-def raise_interrupted(signum, frame):
-    raise Interrupted(signal.Signals(signum).name)
-
-
-def interrupt_signals() -> tuple:
-    """The signals that stop a run in order: SIGINT, SIGTERM, and SIGHUP unless ignored.
-
-    A SIGHUP set to SIG_IGN (``nohup launch ...``) stays ignored: the user asked for the
-    run to outlive the terminal.
-    """
-    sigs = [signal.SIGINT, signal.SIGTERM]
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
-        sigs.append(signal.SIGHUP)
-    return tuple(sigs)
-
-
-def handle_interrupts(handler) -> dict:
-    """Install ``handler`` for ``interrupt_signals()``; returns the previous handlers."""
-    return {sig: signal.signal(sig, handler) for sig in interrupt_signals()}
 
 
 class _Output:
@@ -167,7 +143,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                                     name=f"reader-{t.plan.process_id}")
         t.reader.start()
 
-    previous = handle_interrupts(raise_interrupted)
+    previous = interrupts.install(interrupts.raise_interrupted)
     first_failure: Tracked | None = None
     interrupted = False
     try:
@@ -198,8 +174,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
         stalled = first_failure is not None and first_failure.stall is not None
         _teardown(tracked, grace_s, output, console, clock, kill_now=stalled)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        interrupts.restore(previous)
     for t in tracked:
         t.reader.join(timeout=2.0)
     output.wait(0)

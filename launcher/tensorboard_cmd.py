@@ -21,14 +21,13 @@ import glob
 import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
-from launcher import proctl, runs
+from launcher import interrupts, proctl, runs
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.status import plural
 
@@ -205,8 +204,7 @@ def _serve(args, logdir: str, what: str) -> int:
                             preexec_fn=proctl.die_with_parent)
     # SIGINT too: a launcher started from a background job inherits SIGINT ignored,
     # and Python then never raises KeyboardInterrupt.
-    previous = {sig: signal.signal(sig, _interrupt)
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous = interrupts.install(interrupts.raise_keyboard_interrupt)
     try:
         _wait_ready(f"http://{args.host}:{port}/", proc, args.startup_timeout_s)
         print(f"podlaunch: TensorBoard of {what} at {url} (Ctrl-C stops it)", flush=True)
@@ -214,13 +212,8 @@ def _serve(args, logdir: str, what: str) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        interrupts.restore(previous)
         _stop_group(proc)
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

@@ -299,6 +299,32 @@ def test_ctrl_c_while_pending_cancels_the_job(slurm, cluster_file, tmp_path):
         slurm.run("scancel", blocker)
 
 
+def test_nohup_launch_with_a_pending_job_survives_the_terminal_closing(slurm, cluster_file, tmp_path):
+    # nohup: SIGHUP ignored when the launcher starts. The pending job must not be cancelled
+    # when the terminal closes (SIGHUP), and the run must go on to the end once it runs.
+    blocker = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-N3", "--exclusive", "--wrap", "sleep 300").strip()
+    try:
+        while "RUNNING" not in slurm.run("squeue", "-h", "-j", blocker, "-o", "%T"):
+            time.sleep(0.1)
+        proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--cluster", cluster_file(),
+                                          "--run-dir", str(tmp_path / "run"), *SHORT],
+                                cwd=REPO, env=slurm_env(slurm), text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+        lines: list = []
+        read_until(proc, r"pending \((Resources|Priority)\)", lines)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None, "".join(lines)
+        assert [j for j in slurm.jobs() if "podlaunch" in j], "the pending job was cancelled"
+        slurm.run("scancel", blocker)
+        read_rest(proc, lines, 120)
+        assert proc.returncode == 0, "".join(lines)
+        assert "OK: 3 processes succeeded" in "".join(lines)
+    finally:
+        slurm.run("scancel", blocker, check=False)
+
+
 def test_a_sigkilled_launcher_leaves_a_job_the_next_launch_refuses_or_cancels(slurm, cluster_file,
                                                                               tmp_path):
     cluster = cluster_file()

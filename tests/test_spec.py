@@ -345,3 +345,47 @@ def test_parallelism_is_pmap_or_jit_and_pmap_by_default(tmp_path):
     bad.write_text(open(path).read().replace("train:\n", "train:\n  parallelism: shard_map\n", 1))
     with pytest.raises(SpecError, match=r"bad\.yaml:\d+: train\.parallelism: expected one of pmap, jit"):
         spec.load(str(bad))
+
+
+def _documented(path: str) -> set:
+    """Every backticked name in a doc's tables and text (``train.num_steps``, ``in_features``)."""
+    import re as _re
+
+    with open(os.path.join(REPO, path), encoding="utf-8") as f:
+        return set(_re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", f.read()))
+
+
+def test_every_setting_is_in_the_docs_settings_reference():
+    # the settings reference is tested against the fields themselves: a setting added to a
+    # section must be documented (docs/settings.md for the job's sections and the local
+    # cluster, programs.md for program:, the backend's own doc for its cluster settings)
+    import dataclasses as _dc
+
+    from launcher import backends as _backends
+    from launcher.programspec import ProgramSpec
+
+    def fields(cls):
+        return [f.name for f in _dc.fields(cls) if not f.metadata.get("internal")]
+
+    missing = []
+    settings_doc = _documented("docs/settings.md") | _documented("docs/programs.md")
+    for section, cls in [("task", spec.TaskSpec), ("data", spec.DataSpec),
+                         ("optimizer", spec.OptimizerSpec), ("train", spec.TrainSpec),
+                         ("logging", spec.LoggingSpec), ("distributed", spec.DistributedSpec),
+                         ("checkpoint", spec.CheckpointSpec), ("restarts", spec.RestartSpec),
+                         ("watchdog", spec.WatchdogSpec), ("program", ProgramSpec)]:
+        for name in fields(cls):
+            if f"{section}.{name}" not in settings_doc and name not in settings_doc:
+                missing.append(f"docs/settings.md: {section}.{name}")
+    for name in fields(spec.JobSpec):
+        if name not in settings_doc and not any(t.startswith(name + ".") for t in settings_doc):
+            missing.append(f"docs/settings.md: {name}")
+    docs = {"local": "docs/settings.md", "ssh": "docs/ssh.md", "tpu": "docs/tpu.md",
+            "slurm": "docs/slurm.md"}
+    for backend, doc in docs.items():
+        documented = (_documented(doc) | {"backend"}  # cluster.backend: in docs/settings.md
+                      | (_documented("docs/ssh.md") if backend == "tpu" else set()))
+        for name in fields(_backends.get(backend).cluster_type):
+            if name not in documented and f"cluster.{name}" not in documented:
+                missing.append(f"{doc}: cluster.{name}")
+    assert not missing, missing

@@ -18,8 +18,8 @@ import json
 import os
 from typing import Any
 
-from worker.contract import (ContractError, allowed_types, check_fields, describe_value,
-                             expected_type, hints_of, type_ok)
+from worker.fields import (ContractError, allowed_types, check_fields, describe_value,
+                           expected_type, hints_of, type_ok)
 
 
 # ---- the job: job.json -----------------------------------------------------------------------

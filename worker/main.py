@@ -7,118 +7,16 @@ Order matters: the environment is read and checked before jax is imported
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import sys
 import time
 import traceback
 from typing import Callable
 
-from worker import contract, interrupts, nodefacts
+from worker import contract, interrupts
 from worker import job as jobs
+from worker.joining import join, rendezvous, single_process
 from worker.sources import DataError
-
-
-class Mismatch(contract.ContractError):
-    """What JAX reports differs from the launcher's plan."""
-
-
-PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "all_proxy")
-
-
-def bypass_proxies(coordinator_address: str, environ=os.environ) -> None:
-    """Keep the coordinator's gRPC traffic off HTTP proxies: add its host to no_proxy.
-
-    gRPC honours ``http_proxy``/``https_proxy`` (and ``grpc_proxy``) for its channels; with
-    a corporate proxy in the environment every process would try to reach the coordinator
-    through it and fail to register. ``no_proxy`` and ``NO_PROXY`` both get the host.
-    """
-    proxies = [name for name in environ if name.lower() in PROXY_VARIABLES and environ[name]]
-    if not proxies:  # nothing to bypass (and JAX warns about any *_proxy variable it sees)
-        return
-    host = coordinator_address.rsplit(":", 1)[0].strip("[]")
-    for name in ("no_proxy", "NO_PROXY", "no_grpc_proxy"):
-        items = [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
-        if host not in items:
-            environ[name] = ",".join(items + [host])
-
-
-def join(identity: contract.Identity, job: jobs.WorkerJob):
-    """``jax.distributed.initialize``, then check what JAX reports against the plan.
-
-    A job of one process (``identity.num_processes`` 1, identity explicit, no
-    ``LOCAL_DEVICE_IDS``) skips ``jax.distributed.initialize`` (see
-    ``single_process``): the same checks follow, and nothing it trains needs
-    the cross-process runtime (``worker.gather`` is off for one process, and
-    ``multihost_utils.broadcast_one_to_all`` returns its input).
-
-    By default every argument is explicit (``cluster_detection_method="deactivate"``).
-    When the launcher sets ``identity.cluster_detection_method``
-    (``contract.CLUSTER_DETECTION_METHOD``) to another of JAX's methods
-    (``gcetpu``: TPU VM metadata), JAX detects process_id and num_processes
-    itself and the checks below catch any disagreement.
-
-    Raises:
-      Mismatch: process_count, process_index, local_device_count or platform
-        differ from the plan.
-    """
-    import jax
-
-    dist = job.distributed
-    detection = identity.cluster_detection_method or "deactivate"
-    explicit = {} if detection != "deactivate" else {
-        "num_processes": identity.num_processes, "process_id": identity.process_id}
-    device_ids = os.environ.get(contract.LOCAL_DEVICE_IDS)
-    if device_ids:  # slurm GPU jobs: this process's devices by index
-        explicit["local_device_ids"] = [int(i) for i in device_ids.split(",")]
-    if not single_process(identity, device_ids):
-        if identity.platform == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        bypass_proxies(identity.coordinator_address)
-        print(contract.JOINING_FORMAT.format(address=identity.coordinator_address,
-                                             timeout_s=dist.initialization_timeout_s), flush=True)
-        try:
-            jax.distributed.initialize(
-                coordinator_address=identity.coordinator_address,
-                cluster_detection_method=detection,  # "deactivate": the launcher knows better than env sniffing
-                initialization_timeout=dist.initialization_timeout_s,
-                heartbeat_timeout_seconds=dist.heartbeat_timeout_s,
-                **explicit,
-            )
-        except Exception as exc:  # JAX aborts (SIGABRT) on a timeout; a raise is reported here
-            print(contract.INIT_FAILED_FORMAT.format(error=f"{type(exc).__name__}: {exc}"), flush=True)
-            _exit_now(contract.EXIT_INIT)
-    seen = {
-        "process_count": (jax.process_count(), identity.num_processes),
-        "process_index": (jax.process_index(), identity.process_id),
-        "local_device_count": (jax.local_device_count(), identity.local_device_count),
-        "device_count": (jax.device_count(),
-                         identity.num_processes * identity.local_device_count),
-        "platform": (jax.devices()[0].platform, identity.platform),
-    }
-    wrong = [f"{name} is {got}, the plan says {want}" for name, (got, want) in seen.items()
-             if got != want]
-    if wrong:
-        source = "" if detection == "deactivate" else f" (identity detected by JAX's {detection})"
-        raise Mismatch("JAX disagrees with the launcher's plan" + source + ": " + "; ".join(wrong))
-    return jax
-
-
-def single_process(identity: contract.Identity, device_ids: str | None = None) -> bool:
-    """Whether this worker runs without ``jax.distributed.initialize``: a job of one process.
-
-    Why: once the distributed runtime is up, JAX runs every ``pmean`` of this
-    process's devices through the cross-process CPU collectives (gloo), even
-    when there is no other process: the seed's step went from about 1,500 to
-    about 250 steps/s on 4 CPU devices with that one call (issue 13). One
-    process needs none of it. Not skipped when JAX detects the identity itself
-    (``cluster_detection_method`` set: its answer must be checked) or when the
-    launcher names the local devices (``LOCAL_DEVICE_IDS``: only
-    ``initialize`` applies them).
-    """
-    return (identity.num_processes == 1 and not identity.cluster_detection_method
-            and not device_ids)
 
 
 class CompilationCache:
@@ -358,34 +256,6 @@ class _Recovery:
             wait(loss)
             self.out(contract.HEARTBEAT_FORMAT.format(step=step))
             self.last_beat = time.monotonic()
-
-
-def rendezvous(identity: contract.Identity, stdin=sys.stdin, out=print) -> contract.Identity:
-    """Say this node's facts, import jax meanwhile, then take the coordinator address from stdin.
-
-    See ``contract.RENDEZVOUS``: the launcher compares every node's Python and JAX
-    versions and reads process 0's free port while the processes import jax, the
-    slow part of their start.
-
-    Returns:
-      ``identity`` with the coordinator address the launcher sent.
-
-    Raises:
-      ContractError: stdin ended first (the launcher refused the start), or the
-        line is not ``host:port``.
-    """
-    port = int(identity.coordinator_address.rsplit(":", 1)[1]) if identity.process_id == 0 else None
-    out(contract.FACTS_PREFIX + json.dumps(nodefacts.facts(port)), flush=True)
-    import jax  # noqa: F401  (the import join() needs, done while the launcher checks)
-
-    address = stdin.readline().strip()
-    host, _, port_text = address.rpartition(":")
-    if not address:
-        raise contract.ContractError("no coordinator address on stdin: the launcher stopped "
-                                     "the start (see its output)")
-    if not (host and port_text.isdigit()):
-        raise contract.ContractError(f"expected the coordinator's host:port on stdin, got {address!r}")
-    return dataclasses.replace(identity, coordinator_address=address)
 
 
 def _exit_now(code: int) -> None:

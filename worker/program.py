@@ -14,7 +14,7 @@ the rest of what the built-in trainer has::
         program.report(step, loss=loss)  # status line, watchdog, TensorBoard (process 0)
 
 * ``initialize()``: ``jax.distributed.initialize`` with the launcher's
-  coordinator address, process count and id (``worker.main.join``: the same
+  coordinator address, process count and id (``worker.joining.join``: the same
   JOINING lines and the same post-init check as the trainer: exit 3 with the
   same message when JAX disagrees with the plan).
 * ``report(step, **scalars)``: at log steps (``logging.log_every_steps``, and
@@ -110,12 +110,12 @@ def initialize(num_steps: int | None = None):
     environment is missing or JAX disagrees with the launcher's plan, and with
     ``contract.EXIT_INIT`` (4) when ``jax.distributed.initialize`` raises.
     """
-    from worker import main
+    from worker import joining
 
     try:
         me = identity()
         job = _job()
-        jax = main.join(me, job)
+        jax = joining.join(me, job)
     except contract.ContractError as exc:
         print(f"worker: {exc}", flush=True)
         _exit_now(contract.EXIT_MISMATCH)

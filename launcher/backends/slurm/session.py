@@ -19,10 +19,10 @@ from __future__ import annotations
 import shlex
 import os
 import re
-import signal
 import threading
 import time
 
+from launcher import interrupts
 from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.backends.slurm import nodes as nodefacts, script
@@ -202,37 +202,32 @@ class SlurmSession(Session):
             self._beat.start()
 
     def _wait_running(self) -> dict:
-        """Follow the job until it runs; Ctrl-C, SIGTERM or SIGHUP meanwhile cancel it."""
-        def interrupt(signum, frame):
-            raise KeyboardInterrupt(signal.Signals(signum).name)
-
-        previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+        """Follow the job until it runs; Ctrl-C, SIGTERM or SIGHUP meanwhile cancel it
+        (an ignored SIGHUP, ``nohup launch``, stays ignored: the job outlives the terminal)."""
         said = None
         try:
-            while True:
-                record = self.slurm.job(self.job_id)
-                state = "GONE" if record is None else record.get("JobState", "?")
-                if state == "RUNNING":
-                    self.console.end_status()
-                    return record
-                if state not in WAIT:
-                    raise LaunchError(f"Slurm job {self.job_id} ended before it ran: {state}"
-                                      + (f" ({record.get('Reason')})" if record else ""))
-                text = f"pending ({record.get('Reason', '?')})"
-                if text != said:
-                    self.console.say(f"Slurm job {self.job_id}: {text}")
-                    said = text
-                self.console.live.update(f"Slurm job {self.job_id} {text}")
-                time.sleep(self.job.cluster.poll_s)
+            with interrupts.handled(interrupts.raise_keyboard_interrupt):
+                while True:
+                    record = self.slurm.job(self.job_id)
+                    state = "GONE" if record is None else record.get("JobState", "?")
+                    if state == "RUNNING":
+                        self.console.end_status()
+                        return record
+                    if state not in WAIT:
+                        raise LaunchError(f"Slurm job {self.job_id} ended before it ran: {state}"
+                                          + (f" ({record.get('Reason')})" if record else ""))
+                    text = f"pending ({record.get('Reason', '?')})"
+                    if text != said:
+                        self.console.say(f"Slurm job {self.job_id}: {text}")
+                        said = text
+                    self.console.live.update(f"Slurm job {self.job_id} {text}")
+                    time.sleep(self.job.cluster.poll_s)
         except KeyboardInterrupt as exc:
             self.console.end_status()
             self.console.say(f"interrupted ({exc or 'SIGINT'}) while job {self.job_id} was pending; "
                              "cancelling it")
             self.close()
             raise
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
 
     def _after_failure(self) -> None:
         """Decide by the job's state how the next attempt gets nodes."""

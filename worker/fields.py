@@ -1,0 +1,69 @@
+"""Typed fields for the worker's side of the contract: runtime type checks of dataclasses.
+
+``Identity`` (``worker.contract``) and the job's sections (``worker.job``) check each
+field's value against its annotation with these. Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from typing import Any
+
+
+class ContractError(Exception):
+    """What the launcher handed a worker does not fit this contract.
+
+    A missing or malformed environment variable, or a job that lacks a key,
+    has one too many, or holds a value of the wrong type; the message names
+    the variable or the dotted key.
+    """
+
+
+@functools.lru_cache(maxsize=None)
+def hints_of(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def allowed_types(hint) -> tuple:
+    """The runtime types a field's annotation admits (an int is a float; a bool is no int)."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    options = typing.get_args(hint) if union else (hint,)
+    out: list = []
+    for option in options:
+        option = typing.get_origin(option) or option
+        out += [int, float] if option is float else [type(None) if option is None else option]
+    return tuple(out)
+
+
+def type_ok(value: Any, allowed: tuple) -> bool:
+    if isinstance(value, bool) and bool not in allowed:
+        return False
+    return isinstance(value, allowed)
+
+
+def expected_type(hint) -> str:
+    allowed = allowed_types(hint)
+    return " or ".join("null" if t is type(None) else t.__name__
+                       for t in allowed if t is not int or float not in allowed)
+
+
+def describe_value(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def check_fields(obj) -> None:
+    """Raise ContractError for the first field of dataclass ``obj`` of the wrong type."""
+    for field in dataclasses.fields(obj):
+        hint = hints_of(type(obj))[field.name]
+        value = getattr(obj, field.name)
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, hint):
+                raise ContractError(f"{field.name}: expected {hint.__name__}, "
+                                    f"got {describe_value(value)}")
+            continue
+        if not type_ok(value, allowed_types(hint)):
+            raise ContractError(f"{field.name}: expected {expected_type(hint)}, "
+                                f"got {describe_value(value)}")
