@@ -38,7 +38,12 @@ import time
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
-FIRST_PORT = 22022
+# Each pytest-xdist worker (gw0, gw1, ...) looks for its sshd port in its own range, so
+# workers starting sshds at once never race for one port on the same loopback addresses.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+FIRST_PORT = 22022 + 600 * (int(_WORKER[2:]) if _WORKER[2:].isdigit() else 0)
+# The ports of the sshds this test process started: what a test may count as its own.
+STARTED_PORTS: set = set()
 
 
 def _keygen(path: Path, comment: str, kind: str = "ed25519") -> str:
@@ -139,6 +144,7 @@ class SshTestEnv:
                                  if i not in self.namespaces)), None)
         if self.port is None:
             raise RuntimeError("no port free on all loopback test addresses")
+        STARTED_PORTS.add(self.port)
         pub = _keygen(Path(self.identity_file), "podlaunch-test-client")
         Path(self.authorized_keys).write_text(pub + "\n")
         for i in range(len(self.hosts)):

@@ -23,6 +23,7 @@ import yaml
 
 import netns
 import sshenv
+from launcher import proctl
 from helpers import REPO, TESTS, launch, pids_with_env
 
 SMALL = ("--set", "cluster.devices_per_process=1", "--set", "train.global_batch_size=24",
@@ -45,6 +46,16 @@ def write_cluster(path, ssh_env, which, **settings) -> str:
     return str(file)
 
 
+def _ours(pid: int) -> bool:
+    """Whether ``pid`` came through one of this test process's sshds (its SSH_CONNECTION names
+    that server port), or was orphaned: a probe of another test process's hosts is not ours."""
+    for item in proctl.environ(pid):
+        if item.startswith(b"SSH_CONNECTION="):
+            port = item.rsplit(b" ", 1)[-1]
+            return port.isdigit() and int(port) in sshenv.STARTED_PORTS
+    return True  # not started over ssh at all: count it
+
+
 def leftovers(path, run_dir, num_hosts: int) -> dict:
     """Every host's process table, read: {host index: pids of this run there}, plus the
     reach check's listeners and probes under "reach"."""
@@ -54,7 +65,7 @@ def leftovers(path, run_dir, num_hosts: int) -> dict:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"podlaunch-reach " in f.read():
+                if b"podlaunch-reach " in f.read() and _ours(int(pid)):
                     probes.append(int(pid))
         except OSError:
             pass
