@@ -92,10 +92,29 @@ def version() -> str:
         return "unknown (not installed; pip install -e .)"
 
 
-def _run_dir(job: specs.JobSpec, requested: str | None) -> str:
+def _run_dir(job: specs.JobSpec, requested: str | None, create: bool = False) -> str:
+    """The run directory: ``requested`` (checked new or empty), or ``runs/<job>/<timestamp>``.
+
+    With ``create`` the default one is made exclusively (``os.mkdir``): two launches of
+    one job in the same millisecond (a sweep) each get their own, the later one with a
+    ``-2``, ``-3``, ... suffix. A dry run names it and makes nothing.
+    """
     if requested is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
-        return os.path.abspath(os.path.join("runs", job.name, stamp))
+        base = os.path.abspath(os.path.join("runs", job.name, stamp))
+        if not create:
+            return base
+        _check_creatable(base, "--run-dir")
+        os.makedirs(os.path.dirname(base), exist_ok=True)
+        for n in range(1, 1000):
+            path = base if n == 1 else f"{base}-{n}"
+            try:
+                os.mkdir(path, 0o700)
+                return path
+            except FileExistsError:
+                continue
+        raise SpecError([Problem("--run-dir", None, "", f"{base}: a thousand runs started in "
+                                 "this millisecond; name a directory with --run-dir")])
     if not requested.strip():
         raise SpecError([Problem("--run-dir", None, "", "is empty; name a new directory, "
                                  "or leave the flag out for runs/<job>/<timestamp>")])
@@ -110,6 +129,19 @@ def _run_dir(job: specs.JobSpec, requested: str | None) -> str:
         raise SpecError([Problem("--run-dir", None, "", f"{run_dir} is not empty; a run's files "
                                  "would mix with what is there: name a new or empty directory")])
     return run_dir
+
+
+class _RemovedIfEmpty:
+    """A directory the launch made, removed at exit if nothing was written into it."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def release(self) -> None:
+        try:
+            os.rmdir(self.path)
+        except OSError:  # not empty (the run's files), or gone
+            pass
 
 
 def _check_creatable(path: str, flag: str) -> None:
@@ -194,7 +226,10 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     backend.check(job, options)
     if args.resume and args.run_dir:
         raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])
-    run_dir = _resume_dir(job, args.resume) if args.resume else _run_dir(job, args.run_dir)
+    run_dir = (_resume_dir(job, args.resume) if args.resume
+               else _run_dir(job, args.run_dir, create=not args.dry_run))
+    if not args.resume and args.run_dir is None and not args.dry_run:
+        held.append(_RemovedIfEmpty(run_dir))  # a start that fails before any file: no trace
     _check_creatable(run_dir, "--resume" if args.resume else "--run-dir")
     session = backend.session(job, run_dir, console, options)
     try:
@@ -234,7 +269,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         console.block(restarts.attempts_table(attempts))
     console.say(f"logs: {os.path.join(run_dir, 'logs')}")
     if job.logging.tensorboard:
-        console.say(f"view: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}")
+        console.say(f"view: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')} "
+                    "--samples_per_plugin scalars=0")  # every point, not a 1,000-point sample
     console.close()
     return result.exit_code
 

@@ -86,7 +86,10 @@ def classify(result: Result, policy) -> tuple[bool, str]:
 def _classify_one(t: Tracked, policy) -> tuple[bool, str]:
     ended, where = t.exit, f"process_id {t.plan.process_id} on {t.plan.host}"
     if t.failed_to_join:
-        host = t.joining.rsplit(":", 1)
+        try:
+            host = contract.split_host_port(t.joining)
+        except ValueError:
+            host = (t.joining, "?")
         return False, (f"{where} could not join the coordinator at {t.joining} ({ended}) within "
                        "distributed.initialization_timeout_s: a configuration or network problem "
                        f"that a restart does not fix; check that every host can reach {host[0]} "

@@ -38,6 +38,7 @@ from typing import Callable, Iterable
 
 from launcher import interrupts, lines, proctl
 from launcher.interrupts import Interrupted
+from launcher.pauses import Pauses
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
 from launcher.status import plural
@@ -143,6 +144,8 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                                     name=f"reader-{t.plan.process_id}")
         t.reader.start()
 
+    # real time only: a test's fake clock (``sleep``) has no pauses to find
+    pauses = Pauses(clock) if sleep is None and watchdog is not None else None
     previous = interrupts.install(interrupts.raise_interrupted)
     first_failure: Tracked | None = None
     interrupted = False
@@ -157,7 +160,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                     if t.running and t.poll(clock) and not t.exit.ok and first_failure is None:
                         first_failure = t
                 if first_failure is None and watchdog is not None:
-                    first_failure = _stalled(tracked, watchdog, started, console, clock)
+                    first_failure = _stalled(tracked, watchdog, started, console, clock, pauses)
                 if first_failure is not None and first_failure.stall is not None:
                     break
                 if first_failure is not None:
@@ -175,6 +178,8 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
         _teardown(tracked, grace_s, output, console, clock, kill_now=stalled)
     finally:
         interrupts.restore(previous)
+        if pauses is not None:
+            pauses.close()
     for t in tracked:
         t.reader.join(timeout=2.0)
     output.wait(0)
@@ -183,18 +188,25 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
 
 
 def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console,
-             clock: Callable[[], float]) -> Tracked | None:
+             clock: Callable[[], float], pauses: Pauses | None = None) -> Tracked | None:
     """The stalled worker once a running one went without step progress past its
     timeout, or None: a stopped one if any (once it is past its own timeout),
     else the one furthest behind, then the one whose progress is oldest.
 
     When one is found, it carries the watchdog's verdict (``Tracked.stall``);
-    ``_teardown(kill_now=True)`` then SIGKILLs every running worker at once.
+    ``_teardown(kill_now=True)`` then SIGKILLs every running worker at once. Time the
+    launcher itself did not run (``pauses``: Ctrl-Z, a paused VM) is not counted.
     """
+    if pauses is not None:
+        away = pauses.observe()
+        if away:
+            console.say(f"the launcher did not run for {away:.1f} s (stopped or paused); that "
+                        "time is not counted against the workers by the stall watchdog")
     now = clock()
 
     def age(t: Tracked) -> float:
-        return now - (started if t.progress_at is None else t.progress_at)
+        since = started if t.progress_at is None else t.progress_at
+        return now - since - (pauses.within(since, now) if pauses is not None else 0.0)
 
     def limit(t: Tracked) -> float | None:
         return watchdog.first_step_timeout_s if t.progress_at is None else watchdog.stall_timeout_s

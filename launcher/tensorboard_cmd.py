@@ -154,6 +154,12 @@ def link_runs(run_dirs: list, into: str) -> dict:
     return linked
 
 
+# TensorBoard keeps 1,000 points per scalar tag by default (reservoir sampling), so a run
+# with more logged steps shows a sample and a loss spike can vanish (tensorboard #4047);
+# 0 keeps every point.
+KEEP_EVERY_SCALAR = ("--samples_per_plugin", "scalars=0")
+
+
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -199,7 +205,7 @@ def _serve(args, logdir: str, what: str) -> int:
     # Its own process group (TensorBoard starts a data server child) that dies
     # with us; Ctrl-C, SIGTERM and SIGHUP (a closed terminal) all stop it.
     proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", logdir,
-                             "--host", args.host, "--port", str(port)],
+                             "--host", args.host, "--port", str(port), *KEEP_EVERY_SCALAR],
                             stdin=subprocess.DEVNULL, start_new_session=True,
                             preexec_fn=proctl.die_with_parent)
     # SIGINT too: a launcher started from a background job inherits SIGINT ignored,

@@ -57,7 +57,7 @@ def _keygen(path: Path, comment: str, kind: str = "ed25519") -> str:
 
 
 def _port_free(addr: str, port: int) -> bool:
-    with socket.socket() as s:
+    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as sshd does
         try:
             s.bind((addr, port))
@@ -103,14 +103,17 @@ class SshTestEnv:
 
     user = "root"
 
-    def __init__(self, base_dir, num_hosts: int = 4, namespaces: dict | None = None):
+    def __init__(self, base_dir, num_hosts: int = 4, namespaces: dict | None = None,
+                 addresses: dict | None = None):
         if not 1 <= num_hosts <= 250:
             raise ValueError("num_hosts must be in 1..250")
         self.base_dir = Path(base_dir) / "sshenv"
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.namespaces = dict(namespaces or {})  # host index -> (netns name, its address)
-        self.hosts = [self.namespaces[i][1] if i in self.namespaces else f"127.0.0.{i + 2}"
-                      for i in range(num_hosts)]
+        # host index -> another loopback address of this machine (``::1``: an IPv6 host)
+        addresses = dict(addresses or {})
+        self.hosts = [self.namespaces[i][1] if i in self.namespaces else
+                      addresses.get(i, f"127.0.0.{i + 2}") for i in range(num_hosts)]
         self._max_sessions = [50] * num_hosts
         self.identity_file = str(self.base_dir / "id_ed25519")
         self.authorized_keys = str(self.base_dir / "authorized_keys")
@@ -331,7 +334,8 @@ def in_ci() -> bool:
 
 
 @contextlib.contextmanager
-def hosts_or_skip(base_dir, num_hosts: int, namespaces: dict | None = None):
+def hosts_or_skip(base_dir, num_hosts: int, namespaces: dict | None = None,
+                  addresses: dict | None = None):
     """An SshTestEnv for a test module; skips the module where sshd cannot run here.
 
     In CI (``in_ci()``) a missing sshd or root fails every test that needs it instead:
@@ -344,5 +348,5 @@ def hosts_or_skip(base_dir, num_hosts: int, namespaces: dict | None = None):
         if in_ci():
             pytest.fail(f"CI=true and sshd cannot run here: {why}", pytrace=False)
         pytest.skip(UNAVAILABLE + why)
-    with SshTestEnv(base_dir, num_hosts, namespaces) as env:
+    with SshTestEnv(base_dir, num_hosts, namespaces, addresses) as env:
         yield env

@@ -263,3 +263,74 @@ def test_helpers_die_when_a_worker_fails_and_the_run_is_torn_down(tmp_path, kind
     started = rf"^\[p\d\] faulty_{kind.replace('trainer', 'task')}: started 2 helpers"
     assert len(re.findall(started, result.stdout, re.M)) == 2
     assert not wait_gone(str(run_dir), 5.0)
+
+
+@pytest.mark.slow
+def test_a_stopped_launcher_is_not_a_stalled_run(tmp_path):
+    # Ctrl-Z of the launcher (SIGSTOP here: the same for it) for twice stall_timeout_s, then
+    # fg: the workers trained on meanwhile; the watchdog must not SIGKILL them as stalled
+    import signal
+
+    from helpers import launched
+
+    run_dir = tmp_path / "run"
+    with launched("jobs/linear.yaml", "--set", "train.num_steps=1000000", "--set",
+                  "cluster.devices_per_process=1", "--set", "logging.log_every_steps=50",
+                  "--set", "watchdog.stall_timeout_s=3", "--set", "checkpoint.every_steps=0",
+                  "--run-dir", str(run_dir)) as out:
+        out.wait_for(r"\[p0\] step 100/", 120)
+        out.proc.send_signal(signal.SIGSTOP)
+        time.sleep(6.5)
+        out.proc.send_signal(signal.SIGCONT)
+        out.wait_for(r"the launcher did not run for \d+\.\d s", 30)
+        stepped = out.wait_for(r"\[p0\] step \d+/", 30)
+        time.sleep(4.0)  # longer than stall_timeout_s again, now with the launcher running
+        assert out.proc.poll() is None, out.text[-3000:]
+        out.proc.send_signal(signal.SIGINT)
+        code, text = out.finish(60)
+    assert code == 130, text[-3000:]
+    assert "stalled" not in text, text[-3000:]
+    assert stepped
+    assert not run_pids(str(run_dir))
+
+
+@pytest.mark.slow
+def test_helpers_detached_every_step_leave_no_pile_of_zombies(tmp_path):
+    # a program whose helper detaches once per step (loaders, uploaders, os.system("... &")):
+    # the orphans are the wrapper's (a subreaper), and it reaps them as the run goes
+    prog = tmp_path / "prog"
+    prog.mkdir()
+    (prog / "detach.py").write_text(
+        "import os, time\n"
+        "for step in range(1000):\n"
+        "    os.system(\"sh -c 'sleep 0.02 &'\")\n"
+        "print('done', flush=True)\n")
+    spec = tmp_path / "detach.yaml"
+    spec.write_text(f"name: detach\nprogram: {{argv: [python, detach.py], dir: {prog}}}\n"
+                    "cluster: {backend: local, num_processes: 2, devices_per_process: 1}\n")
+    run_dir = tmp_path / "run"
+    proc = start_launch(str(spec), "--run-dir", str(run_dir))
+    most = 0
+    while proc.poll() is None:
+        workers = set(run_pids(str(run_dir)))
+        wrappers = set()
+        for pid in workers:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    wrappers.add(int(f.read().rsplit(b")", 1)[1].split()[1]))
+            except OSError:
+                pass
+        zombies = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == b"Z" and int(fields[1]) in wrappers:
+                zombies += 1
+        most = max(most, zombies)
+        time.sleep(0.2)
+    out = proc.stdout.read()
+    assert proc.returncode == 0, out[-3000:]
+    assert most <= 10, f"{most} zombies under the wrappers at once"

@@ -19,6 +19,7 @@ import subprocess
 import termios
 import time
 import types
+import urllib.parse
 import urllib.request
 
 import numpy as np
@@ -349,7 +350,8 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
 
     run_dir = tmp_path / "run"
     tracker = make_tracker(str(run_dir), 0, True)
-    tracker.scalars(1, {"loss": 0.5})
+    for step in range(1, 3001):  # more than TensorBoard's 1,000-point reservoir keeps by default
+        tracker.scalars(step, {"loss": 1.0 / step})
     tracker.close()
     proc = subprocess.Popen(LAUNCH + ["tensorboard", str(run_dir)], cwd=REPO, env=env_for_tests(),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -363,6 +365,12 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
         (name,) = tags  # one run, under a readable name (when it started), not "."
         assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$", name), tags
         assert "loss" in tags[name]
+        # every logged point is served: a loss spike cannot vanish into the sampling
+        query = urllib.parse.urlencode({"tag": "loss", "run": name})
+        with urllib.request.urlopen(match.group(2) + "data/plugin/scalars/scalars?" + query,
+                                    timeout=30) as reply:
+            points = json.load(reply)
+        assert [p[1] for p in points] == list(range(1, 3001))
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

@@ -34,7 +34,7 @@ def bypass_proxies(coordinator_address: str, environ=os.environ) -> None:
     proxies = [name for name in environ if name.lower() in PROXY_VARIABLES and environ[name]]
     if not proxies:  # nothing to bypass (and JAX warns about any *_proxy variable it sees)
         return
-    host = coordinator_address.rsplit(":", 1)[0].strip("[]")
+    host = contract.split_host_port(coordinator_address)[0]
     for name in ("no_proxy", "NO_PROXY", "no_grpc_proxy"):
         items = [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
         if host not in items:
@@ -132,15 +132,16 @@ def rendezvous(identity: contract.Identity, stdin=sys.stdin, out=print) -> contr
       ContractError: stdin ended first (the launcher refused the start), or the
         line is not ``host:port``.
     """
-    port = int(identity.coordinator_address.rsplit(":", 1)[1]) if identity.process_id == 0 else None
+    port = contract.split_host_port(identity.coordinator_address)[1] if identity.process_id == 0 else None
     out(contract.FACTS_PREFIX + json.dumps(nodefacts.facts(port)), flush=True)
     import jax  # noqa: F401  (the import join() needs, done while the launcher checks)
 
     address = stdin.readline().strip()
-    host, _, port_text = address.rpartition(":")
     if not address:
         raise contract.ContractError("no coordinator address on stdin: the launcher stopped "
                                      "the start (see its output)")
-    if not (host and port_text.isdigit()):
-        raise contract.ContractError(f"expected the coordinator's host:port on stdin, got {address!r}")
+    try:
+        contract.split_host_port(address)
+    except ValueError:
+        raise contract.ContractError(f"expected the coordinator's host:port on stdin, got {address!r}") from None
     return dataclasses.replace(identity, coordinator_address=address)

@@ -140,6 +140,9 @@ def main(args):
                              stderr=subprocess.STDOUT, env=env, cwd=args.get("cwd"),
                              preexec_fn=proctl.die_with_parent if parent_pid is not None else None)
         worker["p"] = p
+        if own_process:  # each orphan that ends is collected at once (SIGCHLD), not per tick
+            previous[signal.SIGCHLD] = signal.signal(
+                signal.SIGCHLD, lambda signum, frame: _reap_ended_orphans(p.pid))
         if stop["at"] is not None:  # a signal came while it started
             proctl.signal_group(p.pid, (signal.SIGTERM, signal.SIGCONT))
         if args.get("pid_file"):
@@ -154,6 +157,8 @@ def main(args):
                 code = p.wait(timeout=0.1)
                 break
             except subprocess.TimeoutExpired:
+                if own_process:
+                    _reap_ended_orphans(p.pid)
                 if stop["at"] is not None and not stop["killed"] and time.monotonic() > stop["at"]:
                     stop["killed"] = True
                     proctl.signal_group(p.pid, (signal.SIGKILL,))
@@ -175,6 +180,25 @@ def main(args):
             pass
     _say(marks[EXIT_MARK] + exit_report(code, ended_at))
     return 128 - code if code < 0 else code
+
+
+def _reap_ended_orphans(worker_pid):
+    """Collect the orphans that have ended while the worker runs (a helper the worker
+    detached once per step, ``sh -c 'sleep 1 &'``, is ours as the subreaper): without
+    this, each stays a zombie until the worker ends, and a long run exhausts the pid
+    limit. ``waitid(WNOWAIT)`` looks without reaping, so the worker's own exit status
+    is never taken from ``Popen``; no /proc scan per tick."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == worker_pid:
+            return  # nothing ended, or the worker itself: Popen.wait takes it
+        try:
+            os.waitpid(info.si_pid, os.WNOHANG)
+        except ChildProcessError:
+            return
 
 
 def _reap_orphans():

@@ -104,7 +104,7 @@ class SlurmSession(Session):
                                             {**env, contract.LOCAL_DEVICE_IDS: ",".join(map(str, ids))},
                                             cwd=cwd))
         addr = self.slurm.node_addrs(nodes[:1]).get(nodes[0], nodes[0]) if self.job_id else nodes[0]
-        return tuple(placements), f"{addr}:{port}"
+        return tuple(placements), contract.host_port(addr, port)
 
     def _problem(self, key: str, message: str) -> SpecError:
         return SpecError([Problem(self.job.source, None, f"cluster.{key}", message)])
@@ -347,7 +347,7 @@ class SlurmSession(Session):
         """Every worker's facts checked (``contract.RENDEZVOUS``), then the coordinator address sent."""
         port = nodefacts.rendezvous(workers, self.slurm.timeout_s,
                                     self.job.cluster.python or self.options.python, self._problem)
-        address = f"{plan.coordinator_address.rsplit(':', 1)[0]}:{port}"
+        address = contract.host_port(contract.split_host_port(plan.coordinator_address)[0], port)
         for w in workers:
             w.send(address)
 

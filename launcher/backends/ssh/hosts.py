@@ -115,6 +115,12 @@ def connect_error(host: Host, exc: BaseException) -> str:
     return _why(exc, host.connection, host.known_hosts_file)
 
 
+# What paramiko says when TCP connected and SSH never started (paramiko #1038): no banner
+# before the timeout, an EOF or reset during it, or the session it never made.
+NO_SSH_SESSION = ("No existing session", "Error reading SSH protocol banner",
+                  "SSH session not active")
+
+
 def _why(exc: BaseException, c, known_hosts_file: str) -> str:
     address = f"{c.host}:{c.port}"
     if isinstance(exc, paramiko.BadHostKeyException):
@@ -134,6 +140,13 @@ def _why(exc: BaseException, c, known_hosts_file: str) -> str:
     if isinstance(exc, UnknownHostKey):
         return (f"unknown host key ({exc}); add it (ssh-keyscan) or "
                 f"set cluster.host_key_policy: accept-new")
+    if isinstance(exc, (paramiko.SSHException, EOFError)) and any(
+            words in str(exc) for words in NO_SSH_SESSION):
+        return (f"no SSH session: {address} accepted the TCP connection but no SSH session "
+                f"started within {c.connect_timeout} s (no SSH banner, or the connection was "
+                "dropped): sshd refusing new connections past its MaxStartups, an overloaded "
+                "or hung host, or a port that is not sshd; try `ssh -v` to it and read the "
+                f"host's sshd log (paramiko said: {type(exc).__name__}: {exc})")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         return f"unreachable: connection refused at {address} (is sshd running?)"
     if isinstance(exc, socket.gaierror):

@@ -26,6 +26,7 @@ from launcher.backends.ssh.channels import HostChannels
 from launcher.backends.ssh.connection import command_line
 from launcher.errors import Problem, SpecError
 from launcher.remote import reach as remote_reach
+from worker import contract
 
 REACH_TIMEOUT_S = 5.0   # each host's connect; a firewall that drops shows as this timeout
 LISTEN_TIMEOUT_S = 30.0  # host 0's listener ends by itself after this at the latest
@@ -80,7 +81,7 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
     """
     hosts = [c.host for c in channels]
     host0 = hosts[0]
-    port = int(address.rpartition(":")[2])
+    port = contract.split_host_port(address)[1]
     token = secrets.token_hex(16)
     listen = remote.python_call(host0.python, "reach", {
         "role": "listen", "port": port, "token": token, "count": len(hosts),
@@ -122,7 +123,7 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
         if problems:
             raise SpecError([Problem(where[0], where[1], key, p) for p in problems])
         return
-    ip = address.rpartition(":")[0]
+    ip = contract.split_host_port(address)[0]
     rows = "; ".join(f"{h.name} ({ids}): {a.get('error')}" for h, ids, a in failed)
     message = (f"host 0 {host0.name} serves the coordinator at {address}, which "
                f"{len(failed)} of {len(hosts)} hosts cannot reach: {rows}. ")

@@ -25,6 +25,7 @@ from launcher.backends.ssh.channels import HostChannels, close_all
 from launcher.backends.ssh.settings import SshHost, SshSettings
 from launcher.backends.ssh.workers import start_all
 from launcher.status import plural
+from worker import contract
 
 
 def placements(job, settings: SshSettings, hosts: Sequence, run_dir: str,
@@ -175,7 +176,7 @@ class SshSession(Session):
         else:
             survivors = checks.STOP if self.options.kill_stale or restart else checks.REFUSE
         found = self.ssh.connect(survivors, port=self.job.cluster.coordinator_port)
-        address = f"{self.ssh.coordinator_ip()}:{found[0].facts['port']}"
+        address = contract.host_port(self.ssh.coordinator_ip(), found[0].facts['port'])
         self.ssh.check_coordinator(address)
         return self.ssh.placements(), address
 

@@ -113,7 +113,7 @@ def slice_env(cluster: TpuCluster, process_id: int, coordinator_ip: str) -> dict
     env = {contract.CLUSTER_DETECTION_METHOD: cluster.cluster_detection_method}
     if cluster.slice_count > 1:
         env.update({
-            "MEGASCALE_COORDINATOR_ADDRESS": f"{coordinator_ip}:{cluster.megascale_port}",
+            "MEGASCALE_COORDINATOR_ADDRESS": contract.host_port(coordinator_ip, cluster.megascale_port),
             "MEGASCALE_NUM_SLICES": str(cluster.slice_count),
             "MEGASCALE_SLICE_ID": str(process_id // cluster.hosts_per_slice),
             "MEGASCALE_PORT": str(cluster.megascale_port),
