@@ -13,6 +13,7 @@ import math
 import re
 
 NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 _NON_FINITE = re.compile(r"[-+]?(?:nan|inf|infinity)", re.IGNORECASE)
 
 
@@ -53,6 +54,9 @@ def parse_row(cells, number, columns):
         value = float(cell)
         if not math.isfinite(value):  # 1e999 overflows to inf
             raise CsvError("line %d, column %d: %r is beyond float range" % (number, index + 1, cell))
+        if abs(value) > FLOAT32_MAX:  # 1e39: finite here, inf in the float32 batch
+            raise CsvError("line %d, column %d: %r is beyond float32's range (+-3.4e38): the "
+                           "batch would hold inf and the loss turn NaN" % (number, index + 1, cell))
         values.append(value)
     return values
 

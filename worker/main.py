@@ -98,6 +98,8 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     order = datasets.make_order(job.data, source.num_rows, global_batch)
     order_key = {"shuffle": job.data.shuffle, "shuffle_seed": job.data.shuffle_seed}
     task = tasks.resolve(job.task.name, job.task.args)
+    if task.num_classes is not None and hasattr(source, "num_classes"):  # a table's labels
+        source.num_classes = task.num_classes
     local_devices = jax.local_device_count()
     batches = datasets.Batches(source, order, process_id, identity.num_processes, local_devices,
                                parallel.placer(k), steps_per_call=k, prefetch=job.data.prefetch)

@@ -150,13 +150,20 @@ def _take(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def _check_finite(name: str, values: np.ndarray, rows: np.ndarray, what: str = "") -> None:
     if not np.issubdtype(values.dtype, np.floating):
         return
-    bad = ~np.isfinite(values.reshape(len(values), -1))
+    flat = values.reshape(len(values), -1)
+    bad = ~np.isfinite(flat)
+    if values.dtype.itemsize > 4:  # float64: finite here can still be inf as float32
+        with np.errstate(invalid="ignore"):
+            too_big = np.abs(flat) > np.finfo(np.float32).max
+        bad |= too_big
     if not bad.any():
         return
     index, column = (int(v) for v in np.argwhere(bad)[0])
+    value = float(flat[index, column])
+    why = ("is beyond float32's range (+-3.4e38): the batch would hold inf" if np.isfinite(value)
+           else "is not a finite number; data must be finite (fix or drop the row)")
     raise DataError(f"{name}: {what}row {int(rows[index])} (0-based), column {column + 1}: "
-                    f"{float(values.reshape(len(values), -1)[index, column])!r} is not a finite "
-                    "number; data must be finite (fix or drop the row)")
+                    f"{value!r} {why}")
 
 
 class _Mapped:
@@ -215,6 +222,7 @@ class NpyTable:
         self.mapped = _Mapped(path, offset, shape, np.dtype(dtype), label)
         self.target = target_column % shape[1]
         self.target_dtype = target_dtype
+        self.num_classes: int | None = None  # set from the task: labels must be 0..n-1
 
     def read(self, rows: np.ndarray) -> dict:
         table = self.mapped.read(rows, copy=False)  # read once into x and y below
@@ -231,6 +239,13 @@ class NpyTable:
                 raise DataError(f"{self.name}: row {int(rows[wrong[0]])} (0-based), column "
                                 f"{self.target + 1}: label {float(labels[wrong[0]])!r} is not a "
                                 "whole number (data.target_dtype: int32)")
+            if self.num_classes is not None:
+                outside = np.flatnonzero((labels < 0) | (labels >= self.num_classes))
+                if outside.size:
+                    raise DataError(f"{self.name}: row {int(rows[outside[0]])} (0-based), column "
+                                    f"{self.target + 1}: label {float(labels[outside[0]])!r} is "
+                                    f"outside 0..{self.num_classes - 1} (the task's num_classes "
+                                    f"{self.num_classes}): a NaN loss, or silent training on it")
             return {"x": x, "y": labels.astype(np.int32)}
         return {"x": x, "y": y.astype(np.float32, copy=False)}
 

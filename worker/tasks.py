@@ -41,6 +41,9 @@ class Task:
       metrics_fn: optional ``(params, batch) -> {name: float32 scalar}``, batch
         means (e.g. ``accuracy``), averaged over every device and logged with
         the loss (TensorBoard, metrics.jsonl) at log steps.
+      num_classes: for integer labels, how many classes: a label outside
+        ``0..num_classes - 1`` is a data error naming its file, row and column
+        (in cross-entropy it would be a NaN loss or silently wrong training).
     """
 
     init_params: Callable[[jax.Array, int, int], Params]
@@ -48,6 +51,7 @@ class Task:
     on_step_end: Callable[[int, int], None] | None = None
     batch_loss_fn: Callable[[Params, dict], jax.Array] | None = None
     metrics_fn: Callable[[Params, dict], dict] | None = None
+    num_classes: int | None = None
 
     def __post_init__(self):
         if (self.loss_fn is None) == (self.batch_loss_fn is None):
@@ -120,7 +124,8 @@ def softmax_classifier(num_classes: int, input_scale: float = 1.0) -> Task:
 
     return Task(init_params=init,
                 batch_loss_fn=lambda params, batch: softmax_cross_entropy(params, scaled(batch)),
-                metrics_fn=lambda params, batch: accuracy(params, scaled(batch)))
+                metrics_fn=lambda params, batch: accuracy(params, scaled(batch)),
+                num_classes=num_classes)
 
 
 BUILTIN = {"linear_regression": linear_regression, "softmax_classifier": softmax_classifier}

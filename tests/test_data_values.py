@@ -1,0 +1,44 @@
+"""Values a file allows and the model does not (issue 25, item 9): checked where the data is
+read, named by file, row and column."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from worker import csvdata, sources
+
+
+def test_a_csv_cell_beyond_float32_is_refused_naming_line_and_column():
+    with pytest.raises(csvdata.CsvError, match=r"line 3, column 2: '1e39' is beyond float32's range"):
+        csvdata.parse_row(["1.0", "1e39"], 3, 2)
+    assert csvdata.parse_row(["1.0", "3e38"], 3, 2) == [1.0, 3e38]
+
+
+def test_a_float64_npy_value_beyond_float32_is_a_data_error(tmp_path):
+    table = np.zeros((8, 3))
+    table[5, 1] = 1e300
+    np.save(tmp_path / "t.npy", table)
+    source = sources.NpyTable(str(tmp_path / "t.npy"), -1, "float32")
+    source.read(np.arange(0, 4))  # rows without it read fine
+    with pytest.raises(sources.DataError, match=r"row 5 \(0-based\), column 2: 1e\+300 is beyond float32"):
+        source.read(np.arange(4, 8))
+
+
+def test_labels_outside_the_tasks_classes_are_a_data_error(tmp_path):
+    from worker import tasks
+
+    table = np.zeros((6, 3), np.float32)
+    table[:, -1] = [0, 1, 2, 1, 3, 0]  # 3 is outside num_classes 3
+    np.save(tmp_path / "t.npy", table)
+    source = sources.NpyTable(str(tmp_path / "t.npy"), -1, "int32")
+    source.read(np.arange(6))  # without a task's class count, any whole label passes
+    source.num_classes = tasks.softmax_classifier(num_classes=3).num_classes
+    with pytest.raises(sources.DataError, match=r"row 4 \(0-based\), column 3: label 3.0 is outside 0..2"):
+        source.read(np.arange(6))
+    table[4, -1] = -1
+    np.save(tmp_path / "t.npy", table)
+    source = sources.NpyTable(str(tmp_path / "t.npy"), -1, "int32")
+    source.num_classes = 3
+    with pytest.raises(sources.DataError, match=r"label -1.0 is outside 0..2"):
+        source.read(np.arange(6))
