@@ -270,7 +270,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     console.say(f"logs: {os.path.join(run_dir, 'logs')}")
     if job.logging.tensorboard:
         console.say(f"view: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')} "
-                    "--samples_per_plugin scalars=0")  # every point, not a 1,000-point sample
+                    "--samples_per_plugin scalars=10000000")  # every point, not a 1,000-point sample
     console.close()
     return result.exit_code
 

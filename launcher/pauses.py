@@ -33,6 +33,7 @@ class Pauses:
         self._lock = threading.Lock()
         self._last = clock()
         self._spans: list = []
+        self._told = 0  # spans ``news`` has handed out
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pauses", daemon=True)
         self._thread.start()
@@ -41,17 +42,21 @@ class Pauses:
         while not self._stop.wait(self.tick_s):
             self.observe()
 
-    def observe(self) -> float:
-        """Take a reading now (the watchdog does, before it judges); returns the pause it
-        found ending now, in seconds (0 when none)."""
+    def observe(self) -> None:
+        """Take a reading now (the ticker does, and the watchdog before it judges, so a
+        pause that just ended counts even if the ticker has not woken since)."""
         with self._lock:
             now = self.clock()
             gap = now - self._last
             self._last = now
             if gap > self.threshold_s:
                 self._spans.append((now - gap, now))
-                return gap
-            return 0.0
+
+    def news(self) -> float:
+        """Seconds of the pauses found since the last call (to say so once); 0 when none."""
+        with self._lock:
+            new, self._told = self._spans[self._told:], len(self._spans)
+            return sum(b - a for a, b in new)
 
     def within(self, start: float, end: float) -> float:
         """Seconds of pause between ``start`` and ``end`` (clock times)."""

@@ -198,7 +198,8 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
     launcher itself did not run (``pauses``: Ctrl-Z, a paused VM) is not counted.
     """
     if pauses is not None:
-        away = pauses.observe()
+        pauses.observe()
+        away = pauses.news()
         if away:
             console.say(f"the launcher did not run for {away:.1f} s (stopped or paused); that "
                         "time is not counted against the workers by the stall watchdog")

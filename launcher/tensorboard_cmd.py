@@ -155,9 +155,11 @@ def link_runs(run_dirs: list, into: str) -> dict:
 
 
 # TensorBoard keeps 1,000 points per scalar tag by default (reservoir sampling), so a run
-# with more logged steps shows a sample and a loss spike can vanish (tensorboard #4047);
-# 0 keeps every point.
-KEEP_EVERY_SCALAR = ("--samples_per_plugin", "scalars=0")
+# with more logged steps shows a sample and a loss spike can vanish (tensorboard #4047).
+# A bound far above any run's logged steps keeps every point (the reservoir holds only
+# the points there are). Not 0, which its help calls "keep all": with TensorBoard 2.21's
+# data server, scalars=0 serves no point at all (measured; images=0 likewise, #5550).
+KEEP_EVERY_SCALAR = ("--samples_per_plugin", "scalars=10000000")
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:

@@ -69,7 +69,10 @@ def long_job(kind: str, tmp_path, log_every: int = 20, mode: str = "none", targe
 
 def env_for_tests(**extra) -> dict:
     """This environment plus tests/ on PYTHONPATH (for test tasks), minus JAX device vars."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_"))}
+    # COLUMNS and LINES too: a test's terminal is the pty it makes (pytest-xdist's workers
+    # have COLUMNS set, which shutil.get_terminal_size would prefer to the pty's size)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JAX_", "PODLAUNCH_")) and k not in ("COLUMNS", "LINES")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, REPO, env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
