@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
 
@@ -175,16 +176,51 @@ def _resume_dir(job: specs.JobSpec, run_dir: str) -> str:
     return run_dir
 
 
-def _write_run_files(plan: planning.Plan) -> None:
+def _flat(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _spec_changes(run_dir: str, masked: dict) -> list:
+    """``key: old -> new`` for every setting in which ``masked`` (the spec about to run, secrets
+    masked) differs from the run's ``spec.yaml`` (what its earlier attempts ran)."""
+    try:
+        with open(os.path.join(run_dir, "spec.yaml"), "r", encoding="utf-8") as f:
+            earlier = _flat(yaml.safe_load(f) or {})
+    except (OSError, yaml.YAMLError):
+        return []
+    now = _flat(json.loads(json.dumps(masked)))  # tuples as lists, as YAML read them back
+    return [f"{key}: {earlier.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
+            for key in sorted(set(earlier) | set(now)) if earlier.get(key) != now.get(key)]
+
+
+def _write_run_files(plan: planning.Plan, first_attempt: int = 0) -> list:
     """``spec.yaml`` (the resolved spec, secrets masked: it may be shared) and ``job.json``
-    (what the workers read, secrets included: mode 0600, readable by the owner only)."""
+    (what the workers read, secrets included: mode 0600, readable by the owner only).
+
+    On a resume (``first_attempt`` > 0) the spec the earlier attempts ran is kept as
+    ``spec.before-attempt-N.yaml`` when the new one differs, so the run's record says what
+    each attempt ran.
+
+    Returns:
+      The settings that changed since the earlier attempts (``key: old -> new``).
+    """
     os.makedirs(os.path.join(plan.run_dir, "logs"), exist_ok=True)
     resolved = plan.job.to_dict()
-    with open(os.path.join(plan.run_dir, "spec.yaml"), "w", encoding="utf-8") as f:
+    spec_file = os.path.join(plan.run_dir, "spec.yaml")
+    changes = _spec_changes(plan.run_dir, plan.job.to_masked_dict()) if first_attempt else []
+    if changes:
+        os.replace(spec_file, os.path.join(plan.run_dir, f"spec.before-attempt-{first_attempt}.yaml"))
+    with open(spec_file, "w", encoding="utf-8") as f:
         f.write(f"# resolved from {os.path.abspath(plan.job.source)}; secrets masked\n")
         yaml.safe_dump(plan.job.to_masked_dict(), f, sort_keys=False)
     # the worker's keys only (its contract, no defaults); secrets in clear: mode 0600
     jobs.for_spec_dict(resolved).to_json(plan.job_path)
+    return changes
 
 
 def run(argv: list[str] | None = None, console: Console | None = None) -> int:
@@ -240,7 +276,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         held.append(runlock.acquire(run_dir, "--resume" if args.resume else "--run-dir"))
         first_attempt = restarts.next_attempt(run_dir)
         try:
-            _write_run_files(plan)
+            changes = _write_run_files(plan, first_attempt if args.resume else 0)
         except OSError as exc:  # nothing has started yet: this is bad input
             raise SpecError([Problem("--resume" if args.resume else "--run-dir", None, "",
                                      f"cannot write into {run_dir}: {exc.strerror}; "
@@ -251,6 +287,10 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         record.start()
         console.say(f"run directory {run_dir}"
                     + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
+        if changes:
+            console.say(f"resuming with {plural(len(changes), 'changed setting')} (the earlier "
+                        f"attempts' spec is kept as spec.before-attempt-{first_attempt}.yaml): "
+                        + "; ".join(changes))
         if not job.is_program:  # a program reads its own data
             console.say(job.epoch_text())
         try:

@@ -329,3 +329,29 @@ def test_resume_over_ssh_puts_back_the_checkpoints_a_new_host_0_lacks(tmp_path, 
     assert "127.0.0.2: put back 3 checkpoints it lacked (newest step-0000020)" in out, out[-3000:]
     assert "[p0 127.0.0.2] resumed from the checkpoint of step 20 (attempt 1)" in out, out[-3000:]
     assert_same_params(params(run_dir), uninterrupted)  # 20 + 20 steps == 40 uninterrupted
+
+
+@pytest.mark.slow
+def test_a_resume_with_a_changed_spec_says_what_changed_and_keeps_the_earlier_spec(tmp_path):
+    # issue 25, item 10: the record of what the first attempt ran is not overwritten
+    run_dir = tmp_path / "run"
+    args = ("jobs/linear.yaml", "--set", "cluster.devices_per_process=1",
+            "--set", "checkpoint.every_steps=10")
+    first = launch(*args, "--set", "train.num_steps=20", "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = launch(*args, "--set", "train.num_steps=30", "--set", "optimizer.learning_rate=0.5",
+                   "--resume", str(run_dir))
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out
+    assert re.search(r"resuming with 2 changed settings \(the earlier attempts' spec is kept as "
+                     r"spec\.before-attempt-1\.yaml\): optimizer\.learning_rate: 0\.1 -> 0\.5; "
+                     r"train\.num_steps: 20 -> 30", out), out
+    kept = yaml.safe_load(open(run_dir / "spec.before-attempt-1.yaml"))
+    now = yaml.safe_load(open(run_dir / "spec.yaml"))
+    assert (kept["optimizer"]["learning_rate"], now["optimizer"]["learning_rate"]) == (0.1, 0.5)
+    # the same spec again: nothing said, nothing kept
+    same = launch(*args, "--set", "train.num_steps=30", "--set", "optimizer.learning_rate=0.5",
+                  "--resume", str(run_dir))
+    assert same.returncode == 0 and "changed setting" not in same.stdout, same.stdout
+    assert sorted(p.name for p in run_dir.glob("spec*.yaml")) == ["spec.before-attempt-1.yaml",
+                                                                   "spec.yaml"]
