@@ -176,24 +176,13 @@ def _resume_dir(job: specs.JobSpec, run_dir: str) -> str:
     return run_dir
 
 
-def _flat(tree, prefix: str = "") -> dict:
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
-
-
 def _spec_changes(run_dir: str, masked: dict) -> list:
     """``key: old -> new`` for every setting in which ``masked`` (the spec about to run, secrets
     masked) differs from the run's ``spec.yaml`` (what its earlier attempts ran)."""
-    try:
-        with open(os.path.join(run_dir, "spec.yaml"), "r", encoding="utf-8") as f:
-            earlier = _flat(yaml.safe_load(f) or {})
-    except (OSError, yaml.YAMLError):
+    earlier = runs.spec_of(run_dir)
+    if not earlier:
         return []
-    now = _flat(json.loads(json.dumps(masked)))  # tuples as lists, as YAML read them back
+    now = runs.flat(json.loads(json.dumps(masked)))  # tuples as lists, as YAML read them back
     return [f"{key}: {earlier.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
             for key in sorted(set(earlier) | set(now)) if earlier.get(key) != now.get(key)]
 

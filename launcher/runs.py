@@ -34,6 +34,27 @@ from launcher.errors import Problem, SpecError
 from launcher.status import duration
 
 RUN_FILE = "run.json"
+
+
+def flat(value, prefix: str = "") -> dict:
+    """A nested dict as ``{"dotted.key": leaf}``."""
+    if isinstance(value, dict):
+        out: dict = {}
+        for key, inner in value.items():
+            out.update(flat(inner, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def spec_of(run_dir: str) -> dict:
+    """The run's resolved spec (``spec.yaml``), flattened to dotted keys; {} if unreadable."""
+    import yaml  # the launcher's own dependency; ``launch runs`` alone does not need it
+
+    try:
+        with open(os.path.join(run_dir, "spec.yaml"), "r", encoding="utf-8") as f:
+            return flat(yaml.safe_load(f) or {})
+    except (OSError, yaml.YAMLError):
+        return {}
 STAMP = "%Y%m%d-%H%M%S-%f"  # the default run directory's name, as cli._run_dir makes it
 
 

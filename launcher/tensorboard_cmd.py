@@ -62,26 +62,6 @@ def tensorboard_installed() -> bool:
         return False
 
 
-def _flat(value, prefix: str = "") -> dict:
-    if isinstance(value, dict):
-        out: dict = {}
-        for key, inner in value.items():
-            out.update(_flat(inner, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: value}
-
-
-def _spec_of(run_dir: str) -> dict:
-    """The run's resolved spec (``spec.yaml``), flattened to dotted keys; {} if unreadable."""
-    import yaml  # the launcher's own dependency; not needed for a plain directory
-
-    try:
-        with open(os.path.join(run_dir, "spec.yaml"), "r", encoding="utf-8") as f:
-            return _flat(yaml.safe_load(f) or {})
-    except (OSError, yaml.YAMLError):
-        return {}
-
-
 def _safe(text: str) -> str:
     return text.replace(os.sep, "|").replace("\0", "")
 
@@ -92,7 +72,7 @@ def run_names(run_dirs: list) -> dict:
     A setting differs when the runs do not all have the same value for it (a key
     some runs lack counts); at most ``NAME_KEYS`` are named, in key order.
     """
-    specs = {d: _spec_of(d) for d in run_dirs}
+    specs = {d: runs.spec_of(d) for d in run_dirs}
     keys = sorted({k for spec in specs.values() for k in spec})
     differing = [k for k in keys if len({repr(spec.get(k)) for spec in specs.values()}) > 1]
     names: dict = {}
