@@ -78,3 +78,29 @@ def acquire(run_dir: str, flag: str) -> RunLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     return RunLock(path, fd)
+
+
+def held(run_dir: str) -> bool | None:
+    """Whether a live launcher holds ``run_dir``'s lock: how a later launch tells a
+    stale job (its launcher gone) from a live launch of the same job beside it.
+
+    Returns:
+      True: held (a launcher is running it); False: the lock file is there and
+      nobody holds it (its launcher ended, however it ended); None: no lock file
+      (not a run directory of this version, or unreadable), so nothing is known.
+    """
+    try:
+        fd = os.open(os.path.join(run_dir, LOCK_FILE), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        # shared: conflicts with the holder's exclusive lock, and needs only a read-only
+        # descriptor (NFS emulates flock with POSIX locks, whose write locks need write access)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return False

@@ -337,12 +337,37 @@ def test_a_sigkilled_launcher_leaves_a_job_the_next_launch_refuses_or_cancels(sl
     assert [j.split()[1:] for j in slurm.jobs()] == [["RUNNING", "podlaunch.linear"]]
     again = run(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "b"), *SHORT)
     assert again.returncode == 1, again.stdout + again.stderr
-    assert "of an earlier launch are still queued; rerun with --kill-stale" in again.stderr
+    assert "are still queued and their launcher is gone; rerun with --kill-stale" in again.stderr
     assert len(slurm.jobs()) == 1
     third = run(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "c"),
                 "--kill-stale", *SHORT)
     assert third.returncode == 0, third.stdout + third.stderr
     assert "cancelling stale Slurm job(s)" in third.stdout
+
+
+def test_two_launches_of_one_job_run_side_by_side_and_kill_stale_spares_the_live_one(
+        slurm, cluster_file, tmp_path):
+    # A sweep (submitit #1624): one job, two --set values, launched 3 s apart. The first
+    # launch's job shares the second's name, but its launcher runs: it is not stale, and
+    # --kill-stale (cancel only jobs whose launcher is gone) must leave it alone.
+    cluster = cluster_file(nodes=1)
+    slow = ("--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.05",
+            "--set", "task.args.slow_process_id=0", "--set", "task.args.slow_attempt=0",
+            "--set", "train.num_steps=400", "--set", "train.global_batch_size=255",
+            "--set", "logging.log_every_steps=20", "--set", "logging.tensorboard=false")
+    first = start(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "a"),
+                  *slow, "--set", "optimizer.learning_rate=0.01")
+    lines: list = []
+    read_until(first, r"^\[p0 n\d\] step \d+/", lines)
+    time.sleep(3)
+    second = run(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "b"),
+                 "--kill-stale", *SHORT, "--set", "optimizer.learning_rate=0.5")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "has its launcher running: this one runs beside it" in second.stdout
+    assert "cancelling stale" not in second.stdout
+    read_rest(first, lines, 120)
+    assert first.returncode == 0, "".join(lines)
+    assert re.search(r"OK: 1 process(es)? succeeded", "".join(lines)), "".join(lines)
 
 
 # ---- preemption -------------------------------------------------------------------------

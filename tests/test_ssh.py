@@ -565,6 +565,30 @@ def test_sigkilled_launcher_leaves_recorded_survivors_for_the_next_launch(tmp_pa
     assert not survivors(tmp_path, first, 0)
 
 
+@pytest.mark.slow
+def test_a_launch_beside_a_live_one_of_the_same_job_runs_and_kill_stale_spares_it(tmp_path, hosts):
+    # A sweep over ssh: the first launch's workers are survivors of "an earlier run" by name,
+    # but their launcher is still connected (the wrapper watches its channel): not stale.
+    cluster = write_cluster(tmp_path, hosts)
+    first = tmp_path / "first"
+    proc = start_launch("jobs/linear.yaml", "--cluster", cluster, *LONG, "--run-dir", str(first))
+    try:
+        wait_in_logs(first, r"\[Gloo\] Rank \d is connected", 4)
+        second = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--kill-stale",
+                        "--set", "optimizer.learning_rate=0.5", "--run-dir", str(tmp_path / "second"))
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "its launcher still connected: this one runs beside it" in second.stdout
+        assert "stale process groups" not in second.stdout, second.stdout
+        assert proc.poll() is None, "the live launch was stopped"
+        assert set(survivors(tmp_path, first, 0)) == set(range(NUM_HOSTS))
+        assert not survivors(tmp_path, tmp_path / "second", 0)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    finally:
+        proc.kill()
+    assert not survivors(tmp_path, first, 0)
+
+
 def test_kill_stale_is_refused_for_local_runs():
     result = launch("jobs/linear.yaml", "--kill-stale", "--dry-run")
     assert result.returncode == 2

@@ -10,12 +10,17 @@ Survivor records: one JSON pid file per process in ``<workdir>/.podlaunch/<job>/
 (written by ``wrapper``). A record counts only on the node that wrote it (a
 shared home directory holds several nodes' records) and only while a process
 in its group still has ``<run_dir_env>=<run_dir>`` in its environment (pids
-are reused; a run's marker is not).
+are reused; a run's marker is not). A survivor is *stale* only when its
+launcher is gone (the wrapper saw its channel end: ``launcher_gone_at``) or
+it belongs to this very run (``own_run_dir``: an earlier attempt); one whose
+launcher is still connected is another launch of the job running beside this
+one (a sweep), reported with ``"live_launch": true`` and never stopped.
 
 Args (one JSON object): ``modules`` (names to find), ``port`` (int: check it
 is free, 0 picks a free one; null: no check), ``kill_stale`` (bool),
 ``grace_s`` (seconds between TERM and KILL), ``state_dir`` (where the pid
-files are), ``run_dir_env`` (the env name holding a worker's run dir).
+files are), ``run_dir_env`` (the env name holding a worker's run dir),
+``own_run_dir`` (this run's directory on the host).
 
 Prints ``MARK`` + JSON: ``python``, ``workdir`` (absolute), ``jax``, ``jaxlib``
 (None when not installed), ``missing_modules``, ``port`` or ``port_error``,
@@ -35,8 +40,8 @@ from launcher import proctl
 MARK = "podlaunch-preflight "
 
 
-def survivors(state_dir, kill, grace_s, run_dir_env):
-    """This node's pid-file records of the job whose group still lives; stops them if ``kill``.
+def survivors(state_dir, kill, grace_s, run_dir_env, own_run_dir=None):
+    """This node's pid-file records of the job whose group still lives; stops stale ones if ``kill``.
 
     Records of groups that are gone are removed. Returns the records that
     were alive (or stopped now), each with ``pids`` (still alive at the end).
@@ -53,7 +58,9 @@ def survivors(state_dir, kill, grace_s, run_dir_env):
             continue
         marker = ("%s=%s" % (run_dir_env, rec["run_dir"])).encode()
         pids = proctl.group_members(rec["pgid"], marker)
-        if pids and kill:
+        rec["live_launch"] = bool(rec.get("watched") and "launcher_gone_at" not in rec
+                                  and rec["run_dir"] != own_run_dir)
+        if pids and kill and not rec["live_launch"]:
             pids, rec["stopped"] = proctl.stop_group(rec["pgid"], grace_s, marker), True
         rec["pids"] = pids
         if pids or rec.get("stopped"):
@@ -107,8 +114,9 @@ def main(args):
     out["missing_modules"] = missing(args["modules"])
     if args["port"] is not None:
         out.update(check_port(args["port"]))
+    own = os.path.abspath(args["own_run_dir"]) if args.get("own_run_dir") else None
     out["survivors"] = survivors(args["state_dir"], args["kill_stale"], args["grace_s"],
-                                 args["run_dir_env"])
+                                 args["run_dir_env"], own)
     print(MARK + json.dumps(out), flush=True)
     return out
 

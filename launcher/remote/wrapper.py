@@ -35,11 +35,20 @@ null), ``run_dir`` (created), ``process_id``; optional ``cwd`` (where the worker
 starts; a program job's directory), ``grace_s`` (default
 3), ``parent_pid`` (die with it), ``env_from_stdin`` (read the worker's extra
 environment as one JSON object on stdin, so it never shows in a command line
-or in the wrapper's own environment).
+or in the wrapper's own environment), ``watch_stdin`` (over SSH: stdin is the
+launcher's channel, kept open for the run; its end means the launcher is gone).
+
+Is its launcher still there? With ``watch_stdin`` the pid file says
+``"watched": true``, and the wrapper adds ``"launcher_gone_at"`` (the host's
+clock) once stdin ends: the channel closed, because the launcher exited, was
+killed or lost the connection. The next launch's preflight reads it: a record
+whose launcher is still connected is a live run of the same job beside it (a
+sweep), never "stale" (``preflight.survivors``).
 """
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -91,6 +100,25 @@ def parse_exit_report(payload):
     if "signal" in fields:
         return None, int(fields["signal"]), at
     return int(fields["code"]), None, at
+
+
+def _write_record(path, record):
+    """The pid file, replaced whole (a reader never sees half of it)."""
+    if not path:
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def _stdin_ended():
+    """Whether stdin (the launcher's SSH channel) has reached its end; never blocks."""
+    try:
+        ready, _, _ = select.select([0], [], [], 0)
+        return bool(ready) and os.read(0, 65536) == b""
+    except (OSError, ValueError):
+        return True
 
 
 def _say(text):
@@ -145,12 +173,12 @@ def main(args):
                 signal.SIGCHLD, lambda signum, frame: _reap_ended_orphans(p.pid))
         if stop["at"] is not None:  # a signal came while it started
             proctl.signal_group(p.pid, (signal.SIGTERM, signal.SIGCONT))
-        if args.get("pid_file"):
-            tmp = args["pid_file"] + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"pgid": p.pid, "run_dir": args["run_dir"],
-                           "process_id": args["process_id"], "node": socket.gethostname()}, f)
-            os.replace(tmp, args["pid_file"])
+        record = {"pgid": p.pid, "run_dir": args["run_dir"], "process_id": args["process_id"],
+                  "node": socket.gethostname()}
+        watching = bool(args.get("watch_stdin"))
+        if watching:
+            record["watched"] = True
+        _write_record(args.get("pid_file"), record)
         _say(marks[PGID_MARK] + "%d" % p.pid)
         while True:
             try:
@@ -159,6 +187,13 @@ def main(args):
             except subprocess.TimeoutExpired:
                 if own_process:
                     _reap_ended_orphans(p.pid)
+                if watching and _stdin_ended():
+                    watching = False
+                    record["launcher_gone_at"] = time.time()
+                    try:
+                        _write_record(args.get("pid_file"), record)
+                    except OSError:  # a full disk: the record stays "connected", as before
+                        pass
                 if stop["at"] is not None and not stop["killed"] and time.monotonic() > stop["at"]:
                     stop["killed"] = True
                     proctl.signal_group(p.pid, (signal.SIGKILL,))

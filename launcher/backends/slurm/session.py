@@ -25,7 +25,7 @@ import time
 from launcher import interrupts
 from launcher import plan as planning
 from launcher.backends.base import Session
-from launcher.backends.slurm import nodes as nodefacts, script
+from launcher.backends.slurm import launches, nodes as nodefacts, script
 from launcher.backends.slurm.commands import RESUBMIT, WAIT, Slurm
 from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
@@ -45,7 +45,8 @@ class SlurmSession(Session):
         self.mode = cluster.mode if cluster.mode != "auto" else ("allocation" if outer else "submit")
         self.job_id: str | None = outer if self.mode == "allocation" else None
         self.name = script.job_name(job)
-        self.step_prefix = self.name + "."
+        # steps named per launch (<name>.<run tag>.p<id>): a sweep's launches cancel only their own
+        self.step_prefix = f"{self.name}.{launches.run_tag(run_dir)}."
         self.nodes: list = []
         self.test_only_nodes: list = []
         self._beat_stop = threading.Event()
@@ -63,6 +64,8 @@ class SlurmSession(Session):
                 raise LaunchError(f"the allocation {self.job_id} (SLURM_JOB_ID) is "
                                   f"{'gone' if record is None else record.get('JobState')}")
             self._stale_steps(restart)
+            if not self.options.dry_run:
+                launches.register_run(self.run_dir)
         else:
             if self.job_id is None:
                 self._preflight()
@@ -150,29 +153,40 @@ class SlurmSession(Session):
             self.test_only_nodes = self.slurm.hostnames(match.group(1))
 
     def _stale_jobs(self) -> None:
-        """A job of an earlier launch of this job still queued: refuse, or cancel (--kill-stale)."""
-        stale = self.slurm.jobs_named(self.name)
+        """Jobs of other launches of this job still queued: those whose launcher is gone are
+        stale (refused, or cancelled with --kill-stale); a live launch's job runs beside this
+        one (``launches.queued_jobs``)."""
+        stale, beside = launches.queued_jobs(self.slurm, self.name)
+        for job_id, state, run_dir in beside:
+            self.console.say(f"Slurm job {job_id} ({state}) of another launch of {self.job.name!r} "
+                             f"({run_dir}) has its launcher running: this one runs beside it")
         if not stale:
             return
-        listed = ", ".join(f"{j} ({s})" for j, s in stale)
+        listed = ", ".join(f"{j} ({s})" for j, s, _ in stale)
         if not self.options.kill_stale or self.options.dry_run:
-            raise LaunchError(f"Slurm job(s) {listed} named {self.name} of an earlier launch are "
-                              "still queued; rerun with --kill-stale to cancel them (scancel), or "
-                              "wait for them to end")
-        self.console.say(f"cancelling stale Slurm job(s) {listed}")
-        for job_id, _ in stale:
+            raise LaunchError(f"Slurm job(s) {listed} named {self.name} are still queued and "
+                              "their launcher is gone; rerun with --kill-stale to cancel them "
+                              "(scancel), or wait for them to end by themselves (orphan_timeout_s)")
+        self.console.say(f"cancelling stale Slurm job(s) {listed} (their launcher is gone)")
+        for job_id, _, _ in stale:
             self._cancel_and_wait(job_id)
 
     def _stale_steps(self, restart: bool) -> None:
-        steps = self.slurm.steps_named(self.job_id, self.step_prefix)
-        if not steps:
+        """Steps of this job in the allocation: this launch's earlier attempt's (cancelled on a
+        restart) or a gone launcher's (stale); another live launch's are left alone."""
+        own, stale = launches.job_steps(self.slurm, self.job_id, self.name, self.step_prefix)
+        if own and restart:
+            self._cancel_steps(own)
+            own = []
+        stale += own
+        if not stale:
             return
-        listed = ", ".join(f"{s} ({n})" for s, n in steps)
-        if not (restart or self.options.kill_stale) or self.options.dry_run:
-            raise LaunchError(f"step(s) {listed} of an earlier launch still run in allocation "
-                              f"{self.job_id}; rerun with --kill-stale to cancel them")
+        listed = ", ".join(f"{s} ({n})" for s, n in stale)
+        if not self.options.kill_stale or self.options.dry_run:
+            raise LaunchError(f"step(s) {listed} of an earlier launch whose launcher is gone still "
+                              f"run in allocation {self.job_id}; rerun with --kill-stale to cancel them")
         self.console.say(f"cancelling stale step(s) {listed}")
-        self._cancel_steps(steps)
+        self._cancel_steps(stale)
 
     # ---- the job --------------------------------------------------------------------
     def _submit(self) -> None:

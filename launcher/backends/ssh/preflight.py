@@ -54,14 +54,16 @@ def modules(job) -> list:
     return names
 
 
-def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: int | None) -> Check:
+def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: int | None,
+                run_name: str) -> Check:
     try:
         host.open()
     except Exception as exc:  # noqa: BLE001  every failure becomes a table row
         return Check(host, connect_error(host, exc))
     args = {"modules": modules(job), "port": port if host.index == 0 else None,
             "kill_stale": survivors == STOP, "grace_s": settings.grace_s,
-            "state_dir": state_dir(".", job.name), "run_dir_env": contract.RUN_DIR}
+            "state_dir": state_dir(".", job.name), "run_dir_env": contract.RUN_DIR,
+            "own_run_dir": os.path.join("runs", job.name, run_name)}  # relative to the workdir
     text = shell_script(host.workdir, settings.setup, dict(settings.env),
                         remote.python_call(settings.python, "preflight", args))
     try:
@@ -96,7 +98,8 @@ def judge(checks: list, job, python: str, survivors: str) -> None:
     for c in answered:
         if c.reason:
             continue
-        live = [r for r in c.facts.get("survivors", ()) if r["pids"]]
+        # a survivor whose launcher is still connected is a launch beside this one, not stale
+        live = [r for r in c.facts.get("survivors", ()) if r["pids"] and not r.get("live_launch")]
         if c.facts.get("missing_modules"):
             c.reason = (f"not importable: {', '.join(c.facts['missing_modules'])}; install podlaunch "
                         "there, set cluster.env.PYTHONPATH, or use cluster.sync_dir")
@@ -107,7 +110,7 @@ def judge(checks: list, job, python: str, survivors: str) -> None:
             c.reason = (f"{len(live)} process group(s) of an earlier run of {job.name!r} still alive: "
                         f"{ids} from {live[0]['run_dir']}; "
                         + ("they survived SIGKILL" if survivors == STOP
-                           else "rerun with --kill-stale to stop them"))
+                           else "their launcher is gone: rerun with --kill-stale to stop them"))
 
 
 def labels(job, placements: Sequence[planning.Placement]) -> list:
@@ -144,7 +147,7 @@ def refuse_unfit(checks: list, hosts: list, what: str, host_labels: Sequence[str
 
 
 def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str],
-              survivors: str = REFUSE, port: int | None = None) -> list:
+              survivors: str = REFUSE, port: int | None = None, run_name: str = "") -> list:
     """Check every host in parallel (at most ``max_parallel`` at once); connections stay open.
 
     Args:
@@ -155,6 +158,7 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
       survivors: REFUSE (a survivor makes its host unfit), STOP (stop them: TERM,
         ``grace_s``, KILL) or REPORT (leave them, the host stays fit: a dry run).
       port: the coordinator port to check on host 0 (0 picks a free one); None: no check.
+      run_name: this run's directory name (its earlier attempts' survivors are its own).
 
     Returns:
       One Check per host, in host order, with facts (``workdir`` absolute,
@@ -166,12 +170,19 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
         reasons, and every connection has been closed (nothing was started).
     """
     with concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(hosts))) as pool:
-        checks = list(pool.map(lambda h: _check_host(h, job, settings, survivors, port), hosts))
+        checks = list(pool.map(lambda h: _check_host(h, job, settings, survivors, port, run_name),
+                               hosts))
     judge(checks, job, settings.python, survivors)
     refuse_unfit(checks, hosts, "preflight", host_labels)
     for c in checks:
         c.host.workdir = c.facts["workdir"]
     return checks
+
+
+def beside(checks: list) -> list:
+    """The run directories of other launches of the job still connected to their launcher."""
+    return sorted({r["run_dir"] for c in checks for r in c.facts.get("survivors", ())
+                   if r.get("live_launch") and r["pids"]})
 
 
 def survivors_found(checks: list, stopped: bool = True) -> list:
@@ -180,6 +191,8 @@ def survivors_found(checks: list, stopped: bool = True) -> list:
     seen = {}
     for c in checks:
         for r in c.facts.get("survivors", ()):
+            if r.get("live_launch"):
+                continue
             if bool(r.get("stopped")) == stopped and (stopped or r["pids"]):
                 seen.setdefault((r["pgid"], r["run_dir"]), r)
     return list(seen.values())

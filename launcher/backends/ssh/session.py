@@ -39,17 +39,17 @@ def placements(job, settings: SshSettings, hosts: Sequence, run_dir: str,
       run_dir: the local run directory (its name is the remote one's).
       extra_env: per host, environment beyond ``settings.env`` (a TPU slice's).
 
-    The remote run directory is ``<workdir>/runs/<job>/<run>``; the job JSON
-    is ``<workdir>/.podlaunch/<job>/job.json``.
+    The remote run directory is ``<workdir>/runs/<job>/<run>``, and the job JSON
+    is in it (each run its own: launches of one job side by side keep theirs).
     """
     out = []
     for i, host in enumerate(hosts):
+        remote_run_dir = os.path.join(host.workdir, "runs", job.name, os.path.basename(run_dir))
         out.append(planning.Placement(
             host=host.name, num_processes=host.num_processes,
             local_device_count=job.local_device_count, platform=job.cluster.platform,
             python=settings.python,
-            run_dir=os.path.join(host.workdir, "runs", job.name, os.path.basename(run_dir)),
-            job_path=os.path.join(checks.state_dir(host.workdir, job.name), "job.json"),
+            run_dir=remote_run_dir, job_path=os.path.join(remote_run_dir, "job.json"),
             env={**settings.env, **(extra_env[i] if extra_env else {})}, label_host=True))
     return tuple(out)
 
@@ -103,7 +103,8 @@ class SshHosts:
         self.close()
         hosts = self.resolve()
         started = time.monotonic()
-        found = checks.preflight(hosts, self.job, self.settings, self.labels(hosts), survivors, port)
+        found = checks.preflight(hosts, self.job, self.settings, self.labels(hosts), survivors, port,
+                                 os.path.basename(self.run_dir))
         self.hosts = hosts
         self.channels = {h.index: HostChannels(h) for h in hosts}
         stopped = checks.survivors_found(found)
@@ -114,6 +115,9 @@ class SshHosts:
         untested = versions.outside_tested(found[0].facts["jax"], found[0].facts["python"])
         if untested:
             self.console.say(f"warning: on every host, {untested}")
+        for other in checks.beside(found):
+            self.console.say(f"another launch of {self.job.name!r} runs on these hosts ({other}), "
+                             "its launcher still connected: this one runs beside it")
         left = checks.survivors_found(found, stopped=False)
         if left and survivors == checks.REPORT:
             ids = ", ".join(f"p{r['process_id']} (pgid {r['pgid']})" for r in left)

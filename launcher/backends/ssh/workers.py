@@ -59,8 +59,9 @@ class SshWorker:
         self._chan = channels.open(COMMAND_TIMEOUT_S)
         self._chan.set_combine_stderr(True)
         self._chan.exec_command("sh -s")
+        # no EOF: the channel's stdin stays open for the run, so the wrapper on the host
+        # sees it end when this launcher is gone (wrapper ``watch_stdin``)
         self._chan.sendall(script.encode())
-        self._chan.shutdown_write()
 
     def lines(self) -> Iterator[str]:
         try:
@@ -238,11 +239,13 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     for process in plan.on_host(index):
         if abort is not None and abort.is_set():
             return
+        # one file per run and process: launches of one job side by side keep their own
+        run_name = os.path.basename(placement.run_dir)
         pid_file = os.path.join(state_dir(host.workdir, plan.job.name),
-                                f"process-{process.process_id:03d}.pid")
+                                f"{run_name}.process-{process.process_id:03d}.pid")
         argv = remote.python_call(placement.python, "wrapper", {
             "argv": list(process.argv), "pid_file": pid_file, "run_dir": placement.run_dir,
-            "process_id": process.process_id})
+            "process_id": process.process_id, "watch_stdin": True})
         token = secrets.token_hex(16)  # the wrapper's control lines carry it; the worker never sees it
         text = connection.shell_script(host.workdir, settings.setup,
                                        {**process.env, wrapper.TOKEN_VAR: token}, argv)
