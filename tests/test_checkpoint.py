@@ -169,6 +169,19 @@ def test_another_jobs_checkpoint_is_an_error_not_skipped(tmp_path):
     assert len(manifest["state_file"]["sha256"]) == 64
 
 
+def test_a_manifest_of_an_unknown_format_is_refused_with_its_writer(tmp_path):
+    checkpoint.save(str(tmp_path), state(10), keep=3)
+    path = tmp_path / "step-0000010" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for fmt, writer, said in ((2, "podlaunch 3.1.0", "podlaunch 3.1.0"), (None, None, "an unknown version")):
+        edited = {k: v for k, v in manifest.items() if k not in ("format", "written_by")}
+        edited.update({"format": fmt} if fmt else {}, **({"written_by": writer} if writer else {}))
+        path.write_text(json.dumps(edited))
+        with pytest.raises(checkpoint.IncompatibleCheckpoint,
+                           match=rf"format {fmt!r}, written by {said}; this podlaunch .* reads format 1"):
+            checkpoint.latest(str(tmp_path), TEMPLATE, 3)
+
+
 def test_a_checkpoint_of_another_data_order_is_an_error(tmp_path):
     shuffled = {"shuffle": True, "shuffle_seed": 7}
     checkpoint.save(str(tmp_path), dataclasses.replace(state(10), order=shuffled), keep=3)

@@ -7,6 +7,7 @@ so a restarted run can finish.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -355,3 +356,13 @@ def test_a_resume_with_a_changed_spec_says_what_changed_and_keeps_the_earlier_sp
     assert same.returncode == 0 and "changed setting" not in same.stdout, same.stdout
     assert sorted(p.name for p in run_dir.glob("spec*.yaml")) == ["spec.before-attempt-1.yaml",
                                                                    "spec.yaml"]
+    # a checkpoint of a manifest format this version does not know is refused, naming its writer
+    newest = sorted((run_dir / "checkpoints").iterdir())[-1] / "manifest.json"
+    manifest = json.loads(newest.read_text())
+    assert manifest["format"] == 1 and manifest["written_by"].startswith("podlaunch ")
+    newest.write_text(json.dumps({**manifest, "format": 2, "written_by": "podlaunch 9.0.0"}))
+    refused = launch(*args, "--set", "train.num_steps=30", "--set", "optimizer.learning_rate=0.5",
+                     "--resume", str(run_dir))
+    assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr
+    assert re.search(r"its manifest is format 2, written by podlaunch 9\.0\.0; this podlaunch "
+                     r"\(\S+\) reads format 1 only", refused.stdout), refused.stdout[-3000:]

@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from worker import contract
+from worker import contract, nodefacts
 
 STATE_FILE = "state.npz"
 MANIFEST_FILE = "manifest.json"
@@ -123,11 +123,22 @@ def save(ckpt_dir: str, ckpt: Checkpoint, keep: int) -> str:
       The path of the new checkpoint directory.
 
     Raises:
-      OSError: the disk refused (nothing half-written is left under a step-* name).
+      OSError: the disk refused (nothing half-written is left under a step-* name, and
+        the half-written copy is removed); its ``filename`` names the checkpoint.
     """
     os.makedirs(ckpt_dir, exist_ok=True)
     final = step_dir(ckpt_dir, ckpt.step)
     tmp = os.path.join(ckpt_dir, f".tmp-step-{ckpt.step:07d}-{os.getpid()}")
+    try:
+        return _save(ckpt_dir, ckpt, keep, final, tmp)
+    except OSError as exc:  # a full disk: give back what the half-save took, name where
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, final) from exc
+        raise
+
+
+def _save(ckpt_dir: str, ckpt: Checkpoint, keep: int, final: str, tmp: str) -> str:
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     state = os.path.join(tmp, STATE_FILE)
@@ -136,7 +147,8 @@ def save(ckpt_dir: str, ckpt: Checkpoint, keep: int) -> str:
         f.flush()
         os.fsync(f.fileno())
     manifest = {
-        "format": FORMAT, "step": ckpt.step,
+        "format": FORMAT, "written_by": f"podlaunch {nodefacts.version('podlaunch')}",
+        "step": ckpt.step,
         "data": {"next_batch": ckpt.next_batch, "num_batches": ckpt.num_batches,
                  "epoch": ckpt.step // ckpt.num_batches, **(ckpt.order or {})},
         "leaves": [{"shape": list(np.shape(a)), "dtype": str(np.asarray(a).dtype)} for a in ckpt.leaves],
@@ -187,12 +199,18 @@ def load(path: str, template: list, num_batches: int, order: dict | None = None)
     try:
         with open(os.path.join(path, MANIFEST_FILE), "r", encoding="utf-8") as f:
             manifest = json.load(f)
+        fmt = manifest.get("format")
         state = os.path.join(path, manifest["state_file"]["name"])
         size, digest = manifest["state_file"]["size_bytes"], manifest["state_file"]["sha256"]
         step, data = int(manifest["step"]), manifest["data"]
         specs = manifest["leaves"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"unreadable manifest: {type(exc).__name__}: {exc}") from None
+    if fmt != FORMAT:  # a later (or unknown) layout: reading it as ours would restore garbage
+        raise IncompatibleCheckpoint(
+            f"its manifest is format {fmt!r}, written by {manifest.get('written_by', 'an unknown version')}; "
+            f"this podlaunch ({nodefacts.version('podlaunch')}) reads format {FORMAT} only: resume "
+            "with the version that wrote it, or start a new run")
     try:
         got_size = os.path.getsize(state)
     except OSError as exc:
