@@ -31,6 +31,7 @@ import socket
 import time
 
 from launcher.errors import Problem, SpecError
+from launcher.lines import printable as lines_printable
 from launcher.status import duration
 
 RUN_FILE = "run.json"
@@ -63,17 +64,39 @@ def _read(path: str) -> dict | None:
         with open(path, "r", encoding="utf-8") as f:
             data = json.load(f)
         return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: a deeply nested file
         return None
 
 
+RESERVED_BYTES = 4096  # run.json's size on disk from the start: its last word needs no new block
+
+
 def _write(run_dir: str, data: dict) -> None:
+    """Replace ``run.json`` whole (a reader never sees half a file); on a full disk, where a
+    new file cannot be made, overwrite the old one in place, within the bytes it holds.
+
+    Raises:
+      OSError: neither worked (the record is then as it was).
+    """
     path = os.path.join(run_dir, RUN_FILE)
+    text = json.dumps(data, indent=1) + "\n"
+    padded = text + " " * max(RESERVED_BYTES - len(text) - 1, 0) + "\n"  # JSON allows the spaces
     partial = path + ".partial"
-    with open(partial, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.replace(partial, path)  # a reader never sees half a file
+    try:
+        with open(partial, "w", encoding="utf-8") as f:
+            f.write(padded)
+        os.replace(partial, path)
+    except OSError:
+        try:
+            os.unlink(partial)
+        except OSError:
+            pass
+        if len(padded.encode()) > os.path.getsize(path):
+            raise
+        with open(path, "r+b") as f:  # the blocks are already the file's: no allocation
+            f.write(padded.encode())
+            f.flush()
+            os.fsync(f.fileno())
 
 
 class Record:
@@ -197,20 +220,40 @@ def read(run_dir: str) -> PastRun:
     """What is known of the run in ``run_dir``: its ``run.json``, else what its files say."""
     data = _read(os.path.join(run_dir, RUN_FILE))
     if data is not None:
-        state = str(data.get("state") or "-")
+        # any file may be found here (hand-edited, another version's, damaged): each value
+        # is taken only if it has its type, so the table never fails on one run
+        state = _text(data.get("state")) or "-"
         if state == "running" and not _launcher_alive(data.get("launcher")):
             state = "unfinished"
-        return PastRun(str(data.get("job") or os.path.basename(os.path.dirname(run_dir))),
-                       str(data.get("started") or ""), state, data.get("attempts"),
-                       data.get("step"), data.get("num_steps"), data.get("final_loss"),
-                       data.get("duration_s"), run_dir)
+        return PastRun(_text(data.get("job")) or os.path.basename(os.path.dirname(run_dir)),
+                       _text(data.get("started")), state, _count(data.get("attempts")),
+                       _count(data.get("step")), _count(data.get("num_steps")),
+                       _number(data.get("final_loss")), _number(data.get("duration_s")), run_dir)
     try:  # a run directory from before run.json
         started = datetime.datetime.strptime(os.path.basename(run_dir), STAMP).isoformat(timespec="seconds")
     except ValueError:
-        started = datetime.datetime.fromtimestamp(os.path.getmtime(run_dir)).isoformat(timespec="seconds")
+        try:
+            started = datetime.datetime.fromtimestamp(os.path.getmtime(run_dir)).isoformat(
+                timespec="seconds")
+        except OSError:  # removed while listed
+            started = ""
     last = _last_metrics(run_dir)
     return PastRun(os.path.basename(os.path.dirname(run_dir)), started, "-", None,
                    last.get("step"), None, last.get("loss"), None, run_dir)
+
+
+def _text(value) -> str:
+    return lines_printable(value)[:200] if isinstance(value, str) else ""
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return _finite(float(value))
 
 
 def is_run_dir(path: str) -> bool:
@@ -239,7 +282,7 @@ def find(root: str = "runs", job: str | None = None) -> list:
 
 def _shown_path(path: str) -> str:
     relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative
+    return lines_printable(path if relative.startswith("..") else relative)
 
 
 def table(found: list) -> str:

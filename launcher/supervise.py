@@ -79,6 +79,38 @@ class _Output:
             pass
 
 
+class _LogFile:
+    """A process's log file that never stops its reader: a write the disk refuses (full, a
+    quota) is said once, and the lines go on to the console and the summary's tail."""
+
+    def __init__(self, path: str, say: Callable[[str], None]):
+        self.path, self.say = path, say
+        # mode 0600: a worker's output may hold secrets (a printed environment, a URL)
+        self.file = open(path, "a", encoding="utf-8", errors="replace", opener=proctl.private_opener)
+        self.failed = False
+
+    def write(self, text: str, flush: bool = True) -> None:
+        if self.failed:
+            return
+        try:
+            self.file.write(text)
+            if flush:
+                self.file.flush()
+        except OSError as exc:
+            self.failed = True
+            self.say(f"podlaunch: cannot write {self.path} ({exc.strerror}); this process's "
+                     "further lines reach the console only")
+
+    def __enter__(self) -> "_LogFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass
+
+
 def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float]) -> None:
     """Reader thread: log file first, then the console queue.
 
@@ -86,19 +118,16 @@ def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float]) -> None:
     ``lines.MAX_SHOWN_CHARS``) goes to the log file whole, as it arrives, and
     to the console and the summary shortened.
     """
-    # mode 0600: a worker's output may hold secrets (a printed environment, a URL)
-    with open(tracked.plan.log_path, "a", encoding="utf-8", errors="replace",
-              opener=proctl.private_opener) as log:
+    with _LogFile(tracked.plan.log_path, lambda text: out.put((tracked.plan.label, text))) as log:
         long = lines.Shortened()
         try:
             for item in tracked.worker.lines():
                 if isinstance(item, lines.Piece):  # more of this line follows
-                    log.write(item)
+                    log.write(item, flush=False)
                     long.add(item)
                     continue
                 if long.pending or len(item) > long.max_chars:
                     log.write(item + "\n")
-                    log.flush()
                     shown = long.end(item)
                     if tracked.observe(shown, clock()):
                         out.put((tracked.plan.label, shown, tracked.plan.process_id))
@@ -107,7 +136,6 @@ def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float]) -> None:
                     if not tracked.observe(line, clock()):
                         continue  # a heartbeat: for the watchdog only
                     log.write(line + "\n")
-                    log.flush()
                     out.put((tracked.plan.label, line, tracked.plan.process_id))
         except Exception as exc:  # a reader must never die silently
             out.put((tracked.plan.label, f"podlaunch: output stream broke: {exc!r}"))

@@ -237,3 +237,32 @@ def read_scalars(logdir: str) -> dict:
 
 def event_files(run_dir: str) -> list[str]:
     return glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"), recursive=True)
+
+
+@contextlib.contextmanager
+def full_disk_ready(path, size: str):
+    """A real filesystem of ``size`` (a tmpfs) mounted at ``path`` for the test, unmounted
+    after; skips where mounting is not allowed (CI runs as root, where it is)."""
+    import pytest
+
+    os.makedirs(str(path), exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()} (CI runs as root)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(path) -> None:
+    """Write ``path`` until its filesystem is full (the write that fails is not an error)."""
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -22,7 +22,7 @@ import types
 import pytest
 
 from fakes import FakeClock, FakeWorker, process_plan
-from helpers import LAUNCH, REPO, env_for_tests
+from helpers import LAUNCH, REPO, env_for_tests, fill, full_disk_ready
 from launcher import lines as kinds
 from launcher import runs, tensorboard_cmd
 from launcher import supervise as supervision
@@ -320,6 +320,55 @@ def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(t
     with pytest.raises(SpecError) as err:
         runs.main(["nosuch", "--root", str(root)])
     assert "jobs with runs: diabetes, linear" in str(err.value.problems[0])
+
+
+def test_launch_runs_survives_any_run_json_it_finds(tmp_path):
+    # issue 25, item 11: hand-edited, damaged, another version's: the table lists every run
+    root = tmp_path / "runs"
+    bad = {"list": "[]", "strings": json.dumps({"job": 5, "state": "\x1b[2Jrunning", "step": {},
+                                                 "attempts": True, "final_loss": "abc",
+                                                 "duration_s": "x", "started": ["x"]}),
+           "nested": "[" * 100000 + "]" * 100000, "binary": "\udcff\x00garbage",
+           "huge": json.dumps({"step": 1e400, "final_loss": 1e999,
+                                "duration_s": -1, "attempts": -3})}
+    for i, (name, text) in enumerate(bad.items()):
+        d = root / "linear" / f"20261201-09000{i}-000"
+        d.mkdir(parents=True)
+        (d / "spec.yaml").write_text("name: linear\n")
+        (d / "run.json").write_text(text, errors="surrogateescape")
+    (root / "linear" / "20261201-090009-000" / "run.json").mkdir(parents=True)  # not even a file
+    (root / "linear" / "20261201-090009-000" / "spec.yaml").write_text("name: linear\n")
+    result = subprocess.run(LAUNCH + ["runs", "--root", str(root)], cwd=str(tmp_path),
+                            env=env_for_tests(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    rows = result.stdout.splitlines()
+    assert len(rows) == 1 + len(bad) + 1, rows
+    assert "\x1b" not in result.stdout and "\\x1b[2Jrunning" in result.stdout, rows
+    assert all(row.startswith("linear ") for row in rows[1:]), rows
+
+
+def test_run_json_is_still_written_when_the_disk_is_full(tmp_path):
+    # issue 25, item 11: the end of a run is recorded in run.json's own blocks when no new
+    # file fits (a real full filesystem: a 64 KiB tmpfs, filled up)
+    with full_disk_ready(tmp_path / "disk", "64k") as disk:
+        run_dir = disk / "run"
+        run_dir.mkdir()
+        record = runs.Record(str(run_dir), "linear", 50)
+        record.start()
+        fill(disk / "filler")
+        with pytest.raises(OSError):
+            (run_dir / "probe").write_text("x" * 5000)  # truly full
+        record.end("failed", made=1)
+        ended = json.loads((run_dir / "run.json").read_text())
+        assert (ended["state"], ended["attempts"]) == ("failed", 1)
+        assert runs.read(str(run_dir)).state == "failed"
+        # a process's log that cannot grow: said once, and its reader goes on
+        said: list = []
+        with supervision._LogFile(str(run_dir / "process-000.log"), said.append) as log:
+            for i in range(2000):
+                log.write(f"line {i} " + "x" * 100 + "\n")
+        assert len(said) == 1 and "(No space left on device); this process's further lines " \
+            "reach the console only" in said[0], said
 
 
 def test_tensorboard_names_a_job_s_runs_by_start_and_what_differs(tmp_path):

@@ -7,6 +7,7 @@ Order matters: the environment is read and checked before jax is imported
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -260,6 +261,15 @@ class _Recovery:
             self.last_beat = time.monotonic()
 
 
+def disk_full(exc: OSError, run_dir: str | None = None) -> str | None:
+    """What a full disk (or quota) means to the user, or None for any other OSError."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    where = exc.filename or (f"into {run_dir}" if run_dir else "the run directory")
+    return (f"the disk is full ({exc.strerror}) writing {where}: free space there (df shows "
+            "it), or lower checkpoint.keep, then continue with launch --resume RUN_DIR")
+
+
 def _exit_now(code: int) -> None:
     """Exit without Python's atexit hooks.
 
@@ -277,6 +287,7 @@ def main() -> None:
     # the launcher's SIGTERM unwinds the worker as SystemExit, so `finally` blocks write what
     # process 0 holds; a worker stuck in a collective gets SIGKILL later
     interrupts.install()
+    identity = None
     try:
         identity = contract.Identity.from_env(os.environ)
         if os.environ.get(contract.RENDEZVOUS) == "stdin":
@@ -302,6 +313,11 @@ def main() -> None:
         _exit_now(contract.EXIT_DATA)
     except SystemExit as exc:  # SIGTERM from the launcher
         _exit_now(exc.code if isinstance(exc.code, int) else 1)
+    except OSError as exc:
+        traceback.print_exc()  # kept in the log; the cause comes last, where the summary looks
+        said = disk_full(exc, identity.run_dir if identity is not None else None)
+        print(f"worker: {said or f'{type(exc).__name__}: {exc}'}", flush=True)
+        _exit_now(1)
     except BaseException:
         traceback.print_exc()
         _exit_now(1)
