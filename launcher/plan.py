@@ -66,7 +66,11 @@ class ProcessPlan:
       python: the host's interpreter (it runs the wrapper; argv[0] for the built-in worker).
       cwd: where the process starts (None: the backend's default directory).
       program: argv is the user's program (``job.program``), not the built-in worker:
-        an exit 0 without a last step counts as success unless it reported steps.
+        an exit 0 without a last step counts as success unless it reported steps or
+        ``program_num_steps`` is set.
+      program_num_steps: ``program.num_steps``, the steps the program says it will report
+        (None: it did not say); then an exit 0 before the last one is a failure, even
+        before its first report (a process that left before joining).
     """
 
     process_id: int
@@ -79,6 +83,7 @@ class ProcessPlan:
     python: str = ""
     cwd: str | None = None
     program: bool = False
+    program_num_steps: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +223,8 @@ def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
                 argv=program_argv(job, placement) if job.is_program
                 else (placement.python, "-m", "worker"),
                 log_path=log_path(run_dir, process_id), label=label, python=placement.python,
-                cwd=placement.cwd, program=job.is_program))
+                cwd=placement.cwd, program=job.is_program,
+                program_num_steps=job.program.num_steps if job.is_program else None))
     return Plan(job=job, run_dir=run_dir, coordinator_address=coordinator_address,
                 processes=tuple(processes), placements=placements)
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
+import worker
 from launcher import schema, syncrules
 from launcher.schema import positive, setting
 
@@ -49,6 +51,41 @@ class ProgramSpec:
 
 # The trainer's sections: a program job has none of them.
 TRAINER_SECTIONS = ("task", "data", "optimizer", "train")
+# Settings of the other sections that only the built-in trainer acts on: refused in a
+# program job rather than accepted and ignored.
+IGNORED_BY_PROGRAMS = (
+    ("checkpoint", "every_steps", "the program saves its own checkpoints (worker.program."
+     "checkpoint_dir(); checkpoint.keep still bounds the copies kept over ssh)"),
+    ("logging", "on_nonfinite_loss", "the program decides what a NaN loss means (worker.program."
+     "report logs the values it is given)"),
+)
+# How a program imports podlaunch's helper; a worker.py (or worker/) of its own beside it
+# comes first on sys.path (the script's directory) and hides the package.
+_USES_HELPER = re.compile(r"^\s*(from\s+worker(\.program)?\s+import\b|import\s+worker\.program\b)",
+                          re.M)
+
+
+def _shadowing_worker(directory: str) -> str | None:
+    """Why ``directory``'s own ``worker`` module would hide podlaunch's, or None."""
+    own = [name for name in ("worker.py", os.path.join("worker", "__init__.py"))
+           if os.path.isfile(os.path.join(directory, name))]
+    ours = os.path.realpath(os.path.dirname(worker.__file__))
+    if not own or os.path.realpath(os.path.join(directory, "worker")) == ours and own[0] != "worker.py":
+        return None  # none, or podlaunch's own package (a program kept in podlaunch's checkout)
+    users = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".py") and name != "worker.py":
+            try:
+                with open(os.path.join(directory, name), encoding="utf-8", errors="replace") as f:
+                    if _USES_HELPER.search(f.read(1_000_000)):
+                        users.append(name)
+            except OSError:
+                continue
+    if not users:
+        return None
+    return (f"{os.path.join(directory, own[0])} hides podlaunch's worker package from "
+            f"{', '.join(users)} (the script's directory comes first on sys.path, so "
+            "'from worker import program' would fail); rename it")
 
 
 def check_program(spec, raw: dict, ctx: schema.Context):
@@ -69,6 +106,13 @@ def check_program(spec, raw: dict, ctx: schema.Context):
     if not os.path.isdir(full):
         ctx.error(("program", "dir"), f"no such directory: {full} (paths are relative to the "
                   "spec file)")
+    for section, key, why in IGNORED_BY_PROGRAMS:
+        if schema.given(raw.get(section), key):
+            ctx.error((section, key), f"does not apply to a program job: {why}; remove it")
+    if os.path.isdir(full):
+        shadow = _shadowing_worker(full)
+        if shadow:
+            ctx.error(("program", "dir"), shadow)
     watchdog = spec.watchdog
     if not schema.given(raw.get("watchdog"), "first_step_timeout_s"):
         # a program that never reports has no first step: only an explicit timeout applies

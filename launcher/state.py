@@ -222,9 +222,11 @@ class Tracked:
 
     def _expected_finish(self) -> bool:
         """Whether an exit 0 needed a finish line: always for the built-in worker; for a
-        program job (``ProcessPlan.program``) only once it reported a step (its progress
-        lines name the last step), since a program that never reports ends as it sees fit."""
-        return not self.plan.program or self.stats.progress is not None
+        program job (``ProcessPlan.program``) when it said how many steps it reports
+        (``program_num_steps``), or once it reported a step (its progress lines name the
+        last step); a program that says nothing of steps ends as it sees fit."""
+        return (not self.plan.program or self.plan.program_num_steps is not None
+                or self.stats.progress is not None)
 
     def _early_text(self) -> str:
         progress = self.stats.progress

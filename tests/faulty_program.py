@@ -4,7 +4,7 @@ fault tests parametrized over both kinds of job: helpers.program_job).
     python faulty_program.py MODE PROCESS_ID STEP
 
 MODE: one or more of these joined by ``+``: ``none`` (no fault), ``crash-before-join`` (process PROCESS_ID raises before
-initialize), ``never-join`` (process PROCESS_ID sleeps instead of calling initialize:
+initialize), ``exit0-before-join`` (process PROCESS_ID exits 0 before initialize), ``never-join`` (process PROCESS_ID sleeps instead of calling initialize:
 its peers wait in it), ``exit0`` (exits 0 after reporting STEP), ``kill9`` (SIGKILLs
 itself at STEP), ``sigstop`` (SIGSTOPs itself at STEP), ``raise`` (an uncaught
 RuntimeError at STEP), ``helpers`` (after step 1 every
@@ -29,6 +29,9 @@ if attempt != "0":
 faulty = me == target
 if "crash-before-join" in modes and faulty:
     raise RuntimeError("no such dataset (on purpose, before joining)")
+if "exit0-before-join" in modes and faulty:
+    print("faulty_program: leaving before joining (on purpose)", flush=True)
+    sys.exit(0)
 if "never-join" in modes and faulty:
     print("faulty_program: not joining (on purpose)", flush=True)
     time.sleep(3600)

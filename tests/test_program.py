@@ -172,6 +172,56 @@ def test_program_crashing_before_it_joins_is_named_and_its_peers_stopped_at_once
 
 
 @pytest.mark.slow
+def test_program_exiting_0_before_it_joins_is_a_failure_and_its_peers_stopped_at_once(tmp_path):
+    # issue 25, item 8: program.num_steps says it reports steps; an exit 0 before the first
+    # is not "succeeded", and its peers (waiting in initialize) are not left to the timeout
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    done = launch(program_job(tmp_path, "exit0-before-join", target=1), "--run-dir",
+                  str(run_dir), timeout_s=120)
+    elapsed = time.monotonic() - started
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert _failed(out).startswith(
+        "FAILED: process_id 1 on localhost (exit code 0 before its first logged step (it never "
+        "said done))"), out
+    assert elapsed < 20, (elapsed, out)  # not the 60 s initialization timeout
+    assert not run_pids(str(run_dir))
+
+
+def test_trainer_settings_a_program_job_would_ignore_are_refused(tmp_path):
+    (tmp_path / "x.py").write_text("print('hi')\n")
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\nprogram: {argv: [python, x.py]}\n"
+                    "checkpoint: {every_steps: 50, keep: 2}\nlogging: {on_nonfinite_loss: warn}\n")
+    with pytest.raises(SpecError) as err:
+        spec.load(str(path))
+    said = [str(p) for p in err.value.problems]
+    assert said[0].startswith(f"{path}:3: checkpoint.every_steps: does not apply to a program job: "
+                              "the program saves its own checkpoints"), said
+    assert said[1].startswith(f"{path}:4: logging.on_nonfinite_loss: does not apply to a program "
+                              "job"), said
+    assert len(said) == 2  # checkpoint.keep applies (the ssh copies kept)
+    done = launch(str(path), "--set", "checkpoint.every_steps=1")
+    assert done.returncode == 2 and "checkpoint.every_steps: does not apply" in done.stderr
+
+
+def test_a_worker_module_of_the_program_s_own_is_refused_before_it_hides_podlaunch_s(tmp_path):
+    # issue 25, item 8: ImportError: cannot import name 'program' from 'worker' at run time
+    (tmp_path / "worker.py").write_text("def work():\n    pass\n")
+    (tmp_path / "train.py").write_text("from worker import program\nprogram.initialize()\n")
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\nprogram: {argv: [python, train.py]}\n")
+    done = launch(str(path), "--dry-run")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (f"program.dir: {tmp_path}/worker.py hides podlaunch's worker package from train.py "
+            "(the script's directory comes first on sys.path, so 'from worker import program' "
+            "would fail); rename it") in done.stderr, done.stderr
+    (tmp_path / "train.py").write_text("import worker\nworker.work()\n")  # its own, on purpose
+    assert spec.load(str(path)).program.dir == str(tmp_path)
+
+
+@pytest.mark.slow
 def test_program_that_never_reports_succeeds_on_exit_0(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text("import jax\njax.distributed.initialize(num_processes=2, process_id="
