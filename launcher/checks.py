@@ -18,7 +18,8 @@ BUILTIN_TASKS = ("linear_regression", "softmax_classifier")
 
 
 def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
-    """For local runs: synthetic data that cannot fit in this machine's memory is refused.
+    """For local runs: synthetic data, or a built-in task's model, that cannot fit in this
+    machine's memory is refused.
 
     Synthetic data is generated, not read from a file: each process keeps the
     chunks it has generated (``worker.sources.Synthetic``), and with shuffled or
@@ -37,10 +38,23 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
         return
     if memory_bytes is None:
         memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    gib = 1 << 30
+    if spec.task.name in BUILTIN_TASKS:  # a linear model: (in + 1) x out weights
+        # every device of every process holds params, grads and up to two optimizer slots
+        model = (data.in_features + 1) * data.out_features * 4 * 4
+        held = spec.num_processes * spec.local_device_count * model
+        if held > 0.8 * memory_bytes:
+            raise SpecError([Problem(*spec.where(("data", "in_features")), "data.in_features",
+                                     f"a {spec.task.name} model of {data.in_features} x "
+                                     f"{data.out_features} float32 weights needs about "
+                                     f"{held / gib:.1f} GiB here (params, gradients and optimizer "
+                                     f"state on each of {spec.num_processes * spec.local_device_count}"
+                                     f" devices), more than 80% of this machine's "
+                                     f"{memory_bytes / gib:.1f} GiB; lower data.in_features or "
+                                     "data.out_features")])
     rows = data.num_examples
     need = spec.num_processes * rows * (data.in_features + data.out_features) * 4
     if need > 0.8 * memory_bytes:
-        gib = 1 << 30
         raise SpecError([Problem(*spec.where(("data", "num_examples")), "data.num_examples",
                                  f"{rows} rows x {data.in_features + data.out_features} float32 "
                                  f"columns need about {need / gib:.1f} GiB here (each of the "

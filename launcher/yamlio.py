@@ -19,9 +19,11 @@ duplicate keys      last one wins         an error naming both lines
 Merge keys (``<<: *defaults``) work as in PyYAML and YAML tools: the mapping's
 own keys win over merged ones. What a document may expand to is bounded, so a
 hostile spec is one error line, not a hang or a traceback: at most
-``MAX_VALUES`` values after aliases are expanded (a "billion laughs" alias bomb
-stops there), at most ``MAX_DEPTH`` levels of nesting, and no alias inside the
-value it names (a recursive alias).
+``MAX_CHARS`` characters, at most ``MAX_NODES`` nodes as written (counted while
+PyYAML composes them: a list of 12 million items once took 4.2 GB and minutes
+before any check), at most ``MAX_VALUES`` values after aliases are expanded (a
+"billion laughs" alias bomb stops there), at most ``MAX_DEPTH`` levels of
+nesting, and no alias inside the value it names (a recursive alias).
 """
 
 from __future__ import annotations
@@ -40,7 +42,18 @@ _NULL = "tag:yaml.org,2002:null"
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 core-schema implicit typing."""
+    """SafeLoader with YAML 1.2 core-schema implicit typing, and a bound on the nodes it
+    composes (``MAX_NODES``)."""
+
+    nodes = 0
+
+    def compose_node(self, parent, index):
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            mark = self.peek_event().start_mark
+            raise _TooBig(mark.line + 1, f"holds more than {MAX_NODES:,} values; a spec names "
+                          "its data (data.path), it does not hold it: move the values to a file")
+        return super().compose_node(parent, index)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -69,6 +82,8 @@ def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
 _Loader.add_constructor(_INT, _construct_int)
 
 MAX_VALUES = 100_000
+MAX_NODES = 60_000  # as written, keys too (a mapping of k keys is 2k + 1); 1,024 hosts: ~5,000
+MAX_CHARS = 2 << 20  # a spec of 1,024 hosts is about 100 KB
 MAX_DEPTH = 64
 
 
@@ -109,9 +124,15 @@ def load(text: str, source: str) -> tuple[Any, Lines]:
     """
     from launcher.errors import SpecError
 
+    if len(text) > MAX_CHARS:
+        raise SpecError([Problem(source, None, "", f"is {len(text) / (1 << 20):.1f} MiB; a spec "
+                                 f"is at most {MAX_CHARS >> 20} MiB (it names its data, it does "
+                                 "not hold it): move the values to a file")])
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
+    except _TooBig as exc:
+        raise SpecError([Problem(source, exc.line, "", exc.message)]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None

@@ -101,6 +101,9 @@ def test_a_merge_key_with_a_local_override_and_an_x_anchor(tmp_path):
     ("name: t\nx-loop: &a [*a]\n", "a recursive alias"),
     ("name: t\ntrain: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
     ("name: t\ntrain: " + "{a: " * 100 + "1" + "}" * 100 + "\n", "nested more than 64 levels"),
+    # issue 25, item 6: bounded while PyYAML composes (12 million items took 4.2 GB and minutes)
+    ("name: t\nxs: [" + "1," * 70_000 + "]\n", "holds more than 60,000 values"),
+    ("name: t\nx: '" + "a" * (3 << 20) + "'\n", "is 3.0 MiB; a spec is at most 2 MiB"),
 ])
 def test_hostile_yaml_is_one_line_and_exit_2(tmp_path, text, needle):
     for result in _both(_spec(tmp_path, text)):

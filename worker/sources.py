@@ -13,6 +13,7 @@ a value that is not finite, or a row past the end of a file that shrank, is a
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import zipfile
@@ -23,7 +24,8 @@ from worker import csvdata
 from worker import job as jobs
 
 CACHE_DIR = "data-cache"  # under the run directory
-SYNTHETIC_CHUNK_ROWS = 4096  # synthetic rows come in chunks, each from its own seed
+SYNTHETIC_CHUNK_ROWS = 4096  # synthetic rows come in chunks, each from its own seed ...
+SYNTHETIC_CHUNK_BYTES = 16 << 20  # ... of at most this many bytes (wide rows: fewer per chunk)
 ALIGN_BYTES = 64  # host buffers this aligned are used in place by JAX's CPU devices
 
 
@@ -31,33 +33,47 @@ class DataError(ValueError):
     """Bad data found while reading: the message names the file, row and column."""
 
 
+@functools.lru_cache(maxsize=2)  # every chunk needs it; one job uses one
 def synthetic_truth(seed: int, in_features: int, out_features: int) -> tuple[np.ndarray, np.ndarray]:
-    """The true ``w [in, out]`` and ``b [out]`` (float32) of the synthetic data."""
+    """The true ``w [in, out]`` and ``b [out]`` (float32) of the synthetic data (read-only)."""
     rng = np.random.default_rng([seed, 0])
-    return (rng.standard_normal((in_features, out_features)).astype(np.float32),
+    w, b = (rng.standard_normal((in_features, out_features)).astype(np.float32),
             rng.standard_normal(out_features).astype(np.float32))
+    w.flags.writeable = b.flags.writeable = False
+    return w, b
+
+
+def chunk_rows(in_features: int, out_features: int) -> int:
+    """Rows per synthetic chunk: 4,096, fewer for rows wider than 1,024 features, so that a
+    chunk is at most ``SYNTHETIC_CHUNK_BYTES`` however wide (``in_features: 2000000`` with 8
+    examples once allocated 30.5 GiB per process for a 4,096-row chunk)."""
+    width_bytes = 4 * (in_features + out_features)
+    return max(1, min(SYNTHETIC_CHUNK_ROWS, SYNTHETIC_CHUNK_BYTES // width_bytes))
 
 
 def synthetic_chunk(seed: int, in_features: int, out_features: int, noise_std: float,
                     chunk: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``[chunk*4096, (chunk+1)*4096)`` of ``y = x @ w_true + b_true + noise_std * N(0, 1)``.
+    """Rows ``[chunk*R, (chunk+1)*R)`` (R = ``chunk_rows``) of
+    ``y = x @ w_true + b_true + noise_std * N(0, 1)``.
 
-    Returns x ``[4096, in]`` and y ``[4096, out]``, float32, from seed ``[seed, 1, chunk]``:
+    Returns x ``[R, in]`` and y ``[R, out]``, float32, from seed ``[seed, 1, chunk]``:
     row r is the same whoever generates it.
     """
     w, b = synthetic_truth(seed, in_features, out_features)
+    rows = chunk_rows(in_features, out_features)
     rng = np.random.default_rng([seed, 1, chunk])
-    x = rng.standard_normal((SYNTHETIC_CHUNK_ROWS, in_features), dtype=np.float32)
-    noise = rng.standard_normal((SYNTHETIC_CHUNK_ROWS, out_features), dtype=np.float32)
+    x = rng.standard_normal((rows, in_features), dtype=np.float32)
+    noise = rng.standard_normal((rows, out_features), dtype=np.float32)
     return x, x @ w + b + np.float32(noise_std) * noise
 
 
 def synthetic_rows(seed: int, in_features: int, out_features: int, noise_std: float,
                    start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``[start, stop)`` of the synthetic data: x ``[n, in]``, y ``[n, out]`` float32."""
+    per = chunk_rows(in_features, out_features)
     chunks = [synthetic_chunk(seed, in_features, out_features, noise_std, c)
-              for c in range(start // SYNTHETIC_CHUNK_ROWS, (stop - 1) // SYNTHETIC_CHUNK_ROWS + 1)]
-    lo = start % SYNTHETIC_CHUNK_ROWS
+              for c in range(start // per, (stop - 1) // per + 1)]
+    lo = start % per
     x = np.concatenate([c[0] for c in chunks])[lo:lo + stop - start]
     y = np.concatenate([c[1] for c in chunks])[lo:lo + stop - start]
     return x, y
@@ -102,6 +118,7 @@ class Synthetic:
         self._x = aligned_empty((self.num_rows, data.in_features), np.float32)
         self._y = aligned_empty((self.num_rows, data.out_features), np.float32)
         self._made: set = set()
+        self.per_chunk = chunk_rows(data.in_features, data.out_features)
 
     def _make(self, chunks) -> None:
         d = self.data
@@ -109,21 +126,21 @@ class Synthetic:
             if chunk in self._made:
                 continue
             x, y = synthetic_chunk(d.seed, d.in_features, d.out_features, d.noise_std, chunk)
-            lo = chunk * SYNTHETIC_CHUNK_ROWS
-            hi = min(lo + SYNTHETIC_CHUNK_ROWS, self.num_rows)
+            lo = chunk * self.per_chunk
+            hi = min(lo + self.per_chunk, self.num_rows)
             self._x[lo:hi], self._y[lo:hi] = x[:hi - lo], y[:hi - lo]
             self._made.add(chunk)
 
     def generate(self, rows: np.ndarray) -> None:
         """Make the chunks holding ``rows`` now (``worker.data.Batches``: before step 1)."""
-        self._make(int(c) for c in np.unique(rows // SYNTHETIC_CHUNK_ROWS))
+        self._make(int(c) for c in np.unique(rows // self.per_chunk))
 
     def read(self, rows: np.ndarray) -> dict:
         """Rows as ``{"x": [n, in], "y": [n, out]}`` float32: views when contiguous (never
         written again), else copies."""
         if _contiguous(rows):
             start, stop = int(rows[0]), int(rows[-1]) + 1
-            self._make(range(start // SYNTHETIC_CHUNK_ROWS, (stop - 1) // SYNTHETIC_CHUNK_ROWS + 1))
+            self._make(range(start // self.per_chunk, (stop - 1) // self.per_chunk + 1))
             return {"x": self._x[start:stop], "y": self._y[start:stop]}
         if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= self.num_rows):
             raise IndexError(f"synthetic data: rows outside [0, {self.num_rows})")
