@@ -31,6 +31,7 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
+from launcher import explain
 from launcher.errors import Problem, SpecError
 from launcher.state import Result, State, Tracked
 
@@ -188,6 +189,14 @@ def summary(result: Result) -> str:
                      f"({first.exit}) {step}; it failed first.")
         lines.append(f"last lines of {first.plan.log_path}:")
         lines += [f"  | {line}" for line in first.tail] or ["  | (no output)"]
+        said = explain.meaning(first.tail)
+        if said:
+            lines.append(f"  what it usually means: {said}")
+        for t in result.processes:  # the others' library texts, read once each
+            if t is not first and t.state is State.FAILED:
+                other = explain.meaning(t.tail)
+                if other:
+                    lines.append(f"p{t.plan.process_id} on {t.plan.host} ({t.exit}): {other}")
         if first.failed_to_join:
             lines += _never_joined(result.processes, first.joining_timeout_s)
     elif result.interrupted:

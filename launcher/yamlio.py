@@ -87,6 +87,25 @@ MAX_CHARS = 2 << 20  # a spec of 1,024 hosts is about 100 KB
 MAX_DEPTH = 64
 
 
+# PyYAML's words for the usual slips, and what the user usually did (the words stay shown)
+YAML_HINTS = (
+    ("mapping values are not allowed here", "usually a ': ' inside a value: quote the value, "
+     "e.g. cmd: 'a: b'"),
+    ("cannot start any token", "usually a tab: YAML indents with spaces only"),
+    ("could not find expected ':'", "usually a key without ': ', or a line indented unlike "
+     "the lines around it"),
+    ("expected <block end>", "usually a line indented unlike its siblings: align it with them"),
+    ("did not find expected key", "usually a line indented unlike its siblings: align it with "
+     "them"),
+    ("found undefined alias", "a *name with no &name anchor earlier in the file"),
+    ("found unexpected end of stream", "usually a quote or bracket opened and never closed"),
+    ("expected ',' or ']'", "usually a [ list never closed, or an item with a ':' or ',' to "
+     "quote"),
+    ("expected ',' or '}'", "usually a { mapping never closed, or a value with a ':' or ',' "
+     "to quote"),
+)
+
+
 class Lines(dict):
     """Key path (tuple of keys and list indices) -> 1-based line of the key or item.
 
@@ -137,7 +156,9 @@ def load(text: str, source: str) -> tuple[Any, Lines]:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         what = " ".join(p for p in (exc.context, exc.problem) if p)
-        raise SpecError([Problem(source, line, "", f"not valid YAML: {what}")]) from None
+        hint = next((h for words, h in YAML_HINTS if words in what), "")
+        raise SpecError([Problem(source, line, "", f"not valid YAML: {what}"
+                                 + (f" ({hint})" if hint else ""))]) from None
     except RecursionError:  # PyYAML's composer recurses once per nesting level
         raise SpecError([Problem(source, None, "", f"nested too deeply to read (more than "
                                  f"{MAX_DEPTH} levels are refused); flatten the document")]) from None

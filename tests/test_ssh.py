@@ -589,6 +589,25 @@ def test_a_launch_beside_a_live_one_of_the_same_job_runs_and_kill_stale_spares_i
     assert not survivors(tmp_path, first, 0)
 
 
+def test_an_encrypted_key_is_named_as_such_not_as_paramikos_words(tmp_path, hosts):
+    # issue 25, item 4: paramiko's PasswordRequiredException ("private key file is encrypted")
+    # would read as a plain authentication failure; the fix is ssh-agent
+    key = tmp_path / "id_locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "a passphrase", "-f", str(key)],
+                   check=True)
+    config = tmp_path / "ssh_config"  # the env's config, but with the locked key only
+    config.write_text("".join(line for line in open(hosts.ssh_config)
+                              if "IdentityFile" not in line))
+    cluster = write_cluster(tmp_path, hosts, identity_file=str(key), ssh_config_file=str(config))
+    env = {k: v for k, v in helpers.env_for_tests().items() if k != "SSH_AUTH_SOCK"}
+    done = subprocess.run([sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--cluster",
+                           cluster, "--dry-run"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "is encrypted and no passphrase can be asked here" in done.stderr, done.stderr
+    assert "add it to ssh-agent (ssh-add)" in done.stderr
+
+
 def test_kill_stale_is_refused_for_local_runs():
     result = launch("jobs/linear.yaml", "--kill-stale", "--dry-run")
     assert result.returncode == 2

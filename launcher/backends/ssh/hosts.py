@@ -134,6 +134,18 @@ def _why(exc: BaseException, c, known_hosts_file: str) -> str:
                 f"(fingerprint {sha256_fingerprint(exc.key)}) is marked as revoked in "
                 f"{exc.known_hosts_file}; refused. This could mean that a stolen key is being "
                 "used to impersonate this host: ask its administrator")
+    if isinstance(exc, paramiko.PasswordRequiredException):  # before its base class
+        return (f"the private key for user {c.user!r} is encrypted and no passphrase can be "
+                f"asked here ({type(exc).__name__}: {exc}); add it to ssh-agent (ssh-add) so "
+                "podlaunch can use it unattended")
+    if isinstance(exc, paramiko.ssh_exception.IncompatiblePeer):
+        return (f"{address} and paramiko share no key exchange, cipher or host key algorithm "
+                f"(paramiko said: {exc}); an old or hardened sshd: compare `ssh -Q kex` and the "
+                "host's sshd_config, or upgrade paramiko")
+    if isinstance(exc, paramiko.ChannelException):
+        return (f"{address} refused to open a session channel (paramiko said: {exc}): sshd's "
+                "MaxSessions reached, or sessions disabled for this user; raise MaxSessions "
+                "or lower cluster.max_parallel")
     if isinstance(exc, paramiko.AuthenticationException):
         return (f"authentication failed for user {c.user!r}; check identity_file, ssh-agent "
                 f"and the host's authorized_keys")

@@ -1,0 +1,59 @@
+"""What a library's words in a failed process's last lines usually mean, and what to do.
+
+A failed worker's tail often ends in text written for the library's own developers:
+gloo's ``Connection closed by peer [127.0.0.1]:8615`` in a ``JaxRuntimeError``, the
+coordination service's ``UNAVAILABLE: Socket closed``, XLA's ``RESOURCE_EXHAUSTED``.
+The summary keeps those lines as they were (they are in the log too) and adds, under
+them, what was seen, what it usually means and what to do (``meaning``). The texts
+matched are those jax 0.9 / jaxlib 0.9 print (seen in this project's runs: a peer killed
+mid-all-reduce, a coordinator gone, a port in use).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, NamedTuple
+
+
+class Reading(NamedTuple):
+    pattern: re.Pattern
+    meaning: str
+
+
+READINGS = (
+    Reading(re.compile(r"Gloo \S+ failed: .*(Connection closed by peer|Connection reset by peer|"
+                       r"Connection refused|Broken pipe|Timed out)"),
+            "a collective (gloo, JAX's CPU all-reduce) lost its connection to another process: "
+            "that process died or its host went away, so this failure follows from another; "
+            "look at the process that failed first"),
+    Reading(re.compile(r"(UNAVAILABLE: (Socket closed|failed to connect|Connection reset)|"
+                       r"Polled an error from coordination service|"
+                       r"experiencing network issues|Failed to send RPC to coordination service)"),
+            "JAX's coordination service (run by process 0) went away or reported another "
+            "process's failure: this one stopped because of it; look at the process that "
+            "failed first, or at process 0's log"),
+    Reading(re.compile(r"(ALREADY_EXISTS|Duplicate task registration|already registered)"),
+            "the coordinator already had a process with this process_id: a process of an "
+            "earlier run of this job still holds the coordinator port; stop it (ssh/tpu: "
+            "launch ... --kill-stale) or pick another cluster.coordinator_port"),
+    Reading(re.compile(r"(RESOURCE_EXHAUSTED|Out of memory while trying to allocate|"
+                       r"out of memory)", re.I),
+            "a device ran out of memory: lower train.global_batch_size, or the model's size"),
+    Reading(re.compile(r"(TPU is already in use|TPU in use by process|"
+                       r"Unable to initialize backend 'tpu')"),
+            "another process holds this host's TPU (a survivor of an earlier run, or someone "
+            "else's job): ssh/tpu: launch ... --kill-stale stops podlaunch's own; otherwise "
+            "find it with `sudo lsof -w /dev/accel*` or `/dev/vfio/*`"),
+    Reading(re.compile(r"Address already in use"),
+            "a port the job needs is taken on that host: pick another "
+            "cluster.coordinator_port, or 0 for a free one"),
+)
+
+
+def meaning(tail: Iterable[str]) -> str | None:
+    """What the newest line of ``tail`` that a reading matches usually means, or None."""
+    for line in reversed(list(tail)):
+        for reading in READINGS:
+            if reading.pattern.search(line):
+                return reading.meaning
+    return None
