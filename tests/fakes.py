@@ -22,6 +22,9 @@ from launcher.plan import Placement, ProcessPlan
 from launcher.state import Exit
 
 SETTLE_TIMEOUT_S = 5.0  # real seconds: a reader that takes longer is a bug in the test or the product
+# Fake seconds no test needs (the longest waits for timeouts of minutes): a supervision
+# loop that never ends fails here in milliseconds, not at pytest's timeout minutes later.
+FAKE_TIME_LIMIT_S = 86_400.0
 
 
 class FakeClock:
@@ -30,10 +33,12 @@ class FakeClock:
     Args:
       interrupts: fake times; the first sleep that reaches each raises
         ``KeyboardInterrupt`` (or calls ``on_interrupt`` when given), once.
+      limit_s: fake seconds after which a sleep fails the test (a loop that never ends).
     """
 
-    def __init__(self, start: float = 0.0, interrupts=(), on_interrupt=None):
-        self.now = start
+    def __init__(self, start: float = 0.0, interrupts=(), on_interrupt=None,
+                 limit_s: float = FAKE_TIME_LIMIT_S):
+        self.now, self.limit = start, start + limit_s
         self.cond = threading.Condition()
         self.workers: list = []
         self.interrupts = sorted(interrupts)
@@ -46,6 +51,10 @@ class FakeClock:
         with self.cond:
             self.now += seconds
             self.cond.notify_all()
+        if self.now > self.limit:
+            raise AssertionError(f"fake time reached {self.now:g} s and the code under test "
+                                 "still sleeps: a loop that never ends (it would hang the real "
+                                 "launcher too)")
         self.settle()
         if self.interrupts and self.now >= self.interrupts[0]:
             self.interrupts.pop(0)

@@ -334,3 +334,29 @@ def test_helpers_detached_every_step_leave_no_pile_of_zombies(tmp_path):
     out = proc.stdout.read()
     assert proc.returncode == 0, out[-3000:]
     assert most <= 10, f"{most} zombies under the wrappers at once"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_run_that_logs_rarely_lives_on_its_heartbeats(tmp_path, kind):
+    # issue 25, item 12: the watchdog's input checked from the side that does not fail:
+    # between two log steps (100 steps of 0.03 s; 60 of 0.05 s for the program) no step
+    # line comes for longer than stall_timeout_s, so only the heartbeats between them keep
+    # the run from being killed as stalled
+    from helpers import launch, program_job
+
+    if kind == "trainer":
+        args = ("jobs/linear.yaml", "--set", "train.num_steps=200", "--set",
+                "cluster.devices_per_process=1", "--set", "task.name=faulty_task:make",
+                "--set", "task.args.sleep_s=0.03", "--set", "task.args.slow_process_id=0",
+                "--set", "checkpoint.every_steps=0", "--set", "logging.log_every_steps=100")
+    else:  # a program's report() beats too
+        args = (program_job(tmp_path, steps=120, log_every=60, num_processes=2),)
+    done = launch(*args, "--set", "watchdog.stall_timeout_s=2", "--run-dir", str(tmp_path / "run"),
+                  timeout_s=180)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "stalled" not in out and "OK: 2 processes succeeded" in out, out[-3000:]
+    gaps = [float(g) for g in re.findall(r"step_time_s ([\d.e-]+)", out)]
+    steps_between_logs = 100 if kind == "trainer" else 60
+    assert gaps and max(gaps) * steps_between_logs > 2, out[-3000:]  # a gap over the timeout

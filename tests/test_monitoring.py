@@ -202,7 +202,9 @@ def read_plugin_data(logdir: str):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
+    # one file, process 0's: a second writer would have a file of its own (named by process)
     (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    assert path.endswith(".process-000"), path
     acc = EventAccumulator(path, size_guidance={"tensors": 0})
     acc.Reload()
     text = acc.Tensors("spec/text_summary")[0].tensor_proto.string_val[0].decode()

@@ -42,14 +42,19 @@ class TensorBoardTracker(NullTracker):
     0.4 ms without, for 4 scalars), a third of a step of the seed's model.
     """
 
-    def __init__(self, logdir: str, flush_s: float = 2.0, max_queue: int = 1024):
+    def __init__(self, logdir: str, flush_s: float = 2.0, max_queue: int = 1024,
+                 process_id: int = 0):
         from tensorboardX import SummaryWriter  # only process 0 pays for the import
         from tensorboardX.proto.summary_pb2 import Summary
 
         os.makedirs(logdir, exist_ok=True)
         # max_queue: a batch of log steps is put at once; tensorboardX's default
         # (10) would block the training loop until its writer thread caught up.
-        self._writer = SummaryWriter(logdir=logdir, flush_secs=flush_s, max_queue=max_queue)
+        # the file named by its writer's process: tensorboardX names it by time and host,
+        # so two writers on one host in one second would share one name, and a second
+        # writer (a broken process-0-only rule) would be invisible
+        self._writer = SummaryWriter(logdir=logdir, flush_secs=flush_s, max_queue=max_queue,
+                                     filename_suffix=f".process-{process_id:03d}")
         self._summary = Summary
 
     def scalars(self, step: int, values: dict) -> None:
@@ -138,5 +143,6 @@ def make_tracker(run_dir: str, process_id: int, enabled: bool):
     """
     if process_id == 0 and enabled:
         logdir = os.path.join(run_dir, "tensorboard")
-        return Trackers(TensorBoardTracker(logdir), JsonlTracker(os.path.join(logdir, METRICS_FILE)))
+        return Trackers(TensorBoardTracker(logdir, process_id=process_id),
+                        JsonlTracker(os.path.join(logdir, METRICS_FILE)))
     return NullTracker()
