@@ -37,6 +37,8 @@ class Placement:
       label_host: whether console labels name the host (``[p3 host-c]``).
       cwd: the directory a program job's processes start in (None: the backend's own, e.g.
         an ssh host's workdir, where the program's directory is synced).
+      local_device_ids: the node's device indices its (one) process uses (Slurm GPU
+        steps), or None: JAX's own choice.
     """
 
     host: str
@@ -49,6 +51,7 @@ class Placement:
     env: dict = dataclasses.field(default_factory=dict)
     label_host: bool = True
     cwd: str | None = None
+    local_device_ids: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +74,10 @@ class ProcessPlan:
       program_num_steps: ``program.num_steps``, the steps the program says it will report
         (None: it did not say); then an exit 0 before the last one is a failure, even
         before its first report (a process that left before joining).
+      attempt, resume: which attempt this is and whether it restores a checkpoint
+        (``for_attempt``; also in ``env``, where the worker reads them through
+        ``contract.Identity``).
+      local_device_ids, run_dir: as its Placement's (the run directory as its host sees it).
     """
 
     process_id: int
@@ -84,6 +91,10 @@ class ProcessPlan:
     cwd: str | None = None
     program: bool = False
     program_num_steps: int | None = None
+    attempt: int = 0
+    resume: bool = False
+    local_device_ids: tuple[int, ...] | None = None
+    run_dir: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +181,8 @@ def worker_env(job, placement: Placement, coordinator_address: str, process_id: 
         coordinator_address=coordinator_address, num_processes=job.num_processes,
         process_id=process_id, local_device_count=placement.local_device_count,
         platform=placement.platform, job_path=placement.job_path,
-        run_dir=placement.run_dir, compilation_cache_dir=cache_dir).to_env())
+        run_dir=placement.run_dir, compilation_cache_dir=cache_dir,
+        local_device_ids=placement.local_device_ids).to_env())
     env.update(placement.env)
     if job.is_program:
         # jax.distributed.initialize() with no arguments reads it (and worker.program passes it)
@@ -224,7 +236,8 @@ def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
                 else (placement.python, "-m", "worker"),
                 log_path=log_path(run_dir, process_id), label=label, python=placement.python,
                 cwd=placement.cwd, program=job.is_program,
-                program_num_steps=job.program.num_steps if job.is_program else None))
+                program_num_steps=job.program.num_steps if job.is_program else None,
+                local_device_ids=placement.local_device_ids, run_dir=placement.run_dir))
     return Plan(job=job, run_dir=run_dir, coordinator_address=coordinator_address,
                 processes=tuple(processes), placements=placements)
 
@@ -232,7 +245,7 @@ def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
 def for_attempt(plan: Plan, attempt: int, resume: bool) -> Plan:
     """``plan`` with this attempt's log paths and its ``PODLAUNCH_ATTEMPT``/``RESUME`` env."""
     processes = tuple(dataclasses.replace(
-        p, log_path=log_path(plan.run_dir, p.process_id, attempt),
+        p, log_path=log_path(plan.run_dir, p.process_id, attempt), attempt=attempt, resume=resume,
         env={**p.env, contract.ATTEMPT: str(attempt), contract.RESUME: "1" if resume else "0"})
         for p in plan.processes)
     return dataclasses.replace(plan, processes=processes)

@@ -42,6 +42,7 @@ def linear_job() -> WorkerJob:
     {"attempt": 2, "resume": True, "cluster_detection_method": "gcetpu"},
     {"attempt": 1, "resume": False},
     {"compilation_cache_dir": "/runs/compilation-cache"},
+    {"local_device_ids": (2, 3), "rendezvous": "stdin"},
 ])
 def test_identity_round_trips_through_the_environment(optional):
     given = identity(**optional)
@@ -53,6 +54,15 @@ def test_identity_round_trips_through_the_environment(optional):
     if not optional:
         assert contract.ATTEMPT not in env and contract.RESUME not in env
         assert Identity.from_env({**env, contract.ATTEMPT: "0", contract.RESUME: "0"}) == given
+
+
+@pytest.mark.parametrize("name, value, said", [
+    (contract.LOCAL_DEVICE_IDS, "0,x", "expected comma-separated integers"),
+    (contract.RENDEZVOUS, "tcp", "rendezvous is 'tcp', expected 'stdin' or unset"),
+])
+def test_every_identity_field_is_typed_when_read(name, value, said):
+    with pytest.raises(contract.ContractError, match=said):
+        Identity.from_env({**identity().to_env(), name: value})
 
 
 def test_the_plans_environment_is_the_identity_of_each_process(tmp_path):

@@ -285,6 +285,8 @@ class Identity:
         above are used as given).
       compilation_cache_dir: JAX's persistent compilation cache directory as this
         process sees it; None means ``<run_dir>/compilation-cache``.
+      local_device_ids: this process's device indices on its node (Slurm GPU steps), or None.
+      rendezvous: ``"stdin"``: the coordinator address comes on stdin (``RENDEZVOUS``), or None.
 
     Raises (on construction):
       ContractError: a value of the wrong type or out of range.
@@ -301,9 +303,13 @@ class Identity:
     resume: bool = False
     cluster_detection_method: str | None = None
     compilation_cache_dir: str | None = None
+    local_device_ids: tuple[int, ...] | None = None
+    rendezvous: str | None = None
 
     def __post_init__(self):
         check_fields(self)
+        if self.rendezvous not in (None, "stdin"):
+            raise ContractError(f"rendezvous is {self.rendezvous!r}, expected 'stdin' or unset")
         if self.num_processes < 1:
             raise ContractError(f"num_processes is {self.num_processes}, expected >= 1")
         if not 0 <= self.process_id < self.num_processes:
@@ -317,10 +323,8 @@ class Identity:
     def to_env(self) -> dict[str, str]:
         """The environment variables that carry this identity, in a fixed order.
 
-        The optional ones (attempt, resume, cluster_detection_method,
-        compilation_cache_dir) are set
-        only when they differ from their defaults: the launcher's restart loop
-        and the tpu backend add them per attempt and per host.
+        The optional ones are set only when they differ from their defaults: the
+        launcher's restart loop and the tpu backend add them per attempt and per host.
         """
         env = {
             COORDINATOR_ADDRESS: self.coordinator_address,
@@ -339,6 +343,10 @@ class Identity:
             env[CLUSTER_DETECTION_METHOD] = self.cluster_detection_method
         if self.compilation_cache_dir is not None:
             env[COMPILATION_CACHE_DIR] = self.compilation_cache_dir
+        if self.local_device_ids is not None:
+            env[LOCAL_DEVICE_IDS] = ",".join(map(str, self.local_device_ids))
+        if self.rendezvous is not None:
+            env[RENDEZVOUS] = self.rendezvous
         return env
 
     @classmethod
@@ -369,6 +377,12 @@ class Identity:
         if resume not in _BOOL_ENV:
             raise ContractError(f"malformed identity in the environment: {RESUME}={resume!r}, "
                                 "expected 0 or 1")
+        ids_text = environ.get(LOCAL_DEVICE_IDS) or None
+        try:
+            ids = None if ids_text is None else tuple(int(i) for i in ids_text.split(","))
+        except ValueError:
+            raise ContractError(f"malformed identity in the environment: {LOCAL_DEVICE_IDS}="
+                                f"{ids_text!r}, expected comma-separated integers") from None
         return cls(
             coordinator_address=environ[COORDINATOR_ADDRESS],
             num_processes=integer(NUM_PROCESSES),
@@ -381,4 +395,6 @@ class Identity:
             resume=_BOOL_ENV[resume],
             cluster_detection_method=environ.get(CLUSTER_DETECTION_METHOD) or None,
             compilation_cache_dir=environ.get(COMPILATION_CACHE_DIR) or None,
+            local_device_ids=ids,
+            rendezvous=environ.get(RENDEZVOUS) or None,
         )

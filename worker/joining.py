@@ -66,10 +66,9 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
     detection = identity.cluster_detection_method or "deactivate"
     explicit = {} if detection != "deactivate" else {
         "num_processes": identity.num_processes, "process_id": identity.process_id}
-    device_ids = os.environ.get(contract.LOCAL_DEVICE_IDS)
-    if device_ids:  # slurm GPU jobs: this process's devices by index
-        explicit["local_device_ids"] = [int(i) for i in device_ids.split(",")]
-    if not single_process(identity, device_ids):
+    if identity.local_device_ids is not None:  # slurm GPU jobs: this process's devices by index
+        explicit["local_device_ids"] = list(identity.local_device_ids)
+    if not single_process(identity):
         if identity.platform == "cpu":
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         bypass_proxies(identity.coordinator_address)
@@ -102,7 +101,7 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
     return jax
 
 
-def single_process(identity: contract.Identity, device_ids: str | None = None) -> bool:
+def single_process(identity: contract.Identity) -> bool:
     """Whether this worker runs without ``jax.distributed.initialize``: a job of one process.
 
     Why: once the distributed runtime is up, JAX runs every ``pmean`` of this
@@ -111,11 +110,11 @@ def single_process(identity: contract.Identity, device_ids: str | None = None) -
     about 250 steps/s on 4 CPU devices with that one call (issue 13). One
     process needs none of it. Not skipped when JAX detects the identity itself
     (``cluster_detection_method`` set: its answer must be checked) or when the
-    launcher names the local devices (``LOCAL_DEVICE_IDS``: only
+    launcher names the local devices (``local_device_ids``: only
     ``initialize`` applies them).
     """
     return (identity.num_processes == 1 and not identity.cluster_detection_method
-            and not device_ids)
+            and identity.local_device_ids is None)
 
 
 def rendezvous(identity: contract.Identity, stdin=sys.stdin, out=print) -> contract.Identity:

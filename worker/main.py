@@ -290,7 +290,7 @@ def main() -> None:
     identity = None
     try:
         identity = contract.Identity.from_env(os.environ)
-        if os.environ.get(contract.RENDEZVOUS) == "stdin":
+        if identity.rendezvous == "stdin":
             identity = rendezvous(identity)
         job = jobs.WorkerJob.from_json(identity.job_path)
         jax = join(identity, job)
@@ -298,7 +298,7 @@ def main() -> None:
         # handler, which swallows the launcher's TERM: the worker then sat out
         # grace_s until SIGKILL, with its TensorBoard writer never closed.
         interrupts.install()
-        if single_process(identity, os.environ.get(contract.LOCAL_DEVICE_IDS)):
+        if single_process(identity):
             print("process 0/1: one process, in-process collectives "
                   "(no jax.distributed)", flush=True)
         else:
@@ -321,6 +321,6 @@ def main() -> None:
     except BaseException:
         traceback.print_exc()
         _exit_now(1)
-    if not single_process(identity, os.environ.get(contract.LOCAL_DEVICE_IDS)):
+    if not single_process(identity):
         jax.distributed.shutdown()
     print(contract.DONE_LINE, flush=True)

@@ -57,7 +57,7 @@ def identity() -> contract.Identity:
 
 def run_dir() -> str:
     """The run directory as this host sees it (TensorBoard and logs of process 0 go there)."""
-    return os.environ[contract.RUN_DIR]
+    return identity().run_dir
 
 
 def checkpoint_dir() -> str:
@@ -68,12 +68,12 @@ def checkpoint_dir() -> str:
 
 def attempt() -> int:
     """0 for the first attempt, n for the n-th restart."""
-    return int(os.environ.get(contract.ATTEMPT) or 0)
+    return identity().attempt
 
 
 def resuming() -> bool:
     """Whether this attempt continues an earlier one (a restart or ``--resume``)."""
-    return os.environ.get(contract.RESUME) == "1"
+    return identity().resume
 
 
 def _job() -> jobs.ProgramJob:

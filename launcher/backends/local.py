@@ -27,7 +27,6 @@ from launcher.plan import Placement, Plan, ProcessPlan
 from launcher.schema import non_negative, port_or_zero, setting
 from launcher.remote import wrapper
 from launcher.state import Exit
-from worker import contract
 from launcher.status import plural
 
 HOST = "127.0.0.1"
@@ -77,7 +76,7 @@ class LocalWorker:
         self._eof = threading.Event()
         self._token = secrets.token_hex(16)
         argv = remote.python_call(plan.python or plan.argv[0], "wrapper", {
-            "argv": list(plan.argv), "cwd": plan.cwd, "pid_file": None, "run_dir": plan.env.get(contract.RUN_DIR, "."),
+            "argv": list(plan.argv), "cwd": plan.cwd, "pid_file": None, "run_dir": plan.run_dir or ".",
             "process_id": plan.process_id, "grace_s": grace_s, "parent_pid": os.getpid(),
             "env_from_stdin": True})
         try:

@@ -103,9 +103,8 @@ class SlurmSession(Session):
             for rank in range(cluster.processes_per_node):  # each its own GPUs, named explicitly
                 ids = range(rank * cluster.devices_per_process, (rank + 1) * cluster.devices_per_process)
                 placements.append(Placement(node, 1, job.local_device_count, "gpu", python,
-                                            self.run_dir, job_path,
-                                            {**env, contract.LOCAL_DEVICE_IDS: ",".join(map(str, ids))},
-                                            cwd=cwd))
+                                            self.run_dir, job_path, env, cwd=cwd,
+                                            local_device_ids=tuple(ids)))
         addr = self.slurm.node_addrs(nodes[:1]).get(nodes[0], nodes[0]) if self.job_id else nodes[0]
         return tuple(placements), contract.host_port(addr, port)
 
@@ -322,8 +321,8 @@ class SlurmSession(Session):
         out.append(planning.describe(plan))
         out.append("devices (JAX's own Slurm detection is off: every value is explicit):")
         for p in plan.processes:
-            ids = p.env.get(contract.LOCAL_DEVICE_IDS)
-            devices = (f"local_device_ids {ids} of the node's GPUs" if ids else
+            ids = p.local_device_ids
+            devices = (f"local_device_ids {','.join(map(str, ids))} of the node's GPUs" if ids else
                        f"JAX_NUM_CPU_DEVICES={p.local_device_count}")
             step = srun_argv(self.job_id or "<job id>", p.host, f"{self.step_prefix}p{p.process_id}",
                              c, p.argv, p.cwd or c.workdir)

@@ -35,7 +35,6 @@ from launcher.backends.ssh.settings import SshSettings
 from launcher.errors import LaunchError
 from launcher.remote import wrapper
 from launcher.state import Exit
-from worker import contract
 
 
 class SshWorker:
@@ -253,7 +252,7 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
         if process.process_id == 0:
             mirror = CheckpointMirror(host, plan.run_dir, placement.run_dir,
                                       plan.job.checkpoint.keep, console)
-            if process.env.get(contract.RESUME) == "1":  # host 0 may be a new machine
+            if process.resume:  # host 0 may be a new machine
                 pushed = mirror.push(sftp)
                 if pushed:
                     console.say(f"{host.name}: put back {len(pushed)} checkpoints it lacked "
