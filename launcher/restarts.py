@@ -29,7 +29,8 @@ from typing import Callable
 from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.console import Console
-from launcher.state import Result, State, Tracked, Watchdog
+from launcher.state import (EndedEarly, Exited, Final, Killed, Lost, Result, Stalled, State,
+                            Tracked, Watchdog)
 from launcher.status import compile_text, plural, summary
 from launcher import interrupts
 from launcher.interrupts import Interrupted
@@ -96,28 +97,31 @@ def _classify_one(t: Tracked, policy) -> tuple[bool, str]:
                        f"on TCP port {host[-1]} (firewalls, security groups), that host 0 "
                        "started (its log), and that no proxy is forced on the workers (podlaunch "
                        "adds the coordinator to no_proxy; a setup line that resets it undoes that)")
-    if ended.early:
-        return False, (f"{where} exited with code 0 {ended.early}: the task or the worker ended "
-                       "the process early (sys.exit(0)?), which a restart would repeat")
-    if ended.final:
-        return False, f"{where} ended: {ended.final}; a restart would end the same way"
-    if ended.stalled:
-        return True, f"{where} stalled ({ended.stalled})"
-    if ended.lost:
-        return True, f"{where} was lost ({ended.lost})"
-    if ended.signal is not None:
-        return True, f"{where} was {ended} (a preemption or a signal)"
     codes = ", ".join(map(str, policy.retry_exit_codes)) or "none"
-    if ended.code in policy.retry_exit_codes:
-        return True, f"{where} exited with code {ended.code} (in restarts.retry_exit_codes)"
-    if ended.code == 1:
-        return False, (f"{where} exited with code 1: a Python error in the job, not retried "
-                       f"(restarts.retry_exit_codes: {codes}; add 1 to retry it)")
-    if ended.code == contract.EXIT_MISMATCH:
-        return False, (f"{where} exited with code {ended.code}: JAX disagrees with the plan, "
-                       "a configuration problem that a restart cannot fix")
-    return False, (f"{where} exited with code {ended.code}, not in restarts.retry_exit_codes "
-                   f"({codes})")
+    match ended:
+        case EndedEarly(where=stopped):
+            return False, (f"{where} exited with code 0 {stopped}: the task or the worker ended "
+                           "the process early (sys.exit(0)?), which a restart would repeat")
+        case Final(why=why):
+            return False, f"{where} ended: {why}; a restart would end the same way"
+        case Stalled(what=what):
+            return True, f"{where} stalled ({what})"
+        case Lost(why=why):
+            return True, f"{where} was lost ({why})"
+        case Killed():
+            return True, f"{where} was {ended} (a preemption or a signal)"
+        case Exited(code=code) if code in policy.retry_exit_codes:
+            return True, f"{where} exited with code {code} (in restarts.retry_exit_codes)"
+        case Exited(code=1):
+            return False, (f"{where} exited with code 1: a Python error in the job, not retried "
+                           f"(restarts.retry_exit_codes: {codes}; add 1 to retry it)")
+        case Exited(code=contract.EXIT_MISMATCH):
+            return False, (f"{where} exited with code {contract.EXIT_MISMATCH}: JAX disagrees "
+                           "with the plan, a configuration problem that a restart cannot fix")
+        case Exited(code=code):
+            return False, (f"{where} exited with code {code}, not in restarts.retry_exit_codes "
+                           f"({codes})")
+    return False, f"{where} ended ({ended})"
 
 
 def backoff_s(policy, restart: int) -> float:

@@ -26,36 +26,86 @@ TAIL_LINES = 15
 
 @dataclasses.dataclass(frozen=True)
 class Exit:
-    """How a worker ended: an exit code, a signal, or a lost connection."""
+    """How a worker ended: one of the small types below, told apart by type.
 
-    code: int | None = None
-    signal: int | None = None
-    lost: str | None = None  # why the worker can no longer be watched
-    at: float | None = None  # wall-clock time it ended, as its own host saw it (ssh)
-    stalled: str | None = None  # the watchdog's finding: alive, no step progress
-    early: str | None = None    # exit code 0, but before its last step: where it stopped
-    final: str | None = None    # ended by its scheduler as a restart would repeat (a time limit)
+    ``Exited`` (an exit code), ``Killed`` (a signal), ``Lost`` (it can no longer be
+    watched), ``Stalled`` (the watchdog's verdict), ``EndedEarly`` (exit code 0 before
+    its last step), ``Final`` (its scheduler ended it as a restart would repeat). Only
+    ``Exited(0)`` is a success. ``at``: the wall-clock time it ended as its own host
+    saw it (ssh, local), when known.
+    """
+
+    at: float | None = dataclasses.field(default=None, kw_only=True)
 
     @property
     def ok(self) -> bool:
-        return (self.code == 0 and self.signal is None and self.lost is None
-                and self.stalled is None and self.early is None and self.final is None)
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited(Exit):
+    code: int
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
 
     def __str__(self) -> str:
-        if self.final:
-            return self.final
-        if self.early:
-            return f"exit code 0 {self.early}"
-        if self.stalled:
-            return f"stalled: {self.stalled}"
-        if self.lost:
-            return f"lost: {self.lost}"
-        if self.signal is not None:
-            try:
-                return f"killed by {signal.Signals(self.signal).name}"
-            except ValueError:
-                return f"killed by signal {self.signal}"
         return f"exit code {self.code}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Killed(Exit):
+    signal: int
+
+    def __str__(self) -> str:
+        try:
+            return f"killed by {signal.Signals(self.signal).name}"
+        except ValueError:
+            return f"killed by signal {self.signal}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lost(Exit):
+    why: str  # why the worker can no longer be watched
+
+    def __str__(self) -> str:
+        return f"lost: {self.why}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stalled(Exit):
+    what: str  # alive, no step progress: for how long, and where
+
+    def __str__(self) -> str:
+        return f"stalled: {self.what}"
+
+
+@dataclasses.dataclass(frozen=True)
+class EndedEarly(Exit):
+    where: str  # exit code 0, but before its last step: where it stopped
+
+    def __str__(self) -> str:
+        return f"exit code 0 {self.where}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Final(Exit):
+    why: str  # e.g. a time limit: the scheduler would end a restart the same way
+
+    def __str__(self) -> str:
+        return self.why
+
+
+def exit_of(code: int | None = None, signal_number: int | None = None,
+            at: float | None = None) -> Exit:
+    """A process's end from what its host reported: a signal, else an exit code
+    (``Popen.returncode``'s negative code is a signal)."""
+    if signal_number is not None:
+        return Killed(signal_number, at=at)
+    if code is not None and code < 0:
+        return Killed(-code, at=at)
+    return Exited(code if code is not None else 0, at=at)
 
 
 class Worker(Protocol):
@@ -206,7 +256,7 @@ class Tracked:
         if ended is None:
             return False
         if ended.ok and not self._saw_finish() and self._expected_finish():
-            ended = dataclasses.replace(ended, early=self._early_text())
+            ended = EndedEarly(self._early_text(), at=ended.at)
         self.exit, self.ended_at = ended, clock()
         self.state = State.SUCCEEDED if ended.ok else State.FAILED
         return True
@@ -242,11 +292,12 @@ class Tracked:
         worker's own ``EXIT_INIT`` (not a SIGKILL or SIGTERM from outside)."""
         ended = self.exit
         return (self.joining is not None and not self.joined and ended is not None
-                and (ended.signal == signal.SIGABRT or ended.code in (1, contract.EXIT_INIT)))
+                and (isinstance(ended, Killed) and ended.signal == signal.SIGABRT
+                     or isinstance(ended, Exited) and ended.code in (1, contract.EXIT_INIT)))
 
     def mark_stalled(self, what: str) -> None:
         """The watchdog's verdict on a running worker: alive, but no step progress (``what``)."""
-        self.stall = Exit(stalled=what)
+        self.stall = Stalled(what)
 
     def stopped_by_launcher(self) -> None:
         """Teardown is over: a worker it had to stop (running when it began) did not succeed

@@ -19,7 +19,7 @@ import time
 from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.plan import Placement, ProcessPlan
-from launcher.state import Exit
+from launcher.state import Exit, Killed
 
 SETTLE_TIMEOUT_S = 5.0  # real seconds: a reader that takes longer is a bug in the test or the product
 # Fake seconds no test needs (the longest waits for timeouts of minutes): a supervision
@@ -102,7 +102,7 @@ class FakeWorker:
     def __init__(self, clock: FakeClock, plan: ProcessPlan, lines=(), exit: Exit | None = None,
                  exit_at: float | None = None, exit_after_polls: int | None = None,
                  eof_at: float | None = None, on_term: str = "exit", term_delay: float = 0.0,
-                 term_exit: Exit = Exit(signal=signal.SIGTERM), stopped: bool = False,
+                 term_exit: Exit = Killed(signal.SIGTERM), stopped: bool = False,
                  stopped_until: float | None = None):
         self.clock, self.plan = clock, plan
         self.script = sorted(lines, key=lambda item: item[0])
@@ -157,7 +157,7 @@ class FakeWorker:
     def kill(self) -> None:
         self.calls.append(("kill", self.clock.now))
         if self._ended() is None:
-            self._die(Exit(signal=signal.SIGKILL))
+            self._die(Killed(signal.SIGKILL))
 
     def stopped(self) -> bool:
         self.calls.append(("stopped", self.clock.now))

@@ -28,7 +28,7 @@ from launcher import runs, tensorboard_cmd
 from launcher import supervise as supervision
 from launcher.console import Console
 from launcher.errors import SpecError
-from launcher.state import Exit, State
+from launcher.state import Exited, State
 from launcher.status import duration, plural, status_text
 from worker import contract
 
@@ -163,7 +163,7 @@ def test_the_default_view_shows_each_step_once_no_noise_and_every_process_s_warn
                                  "ranks is : 3"),
                           (0.3, progress(10)), (0.4, progress(20))]
                    + ([(0.45, "warning: 3 batches of step times were overwritten")] if i == 2 else [])
-                   + [(0.5, "done")], exit=Exit(code=0), exit_at=0.6)
+                   + [(0.5, "done")], exit=Exited(0), exit_at=0.6)
     result = run.supervise()
     assert result.exit_code == 0
     assert run.out.getvalue().splitlines() == [
@@ -181,9 +181,9 @@ def test_a_hidden_process_that_fails_shows_its_traceback_and_the_others_their_la
     run.worker(lines=[(0.1, progress(10))], on_term="exit")
     run.worker(lines=[(0.1, progress(10)), (0.3, "faulty_task: injecting raise at step 12"),
                       (0.31, "Traceback (most recent call last):"), (0.32, '  File "t.py", line 1'),
-                      (0.33, "RuntimeError: boom")], exit=Exit(code=1), exit_at=0.4)
+                      (0.33, "RuntimeError: boom")], exit=Exited(1), exit_at=0.4)
     run.worker(lines=[(0.1, progress(10)), (0.38, "gloo: peer closed"), (0.39, "bye now")],
-               exit=Exit(code=1), exit_at=0.45)  # a cascade: fails too, by itself
+               exit=Exited(1), exit_at=0.45)  # a cascade: fails too, by itself
     result = run.supervise()
     assert result.first_failure is result.processes[1]
     shown = run.out.getvalue().splitlines()
@@ -206,9 +206,9 @@ def test_show_all_and_show_none(tmp_path):
         run = Run(tmp_path / str(show), show=show, others=others)
         os.makedirs(run.log_dir)
         # a worker that succeeds says "done" (an exit 0 without it is an early exit)
-        run.worker(lines=[(0.1, "a"), (0.15, GLOO.format(0)), (0.22, "done")], exit=Exit(code=0),
+        run.worker(lines=[(0.1, "a"), (0.15, GLOO.format(0)), (0.22, "done")], exit=Exited(0),
                    exit_at=0.3)
-        run.worker(lines=[(0.12, "b"), (0.2, "error: c"), (0.23, "done")], exit=Exit(code=0),
+        run.worker(lines=[(0.12, "b"), (0.2, "error: c"), (0.23, "done")], exit=Exited(0),
                    exit_at=0.3)
         run.supervise()
         assert sorted(run.out.getvalue().splitlines()) == sorted(want)  # across processes: any order

@@ -68,7 +68,7 @@ def test_library_texts_in_a_failed_tail_get_their_meaning(line, said):
 
 def test_the_summary_says_what_each_failed_process_s_library_text_means():
     from launcher import status
-    from launcher.state import Exit, Result, State, Tracked
+    from launcher.state import Exited, Killed, Result, State, Tracked
 
     def tracked(process_id, state, ended, tail):
         plan = type("P", (), {"process_id": process_id, "host": "h%d" % process_id,
@@ -78,9 +78,9 @@ def test_the_summary_says_what_each_failed_process_s_library_text_means():
         t.tail.extend(tail)
         return t
 
-    first = tracked(1, State.FAILED, Exit(signal=9), ["faulty_task: injecting sigkill at step 300"])
-    peer = tracked(0, State.FAILED, Exit(code=1), ["Traceback (most recent call last):", GLOO_PEER_GONE])
-    stopped = tracked(2, State.STOPPED, Exit(code=143), [COORDINATOR_GONE])
+    first = tracked(1, State.FAILED, Killed(9), ["faulty_task: injecting sigkill at step 300"])
+    peer = tracked(0, State.FAILED, Exited(1), ["Traceback (most recent call last):", GLOO_PEER_GONE])
+    stopped = tracked(2, State.STOPPED, Exited(143), [COORDINATOR_GONE])
     text = status.summary(Result([peer, first, stopped], first, False, 3.0))
     assert ("p0 on h0 (exit code 1): a collective (gloo, JAX's CPU all-reduce) lost its "
             "connection to another process") in text, text

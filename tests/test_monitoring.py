@@ -29,7 +29,7 @@ from helpers import LAUNCH, REPO, Output, env_for_tests, event_files, launch, re
 from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
 from launcher.console import CLEAR_LINE, StatusLine
-from launcher.state import Exit, ProcessStats, Result, State, Tracked
+from launcher.state import Exited, Killed, ProcessStats, Result, State, Tracked
 from launcher.status import parse_show, status_text, summary
 from worker import contract
 
@@ -129,9 +129,9 @@ def test_status_line_redraws_in_place_on_a_terminal_and_prints_plain_lines_other
 
 
 def test_summary_table_columns_stay_aligned_with_a_long_state():
-    failed = _tracked(2, "host-long-name", [_progress(5, 0.01, 0.02)], State.FAILED, Exit(signal=9))
+    failed = _tracked(2, "host-long-name", [_progress(5, 0.01, 0.02)], State.FAILED, Killed(9))
     ok = _tracked(0, lines=[_progress(5, 0.01, 0.02), _progress(10, 0.01, 0.04)],
-                  state=State.STOPPED, exit=Exit(code=143))
+                  state=State.STOPPED, exit=Exited(143))
     text = summary(Result([ok, failed], failed, False, 3.0))
     table = text.splitlines()[-3:]
     assert table[0].split() == ["process", "host", "state", "exit", "steps", "mean", "step", "ms",
@@ -149,10 +149,10 @@ def test_summary_reports_each_process_compilation_and_the_attempts_slowest():
         return contract.CACHE_FORMAT.format(hits=hits, misses=misses, seconds=seconds, path="/r/cc")
 
     done = [_progress(10, 0.01, num_steps=10)]
-    first = [_tracked(0, lines=[cache(0, 4, "1.250")] + done, state=State.SUCCEEDED, exit=Exit(code=0)),
-             _tracked(1, "host-b", [cache(0, 4, "2.500")] + done, State.SUCCEEDED, Exit(code=0))]
-    again = [_tracked(0, lines=[cache(4, 0, "0.110")] + done, state=State.SUCCEEDED, exit=Exit(code=0)),
-             _tracked(1, "host-b", [cache(0, 4, "?")] + done, State.SUCCEEDED, Exit(code=0))]
+    first = [_tracked(0, lines=[cache(0, 4, "1.250")] + done, state=State.SUCCEEDED, exit=Exited(0)),
+             _tracked(1, "host-b", [cache(0, 4, "2.500")] + done, State.SUCCEEDED, Exited(0))]
+    again = [_tracked(0, lines=[cache(4, 0, "0.110")] + done, state=State.SUCCEEDED, exit=Exited(0)),
+             _tracked(1, "host-b", [cache(0, 4, "?")] + done, State.SUCCEEDED, Exited(0))]
     text = summary(Result(again, None, False, 3.0)).splitlines()
     assert re.match(r"^p0 +localhost +succeeded +exit code 0 +10 +50\.000 +0\.110 +4/0$", text[1])
     assert re.match(r"^p1 +host-b +succeeded +exit code 0 +10 +50\.000 +- +0/4$", text[2])

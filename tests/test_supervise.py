@@ -22,12 +22,12 @@ from fakes import FakeClock, FakeSession, FakeWorker, process_plan
 from launcher import lines, restarts
 from launcher import supervise as supervision
 from launcher.console import Console
-from launcher.state import Exit, State, Watchdog
+from launcher.state import Exit, Exited, Killed, Stalled, State, Watchdog
 from launcher.status import summary
 from worker import contract
 
 POLL_S = 0.05
-KILLED, OK = Exit(signal=signal.SIGKILL), Exit(code=0)
+KILLED, OK = Killed(signal.SIGKILL), Exited(0)
 
 
 def progress(step: int, num_steps: int = 100) -> str:
@@ -72,8 +72,8 @@ def test_every_worker_succeeds_and_each_line_reaches_its_log_and_the_console(tmp
     run = Run(tmp_path)
     # a success says so: its last step's line (p0) or "done" (p1)
     run.worker(lines=[(0.5, progress(10, 20)), (0.7, heartbeat(15)), (0.9, progress(20, 20))],
-               exit=Exit(code=0), exit_at=1.0)
-    run.worker(lines=[(0.6, progress(10, 20)), (1.1, "done")], exit=Exit(code=0), exit_at=1.2)
+               exit=Exited(0), exit_at=1.0)
+    run.worker(lines=[(0.6, progress(10, 20)), (1.1, "done")], exit=Exited(0), exit_at=1.2)
     result = run.supervise()
     assert result.exit_code == 0 and result.first_failure is None and not result.interrupted
     assert run.states() == [State.SUCCEEDED, State.SUCCEEDED]
@@ -91,7 +91,7 @@ def test_every_worker_succeeds_and_each_line_reaches_its_log_and_the_console(tmp
 def test_one_failure_stops_the_others_with_term_then_kill_after_grace(tmp_path):
     run = Run(tmp_path)
     polite = run.worker(term_delay=0.5)                  # exits 0.5 s after SIGTERM
-    run.worker(lines=[(0.2, progress(7)), (0.9, "Traceback: boom")], exit=Exit(code=1), exit_at=1.0)
+    run.worker(lines=[(0.2, progress(7)), (0.9, "Traceback: boom")], exit=Exited(1), exit_at=1.0)
     stubborn = run.worker(on_term="ignore")              # only SIGKILL ends it
     result = run.supervise(grace_s=3.0)
 
@@ -103,7 +103,7 @@ def test_one_failure_stops_the_others_with_term_then_kill_after_grace(tmp_path):
     assert polite.called("kill") == []                   # it left within the grace period
     [kill] = stubborn.called("kill")
     assert kill - term == pytest.approx(3.0, abs=2 * POLL_S)
-    assert result.processes[2].exit == Exit(signal=signal.SIGKILL)
+    assert result.processes[2].exit == Killed(signal.SIGKILL)
     assert run.said[:2] == ["p1 failed (exit code 1); stopping the other 2 processes",
                             "sending SIGKILL to p2 (still running 3s after SIGTERM)"]
     report = summary(result)
@@ -119,7 +119,7 @@ def test_a_long_line_is_logged_whole_and_shown_and_summarised_shortened(tmp_path
     run = Run(tmp_path)
     pieces = [(0.1 + i / 100, lines.Piece(chr(ord("a") + i) * 70_000)) for i in range(10)]
     run.worker(lines=[(0.05, progress(1)), *pieces, (0.3, "z"), (0.4, "y" * 50_000),
-                      (0.5, progress(2))], exit=Exit(code=1), exit_at=0.6)
+                      (0.5, progress(2))], exit=Exited(1), exit_at=0.6)
     result = run.supervise()
     with open(result.processes[0].plan.log_path) as f:
         logged = f.read().splitlines()
@@ -137,8 +137,8 @@ def test_a_long_line_is_logged_whole_and_shown_and_summarised_shortened(tmp_path
 def test_the_root_cause_is_the_earliest_end_its_host_reported_not_the_first_noticed(tmp_path):
     run = Run(tmp_path)
     # p0's exit is noticed first, p1's 0.15 s later, but p1's host says it ended first.
-    run.worker(exit=Exit(code=1, at=1700000000.30), exit_at=1.0)
-    run.worker(exit=Exit(signal=signal.SIGKILL, at=1700000000.10), exit_at=1.15)
+    run.worker(exit=Exited(1, at=1700000000.30), exit_at=1.0)
+    run.worker(exit=Killed(signal.SIGKILL, at=1700000000.10), exit_at=1.15)
     result = run.supervise()
     assert result.first_failure is result.processes[1]
     assert run.said[0] == "p1 failed (killed by SIGKILL); stopping the other 0 processes"
@@ -153,12 +153,12 @@ def test_a_process_that_lost_a_peer_is_a_consequence_even_when_its_time_is_earli
     run = Run(tmp_path)
     gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
     run.worker(lines=[(0.9, "podlaunch-failed-at 1700000000.100000"), (0.9, gloo)],
-               exit=Exit(code=1, at=1700000000.20), exit_at=1.0)
+               exit=Exited(1, at=1700000000.20), exit_at=1.0)
     run.worker(lines=[(0.5, "step 5/100 loss 0.1 | 10.0 steps/s")],
-               exit=Exit(code=0, at=1700000000.30), exit_at=1.05)       # exited 0 early: the cause
+               exit=Exited(0, at=1700000000.30), exit_at=1.05)       # exited 0 early: the cause
     run.worker(lines=[(0.9, "podlaunch-failed-at 1700000000.110000"),
                       (0.9, "RuntimeError: Connection reset by peer")],
-               exit=Exit(code=1, at=1700000000.25), exit_at=1.1)
+               exit=Exited(1, at=1700000000.25), exit_at=1.1)
     result = run.supervise()
     assert result.first_failure is result.processes[1]
     assert summary(result).startswith("FAILED: process_id 1 on localhost (exit code 0 before")
@@ -170,9 +170,9 @@ def test_a_cause_seen_after_its_cascade_still_leads(tmp_path):
     every failure seen by then says it lost a peer, so the launcher waits for the cause."""
     run = Run(tmp_path)
     gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
-    run.worker(lines=[(0.95, gloo)], exit=Exit(code=1), exit_at=1.0)
-    run.worker(exit=Exit(signal=signal.SIGKILL), exit_at=1.8)           # the cause, seen late
-    run.worker(on_term="exit", term_exit=Exit(signal=signal.SIGTERM))   # blocked in a collective
+    run.worker(lines=[(0.95, gloo)], exit=Exited(1), exit_at=1.0)
+    run.worker(exit=Killed(signal.SIGKILL), exit_at=1.8)           # the cause, seen late
+    run.worker(on_term="exit", term_exit=Killed(signal.SIGTERM))   # blocked in a collective
     result = run.supervise()
     assert result.first_failure is result.processes[1]
     assert run.said[0] == "p1 failed (killed by SIGKILL); stopping the other 1 process"
@@ -182,8 +182,8 @@ def test_a_cause_seen_after_its_cascade_still_leads(tmp_path):
 def test_a_cascade_without_a_cause_in_sight_is_stopped_after_cause_wait_s(tmp_path):
     run = Run(tmp_path)
     gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
-    run.worker(lines=[(0.95, gloo)], exit=Exit(code=1), exit_at=1.0)
-    blocked = run.worker(on_term="exit", term_exit=Exit(signal=signal.SIGTERM))
+    run.worker(lines=[(0.95, gloo)], exit=Exited(1), exit_at=1.0)
+    blocked = run.worker(on_term="exit", term_exit=Killed(signal.SIGTERM))
     result = run.supervise()
     assert result.first_failure is result.processes[0]  # nothing better was seen
     terminated = blocked.called("terminate")
@@ -192,8 +192,8 @@ def test_a_cascade_without_a_cause_in_sight_is_stopped_after_cause_wait_s(tmp_pa
 
 def test_without_host_times_the_root_cause_is_the_output_that_closed_first(tmp_path):
     run = Run(tmp_path)
-    run.worker(exit=Exit(code=1), exit_at=1.0)                        # output closes at 1.0
-    run.worker(exit=Exit(signal=signal.SIGKILL), exit_at=1.2, eof_at=0.9)  # closed at 0.9, reaped late
+    run.worker(exit=Exited(1), exit_at=1.0)                        # output closes at 1.0
+    run.worker(exit=Killed(signal.SIGKILL), exit_at=1.2, eof_at=0.9)  # closed at 0.9, reaped late
     result = run.supervise()
     assert result.first_failure is result.processes[1]
     assert run.states() == [State.FAILED, State.FAILED]
@@ -202,8 +202,8 @@ def test_without_host_times_the_root_cause_is_the_output_that_closed_first(tmp_p
 
 def test_a_failure_noticed_after_the_root_cause_window_does_not_lead(tmp_path):
     run = Run(tmp_path)
-    run.worker(exit=Exit(code=1), exit_at=1.0)
-    run.worker(on_term="exit", term_exit=Exit(signal=signal.SIGTERM), eof_at=0.5)  # quiet, not failed
+    run.worker(exit=Exited(1), exit_at=1.0)
+    run.worker(on_term="exit", term_exit=Killed(signal.SIGTERM), eof_at=0.5)  # quiet, not failed
     result = run.supervise()
     assert result.first_failure is result.processes[0]  # p1 ended only because it was stopped
     assert run.states() == [State.FAILED, State.STOPPED]
@@ -211,7 +211,7 @@ def test_a_failure_noticed_after_the_root_cause_window_does_not_lead(tmp_path):
 
 def test_a_worker_that_ends_at_its_nth_poll_is_noticed_then(tmp_path):
     run = Run(tmp_path)
-    w = run.worker(exit=Exit(code=2), exit_after_polls=4)
+    w = run.worker(exit=Exited(2), exit_after_polls=4)
     result = run.supervise()
     assert w.polls == 4 and result.first_failure is result.processes[0]
     assert result.processes[0].ended_at == pytest.approx(4 * POLL_S)
@@ -228,7 +228,7 @@ def test_the_stall_watchdog_names_a_stopped_worker_over_its_blocked_peers(tmp_pa
     assert result.first_failure is result.processes[1]
     assert run.states() == [State.STOPPED, State.FAILED]
     first = result.processes[1]
-    assert first.exit.stalled is not None and "stopped" in first.exit.stalled
+    assert isinstance(first.exit, Stalled) and "stopped" in first.exit.what
     message = run.said[0]
     assert re.match(r"^p1 stalled: no step progress for 5\.\d s \(the process is stopped, e\.g\. by "
                     r"SIGSTOP\) \(stall_timeout_s 5\); last step seen of every process: "
@@ -275,7 +275,7 @@ def test_the_first_step_timeout_applies_before_the_first_step_and_heartbeats_cou
 def test_heartbeats_keep_a_slow_worker_alive_past_the_stall_timeout(tmp_path):
     run = Run(tmp_path)
     run.worker(lines=[(0.5, progress(1))] + [(0.5 + k, heartbeat(1)) for k in range(1, 12)]
-               + [(12.0, progress(2)), (12.1, "done")], exit=Exit(code=0), exit_at=12.5)
+               + [(12.0, progress(2)), (12.1, "done")], exit=Exited(0), exit_at=12.5)
     result = run.supervise(watchdog=Watchdog(stall_timeout_s=2.0, first_step_timeout_s=3.0))
     assert result.exit_code == 0 and run.said == []
 
@@ -283,7 +283,7 @@ def test_heartbeats_keep_a_slow_worker_alive_past_the_stall_timeout(tmp_path):
 def test_an_early_exit_0_while_peers_run_is_the_first_failure_not_a_success(tmp_path):
     run = Run(tmp_path)
     run.worker(lines=[(0.5, progress(10))])                                # blocked later
-    run.worker(lines=[(0.5, progress(10))], exit=Exit(code=0), exit_at=1.0)  # left at step 10
+    run.worker(lines=[(0.5, progress(10))], exit=Exited(0), exit_at=1.0)  # left at step 10
     result = run.supervise()
     assert result.exit_code == 1 and result.first_failure is result.processes[1]
     assert run.states() == [State.STOPPED, State.FAILED]
@@ -394,7 +394,7 @@ def test_a_signal_death_is_retried_from_a_fresh_plan_after_end_attempt(tmp_path,
 
 
 def test_exit_1_is_not_retried(tmp_path, monkeypatch):
-    r = Restarts(tmp_path, monkeypatch, _job(max_restarts=3), (Exit(code=1), None))
+    r = Restarts(tmp_path, monkeypatch, _job(max_restarts=3), (Exited(1), None))
     result, attempts = r.run()
     assert result.exit_code == 1 and len(attempts) == 1 and r.waits == []
     assert r.events() == ["plan(restart=False)", "start"]
@@ -415,7 +415,7 @@ def test_max_restarts_bounds_the_attempts_and_the_backoff_doubles(tmp_path, monk
 
 def test_an_exit_code_listed_for_retry_is_retried(tmp_path, monkeypatch):
     r = Restarts(tmp_path, monkeypatch, _job(max_restarts=1, retry_exit_codes=(1,)),
-                 (Exit(code=1), None), (OK, OK))
+                 (Exited(1), None), (OK, OK))
     result, attempts = r.run()
     assert result.exit_code == 0 and len(attempts) == 2
     assert "exited with code 1 (in restarts.retry_exit_codes)" in attempts[0].verdict

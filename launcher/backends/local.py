@@ -26,7 +26,7 @@ from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan, ProcessPlan
 from launcher.schema import non_negative, port_or_zero, setting
 from launcher.remote import wrapper
-from launcher.state import Exit
+from launcher.state import Exit, exit_of
 from launcher.status import plural
 
 HOST = "127.0.0.1"
@@ -130,9 +130,9 @@ class LocalWorker:
         self._eof.wait(2.0)  # the report is the wrapper's last line
         if self._reported is not None:
             exit_code, sig, at = wrapper.parse_exit_report(self._reported)
-            return Exit(code=exit_code, signal=sig, at=at)  # at: when it ended, this clock
+            return exit_of(exit_code, sig, at)  # at: when it ended, this clock
         self.kill()  # the wrapper itself died: nothing may outlive it
-        return Exit(signal=-code) if code < 0 else Exit(code=code)
+        return exit_of(code)
 
     def terminate(self) -> None:
         # CONT: a stopped process must run to act on SIGTERM

@@ -30,7 +30,7 @@ from launcher.backends.slurm.commands import RESUBMIT, WAIT, Slurm
 from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
-from launcher.state import Exit
+from launcher.state import Exit, Final, Lost
 from worker import contract, redact
 
 TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")
@@ -286,11 +286,11 @@ class SlurmSession(Session):
         state = "GONE" if record is None else record.get("JobState", "?")
         preempting = record is not None and record.get("PreemptTime", "None") not in ("None", "")
         if state == "TIMEOUT" or (record or {}).get("Reason") == "TimeLimit":
-            return Exit(final=f"Slurm job {self.job_id} reached its time limit (TIMEOUT; task "
+            return Final(f"Slurm job {self.job_id} reached its time limit (TIMEOUT; task "
                         f"{ended}): raise cluster.time_limit and continue with --resume {self.run_dir}")
         if state != "RUNNING" or preempting:
             what = "being preempted" if preempting and state == "RUNNING" else state
-            return Exit(lost=f"Slurm job {self.job_id} is {what}; task {ended}")
+            return Lost(f"Slurm job {self.job_id} is {what}; task {ended}")
         return ended
 
     def _probe(self) -> int:

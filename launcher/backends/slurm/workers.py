@@ -35,7 +35,7 @@ from launcher import proctl
 from launcher.backends.slurm.commands import Slurm, scrubbed
 from launcher.errors import LaunchError
 from launcher.plan import ProcessPlan
-from launcher.state import Exit
+from launcher.state import Exit, exit_of, Exited, Killed, Lost
 from worker import contract
 
 # srun's own report of how its task ended: "srun: error: n2: task 0: Killed"
@@ -110,14 +110,14 @@ class SrunWorker:
             match = TASK_END.match(line)
             failure = NODE_FAILURE.match(line)
             if failure:
-                self._ended = Exit(lost=f"srun reports a node failure on {failure.group('node')}")
+                self._ended = Lost(f"srun reports a node failure on {failure.group('node')}")
             if match:
                 what = match.group("what").strip()
                 code = EXITED.match(what)
                 if code:
-                    self._ended = Exit(code=int(code.group(1)))
+                    self._ended = Exited(int(code.group(1)))
                 elif what.split(" (")[0] in SIGNALS:
-                    self._ended = Exit(signal=SIGNALS[what.split(" (")[0]])
+                    self._ended = Killed(SIGNALS[what.split(" (")[0]])
             self._srun.put(line)
         self._proc.stderr.close()
 
@@ -176,9 +176,9 @@ class SrunWorker:
             if time.monotonic() - self._exited_at < EOF_WAIT_S:
                 return None
         if code == 0 and self._ended is None:
-            return Exit(code=0)
+            return Exited(0)
         # no "task 0:" line: srun failed itself (no step, the job is gone) or died of a signal
-        ended = self._ended or (Exit(signal=-code) if code < 0 else Exit(code=code))
+        ended = self._ended or exit_of(code)
         return self.judge(ended) if self.judge else ended
 
     def step(self) -> str | None:

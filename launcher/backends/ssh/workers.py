@@ -34,7 +34,7 @@ from launcher.backends.ssh.preflight import state_dir
 from launcher.backends.ssh.settings import SshSettings
 from launcher.errors import LaunchError
 from launcher.remote import wrapper
-from launcher.state import Exit
+from launcher.state import Exit, exit_of, Exited, Lost
 
 
 class SshWorker:
@@ -128,20 +128,20 @@ class SshWorker:
             return self._exit
         lost = self.host.check_lost()
         if lost is not None and self._reported is None:
-            return self._finish(Exit(lost=lost), cleanup=True)
+            return self._finish(Lost(lost), cleanup=True)
         if self._reported is not None:
             code, sig, at = wrapper.parse_exit_report(self._reported)
-            return self._finish(Exit(code=code, signal=sig, at=at))
+            return self._finish(exit_of(code, sig, at))
         if not self._eof.is_set():
             return None
         # Output ended without the wrapper's report: setup failed, or the
         # connection went away under a running worker.
         if self._chan.status_event.wait(1.0) and self._chan.exit_status != -1:
             if self.pgid is None:
-                return self._finish(Exit(code=self._chan.exit_status))
-            return self._finish(Exit(lost=f"wrapper ended with status {self._chan.exit_status}"),
+                return self._finish(Exited(self._chan.exit_status))
+            return self._finish(Lost(f"wrapper ended with status {self._chan.exit_status}"),
                                 cleanup=True)
-        return self._finish(Exit(lost="connection closed"), cleanup=True)
+        return self._finish(Lost("connection closed"), cleanup=True)
 
     def _finish(self, ended: Exit, cleanup: bool = False) -> Exit:
         self._exit = ended
