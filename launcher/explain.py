@@ -12,39 +12,43 @@ mid-all-reduce, a coordinator gone, a port in use).
 from __future__ import annotations
 
 import re
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
+
+from worker import contract
 
 
 class Reading(NamedTuple):
-    pattern: re.Pattern
+    matches: Callable[[str], bool]
     meaning: str
 
 
+def _words(pattern: str, flags: int = 0) -> Callable[[str], bool]:
+    return re.compile(pattern, flags).search
+
+
 READINGS = (
-    Reading(re.compile(r"Gloo \S+ failed: .*(Connection closed by peer|Connection reset by peer|"
-                       r"Connection refused|Broken pipe|Timed out)"),
+    Reading(lambda line: contract.is_peer_loss(line) and "Gloo" in line,  # the cascade markers
             "a collective (gloo, JAX's CPU all-reduce) lost its connection to another process: "
             "that process died or its host went away, so this failure follows from another; "
             "look at the process that failed first"),
-    Reading(re.compile(r"(UNAVAILABLE: (Socket closed|failed to connect|Connection reset)|"
-                       r"Polled an error from coordination service|"
-                       r"experiencing network issues|Failed to send RPC to coordination service)"),
+    Reading(_words(r"(UNAVAILABLE: (Socket closed|failed to connect|Connection reset)|"
+                   r"Polled an error from coordination service|[Cc]oordination service has stopped|"
+                   r"experiencing network issues|Failed to send RPC to coordination service)"),
             "JAX's coordination service (run by process 0) went away or reported another "
             "process's failure: this one stopped because of it; look at the process that "
             "failed first, or at process 0's log"),
-    Reading(re.compile(r"(ALREADY_EXISTS|Duplicate task registration|already registered)"),
+    Reading(_words(r"(ALREADY_EXISTS|Duplicate task registration|already registered)"),
             "the coordinator already had a process with this process_id: a process of an "
             "earlier run of this job still holds the coordinator port; stop it (ssh/tpu: "
             "launch ... --kill-stale) or pick another cluster.coordinator_port"),
-    Reading(re.compile(r"(RESOURCE_EXHAUSTED|Out of memory while trying to allocate|"
-                       r"out of memory)", re.I),
+    Reading(_words(r"(RESOURCE_EXHAUSTED|Out of memory while trying to allocate|out of memory)",
+                   re.I),
             "a device ran out of memory: lower train.global_batch_size, or the model's size"),
-    Reading(re.compile(r"(TPU is already in use|TPU in use by process|"
-                       r"Unable to initialize backend 'tpu')"),
+    Reading(_words(r"(TPU is already in use|TPU in use by process|Unable to initialize backend 'tpu')"),
             "another process holds this host's TPU (a survivor of an earlier run, or someone "
             "else's job): ssh/tpu: launch ... --kill-stale stops podlaunch's own; otherwise "
             "find it with `sudo lsof -w /dev/accel*` or `/dev/vfio/*`"),
-    Reading(re.compile(r"Address already in use"),
+    Reading(_words(r"Address already in use"),
             "a port the job needs is taken on that host: pick another "
             "cluster.coordinator_port, or 0 for a free one"),
 )
@@ -54,6 +58,6 @@ def meaning(tail: Iterable[str]) -> str | None:
     """What the newest line of ``tail`` that a reading matches usually means, or None."""
     for line in reversed(list(tail)):
         for reading in READINGS:
-            if reading.pattern.search(line):
+            if reading.matches(line):
                 return reading.meaning
     return None

@@ -249,7 +249,7 @@ def _refused_start(tmp_path, hosts) -> tuple:
     """Host 1's job file path is a directory: putting the job there fails after host 0
     (max_parallel 1: hosts one after the other) started its 3 workers."""
     run_dir = tmp_path / "run"
-    (tmp_path / "host1" / ".podlaunch" / "linear" / "job.json").mkdir(parents=True)
+    (tmp_path / "host1" / "runs" / "linear" / "run" / "job.json").mkdir(parents=True)
     cluster = write_cluster(tmp_path, hosts, [0, 1], processes_per_host=3, max_parallel=1)
     result = launch("jobs/linear.yaml", "--cluster", cluster, *SMALL,
                     "--set", "distributed.initialization_timeout_s=600", "--run-dir", str(run_dir))

@@ -251,6 +251,29 @@ def _holder(tmp_path, held: str, env: dict) -> subprocess.Popen:
     return proc
 
 
+def test_a_live_launch_holding_the_tpu_is_never_stopped_even_when_asked(tmp_path, capsys):
+    # issue 25, item 2: the holder check stops others' holders only on request, and a
+    # worker of another launch of this job whose launcher is still connected never
+    from launcher.remote import holders as remote_holders
+
+    device = tmp_path / "accel0"
+    device.write_text("")
+    live_run = str(tmp_path / "runs" / "linear" / "live")
+    live = _holder(tmp_path, str(device), {"PODLAUNCH_RUN_DIR": live_run})
+    try:
+        args = {"globs": [str(device)], "lockfile": str(tmp_path / "libtpu_lockfile"),
+                "stop_others": True, "dry_run": False, "grace_s": 1, "port": None,
+                "run_dir_env": "PODLAUNCH_RUN_DIR", "spare_run_dirs": [live_run]}
+        out = remote_holders.main(args)
+        assert out["stopped"] == [] and live.poll() is None
+        assert [h["podlaunch_run_dir"] for h in out["holders"]] == [live_run]
+        out = remote_holders.main({**args, "spare_run_dirs": []})  # not live: stopped
+        assert out["stopped"] == [live.pid] and live.wait(10) is not None
+    finally:
+        live.kill()
+    capsys.readouterr()
+
+
 @pytest.mark.slow  # starts sshd
 def test_stale_holders_ours_always_others_only_when_asked(tmp_path, hosts, monkeypatch):
     install_two_slices(tmp_path / "bin")

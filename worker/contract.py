@@ -74,23 +74,22 @@ COMPILATION_CACHE_DIR = "PODLAUNCH_COMPILATION_CACHE_DIR"
 # in the default layout, else in the run directory (launcher.plan.compilation_cache_dir).
 COMPILATION_CACHE = "compilation-cache"
 
-# "step 40/100 loss 0.012345 | 812.3 steps/s | step_time_s 0.001231 (own 0.000402)"
-# step_time_s: wall seconds per step since the previous logged step (equal on
-# every process of a synchronous run); own: the part of it this process spent
-# outside JAX, on its own host work: the number that singles out a straggler
-# (see worker/metrics.py).
+# "step 40/100 loss 0.012345 | 812.3 steps/s | step_time_s 0.001231 (own 0.000402)": wall
+# seconds per step since the last logged step (equal on every process), and own: this process's
+# host work outside JAX, what singles out a straggler (worker/metrics.py).
 PROGRESS_FORMAT = ("step {step}/{num_steps} loss {loss:.6g} | {steps_per_s:.1f} steps/s"
                    " | step_time_s {step_time_s:.6g} (own {own_step_time_s:.6g})")
 PROGRESS_RE = re.compile(
     r"^step (?P<step>\d+)/(?P<num_steps>\d+) loss (?P<loss>\S+) \| (?P<steps_per_s>\S+) steps/s"
     r"(?: \| step_time_s (?P<step_time_s>\S+) \(own (?P<own_step_time_s>\S+)\))?")
-FAILED_FORMAT = "failed at step {step}: {error}"
-# Just before FAILED_FORMAT: when (time.time(), the host's clock) the worker caught
-# its error. A cascade's victims catch theirs after the cause died, so the
-# launcher leads with the earliest; the launcher does not echo these lines.
+FAILED_PREFIX = "failed at step "
+FAILED_FORMAT = FAILED_PREFIX + "{step}: {error}"
+# Just before FAILED_FORMAT: when (time.time(), the host's clock) the worker caught its error; a
+# cascade's victims catch theirs after the cause died, so the launcher leads with the earliest.
 FAILED_TIME_FORMAT = "podlaunch-failed-at {at:.6f}"
 FAILED_TIME_RE = re.compile(r"^podlaunch-failed-at (?P<at>\d+(?:\.\d+)?)$")
-HEARTBEAT_FORMAT = "podlaunch-heartbeat step {step}"
+HEARTBEAT_PREFIX = "podlaunch-heartbeat step "
+HEARTBEAT_FORMAT = HEARTBEAT_PREFIX + "{step}"
 # Every process of a resumed attempt, before its first step: the steps before
 # N + 1 were done by an earlier attempt (the launcher's mean step time needs it).
 RESUMED_FORMAT = "resumed from the checkpoint of step {step} (attempt {attempt})"
@@ -103,9 +102,10 @@ CACHE_RE = re.compile(r"^compilation cache: (?P<hits>\d+) hits, (?P<misses>\d+) 
                       r"\(trace, compile, dispatch\) (?P<seconds>[0-9.]+|\?) s")
 # Process 0, once a checkpoint is complete (renamed into place): over ssh the
 # launcher copies it from host 0 into the local run directory when it sees this.
-CHECKPOINT_FORMAT = "checkpoint of step {step} saved: {path}"
-STEP_RE = re.compile(r"^(?:step (?P<done>\d+)/\d+ |failed at step (?P<failed>\d+):"
-                     r"|podlaunch-heartbeat step (?P<beat>\d+)$)")
+CHECKPOINT_PREFIX, CHECKPOINT_SAVED = "checkpoint of step ", " saved: "
+CHECKPOINT_FORMAT = CHECKPOINT_PREFIX + "{step}" + CHECKPOINT_SAVED + "{path}"
+STEP_RE = re.compile(rf"^(?:step (?P<done>\d+)/\d+ |{re.escape(FAILED_PREFIX)}(?P<failed>\d+):"
+                     rf"|{re.escape(HEARTBEAT_PREFIX)}(?P<beat>\d+)$)")
 
 # Exit code a worker uses when its own checks (identity, devices) fail.
 EXIT_MISMATCH = 3
@@ -205,12 +205,12 @@ def checkpoints_in(names) -> list:
 
 def is_checkpoint_saved(line: str) -> bool:
     """Whether ``line`` is process 0's ``CHECKPOINT_FORMAT`` line."""
-    return line.startswith("checkpoint of step ") and " saved: " in line
+    return line.startswith(CHECKPOINT_PREFIX) and CHECKPOINT_SAVED in line
 
 
 def is_failure(line: str) -> bool:
     """Whether ``line`` is a worker's own ``FAILED_FORMAT`` report (it names the exact step)."""
-    return line.startswith("failed at step ")
+    return line.startswith(FAILED_PREFIX)
 
 
 def parse_failed_time(line: str):
@@ -236,7 +236,7 @@ def is_peer_loss(line: str) -> bool:
 
 def is_heartbeat(line: str) -> bool:
     """Whether ``line`` is a heartbeat (progress for the watchdog, noise for people)."""
-    return line.startswith("podlaunch-heartbeat step ")
+    return line.startswith(HEARTBEAT_PREFIX)
 
 
 def heartbeat_interval_s(stall_timeout_s: float | None) -> float | None:

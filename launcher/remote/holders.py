@@ -8,7 +8,7 @@ Args (one JSON object): ``globs`` (TPU device files), ``lockfile``,
 ``stop_others`` (stop the holders: TERM, ``grace_s``, KILL), ``dry_run``
 (stop nothing, remove nothing), ``grace_s``, ``port`` (int: check it is
 free; null: no check), ``run_dir_env`` (the env name marking a podlaunch
-worker).
+worker), ``spare_run_dirs`` (podlaunch run dirs of live launches: never stopped).
 
 Prints ``MARK`` + JSON: ``holders`` (``pid``, ``paths``, ``cmd``,
 ``podlaunch_run_dir``) left at the end, ``unreadable``, ``stopped`` (pids),
@@ -46,8 +46,10 @@ def main(args):
     found, unreadable = holders()
     out = {"holders": [describe(p, h, args["run_dir_env"]) for p, h in sorted(found.items())],
            "unreadable": unreadable, "stopped": [], "lockfile": None}
-    if found and args["stop_others"] and not args["dry_run"]:
-        proctl.stop_pids(list(found), args["grace_s"], lambda: holders()[0])
+    spare = set(args.get("spare_run_dirs") or ())
+    targets = [h["pid"] for h in out["holders"] if h["podlaunch_run_dir"] not in spare]
+    if targets and args["stop_others"] and not args["dry_run"]:
+        proctl.stop_pids(targets, args["grace_s"], lambda: holders()[0])
         left = holders()[0]
         out["stopped"] = [h["pid"] for h in out["holders"] if h["pid"] not in left]
         out["holders"] = [describe(p, h, args["run_dir_env"]) for p, h in sorted(left.items())]

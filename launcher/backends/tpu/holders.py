@@ -20,10 +20,12 @@ from launcher.remote import holders as remote_holders
 from worker import contract
 
 
-def _check(host: Host, cluster: TpuCluster, port: int | None, dry_run: bool) -> preflight.Check:
+def _check(host: Host, cluster: TpuCluster, port: int | None, dry_run: bool,
+           live_runs: tuple = ()) -> preflight.Check:
     args = {"globs": list(cluster.tpu_device_paths), "lockfile": cluster.libtpu_lockfile,
             "stop_others": cluster.stop_other_tpu_holders, "dry_run": dry_run,
-            "grace_s": cluster.grace_s, "port": port, "run_dir_env": contract.RUN_DIR}
+            "grace_s": cluster.grace_s, "port": port, "run_dir_env": contract.RUN_DIR,
+            "spare_run_dirs": list(live_runs)}
     argv = remote.python_call(cluster.python, "holders", args)
     try:
         status, output = run_script(host.connection.transport, command_line(argv))
@@ -39,6 +41,9 @@ def _check(host: Host, cluster: TpuCluster, port: int | None, dry_run: bool) -> 
                         "cluster.coordinator_port")
     elif facts["holders"] and dry_run and cluster.stop_other_tpu_holders:
         pass  # a real run would stop them: ``report`` names them
+    elif live := sorted({h["podlaunch_run_dir"] for h in facts["holders"]} & set(live_runs)):
+        check.reason = (f"TPU in use by another live launch of this job ({', '.join(live)}), its "
+                        "launcher still connected: wait for it to end, or stop it (Ctrl-C there)")
     elif facts["holders"]:
         held = "; ".join(f"pid {h['pid']} ({h['cmd']}) holds {', '.join(h['paths'])}"
                          + (" [a podlaunch worker]" if h["podlaunch_run_dir"] else "")
@@ -49,10 +54,13 @@ def _check(host: Host, cluster: TpuCluster, port: int | None, dry_run: bool) -> 
     return check
 
 
-def clear(hosts: list, cluster: TpuCluster, port: int | None, dry_run: bool, labels: list) -> list:
+def clear(hosts: list, cluster: TpuCluster, port: int | None, dry_run: bool, labels: list,
+          live_runs: tuple = ()) -> list:
     """On every host: find processes holding the TPU devices or libtpu's lock file.
 
-    Host 0 also checks that the coordinator ``port`` is free (None: no check).
+    Host 0 also checks that the coordinator ``port`` is free (None: no check). Workers of
+    ``live_runs`` (other launches of this job whose launcher is still connected:
+    ``preflight.beside``) are never stopped, even with ``stop_other_tpu_holders``.
 
     Returns:
       One ``preflight.Check`` per host with its facts (holders, stopped pids, lockfile).
@@ -63,7 +71,7 @@ def clear(hosts: list, cluster: TpuCluster, port: int | None, dry_run: bool, lab
     """
     with concurrent.futures.ThreadPoolExecutor(min(cluster.max_parallel, len(hosts))) as pool:
         checks = list(pool.map(lambda h: _check(h, cluster, port if h.index == 0 else None,
-                                                dry_run), hosts))
+                                                dry_run, tuple(live_runs)), hosts))
     preflight.refuse_unfit(checks, hosts, "TPU check", labels)
     return checks
 

@@ -74,7 +74,8 @@ class TpuSession(Session):
             ids = ", ".join(f"p{r['process_id']} (pgid {r['pgid']})" for r in ours)
             self.console.say(f"stopped {len(ours)} stale process group(s) of an earlier run: {ids}")
         cleared = holders.clear(self.ssh.hosts, cluster,
-                                port if cluster.coordinator_port is None else None, dry_run, labels)
+                                port if cluster.coordinator_port is None else None, dry_run, labels,
+                                live_runs=tuple(preflight.beside(checks)))
         holders.report(self.console, cleared, cluster.libtpu_lockfile, dry_run)
         coordinator_ip = self.ssh.coordinator_ip()
         # after the holders are cleared: the port is free; host 0 is the first slice's worker 0
