@@ -14,6 +14,7 @@ import re
 
 import worker
 from launcher import schema, syncrules
+from worker import sections
 from launcher.schema import positive, setting
 
 
@@ -26,8 +27,9 @@ def _argv(value: tuple) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ProgramSpec:
-    """Your own program as every process's worker, in place of task/data/optimizer/train."""
+class ProgramSpec(sections.ProgramSteps):
+    """Your own program as every process's worker, in place of task/data/optimizer/train
+    (``num_steps``, what the worker reads too, is ``worker.sections.ProgramSteps``')."""
 
     argv: tuple[str, ...] = setting(check=_argv, doc="the command and its arguments; argv[0] "
                                     "'python' or 'python3' is the cluster's python")
@@ -37,9 +39,6 @@ class ProgramSpec:
                               "host's workdir")
     env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names,
                                               doc="extra environment for the program")
-    num_steps: int | None = setting(None, check=positive,
-                                    doc="steps the program will report (worker.program.report); "
-                                    "an exit 0 before it reported the last one is a failure")
     include: tuple[str, ...] = setting((), doc="globs synced even if skipped by default (build, "
                                        "node_modules, ...) or looking like a secret (id_*, *.pem)")
     exclude: tuple[str, ...] = setting((), doc="globs (relative paths or names) never synced")

@@ -18,70 +18,16 @@ from typing import Any, Callable, Literal
 
 from launcher.errors import Problem
 from launcher.yamlio import dotted
-
-MISSING = dataclasses.MISSING
-Check = Callable[[Any], "str | None"]
-
-
-def setting(default: Any = MISSING, *, check: Check | None = None, doc: str = ""):
-    """A spec field: its default (MISSING = required), a value check and a doc line."""
-    kwargs: dict[str, Any] = {"metadata": {"check": check, "doc": doc}}
-    if isinstance(default, (dict, list)):
-        kwargs["default_factory"] = (lambda d=default: type(d)(d))
-    elif default is not MISSING:
-        kwargs["default"] = default
-    return dataclasses.field(**kwargs)
+# the job's sections and their checks are the worker's too (worker.sections): declared once
+from worker.sections import (LOCAL_PATH, MISSING, NUMBER_MAX, SEED_MAX, Check,  # noqa: F401
+                             identifier, in_range, index, non_negative, positive, seed, setting)
 
 
 # ---- checks: return None when fine, else "expected ..." -------------------
-# The largest number any setting may hold: a C int, what JAX's and numpy's
-# int32 arguments, the OS's timers and PyYAML-free consumers all accept.
-# Settings with tighter consumers say so (seeds: uint32).
-NUMBER_MAX = 2**31 - 1
-SEED_MAX = 2**32 - 1
-
-
-def _too_big(value) -> str | None:
-    if value > NUMBER_MAX:
-        return (f"expected at most {NUMBER_MAX} (larger values overflow the int32 and timer "
-                f"arguments it is passed to), got {value!r}")
-    return None
-
-
-def positive(value) -> str | None:
-    return (None if value > 0 else f"expected a number > 0, got {value!r}") if value <= NUMBER_MAX \
-        else _too_big(value)
-
-
-def non_negative(value) -> str | None:
-    return (None if value >= 0 else f"expected a number >= 0, got {value!r}") if value <= NUMBER_MAX \
-        else _too_big(value)
-
-
-def seed(value) -> str | None:
-    """A random seed: 0 to 2**32-1, what numpy's and JAX's 32-bit seeds take."""
-    if 0 <= value <= SEED_MAX:
-        return None
-    return f"expected a seed from 0 to {SEED_MAX} (2**32-1), got {value!r}"
-
-
-def index(value) -> str | None:
-    """A (possibly negative) index into a row."""
-    if -NUMBER_MAX <= value <= NUMBER_MAX:
-        return None
-    return f"expected an index from {-NUMBER_MAX} to {NUMBER_MAX}, got {value!r}"
-
-
 def port_or_zero(value) -> str | None:
     if 0 <= value <= 65535:
         return None
     return f"expected a TCP port 1-65535 (or 0 to pick a free one at launch), got {value}"
-
-
-def in_range(low, high) -> Check:
-    def check(value):
-        return None if low <= value <= high else f"expected {low} to {high}, got {value!r}"
-    return check
 
 
 # Environment variables the launcher sets itself; a user value would break the
@@ -115,29 +61,6 @@ def each(check: Check) -> Check:
     return check_all
 
 
-def identifier(what: str, pattern: str, allowed: str, chars: str) -> Check:
-    """A check that the whole string matches ``pattern`` (full match: a trailing newline fails).
-
-    Values that reach a shell, a path, an ssh_config token or a remote command
-    line are checked this strictly at load (OpenSSH refuses such host names
-    too since 9.6, CVE-2023-51385). The message names the first character
-    outside ``chars`` (a regex character class), or a leading '-' (it would
-    read as an option).
-    """
-    compiled, allowed_char = re.compile(pattern), re.compile(chars)
-
-    def check(value: str) -> str | None:
-        if compiled.fullmatch(value):
-            return None
-        if not value:
-            return f"expected {what}, got an empty string"
-        at = 0 if value.startswith("-") else next(
-            (i for i, c in enumerate(value) if not allowed_char.fullmatch(c)), None)
-        where = f": {value[at]!r} at position {at} is not allowed" if at is not None else ""
-        return f"expected {what} ({allowed}), got {value!r}{where}"
-    return check
-
-
 _PATH_CHARS = r"[A-Za-z0-9_./~+@%,:=-]"
 _ENV_NAME = identifier("environment variable name", r"[A-Za-z_][A-Za-z0-9_]*",
                        "letters, digits and '_', not starting with a digit", r"[A-Za-z0-9_]")
@@ -149,9 +72,6 @@ REMOTE_PATH = identifier("a path", r"[A-Za-z0-9_./~+@%,:=][A-Za-z0-9_./~+@%,:=-]
                          "letters, digits and _ . / ~ + @ % , : = -, not starting with '-'", _PATH_CHARS)
 COMMAND = identifier("a command or path", r"[A-Za-z0-9_./~+@%,:=][A-Za-z0-9_./~+@%,:=-]*",
                      "letters, digits and _ . / ~ + @ % , : = -, not starting with '-'", _PATH_CHARS)
-LOCAL_PATH = identifier("a file path", r"[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*",
-                        "no control characters or line breaks, not starting with '-'",
-                        r"[^\x00-\x1f\x7f]")
 GCP_NAME = identifier("a Cloud resource name", r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?",
                       "lowercase letters, digits and '-', starting with a letter, at most 63",
                       r"[-a-z0-9]")

@@ -18,23 +18,19 @@ import re
 from typing import Any, Literal
 
 from launcher import backends, crosschecks, schema, yamlio
-from launcher.checks import BUILTIN_TASKS
 from launcher.errors import Problem, SpecError
 from launcher.programspec import ProgramSpec
 from launcher.schema import MISSING, non_negative, positive, setting
 from worker import redact
+from worker import sections
 
-_TASK_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+# The job's sections, declared once in worker.sections (the worker reads the same classes
+# back from job.json); the launcher adds restarts, program, cluster and secrets.
+TaskSpec, DataSpec, OptimizerSpec = sections.Task, sections.Data, sections.Optimizer
+TrainSpec, LoggingSpec, DistributedSpec = sections.Train, sections.Logging, sections.Distributed
+CheckpointSpec, WatchdogSpec = sections.Checkpoint, sections.Watchdog
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-def _task_name(value: str) -> str | None:
-    if value in BUILTIN_TASKS or _TASK_REF.fullmatch(value):
-        return None
-    return (f"expected a built-in task ({', '.join(BUILTIN_TASKS)}) or 'package.module:function', "
-            f"got {value!r}")
-
-
 EXTENSION_PREFIX = "x-"
 
 _job_name = schema.identifier("a job name", _NAME.pattern,
@@ -42,108 +38,9 @@ _job_name = schema.identifier("a job name", _NAME.pattern,
                               r"[A-Za-z0-9_.-]")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TaskSpec:
-    name: str = setting("linear_regression", check=_task_name,
-                        doc="built-in task, or 'package.module:function' returning a worker.tasks.Task")
-    args: dict[str, Any] = setting({}, doc="keyword arguments passed to the task's function")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DataSpec:
-    source: Literal["synthetic", "file"] = setting("synthetic", doc="synthetic or file")
-    num_examples: int = setting(256, check=positive, doc="synthetic: rows in the dataset")
-    in_features: int = setting(4, check=positive, doc="synthetic: features per row")
-    out_features: int = setting(1, check=positive, doc="synthetic: targets per row")
-    noise_std: float = setting(0.1, check=non_negative,
-                               doc="synthetic: std of the Gaussian noise added to x @ w_true + b_true")
-    seed: int = setting(1, check=schema.seed, doc="synthetic: seed of the data and of w_true")
-    path: str | None = setting(None, check=schema.LOCAL_PATH,
-                               doc="file: .npy, .npz or .csv, relative to the spec file")
-    target_column: int = setting(-1, check=schema.index,
-                                 doc="file (.npy, .csv): index of the target column")
-    last_batch: Literal["drop", "pad"] = setting(
-        "drop", doc="rows that do not fill a last global batch: drop them, or pad that batch "
-        "with rows from the start (the launch says how many rows each epoch uses)")
-    shuffle: bool = setting(False, doc="a seeded permutation of the rows for every epoch, the same "
-                            "global order on every topology")
-    shuffle_seed: int = setting(0, check=schema.seed, doc="seed of the shuffle")
-    prefetch: int = setting(2, check=positive, doc="device calls' batches each process reads and "
-                            "places ahead of the step (host and device memory: about this many "
-                            "batches)")
-    resident: bool = setting(False, doc="unshuffled data that fits in device memory: keep every "
-                             "batch on the devices after its first use (no reads or copies per "
-                             "step, as before streaming)")
-    target_dtype: Literal["float32", "int32"] = setting(
-        "float32", doc="file (.npy, .csv): the target column as float32 targets, or int32 class "
-        "labels (whole numbers)")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OptimizerSpec:
-    name: Literal["sgd", "adam", "adamw"] = setting("sgd", doc="optax optimizer")
-    learning_rate: float = setting(0.01, check=positive, doc="step size")
-    momentum: float | None = setting(None, check=schema.in_range(0.0, 1.0),
-                                     doc="sgd only: heavy-ball momentum (None = plain SGD)")
-    weight_decay: float = setting(1e-4, check=non_negative, doc="adamw only")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainSpec:
-    num_steps: int = setting(check=positive, doc="optimizer steps to run")
-    global_batch_size: int = setting(check=positive,
-                                     doc="examples per step over all devices; must divide by device_count")
-    seed: int = setting(0, check=schema.seed, doc="seed of the parameter initialisation")
-    steps_per_call: int = setting(
-        1, check=schema.in_range(1, 100000),
-        doc="optimizer steps per device call (a lax.scan inside the mapped step): small steps "
-        "are dispatch-bound, so k > 1 runs faster with the same params; num_steps, "
-        "checkpoint.every_steps and logging.log_every_steps must be multiples of it")
-    allreduce: Literal["packed", "per_leaf"] = setting(
-        "packed", doc="packed: gradients and loss averaged in one flat buffer per dtype, one "
-        "collective per step (faster across processes); per_leaf: one pmean per array, as the seed")
-    parallelism: Literal["pmap", "jit"] = setting(
-        "pmap", doc="pmap: jax.pmap over the local devices, params replicated per device (the "
-        "seed's step; the default while jit is not measured faster: README, Benchmarks); jit: "
-        "jax.jit over a global Mesh of every device, the batch sharded with NamedSharding, params "
-        "replicated, the same per-device step inside (same params)")
-    compilation_cache: bool = setting(
-        True, doc="JAX's persistent compilation cache, shared by every process and attempt of "
-        "the run, so a restart loads what was compiled: runs/<job>/compilation-cache for a run in "
-        "the default layout (runs/<job>/<run>), shared by every run of the job, so a re-run "
-        "loads it too; <run dir>/compilation-cache for a --run-dir elsewhere; false: every "
-        "attempt compiles")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LoggingSpec:
-    log_every_steps: int = setting(10, check=positive,
-                                   doc="print progress and write TensorBoard scalars every N steps")
-    tensorboard: bool = setting(True, doc="process 0 writes TensorBoard events and metrics.jsonl "
-                                "to <run dir>/tensorboard")
-    on_nonfinite_loss: Literal["stop", "warn"] = setting(
-        "stop", doc="a NaN or infinite loss at a log step: stop the run (naming the step) or warn and go on")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DistributedSpec:
-    initialization_timeout_s: int = setting(60, check=positive,
-                                            doc="jax.distributed.initialize: wait this long for all processes")
-    heartbeat_timeout_s: int = setting(30, check=positive,
-                                       doc="JAX's coordination service declares a silent process dead after this")
-
-
 def _exit_codes(codes: tuple) -> str | None:
     bad = [c for c in codes if not 1 <= c <= 255]
     return f"expected exit codes 1 to 255, got {bad}" if bad else None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointSpec:
-    every_steps: int = setting(1000, check=non_negative,
-                               doc="process 0 saves params, optimizer state, step and data position "
-                               "every N steps and at the last step (0 = never)")
-    keep: int = setting(3, check=schema.in_range(1, 1000), doc="checkpoints kept (the newest)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -157,17 +54,6 @@ class RestartSpec:
         doc="worker exit codes that are retried (143/137: SIGTERM/SIGKILL as a shell reports them); "
         "deaths by a signal, stalls and lost hosts are always retried; "
         "exit 1 (a Python error) is not unless listed")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WatchdogSpec:
-    stall_timeout_s: float | None = setting(
-        300.0, check=positive,
-        doc="a process alive but without step progress this long is a failure (null = off)")
-    first_step_timeout_s: float | None = setting(
-        900.0, check=positive,
-        doc="allowance from start to the first completed step: imports, joining, data, "
-        "compilation (null = off)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -157,11 +157,34 @@ def test_job_json_holds_exactly_the_workers_keys():
     assert list(sent) == ["name", "secrets", "task", "data", "optimizer", "train", "logging", "distributed",
                           "checkpoint", "watchdog"]
     assert "cluster" in resolved and "restarts" in resolved  # in the spec, not sent
-    assert sent["watchdog"] == {"stall_timeout_s": 300.0}  # no first_step_timeout_s
     assert "global_batch_size" not in sent  # only train.global_batch_size
-    for section, values in sent.items():
+    for section, values in sent.items():  # each section whole: a projection of the spec
         if isinstance(values, dict):
-            assert values == {k: resolved[section][k] for k in values}, section
+            assert values == resolved[section], section
+
+
+def test_each_job_section_is_declared_once_for_launcher_and_worker():
+    # issue 24: a setting such as data.resident is one field declaration, the launcher's
+    # spec section and the worker's job.json section being the same class
+    from worker import sections
+
+    for spec_cls, worker_cls, shared in (
+            (specs.TaskSpec, jobs.TaskConfig, sections.Task),
+            (specs.DataSpec, jobs.DataConfig, sections.Data),
+            (specs.OptimizerSpec, jobs.OptimizerConfig, sections.Optimizer),
+            (specs.TrainSpec, jobs.TrainConfig, sections.Train),
+            (specs.LoggingSpec, jobs.LoggingConfig, sections.Logging),
+            (specs.DistributedSpec, jobs.DistributedConfig, sections.Distributed),
+            (specs.CheckpointSpec, jobs.CheckpointConfig, sections.Checkpoint),
+            (specs.WatchdogSpec, jobs.WatchdogConfig, sections.Watchdog)):
+        assert spec_cls is worker_cls is shared
+    from launcher.programspec import ProgramSpec
+    assert issubclass(ProgramSpec, jobs.ProgramConfig) and jobs.ProgramConfig is sections.ProgramSteps
+    # every field of the worker's side is declared in worker/sections.py, none in job.py
+    import inspect
+    source = inspect.getsource(jobs)
+    for name in ("resident", "compilation_cache", "shuffle_seed", "num_steps"):
+        assert f"{name}:" not in source, name
 
 
 def test_the_launcher_writes_job_json_through_the_contract(tmp_path):
@@ -207,10 +230,10 @@ def test_an_unknown_key_is_named_by_its_dotted_key():
     d = linear_job().to_dict()
     d["train"]["num_stepz"] = 5
     d["global_batch_size"] = 256  # what job.json used to carry
-    d["watchdog"]["first_step_timeout_s"] = 900.0
+    d["watchdog"]["first_step_timeouts"] = 900.0
     with pytest.raises(ContractError) as err:
         WorkerJob.from_dict(d)
-    for key in ("train.num_stepz", "global_batch_size", "watchdog.first_step_timeout_s"):
+    for key in ("train.num_stepz", "global_batch_size", "watchdog.first_step_timeouts"):
         assert f"{key}: unknown key" in str(err.value)
 
 
@@ -221,6 +244,8 @@ def test_an_unknown_key_is_named_by_its_dotted_key():
     ("optimizer", "momentum", "high", "optimizer.momentum: expected float or null, got 'high' (str)"),
     ("logging", "tensorboard", "yes", "logging.tensorboard: expected bool, got 'yes' (str)"),
     ("task", "args", [], "task.args: expected dict, got [] (list)"),
+    ("data", "source", "ftp", "data.source: expected 'synthetic' or 'file', got 'ftp' (str)"),
+    ("train", "parallelism", "pjit", "train.parallelism: expected 'pmap' or 'jit', got 'pjit'"),
 ])
 def test_a_value_of_the_wrong_type_is_named_by_its_dotted_key(section, key, value, message):
     d = linear_job().to_dict()

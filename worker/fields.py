@@ -28,14 +28,26 @@ def hints_of(cls) -> dict:
 
 
 def allowed_types(hint) -> tuple:
-    """The runtime types a field's annotation admits (an int is a float; a bool is no int)."""
+    """The runtime types a field's annotation admits (an int is a float; a bool is no int;
+    a ``Literal``'s, its values' types: ``literal_values`` says which values)."""
     union = typing.get_origin(hint) in (typing.Union, types.UnionType)
     options = typing.get_args(hint) if union else (hint,)
     out: list = []
     for option in options:
+        if typing.get_origin(option) is typing.Literal:
+            out += [type(v) for v in typing.get_args(option)]
+            continue
         option = typing.get_origin(option) or option
         out += [int, float] if option is float else [type(None) if option is None else option]
     return tuple(out)
+
+
+def literal_values(hint) -> tuple | None:
+    """The values a ``Literal`` annotation (or a union holding one) admits, or None."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    options = typing.get_args(hint) if union else (hint,)
+    literals = [v for o in options if typing.get_origin(o) is typing.Literal for v in typing.get_args(o)]
+    return tuple(literals) if literals else None
 
 
 def type_ok(value: Any, allowed: tuple) -> bool:
@@ -45,6 +57,9 @@ def type_ok(value: Any, allowed: tuple) -> bool:
 
 
 def expected_type(hint) -> str:
+    literals = literal_values(hint)
+    if literals is not None:
+        return " or ".join(repr(v) for v in literals)
     allowed = allowed_types(hint)
     return " or ".join("null" if t is type(None) else t.__name__
                        for t in allowed if t is not int or float not in allowed)
@@ -64,6 +79,7 @@ def check_fields(obj) -> None:
                 raise ContractError(f"{field.name}: expected {hint.__name__}, "
                                     f"got {describe_value(value)}")
             continue
-        if not type_ok(value, allowed_types(hint)):
+        literals = literal_values(hint)
+        if not type_ok(value, allowed_types(hint)) or (literals is not None and value not in literals):
             raise ContractError(f"{field.name}: expected {expected_type(hint)}, "
                                 f"got {describe_value(value)}")

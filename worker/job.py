@@ -2,11 +2,11 @@
 
 Half of the launcher-worker contract (``worker.contract`` has the other half,
 the identity in the environment, and the progress lines). Built by the
-launcher from its resolved spec (``WorkerJob.from_spec_dict``), written with
-``to_json`` (mode 0600: ``task.args`` may hold secrets) and read by the worker
-with ``from_json``. No key the worker does not read is sent, and none has a
-default here: the spec's defaults live only in ``launcher/spec.py``. What does
-not fit raises ``worker.contract.ContractError`` naming the dotted key.
+launcher from its resolved spec (``WorkerJob.from_spec_dict``: the spec's sections,
+``worker.sections``, without the launcher's own), written with ``to_json`` (mode
+0600: ``task.args`` may hold secrets) and read by the worker with ``from_json``
+into the same section classes, every key required. What does not fit raises
+``worker.contract.ContractError`` naming the dotted key.
 
 Standard library only, like ``worker.contract``: the launcher imports it.
 """
@@ -18,136 +18,19 @@ import json
 import os
 from typing import Any
 
-from worker.fields import (ContractError, allowed_types, check_fields, describe_value,
-                           expected_type, hints_of, type_ok)
+from worker import sections
+from worker.fields import (ContractError, allowed_types, describe_value, expected_type, hints_of,
+                           literal_values, type_ok)
 
 
 # ---- the job: job.json -----------------------------------------------------------------------
-# Exactly the keys the worker reads, every one required. Their meaning, checks
-# and defaults are the spec's (launcher/spec.py, the README's table).
-
-class _Section:
-    """A job section: its values' types are checked on construction (ContractError)."""
-
-    def __post_init__(self):
-        check_fields(self)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TaskConfig(_Section):
-    """``task``: ``name`` (built-in or ``package.module:function``) and its keyword ``args``."""
-
-    name: str
-    args: dict[str, Any]  # user data, passed as is
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DataConfig(_Section):
-    """``data``: where the rows come from and in which order (``worker.data``).
-
-    Attributes:
-      source: ``synthetic`` or ``file``.
-      num_examples, in_features, out_features, noise_std, seed: synthetic data
-        (rows, features, targets, std of the Gaussian noise, seed).
-      path: file data: absolute path of a .npy, .npz or .csv (None for synthetic).
-      target_column: file data (.npy, .csv): index of the target column.
-      last_batch: ``drop`` the rows after the last whole global batch, or ``pad``
-        it with rows from the start.
-      shuffle: a seeded permutation of the rows per epoch (``worker.order``).
-      shuffle_seed: its seed.
-      prefetch: device calls' batches read and placed ahead (``worker.data.Batches``).
-      resident: keep every batch on the devices after its first use (unshuffled only).
-      target_dtype: ``float32`` targets ``[rows, 1]`` or ``int32`` labels ``[rows]``
-        (.npy, .csv).
-    """
-
-    source: str
-    num_examples: int
-    in_features: int
-    out_features: int
-    noise_std: float
-    seed: int
-    path: str | None
-    target_column: int
-    last_batch: str
-    shuffle: bool
-    shuffle_seed: int
-    prefetch: int
-    resident: bool
-    target_dtype: str
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OptimizerConfig(_Section):
-    """``optimizer`` (``worker.train.make_optimizer``).
-
-    Attributes:
-      name: ``sgd``, ``adam`` or ``adamw``.
-      learning_rate: step size.
-      momentum: sgd only; None is plain SGD.
-      weight_decay: adamw only.
-    """
-
-    name: str
-    learning_rate: float
-    momentum: float | None
-    weight_decay: float
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig(_Section):
-    """``train``: ``num_steps`` optimizer steps of ``global_batch_size`` examples
-    (over all devices); ``seed`` of the parameter initialisation;
-    ``steps_per_call`` optimizer steps per device call (``num_steps`` and the
-    checkpoint and log steps are multiples of it); ``allreduce``: ``packed``
-    (one flat buffer per dtype, one collective per step) or ``per_leaf``;
-    ``parallelism``: ``pmap`` (``worker.train``) or ``jit`` (``worker.sharded``);
-    ``compilation_cache``: JAX's persistent cache (in the directory the launcher
-    names, ``contract.COMPILATION_CACHE_DIR``), or none."""
-
-    num_steps: int
-    global_batch_size: int
-    seed: int
-    steps_per_call: int
-    allreduce: str
-    parallelism: str
-    compilation_cache: bool
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LoggingConfig(_Section):
-    """``logging``: progress and scalars every ``log_every_steps`` steps; process 0
-    writes TensorBoard events when ``tensorboard``; ``on_nonfinite_loss`` is
-    ``stop`` or ``warn``."""
-
-    log_every_steps: int
-    tensorboard: bool
-    on_nonfinite_loss: str
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DistributedConfig(_Section):
-    """``distributed``: ``jax.distributed.initialize``'s timeouts, in seconds."""
-
-    initialization_timeout_s: int
-    heartbeat_timeout_s: int
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointConfig(_Section):
-    """``checkpoint``: process 0 saves every ``every_steps`` steps and at the last
-    one (0 = never); the newest ``keep`` are kept."""
-
-    every_steps: int
-    keep: int
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WatchdogConfig(_Section):
-    """``watchdog``: ``stall_timeout_s`` (seconds, None = off) paces the heartbeats
-    (``heartbeat_interval_s``)."""
-
-    stall_timeout_s: float | None
+# The sections are the spec's own (worker.sections: declared once for both sides); here
+# every key is required, since the launcher wrote them all.
+TaskConfig, DataConfig, OptimizerConfig = sections.Task, sections.Data, sections.Optimizer
+TrainConfig, LoggingConfig = sections.Train, sections.Logging
+DistributedConfig, CheckpointConfig, WatchdogConfig = (sections.Distributed, sections.Checkpoint,
+                                                       sections.Watchdog)
+_Section = sections._Section
 
 
 class _JobFile(_Section):
@@ -176,8 +59,8 @@ class _JobFile(_Section):
     def from_spec_dict(cls, resolved: dict) -> "WorkerJob":
         """Pick the worker's keys out of the launcher's ``JobSpec.to_dict()``.
 
-        Everything else in ``resolved`` (``cluster``, ``restarts``,
-        ``watchdog.first_step_timeout_s``, ...) is left out.
+        Everything else in ``resolved`` (``cluster``, ``restarts``, ``program.argv``,
+        ...) is left out.
 
         Raises:
           ContractError: ``resolved`` lacks a key the worker needs.
@@ -237,12 +120,7 @@ class WorkerJob(_JobFile):
 
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ProgramConfig(_Section):
-    """``program``: ``num_steps`` the program will report (None: it did not say)."""
-
-    num_steps: int | None
-
+ProgramConfig = sections.ProgramSteps
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ProgramJob(_JobFile):
@@ -296,7 +174,8 @@ def _build(cls, d: Any, prefix: str, problems: list):
         elif dataclasses.is_dataclass(hints[name]):
             values[name] = _build(hints[name], d[name], key + ".", problems)
             ok = ok and values[name] is not None
-        elif not type_ok(d[name], allowed_types(hints[name])):
+        elif not type_ok(d[name], allowed_types(hints[name])) or (
+                literal_values(hints[name]) is not None and d[name] not in literal_values(hints[name])):
             problems.append(f"{key}: expected {expected_type(hints[name])}, got {describe_value(d[name])}")
             ok = False
         else:

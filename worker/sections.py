@@ -1,0 +1,269 @@
+"""The job's sections, declared once for the launcher and the worker (standard library only).
+
+Each section is a frozen dataclass whose fields carry their default, a value check and a
+doc line (``setting``). The launcher builds them from YAML (``launcher.schema.build``:
+conversion, checks, line numbers) and composes the whole spec from them plus its own
+sections (cluster, restarts, program, secrets: ``launcher.spec``); ``job.json`` is their
+projection, read back by the worker into the same classes (``worker.job``, every key
+required there, each value's type checked on construction: ``worker.fields``). A new
+setting is one field here, and the docs' settings reference is tested against these docs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Literal
+
+from worker.fields import check_fields
+
+MISSING = dataclasses.MISSING
+Check = Callable[[Any], "str | None"]
+
+
+def setting(default: Any = MISSING, *, check: Check | None = None, doc: str = ""):
+    """A spec field: its default (MISSING = required), a value check and a doc line."""
+    kwargs: dict[str, Any] = {"metadata": {"check": check, "doc": doc}}
+    if isinstance(default, (dict, list)):
+        kwargs["default_factory"] = (lambda d=default: type(d)(d))
+    elif default is not MISSING:
+        kwargs["default"] = default
+    return dataclasses.field(**kwargs)
+
+
+
+# ---- checks: return None when fine, else "expected ..." -------------------
+# The largest number any setting may hold: a C int, what JAX's and numpy's
+# int32 arguments, the OS's timers and PyYAML-free consumers all accept.
+# Settings with tighter consumers say so (seeds: uint32).
+NUMBER_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1
+
+
+def _too_big(value) -> str | None:
+    if value > NUMBER_MAX:
+        return (f"expected at most {NUMBER_MAX} (larger values overflow the int32 and timer "
+                f"arguments it is passed to), got {value!r}")
+    return None
+
+
+def positive(value) -> str | None:
+    return (None if value > 0 else f"expected a number > 0, got {value!r}") if value <= NUMBER_MAX \
+        else _too_big(value)
+
+
+def non_negative(value) -> str | None:
+    return (None if value >= 0 else f"expected a number >= 0, got {value!r}") if value <= NUMBER_MAX \
+        else _too_big(value)
+
+
+def seed(value) -> str | None:
+    """A random seed: 0 to 2**32-1, what numpy's and JAX's 32-bit seeds take."""
+    if 0 <= value <= SEED_MAX:
+        return None
+    return f"expected a seed from 0 to {SEED_MAX} (2**32-1), got {value!r}"
+
+
+def index(value) -> str | None:
+    """A (possibly negative) index into a row."""
+    if -NUMBER_MAX <= value <= NUMBER_MAX:
+        return None
+    return f"expected an index from {-NUMBER_MAX} to {NUMBER_MAX}, got {value!r}"
+
+
+def in_range(low, high) -> Check:
+    def check(value):
+        return None if low <= value <= high else f"expected {low} to {high}, got {value!r}"
+    return check
+
+
+
+def identifier(what: str, pattern: str, allowed: str, chars: str) -> Check:
+    """A check that the whole string matches ``pattern`` (full match: a trailing newline fails).
+
+    Values that reach a shell, a path, an ssh_config token or a remote command
+    line are checked this strictly at load (OpenSSH refuses such host names
+    too since 9.6, CVE-2023-51385). The message names the first character
+    outside ``chars`` (a regex character class), or a leading '-' (it would
+    read as an option).
+    """
+    compiled, allowed_char = re.compile(pattern), re.compile(chars)
+
+    def check(value: str) -> str | None:
+        if compiled.fullmatch(value):
+            return None
+        if not value:
+            return f"expected {what}, got an empty string"
+        at = 0 if value.startswith("-") else next(
+            (i for i, c in enumerate(value) if not allowed_char.fullmatch(c)), None)
+        where = f": {value[at]!r} at position {at} is not allowed" if at is not None else ""
+        return f"expected {what} ({allowed}), got {value!r}{where}"
+    return check
+
+
+
+LOCAL_PATH = identifier("a file path", r"[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*",
+                        "no control characters or line breaks, not starting with '-'",
+                        r"[^\x00-\x1f\x7f]")
+
+_seed = seed  # by another name: in a class body, a field named ``seed`` hides the function
+
+# The tasks worker.tasks builds in: the launcher checks these names, imports nothing
+BUILTIN_TASKS = ("linear_regression", "softmax_classifier")
+_TASK_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _task_name(value: str) -> str | None:
+    if value in BUILTIN_TASKS or _TASK_REF.fullmatch(value):
+        return None
+    return (f"expected a built-in task ({', '.join(BUILTIN_TASKS)}) or 'package.module:function', "
+            f"got {value!r}")
+
+
+
+class _Section:
+    """A job section: its values' types are checked on construction (``ContractError``)."""
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Task(_Section):
+    """``task``: which task builds the model and loss (``worker.tasks``), and its arguments."""
+
+    name: str = setting("linear_regression", check=_task_name,
+                        doc="built-in task, or 'package.module:function' returning a worker.tasks.Task")
+    args: dict[str, Any] = setting({}, doc="keyword arguments passed to the task's function")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Data(_Section):
+    """``data``: where the rows come from and in which order (``worker.data``, ``worker.sources``)."""
+
+    source: Literal["synthetic", "file"] = setting("synthetic", doc="synthetic or file")
+    num_examples: int = setting(256, check=positive, doc="synthetic: rows in the dataset")
+    in_features: int = setting(4, check=positive, doc="synthetic: features per row")
+    out_features: int = setting(1, check=positive, doc="synthetic: targets per row")
+    noise_std: float = setting(0.1, check=non_negative,
+                               doc="synthetic: std of the Gaussian noise added to x @ w_true + b_true")
+    seed: int = setting(1, check=_seed, doc="synthetic: seed of the data and of w_true")
+    path: str | None = setting(None, check=LOCAL_PATH,
+                               doc="file: .npy, .npz or .csv, relative to the spec file")
+    target_column: int = setting(-1, check=index,
+                                 doc="file (.npy, .csv): index of the target column")
+    last_batch: Literal["drop", "pad"] = setting(
+        "drop", doc="rows that do not fill a last global batch: drop them, or pad that batch "
+        "with rows from the start (the launch says how many rows each epoch uses)")
+    shuffle: bool = setting(False, doc="a seeded permutation of the rows for every epoch, the same "
+                            "global order on every topology")
+    shuffle_seed: int = setting(0, check=_seed, doc="seed of the shuffle")
+    prefetch: int = setting(2, check=positive, doc="device calls' batches each process reads and "
+                            "places ahead of the step (host and device memory: about this many "
+                            "batches)")
+    resident: bool = setting(False, doc="unshuffled data that fits in device memory: keep every "
+                             "batch on the devices after its first use (no reads or copies per "
+                             "step, as before streaming)")
+    target_dtype: Literal["float32", "int32"] = setting(
+        "float32", doc="file (.npy, .csv): the target column as float32 targets, or int32 class "
+        "labels (whole numbers)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Optimizer(_Section):
+    """``optimizer``: the optax optimizer (``worker.train.make_optimizer``)."""
+
+    name: Literal["sgd", "adam", "adamw"] = setting("sgd", doc="optax optimizer")
+    learning_rate: float = setting(0.01, check=positive, doc="step size")
+    momentum: float | None = setting(None, check=in_range(0.0, 1.0),
+                                     doc="sgd only: heavy-ball momentum (None = plain SGD)")
+    weight_decay: float = setting(1e-4, check=non_negative, doc="adamw only")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Train(_Section):
+    """``train``: the schedule and the step (``worker.train``: pmap; ``worker.sharded``: jit)."""
+
+    num_steps: int = setting(check=positive, doc="optimizer steps to run")
+    global_batch_size: int = setting(check=positive,
+                                     doc="examples per step over all devices; must divide by device_count")
+    seed: int = setting(0, check=_seed, doc="seed of the parameter initialisation")
+    steps_per_call: int = setting(
+        1, check=in_range(1, 100000),
+        doc="optimizer steps per device call (a lax.scan inside the mapped step): small steps "
+        "are dispatch-bound, so k > 1 runs faster with the same params; num_steps, "
+        "checkpoint.every_steps and logging.log_every_steps must be multiples of it")
+    allreduce: Literal["packed", "per_leaf"] = setting(
+        "packed", doc="packed: gradients and loss averaged in one flat buffer per dtype, one "
+        "collective per step (faster across processes); per_leaf: one pmean per array, as the seed")
+    parallelism: Literal["pmap", "jit"] = setting(
+        "pmap", doc="pmap: jax.pmap over the local devices, params replicated per device (the "
+        "seed's step; the default while jit is not measured faster: README, Benchmarks); jit: "
+        "jax.jit over a global Mesh of every device, the batch sharded with NamedSharding, params "
+        "replicated, the same per-device step inside (same params)")
+    compilation_cache: bool = setting(
+        True, doc="JAX's persistent compilation cache, shared by every process and attempt of "
+        "the run, so a restart loads what was compiled: runs/<job>/compilation-cache for a run in "
+        "the default layout (runs/<job>/<run>), shared by every run of the job, so a re-run "
+        "loads it too; <run dir>/compilation-cache for a --run-dir elsewhere; false: every "
+        "attempt compiles")
+
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Logging(_Section):
+    """``logging``: progress lines, TensorBoard (process 0) and what a non-finite loss does."""
+
+    log_every_steps: int = setting(10, check=positive,
+                                   doc="print progress and write TensorBoard scalars every N steps")
+    tensorboard: bool = setting(True, doc="process 0 writes TensorBoard events and metrics.jsonl "
+                                "to <run dir>/tensorboard")
+    on_nonfinite_loss: Literal["stop", "warn"] = setting(
+        "stop", doc="a NaN or infinite loss at a log step: stop the run (naming the step) or warn and go on")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Distributed(_Section):
+    """``distributed``: ``jax.distributed.initialize``'s timeouts, in seconds."""
+
+    initialization_timeout_s: int = setting(60, check=positive,
+                                            doc="jax.distributed.initialize: wait this long for all processes")
+    heartbeat_timeout_s: int = setting(30, check=positive,
+                                       doc="JAX's coordination service declares a silent process dead after this")
+
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Checkpoint(_Section):
+    """``checkpoint``: what process 0 saves, how often, how many are kept (``worker.checkpoint``)."""
+
+    every_steps: int = setting(1000, check=non_negative,
+                               doc="process 0 saves params, optimizer state, step and data position "
+                               "every N steps and at the last step (0 = never)")
+    keep: int = setting(3, check=in_range(1, 1000), doc="checkpoints kept (the newest)")
+
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Watchdog(_Section):
+    """``watchdog``: the launcher's stall timeouts; ``stall_timeout_s`` also paces the
+    workers' heartbeats (``contract.heartbeat_interval_s``)."""
+
+    stall_timeout_s: float | None = setting(
+        300.0, check=positive,
+        doc="a process alive but without step progress this long is a failure (null = off)")
+    first_step_timeout_s: float | None = setting(
+        900.0, check=positive,
+        doc="allowance from start to the first completed step: imports, joining, data, "
+        "compilation (null = off)")
+
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProgramSteps(_Section):
+    """``program``'s part the worker reads (``worker.program``): the steps it reports. The
+    launcher's ``ProgramSpec`` adds the command, its directory, environment and sync rules."""
+
+    num_steps: int | None = setting(None, check=positive,
+                                    doc="steps the program will report (worker.program.report); "
+                                    "an exit 0 before it reported the last one is a failure")
