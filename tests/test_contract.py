@@ -295,3 +295,14 @@ def test_a_worker_given_a_job_json_that_breaks_the_contract_exits_with_the_misma
                           text=True, timeout=60)
     assert done.returncode == contract.EXIT_MISMATCH, done.stdout + done.stderr
     assert f"worker: {job_path}: job: restarts: unknown key" in done.stdout
+
+
+def test_the_parallelism_is_a_value_named_by_train_parallelism():
+    # issue 24: chosen by name, told apart by its fields, never by a module's __name__
+    from worker import parallelism, sharded, train
+
+    pmap, jit = parallelism.of("pmap"), parallelism.of("jit")
+    assert (pmap.name, pmap.description, pmap.make_train_step) == ("pmap", "", train.make_train_step)
+    assert (jit.name, jit.replicate) == ("jit", sharded.replicate) and "jax.jit" in jit.description
+    with pytest.raises(ValueError, match="expected 'pmap' or 'jit'"):
+        parallelism.of("pjit")

@@ -79,15 +79,12 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     import numpy as np
 
     from worker import data as datasets
-    from worker import metrics
+    from worker import metrics, parallelism
     from worker import tasks
     from worker.tracker import make_tracker
     from worker.train import InFlight, make_optimizer
 
-    if job.train.parallelism == "jit":  # jax.jit over a global mesh; the same functions
-        from worker import sharded as parallel
-    else:
-        from worker import train as parallel
+    parallel = parallelism.of(job.train.parallelism)
 
     process_id = identity.process_id
     run_dir = identity.run_dir
@@ -138,7 +135,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         f"{devices}" + (f", {k} steps per call" if k > 1 else "")
         + (f", shuffled (seed {order.seed})" if order.shuffle else "")
         + (", resident" if batches.resident else f", prefetch {job.data.prefetch}")
-        + (", jax.jit over a global mesh" if parallel.__name__ == "worker.sharded" else ""))
+        + (f", {parallel.description}" if parallel.description else ""))
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
     step, logger = 0, None
