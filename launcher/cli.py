@@ -26,7 +26,8 @@ from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.status import check_show, parse_show, plural, summary
+from launcher.status import check_show, parse_show, summary
+from launcher.words import plural
 from worker import job as jobs
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130

@@ -35,7 +35,8 @@ from typing import Callable, TextIO
 from launcher import lines as kinds
 from launcher import proctl
 from launcher.state import State
-from launcher.status import plural, status_text
+from launcher.status import status_text
+from launcher.words import plural
 
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
 HIDDEN_TAIL = 5  # a failed process's last lines kept, to show once it failed

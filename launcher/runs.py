@@ -32,7 +32,7 @@ import time
 
 from launcher.errors import Problem, SpecError
 from launcher.lines import printable as lines_printable
-from launcher.status import duration
+from launcher.words import duration
 
 RUN_FILE = "run.json"
 

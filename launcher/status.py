@@ -32,6 +32,7 @@ import statistics
 from typing import Sequence
 
 from launcher import explain
+from launcher.words import duration, plural
 from launcher.errors import Problem, SpecError
 from launcher.state import Result, State, Tracked
 
@@ -74,25 +75,6 @@ def check_show(show: frozenset | None, num_processes: int) -> None:
     if beyond:
         raise SpecError([Problem("--show", None, "", f"process_id {beyond[0]} is beyond this job's "
                                  f"{plural(num_processes, 'process')} (0-{num_processes - 1})")])
-
-
-def plural(count: int, word: str, words: str | None = None) -> str:
-    """``1 process``, ``2 processes``: the count and the word that agrees with it."""
-    if count == 1:
-        return f"{count} {word}"
-    return f"{count} {words or (word + 'es' if word.endswith(('s', 'sh', 'ch', 'x')) else word + 's')}"
-
-
-def duration(seconds: float) -> str:
-    """``7.4s``, ``42s``, ``3m05s``, ``2h07m``: short, and tenths only under 10 s."""
-    if seconds < 10:
-        return f"{max(seconds, 0.0):.1f}s"
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def _ms(seconds: float) -> str:

@@ -41,7 +41,7 @@ from launcher.interrupts import Interrupted
 from launcher.pauses import Pauses
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
-from launcher.status import plural
+from launcher.words import plural
 from worker import contract
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped

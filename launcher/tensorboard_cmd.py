@@ -29,7 +29,7 @@ import urllib.request
 
 from launcher import interrupts, proctl, runs
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.status import plural
+from launcher.words import plural
 
 INSTALL = "pip install -e '.[tensorboard]'"  # the extra in pyproject.toml, from a checkout
 NAME_KEYS = 3  # differing settings named in a run's name, at most

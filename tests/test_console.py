@@ -29,7 +29,8 @@ from launcher import supervise as supervision
 from launcher.console import Console
 from launcher.errors import SpecError
 from launcher.state import Exited, State
-from launcher.status import duration, plural, status_text
+from launcher.status import status_text
+from launcher.words import duration, plural
 from worker import contract
 
 GLOO = "[Gloo] Rank {} is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"

@@ -27,7 +27,7 @@ from launcher.plan import Placement, Plan, ProcessPlan
 from launcher.schema import non_negative, port_or_zero, setting
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of
-from launcher.status import plural
+from launcher.words import plural
 
 HOST = "127.0.0.1"
 

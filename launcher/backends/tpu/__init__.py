@@ -25,7 +25,7 @@ class TpuBackend(Backend):
 
     def rehearsal(self, job) -> Backend:
         """The pod's exact topology as local CPU processes (``--rehearse``)."""
-        from launcher.backends.rehearsal import RehearsalBackend
+        from launcher.backends.tpu.rehearsal import RehearsalBackend
 
         return RehearsalBackend()
 
