@@ -239,7 +239,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     show = parse_show(args.show)
     console = console or Console(show=show, status_every_s=args.status_every,
                                  others=show != frozenset())
-    job = specs.load(args.job, args.cluster, tuple(args.overrides))
+    job = specs.load(args.job, args.cluster, tuple(args.overrides), registry=backends)
     check_show(show, job.num_processes)
     backend = backends.for_job(job)
     if args.rehearse:

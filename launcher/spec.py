@@ -17,7 +17,7 @@ import dataclasses
 import re
 from typing import Any, Literal
 
-from launcher import backends, crosschecks, schema, yamlio
+from launcher import crosschecks, schema, yamlio
 from launcher.errors import Problem, SpecError
 from launcher.programspec import ProgramSpec
 from launcher.schema import MISSING, non_negative, positive, setting
@@ -179,7 +179,8 @@ def parse_override(text: str) -> tuple[tuple, Any]:
     return tuple(key.strip().split(".")), value
 
 
-def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] = ()) -> JobSpec:
+def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] = (),
+         registry=None) -> JobSpec:
     """Read, merge, validate and freeze a job spec.
 
     Args:
@@ -187,6 +188,9 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
       cluster_path: optional cluster YAML; replaces the job's ``cluster:`` section.
         Its top level is the cluster mapping itself (a ``cluster:`` wrapper is accepted).
       overrides: ``KEY=VALUE`` strings from ``--set``, applied last, in order.
+      registry: the backends, by ``cluster.backend`` (``names()`` and ``cluster_type(name)``:
+        ``launcher.backends``, which the CLI hands in; None: that one). Spec loading knows
+        no backend of its own.
 
     Returns:
       The frozen JobSpec, with ``data.path`` made absolute.
@@ -237,7 +241,9 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
     ctx = schema.Context(lines, sources, path)
     cluster_raw = raw.pop("cluster", None)
     spec = schema.build(JobSpec, raw, (), ctx)
-    cluster = _build_cluster(cluster_raw, ctx)
+    if registry is None:
+        from launcher import backends as registry
+    cluster = _build_cluster(cluster_raw, ctx, registry)
     if spec is not MISSING and cluster is not MISSING:
         spec = dataclasses.replace(spec, cluster=cluster, source=path,
                                    locations={key: ctx.where(key) for key in LATE_CHECKED})
@@ -247,16 +253,16 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
     return spec
 
 
-def _build_cluster(raw: Any, ctx: schema.Context) -> Any:
+def _build_cluster(raw: Any, ctx: schema.Context, registry) -> Any:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         ctx.error(("cluster",), f"expected a mapping of settings, got {schema.describe(raw)}")
         return MISSING
     backend = raw.get("backend", "local")
-    cls = backends.cluster_type(backend) if isinstance(backend, str) else None
+    cls = registry.cluster_type(backend) if isinstance(backend, str) else None
     if cls is None:
-        schema.convert(Literal[backends.names()], backend, ("cluster", "backend"), ctx)
+        schema.convert(Literal[registry.names()], backend, ("cluster", "backend"), ctx)
         return MISSING
     if isinstance(raw.get("hosts"), list):  # a plain name is short for {host: name}
         raw = {**raw, "hosts": [{"host": h} if isinstance(h, str) else h for h in raw["hosts"]]}

@@ -149,3 +149,14 @@ def test_imports_inside_functions_and_relative_ones_count_type_checking_ones_do_
                                "launcher.pkg.d", "launcher.e")}
     assert _imports("launcher.pkg.b", str(source), modules) == {
         "launcher.pkg.a", "launcher.pkg.c", "launcher.e"}
+
+
+def test_spec_loading_is_handed_the_backends_and_imports_none():
+    # issue 24: the CLI hands the registry to spec loading; the spec module knows no backend
+    code = ("import sys, launcher.spec; "
+            "print(sorted(m for m in sys.modules if m.startswith('launcher.backends')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out
+    with open(os.path.join(REPO, "launcher", "cli.py"), encoding="utf-8") as f:
+        assert "registry=backends" in f.read()
