@@ -31,7 +31,7 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
       SpecError: that exceeds 80% of the machine's memory (``memory_bytes``,
         default the physical memory from ``sysconf``).
     """
-    if spec.program is not None:  # its memory is the program's business
+    if spec.is_program:  # its memory is the program's business
         return
     data = spec.data
     if data.source != "synthetic":
@@ -101,7 +101,7 @@ def check_task_importable(spec, pythonpath: str | None = None) -> None:
     Raises:
       SpecError: the module is not on the workers' search path (``worker_search_path``).
     """
-    if spec.program is not None or spec.task.name in BUILTIN_TASKS:
+    if spec.is_program or spec.task.name in BUILTIN_TASKS:
         return
     module = spec.task.name.split(":")[0]
     if pythonpath is None:
@@ -130,7 +130,7 @@ def check_syncs(spec) -> None:
             problems.append(Problem(*spec.where(("cluster", "sync_dir")), "cluster.sync_dir",
                                     why.replace("under include", "under cluster.sync_include")
                                     .replace("under exclude", "under cluster.sync_exclude")))
-    if spec.program is not None:
+    if spec.is_program:
         why = syncrules.check_source(spec.program.dir, spec.program.sync_rules)
         if why:
             problems.append(Problem(*spec.where(("program", "dir")), "program.dir",

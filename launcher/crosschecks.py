@@ -19,7 +19,7 @@ def check_job(spec, raw: dict, ctx: schema.Context):
     """Cross-field checks of a loaded ``launcher.spec.JobSpec``: the batch over devices, fused
     steps, data source settings, data files. Problems go to ``ctx``; returns the spec (with
     ``data.path`` made absolute and ``data_rows`` counted)."""
-    if spec.program is not None or spec.train is None:  # train is optional for programs only
+    if spec.is_program:
         return check_program(spec, raw, ctx)
     train, data = spec.train, spec.data
     if train.global_batch_size % spec.device_count:

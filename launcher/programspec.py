@@ -87,18 +87,30 @@ def _shadowing_worker(directory: str) -> str | None:
             "'from worker import program' would fail); rename it")
 
 
-def check_program(spec, raw: dict, ctx: schema.Context):
-    """Cross-field checks of a program job (``spec``: a ``launcher.spec.JobSpec``), or of a job
-    with neither program nor train: none of the trainer's sections, and its directory exists
-    (made absolute). Returns the spec."""
-    if spec.program is None:  # neither: the trainer's train section is missing
+def job_type(raw: dict, ctx: schema.Context, trainer, program):
+    """Which kind of job ``raw`` (the spec's top-level mapping) is: ``program`` when it has a
+    program: section, else ``trainer``; None when it has neither program nor train (said).
+
+    A program job with one of the trainer's sections is an error naming both; those
+    sections are taken out of ``raw`` so that the build does not call them unknown too.
+    """
+    if schema.given(raw, "program"):
+        for key in [k for k in TRAINER_SECTIONS if schema.given(raw, k)]:
+            ctx.error((key,), f"cannot be combined with program: a program job runs its own "
+                      f"training; remove {key} (or program)")
+            raw.pop(key)
+        return program
+    if not schema.given(raw, "train"):
         ctx.error(("train",), "missing; expected a mapping (num_steps, global_batch_size), "
                   "or a program: section to run your own program")
-        return spec
-    mixed = [key for key in TRAINER_SECTIONS if schema.given(raw, key)]
-    for key in mixed:
-        ctx.error((key,), f"cannot be combined with program: a program job runs its own "
-                  f"training; remove {key} (or program)")
+        return None
+    return trainer
+
+
+def check_program(spec, raw: dict, ctx: schema.Context):
+    """Cross-field checks of a program job (``spec``: a ``launcher.spec.ProgramJobSpec``): its
+    directory exists (made absolute), nothing of the trainer's that it would ignore, no
+    module of its own that hides podlaunch's. Returns the spec."""
     program = spec.program
     base = os.path.dirname(os.path.abspath(spec.source))
     full = os.path.normpath(os.path.join(base, os.path.expanduser(program.dir or ".")))
@@ -117,4 +129,4 @@ def check_program(spec, raw: dict, ctx: schema.Context):
         # a program that never reports has no first step: only an explicit timeout applies
         watchdog = dataclasses.replace(watchdog, first_step_timeout_s=None)
     return dataclasses.replace(spec, program=dataclasses.replace(program, dir=full),
-                               task=None, data=None, optimizer=None, watchdog=watchdog)
+                               watchdog=watchdog)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from launcher import crosschecks, schema, yamlio
 from launcher.errors import Problem, SpecError
+from launcher import programspec
 from launcher.programspec import ProgramSpec
 from launcher.schema import MISSING, non_negative, positive, setting
 from worker import redact
@@ -58,14 +59,11 @@ class RestartSpec:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """A validated job. ``source`` is the spec file it came from."""
+    """A validated job: a ``TrainerJobSpec`` (the built-in trainer) or a ``ProgramJobSpec``
+    (the user's own program), over this base of what every job has. ``source`` is the
+    spec file it came from. Code tells the two apart by type (``is_program``)."""
 
     name: str = setting(check=_job_name, doc="job name; names the run directory")
-    task: TaskSpec = setting(TaskSpec())
-    data: DataSpec = setting(DataSpec())
-    optimizer: OptimizerSpec = setting(OptimizerSpec())
-    train: TrainSpec | None = setting(None, doc="required unless program is given")
-    program: ProgramSpec | None = setting(None, doc="run your own program instead of the trainer")
     logging: LoggingSpec = setting(LoggingSpec())
     distributed: DistributedSpec = setting(DistributedSpec())
     checkpoint: CheckpointSpec = setting(CheckpointSpec())
@@ -101,7 +99,7 @@ class JobSpec:
 
     @property
     def is_program(self) -> bool:  # the user's own command runs as each process's worker
-        return self.program is not None
+        return isinstance(self, ProgramJobSpec)
 
     def where(self, key: tuple) -> tuple:
         """(file or ``--set``, line or None) that set ``key`` (one of ``LATE_CHECKED``)."""
@@ -127,14 +125,36 @@ class JobSpec:
                 "are never used (data.last_batch: drop; set it to pad to use them)")
 
     def to_dict(self) -> dict:
+        """The resolved spec as plain values, its sections in the order a spec file has them."""
         out = dataclasses.asdict(self)
         for internal in ("source", "locations", "data_rows"):
             out.pop(internal)
-        return out
+        return {key: out[key] for key in SECTION_ORDER if key in out}
 
     def to_masked_dict(self) -> dict:
         """``to_dict`` with every secret masked (``worker.redact``): what may be printed or kept."""
         return redact.masked(self.to_dict(), self.secrets)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainerJobSpec(JobSpec):
+    """A job of the built-in trainer: the task, its data, the optimizer and the schedule."""
+
+    task: TaskSpec = setting(TaskSpec())
+    data: DataSpec = setting(DataSpec())
+    optimizer: OptimizerSpec = setting(OptimizerSpec())
+    train: TrainSpec = setting(doc="required unless program is given")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProgramJobSpec(JobSpec):
+    """A job of the user's own program as every process's worker (``launcher.programspec``)."""
+
+    program: ProgramSpec = setting(doc="run your own program instead of the trainer")
+
+
+SECTION_ORDER = ("name", "task", "data", "optimizer", "train", "program", "logging", "distributed",
+                 "checkpoint", "restarts", "watchdog", "cluster", "secrets")
 
 
 def _read(path: str, flag: str | None = None) -> tuple[Any, dict]:
@@ -240,7 +260,8 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
 
     ctx = schema.Context(lines, sources, path)
     cluster_raw = raw.pop("cluster", None)
-    spec = schema.build(JobSpec, raw, (), ctx)
+    kind = programspec.job_type(raw, ctx, TrainerJobSpec, ProgramJobSpec)
+    spec = MISSING if kind is None else schema.build(kind, raw, (), ctx)
     if registry is None:
         from launcher import backends as registry
     cluster = _build_cluster(cluster_raw, ctx, registry)
@@ -249,8 +270,17 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
                                    locations={key: ctx.where(key) for key in LATE_CHECKED})
         spec = crosschecks.check_job(spec, raw, ctx)
     if ctx.problems:
-        raise SpecError(ctx.problems)
+        raise SpecError(in_file_order(ctx.problems))
     return spec
+
+
+def in_file_order(problems: list) -> list:
+    """``problems`` as a reader meets them: each source in the order it first appears, by line
+    within it (the ones without a line after, as found)."""
+    first = {}
+    for p in problems:
+        first.setdefault(p.source, len(first))
+    return sorted(problems, key=lambda p: (first[p.source], p.line is None, p.line or 0))
 
 
 def _build_cluster(raw: Any, ctx: schema.Context, registry) -> Any:

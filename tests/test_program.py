@@ -46,7 +46,8 @@ def test_program_dry_run_and_set(tmp_path):
     assert "JAX_COORDINATOR_ADDRESS=127.0.0.1:" in out and f", in {REPO}" in out
     job = spec.load(os.path.join(REPO, "jobs", "seed_program.yaml"), None,
                     ("program.num_steps=7",))
-    assert job.program.num_steps == 7 and job.task is None and job.train is None
+    assert job.program.num_steps == 7 and isinstance(job, spec.ProgramJobSpec)
+    assert not hasattr(job, "task") and not hasattr(job, "train")  # a program job has none
     assert job.watchdog.first_step_timeout_s is None  # not set: a program may never report
 
 
