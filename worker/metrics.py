@@ -1,7 +1,9 @@
 """What a worker measures and logs at log steps: timing, norms, the per-process gather.
 
 The training loop stays a few lines; everything it reports goes through one
-``StepLogger``:
+``StepLogger``, which reads log steps back and prints them; the timing is
+``worker.steptimer.StepTimer``'s and the writing of the scalars (held on process 0 until
+every process's own step time is in) ``worker.records.Records``', each of its own:
 
 * ``timed(step_fn)`` wraps the pmapped step to time its first call (trace +
   compile + dispatch, so ``compile_time_s`` needs no device sync), to count
@@ -62,16 +64,13 @@ from typing import Any, Callable
 from worker import contract, interrupts
 from worker import job as jobs
 from worker import redact
+from worker.records import Records
+from worker.steptimer import StepTimer
 
 # The columns of the train step's metrics array (worker.train.make_train_step).
 STEP_METRICS = ("loss", "grad_norm", "param_norm")
 
 NONFINITE_MODES = ("stop", "warn")
-
-
-def process_tag(process_id: int) -> str:
-    """The TensorBoard tag of one process's own step time, e.g. ``step_time_s/process_003``."""
-    return f"step_time_s/process_{process_id:03d}"
 
 
 def flatten(tree: Any, prefix: str = "") -> dict:
@@ -153,38 +152,25 @@ class StepLogger:
 
             gather = KeyValueGather(process_id, num_processes)
         self.gather = gather
-        self.hparams = flatten(redact.masked(job.to_dict(), job.secrets))
-        self.compile_time_s: float | None = None
+        self.records = Records(tracker, gather, process_id, num_processes, self.num_steps,
+                               flatten(redact.masked(job.to_dict(), job.secrets)), out, clock)
         self.last_loss: float | None = None
-        self._calls = 0  # steps dispatched (steps_per_call per call)
-        self.steps_per_call = steps_per_call
+        self.timer = StepTimer(clock, steps_per_call)
         # Log steps dispatched, not read yet: [step, calls, times or None, step_metrics].
         self._kept: collections.deque = collections.deque()
-        self._held: collections.deque = collections.deque()  # process 0: (step, values) to write
-        self._mark: float | None = None    # clock when the previous log step was timed
-        self._mark_calls = 0
-        self._not_own_s = 0.0              # time in JAX and in logging's reads since the mark
-        self._last_read = self._last_collect = -float("inf")
+        self._last_read = -float("inf")
         self._finished = 0                 # the first this many kept steps have finished (timed)
         self._stopped = False              # a non-finite loss stopped the run: log nothing after it
-        self._warned_lost = 0
         tracker.text("spec", spec_markdown(job), step=0)
 
+    @property
+    def compile_time_s(self) -> float | None:
+        """The first call's seconds (trace, compile, dispatch), until the first log step."""
+        return self.timer.compile_time_s
+
     def timed(self, step_fn: Callable) -> Callable:
-        """``step_fn`` that times its first call and counts every call; results unchanged."""
-        def counted(*args):
-            start = self.clock()
-            result = step_fn(*args)
-            end = self.clock()
-            if self._mark is None:
-                self.compile_time_s = end - start
-                # The first step ran after its dispatch returned: count it in the intervals.
-                self._mark, self._mark_calls = end, self._calls
-            else:
-                self._not_own_s += end - start
-            self._calls += self.steps_per_call
-            return result
-        return counted
+        """``step_fn`` that times its first call and counts every call (``StepTimer.timed``)."""
+        return self.timer.timed(step_fn)
 
     def is_log_step(self, step: int) -> bool:
         """Log steps: every ``log_every_steps``-th step, and the last one."""
@@ -209,7 +195,7 @@ class StepLogger:
           FloatingPointError: see ``read``.
         """
         if self.is_log_step(step):
-            self._kept.append([step, self._calls, None, step_metrics])
+            self._kept.append([step, self.timer.calls, None, step_metrics])
         while self._finished < len(self._kept) and self._kept[self._finished][0] <= step - self.lag:
             self._time(self._kept[self._finished])
             self._finished += 1
@@ -218,26 +204,18 @@ class StepLogger:
             with interrupts.held():  # taken off _kept: printed and held whole, or not at all
                 finished, self._finished = self._finished, 0
                 self.read([self._kept.popleft() for _ in range(finished)])
-        elif self._held and now - self._last_collect >= self.read_every_s:
+        elif self.records.held and now - self.records.last_collect >= self.read_every_s:
             # Process 0 between its own reads: other processes' values may have come.
-            self._collect_and_write()
-            self._not_own_s += self._last_collect - now  # logging's work, as in read()
+            self.records.collect()
+            self.timer.charge(self.records.last_collect - now)  # logging's work, as in read()
 
     def wait(self, array) -> None:
         """``jax.block_until_ready(array)``, the time counted as JAX's, not the host's own."""
-        import jax
-
-        start = self.clock()
-        jax.block_until_ready(array)
-        self._not_own_s += self.clock() - start
+        self.timer.wait(array)
 
     def _time(self, entry: list) -> None:
         """Set ``entry``'s (step_time_s, own_step_time_s) from the interval since the mark."""
-        now = self.clock()
-        steps = max(1, entry[1] - self._mark_calls)
-        entry[2] = ((now - self._mark) / steps,
-                    max(0.0, now - self._mark - self._not_own_s) / steps)
-        self._mark, self._mark_calls, self._not_own_s = now, entry[1], 0.0
+        entry[2] = self.timer.take(entry[1])
 
     def flush(self) -> None:
         """Read every kept log step, waiting for it (before a checkpoint, a task's hook)."""
@@ -253,9 +231,7 @@ class StepLogger:
         values; a value that does not come is written as NaN.
         """
         self.flush()
-        if self._held:
-            self._write_held(self.gather.wait([step for step, _ in self._held],
-                                              self.gather_timeout_s))
+        self.records.drain(self.gather_timeout_s)
 
     def close(self, wait_s: float = 0.5) -> None:
         """Log what can be logged without waiting for a device (the loop ended early).
@@ -277,8 +253,7 @@ class StepLogger:
                     self.read(finished, post=self.process_id == 0)
                 except Exception:  # noqa: BLE001 - a non-finite loss among them, or a closed stdout
                     pass
-            if self._held:
-                self._write_held(self.gather.wait([step for step, _ in self._held], timeout_s=wait_s))
+            self.records.drain(wait_s)
 
     def read(self, kept: list, post: bool = True) -> list:
         """Read a batch of finished log steps: progress lines, own times posted, scalars written.
@@ -322,9 +297,9 @@ class StepLogger:
                 own_step_time_s=own_step_time_s))
             values.update(learning_rate=self.learning_rate, step_time_s=step_time_s,
                           examples_per_s=self.global_batch_size / step_time_s)
-            if self.compile_time_s is not None:
-                values["compile_time_s"] = self.compile_time_s
-                self.compile_time_s = None  # once, at the first log step
+            if self.timer.compile_time_s is not None:
+                values["compile_time_s"] = self.timer.compile_time_s
+                self.timer.compile_time_s = None  # once, at the first log step
             if step == self.num_steps:
                 values["final_loss"] = loss_value
             records.append((step, own_step_time_s, values))
@@ -337,46 +312,13 @@ class StepLogger:
                     break
                 lines.append(f"warning: {message}; continuing (logging.on_nonfinite_loss: warn)")
         self.out("\n".join(lines))
-        if self.gather is None:
-            for step, own, values in records:
-                values[process_tag(self.process_id)] = own
-                self._write(step, values)
-            self.tracker.flush()
-        elif post:
-            self.gather.post((step, own) for step, own, _ in records)
-            if self.process_id == 0:  # held until every process's value is in
-                self._held.extend((step, values) for step, _, values in records)
-                self._collect_and_write()
+        self.records.add(records, post)
         end = self.clock()
         # A batch's reading and writing is logging's work, not the host's own
         # step time: charged to the one step after it, it would spike the curves.
-        self._not_own_s += end - start
+        self.timer.charge(end - start)
         self._last_read = end
         if error is not None:
             self._stopped = True
             raise error
         return [values for _, _, values in records]
-
-    def _collect_and_write(self) -> None:
-        """Process 0: read the other processes' posted values; write the records now complete."""
-        self._write_held(self.gather.collect(step for step, _ in self._held))
-        self._last_collect = self.clock()
-        lost = self.gather.lost_batches
-        if lost > self._warned_lost:
-            self._warned_lost = lost
-            self.out(f"warning: {lost} batches of other processes' step times were overwritten "
-                     "before process 0 read them; their per-process values are NaN")
-
-    def _write_held(self, arrived: dict) -> None:
-        """Write held records in step order while their per-process values have arrived."""
-        with interrupts.held():  # taken off _held: written, or still held
-            while self._held and self._held[0][0] in arrived:
-                step, values = self._held.popleft()
-                values.update(zip(map(process_tag, range(self.num_processes)), arrived.get(step, ())))
-                self._write(step, values)
-            self.tracker.flush()
-
-    def _write(self, step: int, values: dict) -> None:
-        self.tracker.scalars(step, values)
-        if step == self.num_steps:
-            self.tracker.hparams(self.hparams, {"final_loss": values["loss"]})

@@ -174,11 +174,11 @@ class _Reporter:
     """Progress lines, heartbeats, and process 0's TensorBoard scalars for ``report``."""
 
     def __init__(self, me: contract.Identity, job: jobs.ProgramJob, num_steps: int):
-        from worker.metrics import process_tag
+        from worker.records import Records
         from worker.tracker import make_tracker
         from worker.train import InFlight
 
-        self.me, self.num_steps, self.process_tag = me, num_steps, process_tag
+        self.me, self.num_steps = me, num_steps
         self.log_every = job.logging.log_every_steps
         self.interval_s = contract.heartbeat_interval_s(job.watchdog.stall_timeout_s)
         self.tracker = make_tracker(me.run_dir, me.process_id, job.logging.tensorboard)
@@ -187,7 +187,9 @@ class _Reporter:
             from worker.gather import KeyValueGather
 
             self.gather = KeyValueGather(me.process_id, me.num_processes)
-        self.held: list = []  # process 0: (step, values) until every process's time is in
+        # process 0: each step's record held until every process's time is in (as the trainer's)
+        self.records = Records(self.tracker, self.gather, me.process_id, me.num_processes,
+                               num_steps, {"num_steps": num_steps})
         # at most 2 reported steps queued on the devices, as the trainer: unbounded, steps of
         # a 2 x 2 CPU run interleave on XLA's thread pool and deadlock in gloo's all-reduce
         self.in_flight = InFlight(max_steps=2)
@@ -227,35 +229,10 @@ class _Reporter:
         values["step_time_s"] = step_time_s
         if step == self.num_steps and "loss" in values:
             self.final_loss = values["final_loss"] = loss
-        if self.gather is None:
-            values[self.process_tag(self.me.process_id)] = step_time_s
-            self.tracker.scalars(step, values)
-            self.tracker.flush()
-            return
-        self.gather.post([(step, step_time_s)])
-        if self.me.process_id == 0:
-            self.held.append((step, values))
-            self._write(self.gather.collect(s for s, _ in self.held))
-
-    def _write(self, arrived: dict) -> None:
-        with interrupts.held():  # taken off held: written, or still held
-            while self.held and self.held[0][0] in arrived:
-                step, values = self.held.pop(0)
-                values.update(zip(map(self.process_tag, range(self.me.num_processes)), arrived[step]))
-                self.tracker.scalars(step, values)
-            self.tracker.flush()
+        self.records.add([(step, step_time_s, values)])
 
     def close(self, wait_s: float) -> None:
-        if self.held:
-            try:
-                self._write(self.gather.wait([s for s, _ in self.held], timeout_s=wait_s))
-            except Exception:  # noqa: BLE001 - process 0's store may be gone: write what came
-                pass
-            for step, values in self.held:
-                self.tracker.scalars(step, values)
-            self.held = []
-        if self.final_loss is not None:
-            self.tracker.hparams({"num_steps": self.num_steps}, {"final_loss": self.final_loss})
+        self.records.drain(wait_s, ending=True)
         self.tracker.close()
 
 
