@@ -28,7 +28,7 @@ def _words(pattern: str, flags: int = 0) -> Callable[[str], bool]:
 
 READINGS = (
     Reading(lambda line: contract.is_peer_loss(line) and "Gloo" in line,  # the cascade markers
-            "a collective (gloo, JAX's CPU all-reduce) lost its connection to another process: "
+            "a collective (gloo, JAX's CPU all-reduce) was cut off from another process: "
             "that process died or its host went away, so this failure follows from another; "
             "look at the process that failed first"),
     Reading(_words(r"(UNAVAILABLE: (Socket closed|failed to connect|Connection reset)|"

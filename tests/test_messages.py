@@ -49,7 +49,7 @@ COORDINATOR_GONE = ("E1201 15:26:47.016582   30256 coordination_service_agent.cc
 
 
 @pytest.mark.parametrize("line, said", [
-    (GLOO_PEER_GONE, "lost its connection to another process: that process died"),
+    (GLOO_PEER_GONE, "was cut off from another process: that process died"),
     (COORDINATOR_GONE, "JAX's coordination service (run by process 0) went away"),
     ("W1201 15:26:47.015731   30256 preemption_sync_manager.cc:149] Failed to retrieve "
      "preemption notice from coordination service: UNAVAILABLE: Socket closed",
@@ -82,8 +82,8 @@ def test_the_summary_says_what_each_failed_process_s_library_text_means():
     peer = tracked(0, State.FAILED, Exited(1), ["Traceback (most recent call last):", GLOO_PEER_GONE])
     stopped = tracked(2, State.STOPPED, Exited(143), [COORDINATOR_GONE])
     text = status.summary(Result([peer, first, stopped], first, False, 3.0))
-    assert ("p0 on h0 (exit code 1): a collective (gloo, JAX's CPU all-reduce) lost its "
-            "connection to another process") in text, text
+    assert ("p0 on h0 (exit code 1): a collective (gloo, JAX's CPU all-reduce) was cut off "
+            "from another process") in text, text
     assert "p2 on h2" not in text  # stopped by the launcher, not a failure of its own
     assert "what it usually means" not in text  # a SIGKILL's tail says nothing to read
 

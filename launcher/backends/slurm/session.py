@@ -25,12 +25,12 @@ import time
 from launcher import interrupts
 from launcher import plan as planning
 from launcher.backends.base import Session
-from launcher.backends.slurm import launches, nodes as nodefacts, script
-from launcher.backends.slurm.commands import RESUBMIT, WAIT, Slurm
+from launcher.backends.slurm import launches, lifecycle, nodes as nodefacts, script
+from launcher.backends.slurm.commands import Slurm
 from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
-from launcher.state import Exit, Final, Lost
+from launcher.state import Exit
 from worker import contract, redact
 
 TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")
@@ -51,6 +51,7 @@ class SlurmSession(Session):
         self.test_only_nodes: list = []
         self._beat_stop = threading.Event()
         self._beat: threading.Thread | None = None
+        self.lifecycle = lifecycle.JobLifecycle(self.slurm.job, job.cluster.poll_s)
 
     # ---- prepare ----------------------------------------------------------------
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:
@@ -220,21 +221,15 @@ class SlurmSession(Session):
         said = None
         try:
             with interrupts.handled(interrupts.raise_keyboard_interrupt):
-                while True:
-                    record = self.slurm.job(self.job_id)
-                    state = "GONE" if record is None else record.get("JobState", "?")
-                    if state == "RUNNING":
-                        self.console.end_status()
-                        return record
-                    if state not in WAIT:
-                        raise LaunchError(f"Slurm job {self.job_id} ended before it ran: {state}"
-                                          + (f" ({record.get('Reason')})" if record else ""))
-                    text = f"pending ({record.get('Reason', '?')})"
+                def pending(text: str) -> None:
+                    nonlocal said
                     if text != said:
                         self.console.say(f"Slurm job {self.job_id}: {text}")
                         said = text
                     self.console.live.update(f"Slurm job {self.job_id} {text}")
-                    time.sleep(self.job.cluster.poll_s)
+                record = self.lifecycle.wait_running(self.job_id, pending)
+                self.console.end_status()
+                return record
         except KeyboardInterrupt as exc:
             self.console.end_status()
             self.console.say(f"interrupted ({exc or 'SIGINT'}) while job {self.job_id} was pending; "
@@ -243,55 +238,30 @@ class SlurmSession(Session):
             raise
 
     def _after_failure(self) -> None:
-        """Decide by the job's state how the next attempt gets nodes."""
-        record = self.slurm.job(self.job_id)
-        deadline = time.monotonic() + 120
-        def settling(record) -> bool:
-            state = record.get("JobState", "")
-            # preemption's grace time (requeued or cancelled next), or a requeue passing
-            # through COMPLETING on its way back to PENDING
-            return (state == "RUNNING" and record.get("PreemptTime", "None") != "None") \
-                or "COMPLETING" in state
-        while record is not None and settling(record) and time.monotonic() < deadline:
-            time.sleep(self.job.cluster.poll_s)
-            record = self.slurm.job(self.job_id)
-        state = "GONE" if record is None else record.get("JobState", "?")
-        if state == "RUNNING" or state in WAIT:
+        """Decide by the job's state how the next attempt gets nodes (``lifecycle.Phase``):
+        running: new steps in it; waiting (a requeue): wait; resubmittable: submit again."""
+        # preemption's grace time (requeued or cancelled next), or a requeue passing through
+        # COMPLETING on its way back to PENDING, is waited out first
+        record = self.lifecycle.settled(self.job_id, limit_s=120)
+        now, state = lifecycle.phase(record), lifecycle.state_text(record)
+        if state == "RUNNING" or now is lifecycle.Phase.WAITING:
             if state == "RUNNING":
                 self._cancel_steps(self.slurm.steps_named(self.job_id, self.step_prefix))
             return
-        if state == "TIMEOUT":
-            raise LaunchError(f"Slurm job {self.job_id} reached its time limit (state TIMEOUT); not "
+        if now is lifecycle.Phase.TIMEOUT:
+            raise LaunchError(f"Slurm job {self.job_id} reached its time limit (state {state}); not "
                               "resubmitted: raise cluster.time_limit and continue with --resume "
                               f"{self.run_dir}")
-        if state not in RESUBMIT:
+        if now is not lifecycle.Phase.RESUBMIT:
             raise LaunchError(f"Slurm job {self.job_id} ended ({state}); not resubmitted")
         self.console.say(f"Slurm job {self.job_id} is {state}: submitting it again")
         self.job_id = None
         self._submit()
 
     def judge(self, ended: Exit) -> Exit:
-        """A failed step read against its job: preemption, node failure, time limit.
-
-        A job that Slurm is ending is COMPLETING first: waited out (30 s at most) for its state.
-        """
-        deadline = time.monotonic() + 30
-        try:
-            record = self.slurm.job(self.job_id)
-            while record and "COMPLETING" in record.get("JobState", "") and time.monotonic() < deadline:
-                time.sleep(self.job.cluster.poll_s)
-                record = self.slurm.job(self.job_id)
-        except LaunchError:
-            return ended
-        state = "GONE" if record is None else record.get("JobState", "?")
-        preempting = record is not None and record.get("PreemptTime", "None") not in ("None", "")
-        if state == "TIMEOUT" or (record or {}).get("Reason") == "TimeLimit":
-            return Final(f"Slurm job {self.job_id} reached its time limit (TIMEOUT; task "
-                        f"{ended}): raise cluster.time_limit and continue with --resume {self.run_dir}")
-        if state != "RUNNING" or preempting:
-            what = "being preempted" if preempting and state == "RUNNING" else state
-            return Lost(f"Slurm job {self.job_id} is {what}; task {ended}")
-        return ended
+        """A failed step read against its job: preemption, node failure, time limit
+        (``JobLifecycle.judge``)."""
+        return self.lifecycle.judge(self.job_id, ended, self.run_dir)
 
     def _probe(self) -> int:
         """A program job's probe step: Python and JAX on every node agree; the coordinator port."""
@@ -374,13 +344,7 @@ class SlurmSession(Session):
 
     def _cancel_and_wait(self, job_id: str, timeout_s: float = 15.0) -> None:
         self.slurm.cancel(job_id)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            record = self.slurm.job(job_id)
-            if record is None or (record.get("JobState") not in ("RUNNING", "COMPLETING", *WAIT)
-                                  and "COMPLETING" not in record.get("JobState", "")):
-                return
-            time.sleep(0.1)
+        self.lifecycle.gone(job_id, timeout_s)
 
     def end_attempt(self) -> None:
         if self.job_id and not self.options.dry_run:
