@@ -209,6 +209,35 @@ def run_pids(run_dir: str) -> list[int]:
     return pids_with_env("PODLAUNCH_RUN_DIR", os.path.abspath(run_dir))
 
 
+def most_zombies_while_running(proc: subprocess.Popen, run_dirs: list) -> int:
+    """Until ``proc`` ends: the most zombies seen at once whose parent is the wrapper of a
+    worker of one of ``run_dirs`` (its run directory as its host sees it). Fails the test
+    if no wrapper was ever seen (a watch that looked at nothing)."""
+    most, looked = 0, 0
+    while proc.poll() is None:
+        wrappers = set()
+        for pid in (p for d in run_dirs for p in run_pids(d)):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    wrappers.add(int(f.read().rsplit(b")", 1)[1].split()[1]))
+            except OSError:
+                pass
+        zombies = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == b"Z" and int(fields[1]) in wrappers:
+                zombies += 1
+        most = max(most, zombies)
+        looked += bool(wrappers)
+        time.sleep(0.2)
+    assert looked, f"no worker of {run_dirs} was ever seen running"
+    return most
+
+
 def wait_gone(run_dir: str, timeout_s: float) -> list[int]:
     """Wait until no worker of ``run_dir`` lives; returns the survivors (empty if none)."""
     deadline = time.monotonic() + timeout_s

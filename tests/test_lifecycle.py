@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from helpers import (KINDS, LAUNCH, REPO, env_for_tests, long_job, run_pids, sighup_default,
-                     start_launch, wait_gone)
+from helpers import (KINDS, LAUNCH, REPO, env_for_tests, long_job, most_zombies_while_running,
+                     run_pids, sighup_default, start_launch, wait_gone)
 
 pytestmark = pytest.mark.slow  # every test here starts the launcher and real workers
 
@@ -310,27 +310,7 @@ def test_helpers_detached_every_step_leave_no_pile_of_zombies(tmp_path):
                     "cluster: {backend: local, num_processes: 2, devices_per_process: 1}\n")
     run_dir = tmp_path / "run"
     proc = start_launch(str(spec), "--run-dir", str(run_dir))
-    most = 0
-    while proc.poll() is None:
-        workers = set(run_pids(str(run_dir)))
-        wrappers = set()
-        for pid in workers:
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    wrappers.add(int(f.read().rsplit(b")", 1)[1].split()[1]))
-            except OSError:
-                pass
-        zombies = 0
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] == b"Z" and int(fields[1]) in wrappers:
-                zombies += 1
-        most = max(most, zombies)
-        time.sleep(0.2)
+    most = most_zombies_while_running(proc, [str(run_dir)])
     out = proc.stdout.read()
     assert proc.returncode == 0, out[-3000:]
     assert most <= 10, f"{most} zombies under the wrappers at once"

@@ -614,6 +614,28 @@ def test_an_encrypted_key_is_named_as_such_not_as_paramikos_words(tmp_path, host
     assert "add it to ssh-agent (ssh-add)" in done.stderr
 
 
+@pytest.mark.slow
+def test_helpers_detached_every_step_leave_no_pile_of_zombies_on_a_host(tmp_path, hosts):
+    # issue 25, item 3, on hosts: the wrapper there is the orphans' subreaper and reaps them
+    # as the run goes (tests/test_lifecycle.py has the local run)
+    prog = tmp_path / "prog"
+    prog.mkdir()
+    (prog / "detach.py").write_text("import os\nfor step in range(500):\n"
+                                    "    os.system(\"sh -c 'sleep 0.02 &'\")\nprint('done')\n")
+    spec = tmp_path / "detach.yaml"
+    spec.write_text(f"name: detach\nprogram: {{argv: [python, detach.py], dir: {prog}}}\n")
+    two = [{"host": h, "workdir": str(tmp_path / f"host{i}")} for i, h in enumerate(hosts.hosts[:2])]
+    cluster = write_cluster(tmp_path, hosts, hosts=two, devices_per_process=1)
+    run_dir = tmp_path / "run"
+    proc = start_launch(str(spec), "--cluster", cluster, "--run-dir", str(run_dir))
+    most = helpers.most_zombies_while_running(
+        proc, remote_run_dirs(tmp_path, run_dir, job="detach")[:2])
+    out = proc.stdout.read()
+    assert proc.returncode == 0, out[-3000:]
+    assert "OK: 2 processes succeeded" in out, out[-3000:]
+    assert most <= 10, f"{most} zombies under the wrappers on the hosts at once"
+
+
 def test_kill_stale_is_refused_for_local_runs():
     result = launch("jobs/linear.yaml", "--kill-stale", "--dry-run")
     assert result.returncode == 2
