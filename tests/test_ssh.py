@@ -636,6 +636,18 @@ def test_helpers_detached_every_step_leave_no_pile_of_zombies_on_a_host(tmp_path
     assert most <= 10, f"{most} zombies under the wrappers on the hosts at once"
 
 
+@pytest.mark.slow
+def test_a_setup_line_that_reads_stdin_neither_eats_the_script_nor_waits(tmp_path, hosts):
+    # the script comes on stdin and a worker's channel stays open for the run: setup reads
+    # /dev/null (a prompt, `cat`, `read`), never the rest of the script
+    cluster = write_cluster(tmp_path, hosts, setup=["read -r answer || true", "cat >/dev/null",
+                                                    "export FROM_SETUP=yes"])
+    result = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--run-dir",
+                    str(tmp_path / "run"), timeout_s=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "OK: 4 processes succeeded" in result.stdout
+
+
 def test_kill_stale_is_refused_for_local_runs():
     result = launch("jobs/linear.yaml", "--kill-stale", "--dry-run")
     assert result.returncode == 2

@@ -207,13 +207,17 @@ def shell_script(workdir: str, setup: tuple, env: dict, argv: list) -> str:
     Fed to ``sh -s`` on stdin rather than as the SSH command line, so env
     values (secrets included) never show in the host's process list, and it
     works whatever the login shell is. Every value is ``shlex.quote``d;
-    ``setup`` lines are shell by design and go in as written. A ``workdir`` of
+    ``setup`` lines are shell by design and go in as written, with stdin from
+    /dev/null: the script itself comes on stdin (and, for a worker, the channel stays
+    open), so a setup command that reads stdin would otherwise eat the rest of the
+    script, or wait for input that never comes. A ``workdir`` of
     ``~`` or ``~/...`` is the login home, as OpenSSH and scp read it
     (``remote_path``); preflight then reports the absolute path.
     """
     where = remote_path(workdir)
     lines = ["set -e", f"mkdir -p -- {where}", f"cd -- {where}"]
-    lines += list(setup)
+    if setup:  # in this shell (what it exports stays), but never reading the script on stdin
+        lines += ["{"] + list(setup) + ["} </dev/null"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
     return "\n".join(lines) + "\n"
