@@ -21,13 +21,16 @@ import yaml
 
 from launcher import backends
 from launcher import plan as planning
-from launcher import interrupts, lines, restarts, runlock, runs
+from launcher import interrupts
+from launcher.commands import runs
+from launcher.console import lines
+from launcher.run import restarts, runlock
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.status import check_show, parse_show, summary
-from launcher.words import plural
+from launcher.console.status import check_show, parse_show, summary
+from launcher.console.words import plural
 from worker import job as jobs
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -309,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else argv
         if argv[:1] == ["tensorboard"]:  # a subcommand beside the positional JOB.yaml
-            from launcher import tensorboard_cmd
+            from launcher.commands import tensorboard_cmd
             code = tensorboard_cmd.main(argv[1:])
         elif argv[:1] == ["runs"]:
             code = runs.main(argv[1:])

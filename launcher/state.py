@@ -4,7 +4,7 @@ A process moves RUNNING -> SUCCEEDED or FAILED (it ended by itself), or
 RUNNING -> STOPPED (the launcher stopped it after another failure or an
 interrupt); a stalled process is FAILED with the watchdog's verdict as its
 exit. ``Tracked``'s methods are the only code that changes a process's state;
-``launcher.supervise`` decides when to call them, and ``launcher.status`` and
+``launcher.run.supervise`` decides when to call them, and ``launcher.console.status`` and
 ``launcher.console`` only read.
 """
 

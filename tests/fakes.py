@@ -1,6 +1,6 @@
 """Process-free stand-ins for supervision tests: a fake clock, fake workers, a fake session.
 
-``launcher.supervise`` reads the injected ``clock`` and lets time pass only
+``launcher.run.supervise`` reads the injected ``clock`` and lets time pass only
 through the injected ``sleep``; ``FakeClock.sleep`` advances the clock, then
 waits until supervise's reader threads have read every line that is due, so
 what a test sees does not depend on thread scheduling. A ``FakeWorker``

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import env_for_tests, launch
-from launcher import restarts
+from launcher.run import restarts
 from launcher import spec as specs
 from launcher.errors import SpecError
 from launcher.plan import log_path

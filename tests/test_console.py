@@ -1,7 +1,7 @@
 """The first screen: one view of the job, no library noise, the progress view, past runs.
 
-Fast tests drive the pieces (``launcher.lines``, ``Console`` under the real
-``supervise`` with fake workers in fake time, ``launcher.runs``, the run names
+Fast tests drive the pieces (``launcher.console.lines``, ``Console`` under the real
+``supervise`` with fake workers in fake time, ``launcher.commands.runs``, the run names
 of ``launch tensorboard``); the slow one reads a real 4-process run's screen
 through a pseudo-terminal with a terminal emulator (pyte), as a user sees it.
 """
@@ -23,14 +23,14 @@ import pytest
 
 from fakes import FakeClock, FakeWorker, process_plan
 from helpers import LAUNCH, REPO, env_for_tests, fill, full_disk_ready
-from launcher import lines as kinds
-from launcher import runs, tensorboard_cmd
-from launcher import supervise as supervision
+from launcher.console import lines as kinds
+from launcher.commands import runs, tensorboard_cmd
+from launcher.run import supervise as supervision
 from launcher.console import Console
 from launcher.errors import SpecError
 from launcher.state import Exited, State
-from launcher.status import status_text
-from launcher.words import duration, plural
+from launcher.console.status import status_text
+from launcher.console.words import duration, plural
 from worker import contract
 
 GLOO = "[Gloo] Rank {} is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"

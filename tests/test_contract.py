@@ -178,7 +178,7 @@ def test_each_job_section_is_declared_once_for_launcher_and_worker():
             (specs.CheckpointSpec, jobs.CheckpointConfig, sections.Checkpoint),
             (specs.WatchdogSpec, jobs.WatchdogConfig, sections.Watchdog)):
         assert spec_cls is worker_cls is shared
-    from launcher.programspec import ProgramSpec
+    from launcher.spec.programspec import ProgramSpec
     assert issubclass(ProgramSpec, jobs.ProgramConfig) and jobs.ProgramConfig is sections.ProgramSteps
     # every field of the worker's side is declared in worker/sections.py, none in job.py
     import inspect
@@ -208,7 +208,7 @@ def test_the_spec_defaults_reach_the_worker(tmp_path):
           global_batch_size: 64
         """))
     job = WorkerJob.from_spec_dict(specs.load(str(path)).to_dict())
-    # the spec's defaults (launcher/spec.py), not the worker's old fallbacks (every 0, keep 1)
+    # the spec's defaults (launcher/spec/__init__.py), not the worker's old fallbacks (every 0, keep 1)
     assert job.checkpoint == jobs.CheckpointConfig(every_steps=1000, keep=3)
     assert job.watchdog.stall_timeout_s == 300.0
     assert job.logging == jobs.LoggingConfig(log_every_steps=10, tensorboard=True,

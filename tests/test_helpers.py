@@ -40,7 +40,7 @@ def test_a_supervision_loop_that_never_ends_fails_in_fake_time_not_at_pytests_ti
     # issue 25, item 12: a broken copy whose loop never ends hung fake-clock tests until
     # pytest's timeout (120-300 s of CI each); the fake clock's limit fails it at once
     from fakes import FakeClock, FakeWorker, process_plan
-    from launcher import supervise
+    from launcher.run import supervise
     from launcher.console import NullConsole
 
     clock = FakeClock(limit_s=600)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import REPO, launch
-from launcher import checks
+from launcher.spec import checks
 from launcher import spec as specs
 from launcher.errors import SpecError
 from worker import sources

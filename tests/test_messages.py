@@ -60,14 +60,14 @@ COORDINATOR_GONE = ("E1201 15:26:47.016582   30256 coordination_service_agent.cc
     ("step 7/10 loss 0.5", None),
 ])
 def test_library_texts_in_a_failed_tail_get_their_meaning(line, said):
-    from launcher import explain
+    from launcher.console import explain
 
     got = explain.meaning(["step 6/10 loss 0.5", line])
     assert (got is None) if said is None else (said in got), got
 
 
 def test_the_summary_says_what_each_failed_process_s_library_text_means():
-    from launcher import status
+    from launcher.console import status
     from launcher.state import Exited, Killed, Result, State, Tracked
 
     def tracked(process_id, state, ended, tail):

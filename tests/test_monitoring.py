@@ -30,7 +30,7 @@ from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
 from launcher.console import CLEAR_LINE, StatusLine
 from launcher.state import Exited, Killed, ProcessStats, Result, State, Tracked
-from launcher.status import parse_show, status_text, summary
+from launcher.console.status import parse_show, status_text, summary
 from worker import contract
 
 LOGGED = ("loss", "learning_rate", "grad_norm", "param_norm", "step_time_s", "examples_per_s")
@@ -143,7 +143,7 @@ def test_summary_table_columns_stay_aligned_with_a_long_state():
 
 
 def test_summary_reports_each_process_compilation_and_the_attempts_slowest():
-    from launcher import restarts
+    from launcher.run import restarts
 
     def cache(hits, misses, seconds):
         return contract.CACHE_FORMAT.format(hits=hits, misses=misses, seconds=seconds, path="/r/cc")

@@ -17,7 +17,8 @@ import yaml
 
 import sshenv
 from helpers import REPO, TESTS, launch, launched, pids_with_env
-from launcher import runlock, syncrules
+from launcher.run import runlock
+from launcher.spec import syncrules
 from launcher.backends.ssh import transfer
 from launcher.errors import SpecError
 from worker import redact
@@ -91,7 +92,7 @@ def test_the_run_directory_lock_refuses_a_second_holder_and_is_stale_after_a_kil
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
         import sys, time
         sys.path.insert(0, {REPO!r})
-        from launcher import runlock
+        from launcher.run import runlock
         runlock.acquire({run_dir!r}, "--run-dir")
         print("held", flush=True)
         time.sleep(300)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from helpers import REPO, launch
-from launcher import spec, yamlio
+from launcher import spec
+from launcher.spec import yamlio
 from launcher.errors import SpecError
 
 GOOD = textwrap.dedent("""\
@@ -362,7 +363,7 @@ def test_every_setting_is_in_the_docs_settings_reference():
     import dataclasses as _dc
 
     from launcher import backends as _backends
-    from launcher.programspec import ProgramSpec
+    from launcher.spec.programspec import ProgramSpec
 
     def fields(cls):
         return [f.name for f in _dc.fields(cls) if not f.metadata.get("internal")]

@@ -1,6 +1,6 @@
 """Supervision without processes: fake workers, a fake clock, the real supervise and restarts.
 
-Each test drives ``launcher.supervise.supervise`` (or ``launcher.restarts.run``)
+Each test drives ``launcher.run.supervise.supervise`` (or ``launcher.run.restarts.run``)
 through scripted ``tests.fakes.FakeWorker``s in fake time, so fail-fast,
 root-cause ordering, the stall watchdog, teardown and restarts run in
 milliseconds. Assertions are on what the product did: states, the first
@@ -19,11 +19,12 @@ import types
 import pytest
 
 from fakes import FakeClock, FakeSession, FakeWorker, process_plan
-from launcher import lines, restarts
-from launcher import supervise as supervision
+from launcher.console import lines
+from launcher.run import restarts
+from launcher.run import supervise as supervision
 from launcher.console import Console
 from launcher.state import Exit, Exited, Killed, Stalled, State, Watchdog
-from launcher.status import summary
+from launcher.console.status import summary
 from worker import contract
 
 POLL_S = 0.05

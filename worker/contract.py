@@ -10,7 +10,7 @@ Two typed halves, built by the launcher and read by the worker:
   (``Identity.to_env`` / ``Identity.from_env``).
 * ``worker.job.WorkerJob``: what to train, passed as ``job.json``. Every key
   is required and no key the worker does not read is sent: the spec's
-  defaults live only in ``launcher/spec.py``.
+  defaults live only in ``launcher/spec/__init__.py``.
 
 Both raise ``ContractError`` (naming the variable or the dotted key) for what
 does not fit; the worker exits with ``EXIT_MISMATCH`` then.

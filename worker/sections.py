@@ -1,7 +1,7 @@
 """The job's sections, declared once for the launcher and the worker (standard library only).
 
 Each section is a frozen dataclass whose fields carry their default, a value check and a
-doc line (``setting``). The launcher builds them from YAML (``launcher.schema.build``:
+doc line (``setting``). The launcher builds them from YAML (``launcher.spec.schema.build``:
 conversion, checks, line numbers) and composes the whole spec from them plus its own
 sections (cluster, restarts, program, secrets: ``launcher.spec``); ``job.json`` is their
 projection, read back by the worker into the same classes (``worker.job``, every key

@@ -105,7 +105,7 @@ def aligned(array: np.ndarray) -> np.ndarray:
 
 class Synthetic:
     """The synthetic dataset, generated in chunks on first use into one table per array and
-    kept (it is generated, not read: ``launcher.checks.check_fits_in_memory`` bounds it).
+    kept (it is generated, not read: ``launcher.spec.checks.check_fits_in_memory`` bounds it).
 
     The tables are allocated whole but only the chunks used are written, so the pages of
     rows never read are never touched. Contiguous rows (unshuffled) are read as views of the

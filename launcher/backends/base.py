@@ -9,7 +9,7 @@ console and the summary.
 
 The shape follows JAX's ``jax/_src/clusters/`` (one base class, one small
 module per environment) and torch elastic's agent (a few overridable hooks
-around one run loop, ``launcher.restarts.run``)::
+around one run loop, ``launcher.run.restarts.run``)::
 
     backend = backends.for_job(job)           # registry, keyed by cluster.backend
     backend.check(job, options)               # local checks; SpecError = exit 2

@@ -20,14 +20,15 @@ import subprocess
 import threading
 from typing import Iterator, Literal
 
-from launcher import checks, proctl, remote, schema
+from launcher import proctl, remote
+from launcher.spec import checks, schema
 from launcher.backends.base import Backend, ClusterSettings, Options, Session
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan, ProcessPlan
-from launcher.schema import non_negative, port_or_zero, setting
+from launcher.spec.schema import non_negative, port_or_zero, setting
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of
-from launcher.words import plural
+from launcher.console.words import plural
 
 HOST = "127.0.0.1"
 

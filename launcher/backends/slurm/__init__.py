@@ -9,7 +9,7 @@ before the processes join), ``workers`` (one srun step per process),
 
 from __future__ import annotations
 
-from launcher import checks
+from launcher.spec import checks
 from launcher.backends.base import Backend, Options, Session
 from launcher.backends.slurm.settings import SlurmCluster
 

@@ -1,4 +1,4 @@
-"""The ``cluster:`` settings of the slurm backend (checked by ``launcher.schema``).
+"""The ``cluster:`` settings of the slurm backend (checked by ``launcher.spec.schema``).
 
 Importing this module runs no Slurm command; see docs/slurm.md.
 """
@@ -9,9 +9,9 @@ import dataclasses
 import re
 from typing import Literal
 
-from launcher import schema
+from launcher.spec import schema
 from launcher.backends.base import ClusterSettings
-from launcher.schema import non_negative, port_or_zero, positive, setting
+from launcher.spec.schema import non_negative, port_or_zero, positive, setting
 
 # Slurm names (partition, account, QoS): no shell or #SBATCH metacharacters.
 SLURM_NAME = schema.identifier("a Slurm name", r"[A-Za-z0-9_][A-Za-z0-9_.+-]*",

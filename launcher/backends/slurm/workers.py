@@ -3,7 +3,7 @@
 Why a step per process (docs/slurm.md): each process then has its own output
 stream (no demultiplexing of ``srun --label``), its own exit code or signal
 (srun's "task 0: Killed" line; "Node failure on n2", after which srun exits 0), and can be signalled alone; fail-fast across
-steps is ``launcher.supervise``'s, as on every backend. Steps are named
+steps is ``launcher.run.supervise``'s, as on every backend. Steps are named
 ``<prefix>p<id>`` so a later launch (``--kill-stale``) and this one's teardown
 find them in ``squeue -s``.
 

@@ -24,7 +24,7 @@ class SshBackend(Backend):
     stops_stale = True
 
     def check(self, job, options: Options) -> None:
-        from launcher import checks
+        from launcher.spec import checks
 
         checks.check_syncs(job)
 

@@ -21,7 +21,7 @@ from launcher import remote
 from launcher.backends.ssh.connection import Host, run_script, shell_script
 from launcher.backends.ssh.hosts import connect_error
 from launcher.backends.ssh.settings import SshSettings
-from launcher.checks import BUILTIN_TASKS
+from launcher.spec.checks import BUILTIN_TASKS
 from launcher.errors import LaunchError
 from launcher.remote import preflight as remote_preflight
 from worker import contract

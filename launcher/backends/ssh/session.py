@@ -24,7 +24,7 @@ from launcher.backends.ssh import reach
 from launcher.backends.ssh.channels import HostChannels, close_all
 from launcher.backends.ssh.settings import SshHost, SshSettings
 from launcher.backends.ssh.workers import start_all
-from launcher.words import plural
+from launcher.console.words import plural
 from worker import contract
 
 

@@ -1,6 +1,6 @@
 """The ``cluster:`` settings of the ssh backend (and the SSH part of the tpu backend's).
 
-Plain frozen dataclasses checked by ``launcher.schema``; importing this module
+Plain frozen dataclasses checked by ``launcher.spec.schema``; importing this module
 imports no SSH library.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from launcher import schema, syncrules
+from launcher.spec import schema, syncrules
 from launcher.backends.base import ClusterSettings
-from launcher.schema import non_negative, port_or_zero, positive, setting
+from launcher.spec.schema import non_negative, port_or_zero, positive, setting
 
 
 def _non_empty_hosts(hosts: tuple) -> str | None:

@@ -9,7 +9,7 @@ import stat
 
 import paramiko
 
-from launcher import syncrules
+from launcher.spec import syncrules
 
 
 def put_if_changed(sftp: paramiko.SFTPClient, local: str, remote: str, writer: str) -> bool:

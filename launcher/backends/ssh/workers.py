@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 import paramiko
 
-from launcher import lines
+from launcher.console import lines
 from launcher import plan as planning
 from launcher import remote
 from launcher.backends.ssh import connection, transfer

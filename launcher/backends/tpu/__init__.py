@@ -19,7 +19,7 @@ class TpuBackend(Backend):
     stops_stale = True
 
     def check(self, job, options: Options) -> None:
-        from launcher import checks
+        from launcher.spec import checks
 
         checks.check_syncs(job)
 

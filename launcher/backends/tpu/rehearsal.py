@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from launcher import checks
+from launcher.spec import checks
 from launcher.backends import local
 from launcher.backends.base import Backend, Options, Session
 from launcher.backends.tpu.settings import TpuCluster, slice_env

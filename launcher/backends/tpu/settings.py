@@ -1,6 +1,6 @@
 """The ``cluster:`` settings of the tpu backend, and what they imply.
 
-Plain frozen dataclasses checked by ``launcher.schema``; importing this module
+Plain frozen dataclasses checked by ``launcher.spec.schema``; importing this module
 imports no SSH library (the TPU rehearsal uses it on its own).
 """
 
@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from launcher import schema, tpu_topology
+from launcher import tpu_topology
+from launcher.spec import schema
 from launcher.backends.base import ClusterSettings
 from launcher.backends.ssh.settings import SshSettings
-from launcher.schema import port_or_zero, positive, setting
+from launcher.spec.schema import port_or_zero, positive, setting
 from worker import contract
 
 DEFAULT_IDENTITY_FILE = "~/.ssh/google_compute_engine"

@@ -12,7 +12,7 @@ last flush cannot fail either) and the run goes on. Launcher messages and the
 summary also go to the run directory's ``launcher.log`` (``log_to``), so they
 are kept whatever happened to the console.
 
-What reaches it of a worker's lines (``launcher.lines`` says which line is
+What reaches it of a worker's lines (``launcher.console.lines`` says which line is
 which; every line is in the process's log file regardless):
 
 * every line, but library noise, of the processes ``show`` names (the
@@ -32,11 +32,11 @@ import threading
 import time
 from typing import Callable, TextIO
 
-from launcher import lines as kinds
+from launcher.console import lines as kinds
 from launcher import proctl
 from launcher.state import State
-from launcher.status import status_text
-from launcher.words import plural
+from launcher.console.status import status_text
+from launcher.console.words import plural
 
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
 HIDDEN_TAIL = 5  # a failed process's last lines kept, to show once it failed

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from launcher import datafiles, schema
-from launcher.checks import BUILTIN_TASKS
-from launcher.programspec import check_program
+from launcher.spec import datafiles, schema
+from launcher.spec.checks import BUILTIN_TASKS
+from launcher.spec.programspec import check_program
 
 
 def check_job(spec, raw: dict, ctx: schema.Context):

@@ -27,9 +27,10 @@ import tempfile
 import time
 import urllib.request
 
-from launcher import interrupts, proctl, runs
+from launcher import interrupts, proctl
+from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.words import plural
+from launcher.console.words import plural
 
 INSTALL = "pip install -e '.[tensorboard]'"  # the extra in pyproject.toml, from a checkout
 NAME_KEYS = 3  # differing settings named in a run's name, at most

@@ -11,7 +11,7 @@ import importlib.machinery
 import os
 import sys
 
-from launcher import syncrules
+from launcher.spec import syncrules
 from launcher.errors import Problem, SpecError
 
 from worker.sections import BUILTIN_TASKS  # noqa: E402  the tasks worker.tasks builds in

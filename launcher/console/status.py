@@ -31,8 +31,8 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from launcher import explain
-from launcher.words import duration, plural
+from launcher.console import explain
+from launcher.console.words import duration, plural
 from launcher.errors import Problem, SpecError
 from launcher.state import Result, State, Tracked
 

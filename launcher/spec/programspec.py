@@ -13,9 +13,9 @@ import os
 import re
 
 import worker
-from launcher import schema, syncrules
+from launcher.spec import schema, syncrules
 from worker import sections
-from launcher.schema import positive, setting
+from launcher.spec.schema import positive, setting
 
 
 def _argv(value: tuple) -> str | None:

@@ -6,7 +6,7 @@ subprocess, a remote command over SSH, ...) and ``supervise`` does the rest:
 * a reader thread per worker writes each line to ``logs/process-NNN.log``
   first (so nothing is lost) and queues it for the console with a ``[pN]`` prefix
   (lines two threads of a worker glued together are split back first:
-  ``launcher.lines``);
+  ``launcher.console.lines``);
 * the main thread polls every worker; the first one that exits non-zero, dies
   by a signal, or is lost, is the root cause. Every other worker then gets
   TERM to its process group, ``grace_s`` to exit, then KILL;
@@ -36,12 +36,13 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from launcher import interrupts, lines, proctl
+from launcher import interrupts, proctl
+from launcher.console import lines
 from launcher.interrupts import Interrupted
-from launcher.pauses import Pauses
+from launcher.run.pauses import Pauses
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
-from launcher.words import plural
+from launcher.console.words import plural
 from worker import contract
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped

@@ -31,8 +31,8 @@ import socket
 import time
 
 from launcher.errors import Problem, SpecError
-from launcher.lines import printable as lines_printable
-from launcher.words import duration
+from launcher.console.lines import printable as lines_printable
+from launcher.console.words import duration
 
 RUN_FILE = "run.json"
 

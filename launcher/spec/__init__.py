@@ -17,11 +17,11 @@ import dataclasses
 import re
 from typing import Any, Literal
 
-from launcher import crosschecks, schema, yamlio
+from launcher.spec import crosschecks, schema, yamlio
 from launcher.errors import Problem, SpecError
-from launcher import programspec
-from launcher.programspec import ProgramSpec
-from launcher.schema import MISSING, non_negative, positive, setting
+from launcher.spec import programspec
+from launcher.spec.programspec import ProgramSpec
+from launcher.spec.schema import MISSING, non_negative, positive, setting
 from worker import redact
 from worker import sections
 
@@ -148,7 +148,7 @@ class TrainerJobSpec(JobSpec):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ProgramJobSpec(JobSpec):
-    """A job of the user's own program as every process's worker (``launcher.programspec``)."""
+    """A job of the user's own program as every process's worker (``launcher.spec.programspec``)."""
 
     program: ProgramSpec = setting(doc="run your own program instead of the trainer")
 

@@ -31,11 +31,11 @@ from launcher.backends.base import Session
 from launcher.console import Console
 from launcher.state import (EndedEarly, Exited, Final, Killed, Lost, Result, Stalled, State,
                             Tracked, Watchdog)
-from launcher.status import compile_text, summary
-from launcher.words import plural
+from launcher.console.status import compile_text, summary
+from launcher.console.words import plural
 from launcher import interrupts
 from launcher.interrupts import Interrupted
-from launcher.supervise import supervise
+from launcher.run.supervise import supervise
 from worker import contract
 
 

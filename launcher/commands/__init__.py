@@ -1,0 +1,1 @@
+"""The commands beside ``launch SPEC``: ``launch runs`` and ``launch tensorboard``."""

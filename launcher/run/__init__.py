@@ -1,0 +1,2 @@
+"""The run stage: supervision of one attempt, restarts, the launcher's own pauses, the run
+directory's lock."""
