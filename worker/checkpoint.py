@@ -23,6 +23,7 @@ hosts need no shared filesystem.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -36,6 +37,12 @@ from worker import contract, nodefacts
 STATE_FILE = "state.npz"
 MANIFEST_FILE = "manifest.json"
 FORMAT = 1
+
+
+@functools.lru_cache(maxsize=1)
+def _version() -> str | None:
+    """This podlaunch's version, read from its metadata once (not at every save)."""
+    return nodefacts.version("podlaunch")
 
 
 class CheckpointError(Exception):
@@ -147,7 +154,7 @@ def _save(ckpt_dir: str, ckpt: Checkpoint, keep: int, final: str, tmp: str) -> s
         f.flush()
         os.fsync(f.fileno())
     manifest = {
-        "format": FORMAT, "written_by": f"podlaunch {nodefacts.version('podlaunch')}",
+        "format": FORMAT, "written_by": f"podlaunch {_version()}",
         "step": ckpt.step,
         "data": {"next_batch": ckpt.next_batch, "num_batches": ckpt.num_batches,
                  "epoch": ckpt.step // ckpt.num_batches, **(ckpt.order or {})},
@@ -209,7 +216,7 @@ def load(path: str, template: list, num_batches: int, order: dict | None = None)
     if fmt != FORMAT:  # a later (or unknown) layout: reading it as ours would restore garbage
         raise IncompatibleCheckpoint(
             f"its manifest is format {fmt!r}, written by {manifest.get('written_by', 'an unknown version')}; "
-            f"this podlaunch ({nodefacts.version('podlaunch')}) reads format {FORMAT} only: resume "
+            f"this podlaunch ({_version()}) reads format {FORMAT} only: resume "
             "with the version that wrote it, or start a new run")
     try:
         got_size = os.path.getsize(state)

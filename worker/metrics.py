@@ -151,7 +151,6 @@ class StepLogger:
             from worker.gather import KeyValueGather
 
             gather = KeyValueGather(process_id, num_processes)
-        self.gather = gather
         self.records = Records(tracker, gather, process_id, num_processes, self.num_steps,
                                flatten(redact.masked(job.to_dict(), job.secrets)), out, clock)
         self.last_loss: float | None = None

@@ -197,8 +197,6 @@ class _Reporter:
         self.mark_step = 0
         self.last_beat = -math.inf
         self.last_step = 0
-        self.final_loss = None
-        self.first = True
 
     def report(self, step: int, scalars: dict) -> None:
         self.in_flight.add(list(scalars.values()))  # waits for step - 2's (JAX arrays)
@@ -224,11 +222,9 @@ class _Reporter:
             step=step, num_steps=self.num_steps, loss=loss, steps_per_s=1.0 / step_time_s,
             step_time_s=step_time_s, own_step_time_s=step_time_s), flush=True)
         self.last_beat = now
-        if self.first:
-            self.first = False  # the first interval holds start-up and compilation
         values["step_time_s"] = step_time_s
         if step == self.num_steps and "loss" in values:
-            self.final_loss = values["final_loss"] = loss
+            values["final_loss"] = loss
         self.records.add([(step, step_time_s, values)])
 
     def close(self, wait_s: float) -> None:

@@ -11,10 +11,9 @@ import importlib.machinery
 import os
 import sys
 
-from launcher.spec import syncrules
 from launcher.errors import Problem, SpecError
-
-from worker.sections import BUILTIN_TASKS  # noqa: E402  the tasks worker.tasks builds in
+from launcher.spec import syncrules
+from worker.sections import BUILTIN_TASKS  # the tasks worker.tasks builds in
 
 
 def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
@@ -39,29 +38,27 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
     if memory_bytes is None:
         memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     gib = 1 << 30
+
+    def refuse_over(need: int, key: str, what: str, why: str, what_to_do: str) -> None:
+        if need > 0.8 * memory_bytes:
+            raise SpecError([Problem(*spec.where(("data", key)), f"data.{key}",
+                                     f"{what} about {need / gib:.1f} GiB here ({why}), more than "
+                                     f"80% of this machine's {memory_bytes / gib:.1f} GiB; "
+                                     f"{what_to_do}")])
+
     if spec.task.name in BUILTIN_TASKS:  # a linear model: (in + 1) x out weights
         # every device of every process holds params, grads and up to two optimizer slots
-        model = (data.in_features + 1) * data.out_features * 4 * 4
-        held = spec.num_processes * spec.local_device_count * model
-        if held > 0.8 * memory_bytes:
-            raise SpecError([Problem(*spec.where(("data", "in_features")), "data.in_features",
-                                     f"a {spec.task.name} model of {data.in_features} x "
-                                     f"{data.out_features} float32 weights needs about "
-                                     f"{held / gib:.1f} GiB here (params, gradients and optimizer "
-                                     f"state on each of {spec.num_processes * spec.local_device_count}"
-                                     f" devices), more than 80% of this machine's "
-                                     f"{memory_bytes / gib:.1f} GiB; lower data.in_features or "
-                                     "data.out_features")])
-    rows = data.num_examples
-    need = spec.num_processes * rows * (data.in_features + data.out_features) * 4
-    if need > 0.8 * memory_bytes:
-        raise SpecError([Problem(*spec.where(("data", "num_examples")), "data.num_examples",
-                                 f"{rows} rows x {data.in_features + data.out_features} float32 "
-                                 f"columns need about {need / gib:.1f} GiB here (each of the "
-                                 f"{spec.num_processes} processes may generate every row), more "
-                                 f"than 80% of this machine's {memory_bytes / gib:.1f} GiB; lower "
-                                 "data.num_examples or data.in_features, or write the data to "
-                                 "a .npy file (memory-mapped, streamed)")])
+        devices = spec.num_processes * spec.local_device_count
+        refuse_over(devices * (data.in_features + 1) * data.out_features * 4 * 4, "in_features",
+                    f"a {spec.task.name} model of {data.in_features} x {data.out_features} "
+                    "float32 weights needs", f"params, gradients and optimizer state on each of "
+                    f"{devices} devices", "lower data.in_features or data.out_features")
+    rows, columns = data.num_examples, data.in_features + data.out_features
+    refuse_over(spec.num_processes * rows * columns * 4, "num_examples",
+                f"{rows} rows x {columns} float32 columns need",
+                f"each of the {spec.num_processes} processes may generate every row",
+                "lower data.num_examples or data.in_features, or write the data to a .npy file "
+                "(memory-mapped, streamed)")
 
 
 def worker_search_path(pythonpath: str | None) -> list:
