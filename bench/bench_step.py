@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,7 +46,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from launcher.state import ProcessStats  # noqa: E402  (after the path is set)
+from launcher.proctl import free_port  # noqa: E402  (after the path is set)
+from launcher.state import ProcessStats  # noqa: E402
 
 SHAPES = {  # name: (global batch = rows, features)
     "seed": (256, 4),
@@ -60,12 +60,6 @@ def _env(devices: int | None = None) -> dict:
     if devices is not None:
         env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices))
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_podlaunch(extra: list, shape: str, processes: int, devices: int, steps: int,
@@ -107,7 +101,7 @@ def run_seed(shape: str, processes: int, devices: int, steps: int) -> float:
     if processes == 1:
         procs = [subprocess.Popen(base, env=_env(devices), stdout=subprocess.PIPE, text=True)]
     else:
-        coordinator = f"127.0.0.1:{_free_port()}"
+        coordinator = f"127.0.0.1:{free_port('127.0.0.1')}"
         procs = [subprocess.Popen(base + ["--num-processes", str(processes), "--process-id", str(i),
                                           "--coordinator", coordinator],
                                   env=_env(devices), stdout=subprocess.PIPE, text=True)

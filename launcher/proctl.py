@@ -15,6 +15,7 @@ Linux ``/proc`` layout: proc(5), ``/proc/PID/stat`` fields after the
 parenthesised command: state (3rd field of the line), ppid, pgrp.
 """
 
+import errno
 import os
 import signal
 import socket
@@ -283,26 +284,75 @@ def die_with_parent(sig=signal.SIGKILL):
 
 
 # ---- ports -----------------------------------------------------------------------
-def bind_error(port, host=""):
-    """Why a listener could not bind ``host:port`` now, or None if it could.
+# JAX's coordinator (gRPC) listens on [::]:PORT, every address of both families, with
+# SO_REUSEADDR. A port is checked the same way: on the IPv6 wildcard with IPV6_V6ONLY off
+# (which also holds it on every IPv4 address), and on ``host`` over IPv4 where the machine
+# has no IPv6.
+EPHEMERAL_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
+_FALLBACK_EPHEMERAL = (32768, 60999)   # Linux's default ip_local_port_range
+_CANDIDATE_PORTS = 12000               # how far below the ephemeral range free_port looks
 
-    SO_REUSEADDR as gRPC (JAX's coordinator) sets it: connections of an
-    earlier run left in TIME_WAIT do not count as in use. Port 0 asks the OS
-    for a free port; see ``free_port``.
-    """
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+def _try_bind(family, address):
+    s = socket.socket(family, socket.SOCK_STREAM)
     try:
-        s.bind((host, port))
-    except OSError as exc:
-        return "port %d is in use (%s)" % (port, exc.strerror)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.bind(address)
     finally:
         s.close()
+
+
+def bind_error(port, host=""):
+    """Why JAX's coordinator could not listen on ``port`` now, or None if it could.
+
+    Checked as gRPC binds it: ``[::]:port`` dual-stack with SO_REUSEADDR
+    (connections of an earlier run left in TIME_WAIT do not count as in use),
+    or ``host:port`` over IPv4 on a machine without IPv6.
+    """
+    try:
+        if socket.has_ipv6:
+            try:
+                _try_bind(socket.AF_INET6, ("::", port))
+                return None
+            except OSError as exc:
+                if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                    raise
+        _try_bind(socket.AF_INET, (host, port))
+    except OSError as exc:
+        return "port %d is in use (%s)" % (port, exc.strerror)
     return None
 
 
+def ephemeral_range():
+    """``(low, high)`` of the ports the kernel hands to outgoing connections and bind(0)."""
+    try:
+        with open(EPHEMERAL_RANGE_PATH) as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return _FALLBACK_EPHEMERAL
+
+
 def free_port(host=""):
-    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
+    """A TCP port that JAX's coordinator could listen on a moment ago.
+
+    Picked at random *below* the kernel's ephemeral range (``ip_local_port_range``),
+    not by bind(0): a port bind(0) hands out lies in that range, which every
+    outgoing connection on the machine draws its local port from, so in the
+    seconds before process 0 binds it another connection can take it and JAX
+    fails with "Failed to add port to server". Falls back to bind(0) where no
+    port below the range is free.
+    """
+    import random
+    low, _ = ephemeral_range()
+    first = max(1024, low - _CANDIDATE_PORTS)
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.randrange(first, max(first + 1, low))
+        if bind_error(port, host) is None:
+            return port
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.bind((host, 0))

@@ -174,6 +174,21 @@ def test_preflight_finds_survivors_and_stops_them_only_when_asked(tmp_path):
         other_node.kill()
 
 
+def test_a_free_port_is_below_the_ephemeral_range_and_free_on_both_families():
+    # The CI failure this guards: a bind(0) port lies in the kernel's ephemeral range, an
+    # outgoing connection took it before JAX bound [::]:PORT ("Failed to add port to server")
+    low, high = proctl.ephemeral_range()
+    ports = {proctl.free_port("127.0.0.1") for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1
+    port = ports.pop()
+    # a listener on the IPv6 loopback alone makes the port unusable for a [::] bind
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.bind(("::1", port))
+        taken.listen()
+        assert proctl.bind_error(port, "127.0.0.1").startswith(f"port {port} is in use")
+    assert proctl.bind_error(port, "127.0.0.1") is None
+
+
 def test_preflight_reports_versions_modules_and_port(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with socket.socket() as taken:
