@@ -28,6 +28,6 @@ echo "newest end: venv ready in $((SECONDS - started)) s"
 # -rs lists skips; .ci/run (which sets CI=true) makes a test without its sshd fail, not skip.
 "$venv/bin/python" -m pytest -q -rs --timeout=300 -p no:cacheprovider -n 2 -m "not slow"
 "$venv/bin/python" -m pytest -q -rs --timeout=300 -p no:cacheprovider \
-  "tests/test_local_run.py::test_main_job_trains_and_logs_to_tensorboard" \
-  "tests/test_ssh.py::test_four_hosts_match_single_host_debug_mode"
+  "tests/run/test_local_run.py::test_main_job_trains_and_logs_to_tensorboard" \
+  "tests/backends/ssh/test_ssh.py::test_four_hosts_match_single_host_debug_mode"
 echo "newest end: passed in $((SECONDS - started)) s"

@@ -1,7 +1,7 @@
 """Time from the command to step 1 on 3 Slurm nodes: `launch` against a hand-written srun.
 
 Both sides run the same worker (`python -m worker`) on a real Slurm cluster on
-this machine (tests/slurmenv.py: munged, slurmctld and 3 slurmd), 3 processes
+this machine (tests/harness/slurmenv.py: munged, slurmctld and 3 slurmd), 3 processes
 x 1 CPU device, in the same allocation of 3 nodes:
 
 * podlaunch: `launch jobs/linear.yaml --cluster <slurm, allocation mode>` as a user
@@ -40,7 +40,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
-import slurmenv  # noqa: E402
+from harness import slurmenv  # noqa: E402
 from launcher import spec as specs  # noqa: E402
 from launcher.proctl import free_port  # noqa: E402
 from worker import contract  # noqa: E402

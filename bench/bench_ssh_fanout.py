@@ -1,7 +1,7 @@
 """Benchmark the ssh backend's fan-out against a serial ssh loop (prints figures; asserts nothing).
 
 Two measures, for 1, 4 and 16 hosts (127.0.0.2.., one real sshd each, started
-here with tests/sshenv.py; needs root and openssh-server):
+here with tests/harness/sshenv.py; needs root and openssh-server):
 
 * fan-out: connect to every host and run ``true``. podlaunch's way (fabric
   connections from a bounded pool, host keys checked) vs. a serial loop of
@@ -34,7 +34,7 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 import yaml  # noqa: E402
 
-import sshenv  # noqa: E402
+from harness import sshenv  # noqa: E402
 from launcher import plan as planning  # noqa: E402
 from launcher import spec as specs  # noqa: E402
 from launcher.backends.ssh import connection as ssh_connection  # noqa: E402

@@ -1,8 +1,8 @@
 """Over ssh: the same bytes of output as one long line vs. as short lines (prints figures; asserts nothing).
 
-One real sshd host (127.0.0.2, tests/sshenv.py; needs root and openssh-server)
+One real sshd host (127.0.0.2, tests/harness/sshenv.py; needs root and openssh-server)
 runs ``launch jobs/linear.yaml`` end to end with one process, whose first
-step ends with it printing ``--mb`` MiB of ``x`` (tests/faulty_task.py):
+step ends with it printing ``--mb`` MiB of ``x`` (tests/programs/faulty_task.py):
 
 * ``none``: prints nothing (the run's own cost);
 * ``short``: in 100-byte lines;
@@ -33,7 +33,7 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 import yaml  # noqa: E402
 
-import sshenv  # noqa: E402
+from harness import sshenv  # noqa: E402
 
 SIDES = {"none": None, "short": 100, "long": 0}
 
@@ -44,7 +44,7 @@ def cluster_file(base: str, env: sshenv.SshTestEnv) -> str:
         yaml.safe_dump({"backend": "ssh", "ssh_config_file": env.ssh_config, "python": sys.executable,
                         "hosts": [{"host": env.hosts[0], "workdir": os.path.join(base, "h0")}],
                         "processes_per_host": 1, "keepalive_interval_s": 1, "keepalive_timeout_s": 4,
-                        "env": {"PYTHONPATH": os.pathsep.join([os.path.join(REPO, "tests"), REPO])}}, f)
+                        "env": {"PYTHONPATH": os.pathsep.join([os.path.join(REPO, "tests", "programs"), REPO])}}, f)
     return path
 
 

@@ -1,5 +1,17 @@
-"""The suite's floor plan: the harness modules beside the tests, and markers by what a test
-starts, set from its fixtures (so no test can forget its marker):
+"""The suite's floor plan.
+
+Folders by layer: ``spec/`` (loading and checking the spec, messages, versions, imports),
+``trainer/`` (the worker: contract, data, checkpoints, the step), ``run/`` (supervision,
+restarts, the console, single-host runs), ``backends/{ssh,tpu,slurm}/``; ``harness/`` is the
+package the tests share (sshd hosts, a Slurm cluster, network namespaces, the fake gcloud,
+the ``launch`` helpers) and ``programs/`` the user tasks and programs the tests run (on the
+workers' PYTHONPATH).
+
+Shared session-scoped fixtures, one per pytest-xdist worker: ``sshd_hosts`` (four sshd
+hosts, restored after each test that takes ``ssh_hosts`` or ``two_ssh_hosts``), ``slurm``
+(a Slurm cluster), ``reference_params`` (uninterrupted runs, each set of arguments run once).
+
+Markers by what a test starts, set from its fixtures (so no test can forget its marker):
 
 * ``sshd``: real OpenSSH servers on loopback addresses (``sshenv``);
 * ``slurm``: a real Slurm cluster on this machine (``slurmenv``);
@@ -18,6 +30,10 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import slurmenv, sshenv  # noqa: E402  (after the path is set)
+from harness.helpers import launch  # noqa: E402
+from harness.runs import params  # noqa: E402
 
 # What a fixture starts, read from its source once: the harness it calls
 STARTS = {"sshd": ("hosts_or_skip", "SshTestEnv("), "slurm": ("SlurmTestEnv(",),
@@ -56,3 +72,51 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, mark))
         if marks:
             item.add_marker(pytest.mark.slow)
+
+
+# ---- shared, session-scoped ---------------------------------------------------------
+@pytest.fixture(scope="session")
+def sshd_hosts(tmp_path_factory):
+    """Four real sshd hosts on 127.0.0.2-5 for the session (this xdist worker's ports)."""
+    with sshenv.hosts_or_skip(tmp_path_factory.mktemp("sshd"), 4) as env:
+        yield env
+
+
+@pytest.fixture
+def ssh_hosts(sshd_hosts):
+    """The session's four sshd hosts, restored after the test (``SshTestEnv.restore``)."""
+    yield sshd_hosts
+    sshd_hosts.restore()
+
+
+@pytest.fixture
+def two_ssh_hosts(sshd_hosts):
+    """The first two of the session's sshd hosts (127.0.0.2-3), restored after the test."""
+    yield sshenv.Subset(sshd_hosts, 2)
+    sshd_hosts.restore()
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real Slurm cluster for the session: slurmctld and three slurmd (n1-n3), munged."""
+    why = slurmenv.available()
+    assert why is None, f"Slurm cannot run here: {why} (bash .ci/run installs it)"
+    with slurmenv.SlurmTestEnv(num_nodes=3) as env:
+        yield env
+
+
+@pytest.fixture(scope="session")
+def reference_params(tmp_path_factory):
+    """``reference_params(*args)``: the final params of an uninterrupted
+    ``launch jobs/linear.yaml ARGS`` (a list of arrays), each set of arguments run once in
+    the session."""
+    done: dict = {}
+
+    def get(*args: str) -> list:
+        if args not in done:
+            run_dir = tmp_path_factory.mktemp("reference") / "run"
+            result = launch("jobs/linear.yaml", *args, "--run-dir", str(run_dir))
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+            done[args] = params(run_dir)
+        return done[args]
+    return get

@@ -24,7 +24,7 @@ caused (as torch.distributed.elastic does).
 
 Time is injected: ``clock`` (default ``time.monotonic``) is read for every
 timestamp and deadline, and ``sleep`` (default: wait on the workers' output)
-is how the loop lets time pass, so ``tests/test_supervise.py`` drives a whole
+is how the loop lets time pass, so ``tests/run/test_supervise.py`` drives a whole
 run, stall or teardown with fake workers and a fake clock in milliseconds.
 """
 

@@ -8,7 +8,7 @@ state is coming); RESUBMIT (PREEMPTED with PreemptMode=CANCEL, NODE_FAIL, BOOT_F
 submission may run); TIMEOUT; GONE (out of the queue); ENDED (any other end: cancelled by
 someone, failed, completed). ``JobLifecycle`` takes ``clock`` and ``sleep`` so the tests
 follow a job through scripted records in fake time, no Slurm needed
-(``tests/test_slurm_facts.py``).
+(``tests/backends/slurm/test_slurm_facts.py``).
 """
 
 from __future__ import annotations

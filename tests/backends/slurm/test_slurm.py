@@ -1,0 +1,490 @@
+"""The slurm backend against a real Slurm: one slurmctld and three slurmd on this machine.
+
+No stand-in: ``tests/harness/slurmenv.py`` starts munged, slurmctld and ``slurmd -N n1..n3``
+(Debian's slurm-wlm, installed by .ci/run). Where Slurm cannot start, the tests
+fail, they do not skip (set PODLAUNCH_SKIP_SLURM=1 to skip them on purpose).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from harness import sshenv
+from harness.helpers import (LAUNCH, REPO, Output, env_for_tests, launch, pids_with_env, program_job, run_pids,
+                     sighup_default, wait_gone)
+from harness.slurmenv import SlurmTestEnv
+
+pytestmark = pytest.mark.slow
+
+if os.environ.get("PODLAUNCH_SKIP_SLURM") == "1":
+    pytest.skip(sshenv.UNAVAILABLE + "PODLAUNCH_SKIP_SLURM=1", allow_module_level=True)
+
+SHORT = ("--set", "train.num_steps=30", "--set", "train.global_batch_size=255",
+         "--set", "logging.tensorboard=false")
+LONG = ("--set", "train.num_steps=1000000", "--set", "train.global_batch_size=255",
+        "--set", "logging.log_every_steps=20", "--set", "logging.tensorboard=false")
+
+
+@pytest.fixture
+def cluster_file(tmp_path):
+    def make(**settings) -> str:
+        body = {"backend": "slurm", "nodes": 3, "processes_per_node": 1, "devices_per_process": 1,
+                "poll_s": 0.2, "grace_s": 2, **settings}
+        path = tmp_path / "slurm.yaml"
+        path.write_text("".join(f"{k}: {v}\n" for k, v in body.items()))
+        return str(path)
+    return make
+
+
+@pytest.fixture(autouse=True)
+def clean_queue(request):
+    """Every test ends with an empty queue and no process of its runs (checked, then cleaned)."""
+    yield
+    if "slurm" in request.fixturenames:
+        env = request.getfixturevalue("slurm")
+        left = env.wait_queue_empty(10)
+        if left:
+            env.run("scancel", "-u", "root", check=False)
+            env.wait_queue_empty(10)
+        assert not left, f"jobs left in the queue: {left}"
+
+
+def slurm_env(env: SlurmTestEnv, **extra) -> dict:
+    base = env_for_tests(**extra)
+    base = {k: v for k, v in base.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_"))}
+    base["SLURM_CONF"] = str(env.conf)
+    return base
+
+
+def run(env, *args, prefix=(), timeout_s=120) -> subprocess.CompletedProcess:
+    return subprocess.run(list(prefix) + LAUNCH + list(args), cwd=REPO, env=slurm_env(env),
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+
+def start(env, *args) -> subprocess.Popen:
+    return subprocess.Popen(LAUNCH + list(args), cwd=REPO, env=slurm_env(env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=sighup_default)
+
+
+def read_until(proc, pattern: str, lines: list, timeout_s: float = 90) -> str:
+    """Read until a line matches ``pattern``; fails at ``timeout_s`` even if the launcher goes silent.
+
+    ``lines`` becomes everything read so far.
+    """
+    out = Output.of(proc)
+    try:
+        return out.wait_for(pattern, timeout_s)
+    finally:
+        lines[:] = out.lines
+
+
+def read_rest(proc, lines: list, timeout_s: float) -> None:
+    """Read to the launcher's exit (fails at ``timeout_s``); ``lines`` becomes all it printed."""
+    out = Output.of(proc)
+    try:
+        out.finish(timeout_s)
+    finally:
+        lines[:] = out.lines
+
+
+def cmdline(pid: int) -> list:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode().split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def params(run_dir) -> list:
+    with np.load(os.path.join(run_dir, "params.npz")) as f:
+        return [f[k] for k in sorted(f.files)]
+
+
+# ---- the fixture -----------------------------------------------------------------
+def test_the_test_cluster_has_three_idle_nodes(slurm):
+    assert slurm.sinfo_states() == {"n1": "idle", "n2": "idle", "n3": "idle"}
+    out = slurm.run("srun", "-N3", "-l", "--quiet", "printenv", "SLURMD_NODENAME")
+    assert sorted(line.split()[-1] for line in out.splitlines()) == ["n1", "n2", "n3"]
+
+
+# ---- dry run and bad requests ----------------------------------------------------------
+def test_dry_run_prints_script_env_and_devices_and_submits_nothing(slurm, cluster_file, tmp_path):
+    cluster = cluster_file(partition="debug", time_limit="00:10:00",
+                           sbatch_options="['--comment=podlaunch-test']",
+                           env="{API_TOKEN: hunter2}")
+    result = run(slurm, "jobs/linear.yaml", "--cluster", cluster, "--dry-run",
+                 "--run-dir", str(tmp_path / "run"), *SHORT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=debug",
+                 "#SBATCH --time=00:10:00", "#SBATCH --requeue", "#SBATCH --comment=podlaunch-test",
+                 "#SBATCH --job-name=podlaunch.linear"):
+        assert line in out, out
+    assert "expects nodes n1,n2,n3" in out
+    assert re.search(r"^p2 n3: host n3, process_id 2", out, re.M), out
+    assert "hunter2" not in out and "API_TOKEN=" in out
+    assert "JAX_NUM_CPU_DEVICES=1; step: srun '--jobid=<job id>' --nodes=1 --ntasks=1 --nodelist=n3" in out
+    assert not slurm.jobs()
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("setting,value,says", [
+    ("nodes", 5, "cluster.nodes: asks for 5 nodes; partition 'debug' has 3"),
+    ("partition", "nope", "cluster.partition: unknown partition 'nope'"),
+    ("cpus_per_process", 64, "cluster.cpus_per_process: no node of partition 'debug' fits 1 processes per node x 64 CPUs"),
+])
+def test_an_impossible_request_is_bad_input_before_anything_is_queued(slurm, cluster_file, tmp_path,
+                                                                      setting, value, says):
+    result = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(**{setting: value}),
+                 "--run-dir", str(tmp_path / "run"), *SHORT)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert says in result.stderr, result.stderr
+    assert "nothing was started" in result.stderr
+    assert not slurm.jobs()
+
+
+def test_a_fixed_coordinator_port_in_use_on_the_first_node_is_bad_input(slurm, cluster_file, tmp_path):
+    """Process 0's own facts line says the port is taken (no probe step): exit 2, job cancelled."""
+    with socket.socket() as busy:  # every test node is this machine
+        busy.bind(("", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        result = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(coordinator_port=taken),
+                     "--run-dir", str(tmp_path / "run"), *SHORT)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert re.search(r"cluster\.coordinator_port: .* on n1; pick another or use 0", result.stderr), \
+        result.stderr
+    assert not slurm.wait_queue_empty(10)
+    assert not wait_gone(str(tmp_path / "run"), 5)
+
+
+# ---- training: same params as the local run, in an allocation and by submission ---------
+@pytest.fixture
+def local_params(reference_params):
+    """The params of SHORT run uninterrupted on this machine (3 x 1), as ``params`` reads them."""
+    run = reference_params(*SHORT, "--set", "cluster.num_processes=3",
+                           "--set", "cluster.devices_per_process=1")
+    return [run[k] for k in sorted(run)]
+
+
+@pytest.mark.parametrize("mode", ["submit", "allocation"])
+def test_three_nodes_train_to_the_local_params(slurm, cluster_file, tmp_path, local_params, mode):
+    run_dir = tmp_path / "run"
+    args = ["jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *SHORT,
+            "--show", "all"]  # p1's lines on the console too
+    # allocation: launch runs inside salloc, which sets SLURM_JOB_ID and many SLURM_* more
+    prefix = ["salloc", "-N3", "--quiet"] if mode == "allocation" else []
+    result = run(slurm, *args, prefix=prefix)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert f"({mode}) on n1,n2,n3" in out
+    assert re.search(r"^\[p1 n2\] step 30/30 loss", out, re.M), out
+    assert ("submitted Slurm job" in out) == (mode == "submit")
+    for got, want in zip(params(run_dir), local_params):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert not run_pids(str(run_dir))
+
+
+def test_a_program_runs_from_its_own_directory_on_every_node(slurm, cluster_file, tmp_path):
+    # faulty_program.py is only in tmp_path (the spec file's directory, program.dir), not in
+    # the launcher's working directory: srun --chdir must start every step there. A program
+    # (not the built-in worker) cannot say its node's facts: a probe step checks the nodes first.
+    run_dir = tmp_path / "run"
+    result = run(slurm, program_job(tmp_path, steps=10), "--cluster", cluster_file(),
+                 "--run-dir", str(run_dir), "--show", "all")
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    # the probe picked the port on n1 before the steps started (not 0: not the rendezvous)
+    assert re.search(r"\(submit\) on n1,n2,n3, coordinator 127\.0\.0\.1:[1-9]\d*; logs", out), out
+    for process_id, node in enumerate(("n1", "n2", "n3")):
+        assert re.search(rf"^\[p{process_id} {node}\] step 10/10 loss", out, re.M), out
+    assert "OK: 3 processes succeeded" in out
+    assert not run_pids(str(run_dir))
+
+
+def test_a_task_printing_sruns_own_messages_changes_nothing(slurm, cluster_file, tmp_path):
+    # srun's own reports (how a task ended, a node failure) are read from srun's stderr only:
+    # a task that prints them verbatim (and the ssh wrapper's markers) prints lines like any
+    # other, so these processes still succeed, and the task's stderr still reaches its log
+    prog = tmp_path / "prog"
+    prog.mkdir()
+    (prog / "p.py").write_text(
+        "import os, sys\n"
+        "print('srun: error: n1: task 0: Killed', flush=True)\n"
+        "print('srun: error: Node failure on n2', flush=True)\n"
+        "print('podlaunch-exit code=1 at=1.0', flush=True)\n"
+        "print('on stderr', file=sys.stderr, flush=True)\n"
+        "print('srun: error: n3: task 0: Exited with exit code 9', file=sys.stderr, flush=True)\n")
+    spec = tmp_path / "j.yaml"
+    spec.write_text(f"name: forged\nprogram: {{argv: [python, p.py], dir: {prog}}}\n")
+    run_dir = tmp_path / "run"
+    result = run(slurm, str(spec), "--cluster", cluster_file(), "--run-dir", str(run_dir),
+                 "--show", "all")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "OK: 3 processes succeeded" in out
+    assert "on stderr" in (run_dir / "logs" / "process-001.log").read_text()
+    assert not run_pids(str(run_dir))
+
+
+# ---- failures and interrupts ---------------------------------------------------------
+def test_kill_9_of_one_task_fails_fast_naming_it(slurm, cluster_file, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *LONG,
+                 "--show", "all")
+    lines: list = []
+    read_until(proc, r"^\[p1 n2\] step \d+/", lines)
+    victims = [p for p in pids_with_env("PODLAUNCH_PROCESS_ID", "1") if p in run_pids(str(run_dir))
+               and cmdline(p)[-2:] == ["-m", "worker"] and "srun" not in cmdline(p)[0]]
+    assert len(victims) == 1, victims
+    os.kill(victims[0], signal.SIGKILL)
+    killed_at = time.monotonic()
+    read_rest(proc, lines, 60)
+    out = "".join(lines)
+    assert proc.returncode == 1, out
+    # fail-fast, not the job's end (it has a million steps to go); how fast is for bench/
+    assert time.monotonic() - killed_at < 60, out
+    summary = out[out.index("FAILED:"):]
+    assert summary.startswith("FAILED: process_id 1 on n2 (killed by SIGKILL)"), summary
+    assert re.search(r"^p1 +n2 +failed \(first\)", summary, re.M), summary
+    assert not slurm.wait_queue_empty(15)  # cancelled: gone once slurmctld has cleaned up
+    assert not wait_gone(str(run_dir), 5)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_interrupt_while_running_cancels_the_job(slurm, cluster_file, tmp_path, sig):
+    run_dir = tmp_path / "run"
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *LONG)
+    lines: list = []
+    read_until(proc, r"^\[p\d n\d\] step \d+/", lines)
+    proc.send_signal(sig)
+    read_rest(proc, lines, 60)
+    assert proc.returncode == 130, "".join(lines)
+    assert not slurm.wait_queue_empty(5)
+    assert not wait_gone(str(run_dir), 5)
+
+
+def test_ctrl_c_while_pending_cancels_the_job(slurm, cluster_file, tmp_path):
+    blocker = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-N3", "--exclusive", "--wrap", "sleep 300").strip()
+    try:
+        while "RUNNING" not in slurm.run("squeue", "-h", "-j", blocker, "-o", "%T"):
+            time.sleep(0.1)
+        proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(),
+                     "--run-dir", str(tmp_path / "run"), *SHORT)
+        lines: list = []
+        read_until(proc, r"pending \((Resources|Priority)\)", lines)
+        proc.send_signal(signal.SIGINT)
+        read_rest(proc, lines, 60)
+        assert proc.returncode == 130, "".join(lines)
+        assert [j for j in slurm.jobs() if "podlaunch" in j] == []
+    finally:
+        slurm.run("scancel", blocker)
+
+
+def test_nohup_launch_with_a_pending_job_survives_the_terminal_closing(slurm, cluster_file, tmp_path):
+    # nohup: SIGHUP ignored when the launcher starts. The pending job must not be cancelled
+    # when the terminal closes (SIGHUP), and the run must go on to the end once it runs.
+    blocker = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-N3", "--exclusive", "--wrap", "sleep 300").strip()
+    try:
+        while "RUNNING" not in slurm.run("squeue", "-h", "-j", blocker, "-o", "%T"):
+            time.sleep(0.1)
+        proc = subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--cluster", cluster_file(),
+                                          "--run-dir", str(tmp_path / "run"), *SHORT],
+                                cwd=REPO, env=slurm_env(slurm), text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+        lines: list = []
+        read_until(proc, r"pending \((Resources|Priority)\)", lines)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None, "".join(lines)
+        assert [j for j in slurm.jobs() if "podlaunch" in j], "the pending job was cancelled"
+        slurm.run("scancel", blocker)
+        read_rest(proc, lines, 120)
+        assert proc.returncode == 0, "".join(lines)
+        assert "OK: 3 processes succeeded" in "".join(lines)
+    finally:
+        slurm.run("scancel", blocker, check=False)
+
+
+def test_a_sigkilled_launcher_leaves_a_job_the_next_launch_refuses_or_cancels(slurm, cluster_file,
+                                                                              tmp_path):
+    cluster = cluster_file()
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "a"), *LONG)
+    lines: list = []
+    read_until(proc, r"^\[p0 n1\] step \d+/", lines)
+    proc.kill()
+    proc.wait()
+    assert not wait_gone(str(tmp_path / "a"), 10)  # srun got SIGTERM and killed its step
+    assert [j.split()[1:] for j in slurm.jobs()] == [["RUNNING", "podlaunch.linear"]]
+    again = run(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "b"), *SHORT)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "are still queued and their launcher is gone; rerun with --kill-stale" in again.stderr
+    assert len(slurm.jobs()) == 1
+    third = run(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "c"),
+                "--kill-stale", *SHORT)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "cancelling stale Slurm job(s)" in third.stdout
+
+
+def test_two_launches_of_one_job_run_side_by_side_and_kill_stale_spares_the_live_one(
+        slurm, cluster_file, tmp_path):
+    # A sweep (submitit #1624): one job, two --set values, launched 3 s apart. The first
+    # launch's job shares the second's name, but its launcher runs: it is not stale, and
+    # --kill-stale (cancel only jobs whose launcher is gone) must leave it alone.
+    cluster = cluster_file(nodes=1)
+    slow = ("--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.05",
+            "--set", "task.args.slow_process_id=0", "--set", "task.args.slow_attempt=0",
+            "--set", "train.num_steps=400", "--set", "train.global_batch_size=255",
+            "--set", "logging.log_every_steps=20", "--set", "logging.tensorboard=false")
+    first = start(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "a"),
+                  *slow, "--set", "optimizer.learning_rate=0.01")
+    lines: list = []
+    read_until(first, r"^\[p0 n\d\] step \d+/", lines)
+    time.sleep(3)
+    second = run(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(tmp_path / "b"),
+                 "--kill-stale", *SHORT, "--set", "optimizer.learning_rate=0.5")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "has its launcher running: this one runs beside it" in second.stdout
+    assert "cancelling stale" not in second.stdout
+    read_rest(first, lines, 120)
+    assert first.returncode == 0, "".join(lines)
+    assert re.search(r"OK: 1 process(es)? succeeded", "".join(lines)), "".join(lines)
+
+
+# ---- preemption -------------------------------------------------------------------------
+PREEMPTED_RUN = ("--set", "train.num_steps=300", "--set", "train.global_batch_size=255",
+                 "--set", "logging.log_every_steps=10", "--set", "logging.tensorboard=false",
+                 "--set", "checkpoint.every_steps=20", "--set", "restarts.max_restarts=2",
+                 "--set", "restarts.backoff_s=0")
+# The interrupted attempt steps slowly (0.1 s per step: 300 steps take 30 s), so that
+# slurmctld's preemption, or its node failure, surely lands before the run could end by
+# itself on a loaded machine (at full speed 300 steps take ~1 s); the attempts after it
+# run at full speed. The task is the seed's linear one (faulty_task), so the final params
+# are those of PREEMPTED_RUN alone.
+SLOW_FIRST_ATTEMPT = ("--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.1",
+                      "--set", "task.args.slow_process_id=0", "--set", "task.args.slow_attempt=0")
+
+
+def assert_uninterrupted_params(run_dir, reference) -> None:
+    """``run_dir``'s final params equal those of the same run, uninterrupted, locally (3 x 1)."""
+    result = launch("jobs/linear.yaml", "--run-dir", str(reference), *PREEMPTED_RUN,
+                    "--set", "cluster.num_processes=3", "--set", "cluster.devices_per_process=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for got, want in zip(params(run_dir), params(reference)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_params(slurm, cluster_file,
+                                                                             tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),
+                 *PREEMPTED_RUN, *SLOW_FIRST_ATTEMPT)
+    lines: list = []
+    read_until(proc, r"^\[p0 n1\] checkpoint of step \d+ saved", lines)
+    # a job in the higher-priority partition takes every node: ours gets SIGTERM, then is requeued
+    urgent = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-p", "urgent", "-N3", "--exclusive",
+                       "--wrap", "sleep 1").strip()
+    read_rest(proc, lines, 240)
+    out = "".join(lines)
+    assert proc.returncode == 0, out
+    assert re.search(r"is being preempted|is (REQUEUED|PENDING|PREEMPTED)", out), out
+    assert "restarting from the latest checkpoint" in out, out
+    assert re.search(r"^\[p0 n1\] resumed from the checkpoint of step \d+", out, re.M), out
+    assert_uninterrupted_params(run_dir, tmp_path / "local")
+    assert urgent and not run_pids(str(run_dir))
+
+
+def resumed_run(slurm, cluster: str, run_dir, interrupt) -> tuple[str, str]:
+    """PREEMPTED_RUN by submission, ``interrupt()`` after its first checkpoint; it must resume
+    and succeed. Returns (the first Slurm job id, everything the launcher printed)."""
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster, "--run-dir", str(run_dir),
+                 *PREEMPTED_RUN, *SLOW_FIRST_ATTEMPT)
+    lines: list = []
+    read_until(proc, r"^\[p0 n1\] checkpoint of step \d+ saved", lines)
+    interrupt()
+    read_rest(proc, lines, 240)
+    out = "".join(lines)
+    assert proc.returncode == 0, out
+    assert re.search(r"^\[p0 n1\] resumed from the checkpoint of step \d+", out, re.M), out
+    return re.search(r"submitted Slurm job (\d+)", out).group(1), out
+
+
+def test_a_job_preempted_under_preempt_mode_cancel_is_resubmitted_and_resumes(slurm, cluster_file,
+                                                                              tmp_path):
+    """PreemptMode=CANCEL (partition ``cancel``): --requeue does nothing, the job ends PREEMPTED."""
+    run_dir = tmp_path / "run"
+    first, out = resumed_run(slurm, cluster_file(partition="cancel"), run_dir, lambda: slurm.run(
+        "sbatch", "--parsable", "-o", "/dev/null", "-p", "urgent", "-N3", "--exclusive",
+        "--wrap", "sleep 1"))
+    assert f"Slurm job {first} is PREEMPTED: submitting it again" in out, out
+    assert len(re.findall(r"submitted Slurm job \d+", out)) == 2, out
+    assert_uninterrupted_params(run_dir, tmp_path / "local")
+    assert not run_pids(str(run_dir))
+
+
+def test_a_node_failure_is_resubmitted_and_resumes_from_the_checkpoint(slurm, cluster_file, tmp_path):
+    """A node set DOWN under a running job: Slurm ends it NODE_FAIL (requeue off), podlaunch resubmits."""
+    run_dir = tmp_path / "run"
+    try:
+        first, out = resumed_run(slurm, cluster_file(requeue="false"), run_dir, lambda: slurm.run(
+            "scontrol", "update", "nodename=n2", "state=down", "reason=podlaunch-test"))
+    finally:
+        slurm.wait_idle(60)  # ReturnToService=2: n2's slurmd registers again and it is idle
+    assert f"Slurm job {first} is NODE_FAIL: submitting it again" in out, out
+    assert re.search(r"was lost \(Slurm job \d+ is NODE_FAIL", out), out
+    assert_uninterrupted_params(run_dir, tmp_path / "local")
+    assert not run_pids(str(run_dir))
+
+
+def test_a_time_limit_is_named_as_such_and_not_resubmitted(slurm, cluster_file, tmp_path):
+    """TIMEOUT by Slurm's job state (time_limit 1 minute; Slurm checks limits every 30 s)."""
+    run_dir = tmp_path / "run"
+    result = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(time_limit="'1'"),
+                 "--run-dir", str(run_dir), *LONG, "--set", "checkpoint.every_steps=100",
+                 "--set", "restarts.max_restarts=2", "--set", "restarts.backoff_s=0",
+                 timeout_s=240)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    # the summary leads with it, as the reason the attempt is not retried
+    assert re.search(r"^FAILED: process_id \d on n\d \(Slurm job \d+ reached its time limit "
+                     r"\(TIMEOUT; task ", out, re.M), out
+    assert re.search(r"failed: process_id \d on n\d ended: Slurm job \d+ reached its time limit.* "
+                     r"raise cluster.time_limit and continue with --resume .*; a restart would end "
+                     "the same way", out), out
+    # podlaunch's own lines never call it a preemption nor restart (JAX's abort text in the
+    # workers' tails may say "preempted/died/restarted": theirs, not the verdict)
+    own = "\n".join(line for line in out.splitlines() if not re.match(r"^\s*\[?p\d+ ", line))
+    assert "preempt" not in own and "restarting" not in own, out
+    assert len(re.findall(r"submitted Slurm job \d+", out)) == 1, out
+    assert not slurm.wait_queue_empty(15)  # cancelled: gone once slurmctld has cleaned up
+    assert not wait_gone(str(run_dir), 5)
+
+
+def test_the_batch_script_ends_the_job_itself_when_its_launcher_is_gone(slurm, cluster_file, tmp_path):
+    """A launcher killed with SIGKILL renews no heartbeat: the job ends after orphan_timeout_s."""
+    run_dir = tmp_path / "run"
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(orphan_timeout_s=30),
+                 "--run-dir", str(run_dir), *LONG)
+    lines: list = []
+    read_until(proc, r"^\[p0 n1\] step \d+/", lines)
+    job_id = re.search(r"submitted Slurm job (\d+)", "".join(lines)).group(1)
+    proc.kill()
+    proc.wait()
+    # the launcher's last renewal, moved back past orphan_timeout_s instead of waiting 30 s
+    beat = run_dir / "slurm" / "launcher-heartbeat"
+    old = time.time() - 31
+    os.utime(beat, (old, old))
+    assert not slurm.wait_queue_empty(30), "the batch script did not end the job"
+    said = (run_dir / "slurm" / f"batch-{job_id}.out").read_text()
+    assert re.search(r"podlaunch: no launcher heartbeat for \d+ s: ending the job", said), said
+    assert not wait_gone(str(run_dir), 5)

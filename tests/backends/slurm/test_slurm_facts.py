@@ -1,0 +1,88 @@
+"""The nodes' facts before a Slurm job's processes join: the worker's rendezvous and the check.
+
+The built-in worker says its facts (``worker.nodefacts``) as its first line and
+waits for the coordinator address on stdin (``contract.RENDEZVOUS``); the
+launcher's ``slurm.nodes.check`` compares them. Both run here for real: the
+worker as ``python -m worker`` in a subprocess, the check on facts this
+interpreter reports about itself. tests/backends/slurm/test_slurm.py runs them on a real Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from harness.helpers import LAUNCH, REPO, env_for_tests
+from launcher.backends.slurm import nodes
+from launcher.errors import LaunchError, Problem, SpecError
+from worker import contract, nodefacts
+
+
+def problem(key: str, message: str) -> SpecError:
+    return SpecError([Problem("cluster.yaml", None, f"cluster.{key}", message)])
+
+
+def node(name: str, port=None, **change) -> dict:
+    facts = {**nodefacts.facts(port), "node": name, **change}
+    return facts
+
+
+def test_matching_nodes_give_the_port_found_free_on_the_first():
+    port = nodes.check([node("n1", 0), node("n2"), node("n3")], sys.executable, problem)
+    assert 0 < port < 65536
+    with socket.socket() as s:  # the kernel's pick was free: it can be bound again
+        s.bind(("", port))
+
+
+def test_nodes_whose_versions_differ_are_named_with_what_the_first_node_has():
+    mine = nodefacts.version("jax")
+    with pytest.raises(LaunchError) as err:
+        nodes.check([node("n1", 0), node("n2", jax="0.0.1"), node("n3", jaxlib=None, jax=None)],
+                    sys.executable, problem)
+    said = str(err.value)
+    assert said.startswith("the nodes' Python and JAX differ: ")
+    assert f"n2: jax 0.0.1 (n1: {mine})" in said
+    assert f"n3: jax/jaxlib not installed for {sys.executable}" in said
+
+
+def test_a_fixed_coordinator_port_in_use_on_the_first_node_is_bad_input():
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        with pytest.raises(SpecError) as err:
+            nodes.check([node("n1", taken), node("n2")], sys.executable, problem)
+    said = str(err.value)
+    assert "cluster.coordinator_port" in said and "on n1; pick another or use 0" in said
+
+
+def worker(tmp_path, stdin: str, process_id: int = 0, address: str = "127.0.0.1:0"):
+    identity = contract.Identity(coordinator_address=address, num_processes=2,
+                                 process_id=process_id, local_device_count=1, platform="cpu",
+                                 job_path=str(tmp_path / "job.json"), run_dir=str(tmp_path))
+    env = env_for_tests(**identity.to_env(), **{contract.RENDEZVOUS: "stdin"})
+    return subprocess.run([LAUNCH[0], "-m", "worker"], cwd=REPO, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_worker_says_its_facts_first_and_stops_when_stdin_ends(tmp_path):
+    result = worker(tmp_path, stdin="")
+    lines = result.stdout.splitlines()
+    assert result.returncode == contract.EXIT_MISMATCH, result.stdout + result.stderr
+    assert lines[0].startswith(contract.FACTS_PREFIX), lines
+    facts = json.loads(lines[0][len(contract.FACTS_PREFIX):])
+    assert facts["jax"] == nodefacts.version("jax") and facts["executable"] == sys.executable
+    assert 0 < facts["port"] < 65536  # process 0: a free port for the coordinator
+    assert "no coordinator address on stdin: the launcher stopped the start" in result.stdout
+
+
+def test_only_process_0_checks_a_port_and_a_bad_address_is_refused(tmp_path):
+    result = worker(tmp_path, stdin="not-an-address\n", process_id=1)
+    lines = result.stdout.splitlines()
+    assert result.returncode == contract.EXIT_MISMATCH, result.stdout + result.stderr
+    assert "port" not in json.loads(lines[0][len(contract.FACTS_PREFIX):])
+    assert "expected the coordinator's host:port on stdin, got 'not-an-address'" in result.stdout

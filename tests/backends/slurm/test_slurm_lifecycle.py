@@ -1,0 +1,91 @@
+"""A Slurm job's lifecycle, process-free: scripted ``scontrol`` records in fake time
+(``launcher.backends.slurm.lifecycle``); tests/backends/slurm/test_slurm.py follows real jobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.fakes import FakeClock
+from launcher.backends.slurm import lifecycle
+from launcher.backends.slurm.lifecycle import JobLifecycle, Phase
+from launcher.errors import LaunchError
+from launcher.state import Exited, Final, Killed, Lost
+
+
+def job(state: str, **fields) -> dict:
+    return {"JobId": "7", "JobState": state, "PreemptTime": "None", **fields}
+
+
+class Scripted:
+    """``Slurm.job`` for one job: a list of (fake time, record or None), the latest due wins."""
+
+    def __init__(self, clock: FakeClock, script: list):
+        self.clock, self.script, self.reads = clock, script, 0
+
+    def __call__(self, job_id: str):
+        self.reads += 1
+        due = [record for at, record in self.script if at <= self.clock.now]
+        return due[-1] if due else None
+
+
+def follow(script: list, limit_s: float = 600) -> tuple[JobLifecycle, FakeClock]:
+    clock = FakeClock(limit_s=limit_s)
+    return JobLifecycle(Scripted(clock, script), poll_s=0.5, clock=clock, sleep=clock.sleep), clock
+
+
+@pytest.mark.parametrize("record, want", [
+    (None, Phase.GONE), (job("RUNNING"), Phase.RUNNING), (job("PENDING"), Phase.WAITING),
+    (job("REQUEUED"), Phase.WAITING), (job("COMPLETING"), Phase.SETTLING),
+    (job("RUNNING", PreemptTime="2026-12-01T10:00:00"), Phase.SETTLING),
+    (job("PREEMPTED"), Phase.RESUBMIT), (job("NODE_FAIL"), Phase.RESUBMIT),
+    (job("TIMEOUT"), Phase.TIMEOUT), (job("CANCELLED", Reason="TimeLimit"), Phase.TIMEOUT),
+    (job("CANCELLED"), Phase.ENDED), (job("COMPLETED"), Phase.ENDED),
+])
+def test_each_record_is_one_phase(record, want):
+    assert lifecycle.phase(record) is want
+
+
+def test_a_pending_job_is_followed_until_it_runs_saying_each_new_reason():
+    said: list = []
+    life, clock = follow([(0, job("PENDING", Reason="Priority")), (3, job("PENDING", Reason="Resources")),
+                          (5, job("RUNNING", NodeList="n[1-2]"))])
+    record = life.wait_running("7", said.append)
+    assert record["NodeList"] == "n[1-2]" and clock.now == 5.0
+    assert said[0] == "pending (Priority)" and said[-1] == "pending (Resources)"
+
+
+def test_a_job_that_ends_before_it_runs_is_an_error_naming_its_state():
+    life, _ = follow([(0, job("PENDING", Reason="Priority")), (1, job("CANCELLED", Reason="None"))])
+    with pytest.raises(LaunchError, match=r"Slurm job 7 ended before it ran: CANCELLED \(None\)"):
+        life.wait_running("7")
+
+
+def test_a_preemption_settles_before_its_outcome_is_read():
+    # RUNNING with a preemption announced, then requeued: the next attempt waits for it
+    life, clock = follow([(0, job("RUNNING", PreemptTime="t")), (20, job("COMPLETING")),
+                          (25, job("PENDING", Reason="BeginTime"))])
+    record = life.settled("7", limit_s=120)
+    assert record["JobState"] == "PENDING" and clock.now == 25.0
+    stuck, clock = follow([(0, job("COMPLETING"))])
+    assert stuck.settled("7", limit_s=120)["JobState"] == "COMPLETING" and clock.now >= 120
+
+
+@pytest.mark.parametrize("script, ended, kind, words", [
+    ([(0, job("RUNNING"))], Exited(1), Exited, "exit code 1"),
+    ([(0, job("TIMEOUT"))], Killed(15), Final, "Slurm job 7 reached its time limit (TIMEOUT; task "
+                                               "killed by SIGTERM): raise cluster.time_limit"),
+    ([(0, job("RUNNING", PreemptTime="t"))], Killed(9), Lost, "Slurm job 7 is being preempted"),
+    ([(0, job("COMPLETING")), (10, job("NODE_FAIL"))], Exited(0), Lost, "Slurm job 7 is NODE_FAIL"),
+    ([], Exited(1), Lost, "Slurm job 7 is GONE"),
+])
+def test_a_failed_step_is_read_against_its_job(script, ended, kind, words):
+    life, _ = follow(script)
+    got = life.judge("7", ended, "/runs/r")
+    assert type(got) is kind and words in str(got), got
+
+
+def test_a_cancelled_job_is_waited_out_of_the_queue():
+    life, clock = follow([(0, job("RUNNING")), (2, job("COMPLETING")), (4, None)])
+    assert life.gone("7", timeout_s=15) and 4 <= clock.now < 5
+    running, _ = follow([(0, job("RUNNING"))])
+    assert not running.gone("7", timeout_s=3)

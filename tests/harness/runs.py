@@ -1,0 +1,45 @@
+"""What the fault tests of every layer share: a fault on attempt 0, the final params of a
+run and their comparison, and a cluster file for sshd hosts."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import yaml
+
+from harness.helpers import PROGRAMS, REPO
+
+
+def fault(mode: str, step: int, process_id: int = 1) -> tuple:
+    """``--set`` arguments: process ``process_id`` misbehaves (``mode``, faulty_task's) after
+    step ``step`` of attempt 0 only (``faulty_task:first_attempt``)."""
+    return ("--set", "task.name=faulty_task:first_attempt",
+            "--set", f"task.args.crash_at_step={step}", "--set", f"task.args.crash_process_id={process_id}",
+            "--set", f"task.args.mode={mode}")
+
+
+def params(run_dir) -> dict:
+    """A run's final params (``params.npz``): name -> array."""
+    with np.load(os.path.join(run_dir, "params.npz")) as f:
+        return {k: f[k] for k in f.files}
+
+
+def assert_same_params(got: dict, want: dict) -> None:
+    """Equal names, and values within float32 rounding (rtol 1e-6)."""
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=0)
+
+
+def ssh_cluster(tmp_path, ssh_hosts) -> str:
+    """A cluster file for the sshd hosts (a workdir each under ``tmp_path``); its path."""
+    cluster = {
+        "backend": "ssh", "ssh_config_file": ssh_hosts.ssh_config, "python": sys.executable,
+        "hosts": [{"host": h, "workdir": str(tmp_path / f"host{i}")} for i, h in enumerate(ssh_hosts.hosts)],
+        "env": {"PYTHONPATH": os.pathsep.join([PROGRAMS, REPO])},
+        "grace_s": 2, "keepalive_interval_s": 1, "keepalive_timeout_s": 4,
+    }
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    return str(tmp_path / "cluster.yaml")

@@ -1,0 +1,378 @@
+"""Seeing a run: the status line, --show, the summary table, TensorBoard, metrics.jsonl.
+
+The fast tests drive the launcher-side pieces directly; the slow ones run the
+real CLI (real JAX processes) and read the event files back with
+TensorBoard's own reader.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import io
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import termios
+import time
+import types
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+
+from harness.helpers import LAUNCH, REPO, Output, env_for_tests, event_files, launch, read_scalars
+from launcher.errors import SpecError
+from launcher.plan import ProcessPlan
+from launcher.console import CLEAR_LINE, StatusLine
+from launcher.state import Exited, Killed, ProcessStats, Result, State, Tracked
+from launcher.console.status import parse_show, status_text, summary
+from worker import contract
+
+LOGGED = ("loss", "learning_rate", "grad_norm", "param_norm", "step_time_s", "examples_per_s")
+
+
+# ---- fast: launcher-side pieces ------------------------------------------------
+def test_show_accepts_ids_ranges_all_and_none_and_echoes_bad_parts():
+    assert parse_show("0") == {0}
+    assert parse_show("0,3-5") == {0, 3, 4, 5}
+    assert parse_show("all") is None and parse_show("none") == frozenset()
+    for bad in ("x", "3-1", "1,,2", "-2"):
+        with pytest.raises(SpecError) as err:
+            parse_show(bad)
+        assert "--show" in str(err.value.problems[0]) and "0,3-5" in str(err.value.problems[0])
+
+
+def test_progress_lines_round_trip():
+    line = contract.PROGRESS_FORMAT.format(step=40, num_steps=100, loss=0.0123, steps_per_s=81.25,
+                                           step_time_s=0.0123, own_step_time_s=0.00042)
+    got = contract.parse_progress(line)
+    assert got == contract.Progress(40, 100, 0.0123, 81.2, 0.0123, 0.00042)
+    assert contract.parse_step(line) == 40
+    old = contract.parse_progress("step 7/9 loss nan | 3.0 steps/s")  # a worker without step times
+    assert old.step == 7 and np.isnan(old.loss) and old.own_step_time_s is None
+    assert contract.parse_progress("[Gloo] step 3/4") is None
+
+
+def test_mean_step_time_of_a_resumed_attempt_counts_from_its_checkpoint():
+    lines = [contract.RESUMED_FORMAT.format(step=1000, attempt=1),
+             _progress(1010, 0.0, step_time_s=0.02), _progress(1020, 0.0, step_time_s=0.04)]
+    stats = ProcessStats()
+    for line in lines:
+        stats.observe(line)
+    assert stats.timed_steps == 20  # steps 1001-1020, not 1020
+    assert stats.mean_step_time_s == pytest.approx(0.03)
+    fresh = ProcessStats()
+    for line in lines[1:]:
+        fresh.observe(line)
+    assert fresh.timed_steps == 1020  # a fresh run's first interval starts at step 1
+
+
+def _tracked(process_id, host="localhost", lines=(), state=State.RUNNING, exit=None):
+    plan = ProcessPlan(process_id=process_id, host=host, local_device_count=1, env={}, argv=(),
+                       log_path=f"/tmp/process-{process_id:03d}.log",
+                       label=f"p{process_id}" if host == "localhost" else f"p{process_id} {host}")
+    t = Tracked(types.SimpleNamespace(plan=plan), state=state, exit=exit)
+    for line in lines:
+        t.stats.observe(line)
+        t.last_step = contract.parse_step(line) or t.last_step
+    return t
+
+
+def _progress(step, own_s, step_time_s=0.05, num_steps=100):
+    return contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5,
+                                           steps_per_s=1 / step_time_s, step_time_s=step_time_s,
+                                           own_step_time_s=own_s)
+
+
+def test_status_line_names_the_process_with_the_largest_own_step_time():
+    tracked = [_tracked(0, lines=[_progress(40, 0.002)]),
+               _tracked(1, "host-b", [_progress(40, 0.049)]),
+               _tracked(2, lines=[_progress(40, 0.001)], state=State.SUCCEEDED)]
+    # 60 steps left at 50 ms a step: ETA 3 s
+    assert status_text(tracked) == ("2/3 running | step 40/100 | ETA 3.0s | loss 0.5 | 20.0 steps/s | "
+                                    "slowest p1 host-b (own 49 ms/step; median 25.5)")
+    tracked.append(_tracked(3))  # running, nothing logged yet: it is the slowest
+    assert status_text(tracked).endswith("slowest p3 (no step logged yet)")
+    assert status_text([_tracked(0)]) == "1/1 running | waiting for the first logged step"
+    assert status_text([_tracked(0)], elapsed_s=75) == \
+        "1/1 running | elapsed 1m15s | waiting for the first logged step"
+
+
+def test_status_line_redraws_in_place_on_a_terminal_and_prints_plain_lines_otherwise():
+    now = [0.0]
+    out = io.StringIO()
+    line = StatusLine(out, tty=True, redraw_every_s=0.2, clock=lambda: now[0])
+    line.update("one")
+    line.write("[p0] hello\n")  # a worker line goes above the status line, which is redrawn
+    now[0] = 0.1
+    line.update("two")  # too soon: skipped
+    now[0] = 0.3
+    line.update("three")
+    line.end()
+    assert out.getvalue() == (CLEAR_LINE + "one" + CLEAR_LINE + "[p0] hello\n" + "one"
+                              + CLEAR_LINE + "three" + CLEAR_LINE)
+
+    out, now[0] = io.StringIO(), 0.0
+    plain = StatusLine(out, tty=False, status_every_s=5.0, clock=lambda: now[0])
+    for t in (0.0, 1.0, 5.0, 6.0, 10.5):
+        now[0] = t
+        plain.update(f"at {t}")
+    plain.write("[p0] hello\n")
+    plain.end()
+    assert out.getvalue() == ("podlaunch: status: at 5.0\npodlaunch: status: at 10.5\n"
+                              "[p0] hello\n")
+
+
+def test_summary_table_columns_stay_aligned_with_a_long_state():
+    failed = _tracked(2, "host-long-name", [_progress(5, 0.01, 0.02)], State.FAILED, Killed(9))
+    ok = _tracked(0, lines=[_progress(5, 0.01, 0.02), _progress(10, 0.01, 0.04)],
+                  state=State.STOPPED, exit=Exited(143))
+    text = summary(Result([ok, failed], failed, False, 3.0))
+    table = text.splitlines()[-3:]
+    assert table[0].split() == ["process", "host", "state", "exit", "steps", "mean", "step", "ms",
+                                "first", "step", "s", "cache", "hits/misses"]
+    assert re.match(r"^p2 +host-long-name +failed \(first\) +killed by SIGKILL +5 +20\.000 +- +-$", table[2])
+    assert re.match(r"^p0 +localhost +stopped +exit code 143 +10 +30\.000 +- +-$", table[1])
+    starts = {row.index(word) for row, word in zip(table, ("exit", "exit code", "killed"))}
+    assert len(starts) == 1, table  # the exit column starts at the same place in every row
+
+
+def test_summary_reports_each_process_compilation_and_the_attempts_slowest():
+    from launcher.run import restarts
+
+    def cache(hits, misses, seconds):
+        return contract.CACHE_FORMAT.format(hits=hits, misses=misses, seconds=seconds, path="/r/cc")
+
+    done = [_progress(10, 0.01, num_steps=10)]
+    first = [_tracked(0, lines=[cache(0, 4, "1.250")] + done, state=State.SUCCEEDED, exit=Exited(0)),
+             _tracked(1, "host-b", [cache(0, 4, "2.500")] + done, State.SUCCEEDED, Exited(0))]
+    again = [_tracked(0, lines=[cache(4, 0, "0.110")] + done, state=State.SUCCEEDED, exit=Exited(0)),
+             _tracked(1, "host-b", [cache(0, 4, "?")] + done, State.SUCCEEDED, Exited(0))]
+    text = summary(Result(again, None, False, 3.0)).splitlines()
+    assert re.match(r"^p0 +localhost +succeeded +exit code 0 +10 +50\.000 +0\.110 +4/0$", text[1])
+    assert re.match(r"^p1 +host-b +succeeded +exit code 0 +10 +50\.000 +- +0/4$", text[2])
+    assert text[3] == "compilation: first step up to 0.110 s (p0); cache 4 hits, 4 misses over 2 processes"
+    attempts = [restarts.Attempt(0, "/r/logs", Result(first, None, False, 3.0)),
+                restarts.Attempt(1, "/r/logs/attempt-1", Result(again, None, False, 3.0))]
+    table = restarts.attempts_table(attempts)
+    assert ("compilation: first step up to 2.500 s (p1 host-b); cache 0 hits, 8 misses over "
+            "2 processes") in table, table
+    assert "compilation: first step up to 0.110 s (p0); cache 4 hits, 4 misses" in table
+    # no cache line (a program, an older worker): no compilation line, dashes in the table
+    assert "compilation" not in summary(Result([_tracked(0, lines=done)], None, False, 1.0))
+
+
+def test_launch_tensorboard_names_the_install_command_when_it_is_missing(tmp_path):
+    code = ("import sys; sys.modules['tensorboard'] = None\n"
+            "from launcher.cli import main; main(['tensorboard', sys.argv[1]])")
+    result = subprocess.run([LAUNCH[0], "-c", code, str(tmp_path)], env=env_for_tests(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "TensorBoard is not installed" in result.stderr
+    assert "pip install -e '.[tensorboard]'" in result.stderr
+
+
+# ---- slow: real runs ----------------------------------------------------------
+def reference_norms(steps: int, lr: float = 0.1):
+    """Full-batch gradient descent on the seed's data in float64: per step ‖g‖ and ‖params‖ after."""
+    import jax
+
+    from worker.data import synthetic_rows
+    from worker.tasks import init_linear
+
+    x, y = (a.astype(np.float64) for a in synthetic_rows(1, 4, 1, 0.1, 0, 256))
+    w, b = (np.asarray(a, np.float64) for a in init_linear(jax.random.PRNGKey(0), 4, 1))
+    grad_norms, param_norms = [], []
+    for _ in range(steps):
+        residual = x @ w + b - y
+        gw, gb = (2.0 / 256) * (x.T @ residual), (2.0 / 256) * residual.sum(axis=0)
+        grad_norms.append(np.sqrt((gw ** 2).sum() + (gb ** 2).sum()))
+        w, b = w - lr * gw, b - lr * gb
+        param_norms.append(np.sqrt((w ** 2).sum() + (b ** 2).sum()))
+    return grad_norms, param_norms
+
+
+def read_plugin_data(logdir: str):
+    """(text of the 'spec' tag, hparams session_start_info, hparams experiment) via TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    # one file, process 0's: a second writer would have a file of its own (named by process)
+    (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    assert path.endswith(".process-000"), path
+    acc = EventAccumulator(path, size_guidance={"tensors": 0})
+    acc.Reload()
+    text = acc.Tensors("spec/text_summary")[0].tensor_proto.string_val[0].decode()
+    hparams = {tag: plugin_data_pb2.HParamsPluginData.FromString(content)
+               for tag, content in acc.PluginTagToContent("hparams").items()}
+    return (text, hparams["_hparams_/session_start_info"].session_start_info,
+            hparams["_hparams_/experiment"].experiment)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jsonl(tmp_path):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=20",
+                    "--set", "logging.log_every_steps=5", "--show", "1", "--status-every", "0.2")
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr
+    # --show 1: only p1's lines on the console, every line in every log file
+    assert re.search(r"^\[p1\] step 20/20 loss", out, re.M) and "[p0]" not in out
+    assert "step 20/20 loss" in (run_dir / "logs" / "process-000.log").read_text()
+    # piped: plain status lines, never a terminal redraw
+    assert re.search(r"^podlaunch: status: \d/2 running \| ", out, re.M) and "\r" not in out
+    table = out[out.index("process  host"):].splitlines()
+    assert table[0].split() == ["process", "host", "state", "exit", "steps", "mean", "step", "ms",
+                                "first", "step", "s", "cache", "hits/misses"]
+    for process_id in (0, 1):  # a fresh run directory: its compilation cache starts empty
+        assert re.match(rf"^p{process_id} +localhost +succeeded +exit code 0 +20 +\d+\.\d{{3}} "
+                        r"+\d+\.\d{3} +0/[1-9]\d*$", table[1 + process_id]), table
+    assert re.match(r"^compilation: first step up to \d+\.\d{3} s \(p[01]\); cache 0 hits, "
+                    r"[1-9]\d* misses over 2 processes$", table[3]), table
+
+    logdir = str(run_dir / "tensorboard")
+    assert len(event_files(str(run_dir))) == 1  # process 0 alone writes
+    scalars = read_scalars(logdir)
+    steps = [5, 10, 15, 20]
+    per_process = ["step_time_s/process_000", "step_time_s/process_001"]
+    for tag in LOGGED + tuple(per_process):
+        assert [s for s, _ in scalars[tag]] == steps, tag
+    assert [s for s, _ in scalars["compile_time_s"]] == [5] and scalars["compile_time_s"][0][1] > 0
+    assert scalars["final_loss"] == [scalars["loss"][-1]]
+    grad_norms, param_norms = reference_norms(20)
+    np.testing.assert_allclose([v for _, v in scalars["grad_norm"]], [grad_norms[s - 1] for s in steps],
+                               rtol=1e-4)
+    np.testing.assert_allclose([v for _, v in scalars["param_norm"]], [param_norms[s - 1] for s in steps],
+                               rtol=1e-4)
+    assert all(v == pytest.approx(0.1) for _, v in scalars["learning_rate"])
+    for (_, examples), (_, step_time) in zip(scalars["examples_per_s"], scalars["step_time_s"]):
+        assert examples == pytest.approx(256 / step_time, rel=1e-5)
+    for tag in per_process:  # host time outside JAX: a small part of a step here
+        assert all(0 <= own < 0.5 for _, own in scalars[tag]), scalars[tag]
+
+    text, session, experiment = read_plugin_data(logdir)
+    assert json.loads("\n".join(line[4:] for line in text.splitlines()))["name"] == "linear"
+    assert session.hparams["optimizer.learning_rate"].number_value == pytest.approx(0.1)
+    assert session.hparams["train.global_batch_size"].number_value == 256
+    assert [m.name.tag for m in experiment.metric_infos] == ["final_loss"]
+
+    records = [json.loads(line) for line in open(os.path.join(logdir, "metrics.jsonl"))]
+    assert [r["step"] for r in records] == steps
+    for record in records:
+        for tag, value in record.items():
+            if tag != "step":
+                assert dict(scalars[tag])[record["step"]] == pytest.approx(value, rel=1e-6), tag
+    assert {tag for r in records for tag in r} - {"step"} == set(scalars)
+
+
+def launch_in_a_terminal(*args: str, timeout_s: float = 120) -> tuple[int, str]:
+    """Run ``launch ARGS`` with a real pseudo-terminal as its stdout/stderr; returns (code, output)."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    proc = subprocess.Popen(LAUNCH + list(args), cwd=REPO, env=env_for_tests(), stdin=subprocess.DEVNULL,
+                            stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    return code, b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_straggler_has_the_slowest_curve_and_the_terminal_status_line_names_it(tmp_path):
+    run_dir = tmp_path / "run"
+    code, out = launch_in_a_terminal(
+        "jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=2",
+        "--set", "cluster.devices_per_process=1", "--set", "train.num_steps=40",
+        "--set", "logging.log_every_steps=5", "--set", "task.name=faulty_task:make",
+        "--set", "task.args.sleep_s=0.05", "--set", "task.args.slow_process_id=1")
+    assert code == 0, out[-3000:]
+    # redrawn in place: erase the line, then the status; the summary comes after it is erased
+    drawn = re.findall(re.escape(CLEAR_LINE) + r"(2/2 running \| step \d+/40 [^\r\n\x1b]*)", out)
+    assert any("slowest p1 (own" in d for d in drawn), drawn
+    assert "podlaunch: status:" not in out  # no plain status lines on a terminal
+    assert re.search(r"\[p0\] step 40/40 loss", out)
+    scalars = read_scalars(str(run_dir / "tensorboard"))
+    slow, fast = (dict(scalars[f"step_time_s/process_{i:03d}"]) for i in (1, 0))
+    assert sorted(slow) == sorted(fast) == [5, 10, 15, 20, 25, 30, 35, 40]
+    for step in slow:
+        assert slow[step] > 0.04 and slow[step] > 3 * fast[step], (step, slow[step], fast[step])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode,parallelism", [("stop", "pmap"), ("warn", "pmap"), ("stop", "jit")])
+def test_a_non_finite_loss_names_its_step_and_stops_or_warns(tmp_path, mode, parallelism):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=1",
+                    "--set", "cluster.devices_per_process=1", "--set", "optimizer.learning_rate=100",
+                    "--set", f"train.parallelism={parallelism}",
+                    "--set", "train.num_steps=40", "--set", "logging.log_every_steps=1",
+                    "--set", f"logging.on_nonfinite_loss={mode}")
+    out = result.stdout
+    records = [json.loads(line) for line in open(run_dir / "tensorboard" / "metrics.jsonl")]
+    first_bad = next(r["step"] for r in records if r["loss"] is None)  # NaN/inf -> null
+    losses = dict(read_scalars(str(run_dir / "tensorboard"))["loss"])
+    assert not np.isfinite(losses[first_bad]) and np.isfinite(losses[first_bad - 1])
+    if mode == "stop":
+        assert result.returncode == 1, out[-3000:]
+        assert re.search(rf"FloatingPointError: loss is (nan|inf) at step {first_bad} "
+                         r"\(logging.on_nonfinite_loss: stop", out), out[-3000:]
+        assert f"({'exit code 1'}) at step {first_bad}; it failed first." in out
+        assert [r["step"] for r in records][-1] == first_bad
+    else:
+        assert result.returncode == 0, out[-3000:]
+        assert re.search(rf"warning: loss is (nan|inf) at step {first_bad}; continuing", out)
+        assert [r["step"] for r in records][-1] == 40
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
+    from worker.tracker import make_tracker
+
+    run_dir = tmp_path / "run"
+    tracker = make_tracker(str(run_dir), 0, True)
+    for step in range(1, 3001):  # more than TensorBoard's 1,000-point reservoir keeps by default
+        tracker.scalars(step, {"loss": 1.0 / step})
+    tracker.close()
+    proc = subprocess.Popen(LAUNCH + ["tensorboard", str(run_dir)], cwd=REPO, env=env_for_tests(),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        line = Output.of(proc).wait_for(r"^podlaunch: TensorBoard of ", 120)
+        match = re.match(r"podlaunch: TensorBoard of (\S+) at (http://localhost:\d+/) ", line)
+        assert match and match.group(1) == str(run_dir / "tensorboard"), line
+        with urllib.request.urlopen(match.group(2) + "data/plugin/scalars/tags", timeout=30) as reply:
+            tags = json.load(reply)
+        (name,) = tags  # one run, under a readable name (when it started), not "."
+        assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$", name), tags
+        assert "loss" in tags[name]
+        # every logged point is served: a loss spike cannot vanish into the sampling
+        query = urllib.parse.urlencode({"tag": "loss", "run": name})
+        with urllib.request.urlopen(match.group(2) + "data/plugin/scalars/scalars?" + query,
+                                    timeout=30) as reply:
+            points = json.load(reply)
+        assert [p[1] for p in points] == list(range(1, 3001))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0

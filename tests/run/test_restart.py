@@ -1,0 +1,315 @@
+"""Surviving failures end to end: restarts from checkpoints, --resume, the stall watchdog.
+
+Real JAX processes (2 processes x 1 CPU device), the real CLI, real sshd hosts
+for the ssh case. The fault fires on attempt 0 only (``first_attempt_fault``),
+so a restarted run can finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from harness.helpers import KINDS, PROGRAMS, REPO, launch, launched, pids_with_env, program_job, read_scalars
+from harness.runs import assert_same_params, fault, params, ssh_cluster
+
+pytestmark = pytest.mark.slow
+
+STEPS = 40
+COMMON = ("--set", f"train.num_steps={STEPS}", "--set", "cluster.devices_per_process=1",
+          "--set", "logging.log_every_steps=5", "--set", "checkpoint.every_steps=5",
+          "--set", "restarts.backoff_s=0.2")
+
+
+@pytest.fixture
+def uninterrupted(reference_params):
+    return reference_params(*COMMON)
+
+
+@pytest.mark.parametrize("parallelism", ["pmap", "jit"])
+def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_path, uninterrupted,
+                                                                            parallelism):
+    # jit: its checkpoints and resume give pmap's uninterrupted params too
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", *COMMON, *fault("sigkill", 17), "--set", "restarts.max_restarts=1",
+                    "--set", f"train.parallelism={parallelism}", "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr
+    assert_same_params(params(run_dir), uninterrupted)
+    # every attempt in the console ...
+    assert "podlaunch: attempt 0: starting 2 processes" in out
+    assert re.search(r"attempt 0 failed: process_id 1 on localhost was killed by SIGKILL \(a preemption "
+                     r"or a signal\); restarting from the latest checkpoint in 0\.2 s \(restart 1 of 1\)", out), out
+    assert "podlaunch: attempt 1 (restart 1 of 1): starting 2 processes" in out
+    assert re.search(r"^\[p0\] resumed from the checkpoint of step 15 \(attempt 1\)$", out, re.M), out
+    # the default view: process 1's progress lines are in its log only
+    assert not re.search(r"^\[p1\] step \d+/", out, re.M), out
+    # ... in the logs, one file per process per attempt ...
+    logs = run_dir / "logs"
+    assert sorted(os.listdir(logs)) == ["attempt-1", "process-000.log", "process-001.log"]
+    assert sorted(os.listdir(logs / "attempt-1")) == ["process-000.log", "process-001.log"]
+    assert "injecting sigkill at step 17" in (logs / "process-001.log").read_text()
+    second = (logs / "attempt-1" / "process-001.log").read_text()
+    assert "resumed from the checkpoint of step 15 (attempt 1)\n" in second
+    # the restart's process 0 loads what attempt 0 compiled (the run's compilation cache;
+    # JAX writes from process 0 only, and process 1's executables, on other devices, have
+    # other keys: it compiles again), and every process says what it found
+    assert re.search(r"^compilation cache: 0 hits, [1-9]\d* misses", (logs / "process-000.log").read_text(), re.M)
+    assert re.search(r"^compilation cache: [1-9]\d* hits, \d+ misses",
+                     (logs / "attempt-1" / "process-000.log").read_text(), re.M)
+    assert re.search(r"^compilation cache: \d+ hits, \d+ misses", second, re.M)
+    assert "step 40/40" in second and "step 10/40" not in second and "heartbeat" not in second
+    # ... and in the final summary
+    summary = out[out.index("attempts: 2 (1 restart)"):]
+    assert "killed by SIGKILL (a preemption or a signal); retried after 0.2 s" in summary
+    # each attempt's compilation, from every process's cache line: attempt 1 found entries
+    compiled = re.findall(r"^ +compilation: first step up to \d+\.\d{3} s \(p[01]\); cache (\d+) "
+                          r"hits?, (\d+) miss(?:es)? over 2 processes$", summary, re.M)
+    assert len(compiled) == 2 and compiled[0][0] == "0" and int(compiled[1][0]) > 0, summary
+    assert re.search(r"attempt 1 +last step 40 .*attempt-1\n +succeeded", summary), summary
+    # TensorBoard: the earlier event file stays; the curve continues to the end
+    events = sorted(n for n in os.listdir(run_dir / "tensorboard") if n.startswith("events.out"))
+    assert len(events) == 2, events
+    loss = read_scalars(str(run_dir / "tensorboard"))["loss"]
+    assert sorted({step for step, _ in loss}) == list(range(5, STEPS + 1, 5))
+    by_step: dict = {}
+    for step, value in loss:  # step 15 was logged by both attempts: the same value
+        by_step.setdefault(step, []).append(value)
+    assert all(np.allclose(v, v[0], rtol=1e-6) for v in by_step.values())
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["step-0000030", "step-0000035", "step-0000040"]
+
+
+CACHE_LINE = (r"^\[p0\] compilation cache: (\d+) hits, (\d+) misses; first step \(trace, compile, "
+              r"dispatch\) \d+\.\d{3} s \((.+)\)$")
+SUMMARY_CACHE = (r"^ *compilation: first step up to \d+\.\d{3} s \(p[01]\); cache (\d+) hits?, "
+                 r"(\d+) miss(?:es)? over 2 processes$")
+
+
+def test_a_rerun_of_a_job_loads_what_the_earlier_run_compiled(tmp_path):
+    # Two runs of the same job in the default layout (runs/<job>/<timestamp> under the
+    # launcher's working directory) share runs/<job>/compilation-cache: the second run's
+    # process 0 loads the step its first attempt needs. A --run-dir elsewhere keeps its own.
+    job = os.path.join(REPO, "jobs", "linear.yaml")
+    args = (job, "--set", "train.num_steps=10", "--set", "cluster.devices_per_process=1",
+            "--set", "checkpoint.every_steps=0", "--set", "logging.tensorboard=false")
+    seen = []
+    for _ in range(2):
+        result = launch(*args, cwd=str(tmp_path))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        (line,) = re.findall(CACHE_LINE, result.stdout, re.M)
+        (summary,) = re.findall(SUMMARY_CACHE, result.stdout, re.M)
+        seen.append((int(line[0]), int(line[1]), line[2], int(summary[0])))
+    shared = str(tmp_path / "runs" / "linear" / "compilation-cache")
+    (first_hits, first_misses, first_path, first_sum), (hits, _, path, total) = seen
+    assert first_path == path == shared and first_hits == 0 and first_misses > 0 and first_sum == 0
+    assert hits > 0 and total >= hits, seen
+    assert os.listdir(shared)  # process 0 wrote its entries there, not in either run directory
+    runs = sorted(d for d in os.listdir(tmp_path / "runs" / "linear") if d != "compilation-cache")
+    assert len(runs) == 2 and not any(
+        os.path.exists(tmp_path / "runs" / "linear" / d / "compilation-cache") for d in runs)
+    # --run-dir outside runs/<job>/: its own cache, empty at first, though the job's is full
+    own = tmp_path / "elsewhere"
+    result = launch(*args, "--run-dir", str(own), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    ((hits, misses, path),) = re.findall(CACHE_LINE, result.stdout, re.M)
+    assert (hits, path) == ("0", str(own / "compilation-cache")) and int(misses) > 0
+    ((summary_hits, _),) = re.findall(SUMMARY_CACHE, result.stdout, re.M)
+    assert summary_hits == "0", result.stdout[-3000:]
+
+
+def test_resume_skips_a_truncated_checkpoint_and_continues(tmp_path, uninterrupted):
+    run_dir = tmp_path / "run"
+    first = launch("jobs/linear.yaml", *COMMON, "--set", "train.num_steps=20", "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    state = run_dir / "checkpoints" / "step-0000020" / "state.npz"
+    state.write_bytes(state.read_bytes()[:100])  # truncated after it was written
+    resumed = launch("jobs/linear.yaml", *COMMON, "--resume", str(run_dir))
+    out = resumed.stdout
+    assert resumed.returncode == 0, out[-4000:] + resumed.stderr
+    assert re.search(r"^\[p0\] warning: skipping checkpoint \S+/step-0000020: state\.npz is 100 bytes, "
+                     r"the manifest says \d+ \(truncated\?\); trying the previous one$", out, re.M), out
+    assert "[p0] resumed from the checkpoint of step 15 (attempt 1)" in out
+    assert f"run directory {run_dir} (resuming; attempt 1)" in out
+    assert_same_params(params(run_dir), uninterrupted)
+    assert (run_dir / "logs" / "attempt-1" / "process-000.log").exists()
+    assert "step 20/20" in (run_dir / "logs" / "process-000.log").read_text()  # attempt 0's log kept
+
+
+def test_resume_with_every_checkpoint_corrupt_fails_and_touches_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    first = launch("jobs/linear.yaml", *COMMON, "--set", "train.num_steps=10",
+                   "--set", "checkpoint.keep=2", "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    ckpts = run_dir / "checkpoints"
+    (ckpts / "step-0000010" / "state.npz").write_bytes(b"truncated")
+    (ckpts / "step-0000005" / "manifest.json").write_text("{not json")
+    before = {p: p.read_bytes() for p in ckpts.rglob("*") if p.is_file()}
+    resumed = launch("jobs/linear.yaml", *COMMON, "--set", "train.num_steps=10", "--resume", str(run_dir))
+    out = resumed.stdout
+    assert resumed.returncode == 1, out[-3000:] + resumed.stderr
+    # whichever process the launcher saw fail first, its last lines name the checkpoints
+    summary = out[out.index("FAILED: process_id"):]
+    assert f"every checkpoint in {ckpts} is corrupt" in summary, out[-3000:]
+    assert "step-0000010: state.npz is 9 bytes" in out and "step-0000005: unreadable manifest" in out
+    assert "step 1/10" not in out  # it did not start over
+    assert {p: p.read_bytes() for p in ckpts.rglob("*") if p.is_file()} == before
+
+
+def test_a_python_error_is_not_retried_and_says_so(tmp_path):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", *COMMON, *fault("raise", 7), "--set", "restarts.max_restarts=3",
+                    "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 1, out[-3000:]
+    assert ("attempt 0 failed: process_id 1 on localhost exited with code 1: a Python error in the job, "
+            "not retried (restarts.retry_exit_codes: 143, 137; add 1 to retry it)") in out
+    assert "RuntimeError: injected failure at step 7" in out
+    assert "attempt 1" not in out and not (run_dir / "logs" / "attempt-1").exists()
+
+
+def attempt_pids(run_dir, attempt: int) -> list:
+    ours = set(pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir)))
+    return sorted(ours & set(pids_with_env("PODLAUNCH_ATTEMPT", str(attempt))))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, kind, request):
+    run_dir = tmp_path / "run"
+    if kind == "trainer":
+        job = ("jobs/linear.yaml", *COMMON, *fault("sigstop", 12))
+    else:  # a program that reports: its heartbeats feed the watchdog as the trainer's do
+        job = (program_job(tmp_path, "sigstop", target=1, at=12, steps=STEPS, num_processes=2),
+               "--set", "restarts.backoff_s=0.2")
+    with launched(*job, "--set", "restarts.max_restarts=1",
+                  "--set", "watchdog.stall_timeout_s=3", "--run-dir", str(run_dir),
+                  "--show", "all") as output:  # process 1's injection line as soon as it is printed
+        output.wait_for("injecting sigstop", 120)
+        injected_at = time.monotonic()
+        output.wait_for("stalled: no step progress", 60)
+        reported_at = time.monotonic()
+        deadline = reported_at + 15
+        while attempt_pids(run_dir, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not attempt_pids(run_dir, 0), output.text  # the stopped one too (SIGKILL)
+        code, out = output.finish(120)
+    assert code == 0, out[-4000:]
+    # not before its stall_timeout_s (3 s from the last heartbeat before the stop, 0.5 s apart)
+    assert reported_at - injected_at > 2.0, out
+    # p0 waits in the collective for the stopped p1: both stop making progress within
+    # milliseconds; the launcher names p1 because /proc says it is stopped.
+    assert re.search(r"p1 stalled: no step progress for \d+\.\d s \(the process is stopped, e\.g\. by "
+                     r"SIGSTOP\) \(stall_timeout_s 3\); last step seen of every process: "
+                     r"p0 \d+ \([\d.]+ s ago\), p1 \d+ \([\d.]+ s ago\); killing every process",
+                     out), out
+    assert re.search(r"^p1 +localhost +failed \(first\) +stalled: no step progress", out, re.M), out
+    assert "stalled (no step progress for " in out and "retried after 0.2 s" in out
+    if kind == "trainer":
+        assert "[p0] resumed from the checkpoint of step 10 (attempt 1)" in out
+        assert_same_params(params(run_dir), request.getfixturevalue("uninterrupted"))
+    else:  # the program is told the attempt and that it resumes
+        assert "[p1] faulty_program: attempt 1, PODLAUNCH_RESUME=1" in out, out[-4000:]
+        assert f"[p0] step {STEPS}/{STEPS} loss" in out
+    assert not pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir))
+
+
+# ---- over the real sshd hosts ----------------------------------------------------
+def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, two_ssh_hosts, uninterrupted):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, two_ssh_hosts), *COMMON,
+                    *fault("sigkill", 17), "--set", "restarts.max_restarts=1", "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr
+    # process 0 may report its peer's reset first (a cascade); the SIGKILL is the cause either way
+    assert re.search(r"attempt 0 failed: process_id 1 on 127\.0\.0\.3 was killed by SIGKILL \(a preemption "
+                     r"or a signal\)(, while process_id 0 \(exit code 1\) was reported first)?; restarting", out), \
+        out[-4000:]
+    assert out.count("preflight ok on 2 hosts") == 2  # the restart preflights again
+    ports = re.findall(r"coordinator 127\.0\.0\.2:(\d+)", out)
+    # each attempt gets a fresh coordinator port: the old one may still be held by a dying
+    # coordinator or in TIME_WAIT
+    assert len(ports) == 2 and ports[0] != ports[1], ports
+    assert "resumed from the checkpoint of step 15 (attempt 1)\n" in \
+        (run_dir / "logs" / "attempt-1" / "process-001.log").read_text()
+    assert_same_params(params(run_dir), uninterrupted)
+    # only process 0's host has checkpoints: process 1 got the state by broadcast
+    remote = [tmp_path / f"host{i}" / "runs" / "linear" / "run" for i in range(2)]
+    assert sorted(os.listdir(remote[0] / "checkpoints"))[-1] == "step-0000040"
+    assert not (remote[1] / "checkpoints").exists()
+    # and a copy of host 0's newest checkpoints (keep: 3) in the local run directory, byte for byte
+    local = sorted(os.listdir(run_dir / "checkpoints"))
+    assert local == sorted(os.listdir(remote[0] / "checkpoints"))[-3:] == \
+        ["step-0000030", "step-0000035", "step-0000040"], local
+    for name in local:
+        for entry in ("manifest.json", "state.npz"):
+            assert (run_dir / "checkpoints" / name / entry).read_bytes() == \
+                (remote[0] / "checkpoints" / name / entry).read_bytes()
+    assert (run_dir / "logs" / "attempt-1" / "process-001.log").exists()
+    for d in remote:
+        assert not pids_with_env("PODLAUNCH_RUN_DIR", str(d))
+
+
+def test_resume_over_ssh_puts_back_the_checkpoints_a_new_host_0_lacks(tmp_path, two_ssh_hosts, uninterrupted):
+    cluster = {
+        "backend": "ssh", "ssh_config_file": two_ssh_hosts.ssh_config, "python": sys.executable,
+        "hosts": [{"host": h, "workdir": str(tmp_path / f"host{i}")} for i, h in enumerate(two_ssh_hosts.hosts)],
+        "env": {"PYTHONPATH": os.pathsep.join([PROGRAMS, REPO])},
+    }
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    run_dir = tmp_path / "run"
+    first = launch("jobs/linear.yaml", "--cluster", str(tmp_path / "cluster.yaml"), *COMMON,
+                   "--set", "train.num_steps=20", "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["step-0000010", "step-0000015", "step-0000020"]
+    # host 0 is replaced by a machine that has none of the run's files
+    shutil.rmtree(tmp_path / "host0" / "runs")
+    again = launch("jobs/linear.yaml", "--cluster", str(tmp_path / "cluster.yaml"), *COMMON,
+                   "--resume", str(run_dir))
+    out = again.stdout
+    assert again.returncode == 0, out[-3000:] + again.stderr
+    assert "127.0.0.2: put back 3 checkpoints it lacked (newest step-0000020)" in out, out[-3000:]
+    assert "[p0 127.0.0.2] resumed from the checkpoint of step 20 (attempt 1)" in out, out[-3000:]
+    assert_same_params(params(run_dir), uninterrupted)  # 20 + 20 steps == 40 uninterrupted
+
+
+@pytest.mark.slow
+def test_a_resume_with_a_changed_spec_says_what_changed_and_keeps_the_earlier_spec(tmp_path):
+    # issue 25, item 10: the record of what the first attempt ran is not overwritten
+    run_dir = tmp_path / "run"
+    args = ("jobs/linear.yaml", "--set", "cluster.devices_per_process=1",
+            "--set", "checkpoint.every_steps=10")
+    first = launch(*args, "--set", "train.num_steps=20", "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = launch(*args, "--set", "train.num_steps=30", "--set", "optimizer.learning_rate=0.5",
+                   "--resume", str(run_dir))
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out
+    assert re.search(r"resuming with 2 changed settings \(the earlier attempts' spec is kept as "
+                     r"spec\.before-attempt-1\.yaml\): optimizer\.learning_rate: 0\.1 -> 0\.5; "
+                     r"train\.num_steps: 20 -> 30", out), out
+    kept = yaml.safe_load(open(run_dir / "spec.before-attempt-1.yaml"))
+    now = yaml.safe_load(open(run_dir / "spec.yaml"))
+    assert (kept["optimizer"]["learning_rate"], now["optimizer"]["learning_rate"]) == (0.1, 0.5)
+    # the same spec again: nothing said, nothing kept
+    same = launch(*args, "--set", "train.num_steps=30", "--set", "optimizer.learning_rate=0.5",
+                  "--resume", str(run_dir))
+    assert same.returncode == 0 and "changed setting" not in same.stdout, same.stdout
+    assert sorted(p.name for p in run_dir.glob("spec*.yaml")) == ["spec.before-attempt-1.yaml",
+                                                                   "spec.yaml"]
+    # a checkpoint of a manifest format this version does not know is refused, naming its writer
+    newest = sorted((run_dir / "checkpoints").iterdir())[-1] / "manifest.json"
+    manifest = json.loads(newest.read_text())
+    assert manifest["format"] == 1 and manifest["written_by"].startswith("podlaunch ")
+    newest.write_text(json.dumps({**manifest, "format": 2, "written_by": "podlaunch 9.0.0"}))
+    refused = launch(*args, "--set", "train.num_steps=30", "--set", "optimizer.learning_rate=0.5",
+                     "--resume", str(run_dir))
+    assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr
+    assert re.search(r"its manifest is format 2, written by podlaunch 9\.0\.0; this podlaunch "
+                     r"\(\S+\) reads format 1 only", refused.stdout), refused.stdout[-3000:]

@@ -1,0 +1,57 @@
+"""Run directories: default ones are made exclusively (issue 25, item 2): two launches of one
+job in the same millisecond (a sweep) each get their own, and a dry run makes none; a run
+whose disk fills ends with its cause and a true run.json (item 11)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+
+import pytest
+
+from launcher import cli
+from launcher import spec as specs
+from harness.helpers import REPO, fill, full_disk_ready, launched
+
+
+class _Frozen(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return cls(2026, 12, 1, 12, 0, 0, 123000)
+
+
+def test_two_launches_in_one_millisecond_get_two_run_directories(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli.datetime, "datetime", _Frozen)
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), None, ())
+    named = cli._run_dir(job, None)  # a dry run: named, not made
+    assert not os.path.exists(named)
+    first = cli._run_dir(job, None, create=True)
+    second = cli._run_dir(job, None, create=True)
+    assert first == named and second == named + "-2"
+    assert os.path.isdir(first) and os.path.isdir(second)
+    assert oct(os.stat(first).st_mode & 0o777) == "0o700"
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_a_save_ends_the_run_with_its_cause_and_a_true_record(tmp_path):
+    # issue 25, item 11: a real full filesystem (a tmpfs, filled while the run steps): the
+    # failure names the full disk (not a raw traceback), the launcher keeps reading the
+    # workers though their logs cannot grow, and run.json says the run failed.
+    with full_disk_ready(tmp_path / "disk", "32m") as disk:
+        run_dir = disk / "run"
+        with launched("jobs/linear.yaml", "--run-dir", str(run_dir),
+                      "--set", "train.num_steps=1000000", "--set", "checkpoint.every_steps=50",
+                      "--set", "logging.log_every_steps=50") as out:
+            out.wait_for(r"^\[p0\] step \d+/", 120)
+            fill(disk / "filler")
+            code, text = out.finish(120)
+        assert code == 1, text[-3000:]
+        # the save or the TensorBoard writer, whichever met the full disk first
+        summary = text[text.index("FAILED: process_id"):]
+        assert re.search(r"\| worker: the disk is full \(No space left on device\) writing (into )?\S+: "
+                         r"free space there", summary), text[-3000:]
+        assert json.loads((run_dir / "run.json").read_text())["state"] == "failed"
+        assert not list((run_dir / "checkpoints").glob(".tmp-step-*"))  # the half-save is gone

@@ -1,0 +1,199 @@
+"""The backend seam: the pure plan over placements, the registry, and what no module may do.
+
+No process is started here: these are the launcher's own contracts, checked in
+milliseconds.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import dataclasses
+import os
+import re
+
+import pytest
+
+from launcher import backends, plan as planning, spec as specs
+from launcher.backends.base import Backend, ClusterSettings, Options, Session
+from launcher.errors import SpecError
+from worker import contract
+
+from harness.helpers import REPO, launch, run_pids
+
+LAUNCHER = os.path.join(REPO, "launcher")
+
+
+def _job(tmp_path, cluster: str = "", extra: str = "") -> specs.JobSpec:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: seam\ntrain: {num_steps: 2, global_batch_size: 24}\n" + extra
+                    + (f"cluster:\n{cluster}" if cluster else ""))
+    return specs.load(str(path))
+
+
+def _placement(host: str, num_processes: int, **kw) -> planning.Placement:
+    return planning.Placement(host=host, num_processes=num_processes, local_device_count=2,
+                              platform=kw.pop("platform", "cpu"), python="py",
+                              run_dir=f"/remote/{host}/run", job_path=f"/remote/{host}/job.json",
+                              **kw)
+
+
+# ---- the plan ----------------------------------------------------------------------
+def test_make_plan_assigns_dense_ids_in_placement_order(tmp_path):
+    job = _job(tmp_path, "  num_processes: 6\n  devices_per_process: 2\n")
+    placements = [_placement("a", 1), _placement("b", 3, env={"ONLY_B": "1"}), _placement("c", 2)]
+    plan = planning.make_plan(job, placements, "/local/run", "10.0.0.1:1234")
+    assert [p.process_id for p in plan.processes] == [0, 1, 2, 3, 4, 5]
+    assert [p.host for p in plan.processes] == ["a", "b", "b", "b", "c", "c"]
+    assert [p.label for p in plan.processes][:2] == ["p0 a", "p1 b"]
+    for p in plan.processes:
+        assert p.env[contract.PROCESS_ID] == str(p.process_id)
+        assert p.env[contract.NUM_PROCESSES] == "6"
+        assert p.env[contract.COORDINATOR_ADDRESS] == "10.0.0.1:1234"
+        # each host's workers see that host's paths; the log stays on this machine
+        assert p.env[contract.RUN_DIR] == f"/remote/{p.host}/run"
+        assert p.env[contract.JOB] == f"/remote/{p.host}/job.json"
+        assert p.log_path == f"/local/run/logs/process-{p.process_id:03d}.log"
+        assert ("ONLY_B" in p.env) == (p.host == "b")
+        assert p.argv == ("py", "-m", "worker")
+    assert [p.process_id for p in plan.on_host(1)] == [1, 2, 3]
+    assert [p.process_id for p in plan.on_host(2)] == [4, 5]
+
+
+def test_make_plan_sets_cpu_devices_only_for_cpu_and_refuses_a_wrong_count(tmp_path):
+    job = _job(tmp_path, "  num_processes: 2\n  devices_per_process: 2\n")
+    plan = planning.make_plan(job, [_placement("a", 1), _placement("b", 1, platform="tpu")],
+                              "/r", "h:1")
+    assert plan.processes[0].env["JAX_NUM_CPU_DEVICES"] == "2"
+    assert "JAX_PLATFORMS" not in plan.processes[1].env
+    assert plan.processes[1].env[contract.PLATFORM] == "tpu"
+    with pytest.raises(ValueError, match="placements hold 3 processes, the spec 2"):
+        planning.make_plan(job, [_placement("a", 3)], "/r", "h:1")
+
+
+def test_the_plan_is_data_only(tmp_path):
+    """No live resource in a plan: every field is plain data (it prints, compares, copies)."""
+    job = _job(tmp_path, "  num_processes: 2\n  devices_per_process: 2\n")
+    plan = planning.make_plan(job, [_placement("a", 2)], "/r", "h:1")
+    plain = (str, int, float, bool, tuple, dict, type(None))
+    for obj in (plan, *plan.processes, *plan.placements):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            assert isinstance(value, plain) or value is job, (type(obj).__name__, f.name, value)
+    assert dataclasses.replace(plan) == plan
+
+
+def test_for_attempt_changes_logs_and_resume_only(tmp_path):
+    job = _job(tmp_path, "  num_processes: 2\n  devices_per_process: 2\n")
+    plan = planning.make_plan(job, [_placement("a", 2)], "/r", "h:1")
+    again = planning.for_attempt(plan, 2, resume=True)
+    assert [p.log_path for p in again.processes] == ["/r/logs/attempt-2/process-000.log",
+                                                     "/r/logs/attempt-2/process-001.log"]
+    assert {p.env[contract.ATTEMPT] for p in again.processes} == {"2"}
+    assert {p.env[contract.RESUME] for p in again.processes} == {"1"}
+    assert [p.process_id for p in again.processes] == [0, 1]
+
+
+# ---- the registry ------------------------------------------------------------------
+@pytest.mark.parametrize("name", backends.names())
+def test_every_registered_backend_is_complete(name):
+    backend = backends.get(name)
+    assert isinstance(backend, Backend)
+    assert backend.name == name
+    assert issubclass(backend.cluster_type, ClusterSettings)
+    assert dataclasses.is_dataclass(backend.cluster_type)
+    # the cluster type declares the backend it belongs to
+    backend_field = {f.name: f for f in dataclasses.fields(backend.cluster_type)}["backend"]
+    assert backend_field.default == name
+
+
+def test_an_unknown_backend_is_bad_input_listing_the_registered_ones(tmp_path):
+    with pytest.raises(SpecError) as err:
+        _job(tmp_path, "  backend: slurmm\n")
+    text = str(err.value)
+    assert "cluster.backend" in text
+    for name in backends.names():
+        assert name in text
+
+
+def test_local_session_plans_every_process_on_this_machine(tmp_path):
+    job = _job(tmp_path, "  num_processes: 3\n  devices_per_process: 2\n  env: {X: 'y'}\n")
+    backend = backends.for_job(job)
+    session = backend.session(job, str(tmp_path / "run"), None, Options(python="/py"))
+    assert isinstance(session, Session)
+    try:
+        plan = session.plan()
+    finally:
+        session.close()
+    assert [p.process_id for p in plan.processes] == [0, 1, 2]
+    assert {p.host for p in plan.processes} == {"localhost"}
+    assert [p.label for p in plan.processes] == ["p0", "p1", "p2"]
+    assert plan.coordinator_address.startswith("127.0.0.1:")
+    assert all(p.env["X"] == "y" and p.argv[0] == "/py" for p in plan.processes)
+
+
+def test_a_coordinator_port_in_use_is_refused_before_anything_starts(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run_dir = tmp_path / "run"
+        result = launch("jobs/linear.yaml", "--set", f"cluster.coordinator_port={port}",
+                        "--run-dir", str(run_dir), timeout_s=60)
+        assert result.returncode == 2, result.stdout[-2000:] + result.stderr
+        assert re.search(rf"cluster\.coordinator_port: port {port} is in use \(.*\) on 127\.0\.0\.1; "
+                         r"pick another or use 0", result.stderr), result.stderr
+        assert "step 1/" not in result.stdout and not run_pids(str(run_dir))
+
+
+def test_rehearse_on_a_non_tpu_backend_is_bad_input(tmp_path):
+    job = _job(tmp_path)
+    with pytest.raises(SpecError, match="--rehearse: only applies to cluster.backend: tpu"):
+        backends.for_job(job).rehearsal(job)
+
+
+# ---- what no module may do ----------------------------------------------------------
+def _launcher_sources():
+    for root, _, files in os.walk(LAUNCHER):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                with open(path, encoding="utf-8") as f:
+                    yield os.path.relpath(path, REPO), f.read()
+
+
+def test_no_code_outside_the_registry_names_a_backend():
+    registry = os.path.join("launcher", "backends", "__init__.py")
+    offenders = []
+    for path, text in _launcher_sources():
+        if path == registry:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Compare):
+                parts = [node.left, *node.comparators]
+                if any(isinstance(p, ast.Attribute) and p.attr == "backend" for p in parts):
+                    offenders.append(f"{path}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_no_module_probes_attributes_of_plans_workers_or_clusters():
+    offenders = []
+    for path, text in _launcher_sources():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in ("hasattr", "getattr") and node.args:
+                target = ast.unparse(node.args[0])
+                if re.search(r"plan|worker|cluster|session", target):
+                    offenders.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, offenders
+
+
+def test_no_module_is_over_400_lines():
+    # the launcher's and the worker's modules alike
+    worker = [(os.path.relpath(p, REPO), open(p, encoding="utf-8").read())
+              for p in glob.glob(os.path.join(REPO, "worker", "*.py"))]
+    long = {path: text.count("\n") for path, text in [*_launcher_sources(), *worker]
+            if text.count("\n") > 400}
+    assert not long, long

@@ -1,0 +1,430 @@
+"""Supervision without processes: fake workers, a fake clock, the real supervise and restarts.
+
+Each test drives ``launcher.run.supervise.supervise`` (or ``launcher.run.restarts.run``)
+through scripted ``tests.fakes.FakeWorker``s in fake time, so fail-fast,
+root-cause ordering, the stall watchdog, teardown and restarts run in
+milliseconds. Assertions are on what the product did: states, the first
+failure it chose, its messages, and when it sent TERM and KILL.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import re
+import signal
+import types
+
+import pytest
+
+from harness.fakes import FakeClock, FakeSession, FakeWorker, process_plan
+from launcher.console import lines
+from launcher.run import restarts
+from launcher.run import supervise as supervision
+from launcher.console import Console
+from launcher.state import Exited, Killed, Stalled, State, Watchdog
+from launcher.console.status import summary
+from worker import contract
+
+POLL_S = 0.05
+KILLED, OK = Killed(signal.SIGKILL), Exited(0)
+
+
+def progress(step: int, num_steps: int = 100) -> str:
+    return contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5, steps_per_s=10.0,
+                                           step_time_s=0.1, own_step_time_s=0.01)
+
+
+def heartbeat(step: int) -> str:
+    return contract.HEARTBEAT_FORMAT.format(step=step)
+
+
+class Run:
+    """One supervised run in fake time: workers, a console that records, the Result."""
+
+    def __init__(self, tmp_path, **clock_args):
+        self.clock = FakeClock(**clock_args)
+        self.log_dir = str(tmp_path)
+        self.out = io.StringIO()
+        self.console = Console(self.out, tty=False, status_every_s=0)
+        self.workers: list = []
+
+    def worker(self, **script) -> FakeWorker:
+        w = FakeWorker(self.clock, process_plan(len(self.workers), self.log_dir), **script)
+        self.workers.append(w)
+        return w
+
+    def supervise(self, grace_s: float = 3.0, watchdog: Watchdog | None = None):
+        self.result = supervision.supervise(self.workers, grace_s, self.console, poll_interval_s=POLL_S,
+                                            watchdog=watchdog, clock=self.clock, sleep=self.clock.sleep)
+        return self.result
+
+    @property
+    def said(self) -> list:
+        return [line[len("podlaunch: "):] for line in self.out.getvalue().splitlines()
+                if line.startswith("podlaunch: ")]
+
+    def states(self) -> list:
+        return [t.state for t in self.result.processes]
+
+
+def test_every_worker_succeeds_and_each_line_reaches_its_log_and_the_console(tmp_path):
+    run = Run(tmp_path)
+    # a success says so: its last step's line (p0) or "done" (p1)
+    run.worker(lines=[(0.5, progress(10, 20)), (0.7, heartbeat(15)), (0.9, progress(20, 20))],
+               exit=Exited(0), exit_at=1.0)
+    run.worker(lines=[(0.6, progress(10, 20)), (1.1, "done")], exit=Exited(0), exit_at=1.2)
+    result = run.supervise()
+    assert result.exit_code == 0 and result.first_failure is None and not result.interrupted
+    assert run.states() == [State.SUCCEEDED, State.SUCCEEDED]
+    assert [t.last_step for t in result.processes] == [20, 10]  # the heartbeat counted as progress
+    assert 1.2 <= result.elapsed_s < 1.2 + 2 * POLL_S
+    shown = run.out.getvalue().splitlines()
+    assert shown == [f"[p0] {progress(10, 20)}", f"[p1] {progress(10, 20)}", f"[p0] {progress(20, 20)}",
+                     "[p1] done"]
+    with open(result.processes[0].plan.log_path) as f:  # heartbeats are neither logged nor shown
+        assert f.read().splitlines() == [progress(10, 20), progress(20, 20)]
+    assert all(not w.called("terminate") and not w.called("kill") for w in run.workers)
+    assert "OK: 2 processes succeeded" in summary(result)
+
+
+def test_one_failure_stops_the_others_with_term_then_kill_after_grace(tmp_path):
+    run = Run(tmp_path)
+    polite = run.worker(term_delay=0.5)                  # exits 0.5 s after SIGTERM
+    run.worker(lines=[(0.2, progress(7)), (0.9, "Traceback: boom")], exit=Exited(1), exit_at=1.0)
+    stubborn = run.worker(on_term="ignore")              # only SIGKILL ends it
+    result = run.supervise(grace_s=3.0)
+
+    assert result.exit_code == 1 and result.first_failure is result.processes[1]
+    assert run.states() == [State.STOPPED, State.FAILED, State.STOPPED]
+    [term] = polite.called("terminate")
+    assert stubborn.called("terminate") == [term]
+    assert 1.0 <= term < 1.0 + 0.3 + 3 * POLL_S        # after the root-cause window, not later
+    assert polite.called("kill") == []                   # it left within the grace period
+    [kill] = stubborn.called("kill")
+    assert kill - term == pytest.approx(3.0, abs=2 * POLL_S)
+    assert result.processes[2].exit == Killed(signal.SIGKILL)
+    assert run.said[:2] == ["p1 failed (exit code 1); stopping the other 2 processes",
+                            "sending SIGKILL to p2 (still running 3s after SIGTERM)"]
+    report = summary(result)
+    assert report.startswith("FAILED: process_id 1 on localhost (exit code 1) after step 7, "
+                             "its last logged step; it failed first.")
+    assert "  | Traceback: boom" in report
+
+
+def test_a_long_line_is_logged_whole_and_shown_and_summarised_shortened(tmp_path):
+    """A line in ``Piece``s (the ssh reader's over-long line) or one longer than the
+    console's cap: the log has every character, the console and the summary a head and
+    its length, and the lines around it are untouched."""
+    run = Run(tmp_path)
+    pieces = [(0.1 + i / 100, lines.Piece(chr(ord("a") + i) * 70_000)) for i in range(10)]
+    run.worker(lines=[(0.05, progress(1)), *pieces, (0.3, "z"), (0.4, "y" * 50_000),
+                      (0.5, progress(2))], exit=Exited(1), exit_at=0.6)
+    result = run.supervise()
+    with open(result.processes[0].plan.log_path) as f:
+        logged = f.read().splitlines()
+    whole = "".join(p for _, p in pieces) + "z"
+    assert logged == [progress(1), whole, "y" * 50_000, progress(2)]
+    shown = run.out.getvalue()
+    cap = lines.MAX_SHOWN_CHARS
+    assert f"[p0] {whole[:cap]} [... line cut: 700,001 characters in all" in shown
+    assert f"[p0] {'y' * cap} [... line cut: 50,000 characters in all" in shown
+    assert f"[p0] {progress(2)}" in shown and len(shown) < 4 * cap + 2000
+    report = summary(result)
+    assert "after step 2" in report and len(report) < 4 * cap + 2000
+
+
+def test_the_root_cause_is_the_earliest_end_its_host_reported_not_the_first_noticed(tmp_path):
+    run = Run(tmp_path)
+    # p0's exit is noticed first, p1's 0.15 s later, but p1's host says it ended first.
+    run.worker(exit=Exited(1, at=1700000000.30), exit_at=1.0)
+    run.worker(exit=Killed(signal.SIGKILL, at=1700000000.10), exit_at=1.15)
+    result = run.supervise()
+    assert result.first_failure is result.processes[1]
+    assert run.said[0] == "p1 failed (killed by SIGKILL); stopping the other 0 processes"
+    assert summary(result).startswith("FAILED: process_id 1 on localhost (killed by SIGKILL)")
+    # the cascade's exit 1 was reported first, yet the attempt is retryable because of p1
+    assert restarts.classify(result, types.SimpleNamespace(retry_exit_codes=()))[0]
+
+
+def test_a_process_that_lost_a_peer_is_a_consequence_even_when_its_time_is_earlier(tmp_path):
+    """Under load a wrapper notices its worker's exit late; the victims' own catch times are
+    then earlier than the cause's end. Their words say they lost a peer: they do not lead."""
+    run = Run(tmp_path)
+    gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
+    run.worker(lines=[(0.9, "podlaunch-failed-at 1700000000.100000"), (0.9, gloo)],
+               exit=Exited(1, at=1700000000.20), exit_at=1.0)
+    run.worker(lines=[(0.5, "step 5/100 loss 0.1 | 10.0 steps/s")],
+               exit=Exited(0, at=1700000000.30), exit_at=1.05)       # exited 0 early: the cause
+    run.worker(lines=[(0.9, "podlaunch-failed-at 1700000000.110000"),
+                      (0.9, "RuntimeError: Connection reset by peer")],
+               exit=Exited(1, at=1700000000.25), exit_at=1.1)
+    result = run.supervise()
+    assert result.first_failure is result.processes[1]
+    assert summary(result).startswith("FAILED: process_id 1 on localhost (exit code 0 before")
+
+
+def test_a_cause_seen_after_its_cascade_still_leads(tmp_path):
+    """The cause's end reaches the launcher 0.8 s after its peers' reactions (an exit report
+    queued behind a long line on an SSH channel, a loaded host): past the 0.3 s window, but
+    every failure seen by then says it lost a peer, so the launcher waits for the cause."""
+    run = Run(tmp_path)
+    gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
+    run.worker(lines=[(0.95, gloo)], exit=Exited(1), exit_at=1.0)
+    run.worker(exit=Killed(signal.SIGKILL), exit_at=1.8)           # the cause, seen late
+    run.worker(on_term="exit", term_exit=Killed(signal.SIGTERM))   # blocked in a collective
+    result = run.supervise()
+    assert result.first_failure is result.processes[1]
+    assert run.said[0] == "p1 failed (killed by SIGKILL); stopping the other 1 process"
+    assert run.states() == [State.FAILED, State.FAILED, State.STOPPED]
+
+
+def test_a_cascade_without_a_cause_in_sight_is_stopped_after_cause_wait_s(tmp_path):
+    run = Run(tmp_path)
+    gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
+    run.worker(lines=[(0.95, gloo)], exit=Exited(1), exit_at=1.0)
+    blocked = run.worker(on_term="exit", term_exit=Killed(signal.SIGTERM))
+    result = run.supervise()
+    assert result.first_failure is result.processes[0]  # nothing better was seen
+    terminated = blocked.called("terminate")
+    assert terminated and 1.0 + 0.3 + 3.0 <= terminated[0] <= 1.0 + 0.3 + 3.0 + 0.5, terminated
+
+
+def test_without_host_times_the_root_cause_is_the_output_that_closed_first(tmp_path):
+    run = Run(tmp_path)
+    run.worker(exit=Exited(1), exit_at=1.0)                        # output closes at 1.0
+    run.worker(exit=Killed(signal.SIGKILL), exit_at=1.2, eof_at=0.9)  # closed at 0.9, reaped late
+    result = run.supervise()
+    assert result.first_failure is result.processes[1]
+    assert run.states() == [State.FAILED, State.FAILED]
+    assert result.processes[1].eof_at < result.processes[0].eof_at
+
+
+def test_a_failure_noticed_after_the_root_cause_window_does_not_lead(tmp_path):
+    run = Run(tmp_path)
+    run.worker(exit=Exited(1), exit_at=1.0)
+    run.worker(on_term="exit", term_exit=Killed(signal.SIGTERM), eof_at=0.5)  # quiet, not failed
+    result = run.supervise()
+    assert result.first_failure is result.processes[0]  # p1 ended only because it was stopped
+    assert run.states() == [State.FAILED, State.STOPPED]
+
+
+def test_a_worker_that_ends_at_its_nth_poll_is_noticed_then(tmp_path):
+    run = Run(tmp_path)
+    w = run.worker(exit=Exited(2), exit_after_polls=4)
+    result = run.supervise()
+    assert w.polls == 4 and result.first_failure is result.processes[0]
+    assert result.processes[0].ended_at == pytest.approx(4 * POLL_S)
+
+
+def test_the_stall_watchdog_names_a_stopped_worker_over_its_blocked_peers(tmp_path):
+    run = Run(tmp_path)
+    # p1 is stopped (SIGSTOP) after step 10; p0 waits for it in a collective. p0's last
+    # heartbeat is older (heartbeats have their own phase), so p0 crosses the limit first.
+    peer = run.worker(lines=[(0.9, heartbeat(10))])
+    stopped = run.worker(lines=[(1.0, heartbeat(10))], stopped=True)
+    result = run.supervise(watchdog=Watchdog(stall_timeout_s=5.0, first_step_timeout_s=100.0))
+
+    assert result.first_failure is result.processes[1]
+    assert run.states() == [State.STOPPED, State.FAILED]
+    first = result.processes[1]
+    assert isinstance(first.exit, Stalled) and "stopped" in first.exit.what
+    message = run.said[0]
+    assert re.match(r"^p1 stalled: no step progress for 5\.\d s \(the process is stopped, e\.g\. by "
+                    r"SIGSTOP\) \(stall_timeout_s 5\); last step seen of every process: "
+                    r"p0 10 \(5\.\d s ago\), p1 10 \(5\.\d s ago\); killing every process", message), message
+    # SIGKILL at once, to both, and no SIGTERM: a stopped process cannot act on it; not
+    # when p0 crossed the limit (5.9) but when p1 did (6.0)
+    [kill] = stopped.called("kill")
+    assert peer.called("kill") == [kill] and 6.0 < kill <= 6.0 + 2 * POLL_S
+    assert peer.called("terminate") == stopped.called("terminate") == []
+    retry, why = restarts.classify(result, types.SimpleNamespace(retry_exit_codes=()))
+    assert retry and why.startswith("process_id 1 on localhost stalled (no step progress for ")
+
+
+def test_a_stopped_worker_that_resumes_before_its_own_limit_is_no_stall(tmp_path):
+    run = Run(tmp_path)
+    # p0 crosses its limit at 5.88 while p1 is stopped; p1 resumes at 5.97, before its own.
+    run.worker(lines=[(0.88, heartbeat(10)), (5.97, progress(11)), (6.9, "done")], exit=OK, exit_at=7.0)
+    run.worker(lines=[(1.0, heartbeat(10)), (5.97, progress(11)), (6.9, "done")], exit=OK, exit_at=7.0,
+               stopped_until=5.97)
+    result = run.supervise(watchdog=Watchdog(stall_timeout_s=5.0, first_step_timeout_s=100.0))
+    assert result.exit_code == 0 and run.said == []
+
+
+def test_without_a_stopped_worker_the_stall_names_the_oldest_progress(tmp_path):
+    run = Run(tmp_path)
+    run.worker(lines=[(1.0, progress(10))])
+    late = run.worker(lines=[(0.8, progress(10))])
+    result = run.supervise(watchdog=Watchdog(stall_timeout_s=5.5, first_step_timeout_s=100.0))
+    assert result.first_failure is result.processes[1] and late.called("stopped")
+    assert run.said[0].startswith("p1 stalled: no step progress for 5.5 s (stall_timeout_s 5.5); ")
+
+
+def test_the_first_step_timeout_applies_before_the_first_step_and_heartbeats_count(tmp_path):
+    run = Run(tmp_path)
+    run.worker()  # silent since start: imports, compile... or hung
+    run.worker(lines=[(0.5, progress(1))] + [(0.5 + k, heartbeat(1)) for k in range(1, 20)])
+    result = run.supervise(watchdog=Watchdog(stall_timeout_s=2.0, first_step_timeout_s=3.0))
+    assert result.first_failure is result.processes[0]
+    assert re.match(r"^p0 stalled: no first step after 3\.\d s \(first_step_timeout_s 3\); last step "
+                    r"seen of every process: p0 none, p1 1 \(0\.\d s ago\)", run.said[0]), run.said[0]
+    assert 3.0 < result.elapsed_s < 3.0 + 3 * POLL_S
+
+
+def test_heartbeats_keep_a_slow_worker_alive_past_the_stall_timeout(tmp_path):
+    run = Run(tmp_path)
+    run.worker(lines=[(0.5, progress(1))] + [(0.5 + k, heartbeat(1)) for k in range(1, 12)]
+               + [(12.0, progress(2)), (12.1, "done")], exit=Exited(0), exit_at=12.5)
+    result = run.supervise(watchdog=Watchdog(stall_timeout_s=2.0, first_step_timeout_s=3.0))
+    assert result.exit_code == 0 and run.said == []
+
+
+def test_an_early_exit_0_while_peers_run_is_the_first_failure_not_a_success(tmp_path):
+    run = Run(tmp_path)
+    run.worker(lines=[(0.5, progress(10))])                                # blocked later
+    run.worker(lines=[(0.5, progress(10))], exit=Exited(0), exit_at=1.0)  # left at step 10
+    result = run.supervise()
+    assert result.exit_code == 1 and result.first_failure is result.processes[1]
+    assert run.states() == [State.STOPPED, State.FAILED]
+    assert str(result.processes[1].exit) == ("exit code 0 before its last step (last logged step 10 "
+                                             "of 100; it never said done)")
+    assert summary(result).startswith("FAILED: process_id 1 on localhost (exit code 0 before its last")
+    retry, why = restarts.classify(result, types.SimpleNamespace(retry_exit_codes=(137, 143)))
+    assert not retry and "exited with code 0 before its last step" in why
+
+
+def test_ctrl_c_stops_every_worker_and_exits_130(tmp_path):
+    run = Run(tmp_path, interrupts=[2.0])
+    workers = [run.worker(lines=[(0.5, progress(5))]) for _ in range(3)]
+    result = run.supervise()
+    assert result.interrupted and result.exit_code == 130 and result.first_failure is None
+    assert run.states() == [State.STOPPED] * 3
+    assert all(len(w.called("terminate")) == 1 and not w.called("kill") for w in workers)
+    assert run.said[0] == "interrupted (SIGINT); stopping all processes"
+    assert summary(result).startswith("INTERRUPTED: every process was stopped.")
+
+
+def test_sigterm_to_the_launcher_is_an_interrupt_and_its_handler_is_restored(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    run = Run(tmp_path, interrupts=[1.0], on_interrupt=lambda: signal.raise_signal(signal.SIGTERM))
+    run.worker()
+    result = run.supervise()
+    assert result.exit_code == 130 and run.said[0] == "interrupted (SIGTERM); stopping all processes"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_interrupt_during_teardown_kills_at_once(tmp_path):
+    run = Run(tmp_path, interrupts=[1.0, 1.5])
+    w = run.worker(on_term="ignore")
+    result = run.supervise(grace_s=30)
+    [term], [kill] = w.called("terminate"), w.called("kill")
+    assert 0.4 < kill - term < 0.6  # not 30 s: the second Ctrl-C cut the grace period
+    assert result.exit_code == 130 and run.states() == [State.STOPPED]
+    assert "second interrupt: killing all processes now" in run.said
+
+
+# ---- restarts.run with a fake session ---------------------------------------------------
+def _job(max_restarts: int, backoff_s: float = 1.5, retry_exit_codes=(143, 137)):
+    return types.SimpleNamespace(
+        name="fake", num_processes=2, is_program=False,
+        train=types.SimpleNamespace(compilation_cache=True),
+        restarts=types.SimpleNamespace(max_restarts=max_restarts, backoff_s=backoff_s,
+                                       retry_exit_codes=retry_exit_codes),
+        watchdog=types.SimpleNamespace(stall_timeout_s=None, first_step_timeout_s=None),
+        cluster=types.SimpleNamespace(grace_s=1.0))
+
+
+class Restarts:
+    """``restarts.run`` over a FakeSession; supervise gets the fake clock, the backoff a recorder.
+
+    Args:
+      attempts: per attempt, how each worker ends by itself 1 s after its start
+        (an Exit, or None: it runs until stopped).
+    """
+
+    def __init__(self, tmp_path, monkeypatch, job, *attempts):
+        self.clock = FakeClock()
+        self.waits: list = []
+        self.out = io.StringIO()
+        self.console = Console(self.out, tty=False, status_every_s=0)
+        self.session = FakeSession(job, str(tmp_path), [functools.partial(self._start, ends)
+                                                        for ends in attempts], self.console)
+        monkeypatch.setattr(restarts, "supervise", functools.partial(
+            supervision.supervise, clock=self.clock, sleep=self.clock.sleep))
+
+    def _start(self, ends, plan) -> list:
+        t0 = self.clock.now
+        # a worker that succeeds says "done" before it exits, as the real one does
+        return [FakeWorker(self.clock, p, lines=[(t0 + 0.5, progress(5))]
+                           + ([(t0 + 0.9, "done")] if e is not None and e.ok else []),
+                           exit=e, exit_at=None if e is None else t0 + 1.0)
+                for p, e in zip(plan.processes, ends)]
+
+    def run(self, interrupt_backoff: bool = False):
+        def backoff(seconds):
+            self.waits.append(seconds)
+            self.clock.sleep(seconds)
+            if interrupt_backoff:
+                raise KeyboardInterrupt
+        self.result, self.attempts = restarts.run(self.session, self.session.plan(), self.console,
+                                                  sleep=backoff)
+        return self.result, self.attempts
+
+    def events(self) -> list:
+        return [e[0] if e[0] != "plan" else f"plan(restart={e[1]})" for e in self.session.events]
+
+
+def test_a_signal_death_is_retried_from_a_fresh_plan_after_end_attempt(tmp_path, monkeypatch):
+    r = Restarts(tmp_path, monkeypatch, _job(max_restarts=1), (KILLED, None), (OK, OK))
+    result, attempts = r.run()
+    assert result.exit_code == 0
+    assert r.events() == ["plan(restart=False)", "start", "end_attempt", "plan(restart=True)", "start"]
+    assert r.waits == [1.5]
+    assert [a.number for a in attempts] == [0, 1]
+    assert attempts[0].verdict.startswith("failed: process_id 0 on localhost was killed by SIGKILL")
+    assert attempts[0].verdict.endswith("retried after 1.5 s") and attempts[1].verdict == "succeeded"
+    first_plan, second_plan = (e[1] for e in r.session.events if e[0] == "start")
+    assert first_plan.processes[0].env[contract.RESUME] == "0"
+    assert second_plan.processes[0].env[contract.RESUME] == "1"  # the restart restores the checkpoint
+    assert second_plan.processes[1].log_path == os.path.join(str(tmp_path), "logs", "attempt-1",
+                                                             "process-001.log")
+    assert os.path.isfile(second_plan.processes[1].log_path)
+    assert "attempt 1 (restart 1 of 1): starting 2 fake processes" in r.out.getvalue()
+
+
+def test_exit_1_is_not_retried(tmp_path, monkeypatch):
+    r = Restarts(tmp_path, monkeypatch, _job(max_restarts=3), (Exited(1), None))
+    result, attempts = r.run()
+    assert result.exit_code == 1 and len(attempts) == 1 and r.waits == []
+    assert r.events() == ["plan(restart=False)", "start"]
+    assert "a Python error in the job, not retried" in attempts[0].verdict
+
+
+def test_max_restarts_bounds_the_attempts_and_the_backoff_doubles(tmp_path, monkeypatch):
+    r = Restarts(tmp_path, monkeypatch, _job(max_restarts=2, backoff_s=1.5), *[(KILLED, OK)] * 3)
+    result, attempts = r.run()
+    assert result.exit_code == 1 and [a.number for a in attempts] == [0, 1, 2]
+    assert r.waits == [1.5, 3.0]
+    assert r.events() == ["plan(restart=False)", "start", "end_attempt", "plan(restart=True)", "start",
+                          "end_attempt", "plan(restart=True)", "start"]
+    assert attempts[-1].verdict.endswith("; no restarts left")
+    assert "not retrying: restarts.max_restarts is 2 and 2 used" in r.out.getvalue()
+    assert "attempts: 3 (2 restarts)" in restarts.attempts_table(attempts)
+
+
+def test_an_exit_code_listed_for_retry_is_retried(tmp_path, monkeypatch):
+    r = Restarts(tmp_path, monkeypatch, _job(max_restarts=1, retry_exit_codes=(1,)),
+                 (Exited(1), None), (OK, OK))
+    result, attempts = r.run()
+    assert result.exit_code == 0 and len(attempts) == 2
+    assert "exited with code 1 (in restarts.retry_exit_codes)" in attempts[0].verdict
+
+
+def test_ctrl_c_during_the_backoff_ends_the_run_as_interrupted(tmp_path, monkeypatch):
+    r = Restarts(tmp_path, monkeypatch, _job(max_restarts=2), (KILLED, None), (OK, OK))
+    result, attempts = r.run(interrupt_backoff=True)
+    assert result.exit_code == 130 and len(attempts) == 1
+    assert attempts[0].verdict.endswith("retried after 1.5 s; interrupted while waiting")
+    assert r.events() == ["plan(restart=False)", "start", "end_attempt"]  # no second plan or start

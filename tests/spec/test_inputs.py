@@ -1,0 +1,229 @@
+"""No bad input gets through: identifiers, numbers, YAML, reserved names, secrets, search paths.
+
+Each kind is tried with several instances through the real CLI (``--dry-run``
+too, which must refuse exactly what a run refuses): exit 2, one line naming
+the key, no traceback, nothing started.
+"""
+
+import json
+import os
+import stat
+import textwrap
+
+import pytest
+
+from harness.helpers import REPO, launch
+
+BASE = textwrap.dedent("""\
+    name: t
+    train: {num_steps: 2, global_batch_size: 8}
+    logging: {log_every_steps: 1}
+    checkpoint: {every_steps: 0}
+    """)
+LOCAL = "cluster: {backend: local, num_processes: 2, devices_per_process: 2%s}\n"
+
+
+def _spec(tmp_path, text: str, name: str = "job.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _refused(result, *needles):
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in result.stderr, f"{needle!r} not in:\n{result.stderr}"
+    assert "nothing was started" in result.stderr
+
+
+def _both(path, *args):
+    """The same input with and without --dry-run."""
+    return [launch(path, *args, "--dry-run"), launch(path, *args)]
+
+
+# ---- 2. full-match names: a trailing newline is not a name ------------------------------
+@pytest.mark.parametrize("text, needle", [
+    (BASE + LOCAL % ', env: {"API_TOKEN\\n": x}', "'\\n' at position 9 is not allowed"),
+    (BASE + LOCAL % ', env: {"A B": x}', "' ' at position 1 is not allowed"),
+    (BASE.replace("name: t", 'name: "t\\n"'), "name: expected a job name"),
+    (BASE + "task: {name: \"pkg.mod:make\\n\"}\n" + LOCAL % "", "task.name: expected a built-in task"),
+])
+def test_names_are_matched_whole(tmp_path, text, needle):
+    for result in _both(_spec(tmp_path, text)):
+        _refused(result, needle)
+
+
+# ---- 5. env values pass exactly as written -----------------------------------------------
+def test_env_integers_pass_as_written(tmp_path):
+    path = _spec(tmp_path, BASE + LOCAL % ", env: {V: 0x1F, W: +7, Z: 0o17, N: 12}")
+    result = launch(path, "--dry-run", "--set", "cluster.env.Q=0x10")
+    assert result.returncode == 0, result.stderr
+    for shown in ("V=0x1F", "W=+7", "Z=0o17", "N=12", "Q=0x10"):
+        assert shown in result.stdout, result.stdout
+
+
+# ---- 6. numbers the consumers cannot take ------------------------------------------------
+@pytest.mark.parametrize("override, needle", [
+    ("train.seed=9223372036854775808", "train.seed: expected a seed from 0 to 4294967295"),
+    ("data.seed=-1", "data.seed: expected a seed from 0 to 4294967295"),
+    ("train.num_steps=99999999999", "train.num_steps: expected at most 2147483647"),
+    ("logging.log_every_steps=1e12", "logging.log_every_steps: expected an integer"),
+    ("optimizer.learning_rate=.inf", "optimizer.learning_rate: expected a finite number"),
+    ("watchdog.stall_timeout_s=1e300", "watchdog.stall_timeout_s: expected at most 2147483647"),
+    ("restarts.backoff_s=.nan", "restarts.backoff_s: expected a finite number"),
+    ("cluster.grace_s=3e10", "cluster.grace_s: expected at most 2147483647"),
+])
+def test_numbers_out_of_range_are_bad_input(tmp_path, override, needle):
+    path = _spec(tmp_path, BASE + LOCAL % "")
+    for result in _both(path, "--set", override):
+        _refused(result, "--set: " + needle)
+
+
+# ---- 7. YAML real specs use, and YAML that attacks ---------------------------------------
+def test_a_merge_key_with_a_local_override_and_an_x_anchor(tmp_path):
+    path = _spec(tmp_path, textwrap.dedent("""\
+        x-train: &train {num_steps: 2, global_batch_size: 8}
+        name: t
+        train: {<<: *train, num_steps: 3}
+        checkpoint: {every_steps: 0}
+        cluster: {backend: local, num_processes: 2, devices_per_process: 2}
+        """))
+    result = launch(path, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "global_batch_size 8" in result.stdout
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("a: &a [1,1,1,1,1,1,1,1,1]\n" + "".join(
+        f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")),
+     "expands to more than 100,000 values"),
+    ("name: t\nx-loop: &a [*a]\n", "a recursive alias"),
+    ("name: t\ntrain: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("name: t\ntrain: " + "{a: " * 100 + "1" + "}" * 100 + "\n", "nested more than 64 levels"),
+    # issue 25, item 6: bounded while PyYAML composes (12 million items took 4.2 GB and minutes)
+    ("name: t\nxs: [" + "1," * 70_000 + "]\n", "holds more than 60,000 values"),
+    ("name: t\nx: '" + "a" * (3 << 20) + "'\n", "is 3.0 MiB; a spec is at most 2 MiB"),
+])
+def test_hostile_yaml_is_one_line_and_exit_2(tmp_path, text, needle):
+    for result in _both(_spec(tmp_path, text)):
+        _refused(result, needle)
+        assert len(result.stderr.strip().splitlines()) == 2, result.stderr  # the problem + the summary
+
+
+# ---- 8. the launcher's own variables are not the user's ----------------------------------
+@pytest.mark.parametrize("name", ["PODLAUNCH_PROCESS_ID", "PODLAUNCH_COORDINATOR_ADDRESS",
+                                  "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES", "MEGASCALE_SLICE_ID"])
+def test_reserved_env_names_are_refused(tmp_path, name):
+    for result in _both(_spec(tmp_path, BASE + LOCAL % f", env: {{{name}: '1'}}")):
+        _refused(result, f"cluster.env: {name!r} is set by podlaunch itself")
+
+
+# ---- 9. the import check looks where the workers look ------------------------------------
+def test_a_task_on_the_workers_pythonpath_or_in_the_current_directory_is_accepted(tmp_path):
+    tasks = tmp_path / "mytasks"
+    tasks.mkdir()
+    (tasks / "mytask_xyz.py").write_text("def make():\n    pass\n")
+    task = "task: {name: 'mytask_xyz:make'}\n"
+    via_env = _spec(tmp_path, BASE + task + LOCAL % f", env: {{PYTHONPATH: '{tasks}'}}")
+    assert launch(via_env, "--dry-run").returncode == 0
+    in_cwd = _spec(tasks, BASE + task + LOCAL % "")
+    result = launch(in_cwd, "--dry-run", cwd=str(tasks))
+    assert result.returncode == 0, result.stderr
+    # and from elsewhere, with nothing pointing at it, the workers could not import it
+    _refused(launch(in_cwd, "--dry-run"), "module 'mytask_xyz' is not importable by the workers")
+
+
+# ---- 3. secrets ----------------------------------------------------------------------------
+@pytest.mark.slow  # starts JAX workers
+def test_secrets_are_masked_everywhere_printed_or_kept(tmp_path):
+    (tmp_path / "secret_task.py").write_text(textwrap.dedent("""\
+        from worker.tasks import linear_regression
+
+        def make(api_token, mode):
+            assert api_token == "tok-arg-123", api_token
+            return linear_regression()
+        """))
+    text = BASE.replace("name: t", "name: tsecret") + textwrap.dedent("""\
+        secrets: [MY_PLAIN_NAME]
+        task: {name: 'secret_task:make', args: {api_token: tok-arg-123, mode: none}}
+        """) + LOCAL % (", env: {DB_PASS: pw-db-123, DATABASE_URL: 'postgres://u:pw-url-123@db/x',"
+                        f" MY_PLAIN_NAME: plain-123, HOME_DIR: /home/visible, "
+                        f"PYTHONPATH: '{tmp_path}{os.pathsep}{REPO}'}}")
+    path = _spec(tmp_path, text)
+    dry = launch(path, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    for secret in ("pw-db-123", "pw-url-123", "plain-123"):
+        assert secret not in dry.stdout + dry.stderr
+    assert "DATABASE_URL='postgres://u:****@db/x'" in dry.stdout
+    assert "HOME_DIR=/home/visible" in dry.stdout
+    run_dir = tmp_path / "run"
+    result = launch(path, "--run-dir", str(run_dir), "--set", "train.num_steps=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    kept = (run_dir / "spec.yaml").read_text()
+    for secret in ("pw-db-123", "pw-url-123", "plain-123", "tok-arg-123"):
+        assert secret not in kept
+        assert secret not in result.stdout + result.stderr
+    # TensorBoard's spec text and hparams, written by process 0, read back with TensorBoard
+    from test_monitoring import read_plugin_data
+    text, session, _ = read_plugin_data(str(run_dir / "tensorboard"))
+    assert '"api_token": "****"' in text and "tok-arg-123" not in text
+    assert session.hparams["task.args.api_token"].string_value == "****"
+    assert "tok-arg-123" not in str(session)
+    # the workers' copy carries the task's arguments, readable by the owner only
+    job_json = run_dir / "job.json"
+    assert stat.S_IMODE(job_json.stat().st_mode) == 0o600
+    assert json.loads(job_json.read_text())["task"]["args"]["api_token"] == "tok-arg-123"
+
+
+# ---- 1. identifiers that reach a shell, a path or an ssh_config token ----------------------
+def test_a_host_name_cannot_run_a_command_through_ssh_config(tmp_path):
+    """paramiko runs ``Match exec`` lines through a shell with %h replaced (CVE-2023-51385's kind)."""
+    pwned = tmp_path / "pwned"
+    config = tmp_path / "ssh_config"
+    config.write_text('Match exec "test %h = bastion"\n    User nobody\n')
+    host = f"10.0.0.1; touch {pwned}; true"
+    cluster = (f"cluster: {{backend: ssh, ssh_config_file: '{config}', "
+               f"hosts: ['{host}']}}\n")
+    for result in _both(_spec(tmp_path, BASE + cluster)):
+        _refused(result, "cluster.hosts[0].host: expected a host name or address",
+                 "';' at position 8 is not allowed")
+    assert not pwned.exists()
+
+
+@pytest.mark.parametrize("cluster, needle", [
+    ("{backend: ssh, hosts: [{host: h1, user: 'root;id'}]}", "cluster.hosts[0].user: expected a user name"),
+    ("{backend: ssh, user: \"a\\nb\", hosts: [h1]}", "cluster.user: expected a user name"),
+    ("{backend: ssh, hosts: [h1], workdir: '$(reboot)'}", "cluster.workdir: expected a path"),
+    ("{backend: ssh, hosts: [{host: h1, workdir: '-rf'}]}", "cluster.hosts[0].workdir: expected a path"),
+    ("{backend: ssh, hosts: [h1], python: 'python3 -c evil'}", "' ' at position 7 is not allowed"),
+    ("{backend: ssh, hosts: [h1], identity_file: \"key\\n\"}", "cluster.identity_file: expected a file path"),
+    ("{backend: ssh, hosts: ['-oProxyCommand=id']}", "'-' at position 0 is not allowed"),
+    ("{backend: tpu, tpu: 'My_TPU', zone: us-central2-b, accelerator_type: v4-8}",
+     "cluster.tpu: expected a Cloud resource name"),
+    ("{backend: tpu, tpu: t, zone: 'us;id', accelerator_type: v4-8}", "cluster.zone: expected a Cloud zone"),
+    ("{backend: tpu, slices: [a, 'b c'], zone: us-central2-b, accelerator_type: v4-8}",
+     "cluster.slices: item 1: expected a Cloud resource name"),
+    ("{backend: tpu, tpu: t, zone: us-central2-b, project: 'p$x', accelerator_type: v4-8}",
+     "cluster.project: expected a Cloud project id"),
+])
+def test_identifiers_of_every_backend_are_strict(tmp_path, cluster, needle):
+    for result in _both(_spec(tmp_path, BASE + f"cluster: {cluster}\n")):
+        _refused(result, needle)
+
+
+# ---- 4. the host-key refusal's advice is OpenSSH's -------------------------------------------
+def test_known_hosts_names_and_fingerprints_as_openssh_writes_them(tmp_path):
+    import subprocess
+
+    import paramiko
+
+    from launcher.backends.ssh.hosts import known_hosts_name, sha256_fingerprint
+
+    assert known_hosts_name("db1", 22) == "db1"  # port 22 entries have no brackets
+    assert known_hosts_name("10.0.0.7", 2222) == "[10.0.0.7]:2222"
+    key_file = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True)
+    expected = subprocess.run(["ssh-keygen", "-lf", f"{key_file}.pub"], capture_output=True,
+                              text=True, check=True).stdout.split()[1]
+    assert sha256_fingerprint(paramiko.Ed25519Key.from_private_key_file(str(key_file))) == expected

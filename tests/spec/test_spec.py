@@ -1,0 +1,392 @@
+"""Spec loading: YAML traps, every kind of mistake, overrides, and the shipped files.
+
+Bad input goes through the real CLI: exit 2, one path-qualified line per
+problem, no traceback, and nothing started (no run directory appears).
+"""
+
+import glob
+import json
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+from harness.helpers import REPO, launch
+from launcher import spec
+from launcher.spec import yamlio
+from launcher.errors import SpecError
+
+GOOD = textwrap.dedent("""\
+    name: t
+    task:
+      name: linear_regression
+    data:
+      source: synthetic
+      num_examples: 64
+    optimizer:
+      name: sgd
+      learning_rate: 0.1
+    train:
+      num_steps: 5
+      global_batch_size: 64
+    logging:
+      log_every_steps: 1
+      tensorboard: true
+    cluster:
+      backend: local
+      num_processes: 2
+      devices_per_process: 2
+    """)
+
+
+def edit(old: str, new: str) -> str:
+    assert old in GOOD, old
+    return GOOD.replace(old, new)
+
+
+# (id, spec text, extra CLI args, substrings every one of which must be in stderr)
+BAD = [
+    ("unknown-top-key", GOOD + "trian: {}\n", [], ["bad.yaml:20: trian: unknown key; did you mean 'train'?"]),
+    ("unknown-nested-key", edit("  num_steps: 5", "  num_stepz: 5"), [],
+     ["bad.yaml:11: train.num_stepz: unknown key; did you mean 'num_steps'?",
+      "train.num_steps: missing"]),
+    ("wrong-type", edit("learning_rate: 0.1", "learning_rate: fast"), [],
+     ["bad.yaml:9: optimizer.learning_rate: expected a number, got 'fast'"]),
+    ("negative-count", edit("num_steps: 5", "num_steps: -5"), [],
+     ["bad.yaml:11: train.num_steps: expected a number > 0, got -5"]),
+    ("zero-processes", edit("num_processes: 2", "num_processes: 0"), [],
+     ["bad.yaml:18: cluster.num_processes: expected 1 to 256, got 0"]),
+    ("batch-does-not-divide", edit("global_batch_size: 64", "global_batch_size: 62"), [],
+     ["bad.yaml:12: train.global_batch_size: 62 does not divide evenly over device_count 4"]),
+    ("missing-data-file", edit("source: synthetic\n  num_examples: 64", "source: file\n  path: nope.csv"),
+     [], ["bad.yaml:6: data.path: no such file", "nope.csv"]),
+    ("missing-required", edit("  global_batch_size: 64\n", ""), [],
+     ["train.global_batch_size: missing; expected an integer"]),
+    ("yaml11-bool", edit("tensorboard: true", "tensorboard: yes"), [],
+     ["bad.yaml:15: logging.tensorboard: expected true or false, got 'yes'", "YAML 1.1"]),
+    ("yaml11-octal", edit("devices_per_process: 2", "devices_per_process: 010"), [],
+     ["bad.yaml:19: cluster.devices_per_process: expected an integer, got '010'", "octal"]),
+    ("duplicate-key", edit("  num_steps: 5\n", "  num_steps: 5\n  num_steps: 6\n"), [],
+     ["bad.yaml:12: train.num_steps: duplicate key (first written on line 11)"]),
+    ("syntax-error", edit("  name: sgd", "  name: [sgd"), [], ["bad.yaml:", "not valid YAML"]),
+    ("empty-file", "", [], ["bad.yaml: the file is empty"]),
+    ("top-level-list", "- a\n- b\n", [], ["bad.yaml:1: expected a mapping of settings at the top"]),
+    ("unknown-optimizer", edit("name: sgd", "name: adm"), [],
+     ["bad.yaml:8: optimizer.name: expected one of sgd, adam, adamw, got 'adm'", "did you mean 'adam'?"]),
+    ("unknown-backend", edit("backend: local", "backend: kubernetes"), [],
+     ["bad.yaml:17: cluster.backend: expected one of local"]),
+    ("path-with-synthetic", edit("num_examples: 64", "num_examples: 64\n  path: x.csv"), [],
+     ["bad.yaml:7: data.path: only used with data.source: file"]),
+    ("synthetic-key-with-file", edit("source: synthetic\n  num_examples: 64",
+                                     "source: file\n  path: data/diabetes.csv\n  noise_std: 0.1"),
+     [], ["data.noise_std: only used with data.source: synthetic"]),
+    ("malformed-task", edit("name: linear_regression", "name: not a task"), [],
+     ["bad.yaml:3: task.name: expected a built-in task"]),
+    ("task-not-importable", edit("name: linear_regression", "name: no_such_module_xyz:make"), [],
+     ["bad.yaml:3: task.name: module 'no_such_module_xyz' is not importable by the workers"]),
+    ("data-beyond-memory", edit("num_examples: 64", "num_examples: 2000000000"), [],
+     ["bad.yaml:6: data.num_examples: 2000000000 rows x 5 float32 columns need about",
+      "lower data.num_examples or data.in_features"]),
+    ("shuffle-not-bool", edit("num_examples: 64", "num_examples: 64\n  shuffle: yes"), [],
+     ["bad.yaml:7: data.shuffle: expected true or false"]),
+    ("prefetch-zero", edit("num_examples: 64", "num_examples: 64\n  prefetch: 0"), [],
+     ["bad.yaml:7: data.prefetch: expected"]),
+    ("target-dtype-synthetic", edit("num_examples: 64", "num_examples: 64\n  target_dtype: int32"), [],
+     ["bad.yaml:7: data.target_dtype: only used with data.source: file"]),
+    ("target-dtype-unknown", edit("num_examples: 64", "num_examples: 64\n  target_dtype: int8"), [],
+     ["bad.yaml:7: data.target_dtype: expected one of"]),
+    ("resident-and-shuffle", edit("num_examples: 64", "num_examples: 64\n  shuffle: true\n  resident: true"), [],
+     ["bad.yaml:8: data.resident: cannot be used with data.shuffle: true"]),
+    ("set-task-not-importable", GOOD, ["--set", "task.name=no_such_module_xyz:make"],
+     ["--set: task.name: module 'no_such_module_xyz' is not importable by the workers"]),
+    ("env-float", GOOD + "  env: {RATIO: 1.50}\n", [],
+     ["bad.yaml:20: cluster.env.RATIO: expected a string or an integer, got 1.5", "quote it"]),
+    ("env-bad-name", GOOD + "  env: {A-B: x}\n", [], ["cluster.env: expected environment variable name (letters, digits and '_', not starting with a digit), got 'A-B': '-' at position 1"]),
+    ("job-name-space", edit("name: t", "name: my job"), [], ["bad.yaml:1: name: expected a job name (letters, digits, '_', '.', '-', at most 128; it names the run directory), got 'my job': ' ' at position 2 is not allowed"]),
+    ("too-few-examples", edit("num_examples: 64", "num_examples: 32"), [],
+     ["bad.yaml:6: data.num_examples: 32 rows cannot fill one global batch of 64"]),
+    ("set-without-equals", GOOD, ["--set", "train.num_steps"], ["--set: expected KEY=VALUE"]),
+    ("set-unknown-key", GOOD, ["--set", "train.lr=0.1"], ["--set: train.lr: unknown key"]),
+    ("set-unknown-section", GOOD, ["--set", "a.b.c=1"], ["--set: a: unknown key"]),
+    ("internal-field-is-not-a-key", GOOD + "source: x.yaml\n", [], ["bad.yaml:20: source: unknown key"]),
+    ("set-bad-value", GOOD, ["--set", "train.num_steps=many"],
+     ["--set: train.num_steps: expected an integer, got 'many'"]),
+    ("port-out-of-range", GOOD + "  coordinator_port: 70000\n", [],
+     ["bad.yaml:20: cluster.coordinator_port: expected a TCP port 1-65535"]),
+    ("momentum-out-of-range", edit("learning_rate: 0.1", "learning_rate: 0.1\n  momentum: 1.5"), [],
+     ["optimizer.momentum: expected 0.0 to 1.0, got 1.5"]),
+    ("section-not-mapping", edit("logging:\n  log_every_steps: 1\n  tensorboard: true", "logging: 5"), [],
+     ["bad.yaml:13: logging: expected a mapping of settings, got 5"]),
+    ("null-value", edit("learning_rate: 0.1", "learning_rate: ~"), [],
+     ["bad.yaml:9: optimizer.learning_rate: expected a number, got null"]),
+    ("float-for-int", edit("num_steps: 5", "num_steps: 5.0"), [], ["train.num_steps: expected an integer", "write 5"]),
+    ("underscore-number", edit("num_steps: 5", "num_steps: 1_000"), [], ["without underscores"]),
+    ("infinite-rate", edit("learning_rate: 0.1", "learning_rate: .inf"), [], ["expected a finite number"]),
+    ("missing-cluster-file", GOOD, ["--cluster", "no/such/cluster.yaml"], ["--cluster no/such/cluster.yaml: cannot read"]),
+]
+
+
+@pytest.mark.parametrize("text,args,expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_spec_exits_2_with_path_and_starts_nothing(tmp_path, text, args, expected):
+    # data paths are relative to the spec file: put it beside jobs/data
+    path = os.path.join(REPO, "jobs", f".bad-{os.getpid()}-{tmp_path.name}.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    run_dir = tmp_path / "run"
+    try:
+        result = launch(path, "--run-dir", str(run_dir), *args, timeout_s=60)
+    finally:
+        os.remove(path)
+    stderr = result.stderr.replace(os.path.basename(path), "bad.yaml")
+    assert result.returncode == 2, stderr
+    for needle in expected:
+        assert needle in stderr, f"{needle!r} not in:\n{stderr}"
+    assert "Traceback" not in stderr
+    assert "nothing was started" in stderr
+    assert not run_dir.exists()
+
+
+def test_every_mistake_in_a_file_is_reported_at_once_each_at_its_line(tmp_path):
+    # one run lists them all (not one per run), in file order, each with its own line
+    text = (edit("learning_rate: 0.1", "learning_rate: ~")
+            .replace("num_steps: 5", "num_steps: 5.0")
+            .replace("logging:\n  log_every_steps: 1\n  tensorboard: true", "logging: 5")
+            .replace("devices_per_process: 2", "devices_per_process: 2\n  coordinator_port: 70000"))
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as err:
+        spec.load(str(path))
+    lines = [line for line in str(err.value).splitlines() if line.startswith(str(path))]
+    got = [(int(line.split(":")[1]), line) for line in lines]
+    want = [(9, "optimizer.learning_rate: expected a number, got null"),
+            (11, "train.num_steps: expected an integer"),
+            (13, "logging: expected a mapping of settings, got 5"),
+            (18, "cluster.coordinator_port: expected a TCP port 1-65535")]
+    assert [n for n, _ in got] == [n for n, _ in want], lines
+    for (_, line), (_, needle) in zip(got, want):
+        assert needle in line, (needle, line)
+
+
+def test_yaml_reads_what_the_user_sees():
+    value, lines = yamlio.load("a: yes\nb: 1e-3\nc: 0755\nd: 12:30\ne: 2024-01-01\nf: on\n"
+                               "g: true\nh: 0o17\ni: 0x1F\nj: 1_000\n", "x.yaml")
+    assert value == {"a": "yes", "b": 0.001, "c": "0755", "d": "12:30", "e": "2024-01-01",
+                     "f": "on", "g": True, "h": 15, "i": 31, "j": "1_000"}
+    assert lines[("c",)] == 3
+
+
+def test_overrides_are_typed_and_validated_like_the_file():
+    job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"),
+                    overrides=("train.num_steps=7", "optimizer.learning_rate=1e-2",
+                               "cluster.env.GREETING=hello world", "cluster.env.N=007"))
+    assert job.train.num_steps == 7 and job.optimizer.learning_rate == 0.01
+    assert job.cluster.env == {"GREETING": "hello world", "N": "007"}
+    with pytest.raises(SpecError) as info:
+        spec.load(os.path.join(REPO, "jobs", "linear.yaml"), overrides=("cluster.num_processes=3",))
+    assert "does not divide evenly over device_count 6" in str(info.value)
+
+
+def test_derived_values_are_computed():
+    job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"),
+                    overrides=("cluster.num_processes=4", "cluster.devices_per_process=2"))
+    assert (job.num_processes, job.device_count, job.per_device_batch_size) == (4, 8, 32)
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "jobs", "*.yaml"))))
+def test_every_shipped_job_loads(path):
+    job = spec.load(path)
+    assert job.is_program or job.train.global_batch_size % job.device_count == 0
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "jobs", "clusters", "*.yaml"))))
+def test_every_shipped_cluster_loads(path):
+    job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"), cluster_path=path)
+    # what the launcher writes for the workers (cli: job.json) reads back as the same job there
+    from worker.job import WorkerJob
+
+    worker_job = WorkerJob.from_spec_dict(job.to_dict())
+    assert WorkerJob.from_dict(json.loads(json.dumps(worker_job.to_dict()))) == worker_job
+    assert worker_job.train.global_batch_size % job.device_count == 0
+
+
+def test_file_data_rows_are_checked_before_launch(tmp_path):
+    np.save(tmp_path / "d.npy", np.zeros((10, 3), np.float32))
+    (tmp_path / "job.yaml").write_text(GOOD.replace(
+        "source: synthetic\n  num_examples: 64", "source: file\n  path: d.npy"))
+    with pytest.raises(SpecError) as info:
+        spec.load(str(tmp_path / "job.yaml"))
+    assert "train.global_batch_size: 64 is more than the 10 rows" in str(info.value)
+
+
+def test_dry_run_prints_the_plan_masks_secrets_and_starts_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--dry-run", "--run-dir", str(run_dir),
+                    "--set", "cluster.env.API_TOKEN=s3cret", "--set", "cluster.env.MSG=a b $c")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "s3cret" not in out and "API_TOKEN='****'" in out
+    assert "MSG='a b $c'" in out
+    for process_id in (0, 1):
+        assert f"p{process_id}: host localhost, process_id {process_id}, 2 devices" in out
+        assert f"PODLAUNCH_PROCESS_ID={process_id}" in out
+    assert "global_batch_size 256 = 64 per device" in out
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("name,content,expected", [
+    ("nonnum.csv", "a,b,c\n1,2,3\n4,x,6\n7,8,9\n", "nonnum.csv: line 3, column 2: 'x' is not a number"),
+    ("ragged.csv", "1,2,3\n4,5\n1,2,3\n1,2,3\n", "ragged.csv: line 2 has 2 columns, expected 3"),
+    ("empty.csv", "", "empty.csv: the file has no data rows"),
+    # cells Python's float() takes and the workers' parser must refuse the same way
+    ("underscore.csv", "1,2,3\n1_000,2,3\n", "underscore.csv: line 2, column 1: '1_000' is not a number"),
+    ("hex.csv", "1,2,3\n4,0x10,6\n", "hex.csv: line 2, column 2: '0x10' is not a number"),
+    ("nan.csv", "a,b,c\n1,2,3\n4,5,nan\n", "nan.csv: line 3, column 3: 'nan' is not a finite number"),
+    ("inf.csv", "1,2,3\n-Infinity,5,6\n", "inf.csv: line 2, column 1: '-Infinity' is not a finite number"),
+    ("huge.csv", "1,2,3\n4,1e999,6\n", "huge.csv: line 2, column 2: '1e999' is beyond float range"),
+    ("blank-cell.csv", "1,2,3\n4,,6\n", "blank-cell.csv: line 2, column 2: '' is not a number"),
+])
+def test_bad_data_file_content_is_reported_before_launch(tmp_path, name, content, expected):
+    (tmp_path / name).write_text(content)
+    (tmp_path / "job.yaml").write_text(GOOD.replace(
+        "source: synthetic\n  num_examples: 64", f"source: file\n  path: {name}").replace(
+        "global_batch_size: 64", "global_batch_size: 4").replace("num_processes: 2", "num_processes: 1"))
+    result = launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "job.yaml:6: data.path: " in result.stderr and expected in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("arrays, expected", [
+    ({"x": (8, 3), "label": (8,)}, "data.npz: task linear_regression reads arrays x and y; y missing"),
+    ({"x": (8, 3), "y": (7,)}, "data.npz: expected arrays with one row per example (equal first "
+     "dimensions), got x (8, 3), y (7,)"),
+    ({"x": (8, 3, 2), "y": (8,)}, "data.npz: expected x [rows, features], got x (8, 3, 2)"),
+])
+def test_bad_npz_arrays_are_reported_before_launch(tmp_path, arrays, expected):
+    import numpy as np
+
+    np.savez(tmp_path / "data.npz", **{n: np.zeros(shape, np.float32) for n, shape in arrays.items()})
+    (tmp_path / "job.yaml").write_text(GOOD.replace(
+        "source: synthetic\n  num_examples: 64", "source: file\n  path: data.npz").replace(
+        "global_batch_size: 64", "global_batch_size: 4").replace("num_processes: 2", "num_processes: 1"))
+    result = launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "job.yaml:6: data.path: " in result.stderr and expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_truncated_npy_is_reported_before_launch(tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "data.npy", np.ones((40, 4), np.float32))
+    size = (tmp_path / "data.npy").stat().st_size
+    with open(tmp_path / "data.npy", "r+b") as f:
+        f.truncate(size - 9 * 16 - 8)  # 30.5 rows left
+    (tmp_path / "job.yaml").write_text(GOOD.replace(
+        "source: synthetic\n  num_examples: 64", "source: file\n  path: data.npy").replace(
+        "global_batch_size: 64", "global_batch_size: 4").replace("num_processes: 2", "num_processes: 1"))
+    result = launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (f"job.yaml:6: data.path: {tmp_path / 'data.npy'}: the file is {size - 152} bytes, too "
+            "short for its 40 rows: rows 30 (0-based) onwards are missing") in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_spec_that_is_not_utf8_is_bad_input(tmp_path):
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe bad\n")
+    result = launch(str(tmp_path / "bin.yaml"))
+    assert result.returncode == 2 and "bin.yaml: not UTF-8 text" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["empty", "file", "under-a-file", "not-empty"])
+def test_an_unusable_run_dir_is_bad_input_even_in_a_dry_run(tmp_path, kind):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    run_dir = {"empty": "", "file": str(tmp_path / "afile"), "under-a-file": str(tmp_path / "afile" / "run"),
+               "not-empty": str(tmp_path / "full")}[kind]
+    for extra in ((), ("--dry-run",)):
+        result = launch("jobs/linear.yaml", "--run-dir", run_dir, *extra)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.startswith("error: --run-dir: ") and "Traceback" not in result.stderr
+    assert sorted(os.listdir(tmp_path / "full")) == ["notes.txt"]
+
+
+def test_steps_per_call_must_divide_the_steps_that_land_on_call_boundaries():
+    path = os.path.join(REPO, "jobs", "linear.yaml")
+    with pytest.raises(SpecError) as info:
+        spec.load(path, overrides=("train.steps_per_call=4", "train.num_steps=10",
+                                   "logging.log_every_steps=6", "checkpoint.every_steps=1000"))
+    text = str(info.value)
+    assert "train.num_steps: 10 is not a multiple of train.steps_per_call 4" in text
+    assert "logging.log_every_steps: 6 is not a multiple of train.steps_per_call 4" in text
+    assert "checkpoint.every_steps" not in text  # 1000 is a multiple of 4
+    with pytest.raises(SpecError, match="checkpoint.every_steps: 10 is not a multiple"):
+        spec.load(path, overrides=("train.steps_per_call=4", "train.num_steps=40",
+                                   "logging.log_every_steps=4", "checkpoint.every_steps=10"))
+    with pytest.raises(SpecError, match="train.steps_per_call: expected 1 to 100000, got 0"):
+        spec.load(path, overrides=("train.steps_per_call=0",))
+    with pytest.raises(SpecError, match="train.allreduce"):
+        spec.load(path, overrides=("train.allreduce=ring",))
+    job = spec.load(path, overrides=("train.steps_per_call=5", "train.num_steps=100",
+                                     "checkpoint.every_steps=0"))
+    assert job.train.steps_per_call == 5 and job.train.allreduce == "packed"
+
+
+def test_parallelism_is_pmap_or_jit_and_pmap_by_default(tmp_path):
+    path = os.path.join(REPO, "jobs", "linear.yaml")
+    assert spec.load(path).train.parallelism == "pmap"
+    assert spec.load(path, overrides=("train.parallelism=jit",)).train.parallelism == "jit"
+    with pytest.raises(SpecError, match=r"--set: train\.parallelism: expected one of pmap, jit, "
+                       r"got 'pjit' \(a string\); did you mean 'jit'\?"):
+        spec.load(path, overrides=("train.parallelism=pjit",))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open(path).read().replace("train:\n", "train:\n  parallelism: shard_map\n", 1))
+    with pytest.raises(SpecError, match=r"bad\.yaml:\d+: train\.parallelism: expected one of pmap, jit"):
+        spec.load(str(bad))
+
+
+def _documented(path: str) -> set:
+    """Every backticked name in a doc's tables and text (``train.num_steps``, ``in_features``)."""
+    import re as _re
+
+    with open(os.path.join(REPO, path), encoding="utf-8") as f:
+        return set(_re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", f.read()))
+
+
+def test_every_setting_is_in_the_docs_settings_reference():
+    # the settings reference is tested against the fields themselves: a setting added to a
+    # section must be documented (docs/settings.md for the job's sections and the local
+    # cluster, programs.md for program:, the backend's own doc for its cluster settings)
+    import dataclasses as _dc
+
+    from launcher import backends as _backends
+    from launcher.spec.programspec import ProgramSpec
+
+    def fields(cls):
+        return [f.name for f in _dc.fields(cls) if not f.metadata.get("internal")]
+
+    missing = []
+    settings_doc = _documented("docs/settings.md") | _documented("docs/programs.md")
+    for section, cls in [("task", spec.TaskSpec), ("data", spec.DataSpec),
+                         ("optimizer", spec.OptimizerSpec), ("train", spec.TrainSpec),
+                         ("logging", spec.LoggingSpec), ("distributed", spec.DistributedSpec),
+                         ("checkpoint", spec.CheckpointSpec), ("restarts", spec.RestartSpec),
+                         ("watchdog", spec.WatchdogSpec), ("program", ProgramSpec)]:
+        for name in fields(cls):
+            if f"{section}.{name}" not in settings_doc and name not in settings_doc:
+                missing.append(f"docs/settings.md: {section}.{name}")
+    for name in sorted(set(fields(spec.TrainerJobSpec)) | set(fields(spec.ProgramJobSpec))):
+        if name not in settings_doc and not any(t.startswith(name + ".") for t in settings_doc):
+            missing.append(f"docs/settings.md: {name}")
+    docs = {"local": "docs/settings.md", "ssh": "docs/ssh.md", "tpu": "docs/tpu.md",
+            "slurm": "docs/slurm.md"}
+    for backend, doc in docs.items():
+        documented = (_documented(doc) | {"backend"}  # cluster.backend: in docs/settings.md
+                      | (_documented("docs/ssh.md") if backend == "tpu" else set()))
+        for name in fields(_backends.get(backend).cluster_type):
+            if name not in documented and f"cluster.{name}" not in documented:
+                missing.append(f"{doc}: cluster.{name}")
+    assert not missing, missing

@@ -1,0 +1,291 @@
+"""Checkpoint files without JAX processes: atomic, verified, pruned; and the restart policy."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from harness.helpers import env_for_tests, launch
+from launcher.run import restarts
+from launcher import spec as specs
+from launcher.errors import SpecError
+from launcher.plan import log_path
+from launcher.state import Exit, Exited, Final, Killed, Lost, Result, Stalled, State, Tracked
+from worker import checkpoint, contract
+
+TEMPLATE = [np.zeros((4, 1), np.float32), np.zeros((1,), np.float32), np.zeros((), np.int32)]
+
+
+def state(step: int) -> checkpoint.Checkpoint:
+    leaves = [np.full((4, 1), step, np.float32), np.full((1,), -step, np.float32), np.array(step, np.int32)]
+    return checkpoint.Checkpoint(step=step, leaves=leaves, next_batch=step % 3, num_batches=3)
+
+
+def test_save_then_latest_round_trips_and_keeps_the_newest(tmp_path):
+    for step in (5, 10, 15, 20):
+        checkpoint.save(str(tmp_path), state(step), keep=2)
+    assert checkpoint.list_steps(str(tmp_path)) == [15, 20]
+    got = checkpoint.latest(str(tmp_path), TEMPLATE, num_batches=3)
+    assert (got.step, got.next_batch, got.num_batches) == (20, 2, 3)
+    for a, b in zip(got.leaves, state(20).leaves):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no temporaries left
+
+
+def test_no_checkpoint_is_none(tmp_path):
+    assert checkpoint.latest(str(tmp_path / "absent"), TEMPLATE, 3) is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "manifest", "missing"])
+def test_a_damaged_latest_is_skipped_for_the_previous_with_a_warning(tmp_path, damage):
+    for step in (10, 20):
+        checkpoint.save(str(tmp_path), state(step), keep=3)
+    newest = tmp_path / "step-0000020"
+    data = (newest / "state.npz").read_bytes()
+    if damage == "truncate":
+        (newest / "state.npz").write_bytes(data[: len(data) // 2])
+    elif damage == "flip":  # same size: only the sha256 can tell
+        (newest / "state.npz").write_bytes(data[:-40] + bytes(b ^ 0xFF for b in data[-40:]))
+    elif damage == "manifest":
+        (newest / "manifest.json").write_text('{"step": 20, "sta')
+    else:
+        (newest / "state.npz").unlink()
+    warnings = []
+    got = checkpoint.latest(str(tmp_path), TEMPLATE, 3, warn=warnings.append)
+    assert got.step == 10
+    assert len(warnings) == 1 and "skipping checkpoint" in warnings[0] and "step-0000020" in warnings[0]
+    if damage == "truncate":
+        assert "truncated" in warnings[0]
+    if damage == "flip":
+        assert "sha256" in warnings[0]
+
+
+# A real writer, SIGKILLed at one point of checkpoint.save: the hooks stand in for the
+# moment a preemption lands. "bytes:NAME:N" dies after N bytes of NAME reached the disk;
+# "fsync:K" / "rename:K" die just before save's K-th os.fsync / os.rename call.
+_KILLED_WRITER = r"""
+import builtins, os, signal, sys
+import numpy as np
+from worker import checkpoint
+ckpt_dir, point, step = sys.argv[1], sys.argv[2], int(sys.argv[3])
+kind, _, arg = point.partition(":")
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+if kind == "bytes":
+    name, limit = arg.split(":")
+    real_open = builtins.open
+    class Dying:
+        def __init__(self, f):
+            self.f, self.n = f, 0
+        def write(self, data):
+            room = int(limit) - self.n
+            if len(data) >= room:
+                self.f.write(data[:room]); self.f.flush(); os.fsync(self.f.fileno())
+                print("dying at", point, flush=True); die()
+            self.n += len(data)
+            return self.f.write(data)
+        def __getattr__(self, attr):
+            return getattr(self.f, attr)
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+    def dying_open(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        return Dying(f) if os.path.basename(str(path)) == name and "w" in mode else f
+    checkpoint.open = dying_open  # the module's name for open, nothing else's
+elif kind != "none":
+    calls = {"n": 0}
+    real = getattr(os, kind)
+    def counted(*args):
+        calls["n"] += 1
+        if calls["n"] == int(arg):
+            print("dying at", point, args, flush=True)
+            die()
+        return real(*args)
+    setattr(os, kind, counted)
+leaves = [np.full((64, 64), step, np.float32), np.full((1,), -step, np.float32), np.array(step, np.int32)]
+checkpoint.save(ckpt_dir, checkpoint.Checkpoint(step, leaves, step % 3, 3), keep=3)
+print("saved")
+"""
+
+KILL_TEMPLATE = [np.zeros((64, 64), np.float32), np.zeros((1,), np.float32), np.zeros((), np.int32)]
+
+
+def _write_in_a_process_killed_at(ckpt_dir: str, point: str, step: int):
+    return subprocess.run([sys.executable, "-c", _KILLED_WRITER, ckpt_dir, point, str(step)],
+                          env=env_for_tests(), capture_output=True, text=True, timeout=60)
+
+
+# save's own order: state.npz written, fsync 1 (state), manifest written, fsync 2 (manifest),
+# fsync 3 (the temporary directory), rename (into place), fsync 4 (the checkpoints directory)
+@pytest.mark.parametrize("point,complete", [
+    ("bytes:state.npz:1", False), ("bytes:state.npz:9000", False), ("fsync:1", False),
+    ("bytes:manifest.json:40", False), ("fsync:2", False), ("fsync:3", False), ("rename:1", False),
+    ("fsync:4", True)])
+def test_a_writer_killed_mid_save_leaves_nothing_a_reader_takes(tmp_path, point, complete):
+    ckpt_dir = str(tmp_path)
+    checkpoint.save(ckpt_dir, checkpoint.Checkpoint(10, [np.full((64, 64), 10, np.float32),
+                                                        np.full((1,), -10, np.float32), np.array(10, np.int32)],
+                                                    1, 3), keep=3)
+    killed = _write_in_a_process_killed_at(ckpt_dir, point, 20)
+    # it died where it was meant to (not before, not after finishing)
+    assert killed.returncode == -9 and "dying at" in killed.stdout, (point, killed.stdout, killed.stderr)
+    warnings = []
+    got = checkpoint.latest(ckpt_dir, KILL_TEMPLATE, 3, warn=warnings.append)
+    # killed before the rename: no step-* name may exist for step 20 at all (a reader that lists
+    # checkpoints must not even see it); killed after: step 20 is complete and verifies
+    assert checkpoint.list_steps(ckpt_dir) == ([10, 20] if complete else [10]), (point, os.listdir(ckpt_dir))
+    assert (got.step, warnings) == ((20 if complete else 10), []), point
+    np.testing.assert_array_equal(got.leaves[0], np.full((64, 64), got.step, np.float32))
+    # the next writer (another process than the killed one) cleans up what that one left
+    checkpoint.save(ckpt_dir, checkpoint.Checkpoint(30, [a + 20 for a in got.leaves[:2]] + [np.array(30, np.int32)],
+                                                    0, 3), keep=3)
+    assert not [n for n in os.listdir(ckpt_dir) if n.startswith(".")], os.listdir(ckpt_dir)
+    assert checkpoint.latest(ckpt_dir, KILL_TEMPLATE, 3).step == 30
+
+
+def test_a_step_saved_again_replaces_the_old_one(tmp_path):
+    checkpoint.save(str(tmp_path), state(10), keep=3)
+    redone = dataclasses.replace(state(10), leaves=[a + 1 for a in state(10).leaves])
+    checkpoint.save(str(tmp_path), redone, keep=3)
+    got = checkpoint.latest(str(tmp_path), TEMPLATE, 3)
+    np.testing.assert_array_equal(got.leaves[0], redone.leaves[0])
+
+
+def test_another_jobs_checkpoint_is_an_error_not_skipped(tmp_path):
+    checkpoint.save(str(tmp_path), state(10), keep=3)
+    with pytest.raises(checkpoint.IncompatibleCheckpoint, match="different model or optimizer"):
+        checkpoint.latest(str(tmp_path), [np.zeros((8, 1), np.float32)] + TEMPLATE[1:], 3)
+    with pytest.raises(checkpoint.IncompatibleCheckpoint, match="different data or batch size"):
+        checkpoint.latest(str(tmp_path), TEMPLATE, num_batches=4)
+    manifest = json.loads((tmp_path / "step-0000010" / "manifest.json").read_text())
+    assert manifest["data"] == {"next_batch": 1, "num_batches": 3, "epoch": 3}
+    assert len(manifest["state_file"]["sha256"]) == 64
+
+
+def test_a_manifest_of_an_unknown_format_is_refused_with_its_writer(tmp_path):
+    checkpoint.save(str(tmp_path), state(10), keep=3)
+    path = tmp_path / "step-0000010" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for fmt, writer, said in ((2, "podlaunch 3.1.0", "podlaunch 3.1.0"), (None, None, "an unknown version")):
+        edited = {k: v for k, v in manifest.items() if k not in ("format", "written_by")}
+        edited.update({"format": fmt} if fmt else {}, **({"written_by": writer} if writer else {}))
+        path.write_text(json.dumps(edited))
+        with pytest.raises(checkpoint.IncompatibleCheckpoint,
+                           match=rf"format {fmt!r}, written by {said}; this podlaunch .* reads format 1"):
+            checkpoint.latest(str(tmp_path), TEMPLATE, 3)
+
+
+def test_a_checkpoint_of_another_data_order_is_an_error(tmp_path):
+    shuffled = {"shuffle": True, "shuffle_seed": 7}
+    checkpoint.save(str(tmp_path), dataclasses.replace(state(10), order=shuffled), keep=3)
+    manifest = json.loads((tmp_path / "step-0000010" / "manifest.json").read_text())
+    assert manifest["data"] == {"next_batch": 1, "num_batches": 3, "epoch": 3,
+                                "shuffle": True, "shuffle_seed": 7}
+    assert checkpoint.latest(str(tmp_path), TEMPLATE, 3, order=shuffled).step == 10
+    for other, said in (({"shuffle": True, "shuffle_seed": 8}, "shuffled, seed 8"),
+                        (None, "not shuffled")):
+        with pytest.raises(checkpoint.IncompatibleCheckpoint,
+                           match=rf"data order \(shuffled, seed 7\) differs from this job's \({said}\)"):
+            checkpoint.latest(str(tmp_path), TEMPLATE, 3, order=other)
+
+
+# ---- the restart policy (launcher side, no processes) -------------------------
+class _Plan:
+    process_id, host, label, log_path = 2, "h2", "p2 h2", "/x"
+
+
+def failed(ended: Exit) -> Result:
+    t = Tracked(worker=type("W", (), {"plan": _Plan()})(), state=State.FAILED, exit=ended)
+    return Result([t], t, False, 1.0)
+
+
+POLICY = specs.RestartSpec(max_restarts=2, backoff_s=1.5)
+
+
+@pytest.mark.parametrize("ended,retry,words", [
+    (Killed(9), True, "killed by SIGKILL (a preemption or a signal)"),
+    (Exited(143), True, "exited with code 143 (in restarts.retry_exit_codes)"),
+    (Stalled("no step progress for 3.0 s"), True, "stalled (no step progress"),
+    (Lost("no answer for 4 s"), True, "was lost"),
+    (Exited(1), False, "a Python error in the job, not retried (restarts.retry_exit_codes: 143, 137; add 1"),
+    (Exited(contract.EXIT_MISMATCH), False, "a configuration problem"),
+    (Exited(7), False, "code 7, not in restarts.retry_exit_codes (143, 137)"),
+    (Final("Slurm job 4 reached its time limit"), False,
+     "ended: Slurm job 4 reached its time limit; a restart would end the same way"),
+])
+def test_classify(ended, retry, words):
+    retryable, why = restarts.classify(failed(ended), POLICY)
+    assert retryable is retry and words in why and why.startswith("process_id 2 on h2")
+
+
+def test_a_cascade_reported_before_its_signal_death_is_still_retried():
+    result = failed(Exited(1))  # a peer's "connection reset" arrived first
+    killed = Tracked(worker=type("W", (), {"plan": type("P", (), {
+        "process_id": 1, "host": "h1", "label": "p1 h1", "log_path": "/y"})()})(),
+        state=State.FAILED, exit=Killed(9))
+    stopped = Tracked(worker=killed.worker, state=State.STOPPED, exit=Killed(15))
+    retryable, why = restarts.classify(Result([result.processes[0], killed], result.first_failure, False, 1.0),
+                                       POLICY)
+    assert retryable and why.startswith("process_id 1 on h1 was killed by SIGKILL")
+    assert "while process_id 2 (exit code 1) was reported first" in why
+    # processes the launcher stopped itself do not count
+    assert not restarts.classify(Result([result.processes[0], stopped], result.first_failure, False, 1.0),
+                                 POLICY)[0]
+
+
+def test_exit_1_is_retried_when_listed_and_backoff_doubles():
+    policy = specs.RestartSpec(retry_exit_codes=(1,), backoff_s=1.5)
+    assert restarts.classify(failed(Exited(1)), policy)[0]
+    assert [restarts.backoff_s(policy, n) for n in (1, 2, 3)] == [1.5, 3.0, 6.0]
+
+
+# starts only the launcher, which refuses before anything runs (not slow)
+def test_resume_refuses_what_is_not_a_run_of_this_job(tmp_path):
+    result = launch("jobs/linear.yaml", "--resume", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--resume: {tmp_path} is not a run directory" in result.stderr
+    (tmp_path / "spec.yaml").write_text("name: other\n")
+    result = launch("jobs/linear.yaml", "--resume", str(tmp_path))
+    assert result.returncode == 2
+    assert f"--resume: {tmp_path} holds a run of job 'other', not 'linear'" in result.stderr
+
+
+def test_attempt_logs_and_numbering(tmp_path):
+    assert log_path("/r", 3) == "/r/logs/process-003.log"
+    assert log_path("/r", 3, attempt=2) == "/r/logs/attempt-2/process-003.log"
+    assert restarts.next_attempt(str(tmp_path)) == 0
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "process-000.log").write_text("")
+    assert restarts.next_attempt(str(tmp_path)) == 1
+    (tmp_path / "logs" / "attempt-4").mkdir()
+    assert restarts.next_attempt(str(tmp_path)) == 5
+
+
+def test_recovery_settings_are_validated_together():
+    with pytest.raises(SpecError) as err:
+        specs.load("jobs/linear.yaml", overrides=(
+            "checkpoint.keep=0", "restarts.retry_exit_codes=[1,300]", "restarts.max_restart=1",
+            "watchdog.stall_timeout_s=-1", "restarts.backoff_s=soon"))
+    text = str(err.value)
+    assert "--set: checkpoint.keep: expected 1 to 1000, got 0" in text
+    assert "restarts.retry_exit_codes: expected exit codes 1 to 255, got [300]" in text
+    assert "restarts.max_restart: unknown key; did you mean 'max_restarts'?" in text
+    assert "watchdog.stall_timeout_s: expected a number > 0, got -1" in text
+    assert "restarts.backoff_s: expected a number, got 'soon'" in text
+    job = specs.load("jobs/linear.yaml", overrides=("watchdog.stall_timeout_s=null",))
+    assert job.watchdog.stall_timeout_s is None and job.watchdog.first_step_timeout_s == 900
+
+
+def test_heartbeats_parse_as_progress():
+    line = contract.HEARTBEAT_FORMAT.format(step=41)
+    assert contract.parse_step(line) == 41 and contract.is_heartbeat(line)
+    assert not contract.is_heartbeat("step 40/100 loss 0.1 | 3.0 steps/s")
+    assert contract.heartbeat_interval_s(3) == 0.5 and contract.heartbeat_interval_s(300) == 10
+    assert contract.heartbeat_interval_s(None) is None
