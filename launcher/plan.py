@@ -251,6 +251,14 @@ def for_attempt(plan: Plan, attempt: int, resume: bool) -> Plan:
     return dataclasses.replace(plan, processes=processes)
 
 
+def restarts_text(policy) -> str:
+    """What a failure of each class leads to (the ``restarts`` section), in one line."""
+    budgets = (f"program errors {policy.program_errors}, infrastructure {policy.infrastructure}, "
+               f"preemptions {policy.preemptions}, stalls {policy.stalls}")
+    cap = "" if policy.max_restarts is None else f", at most {policy.max_restarts} in all"
+    return f"restarts: {budgets}{cap} (backoff_s {policy.backoff_s:g})"
+
+
 def describe(plan: Plan) -> str:
     """The ``--dry-run`` text: per process its host, id, env (secrets masked) and command."""
     job = plan.job
@@ -262,6 +270,7 @@ def describe(plan: Plan) -> str:
         *([] if job.is_program else [job.epoch_text()]),
         f"coordinator_address {plan.coordinator_address}",
         f"run directory {plan.run_dir}",
+        restarts_text(job.restarts),
     ]
     for process in plan.processes:
         env = masked(process.env, job.secrets)

@@ -29,7 +29,7 @@ class Exit:
     """How a worker ended: one of the small types below, told apart by type.
 
     ``Exited`` (an exit code), ``Killed`` (a signal), ``Lost`` (it can no longer be
-    watched), ``Stalled`` (the watchdog's verdict), ``EndedEarly`` (exit code 0 before
+    watched; ``Preempted`` when a scheduler said why), ``Stalled`` (the watchdog's verdict), ``EndedEarly`` (exit code 0 before
     its last step), ``Final`` (its scheduler ended it as a restart would repeat). Only
     ``Exited(0)`` is a success. ``at``: the wall-clock time it ended as its own host
     saw it (ssh, local), when known.
@@ -71,6 +71,12 @@ class Lost(Exit):
 
     def __str__(self) -> str:
         return f"lost: {self.why}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Preempted(Lost):
+    """Lost after a notice: its scheduler preempted it (a Slurm job being preempted or
+    requeued). A ``Lost`` everywhere else; ``launcher.run.classes`` counts it a preemption."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,10 @@ included); ``--resume`` updates the same file. Its keys::
     final_loss   the last loss logged, or null
     duration_s   seconds the launcher ran, over every launch of this run directory
     launcher     {"pid", "host"} of the launch that is running or ran last
+    failures     failed attempts by class (launcher.run.classes): {"preemption": 2, ...},
+                 over every launch of this run directory
+    last_failure {"attempt", "class", "process_id", "why"} of the newest failed attempt,
+                 or null
 
 A run still ``running`` whose launcher is gone (killed with SIGKILL, a
 machine that rebooted) is listed as ``unfinished``. Run directories from
@@ -121,6 +125,9 @@ class Record:
             "num_steps": num_steps,
             "final_loss": earlier.get("final_loss"),
             "duration_s": float(earlier.get("duration_s") or 0.0),
+            "failures": _failures(earlier.get("failures")),
+            "last_failure": earlier.get("last_failure") if isinstance(earlier.get("last_failure"),
+                                                                       dict) else None,
             "launcher": {"pid": os.getpid(), "host": socket.gethostname(),
                          "since": _start_ticks(os.getpid())},
         }
@@ -146,6 +153,14 @@ class Record:
             data["attempts"] = attempts[-1].number + 1
         elif made is not None:
             data["attempts"] = made
+        for attempt in attempts:
+            failure = getattr(attempt, "failure", None)
+            if failure is not None:
+                name = failure.failure_class.value
+                data["failures"][name] = data["failures"].get(name, 0) + 1
+                data["last_failure"] = {"attempt": attempt.number, "class": name,
+                                        "process_id": failure.process_id,
+                                        "why": failure.why[:500]}
         if result is not None:
             reported = [t.stats.progress for t in result.processes if t.stats.progress is not None]
             if reported:
@@ -156,6 +171,13 @@ class Record:
             _write(self.run_dir, data)
         except OSError:
             pass  # the run's outcome is printed anyway; the table then shows it unfinished
+
+
+def _failures(value) -> dict:
+    """run.json's ``failures`` as read back: class name -> count, anything else dropped."""
+    if not isinstance(value, dict):
+        return {}
+    return {_text(k)[:40]: v for k, v in value.items() if isinstance(k, str) and _count(v)}
 
 
 def _finite(value: float) -> float | None:
@@ -173,6 +195,7 @@ class PastRun:
     final_loss: float | None
     duration_s: float | None
     run_dir: str
+    failures: dict = dataclasses.field(default_factory=dict)  # class name -> failed attempts
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -228,7 +251,8 @@ def read(run_dir: str) -> PastRun:
         return PastRun(_text(data.get("job")) or os.path.basename(os.path.dirname(run_dir)),
                        _text(data.get("started")), state, _count(data.get("attempts")),
                        _count(data.get("step")), _count(data.get("num_steps")),
-                       _number(data.get("final_loss")), _number(data.get("duration_s")), run_dir)
+                       _number(data.get("final_loss")), _number(data.get("duration_s")), run_dir,
+                       _failures(data.get("failures")))
     try:  # a run directory from before run.json
         started = datetime.datetime.strptime(os.path.basename(run_dir), STAMP).isoformat(timespec="seconds")
     except ValueError:
@@ -287,14 +311,17 @@ def _shown_path(path: str) -> str:
 
 def table(found: list) -> str:
     """The runs as an aligned table, one row each, in the order given."""
-    header = ("job", "started", "state", "attempts", "steps", "final loss", "duration", "run dir")
+    header = ("job", "started", "state", "attempts", "steps", "final loss", "duration", "failures",
+              "run dir")
     rows = []
     for r in found:
         steps = "-" if r.step is None else str(r.step) + ("" if r.num_steps is None else f"/{r.num_steps}")
         rows.append((r.job, r.started.replace("T", " ") or "-", r.state,
                      "-" if r.attempts is None else str(r.attempts), steps,
                      "-" if r.final_loss is None else f"{r.final_loss:.6g}",
-                     "-" if r.duration_s is None else duration(r.duration_s), _shown_path(r.run_dir)))
+                     "-" if r.duration_s is None else duration(r.duration_s),
+                     ", ".join(f"{name} {n}" for name, n in sorted(r.failures.items())) or "-",
+                     _shown_path(r.run_dir)))
     widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
     numeric = (3, 4)
     return "\n".join("  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
@@ -306,7 +333,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch runs",
         description="List past runs (job, started, state, attempts, steps, final loss, duration, "
-                    "run dir), newest first.")
+                    "failed attempts by class, run dir), newest first.")
     parser.add_argument("job", metavar="JOB", nargs="?", help="only this job's runs (its name)")
     parser.add_argument("--root", default="runs",
                         help="where runs are (default runs/, as launch makes them: runs/<job>/<time>)")

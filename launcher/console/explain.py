@@ -26,6 +26,9 @@ def _words(pattern: str, flags: int = 0) -> Callable[[str], bool]:
     return re.compile(pattern, flags).search
 
 
+# The readings of a process that stopped because another did (a cascade), first in READINGS
+_CASCADE = 2
+
 READINGS = (
     Reading(lambda line: contract.is_peer_loss(line) and "Gloo" in line,  # the cascade markers
             "a collective (gloo, JAX's CPU all-reduce) was cut off from another process: "
@@ -61,3 +64,20 @@ def meaning(tail: Iterable[str]) -> str | None:
             if reading.matches(line):
                 return reading.meaning
     return None
+
+
+# The last line of a Python traceback: ``ExcName: message`` (module-qualified or not)
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)(: |$)")
+
+
+def follows_from_another(tail: Iterable[str]) -> bool:
+    """Whether ``tail`` (a failed process's last lines) says it stopped because another
+    process did: gloo cut off from a peer, or JAX's coordination service gone or reporting
+    another's failure (the first readings above), and no error of its own (an exception
+    line that is not one of those: a task's ``RuntimeError`` stays the cause even when the
+    coordination service's shutdown is logged after it). ``launcher.run.classes`` reads a
+    failure with such a tail as a consequence, not a cause."""
+    lines = list(tail)
+    cascade = [any(r.matches(line) for r in READINGS[:_CASCADE]) for line in lines]
+    own_error = any(_EXCEPTION_LINE.match(line) and not seen for line, seen in zip(lines, cascade))
+    return any(cascade) and not own_error

@@ -1,17 +1,15 @@
-"""Bounded restarts: run attempts until one succeeds, a failure is not retryable, or none are left.
+"""Bounded restarts: run attempts until one succeeds, a failure is not retried, or its budget is spent.
 
 Each attempt is one ``session.start`` + ``supervise``. After a failure the
 launcher has already torn everything down (``supervise`` returns only when
-every worker has ended); it classifies the root cause, waits
-``backoff_s * 2**(restart-1)`` seconds, plans again through the backend's
-session (a fresh coordinator port; ssh re-runs preflight) and starts every process with
-``PODLAUNCH_RESUME=1``, so process 0 restores the latest complete checkpoint
-and broadcasts it.
-
-What is retried (``classify``): a death by a signal (preemption, OOM killer,
-SIGKILL), a lost host, a stall, and the exit codes in
-``restarts.retry_exit_codes``. Exit code 1 (a Python error in the task) and 3
-(the worker's plan check) are not, unless listed.
+every worker has ended); it classifies the cause (``launcher.run.classes``:
+program error, infrastructure, preemption, stall, final), checks that class's
+budget (``restarts.program_errors``, ``infrastructure``, ``preemptions``, ``stalls``;
+``max_restarts`` caps them together), waits (``wait_s``: none before the first
+restart after an infrastructure fault or a preemption, ``backoff_s`` doubling as the
+same class repeats), plans again through the backend's session (a fresh coordinator
+port; ssh re-runs preflight) and starts every process with ``PODLAUNCH_RESUME=1``, so
+process 0 restores the latest complete checkpoint and broadcasts it.
 
 Logs: attempt 0 writes ``logs/process-NNN.log``; attempt n >= 1 writes
 ``logs/attempt-n/process-NNN.log`` (``plan.log_path``).
@@ -29,14 +27,14 @@ from typing import Callable
 from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.console import Console
-from launcher.state import (EndedEarly, Exited, Final, Killed, Lost, Result, Stalled, State,
-                            Tracked, Watchdog)
+from launcher.run import classes
+from launcher.run.classes import FailureClass, Verdict
+from launcher.state import Result, Watchdog
 from launcher.console.status import compile_text, summary
 from launcher.console.words import plural
 from launcher import interrupts
 from launcher.interrupts import Interrupted
 from launcher.run.supervise import supervise
-from worker import contract
 
 
 @dataclasses.dataclass
@@ -48,86 +46,71 @@ class Attempt:
       log_dir: where its per-process logs are.
       result: supervise's Result.
       verdict: what the launcher did next, in words ("succeeded", "retried after 2 s", ...).
+      failure: the failure's class and cause (``classes.Verdict``), None when it did not fail.
     """
 
     number: int
     log_dir: str
     result: Result
     verdict: str = ""
+    failure: Verdict | None = None
 
 
-def classify(result: Result, policy) -> tuple[bool, str]:
-    """Whether a failed attempt may be retried, and why, in words.
+class Budgets:
+    """What each failure class may still use: ``restarts``' budgets, the ``max_restarts``
+    cap, and the run of the same class that sets the wait."""
 
-    The first failure by time leads, but a cascade can outrun its cause (a
-    peer's "connection reset" exit 1 reported before the SIGKILLed worker's
-    exit arrives over ssh), so the attempt is retryable when any process that
-    ended by itself (state FAILED, not stopped by the launcher) ended in a
-    retryable way.
+    def __init__(self, policy):
+        self.policy = policy
+        self.used = {c: 0 for c in FailureClass}
+        self.total = 0
+        self.last: FailureClass | None = None
+        self.in_a_row = 0
 
-    Args:
-      result: a failed, not interrupted, attempt.
-      policy: the spec's ``restarts`` section.
+    def budget(self, failure_class: FailureClass) -> int:
+        key = failure_class.budget_key
+        return 0 if key is None else getattr(self.policy, key)
 
-    Returns:
-      (retryable, reason).
-    """
-    first = result.first_failure
-    if first is None:
-        return False, "no process failed, yet not every process succeeded"
-    verdict = _classify_one(first, policy)
-    if not verdict[0]:
-        for t in result.processes:
-            if t is not first and t.state is State.FAILED and t.exit is not None:
-                retry, why = _classify_one(t, policy)
-                if retry:
-                    return True, f"{why}, while process_id {first.plan.process_id} ({first.exit}) was reported first"
-    return verdict
+    def refusal(self, failure_class: FailureClass) -> str | None:
+        """Why no restart is left for this class (None: one is)."""
+        key = failure_class.budget_key
+        if key is None:
+            return "a restart would end the same way"
+        budget, used = self.budget(failure_class), self.used[failure_class]
+        if used >= budget:
+            if budget == 0:
+                return (f"not retried: restarts.{key} is 0 (set it to retry "
+                        f"{failure_class.value}s)")
+            return f"not retrying: restarts.{key} is {budget} and {used} used"
+        cap = self.policy.max_restarts
+        if cap is not None and self.total >= cap:
+            return f"not retrying: restarts.max_restarts is {cap} and {self.total} used"
+        return None
 
+    def take(self, failure_class: FailureClass) -> float:
+        """Count a restart of this class; the seconds to wait before it (``wait_s``)."""
+        self.in_a_row = self.in_a_row + 1 if failure_class is self.last else 1
+        self.last = failure_class
+        self.used[failure_class] += 1
+        self.total += 1
+        return wait_s(self.policy.backoff_s, failure_class, self.in_a_row)
 
-def _classify_one(t: Tracked, policy) -> tuple[bool, str]:
-    ended, where = t.exit, f"process_id {t.plan.process_id} on {t.plan.host}"
-    if t.failed_to_join:
-        try:
-            host = contract.split_host_port(t.joining)
-        except ValueError:
-            host = (t.joining, "?")
-        return False, (f"{where} could not join the coordinator at {t.joining} ({ended}) within "
-                       "distributed.initialization_timeout_s: a configuration or network problem "
-                       f"that a restart does not fix; check that every host can reach {host[0]} "
-                       f"on TCP port {host[-1]} (firewalls, security groups), that host 0 "
-                       "started (its log), and that no proxy is forced on the workers (podlaunch "
-                       "adds the coordinator to no_proxy; a setup line that resets it undoes that)")
-    codes = ", ".join(map(str, policy.retry_exit_codes)) or "none"
-    match ended:
-        case EndedEarly(where=stopped):
-            return False, (f"{where} exited with code 0 {stopped}: the task or the worker ended "
-                           "the process early (sys.exit(0)?), which a restart would repeat")
-        case Final(why=why):
-            return False, f"{where} ended: {why}; a restart would end the same way"
-        case Stalled(what=what):
-            return True, f"{where} stalled ({what})"
-        case Lost(why=why):
-            return True, f"{where} was lost ({why})"
-        case Killed():
-            return True, f"{where} was {ended} (a preemption or a signal)"
-        case Exited(code=code) if code in policy.retry_exit_codes:
-            return True, f"{where} exited with code {code} (in restarts.retry_exit_codes)"
-        case Exited(code=1):
-            return False, (f"{where} exited with code 1: a Python error in the job, not retried "
-                           f"(restarts.retry_exit_codes: {codes}; add 1 to retry it)")
-        case Exited(code=contract.EXIT_MISMATCH):
-            return False, (f"{where} exited with code {contract.EXIT_MISMATCH}: JAX disagrees "
-                           "with the plan, a configuration problem that a restart cannot fix")
-        case Exited(code=code):
-            return False, (f"{where} exited with code {code}, not in restarts.retry_exit_codes "
-                           f"({codes})")
-    return False, f"{where} ended ({ended})"
+    def count_text(self, failure_class: FailureClass) -> str:
+        """``infrastructure restart 1 of 10`` (and the cap's count when there is one)."""
+        text = (f"{failure_class.value} restart {self.used[failure_class]} of "
+                f"{self.budget(failure_class)}")
+        if self.policy.max_restarts is not None:
+            text += f"; restart {self.total} of {self.policy.max_restarts} in all"
+        return text
 
 
-def backoff_s(policy, restart: int) -> float:
-    """Seconds to wait before restart number ``restart`` (1, 2, ...): doubling from ``backoff_s``."""
-    return policy.backoff_s * 2 ** (restart - 1)
+def wait_s(backoff_s: float, failure_class: FailureClass, in_a_row: int) -> float:
+    """Seconds before a restart: none for the first infrastructure fault or preemption of
+    a run of them (the machines are back, or another is: waiting only loses time); else
+    ``backoff_s`` doubling with each failure of the same class in a row."""
+    if failure_class in (FailureClass.INFRASTRUCTURE, FailureClass.PREEMPTION):
+        return 0.0 if in_a_row == 1 else backoff_s * 2 ** (in_a_row - 2)
+    return backoff_s * 2 ** (in_a_row - 1)
 
 
 def next_attempt(run_dir: str) -> int:
@@ -143,7 +126,7 @@ def next_attempt(run_dir: str) -> int:
 
 def run(session: Session, plan: planning.Plan, console: Console, first_attempt: int = 0,
         resume: bool = False, sleep: Callable[[float], None] = time.sleep) -> tuple[Result, list]:
-    """Run attempts of ``plan`` until success, a non-retryable failure, or no restarts left.
+    """Run attempts of ``plan`` until success, a failure not retried, or its class's budget spent.
 
     Args:
       session: the backend's session (``start``, ``describe_start``, ``end_attempt``,
@@ -155,21 +138,21 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
       sleep: waits the backoff (tests pass a recorder).
 
     Returns:
-      (the last attempt's Result, every Attempt in order).
+      (the last attempt's Result, every Attempt in order; each failed one with its class).
 
     Raises:
       LaunchError: a backend could not start an attempt.
     """
     job = plan.job
-    policy = job.restarts
+    budgets = Budgets(job.restarts)
     watchdog = Watchdog(job.watchdog.stall_timeout_s, job.watchdog.first_step_timeout_s)
     attempts: list[Attempt] = []
-    attempt, restarts = first_attempt, 0
+    attempt, restarts, counted = first_attempt, 0, ""
     while True:
         plan = planning.for_attempt(plan, attempt, resume=resume or restarts > 0)
         log_dir = os.path.dirname(plan.processes[0].log_path)
         os.makedirs(log_dir, exist_ok=True)
-        label = f"attempt {attempt}" + (f" (restart {restarts} of {policy.max_restarts})" if restarts else "")
+        label = f"attempt {attempt}" + (f" ({counted})" if restarts else "")
         console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
         workers, pending = _start(session, plan, console)
         result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog,
@@ -182,25 +165,24 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         if result.interrupted:
             attempts[-1].verdict = "interrupted"
             return result, attempts
-        retryable, why = classify(result, policy)
-        if not retryable:
-            attempts[-1].verdict = f"failed: {why}"
-            console.say(f"{label} failed: {why}")
-            return result, attempts
-        if restarts >= policy.max_restarts:
-            attempts[-1].verdict = f"failed: {why}; no restarts left"
-            console.say(f"{label} failed: {why}; not retrying: restarts.max_restarts is "
-                        f"{policy.max_restarts} and {restarts} used")
+        failure = classes.classify(result, job.restarts.retry_exit_codes)
+        attempts[-1].failure = failure
+        why = f"{failure.why} [{failure.failure_class.value}]"
+        refusal = budgets.refusal(failure.failure_class)
+        if refusal is not None:
+            attempts[-1].verdict = f"failed: {why}; {refusal}"
+            console.say(f"{label} failed: {why}; {refusal}")
             return result, attempts
         console.block(summary(result))  # the last attempt's is printed by the caller
         restarts += 1
-        wait_s = backoff_s(policy, restarts)
-        attempts[-1].verdict = f"failed: {why}; retried after {wait_s:g} s"
-        console.say(f"{label} failed: {why}; restarting from the latest checkpoint in {wait_s:g} s "
-                    f"(restart {restarts} of {policy.max_restarts})")
+        wait = budgets.take(failure.failure_class)
+        counted = budgets.count_text(failure.failure_class)
+        attempts[-1].verdict = f"failed: {why}; retried after {wait:g} s"
+        console.say(f"{label} failed: {why}; restarting from the latest checkpoint in {wait:g} s "
+                    f"({counted})")
         session.end_attempt()
         try:
-            _wait(sleep, wait_s)
+            _wait(sleep, wait)
         except (KeyboardInterrupt, Interrupted):
             result.interrupted = True
             attempts[-1].verdict += "; interrupted while waiting"

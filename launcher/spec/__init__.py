@@ -46,15 +46,35 @@ def _exit_codes(codes: tuple) -> str | None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RestartSpec:
-    max_restarts: int = setting(0, check=schema.in_range(0, 1000),
-                                doc="relaunches after a retryable failure, from the latest checkpoint")
+    """``restarts``: a budget for each class of failure (``launcher.run.classes``), so a
+    long run survives preemptions and lost hosts by default while an error in the job
+    itself fails at once."""
+
+    program_errors: int = setting(0, check=schema.in_range(0, 1000),
+                                  doc="restarts after an error of the job itself (a Python error, "
+                                  "an exit code not in retry_exit_codes, an early exit 0, a join "
+                                  "that never happens): a restart usually repeats it")
+    infrastructure: int = setting(10, check=schema.in_range(0, 1000),
+                                  doc="restarts after a fault of the machines: a death by a signal "
+                                  "without notice (SIGKILL, the OOM killer), a lost host or "
+                                  "connection, a node failure, an exit code in retry_exit_codes")
+    preemptions: int = setting(100, check=schema.in_range(0, 10000),
+                               doc="restarts after a preemption: SIGTERM from the system (exit "
+                               "143), a Slurm job preempted or requeued")
+    stalls: int = setting(3, check=schema.in_range(0, 1000),
+                          doc="restarts after the watchdog found a process without progress")
+    max_restarts: int | None = setting(None, check=schema.in_range(0, 10000),
+                                       doc="a cap on restarts of every class together (null: each "
+                                       "class's budget alone)")
     backoff_s: float = setting(5.0, check=non_negative,
-                               doc="wait before the first restart; doubles after each restart")
+                               doc="wait before a restart after a program error or a stall, and "
+                               "before a second infrastructure fault or preemption in a row (the "
+                               "first restarts at once); doubles as the same class repeats")
     retry_exit_codes: tuple[int, ...] = setting(
-        (143, 137), check=_exit_codes,
-        doc="worker exit codes that are retried (143/137: SIGTERM/SIGKILL as a shell reports them); "
-        "deaths by a signal, stalls and lost hosts are always retried; "
-        "exit 1 (a Python error) is not unless listed")
+        (), check=_exit_codes,
+        doc="worker exit codes counted as infrastructure faults (137 and 143, SIGKILL and "
+        "SIGTERM as a shell reports them, always are); exit 1 (a Python error) is a program "
+        "error unless listed")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

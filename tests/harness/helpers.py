@@ -51,6 +51,11 @@ def program_job(tmp_path, mode: str = "none", target: int = 1, at: int = 5, step
     return path
 
 
+# For a test of how a failure is met (teardown, naming the cause), not of the restart after it:
+# the first failure ends the run, whatever its class's budget (restarts retry infrastructure
+# faults, preemptions and stalls by default)
+NO_RESTARTS = ("--set", "restarts.max_restarts=0")
+
 # The two kinds of job a fault test runs: the built-in trainer and a program job.
 KINDS = ("trainer", "program")
 

@@ -7,7 +7,9 @@ MODE: one or more of these joined by ``+``: ``none`` (no fault), ``crash-before-
 initialize), ``exit0-before-join`` (process PROCESS_ID exits 0 before initialize), ``never-join`` (process PROCESS_ID sleeps instead of calling initialize:
 its peers wait in it), ``exit0`` (exits 0 after reporting STEP), ``kill9`` (SIGKILLs
 itself at STEP), ``sigstop`` (SIGSTOPs itself at STEP), ``raise`` (an uncaught
-RuntimeError at STEP), ``helpers`` (after step 1 every
+RuntimeError at STEP), ``busy`` (every other process spends its steps from STEP on in
+host code, 2 s each, as a process busy with its input or a logger would: it is not in a
+collective when the faulty one ends), ``helpers`` (after step 1 every
 process starts two ``sleep 1234`` helpers, one in its process group, one in a session of
 its own: they must die with the run). Faults fire on attempt 0 only
 (``PODLAUNCH_ATTEMPT``), so a restarted run can finish. Every process trains STEPS
@@ -63,4 +65,4 @@ for step in range(1, num_steps + 1):
             os.kill(os.getpid(), signal.SIGSTOP)
         if mode == "raise":
             raise RuntimeError(f"injected failure at step {step}")
-    time.sleep(0.05)
+    time.sleep(2.0 if "busy" in modes and not faulty and step >= at else 0.05)

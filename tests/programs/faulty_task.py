@@ -26,7 +26,7 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
       crash_process_id: which process misbehaves.
       mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``exit0`` (os._exit(0): an
         early exit that looks like success), ``sigkill`` (kills
-        itself with SIGKILL), ``stall`` (sleeps forever: alive, no progress),
+        itself with SIGKILL), ``sigterm`` (itself with SIGTERM: a preemption's notice), ``stall`` (sleeps forever: alive, no progress),
         ``sigstop`` (stops itself), ``long_line`` (prints ``long_line_mb`` MiB of ``x``
         without a newline, then exits with 7: its last line ends without one).
       sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
@@ -67,6 +67,9 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
                 sys.stdout.write("x" * (1 << 20))
             sys.stdout.flush()
             os._exit(7)
+        if mode == "sigterm":  # what a preempted VM's shutdown does to it
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "sigstop":

@@ -28,6 +28,7 @@ from launcher.commands import runs, tensorboard_cmd
 from launcher.run import supervise as supervision
 from launcher.console import Console
 from launcher.errors import SpecError
+from launcher.run.classes import FailureClass, Verdict
 from launcher.state import Exited, State
 from launcher.console.status import status_text
 from launcher.console.words import duration, plural
@@ -265,18 +266,27 @@ def test_run_json_is_written_at_start_and_end_and_a_resume_adds_to_it(tmp_path):
     assert started["state"] == "running" and started["job"] == "linear" and started["step"] is None
     assert runs.read(str(run_dir)).state == "running"  # this process wrote it and lives
     now[0] = 14.5
-    attempts = [types.SimpleNamespace(number=0), types.SimpleNamespace(number=1)]
+    preempted = Verdict(FailureClass.PREEMPTION, 1, "process_id 1 on h1 was killed by SIGTERM")
+    crashed = Verdict(FailureClass.PROGRAM, 0, "process_id 0 on h0 exited with code 1")
+    attempts = [types.SimpleNamespace(number=0, failure=preempted),
+                types.SimpleNamespace(number=1, failure=crashed)]
     record.end("failed", _result([(30, 0.25), (28, 0.25)], [State.FAILED] * 2), attempts)
     ended = json.loads((run_dir / "run.json").read_text())
     assert (ended["state"], ended["attempts"], ended["step"], ended["final_loss"], ended["duration_s"]) \
         == ("failed", 2, 30, 0.25, 4.5)
+    assert ended["failures"] == {"preemption": 1, "program error": 1}
+    assert ended["last_failure"] == {"attempt": 1, "class": "program error", "process_id": 0,
+                                     "why": "process_id 0 on h0 exited with code 1"}
     again = runs.Record(str(run_dir), "linear", 50, clock=lambda: now[0])  # --resume
     again.start()
     now[0] = 20.5
-    again.end("succeeded", _result([(50, 0.125)], [State.SUCCEEDED]), [types.SimpleNamespace(number=2)])
+    again.end("succeeded", _result([(50, 0.125)], [State.SUCCEEDED]),
+              [types.SimpleNamespace(number=2, failure=None)])
     final = json.loads((run_dir / "run.json").read_text())
     assert (final["started"], final["state"], final["attempts"], final["step"], final["duration_s"]) \
         == (started["started"], "succeeded", 3, 50, 10.5)
+    assert final["failures"] == {"preemption": 1, "program error": 1}  # a resume adds to them
+    assert runs.read(str(run_dir)).failures == {"preemption": 1, "program error": 1}
     broken = runs.Record(str(run_dir), "linear", 50, clock=lambda: now[0])  # a launch that raised
     broken.start()
     broken.end("failed", made=4)
@@ -294,8 +304,9 @@ def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(t
             (d / "run.json").write_text(json.dumps({"job": job, **data}))
         return d
 
-    make("linear", "20261130-101500-123", started="2026-11-30T10:15:00", state="succeeded", attempts=1,
-         step=100, num_steps=100, final_loss=0.00886711, duration_s=2.8)
+    make("linear", "20261130-101500-123", started="2026-11-30T10:15:00", state="succeeded", attempts=3,
+         step=100, num_steps=100, final_loss=0.00886711, duration_s=2.8,
+         failures={"preemption": 2, "\x1b[2Jbad": "x"})
     make("linear", "20261201-090000-000", started="2026-12-01T09:00:00", state="running", attempts=0,
          step=None, num_steps=100, final_loss=None, duration_s=0.0,
          launcher={"pid": 999999999, "host": os.uname().nodename})  # its launcher is gone
@@ -308,12 +319,12 @@ def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(t
     assert result.returncode == 0, result.stderr
     rows = result.stdout.splitlines()
     assert rows[0].split() == ["job", "started", "state", "attempts", "steps", "final", "loss",
-                               "duration", "run", "dir"]
-    assert re.match(r"^linear +2026-12-01 09:00:00 +unfinished +0 +- +- +0\.0s +"
+                               "duration", "failures", "run", "dir"]
+    assert re.match(r"^linear +2026-12-01 09:00:00 +unfinished +0 +- +- +0\.0s +- +"
                     r"runs/linear/20261201-090000-000$", rows[1]), rows
-    assert re.match(r"^linear +2026-11-30 10:15:00 +succeeded +1 +100/100 +0\.00886711 +2\.8s +"
-                    r"runs/linear/20261130-101500-123$", rows[2]), rows
-    assert re.match(r"^diabetes +2026-11-29 08:00:00 +- +- +20 +2\.5 +- +"
+    assert re.match(r"^linear +2026-11-30 10:15:00 +succeeded +3 +100/100 +0\.00886711 +2\.8s +"
+                    r"preemption 2 +runs/linear/20261130-101500-123$", rows[2]), rows
+    assert re.match(r"^diabetes +2026-11-29 08:00:00 +- +- +20 +2\.5 +- +- +"
                     r"runs/diabetes/20261129-080000-000$", rows[3]), rows
     only = subprocess.run(LAUNCH + ["runs", "diabetes", "--root", str(root)], cwd=str(tmp_path),
                           env=env_for_tests(), capture_output=True, text=True, timeout=60)

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from harness.helpers import (KINDS, REPO, PROGRAMS, event_files, launch, launched, long_job, read_scalars, run_pids,
+from harness.helpers import (KINDS, NO_RESTARTS, REPO, PROGRAMS, event_files, launch, launched, long_job, read_scalars, run_pids,
                      wait_gone)
 
 pytestmark = pytest.mark.slow
@@ -121,7 +121,7 @@ def test_a_crash_stops_every_process(tmp_path, mode, what):
         "--set", "cluster.num_processes=4", "--set", "cluster.devices_per_process=1",
         "--set", "train.num_steps=100000", "--set", "logging.log_every_steps=1",
         "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=7",
-        "--set", "task.args.crash_process_id=2", "--set", f"task.args.mode={mode}",
+        "--set", "task.args.crash_process_id=2", "--set", f"task.args.mode={mode}", *NO_RESTARTS,
         "--show", "all")  # the injection line of process 2 as soon as it is printed
     assert code == 1, out
     # the order of events: the fault, the launcher noticing it and stopping the others, the summary;
@@ -230,7 +230,8 @@ def test_the_stall_watchdog_ends_a_live_hang(tmp_path):
                   "--set", "logging.log_every_steps=1", "--set", "watchdog.stall_timeout_s=4",
                   "--show", "all",  # process 1's injection line
                   "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=5",
-                  "--set", "task.args.crash_process_id=1", "--set", "task.args.mode=stall") as out:
+                  "--set", "task.args.crash_process_id=1", "--set", "task.args.mode=stall",
+                  *NO_RESTARTS) as out:
         out.wait_for("faulty_task: injecting stall at step 5", 120)
         code, text = out.finish(90)
     assert code == 1, text
@@ -249,7 +250,7 @@ def test_the_first_step_timeout_ends_a_run_that_never_steps(tmp_path):
     result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), *QUIET_LONG,
                     "--set", f"cluster.env.PYTHONPATH={tmp_path}{os.pathsep}{REPO}",
                     "--set", "task.name=hang_task:make", "--set", "watchdog.stall_timeout_s=null",
-                    "--set", "watchdog.first_step_timeout_s=6", timeout_s=90)
+                    "--set", "watchdog.first_step_timeout_s=6", *NO_RESTARTS, timeout_s=90)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr
     assert re.search(r"stalled: no first step after \d+\.\d s \(first_step_timeout_s 6\); last step seen "
                      r"of every process: p0 none, p1 none", result.stdout), result.stdout[-3000:]

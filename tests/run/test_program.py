@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
 import pytest
 import yaml
 
-from harness.helpers import REPO, launch, program_job, run_pids
+from harness.helpers import NO_RESTARTS, REPO, launch, program_job, run_pids
 
 from launcher import spec
 from launcher.errors import SpecError
@@ -122,10 +123,32 @@ def _failed(out: str) -> str:
 
 
 @pytest.mark.slow
+def test_a_python_error_while_a_peer_is_in_host_code_is_a_program_error_not_retried(tmp_path):
+    """Process 0 raises at step 5 while process 1 sleeps in host code: JAX's coordination
+    client then ends process 1 ("Terminating process because the JAX distributed service
+    detected fatal errors": SIGABRT, or exit code 1 as seen here with jax 0.9), and that end
+    may be reported first. The class is the cause's, a program error, so the default budgets
+    do not retry it; a SIGABRT reported first was retried as a signal death before failure
+    classes (tests/run/test_classes.py has both orders, process-free)."""
+    run_dir = tmp_path / "run"
+    done = launch(program_job(tmp_path, "raise+busy", target=0, at=5, num_processes=2),
+                  "--run-dir", str(run_dir), timeout_s=180)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert re.search(r"attempt 0 failed: process_id 0 on localhost exited with code 1: a Python "
+                     r"error in the job.* \[program error\]; not retried: "
+                     r"restarts\.program_errors is 0", out), out
+    assert "RuntimeError: injected failure at step 5" in out
+    assert "attempt 1" not in out and not (run_dir / "logs" / "attempt-1").exists()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["failures"] == {"program error": 1}, record
+    assert not run_pids(str(run_dir))
+
+
 def test_program_killed_at_step_k_fails_fast_with_its_root_cause(tmp_path):
     run_dir = tmp_path / "run"
     done = launch(program_job(tmp_path, "kill9", target=2, at=5), "--run-dir", str(run_dir),
-                  timeout_s=120)
+                  *NO_RESTARTS, timeout_s=120)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert _failed(out).startswith("FAILED: process_id 2 on localhost (killed by SIGKILL) "), out

@@ -46,9 +46,13 @@ def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_
     assert_same_params(params(run_dir), uninterrupted)
     # every attempt in the console ...
     assert "podlaunch: attempt 0: starting 2 processes" in out
-    assert re.search(r"attempt 0 failed: process_id 1 on localhost was killed by SIGKILL \(a preemption "
-                     r"or a signal\); restarting from the latest checkpoint in 0\.2 s \(restart 1 of 1\)", out), out
-    assert "podlaunch: attempt 1 (restart 1 of 1): starting 2 processes" in out
+    # a SIGKILL is an infrastructure fault: the first one restarts at once, not after backoff_s
+    assert re.search(r"attempt 0 failed: process_id 1 on localhost was killed by SIGKILL \(no notice: "
+                     r"the OOM killer, a preemption without one, or a crash\) \[infrastructure\]; "
+                     r"restarting from the latest checkpoint in 0 s \(infrastructure restart 1 of 10; "
+                     r"restart 1 of 1 in all\)", out), out
+    assert ("podlaunch: attempt 1 (infrastructure restart 1 of 10; restart 1 of 1 in all): "
+            "starting 2 processes") in out
     assert re.search(r"^\[p0\] resumed from the checkpoint of step 15 \(attempt 1\)$", out, re.M), out
     # the default view: process 1's progress lines are in its log only
     assert not re.search(r"^\[p1\] step \d+/", out, re.M), out
@@ -69,7 +73,8 @@ def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_
     assert "step 40/40" in second and "step 10/40" not in second and "heartbeat" not in second
     # ... and in the final summary
     summary = out[out.index("attempts: 2 (1 restart)"):]
-    assert "killed by SIGKILL (a preemption or a signal); retried after 0.2 s" in summary
+    assert "killed by SIGKILL (no notice: the OOM killer, a preemption without one, or a crash) " \
+        "[infrastructure]; retried after 0 s" in summary
     # each attempt's compilation, from every process's cache line: attempt 1 found entries
     compiled = re.findall(r"^ +compilation: first step up to \d+\.\d{3} s \(p[01]\); cache (\d+) "
                           r"hits?, (\d+) miss(?:es)? over 2 processes$", summary, re.M)
@@ -165,12 +170,13 @@ def test_resume_with_every_checkpoint_corrupt_fails_and_touches_nothing(tmp_path
 
 def test_a_python_error_is_not_retried_and_says_so(tmp_path):
     run_dir = tmp_path / "run"
-    result = launch("jobs/linear.yaml", *COMMON, *fault("raise", 7), "--set", "restarts.max_restarts=3",
-                    "--run-dir", str(run_dir))
+    # the default budgets: a program error is not retried, whatever the other classes allow
+    result = launch("jobs/linear.yaml", *COMMON, *fault("raise", 7), "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 1, out[-3000:]
-    assert ("attempt 0 failed: process_id 1 on localhost exited with code 1: a Python error in the job, "
-            "not retried (restarts.retry_exit_codes: 143, 137; add 1 to retry it)") in out
+    assert ("attempt 0 failed: process_id 1 on localhost exited with code 1: a Python error in the job "
+            "[program error]; not retried: restarts.program_errors is 0 (set it to retry program "
+            "errors)") in out, out[-3000:]
     assert "RuntimeError: injected failure at step 7" in out
     assert "attempt 1" not in out and not (run_dir / "logs" / "attempt-1").exists()
 
@@ -220,6 +226,34 @@ def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, k
     assert not pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir))
 
 
+@pytest.mark.parametrize("mode, failure_class, budget", [("sigkill", "infrastructure", "infrastructure"),
+                                                         ("sigterm", "preemption", "preemptions")])
+def test_a_signal_death_is_retried_by_default_under_its_own_budget_until_it_is_spent(
+        tmp_path, mode, failure_class, budget):
+    """A fault on every attempt (faulty_task:make): SIGKILL is an infrastructure fault,
+    SIGTERM (exit 143) a preemption; each retried with no restarts.max_restarts, the first
+    at once and the second after backoff_s, until its class's budget of 2 is spent."""
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", *COMMON, "--set", "task.name=faulty_task:make",
+                    "--set", "task.args.crash_at_step=3", "--set", "task.args.crash_process_id=1",
+                    "--set", f"task.args.mode={mode}", "--set", f"restarts.{budget}=2",
+                    "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 1, out[-4000:] + result.stderr
+    failed = re.findall(r"^podlaunch: attempt (\d) .*failed: process_id 1 on localhost (.*) \[(.*)\]; "
+                        r"(.*)$", out, re.M)
+    assert [(n, c) for n, _, c, _ in failed] == [("0", failure_class), ("1", failure_class),
+                                                ("2", failure_class)], out[-4000:]
+    assert failed[0][3] == (f"restarting from the latest checkpoint in 0 s ({failure_class} restart "
+                            "1 of 2)")  # at once: the first of its class
+    assert failed[1][3] == (f"restarting from the latest checkpoint in 0.2 s ({failure_class} "
+                            "restart 2 of 2)")  # the class repeats: backoff_s
+    assert failed[2][3] == f"not retrying: restarts.{budget} is 2 and 2 used"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["failures"] == {failure_class: 3} and record["last_failure"]["attempt"] == 2
+    assert record["last_failure"]["class"] == failure_class and record["attempts"] == 3
+
+
 # ---- over the real sshd hosts ----------------------------------------------------
 def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, two_ssh_hosts, uninterrupted):
     run_dir = tmp_path / "run"
@@ -228,9 +262,10 @@ def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, two_ssh_hos
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr
     # process 0 may report its peer's reset first (a cascade); the SIGKILL is the cause either way
-    assert re.search(r"attempt 0 failed: process_id 1 on 127\.0\.0\.3 was killed by SIGKILL \(a preemption "
-                     r"or a signal\)(, while process_id 0 \(exit code 1\) was reported first)?; restarting", out), \
-        out[-4000:]
+    assert re.search(r"attempt 0 failed: process_id 1 on 127\.0\.0\.3 was killed by SIGKILL \(no notice: "
+                     r"the OOM killer, a preemption without one, or a crash\)(; process_id 0 \(exit code "
+                     r"1\) was reported first, but its last lines say it stopped because another process "
+                     r"did)? \[infrastructure\]; restarting", out), out[-4000:]
     assert out.count("preflight ok on 2 hosts") == 2  # the restart preflights again
     ports = re.findall(r"coordinator 127\.0\.0\.2:(\d+)", out)
     # each attempt gets a fresh coordinator port: the old one may still be held by a dying

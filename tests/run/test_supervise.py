@@ -20,7 +20,9 @@ import pytest
 
 from harness.fakes import FakeClock, FakeSession, FakeWorker, process_plan
 from launcher.console import lines
-from launcher.run import restarts
+from launcher import spec as specs
+from launcher.run import classes, restarts
+from launcher.run.classes import FailureClass
 from launcher.run import supervise as supervision
 from launcher.console import Console
 from launcher.state import Exited, Killed, Stalled, State, Watchdog
@@ -144,8 +146,9 @@ def test_the_root_cause_is_the_earliest_end_its_host_reported_not_the_first_noti
     assert result.first_failure is result.processes[1]
     assert run.said[0] == "p1 failed (killed by SIGKILL); stopping the other 0 processes"
     assert summary(result).startswith("FAILED: process_id 1 on localhost (killed by SIGKILL)")
-    # the cascade's exit 1 was reported first, yet the attempt is retryable because of p1
-    assert restarts.classify(result, types.SimpleNamespace(retry_exit_codes=()))[0]
+    # the cascade's exit 1 was reported first, yet the attempt's class is p1's SIGKILL
+    verdict = classes.classify(result)
+    assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 1
 
 
 def test_a_process_that_lost_a_peer_is_a_consequence_even_when_its_time_is_earlier(tmp_path):
@@ -239,8 +242,9 @@ def test_the_stall_watchdog_names_a_stopped_worker_over_its_blocked_peers(tmp_pa
     [kill] = stopped.called("kill")
     assert peer.called("kill") == [kill] and 6.0 < kill <= 6.0 + 2 * POLL_S
     assert peer.called("terminate") == stopped.called("terminate") == []
-    retry, why = restarts.classify(result, types.SimpleNamespace(retry_exit_codes=()))
-    assert retry and why.startswith("process_id 1 on localhost stalled (no step progress for ")
+    verdict = classes.classify(result)
+    assert verdict.failure_class is FailureClass.STALL
+    assert verdict.why.startswith("process_id 1 on localhost stalled (no step progress for ")
 
 
 def test_a_stopped_worker_that_resumes_before_its_own_limit_is_no_stall(tmp_path):
@@ -291,8 +295,9 @@ def test_an_early_exit_0_while_peers_run_is_the_first_failure_not_a_success(tmp_
     assert str(result.processes[1].exit) == ("exit code 0 before its last step (last logged step 10 "
                                              "of 100; it never said done)")
     assert summary(result).startswith("FAILED: process_id 1 on localhost (exit code 0 before its last")
-    retry, why = restarts.classify(result, types.SimpleNamespace(retry_exit_codes=(137, 143)))
-    assert not retry and "exited with code 0 before its last step" in why
+    verdict = classes.classify(result)
+    assert verdict.failure_class is FailureClass.PROGRAM
+    assert "exited with code 0 before its last step" in verdict.why
 
 
 def test_ctrl_c_stops_every_worker_and_exits_130(tmp_path):
@@ -326,12 +331,11 @@ def test_a_second_interrupt_during_teardown_kills_at_once(tmp_path):
 
 
 # ---- restarts.run with a fake session ---------------------------------------------------
-def _job(max_restarts: int, backoff_s: float = 1.5, retry_exit_codes=(143, 137)):
+def _job(backoff_s: float = 1.5, **budgets):
     return types.SimpleNamespace(
         name="fake", num_processes=2, is_program=False,
         train=types.SimpleNamespace(compilation_cache=True),
-        restarts=types.SimpleNamespace(max_restarts=max_restarts, backoff_s=backoff_s,
-                                       retry_exit_codes=retry_exit_codes),
+        restarts=specs.RestartSpec(backoff_s=backoff_s, **budgets),
         watchdog=types.SimpleNamespace(stall_timeout_s=None, first_step_timeout_s=None),
         cluster=types.SimpleNamespace(grace_s=1.0))
 
@@ -381,35 +385,45 @@ def test_a_signal_death_is_retried_from_a_fresh_plan_after_end_attempt(tmp_path,
     result, attempts = r.run()
     assert result.exit_code == 0
     assert r.events() == ["plan(restart=False)", "start", "end_attempt", "plan(restart=True)", "start"]
-    assert r.waits == [1.5]
+    assert r.waits == [0.0]  # the first infrastructure fault restarts at once
     assert [a.number for a in attempts] == [0, 1]
     assert attempts[0].verdict.startswith("failed: process_id 0 on localhost was killed by SIGKILL")
-    assert attempts[0].verdict.endswith("retried after 1.5 s") and attempts[1].verdict == "succeeded"
+    assert attempts[0].failure.failure_class is FailureClass.INFRASTRUCTURE
+    assert attempts[0].verdict.endswith("[infrastructure]; retried after 0 s")
+    assert attempts[1].verdict == "succeeded"
     first_plan, second_plan = (e[1] for e in r.session.events if e[0] == "start")
     assert first_plan.processes[0].env[contract.RESUME] == "0"
     assert second_plan.processes[0].env[contract.RESUME] == "1"  # the restart restores the checkpoint
     assert second_plan.processes[1].log_path == os.path.join(str(tmp_path), "logs", "attempt-1",
                                                              "process-001.log")
     assert os.path.isfile(second_plan.processes[1].log_path)
-    assert "attempt 1 (restart 1 of 1): starting 2 fake processes" in r.out.getvalue()
+    assert ("attempt 1 (infrastructure restart 1 of 10; restart 1 of 1 in all): starting 2 fake "
+            "processes") in r.out.getvalue()
 
 
-def test_exit_1_is_not_retried(tmp_path, monkeypatch):
-    r = Restarts(tmp_path, monkeypatch, _job(max_restarts=3), (Exited(1), None))
+def test_by_default_a_sigkill_is_retried_and_a_python_error_is_not(tmp_path, monkeypatch):
+    r = Restarts(tmp_path, monkeypatch, _job(), (KILLED, None), (OK, OK))
+    result, attempts = r.run()
+    assert result.exit_code == 0 and len(attempts) == 2 and r.waits == [0.0]
+    assert "attempt 1 (infrastructure restart 1 of 10): starting" in r.out.getvalue()
+    r = Restarts(tmp_path, monkeypatch, _job(), (Exited(1), None))
     result, attempts = r.run()
     assert result.exit_code == 1 and len(attempts) == 1 and r.waits == []
     assert r.events() == ["plan(restart=False)", "start"]
-    assert "a Python error in the job, not retried" in attempts[0].verdict
+    assert attempts[0].failure.failure_class is FailureClass.PROGRAM
+    assert attempts[0].verdict.endswith("a Python error in the job [program error]; not retried: "
+                                        "restarts.program_errors is 0 (set it to retry program "
+                                        "errors)"), attempts[0].verdict
 
 
 def test_max_restarts_bounds_the_attempts_and_the_backoff_doubles(tmp_path, monkeypatch):
     r = Restarts(tmp_path, monkeypatch, _job(max_restarts=2, backoff_s=1.5), *[(KILLED, OK)] * 3)
     result, attempts = r.run()
     assert result.exit_code == 1 and [a.number for a in attempts] == [0, 1, 2]
-    assert r.waits == [1.5, 3.0]
+    assert r.waits == [0.0, 1.5]  # at once, then the backoff as the class repeats
     assert r.events() == ["plan(restart=False)", "start", "end_attempt", "plan(restart=True)", "start",
                           "end_attempt", "plan(restart=True)", "start"]
-    assert attempts[-1].verdict.endswith("; no restarts left")
+    assert attempts[-1].verdict.endswith("; not retrying: restarts.max_restarts is 2 and 2 used")
     assert "not retrying: restarts.max_restarts is 2 and 2 used" in r.out.getvalue()
     assert "attempts: 3 (2 restarts)" in restarts.attempts_table(attempts)
 
@@ -423,7 +437,7 @@ def test_an_exit_code_listed_for_retry_is_retried(tmp_path, monkeypatch):
 
 
 def test_ctrl_c_during_the_backoff_ends_the_run_as_interrupted(tmp_path, monkeypatch):
-    r = Restarts(tmp_path, monkeypatch, _job(max_restarts=2), (KILLED, None), (OK, OK))
+    r = Restarts(tmp_path, monkeypatch, _job(program_errors=2), (Exited(1), None), (OK, OK))
     result, attempts = r.run(interrupt_backoff=True)
     assert result.exit_code == 130 and len(attempts) == 1
     assert attempts[0].verdict.endswith("retried after 1.5 s; interrupted while waiting")

@@ -14,7 +14,6 @@ from launcher.run import restarts
 from launcher import spec as specs
 from launcher.errors import SpecError
 from launcher.plan import log_path
-from launcher.state import Exit, Exited, Final, Killed, Lost, Result, Stalled, State, Tracked
 from worker import checkpoint, contract
 
 TEMPLATE = [np.zeros((4, 1), np.float32), np.zeros((1,), np.float32), np.zeros((), np.int32)]
@@ -197,55 +196,6 @@ def test_a_checkpoint_of_another_data_order_is_an_error(tmp_path):
 
 
 # ---- the restart policy (launcher side, no processes) -------------------------
-class _Plan:
-    process_id, host, label, log_path = 2, "h2", "p2 h2", "/x"
-
-
-def failed(ended: Exit) -> Result:
-    t = Tracked(worker=type("W", (), {"plan": _Plan()})(), state=State.FAILED, exit=ended)
-    return Result([t], t, False, 1.0)
-
-
-POLICY = specs.RestartSpec(max_restarts=2, backoff_s=1.5)
-
-
-@pytest.mark.parametrize("ended,retry,words", [
-    (Killed(9), True, "killed by SIGKILL (a preemption or a signal)"),
-    (Exited(143), True, "exited with code 143 (in restarts.retry_exit_codes)"),
-    (Stalled("no step progress for 3.0 s"), True, "stalled (no step progress"),
-    (Lost("no answer for 4 s"), True, "was lost"),
-    (Exited(1), False, "a Python error in the job, not retried (restarts.retry_exit_codes: 143, 137; add 1"),
-    (Exited(contract.EXIT_MISMATCH), False, "a configuration problem"),
-    (Exited(7), False, "code 7, not in restarts.retry_exit_codes (143, 137)"),
-    (Final("Slurm job 4 reached its time limit"), False,
-     "ended: Slurm job 4 reached its time limit; a restart would end the same way"),
-])
-def test_classify(ended, retry, words):
-    retryable, why = restarts.classify(failed(ended), POLICY)
-    assert retryable is retry and words in why and why.startswith("process_id 2 on h2")
-
-
-def test_a_cascade_reported_before_its_signal_death_is_still_retried():
-    result = failed(Exited(1))  # a peer's "connection reset" arrived first
-    killed = Tracked(worker=type("W", (), {"plan": type("P", (), {
-        "process_id": 1, "host": "h1", "label": "p1 h1", "log_path": "/y"})()})(),
-        state=State.FAILED, exit=Killed(9))
-    stopped = Tracked(worker=killed.worker, state=State.STOPPED, exit=Killed(15))
-    retryable, why = restarts.classify(Result([result.processes[0], killed], result.first_failure, False, 1.0),
-                                       POLICY)
-    assert retryable and why.startswith("process_id 1 on h1 was killed by SIGKILL")
-    assert "while process_id 2 (exit code 1) was reported first" in why
-    # processes the launcher stopped itself do not count
-    assert not restarts.classify(Result([result.processes[0], stopped], result.first_failure, False, 1.0),
-                                 POLICY)[0]
-
-
-def test_exit_1_is_retried_when_listed_and_backoff_doubles():
-    policy = specs.RestartSpec(retry_exit_codes=(1,), backoff_s=1.5)
-    assert restarts.classify(failed(Exited(1)), policy)[0]
-    assert [restarts.backoff_s(policy, n) for n in (1, 2, 3)] == [1.5, 3.0, 6.0]
-
-
 # starts only the launcher, which refuses before anything runs (not slow)
 def test_resume_refuses_what_is_not_a_run_of_this_job(tmp_path):
     result = launch("jobs/linear.yaml", "--resume", str(tmp_path))

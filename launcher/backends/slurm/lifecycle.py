@@ -19,7 +19,7 @@ from typing import Callable
 
 from launcher.backends.slurm.commands import RESUBMIT, WAIT
 from launcher.errors import LaunchError
-from launcher.state import Exit, Final, Lost
+from launcher.state import Exit, Final, Lost, Preempted
 
 
 class Phase(enum.Enum):
@@ -100,7 +100,7 @@ class JobLifecycle:
 
     def judge(self, job_id: str, ended: Exit, resume_hint: str, limit_s: float = 30.0) -> Exit:
         """A failed step read against its job: a time limit is ``Final``, a job being
-        preempted or gone is ``Lost``; else the step's own end. A job Slurm is ending is
+        preempted (or PREEMPTED) is ``Preempted``, one otherwise gone is ``Lost``; else the step's own end. A job Slurm is ending is
         waited out (``limit_s``) for its state; a read that fails leaves ``ended`` as it is."""
         deadline = self.clock() + limit_s
         try:
@@ -115,8 +115,11 @@ class JobLifecycle:
             return Final(f"Slurm job {job_id} reached its time limit (TIMEOUT; task {ended}): "
                          f"raise cluster.time_limit and continue with --resume {resume_hint}")
         if now is not Phase.RUNNING:
-            what = "being preempted" if now is Phase.SETTLING and preempting(record) else state_text(record)
-            return Lost(f"Slurm job {job_id} is {what}; task {ended}")
+            state = state_text(record)
+            if preempting(record) or "PREEMPTED" in state:  # requeued after a preemption too
+                what = "being preempted" if now is Phase.SETTLING else state
+                return Preempted(f"Slurm job {job_id} is {what}; task {ended}")
+            return Lost(f"Slurm job {job_id} is {state}; task {ended}")
         return ended
 
     def gone(self, job_id: str, timeout_s: float) -> bool:

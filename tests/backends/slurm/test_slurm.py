@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from harness import sshenv
-from harness.helpers import (LAUNCH, REPO, Output, env_for_tests, launch, pids_with_env, program_job, run_pids,
+from harness.helpers import (LAUNCH, NO_RESTARTS, REPO, Output, env_for_tests, launch, pids_with_env, program_job, run_pids,
                      sighup_default, wait_gone)
 from harness.slurmenv import SlurmTestEnv
 
@@ -30,7 +30,7 @@ if os.environ.get("PODLAUNCH_SKIP_SLURM") == "1":
 SHORT = ("--set", "train.num_steps=30", "--set", "train.global_batch_size=255",
          "--set", "logging.tensorboard=false")
 LONG = ("--set", "train.num_steps=1000000", "--set", "train.global_batch_size=255",
-        "--set", "logging.log_every_steps=20", "--set", "logging.tensorboard=false")
+        "--set", "logging.log_every_steps=20", "--set", "logging.tensorboard=false", *NO_RESTARTS)
 
 
 @pytest.fixture
@@ -398,7 +398,9 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_params(slu
     out = "".join(lines)
     assert proc.returncode == 0, out
     assert re.search(r"is being preempted|is (REQUEUED|PENDING|PREEMPTED)", out), out
-    assert "restarting from the latest checkpoint" in out, out
+    assert re.search(r"attempt 0 failed: process_id \d on n\d was preempted \(Slurm job \d+ is being "
+                     r"preempted.*\[preemption\]; restarting from the latest checkpoint in 0 s "
+                     r"\(preemption restart 1 of 100; restart 1 of 2 in all\)", out), out
     assert re.search(r"^\[p0 n1\] resumed from the checkpoint of step \d+", out, re.M), out
     assert_uninterrupted_params(run_dir, tmp_path / "local")
     assert urgent and not run_pids(str(run_dir))
@@ -427,6 +429,7 @@ def test_a_job_preempted_under_preempt_mode_cancel_is_resubmitted_and_resumes(sl
         "sbatch", "--parsable", "-o", "/dev/null", "-p", "urgent", "-N3", "--exclusive",
         "--wrap", "sleep 1"))
     assert f"Slurm job {first} is PREEMPTED: submitting it again" in out, out
+    assert re.search(r"attempt 0 failed: .* \[preemption\]; restarting", out), out
     assert len(re.findall(r"submitted Slurm job \d+", out)) == 2, out
     assert_uninterrupted_params(run_dir, tmp_path / "local")
     assert not run_pids(str(run_dir))
@@ -441,7 +444,7 @@ def test_a_node_failure_is_resubmitted_and_resumes_from_the_checkpoint(slurm, cl
     finally:
         slurm.wait_idle(60)  # ReturnToService=2: n2's slurmd registers again and it is idle
     assert f"Slurm job {first} is NODE_FAIL: submitting it again" in out, out
-    assert re.search(r"was lost \(Slurm job \d+ is NODE_FAIL", out), out
+    assert re.search(r"was lost \(Slurm job \d+ is NODE_FAIL.*\[infrastructure\]", out), out
     assert_uninterrupted_params(run_dir, tmp_path / "local")
     assert not run_pids(str(run_dir))
 

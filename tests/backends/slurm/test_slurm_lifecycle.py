@@ -9,7 +9,7 @@ from harness.fakes import FakeClock
 from launcher.backends.slurm import lifecycle
 from launcher.backends.slurm.lifecycle import JobLifecycle, Phase
 from launcher.errors import LaunchError
-from launcher.state import Exited, Final, Killed, Lost
+from launcher.state import Exited, Final, Killed, Lost, Preempted
 
 
 def job(state: str, **fields) -> dict:
@@ -74,7 +74,9 @@ def test_a_preemption_settles_before_its_outcome_is_read():
     ([(0, job("RUNNING"))], Exited(1), Exited, "exit code 1"),
     ([(0, job("TIMEOUT"))], Killed(15), Final, "Slurm job 7 reached its time limit (TIMEOUT; task "
                                                "killed by SIGTERM): raise cluster.time_limit"),
-    ([(0, job("RUNNING", PreemptTime="t"))], Killed(9), Lost, "Slurm job 7 is being preempted"),
+    ([(0, job("RUNNING", PreemptTime="t"))], Killed(9), Preempted, "Slurm job 7 is being preempted"),
+    ([(0, job("PREEMPTED"))], Killed(15), Preempted, "Slurm job 7 is PREEMPTED"),
+    ([(0, job("PENDING", PreemptTime="t"))], Exited(143), Preempted, "Slurm job 7 is PENDING"),
     ([(0, job("COMPLETING")), (10, job("NODE_FAIL"))], Exited(0), Lost, "Slurm job 7 is NODE_FAIL"),
     ([], Exited(1), Lost, "Slurm job 7 is GONE"),
 ])

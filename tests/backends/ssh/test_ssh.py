@@ -23,7 +23,7 @@ import yaml
 
 from harness import helpers
 from harness import sshenv
-from harness.helpers import REPO, PROGRAMS, Output, launch, pids_with_env, program_job, start_launch
+from harness.helpers import NO_RESTARTS, REPO, PROGRAMS, Output, launch, pids_with_env, program_job, start_launch
 from launcher import plan as planning
 from launcher import spec as specs
 from launcher.backends.ssh import session as ssh_session
@@ -37,7 +37,7 @@ SHORT = ("--set", "train.num_steps=20", "--set", "cluster.devices_per_process=1"
 # Quiet on purpose: an orphaned remote worker dies of a broken pipe at its next output
 # line (progress, heartbeat, checkpoint message), which the survivor test must avoid.
 LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=100000",
-        "--set", "watchdog.stall_timeout_s=null", "--set", "checkpoint.every_steps=0")
+        "--set", "watchdog.stall_timeout_s=null", "--set", "checkpoint.every_steps=0", *NO_RESTARTS)
 
 
 @pytest.fixture
@@ -402,15 +402,17 @@ def _faulty(kind, tmp_path, mode: str, helpers: bool = False) -> tuple:
     """200 steps, each logged, where process 2 fails at step 5 (``mode``: the trainer's
     faulty_task mode; a program job runs faulty_program from its own directory, synced to
     every host), every process starting two ``sleep 1234`` helpers with ``helpers``.
-    Returns (launch arguments, the job's name)."""
+    Returns (launch arguments, the job's name); every mode but ``raise`` (a program error, not
+    retried by default) with NO_RESTARTS."""
+    once = () if mode == "raise" else NO_RESTARTS
     if kind == "program":
         program_mode = {"sigkill": "kill9"}.get(mode, mode) + ("+helpers" if helpers else "")
         return (program_job(tmp_path / "program", program_mode, target=2, at=5, steps=200,
-                            log_every=1, num_processes=NUM_HOSTS),), "faulty"
+                            log_every=1, num_processes=NUM_HOSTS), *once), "faulty"
     return ("jobs/linear.yaml", "--set", "train.num_steps=200", "--set", "logging.log_every_steps=1",
             "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=5",
             "--set", "task.args.crash_process_id=2", "--set", f"task.args.mode={mode}",
-            "--set", f"task.args.helpers={str(helpers).lower()}"), "linear"
+            "--set", f"task.args.helpers={str(helpers).lower()}", *once), "linear"
 
 
 @pytest.mark.slow
@@ -422,6 +424,9 @@ def test_worker_sigkilled_at_step_k_stops_every_host(tmp_path, hosts, kind):
     assert result.returncode == 1, result.stdout + result.stderr
     assert re.search(r"^FAILED: process_id 2 on 127\.0\.0\.4 \(killed by SIGKILL\) after step [45], its last "
                      r"logged step; it failed first\.", result.stdout, re.M), result.stdout
+    assert re.search(r"attempt 0 failed: process_id 2 on 127\.0\.0\.4 was killed by SIGKILL \(no notice"
+                     r".*\[infrastructure\]; not retrying: restarts\.max_restarts is 0 and 0 used",
+                     result.stdout), result.stdout
     assert not survivors(tmp_path, run_dir, job=name)
 
 
@@ -437,6 +442,11 @@ def test_helpers_that_left_the_workers_group_die_on_every_host(tmp_path, hosts, 
     assert result.returncode == 1, result.stdout + result.stderr
     assert re.search(r"^FAILED: process_id 2 on 127\.0\.0\.4 \(exit code 1\) at step 5", result.stdout,
                      re.M), result.stdout
+    # the default budgets over ssh: a program error is named as one and not retried
+    assert re.search(r"attempt 0 failed: process_id 2 on 127\.0\.0\.4 exited with code 1: a Python error "
+                     r"in the job \[program error\]; not retried: restarts\.program_errors is 0",
+                     result.stdout), result.stdout
+    assert "attempt 1" not in result.stdout
     started = rf"^\[p\d 127\.0\.0\.\d\] faulty_{kind.replace('trainer', 'task')}: started 2 helpers"
     assert len(re.findall(started, result.stdout, re.M)) == NUM_HOSTS, result.stdout
     assert not survivors(tmp_path, run_dir, job=name)  # helpers inherit PODLAUNCH_RUN_DIR: counted too

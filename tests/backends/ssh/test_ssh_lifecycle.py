@@ -24,7 +24,7 @@ import yaml
 from harness import netns
 from harness import sshenv
 from launcher import proctl
-from harness.helpers import REPO, PROGRAMS, launch, pids_with_env
+from harness.helpers import NO_RESTARTS, REPO, PROGRAMS, launch, pids_with_env
 
 SMALL = ("--set", "cluster.devices_per_process=1", "--set", "train.global_batch_size=24",
          "--set", "data.num_examples=24")
@@ -228,7 +228,7 @@ def test_a_crash_under_max_sessions_stops_every_process(tmp_path, hosts):
                                                                   processes_per_host=3),
                     *SMALL, "--set", "train.num_steps=100000", "--set", "logging.log_every_steps=1",
                     "--set", "checkpoint.every_steps=0", "--set", "task.name=faulty_task:make",
-                    "--set", "task.args.mode=sigkill", "--set", "task.args.crash_at_step=3",
+                    "--set", "task.args.mode=sigkill", "--set", "task.args.crash_at_step=3", *NO_RESTARTS,
                     "--set", "task.args.crash_process_id=4", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 1, out + result.stderr

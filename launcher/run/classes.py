@@ -1,0 +1,168 @@
+"""Failure classes: what kind of fault ended an attempt, told from its cause, not its consequences.
+
+Every failed attempt gets one class, and each class has its own restart budget in the
+spec's ``restarts`` section (``Budgets``), after the field's practice: Marin's orchestrator
+retries preemptions and not program failures by default, SkyPilot counts restarts for
+listed exit codes apart from ``max_restarts_on_errors``, xpk restarts on system failures
+by default and not on user errors (xpk PR #308).
+
+* ``PROGRAM``: an error of the job itself, which a restart repeats: a Python error
+  (exit 1), any exit code not listed in ``restarts.retry_exit_codes``, an exit 0 before the
+  last step, JAX disagreeing with the plan, a join that never happens.
+* ``INFRASTRUCTURE``: the machine, not the job: a death by a signal with no notice
+  (SIGKILL, the kernel's OOM killer, SIGSEGV), a lost host or connection, a node failure,
+  and the exit codes in ``restarts.retry_exit_codes`` (137: SIGKILL as a shell reports it).
+* ``PREEMPTION``: a notice came first: SIGTERM from the system (exit 143 as a shell
+  reports it), a Slurm job being preempted or requeued (``Preempted``).
+* ``STALL``: the watchdog's verdict (alive, no progress).
+* ``FINAL``: the scheduler ended it as a restart would end again (a time limit); never
+  retried. Bad input never starts, so it has no class here (exit 2 before any attempt).
+
+The cause: a process whose last lines say it stopped because *another* did (gloo's
+"Connection closed by peer", the coordination service's "Socket closed" and its abort,
+``launcher.console.explain.follows_from_another``) is a consequence. The attempt's class
+is its first failure's, unless that failure is a consequence and another process that
+failed by itself is not: a Python error in process 0 makes JAX's coordination client
+abort process 1 (SIGABRT), and process 1's SIGKILL makes process 0 exit 1 with a gloo
+error, in whichever order the ends arrive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import signal
+
+from launcher.console import explain
+from launcher.state import (EndedEarly, Exit, Exited, Final, Killed, Lost, Preempted, Result,
+                            Stalled, State, Tracked)
+from worker import contract
+
+
+class FailureClass(enum.Enum):
+    PROGRAM = "program error"
+    INFRASTRUCTURE = "infrastructure"
+    PREEMPTION = "preemption"
+    STALL = "stall"
+    FINAL = "final"
+
+    @property
+    def budget_key(self) -> str | None:
+        """The ``restarts`` key that holds this class's budget (None: never retried)."""
+        return _BUDGET_KEYS.get(self)
+
+
+_BUDGET_KEYS = {FailureClass.PROGRAM: "program_errors",
+                FailureClass.INFRASTRUCTURE: "infrastructure",
+                FailureClass.PREEMPTION: "preemptions",
+                FailureClass.STALL: "stalls"}
+
+# Exit codes a shell (ssh's remote shell, srun) reports for a death by a signal: 128 + N
+_SHELL_SIGTERM = 128 + signal.SIGTERM
+_SHELL_SIGKILL = 128 + signal.SIGKILL
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """An attempt's failure: its class, the process it is read from, and why, in words.
+
+    Attributes:
+      failure_class: the cause's class.
+      process_id: the process whose end gave the class.
+      why: what happened, for the console, the summary and run.json.
+    """
+
+    failure_class: FailureClass
+    process_id: int
+    why: str
+
+
+def classify(result: Result, retry_exit_codes: tuple = ()) -> Verdict:
+    """The class of a failed, not interrupted, attempt (see the module's docstring).
+
+    Args:
+      result: supervise's Result of the attempt.
+      retry_exit_codes: ``restarts.retry_exit_codes``: exit codes counted as infrastructure.
+
+    Returns:
+      the Verdict of the cause.
+    """
+    first = result.first_failure
+    if first is None or first.exit is None:
+        return Verdict(FailureClass.PROGRAM, -1, "no process failed, yet not every process "
+                       "succeeded")
+    cause = first
+    if follows_from_another(first):
+        for t in result.processes:
+            if t is not first and t.state is State.FAILED and t.exit is not None \
+                    and not follows_from_another(t):
+                cause = t
+                break
+    verdict = classify_one(cause, retry_exit_codes)
+    if cause is not first:
+        why = (f"{verdict.why}; process_id {first.plan.process_id} ({first.exit}) was reported "
+               "first, but its last lines say it stopped because another process did")
+        return dataclasses.replace(verdict, why=why)
+    return verdict
+
+
+def follows_from_another(t: Tracked) -> bool:
+    """Whether ``t``'s end is a consequence of another process's (its last lines say so)."""
+    return explain.follows_from_another(t.tail)
+
+
+def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
+    """The class of one process's end, read from the end alone."""
+    ended, pid = t.exit, t.plan.process_id
+    where = f"process_id {pid} on {t.plan.host}"
+    if t.failed_to_join:
+        try:
+            host = contract.split_host_port(t.joining)
+        except ValueError:
+            host = (t.joining, "?")
+        return Verdict(FailureClass.PROGRAM, pid, (
+            f"{where} could not join the coordinator at {t.joining} ({ended}) within "
+            "distributed.initialization_timeout_s: a configuration or network problem that a "
+            f"restart does not fix; check that every host can reach {host[0]} on TCP port "
+            f"{host[-1]} (firewalls, security groups), that host 0 started (its log), and that "
+            "no proxy is forced on the workers (podlaunch adds the coordinator to no_proxy; a "
+            "setup line that resets it undoes that)"))
+    failure_class, what = _class_of(ended, retry_exit_codes)
+    return Verdict(failure_class, pid, f"{where} {what}")
+
+
+def _class_of(ended: Exit, retry_exit_codes: tuple) -> tuple:
+    """(class, what happened in words) of an end; ``where`` is put in front by Verdict."""
+    match ended:
+        case Final(why=why):
+            return FailureClass.FINAL, f"ended: {why}"
+        case Stalled(what=what):
+            return FailureClass.STALL, f"stalled ({what})"
+        case Preempted(why=why):
+            return FailureClass.PREEMPTION, f"was preempted ({why})"
+        case Lost(why=why):
+            return FailureClass.INFRASTRUCTURE, f"was lost ({why})"
+        case Killed(signal=signal.SIGTERM):
+            return FailureClass.PREEMPTION, f"was {ended} (a notice: the system is stopping it)"
+        case Killed():
+            return FailureClass.INFRASTRUCTURE, f"was {ended} (no notice: the OOM killer, a " \
+                "preemption without one, or a crash)"
+        case EndedEarly(where=stopped):
+            return FailureClass.PROGRAM, (f"exited with code 0 {stopped}: the task or the worker "
+                                          "ended the process early (sys.exit(0)?), which a "
+                                          "restart would repeat")
+        case Exited(code=code) if code == _SHELL_SIGTERM:
+            return FailureClass.PREEMPTION, f"exited with code {code} (SIGTERM as a shell reports it)"
+        case Exited(code=code) if code == _SHELL_SIGKILL:
+            return FailureClass.INFRASTRUCTURE, f"exited with code {code} (SIGKILL as a shell reports it)"
+        case Exited(code=code) if code in retry_exit_codes:
+            return FailureClass.INFRASTRUCTURE, (f"exited with code {code} (in "
+                                                 "restarts.retry_exit_codes)")
+        case Exited(code=1):
+            return FailureClass.PROGRAM, "exited with code 1: a Python error in the job"
+        case Exited(code=contract.EXIT_MISMATCH):
+            return FailureClass.PROGRAM, (f"exited with code {contract.EXIT_MISMATCH}: JAX "
+                                          "disagrees with the plan (a configuration problem)")
+        case Exited(code=code):
+            return FailureClass.PROGRAM, f"exited with code {code}"
+    return FailureClass.PROGRAM, f"ended ({ended})"

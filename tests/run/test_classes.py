@@ -1,0 +1,147 @@
+"""Failure classes and their budgets (launcher.run.classes, launcher.run.restarts.Budgets),
+process-free: each end as a backend reports it, each cascade in either order of arrival."""
+
+from __future__ import annotations
+
+import collections
+import signal
+
+import pytest
+
+from launcher import spec as specs
+from launcher.run import classes, restarts
+from launcher.run.classes import FailureClass
+from launcher.state import (EndedEarly, Exited, Final, Killed, Lost, Preempted, Result, Stalled,
+                            State, Tracked)
+from worker import contract
+
+# The last lines each cascade leaves, as jax 0.9 prints them (seen in this project's runs)
+GLOO_RESET = ("jax.errors.JaxRuntimeError: FAILED_PRECONDITION: [Gloo] Connection closed by "
+              "peer [127.0.0.1]:8615")
+COORDINATION_ABORT = ("F1201 18:32:21.922875 client.h:80] Terminating process because the JAX "
+                      "distributed service detected fatal errors. absl::Status: UNAVAILABLE: "
+                      "Failed to send RPC to coordination service.")
+TASK_ERROR = "RuntimeError: faulty_task: injected failure at step 5"
+
+
+def tracked(process_id: int, ended, tail=(), state=State.FAILED) -> Tracked:
+    plan = type("P", (), {"process_id": process_id, "host": f"h{process_id}",
+                          "label": f"p{process_id} h{process_id}", "log_path": "/x"})()
+    t = Tracked(worker=type("W", (), {"plan": plan})(), state=state, exit=ended)
+    t.tail = collections.deque(tail)
+    return t
+
+
+def result(*processes: Tracked) -> Result:
+    return Result(list(processes), processes[0], False, 1.0)
+
+
+@pytest.mark.parametrize("ended, cls, words", [
+    (Killed(signal.SIGKILL), FailureClass.INFRASTRUCTURE, "was killed by SIGKILL (no notice"),
+    (Killed(signal.SIGSEGV), FailureClass.INFRASTRUCTURE, "was killed by SIGSEGV"),
+    (Killed(signal.SIGTERM), FailureClass.PREEMPTION, "was killed by SIGTERM (a notice"),
+    (Exited(143), FailureClass.PREEMPTION, "exited with code 143 (SIGTERM as a shell reports it)"),
+    (Exited(137), FailureClass.INFRASTRUCTURE, "exited with code 137 (SIGKILL as a shell"),
+    (Lost("no answer for 4 s"), FailureClass.INFRASTRUCTURE, "was lost (no answer for 4 s)"),
+    (Preempted("Slurm job 4 is being preempted; task exit code 143"), FailureClass.PREEMPTION,
+     "was preempted (Slurm job 4 is being preempted"),
+    (Stalled("no step progress for 3.0 s"), FailureClass.STALL, "stalled (no step progress"),
+    (Exited(1), FailureClass.PROGRAM, "exited with code 1: a Python error in the job"),
+    (Exited(7), FailureClass.PROGRAM, "exited with code 7"),
+    (Exited(contract.EXIT_MISMATCH), FailureClass.PROGRAM, "a configuration problem"),
+    (EndedEarly("after step 3 of 10"), FailureClass.PROGRAM, "exited with code 0 after step 3"),
+    (Final("Slurm job 4 reached its time limit"), FailureClass.FINAL,
+     "ended: Slurm job 4 reached its time limit"),
+])
+def test_each_end_has_its_class(ended, cls, words):
+    verdict = classes.classify(result(tracked(2, ended)))
+    assert verdict.failure_class is cls and verdict.process_id == 2
+    assert verdict.why.startswith("process_id 2 on h2 ") and words in verdict.why, verdict.why
+
+
+def test_listed_exit_codes_are_infrastructure_and_exit_1_is_a_program_error_unless_listed():
+    assert classes.classify(result(tracked(0, Exited(75))), (75,)).failure_class \
+        is FailureClass.INFRASTRUCTURE
+    assert classes.classify(result(tracked(0, Exited(1)))).failure_class is FailureClass.PROGRAM
+    assert classes.classify(result(tracked(0, Exited(1))), (1,)).failure_class \
+        is FailureClass.INFRASTRUCTURE
+
+
+def test_a_python_error_is_the_cause_of_the_coordination_abort_it_brings():
+    # process 0 raises; JAX's coordination client then aborts process 1 (SIGABRT), and the
+    # abort may be reported first: the class is the Python error's, in either order
+    error = tracked(0, Exited(1), [TASK_ERROR])
+    aborted = tracked(1, Killed(signal.SIGABRT), [COORDINATION_ABORT])
+    for first, other in ((aborted, error), (error, aborted)):
+        verdict = classes.classify(Result([first, other], first, False, 1.0))
+        assert verdict.failure_class is FailureClass.PROGRAM and verdict.process_id == 0, verdict
+    assert "process_id 1 (killed by SIGABRT) was reported first, but its last lines say it " \
+           "stopped because another process did" in classes.classify(
+               Result([aborted, error], aborted, False, 1.0)).why
+
+
+def test_an_error_of_its_own_stays_the_cause_when_the_coordination_shutdown_follows_it():
+    error = tracked(0, Exited(1), ["Traceback (most recent call last):", TASK_ERROR,
+                                   "E1201 coordination_service_agent.cc:286] Polled an error "
+                                   "from coordination service"])
+    aborted = tracked(1, Killed(signal.SIGABRT), [COORDINATION_ABORT])
+    verdict = classes.classify(Result([aborted, error], aborted, False, 1.0))
+    assert verdict.failure_class is FailureClass.PROGRAM and verdict.process_id == 0, verdict
+
+
+def test_a_sigkill_is_the_cause_of_the_gloo_error_its_peer_reports_first():
+    reset = tracked(0, Exited(1), [GLOO_RESET])  # arrived before the SIGKILL, over ssh
+    killed = tracked(1, Killed(signal.SIGKILL))
+    verdict = classes.classify(Result([reset, killed], reset, False, 1.0))
+    assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 1
+    # a process the launcher stopped itself is no cause
+    stopped = tracked(1, Killed(signal.SIGTERM), state=State.STOPPED)
+    verdict = classes.classify(Result([reset, stopped], reset, False, 1.0))
+    assert verdict.failure_class is FailureClass.PROGRAM and verdict.process_id == 0
+
+
+def test_budgets_are_per_class_with_defaults_a_long_run_survives_on():
+    policy = specs.RestartSpec()
+    assert (policy.program_errors, policy.infrastructure, policy.preemptions, policy.stalls,
+            policy.max_restarts) == (0, 10, 100, 3, None)
+    budgets = restarts.Budgets(policy)
+    assert budgets.refusal(FailureClass.PROGRAM) == (
+        "not retried: restarts.program_errors is 0 (set it to retry program errors)")
+    assert budgets.refusal(FailureClass.FINAL) == "a restart would end the same way"
+    for n in range(10):
+        assert budgets.refusal(FailureClass.INFRASTRUCTURE) is None
+        budgets.take(FailureClass.INFRASTRUCTURE)
+    assert budgets.refusal(FailureClass.INFRASTRUCTURE) == (
+        "not retrying: restarts.infrastructure is 10 and 10 used")
+    # another class's budget is untouched by the infrastructure restarts
+    assert budgets.refusal(FailureClass.PREEMPTION) is None
+    assert budgets.count_text(FailureClass.INFRASTRUCTURE) == "infrastructure restart 10 of 10"
+
+
+def test_max_restarts_caps_every_class_together():
+    budgets = restarts.Budgets(specs.RestartSpec(max_restarts=2))
+    budgets.take(FailureClass.PREEMPTION)
+    budgets.take(FailureClass.STALL)
+    assert budgets.count_text(FailureClass.STALL) == "stall restart 1 of 3; restart 2 of 2 in all"
+    assert budgets.refusal(FailureClass.INFRASTRUCTURE) == (
+        "not retrying: restarts.max_restarts is 2 and 2 used")
+
+
+def test_the_first_infrastructure_fault_or_preemption_restarts_at_once_and_backoff_grows_as_a_class_repeats():
+    budgets = restarts.Budgets(specs.RestartSpec(backoff_s=1.5, program_errors=5))
+    waits = [budgets.take(c) for c in (
+        FailureClass.INFRASTRUCTURE, FailureClass.INFRASTRUCTURE, FailureClass.INFRASTRUCTURE,
+        FailureClass.PREEMPTION, FailureClass.INFRASTRUCTURE,
+        FailureClass.PROGRAM, FailureClass.PROGRAM, FailureClass.STALL)]
+    assert waits == [0.0, 1.5, 3.0, 0.0, 0.0, 1.5, 3.0, 1.5]
+
+
+def test_a_bad_budget_is_a_spec_error_naming_its_key(tmp_path):
+    from launcher.errors import SpecError
+
+    with pytest.raises(SpecError) as refused:
+        specs.load("jobs/linear.yaml", overrides=("restarts.preemptions=-1",
+                                                  "restarts.program_error=1"))
+    text = str(refused.value)
+    assert "restarts.preemptions: expected 0 to 10000, got -1" in text
+    assert "restarts.program_error: unknown key; did you mean 'program_errors'?" in text
