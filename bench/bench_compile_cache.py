@@ -11,7 +11,7 @@ wrote under ``<run dir>/compilation-cache``) or false.
 
 Measured per side, from the launcher's own output read as it comes:
 ``restart to first step``, the seconds from the launcher's ``attempt 1
-(restart 1 of 1): starting`` line to process 0's first progress line of that
+(... restart 1 of 1 in all): starting`` line to process 0's first progress line of that
 attempt (``logging.log_every_steps: 1``), and, from every process's log of
 attempt 1, its ``compilation cache: H hits, M misses; first step ... S s``
 line: what JAX's cache really did, per process (JAX writes entries from
@@ -85,7 +85,7 @@ def deep_mlp(layers: int = 12, width: int = 32, crash_at_step: int = 0,
     return tasks.Task(init_params=init_params, loss_fn=loss_fn, on_step_end=on_step_end)
 
 
-RESTART = re.compile(r"^podlaunch: attempt 1 \(restart 1 of 1\): starting")
+RESTART = re.compile(r"^podlaunch: attempt 1 \(.*restart 1 of 1 in all\): starting")
 STEP = re.compile(r"^\[p0\] step \d+/\d+ loss")
 RUN_DIR = re.compile(r"^podlaunch: run directory (\S+)")
 

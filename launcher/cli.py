@@ -291,7 +291,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
                                             resume=bool(args.resume))
         except BaseException as exc:
             record.end("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
-                       made=restarts.next_attempt(run_dir))
+                       attempts=getattr(exc, "attempts", ()), made=restarts.next_attempt(run_dir))
             raise
         record.end({0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed"),
                    result, attempts)

@@ -78,6 +78,9 @@ class Preempted(Lost):
     """Lost after a notice: its scheduler preempted it (a Slurm job being preempted or
     requeued). A ``Lost`` everywhere else; ``launcher.run.classes`` counts it a preemption."""
 
+    def __str__(self) -> str:
+        return f"preempted: {self.why}"
+
 
 @dataclasses.dataclass(frozen=True)
 class Stalled(Exit):

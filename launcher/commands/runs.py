@@ -149,10 +149,10 @@ class Record:
         """
         data = self.data
         data["state"] = state
-        if attempts:
-            data["attempts"] = attempts[-1].number + 1
-        elif made is not None:
+        if made is not None:
             data["attempts"] = made
+        elif attempts:
+            data["attempts"] = attempts[-1].number + 1
         for attempt in attempts:
             failure = getattr(attempt, "failure", None)
             if failure is not None:

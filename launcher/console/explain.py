@@ -67,17 +67,22 @@ def meaning(tail: Iterable[str]) -> str | None:
 
 
 # The last line of a Python traceback: ``ExcName: message`` (module-qualified or not)
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)(: |$)")
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*?)?(?:Error|Exception|ExceptionGroup|Interrupt)"
+                             r"(?:: |$| \()")
 
 
 def follows_from_another(tail: Iterable[str]) -> bool:
     """Whether ``tail`` (a failed process's last lines) says it stopped because another
     process did: gloo cut off from a peer, or JAX's coordination service gone or reporting
-    another's failure (the first readings above), and no error of its own (an exception
-    line that is not one of those: a task's ``RuntimeError`` stays the cause even when the
-    coordination service's shutdown is logged after it). ``launcher.run.classes`` reads a
+    another's failure (the first readings above, and the contract's peer-loss markers that
+    supervision's root-cause wait uses), and no error of its own (an exception line, an
+    exception group's member, or the worker's ``failed at step N: ...`` line, that is not
+    one of those: a task's ``RuntimeError`` stays the cause even when the coordination
+    service's shutdown is logged after it). ``launcher.run.classes`` reads a
     failure with such a tail as a consequence, not a cause."""
     lines = list(tail)
-    cascade = [any(r.matches(line) for r in READINGS[:_CASCADE]) for line in lines]
-    own_error = any(_EXCEPTION_LINE.match(line) and not seen for line, seen in zip(lines, cascade))
+    cascade = [contract.is_peer_loss(line) or any(r.matches(line) for r in READINGS[:_CASCADE])
+               for line in lines]
+    own_error = any(not seen and (_EXCEPTION_LINE.match(line.lstrip(" |")) or contract.is_failure(line))
+                    for line, seen in zip(lines, cascade))
     return any(cascade) and not own_error

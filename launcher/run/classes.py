@@ -93,11 +93,19 @@ def classify(result: Result, retry_exit_codes: tuple = ()) -> Verdict:
                        "succeeded")
     cause = first
     if follows_from_another(first):
-        for t in result.processes:
-            if t is not first and t.state is State.FAILED and t.exit is not None \
-                    and not follows_from_another(t):
-                cause = t
-                break
+        failed = [t for t in result.processes if t is not first and t.exit is not None
+                  and t.state is State.FAILED and not follows_from_another(t)]
+        # a peer whose end came after the teardown began (a host found silent only after
+        # keepalive_timeout_s, a node Slurm marks down late) is STOPPED, yet the cause
+        gone = [t for t in result.processes if t.state is State.STOPPED
+                and isinstance(t.exit, Lost)]
+        if failed or gone:
+            cause = (failed or gone)[0]
+        else:
+            return Verdict(FailureClass.INFRASTRUCTURE, first.plan.process_id, (
+                f"process_id {first.plan.process_id} on {first.plan.host} {_class_of(first.exit, retry_exit_codes)[1]}, "
+                "and its last lines say it stopped because another process did, none of which "
+                "failed by itself in view: a peer that went away (a host, a connection)"))
     verdict = classify_one(cause, retry_exit_codes)
     if cause is not first:
         why = (f"{verdict.why}; process_id {first.plan.process_id} ({first.exit}) was reported "
@@ -107,8 +115,10 @@ def classify(result: Result, retry_exit_codes: tuple = ()) -> Verdict:
 
 
 def follows_from_another(t: Tracked) -> bool:
-    """Whether ``t``'s end is a consequence of another process's (its last lines say so)."""
-    return explain.follows_from_another(t.tail)
+    """Whether ``t``'s end is a consequence of another process's (its last lines say so).
+    Only an exit code or a signal can be: a backend's own verdict (``Lost``, ``Preempted``,
+    ``Final``) and the watchdog's (``Stalled``) stand whatever the tail says."""
+    return isinstance(t.exit, (Exited, Killed)) and explain.follows_from_another(t.tail)
 
 
 def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:

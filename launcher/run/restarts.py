@@ -27,6 +27,7 @@ from typing import Callable
 from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.console import Console
+from launcher.errors import LaunchError
 from launcher.run import classes
 from launcher.run.classes import FailureClass, Verdict
 from launcher.state import Result, Watchdog
@@ -187,7 +188,13 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
             result.interrupted = True
             attempts[-1].verdict += "; interrupted while waiting"
             return result, attempts
-        plan = session.plan(restart=True)
+        try:
+            plan = session.plan(restart=True)
+        except LaunchError as exc:
+            # the restart could not be prepared (a host not back, a job that cannot be
+            # submitted again): the attempts so far, each failure classified, go with it
+            exc.attempts = attempts
+            raise
         attempt += 1
 
 

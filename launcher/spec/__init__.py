@@ -72,9 +72,9 @@ class RestartSpec:
                                "first restarts at once); doubles as the same class repeats")
     retry_exit_codes: tuple[int, ...] = setting(
         (), check=_exit_codes,
-        doc="worker exit codes counted as infrastructure faults (137 and 143, SIGKILL and "
-        "SIGTERM as a shell reports them, always are); exit 1 (a Python error) is a program "
-        "error unless listed")
+        doc="worker exit codes counted as infrastructure faults (137, SIGKILL as a shell reports "
+        "it, always is; 143, SIGTERM's, is always a preemption); exit 1 (a Python error) is a "
+        "program error unless listed")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

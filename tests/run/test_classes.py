@@ -94,10 +94,45 @@ def test_a_sigkill_is_the_cause_of_the_gloo_error_its_peer_reports_first():
     killed = tracked(1, Killed(signal.SIGKILL))
     verdict = classes.classify(Result([reset, killed], reset, False, 1.0))
     assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 1
-    # a process the launcher stopped itself is no cause
+    # a process the launcher stopped itself is no cause; with no cause in view, a consequence
+    # means a peer went away: infrastructure, not the consequence's own exit code
     stopped = tracked(1, Killed(signal.SIGTERM), state=State.STOPPED)
     verdict = classes.classify(Result([reset, stopped], reset, False, 1.0))
-    assert verdict.failure_class is FailureClass.PROGRAM and verdict.process_id == 0
+    assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 0
+    assert "none of which failed by itself in view" in verdict.why
+
+
+@pytest.mark.parametrize("consequence", [
+    tracked(0, Exited(1), [GLOO_RESET]),  # gloo's reset: exit 1
+    tracked(0, Killed(signal.SIGABRT), [COORDINATION_ABORT]),  # the coordination abort
+    tracked(0, Exited(1), [COORDINATION_ABORT]),  # the same, as jax 0.9 also ends it
+])
+def test_a_host_found_lost_only_after_the_teardown_began_is_still_the_cause(consequence):
+    # ssh notices a silent host after keepalive_timeout_s, srun a dead node when Slurm
+    # marks it down: by then that process is STOPPED, its end Lost, and still the cause
+    lost = tracked(1, Lost("no answer from 127.0.0.3 for 15 s"), state=State.STOPPED)
+    verdict = classes.classify(Result([consequence, lost], consequence, False, 1.0))
+    assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 1
+
+
+@pytest.mark.parametrize("verdict_end", [
+    Final("Slurm job 4 reached its time limit"), Lost("no answer for 4 s"),
+    Preempted("Slurm job 4 is being preempted"), Stalled("no step progress for 3.0 s")])
+def test_a_backends_or_the_watchdogs_verdict_is_never_read_as_a_consequence(verdict_end):
+    first = tracked(0, verdict_end, [GLOO_RESET, COORDINATION_ABORT])
+    other = tracked(1, Exited(1), [TASK_ERROR])
+    assert classes.classify(Result([first, other], first, False, 1.0)).process_id == 0
+
+
+@pytest.mark.parametrize("own", [
+    "failed at step 5: RuntimeError: injected failure at step 5",  # the worker's own line
+    "ExceptionGroup: two errors (2 sub-exceptions)", "  | ValueError: bad shard",
+    "KeyboardInterrupt"])
+def test_an_error_of_its_own_is_read_in_every_form_the_worker_prints(own):
+    error = tracked(0, Exited(1), [own, COORDINATION_ABORT])
+    aborted = tracked(1, Killed(signal.SIGABRT), [COORDINATION_ABORT])
+    verdict = classes.classify(Result([aborted, error], aborted, False, 1.0))
+    assert verdict.failure_class is FailureClass.PROGRAM and verdict.process_id == 0, own
 
 
 def test_budgets_are_per_class_with_defaults_a_long_run_survives_on():

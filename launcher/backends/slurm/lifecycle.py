@@ -119,6 +119,9 @@ class JobLifecycle:
             if preempting(record) or "PREEMPTED" in state:  # requeued after a preemption too
                 what = "being preempted" if now is Phase.SETTLING else state
                 return Preempted(f"Slurm job {job_id} is {what}; task {ended}")
+            if now is Phase.ENDED:  # cancelled by someone else, failed, completed
+                return Final(f"Slurm job {job_id} ended ({state}; task {ended}): it is not "
+                             f"resubmitted; continue with --resume {resume_hint}")
             return Lost(f"Slurm job {job_id} is {state}; task {ended}")
         return ended
 

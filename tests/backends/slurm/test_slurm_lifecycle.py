@@ -79,6 +79,9 @@ def test_a_preemption_settles_before_its_outcome_is_read():
     ([(0, job("PENDING", PreemptTime="t"))], Exited(143), Preempted, "Slurm job 7 is PENDING"),
     ([(0, job("COMPLETING")), (10, job("NODE_FAIL"))], Exited(0), Lost, "Slurm job 7 is NODE_FAIL"),
     ([], Exited(1), Lost, "Slurm job 7 is GONE"),
+    # cancelled by someone else: a restart cannot help (final, not an infrastructure fault)
+    ([(0, job("CANCELLED"))], Killed(15), Final, "Slurm job 7 ended (CANCELLED; task killed by "
+                                                  "SIGTERM): it is not resubmitted"),
 ])
 def test_a_failed_step_is_read_against_its_job(script, ended, kind, words):
     life, _ = follow(script)
