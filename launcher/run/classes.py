@@ -92,7 +92,7 @@ def classify(result: Result, retry_exit_codes: tuple = ()) -> Verdict:
         return Verdict(FailureClass.PROGRAM, -1, "no process failed, yet not every process "
                        "succeeded")
     cause = first
-    if follows_from_another(first):
+    if follows_from_another(first) and not first.failed_to_join:  # no join: the cause is ours
         failed = [t for t in result.processes if t is not first and t.exit is not None
                   and t.state is State.FAILED and not follows_from_another(t)]
         # a peer whose end came after the teardown began (a host found silent only after

@@ -115,6 +115,15 @@ def test_a_host_found_lost_only_after_the_teardown_began_is_still_the_cause(cons
     assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 1
 
 
+def test_a_process_that_never_joined_is_a_program_error_whatever_its_tail_says():
+    # its peers cannot be the cause: the coordinator was never reached (its tail holds the
+    # coordination service's "failed to connect", which otherwise reads as a consequence)
+    never = tracked(1, Exited(1), ["UNAVAILABLE: failed to connect to all addresses"])
+    never.joining = "127.0.0.1:27362"  # it said it was joining, and never that it joined
+    verdict = classes.classify(result(never))
+    assert verdict.failure_class is FailureClass.PROGRAM and "could not join" in verdict.why
+
+
 @pytest.mark.parametrize("verdict_end", [
     Final("Slurm job 4 reached its time limit"), Lost("no answer for 4 s"),
     Preempted("Slurm job 4 is being preempted"), Stalled("no step progress for 3.0 s")])
