@@ -46,6 +46,10 @@ from launcher.console.words import plural
 from worker import contract
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped
+# How long a process whose training is complete may go without progress while it ends
+# (JAX's distributed shutdown waits for its peers) before the watchdog calls it stalled,
+# when that is longer than watchdog.stall_timeout_s
+FINISHED_SHUTDOWN_S = 60.0
 
 
 class _Output:
@@ -239,7 +243,14 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
         return now - since - (pauses.within(since, now) if pauses is not None else 0.0)
 
     def limit(t: Tracked) -> float | None:
-        return watchdog.first_step_timeout_s if t.progress_at is None else watchdog.stall_timeout_s
+        if t.progress_at is None:
+            return watchdog.first_step_timeout_s
+        if t.finished and watchdog.stall_timeout_s is not None:
+            # its training is complete (step N/N, done): ending waits on JAX's shutdown,
+            # which waits for every peer, and sends no heartbeat; a stalled peer is still
+            # caught by its own limit
+            return max(watchdog.stall_timeout_s, FINISHED_SHUTDOWN_S)
+        return watchdog.stall_timeout_s
 
     def over(t: Tracked) -> bool:
         return limit(t) is not None and age(t) > limit(t)

@@ -257,6 +257,24 @@ def test_a_stopped_worker_that_resumes_before_its_own_limit_is_no_stall(tmp_path
     assert result.exit_code == 0 and run.said == []
 
 
+def test_a_process_that_finished_training_is_given_time_to_end(tmp_path):
+    # step 100/100 said, then JAX's shutdown waits for the peer for 6 s: no stall at a
+    # stall_timeout_s of 2 (the shutdown bound, supervise.FINISHED_SHUTDOWN_S, applies)
+    run = Run(tmp_path)
+    run.worker(lines=[(0.5, progress(100)), (6.8, "done")], exit=OK, exit_at=7.0)
+    run.worker(lines=[(0.5, progress(99)), (0.7, progress(100)), (6.8, "done")], exit=OK,
+               exit_at=7.0)
+    result = run.supervise(watchdog=Watchdog(stall_timeout_s=2.0, first_step_timeout_s=100.0))
+    assert result.exit_code == 0 and run.said == []
+    # a peer that has not finished is still caught at its own limit
+    run = Run(tmp_path)
+    run.worker(lines=[(0.5, progress(100))], exit=OK, exit_at=30.0)
+    run.worker(lines=[(0.5, progress(99))])
+    result = run.supervise(watchdog=Watchdog(stall_timeout_s=2.0, first_step_timeout_s=100.0))
+    assert result.first_failure is result.processes[1]
+    assert run.said[0].startswith("p1 stalled: no step progress for 2.")
+
+
 def test_without_a_stopped_worker_the_stall_names_the_oldest_progress(tmp_path):
     run = Run(tmp_path)
     run.worker(lines=[(1.0, progress(10))])
