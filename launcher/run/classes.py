@@ -103,8 +103,7 @@ def classify(result: Result, retry_exit_codes: tuple = ()) -> Verdict:
             cause = (failed or gone)[0]
         else:
             return Verdict(FailureClass.INFRASTRUCTURE, first.plan.process_id, (
-                f"process_id {first.plan.process_id} on {first.plan.host} {_class_of(first.exit, retry_exit_codes)[1]}, "
-                "and its last lines say it stopped because another process did, none of which "
+                f"{classify_one(first, retry_exit_codes).why}, and its last lines say it stopped because another process did, none of which "
                 "failed by itself in view: a peer that went away (a host, a connection)"))
     verdict = classify_one(cause, retry_exit_codes)
     if cause is not first:
