@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import sys
+import time
 
 import yaml
 
@@ -24,7 +25,7 @@ from launcher import plan as planning
 from launcher import interrupts
 from launcher.commands import runs
 from launcher.console import lines
-from launcher.run import restarts, runlock
+from launcher.run import ledger, restarts, runlock
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
@@ -42,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run one JAX data-parallel training job on the cluster its spec names.",
         epilog="also: `launch runs [JOB]` lists past runs, newest first;\n"
                "      `launch tensorboard [JOB | RUN_DIR]` serves the TensorBoard of every run of a job\n"
-               "      (default: the newest run's job), or of one run, and prints its URL.\n"
+               "      (default: the newest run's job), or of one run, and prints its URL;\n"
+               "      `launch stacks RUN_DIR` prints every process's stacks of a live run.\n"
                "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted "
                "(Ctrl-C, SIGTERM, SIGHUP)")
     parser.add_argument("--version", action=_Version, help="print podlaunch's version and exit")
@@ -230,7 +232,8 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
     previous = interrupts.install(interrupts.raise_keyboard_interrupt)
     held: list = []  # the run directory's lock, once taken (runlock): dropped on every way out
     try:
-        return _run(argv, console, held)
+        with interrupts.stacks_requests():  # launch stacks RUN (launcher.commands.stacks_cmd)
+            return _run(argv, console, held)
     finally:
         for lock in held:
             lock.release()
@@ -238,6 +241,7 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
 
 
 def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
+    launched_at = time.monotonic()  # the ledger's and run.json's duration count from here
     args = _parser().parse_args(argv)
     show = parse_show(args.show)
     console = console or Console(show=show, status_every_s=args.status_every,
@@ -276,7 +280,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
                                      "choose another directory")]) from None
         console.log_to(os.path.join(run_dir, "launcher.log"))
         record = runs.Record(run_dir, job.name, job.program.num_steps if job.is_program
-                             else job.train.num_steps)
+                             else job.train.num_steps, launched_at=launched_at)
         record.start()
         console.say(f"run directory {run_dir}"
                     + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
@@ -288,16 +292,28 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
             console.say(job.epoch_text())
         try:
             result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
-                                            resume=bool(args.resume))
+                                            resume=bool(args.resume), began_at=launched_at)
         except BaseException as exc:
+            done = getattr(exc, "attempts", ())
             record.end("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
-                       attempts=getattr(exc, "attempts", ()), made=restarts.next_attempt(run_dir))
+                       attempts=done, made=restarts.next_attempt(run_dir),
+                       goodput=_write_ledger(run_dir, done, console)[1])
             raise
+        entries, goodput = _write_ledger(run_dir, attempts, console)
         record.end({0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed"),
-                   result, attempts)
+                   result, attempts, goodput=goodput)
     finally:
         session.close()
     console.block(summary(result))
+    run_ledger = ledger.summary_line(ledger.totals(entries)) if entries else None
+    if run_ledger is not None:
+        console.say(f"{run_ledger} (ledger: {os.path.join(run_dir, ledger.LEDGER_FILE)})")
+    if entries and job.logging.tensorboard:
+        try:  # after session.close: over ssh, process 0's tensorboard/ has been brought back
+            ledger.write_scalars(os.path.join(run_dir, "tensorboard", "goodput"), entries,
+                                 sum(a.times is not None for a in attempts))
+        except OSError as exc:
+            console.say(f"podlaunch: cannot write the ledger's TensorBoard scalars ({exc})")
     if len(attempts) > 1 or attempts[-1].number > 0:
         console.block(restarts.attempts_table(attempts))
     console.say(f"logs: {os.path.join(run_dir, 'logs')}")
@@ -308,6 +324,20 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     return result.exit_code
 
 
+def _write_ledger(run_dir: str, attempts, console: Console) -> tuple:
+    """Add this launch's attempts to ``<run_dir>/ledger.json``; returns (every entry, the
+    run's goodput or None). A ledger that cannot be written is said, and the run goes on."""
+    entries = ledger.add_attempts(ledger.read(run_dir), attempts or ())
+    if not entries:
+        return entries, None
+    try:
+        return entries, ledger.write(run_dir, entries)["goodput"]
+    except OSError as exc:
+        console.say(f"podlaunch: cannot write {os.path.join(run_dir, ledger.LEDGER_FILE)} "
+                    f"({exc.strerror})")
+        return entries, ledger.totals(entries)["goodput"]
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else argv
@@ -316,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             code = tensorboard_cmd.main(argv[1:])
         elif argv[:1] == ["runs"]:
             code = runs.main(argv[1:])
+        elif argv[:1] == ["stacks"]:
+            from launcher.commands import stacks_cmd
+            code = stacks_cmd.main(argv[1:])
         else:
             code = run(argv)
     except SpecError as exc:

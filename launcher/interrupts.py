@@ -1,4 +1,5 @@
-"""The one place the launcher installs signal handlers: Ctrl-C, SIGTERM and SIGHUP.
+"""The one place the launcher installs signal handlers: Ctrl-C, SIGTERM and SIGHUP, and a
+request for stacks (``stacks_requests``).
 
 Every stage that must react to an interrupt (the CLI before processes start, the
 start itself, supervision, the wait before a restart, a Slurm job that is still
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from typing import Callable, Iterator
 
 
@@ -62,3 +64,21 @@ def handled(handler: Callable = raise_interrupted) -> Iterator[None]:
         yield
     finally:
         restore(previous)
+
+
+# ``launch stacks RUN`` asks the run's live launcher (run.json's pid) with this signal for
+# every process's stacks (launcher.run.stacks); supervision answers between two polls.
+STACKS_REQUEST_SIGNAL = signal.SIGUSR2
+stacks_requested = threading.Event()
+
+
+@contextlib.contextmanager
+def stacks_requests() -> Iterator[None]:
+    """Set ``stacks_requested`` on each ``STACKS_REQUEST_SIGNAL`` while the block runs (the
+    whole launch: the signal's default action would end the launcher); the previous
+    handler after."""
+    previous = signal.signal(STACKS_REQUEST_SIGNAL, lambda signum, frame: stacks_requested.set())
+    try:
+        yield
+    finally:
+        signal.signal(STACKS_REQUEST_SIGNAL, previous)

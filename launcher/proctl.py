@@ -195,8 +195,11 @@ def signal_group(pgid, signals):
 
 
 def signal_pid(pid, signals):
-    """Send each of ``signals`` to ``pid``, ignoring a process that is gone."""
+    """Send each of ``signals`` (ints or names like "TERM") to ``pid``, ignoring a process
+    that is gone."""
     for sig in signals:
+        if isinstance(sig, str):
+            sig = getattr(signal, "SIG" + sig)
         try:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):

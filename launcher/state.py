@@ -19,7 +19,7 @@ import time
 from typing import Callable, Iterator, Protocol
 
 from launcher.plan import ProcessPlan
-from worker import contract
+from worker import contract, interrupts
 
 TAIL_LINES = 15
 
@@ -137,6 +137,10 @@ class Worker(Protocol):
     def stopped(self) -> bool:
         """Whether the process is stopped (SIGSTOP, a tracer) as its host sees it."""
 
+    def dump_stacks(self) -> None:
+        """Ask the worker process alone (not its group: a helper would die of the signal)
+        for its stacks (``worker.interrupts.STACKS_SIGNAL``); the answer comes on its output."""
+
 
 @dataclasses.dataclass
 class ProcessStats:
@@ -157,18 +161,35 @@ class ProcessStats:
     cache_hits: int | None = None
     cache_misses: int | None = None
     first_step_s: float | None = None
+    # when (the launcher's clock) lines arrived, for the ledger (launcher.run.ledger): the
+    # first step done (its CACHE_FORMAT line, else its first progress line), the latest
+    # progress line, and each checkpoint save and restore with its seconds (the worker's clock)
+    first_step_at: float | None = None
+    progress_at: float | None = None
+    saves: list = dataclasses.field(default_factory=list)      # [(at, seconds)]
+    restores: list = dataclasses.field(default_factory=list)   # [(at, seconds)]
 
-    def observe(self, line: str) -> contract.Progress | None:
-        """Update from one output line; returns its Progress, or None for other lines."""
+    def observe(self, line: str, now: float | None = None) -> contract.Progress | None:
+        """Update from one output line read at ``now``; returns its Progress, or None for
+        other lines."""
         progress = contract.parse_progress(line)
         if progress is None and (cache := contract.CACHE_RE.match(line)):
             self.cache_hits, self.cache_misses = int(cache["hits"]), int(cache["misses"])
             self.first_step_s = None if cache["seconds"] == "?" else float(cache["seconds"])
+            if self.first_step_at is None:
+                self.first_step_at = now
         if progress is None:
-            resumed = contract.parse_resumed_step(line)
-            if resumed is not None and self.progress is None:
-                self.resumed_at = resumed
+            if (saved := contract.parse_seconds(contract.CHECKPOINT_RE, line)) is not None:
+                self.saves.append((now, saved[1]))
+            resumed = contract.parse_seconds(contract.RESUMED_RE, line)
+            if resumed is not None:
+                self.restores.append((now, resumed[1]))
+                if self.progress is None:
+                    self.resumed_at = resumed[0]
             return None
+        if self.first_step_at is None:
+            self.first_step_at = now
+        self.progress_at = now
         previous = self.progress.step if self.progress is not None else self.resumed_at
         if progress.step_time_s is not None and progress.step > previous:
             steps = progress.step - previous
@@ -208,9 +229,15 @@ class Tracked:
     joining: str | None = None        # the coordinator address it was joining (JOINING line)
     joining_timeout_s: float | None = None  # the initialization_timeout_s that line named
     joined: bool = False              # jax.distributed.initialize returned
+    joined_at: float | None = None    # when its JOINED line arrived (the ledger's join bucket)
     tail: collections.deque = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
+    # the lines of its answer to a stacks request (launcher.run.stacks), kept out of the
+    # console and the tail; when the last came; whether a dump is being read
+    stacks_lines: list = dataclasses.field(default_factory=list)
+    stacks_at: float | None = None
+    in_stacks: bool = False
     stats: ProcessStats = dataclasses.field(default_factory=ProcessStats)  # for status and summary
 
     @property
@@ -228,13 +255,19 @@ class Tracked:
           Whether the line is for the log and the console (heartbeats are for
           the watchdog only).
         """
+        if interrupts.is_stacks_line(line, self.in_stacks):
+            self.in_stacks = True
+            self.stacks_lines.append(line)
+            self.stacks_at = now
+            return False
+        self.in_stacks = False
         if contract.is_finished(line):
             self.finished = True
         if self.joining is None and (joining := contract.JOINING_RE.match(line)):
             self.joining = joining.group("address")
             self.joining_timeout_s = float(joining.group("timeout_s"))
         elif not self.joined and contract.JOINED_RE.match(line):
-            self.joined = True
+            self.joined, self.joined_at = True, now
         step = contract.parse_step(line)
         if step is not None:
             self.last_step, self.progress_at = step, now
@@ -246,8 +279,17 @@ class Tracked:
             self.failed_reported_at = reported
             return False
         self.tail.append(line)
-        self.stats.observe(line)
+        self.stats.observe(line, now)
         return True
+
+    def stacks_begin(self) -> None:
+        """A stacks request is about to be sent: forget any earlier answer."""
+        self.stacks_lines, self.stacks_at, self.in_stacks = [], None, False
+
+    def stacks_complete(self, now: float, quiet_s: float) -> bool:
+        """Whether its answer has come and nothing more of it for ``quiet_s`` seconds (or its
+        output closed)."""
+        return self.stacks_at is not None and (now - self.stacks_at >= quiet_s or self.eof_at is not None)
 
     def output_closed(self, now: float) -> None:
         """Its output ended at ``now``: the closest the launcher sees to its death."""
@@ -326,6 +368,7 @@ class Result:
     first_failure: Tracked | None
     interrupted: bool
     elapsed_s: float
+    stacks: list = dataclasses.field(default_factory=list)  # read before the teardown: summary lines
 
     @property
     def exit_code(self) -> int:

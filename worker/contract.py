@@ -90,25 +90,25 @@ FAILED_TIME_FORMAT = "podlaunch-failed-at {at:.6f}"
 FAILED_TIME_RE = re.compile(r"^podlaunch-failed-at (?P<at>\d+(?:\.\d+)?)$")
 HEARTBEAT_PREFIX = "podlaunch-heartbeat step "
 HEARTBEAT_FORMAT = HEARTBEAT_PREFIX + "{step}"
-# Every process of a resumed attempt, before its first step: the steps before
-# N + 1 were done by an earlier attempt (the launcher's mean step time needs it).
-RESUMED_FORMAT = "resumed from the checkpoint of step {step} (attempt {attempt})"
-RESUMED_RE = re.compile(r"^resumed from the checkpoint of step (?P<step>\d+) \(attempt \d+\)$")
+# Every process of a resumed attempt, before its first step: the steps before N + 1 were
+# done by an earlier attempt, and the restore's wall seconds (launcher.run.ledger).
+RESUMED_FORMAT = "resumed from the checkpoint of step {step} (attempt {attempt}) in {seconds:.3f} s"
+RESUMED_RE = re.compile(r"^resumed from the checkpoint of step (?P<step>\d+) \(attempt \d+\)"
+                        r"(?: in (?P<seconds>[0-9.]+) s)?$")
 # Every process after its first call: JAX's persistent cache's hits and misses (its own
 # events) and that call's wall seconds ("?" unknown); the launcher's summary shows them.
 CACHE_FORMAT = ("compilation cache: {hits} hits, {misses} misses; first step (trace, compile, "
                 "dispatch) {seconds} s ({path})")
 CACHE_RE = re.compile(r"^compilation cache: (?P<hits>\d+) hits, (?P<misses>\d+) misses; first step "
                       r"\(trace, compile, dispatch\) (?P<seconds>[0-9.]+|\?) s")
-# Process 0, once a checkpoint is complete (renamed into place): over ssh the
-# launcher copies it from host 0 into the local run directory when it sees this.
-CHECKPOINT_PREFIX, CHECKPOINT_SAVED = "checkpoint of step ", " saved: "
-CHECKPOINT_FORMAT = CHECKPOINT_PREFIX + "{step}" + CHECKPOINT_SAVED + "{path}"
+# Process 0, once a checkpoint is complete (renamed into place), with the save's seconds:
+# over ssh the launcher copies it from host 0 to the local run directory when it sees this.
+CHECKPOINT_FORMAT = "checkpoint of step {step} saved in {seconds:.3f} s: {path}"
+CHECKPOINT_RE = re.compile(r"^checkpoint of step (?P<step>\d+) saved(?: in (?P<seconds>[0-9.]+) s)?: ")
 STEP_RE = re.compile(rf"^(?:step (?P<done>\d+)/\d+ |{re.escape(FAILED_PREFIX)}(?P<failed>\d+):"
                      rf"|{re.escape(HEARTBEAT_PREFIX)}(?P<beat>\d+)$)")
 
-# Exit code a worker uses when its own checks (identity, devices) fail.
-EXIT_MISMATCH = 3
+EXIT_MISMATCH = 3  # the exit code of a worker whose own checks (identity, devices) failed
 
 # The slurm backend starts every process at once, without a probe step before them
 # (bench/bench_slurm.py): with RENDEZVOUS=stdin a worker first prints one line,
@@ -131,8 +131,7 @@ JOINING_RE = re.compile(r"^joining the coordinator at (?P<address>\S+) \(initial
 JOINED_RE = re.compile(r"^process \d+/\d+ joined ")
 INIT_FAILED_FORMAT = "podlaunch-init-failed: {error}"
 EXIT_INIT = 4
-# Bad data found while reading batches (worker.sources.DataError): the file, row and
-# column are in the message; not in restarts.retry_exit_codes' default, so not retried.
+# Bad data found reading batches (worker.sources.DataError: file, row, column): not retried
 EXIT_DATA = 5
 
 # The worker's last line after a complete run. A process that exits 0 without it
@@ -182,10 +181,11 @@ def parse_step(line: str):
     return int(match.group("done") or match.group("failed") or match.group("beat"))
 
 
-def parse_resumed_step(line: str):
-    """The checkpoint step a ``RESUMED_FORMAT`` line names, or None for any other line."""
-    match = RESUMED_RE.match(line)
-    return int(match.group("step")) if match else None
+def parse_seconds(pattern: re.Pattern, line: str):
+    """``(step, seconds)`` of a ``RESUMED_FORMAT`` or ``CHECKPOINT_FORMAT`` line (``pattern``:
+    its ``_RE``; seconds 0.0 where an older worker did not say), or None for other lines."""
+    match = pattern.match(line)
+    return (int(match["step"]), float(match["seconds"] or 0.0)) if match else None
 
 
 # host:port, IPv6 bracketed: built and parsed in one place (worker.address)
@@ -205,7 +205,7 @@ def checkpoints_in(names) -> list:
 
 def is_checkpoint_saved(line: str) -> bool:
     """Whether ``line`` is process 0's ``CHECKPOINT_FORMAT`` line."""
-    return line.startswith(CHECKPOINT_PREFIX) and CHECKPOINT_SAVED in line
+    return CHECKPOINT_RE.match(line) is not None
 
 
 def is_failure(line: str) -> bool:

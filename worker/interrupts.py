@@ -21,7 +21,10 @@ they raise propagates from wherever that thread was).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import re
 import signal
+import sys
 from typing import Callable, Iterator
 
 _state: dict = {"depth": 0, "pending": None, "on_signal": None}
@@ -71,3 +74,32 @@ def held() -> Iterator[None]:
         if not _state["depth"] and _state["pending"] is not None:
             signum, _state["pending"] = _state["pending"], None
             raise SystemExit(exit_code(signum))
+
+
+# ---- stacks on request ---------------------------------------------------------------
+# The launcher's request for every thread's stack (launcher.run.stacks), sent to the worker
+# process alone. SIGUSR2: SIGUSR1 is what Slurm users ask for a time limit's warning.
+STACKS_SIGNAL = signal.SIGUSR2
+# What faulthandler writes (CPython's Python/traceback.c): a header per thread, its frames
+# innermost first, a blank line between threads.
+STACKS_HEADER_RE = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):$")
+STACKS_FRAME_RE = re.compile(r'^  File "(?P<path>.*)", line (?P<line>\d+) in (?P<name>.*)$')
+_STACKS_OTHER_RE = re.compile(r"^  (?:<no Python frame>|\.\.\.)$")  # no frame; cut at 100
+
+
+def answer_stack_requests() -> None:
+    """On ``STACKS_SIGNAL``, write every thread's Python stack to stderr (``faulthandler``).
+
+    The dump is written by the C signal handler itself, not by a Python handler between
+    bytecodes, so a main thread blocked in C code (a sleep, a blocking read, a collective)
+    still answers; the process goes on as before.
+    """
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+
+
+def is_stacks_line(line: str, within: bool) -> bool:
+    """Whether ``line`` is part of an ``answer_stack_requests`` dump: a thread's header, or,
+    ``within`` a dump, a frame, a blank line between threads, or its other lines."""
+    return bool(STACKS_HEADER_RE.match(line)) or within and (
+        line == "" or STACKS_FRAME_RE.match(line) is not None
+        or _STACKS_OTHER_RE.match(line) is not None)

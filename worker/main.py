@@ -199,10 +199,12 @@ def _resume(identity: contract.Identity, job: jobs.WorkerJob, state, num_batches
         return state, 1
     from worker import checkpoint
 
+    began = time.monotonic()
     state, step = checkpoint.restore_broadcast(identity.run_dir, identity.process_id, state,
                                                num_batches, warn=out, order=order)
     if step:
-        out(contract.RESUMED_FORMAT.format(step=step, attempt=identity.attempt))
+        out(contract.RESUMED_FORMAT.format(step=step, attempt=identity.attempt,
+                                           seconds=time.monotonic() - began))
     else:
         out(f"no checkpoint to resume from; starting at step 1 (attempt {identity.attempt})")
     return state, step + 1
@@ -246,10 +248,12 @@ class _Recovery:
             from worker import checkpoint
 
             with interrupts.held():  # a SIGTERM mid-save: the save and its line, then the exit
+                began = time.monotonic()
                 path = checkpoint.save_replicated(self.identity.run_dir, step, params, opt_state,
                                                   self.num_batches, self.keep, self.order,
                                                   self.unreplicate)
-                self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path))
+                self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path,
+                                                           seconds=time.monotonic() - began))
         if self.interval_s is None:
             return
         if saving or time.monotonic() - self.last_beat >= self.interval_s:
@@ -284,6 +288,7 @@ def main() -> None:
     # the launcher's SIGTERM unwinds the worker as SystemExit, so `finally` blocks write what
     # process 0 holds; a worker stuck in a collective gets SIGKILL later
     interrupts.install()
+    interrupts.answer_stack_requests()  # launcher.run.stacks: what a hung run was doing
     identity = None
     try:
         identity = contract.Identity.from_env(os.environ)

@@ -121,6 +121,7 @@ def initialize(num_steps: int | None = None):
         _exit_now(contract.EXIT_MISMATCH)
     # jax.distributed.initialize installs a SIGTERM handler that swallows the launcher's TERM
     interrupts.install(on_signal=_terminated)
+    interrupts.answer_stack_requests()  # launcher.run.stacks: what a hung run was doing
     print(f"process {jax.process_index()}/{jax.process_count()} joined "
           f"{me.coordinator_address}", flush=True)
     _state.update(identity=me, num_steps=num_steps or job.program.num_steps)

@@ -29,6 +29,7 @@ from launcher.spec.schema import non_negative, port_or_zero, setting
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of
 from launcher.console.words import plural
+from worker import interrupts
 
 HOST = "127.0.0.1"
 
@@ -149,6 +150,10 @@ class LocalWorker:
 
     def stopped(self) -> bool:
         return self.pgid is not None and proctl.is_stopped(self.pgid)
+
+    def dump_stacks(self) -> None:
+        if self.pgid is not None:  # the worker leads its group: its pid is the pgid
+            proctl.signal_pid(self.pgid, (interrupts.STACKS_SIGNAL,))
 
 
 def start_all(plan: Plan, grace_s: float = 3.0) -> list:

@@ -17,6 +17,8 @@ included); ``--resume`` updates the same file. Its keys::
                  over every launch of this run directory
     last_failure {"attempt", "class", "process_id", "why"} of the newest failed attempt,
                  or null
+    goodput      productive seconds / wall seconds over every launch (ledger.json,
+                 launcher.run.ledger), or null
 
 A run still ``running`` whose launcher is gone (killed with SIGKILL, a
 machine that rebooted) is listed as ``unfinished``. Run directories from
@@ -63,7 +65,7 @@ def spec_of(run_dir: str) -> dict:
 STAMP = "%Y%m%d-%H%M%S-%f"  # the default run directory's name, as cli._run_dir makes it
 
 
-def _read(path: str) -> dict | None:
+def read_record(path: str) -> dict | None:
     try:
         with open(path, "r", encoding="utf-8") as f:
             data = json.load(f)
@@ -113,9 +115,10 @@ class Record:
       clock: seconds, monotonic (the launch's duration).
     """
 
-    def __init__(self, run_dir: str, job: str, num_steps: int, clock=time.monotonic):
+    def __init__(self, run_dir: str, job: str, num_steps: int, clock=time.monotonic,
+                 launched_at: float | None = None):
         self.run_dir, self.clock = run_dir, clock
-        earlier = _read(os.path.join(run_dir, RUN_FILE)) or {}
+        earlier = read_record(os.path.join(run_dir, RUN_FILE)) or {}
         self.data = {
             "job": job,
             "started": earlier.get("started") or datetime.datetime.now().isoformat(timespec="seconds"),
@@ -128,16 +131,18 @@ class Record:
             "failures": _failures(earlier.get("failures")),
             "last_failure": earlier.get("last_failure") if isinstance(earlier.get("last_failure"),
                                                                        dict) else None,
+            "goodput": _number(earlier.get("goodput")),
             "launcher": {"pid": os.getpid(), "host": socket.gethostname(),
                          "since": _start_ticks(os.getpid())},
         }
         self._before_s = self.data["duration_s"]
-        self._launched = clock()
+        self._launched = clock() if launched_at is None else launched_at
 
     def start(self) -> None:
         _write(self.run_dir, self.data)
 
-    def end(self, state: str, result=None, attempts: list = (), made: int | None = None) -> None:
+    def end(self, state: str, result=None, attempts: list = (), made: int | None = None,
+            goodput: float | None = None) -> None:
         """The run ended: ``state``, and what the last attempt's ``state.Result`` reached.
 
         Args:
@@ -146,6 +151,7 @@ class Record:
           attempts: every ``restarts.Attempt`` of this launch.
           made: attempts made in the run directory so far, when ``attempts`` is not known
             (the launch ended by an exception).
+          goodput: the run's goodput so far (``launcher.run.ledger``), when known.
         """
         data = self.data
         data["state"] = state
@@ -166,6 +172,8 @@ class Record:
             if reported:
                 furthest = max(reported, key=lambda p: p.step)
                 data["step"], data["final_loss"] = furthest.step, _finite(furthest.loss)
+        if goodput is not None:
+            data["goodput"] = goodput
         data["duration_s"] = round(self._before_s + self.clock() - self._launched, 3)
         try:
             _write(self.run_dir, data)
@@ -196,6 +204,7 @@ class PastRun:
     duration_s: float | None
     run_dir: str
     failures: dict = dataclasses.field(default_factory=dict)  # class name -> failed attempts
+    goodput: float | None = None  # productive seconds / wall seconds (launcher.run.ledger)
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -208,7 +217,7 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def _launcher_alive(launcher) -> bool:
+def launcher_alive(launcher) -> bool:
     """Whether the launch that wrote ``launcher`` ({"pid", "host", "since"}) still runs (as far
     as this machine can tell: one on another host is taken to run)."""
     if not isinstance(launcher, dict) or not isinstance(launcher.get("pid"), int):
@@ -241,18 +250,18 @@ def _last_metrics(run_dir: str) -> dict:
 
 def read(run_dir: str) -> PastRun:
     """What is known of the run in ``run_dir``: its ``run.json``, else what its files say."""
-    data = _read(os.path.join(run_dir, RUN_FILE))
+    data = read_record(os.path.join(run_dir, RUN_FILE))
     if data is not None:
         # any file may be found here (hand-edited, another version's, damaged): each value
         # is taken only if it has its type, so the table never fails on one run
         state = _text(data.get("state")) or "-"
-        if state == "running" and not _launcher_alive(data.get("launcher")):
+        if state == "running" and not launcher_alive(data.get("launcher")):
             state = "unfinished"
         return PastRun(_text(data.get("job")) or os.path.basename(os.path.dirname(run_dir)),
                        _text(data.get("started")), state, _count(data.get("attempts")),
                        _count(data.get("step")), _count(data.get("num_steps")),
                        _number(data.get("final_loss")), _number(data.get("duration_s")), run_dir,
-                       _failures(data.get("failures")))
+                       _failures(data.get("failures")), _number(data.get("goodput")))
     try:  # a run directory from before run.json
         started = datetime.datetime.strptime(os.path.basename(run_dir), STAMP).isoformat(timespec="seconds")
     except ValueError:
@@ -311,8 +320,8 @@ def _shown_path(path: str) -> str:
 
 def table(found: list) -> str:
     """The runs as an aligned table, one row each, in the order given."""
-    header = ("job", "started", "state", "attempts", "steps", "final loss", "duration", "failures",
-              "run dir")
+    header = ("job", "started", "state", "attempts", "steps", "final loss", "duration", "goodput",
+              "failures", "run dir")
     rows = []
     for r in found:
         steps = "-" if r.step is None else str(r.step) + ("" if r.num_steps is None else f"/{r.num_steps}")
@@ -320,10 +329,11 @@ def table(found: list) -> str:
                      "-" if r.attempts is None else str(r.attempts), steps,
                      "-" if r.final_loss is None else f"{r.final_loss:.6g}",
                      "-" if r.duration_s is None else duration(r.duration_s),
+                     "-" if r.goodput is None else f"{r.goodput:.2f}",
                      ", ".join(f"{name} {n}" for name, n in sorted(r.failures.items())) or "-",
                      _shown_path(r.run_dir)))
     widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
-    numeric = (3, 4)
+    numeric = (3, 4, 7)
     return "\n".join("  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
                                for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
                      for row in [header] + rows)

@@ -183,6 +183,7 @@ def summary(result: Result) -> str:
             lines += _never_joined(result.processes, first.joining_timeout_s)
     elif result.interrupted:
         lines.append("INTERRUPTED: every process was stopped.")
+    lines += result.stacks  # read before the teardown (launcher.run.stacks)
     lines += _table(result.processes, first)
     compiled = compile_text(result.processes)
     if compiled is not None:

@@ -5,7 +5,7 @@ disagree on ``--`` and negative pids (dash rejects both).
 
 Args (one JSON object): ``pgid`` (or ``pgids``, a list), and either
 ``signals`` (names such as "TERM", "CONT", "KILL", sent in order; none just
-asks) or ``grace_s`` (the whole stop sequence here: TERM and CONT, up to
+asks; with ``"leader": true`` to the group's leader alone) or ``grace_s`` (the whole stop sequence here: TERM and CONT, up to
 ``grace_s`` seconds, KILL, so a host reached over a fresh connection needs
 one call). A group that is gone is not an error. Prints ``MARK`` + JSON
 ``{"alive": [pids left], "stopped": [pgids whose leader is stopped]}``
@@ -27,6 +27,8 @@ def main(args):
     for pgid in pgids:
         if args.get("grace_s") is not None:
             alive += proctl.stop_group(pgid, float(args["grace_s"]))
+        elif args.get("leader"):
+            proctl.signal_pid(pgid, args["signals"])
         else:
             proctl.signal_group(pgid, args["signals"])
             alive += proctl.group_members(pgid)

@@ -28,7 +28,7 @@ from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.console import Console
 from launcher.errors import LaunchError
-from launcher.run import classes
+from launcher.run import classes, ledger
 from launcher.run.classes import FailureClass, Verdict
 from launcher.state import Result, Watchdog
 from launcher.console.status import compile_text, summary
@@ -48,6 +48,7 @@ class Attempt:
       result: supervise's Result.
       verdict: what the launcher did next, in words ("succeeded", "retried after 2 s", ...).
       failure: the failure's class and cause (``classes.Verdict``), None when it did not fail.
+      times: the launcher's clock at its stages, for the goodput ledger (``launcher.run.ledger``).
     """
 
     number: int
@@ -55,6 +56,7 @@ class Attempt:
     result: Result
     verdict: str = ""
     failure: Verdict | None = None
+    times: ledger.Times | None = None
 
 
 class Budgets:
@@ -126,7 +128,9 @@ def next_attempt(run_dir: str) -> int:
 
 
 def run(session: Session, plan: planning.Plan, console: Console, first_attempt: int = 0,
-        resume: bool = False, sleep: Callable[[float], None] = time.sleep) -> tuple[Result, list]:
+        resume: bool = False, sleep: Callable[[float], None] = time.sleep,
+        began_at: float | None = None,
+        clock: Callable[[], float] = time.monotonic) -> tuple[Result, list]:
     """Run attempts of ``plan`` until success, a failure not retried, or its class's budget spent.
 
     Args:
@@ -137,6 +141,9 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
       first_attempt: number of the first attempt (``next_attempt`` of the run directory).
       resume: whether the first attempt restores the latest checkpoint (``--resume``).
       sleep: waits the backoff (tests pass a recorder).
+      began_at: when (``clock``) the launch began: the first attempt's ledger counts from
+        there (default: now).
+      clock: seconds, monotonic, for each attempt's ``ledger.Times``.
 
     Returns:
       (the last attempt's Result, every Attempt in order; each failed one with its class).
@@ -149,6 +156,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
     watchdog = Watchdog(job.watchdog.stall_timeout_s, job.watchdog.first_step_timeout_s)
     attempts: list[Attempt] = []
     attempt, restarts, counted = first_attempt, 0, ""
+    times = ledger.Times(clock() if began_at is None else began_at)
     while True:
         plan = planning.for_attempt(plan, attempt, resume=resume or restarts > 0)
         log_dir = os.path.dirname(plan.processes[0].log_path)
@@ -156,10 +164,12 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         label = f"attempt {attempt}" + (f" ({counted})" if restarts else "")
         console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
         workers, pending = _start(session, plan, console)
+        times.started_at = clock()
         result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog,
                            interrupted_by=pending)
+        times.ended_at = clock()
         console.attempt_over(result)
-        attempts.append(Attempt(attempt, log_dir, result))
+        attempts.append(Attempt(attempt, log_dir, result, times=times))
         if result.exit_code == 0:
             attempts[-1].verdict = "succeeded"
             return result, attempts
@@ -187,7 +197,10 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         except (KeyboardInterrupt, Interrupted):
             result.interrupted = True
             attempts[-1].verdict += "; interrupted while waiting"
+            times.waited_s = clock() - times.ended_at
             return result, attempts
+        times.waited_s = clock() - times.ended_at
+        times = ledger.Times(clock())
         try:
             plan = session.plan(restart=True)
         except LaunchError as exc:

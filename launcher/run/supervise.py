@@ -39,6 +39,7 @@ from typing import Callable, Iterable
 from launcher import interrupts, proctl
 from launcher.console import lines
 from launcher.interrupts import Interrupted
+from launcher.run import stacks
 from launcher.run.pauses import Pauses
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
@@ -182,6 +183,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
     previous = interrupts.install(interrupts.raise_interrupted)
     first_failure: Tracked | None = None
     interrupted = False
+    read: list = []  # the stacks' summary lines, when they were read before the teardown
     try:
         try:
             if interrupted_by is not None:
@@ -189,12 +191,18 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
             while True:
                 output.wait(poll_interval_s)
                 console.status(tracked)
+                if interrupts.stacks_requested.is_set():  # launch stacks RUN asked
+                    interrupts.stacks_requested.clear()
+                    stacks.read_before(tracked, output.wait, console, clock, "asked by launch stacks")
                 for t in tracked:
                     if t.running and t.poll(clock) and not t.exit.ok and first_failure is None:
                         first_failure = t
                 if first_failure is None and watchdog is not None:
                     first_failure = _stalled(tracked, watchdog, started, console, clock, pauses)
                 if first_failure is not None and first_failure.stall is not None:
+                    # what every process was doing, before the SIGKILL ends it
+                    read = stacks.read_before(tracked, output.wait, console, clock, "stalled",
+                                              focus=first_failure.plan.process_id)
                     break
                 if first_failure is not None:
                     first_failure = _root_cause(tracked, output, clock)
@@ -206,6 +214,13 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                     break
         except (KeyboardInterrupt, Interrupted) as exc:
             interrupted = True
+            hung = stacks.looks_hung(tracked, started, clock)
+            if hung is not None:
+                console.say(f"interrupted ({str(exc) or 'SIGINT'}); the run looks hung ({hung})")
+                try:
+                    read = stacks.read_before(tracked, output.wait, console, clock, "interrupted")
+                except (KeyboardInterrupt, Interrupted):
+                    pass  # a second interrupt: stop at once
             console.say(f"interrupted ({str(exc) or 'SIGINT'}); stopping all processes")
         stalled = first_failure is not None and first_failure.stall is not None
         _teardown(tracked, grace_s, output, console, clock, kill_now=stalled)
@@ -217,7 +232,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
         t.reader.join(timeout=2.0)
     output.wait(0)
     console.end_status()
-    return Result(tracked, first_failure, interrupted, clock() - started)
+    return Result(tracked, first_failure, interrupted, clock() - started, stacks=read)
 
 
 def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console,

@@ -97,19 +97,23 @@ class FakeWorker:
       on_term: "exit" (ends ``term_delay`` seconds after SIGTERM, as ``term_exit``) or "ignore".
       stopped: it is stopped (SIGSTOP) until SIGTERM+SIGCONT or SIGKILL.
       stopped_until: or: stopped until this fake time (someone sends SIGCONT).
+      stacks: the lines it answers a stacks request with (``dump_stacks``), ``stacks_delay``
+        fake seconds later, unless it is stopped then; None: it never answers.
     """
 
     def __init__(self, clock: FakeClock, plan: ProcessPlan, lines=(), exit: Exit | None = None,
                  exit_at: float | None = None, exit_after_polls: int | None = None,
                  eof_at: float | None = None, on_term: str = "exit", term_delay: float = 0.0,
                  term_exit: Exit = Killed(signal.SIGTERM), stopped: bool = False,
-                 stopped_until: float | None = None):
+                 stopped_until: float | None = None, stacks: list | None = None,
+                 stacks_delay: float = 0.1):
         self.clock, self.plan = clock, plan
         self.script = sorted(lines, key=lambda item: item[0])
         self.exit_after_polls, self.eof_at = exit_after_polls, eof_at
         self.on_term, self.term_delay, self.term_exit = on_term, term_delay, term_exit
         self.is_stopped = stopped or stopped_until is not None
         self.stopped_until = stopped_until
+        self.stacks, self.stacks_delay = stacks, stacks_delay
         self.end = (exit_at, exit) if exit is not None and exit_at is not None else None
         self.pending_exit = exit
         self.polls = 0
@@ -158,6 +162,17 @@ class FakeWorker:
         self.calls.append(("kill", self.clock.now))
         if self._ended() is None:
             self._die(Killed(signal.SIGKILL))
+
+    def dump_stacks(self) -> None:
+        self.calls.append(("dump_stacks", self.clock.now))
+        if self.stacks is None or self._ended() is not None or self.is_stopped:
+            return
+        at = self.clock.now + self.stacks_delay
+        with self.clock.cond:
+            later = [item for item in self.script if item[0] > at]
+            # the reader takes script lines by index: the answer goes before any later line
+            self.script[len(self.script) - len(later):] = [(at, line) for line in self.stacks] + later
+            self.clock.cond.notify_all()
 
     def stopped(self) -> bool:
         self.calls.append(("stopped", self.clock.now))

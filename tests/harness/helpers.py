@@ -301,3 +301,37 @@ def fill(path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def checked_ledger(run_dir) -> dict:
+    """``<run_dir>/ledger.json`` (``launcher.run.ledger``), checked as every test of a real
+    run checks it: every bucket present and >= 0, each attempt's buckets adding up to its
+    ``wall_s``, and the run's to its wall time (run.json's ``duration_s``) within 1%.
+
+    Returns the ledger ({"run": ..., "attempts": [...]}).
+    """
+    import json
+
+    from launcher.run import ledger
+
+    with open(os.path.join(run_dir, ledger.LEDGER_FILE)) as f:
+        data = json.load(f)
+    with open(os.path.join(run_dir, "run.json")) as f:
+        record = json.load(f)
+    for entry in data["attempts"] + [data["run"]]:
+        buckets = entry["buckets_s"]
+        assert set(buckets) == set(ledger.BUCKETS), entry
+        assert all(v >= 0 for v in buckets.values()), entry
+        assert abs(sum(buckets.values()) - entry["wall_s"]) <= 0.01, entry
+    wall = data["run"]["wall_s"]
+    assert abs(wall - record["duration_s"]) <= 0.01 * record["duration_s"], (data["run"], record)
+    assert record["goodput"] == data["run"]["goodput"]
+    return data
+
+
+def logged_steps(log_path) -> int | None:
+    """The furthest step a process's log shows (its progress lines and its own failure line)."""
+    with open(log_path, errors="replace") as f:
+        steps = [int(m.group(1) or m.group(2)) for m in
+                 re.finditer(r"^(?:step (\d+)/\d+ |failed at step (\d+):)", f.read(), re.M)]
+    return max(steps, default=None)

@@ -117,8 +117,8 @@ def test_noise_is_only_what_users_cannot_act_on():
 def test_warnings_errors_and_whole_tracebacks_are_notable_routine_lines_are_not():
     attention = kinds.Attention()
     routine = [progress(10), "process 1/4 joined 127.0.0.1:1234", "done",
-               "resumed from the checkpoint of step 15 (attempt 1)",
-               "checkpoint of step 20 saved: /r/checkpoints/step-0000020"]
+               "resumed from the checkpoint of step 15 (attempt 1) in 0.021 s",
+               "checkpoint of step 20 saved in 0.004 s: /r/checkpoints/step-0000020"]
     assert not any(attention(line) for line in routine)
     traceback = ["Traceback (most recent call last):", '  File "/w/main.py", line 3, in <module>',
                  "    train()", "RuntimeError: injected failure at step 7"]
@@ -305,7 +305,7 @@ def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(t
         return d
 
     make("linear", "20261130-101500-123", started="2026-11-30T10:15:00", state="succeeded", attempts=3,
-         step=100, num_steps=100, final_loss=0.00886711, duration_s=2.8,
+         step=100, num_steps=100, final_loss=0.00886711, duration_s=2.8, goodput=0.8123,
          failures={"preemption": 2, "\x1b[2Jbad": "x"})
     make("linear", "20261201-090000-000", started="2026-12-01T09:00:00", state="running", attempts=0,
          step=None, num_steps=100, final_loss=None, duration_s=0.0,
@@ -319,12 +319,12 @@ def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(t
     assert result.returncode == 0, result.stderr
     rows = result.stdout.splitlines()
     assert rows[0].split() == ["job", "started", "state", "attempts", "steps", "final", "loss",
-                               "duration", "failures", "run", "dir"]
-    assert re.match(r"^linear +2026-12-01 09:00:00 +unfinished +0 +- +- +0\.0s +- +"
+                               "duration", "goodput", "failures", "run", "dir"]
+    assert re.match(r"^linear +2026-12-01 09:00:00 +unfinished +0 +- +- +0\.0s +- +- +"
                     r"runs/linear/20261201-090000-000$", rows[1]), rows
     assert re.match(r"^linear +2026-11-30 10:15:00 +succeeded +3 +100/100 +0\.00886711 +2\.8s +"
-                    r"preemption 2 +runs/linear/20261130-101500-123$", rows[2]), rows
-    assert re.match(r"^diabetes +2026-11-29 08:00:00 +- +- +20 +2\.5 +- +- +"
+                    r"0\.81 +preemption 2 +runs/linear/20261130-101500-123$", rows[2]), rows
+    assert re.match(r"^diabetes +2026-11-29 08:00:00 +- +- +20 +2\.5 +- +- +- +"
                     r"runs/diabetes/20261129-080000-000$", rows[3]), rows
     only = subprocess.run(LAUNCH + ["runs", "diabetes", "--root", str(root)], cwd=str(tmp_path),
                           env=env_for_tests(), capture_output=True, text=True, timeout=60)

@@ -57,6 +57,22 @@ def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_pa
     try:
         shown = _read_until(master, r"\[p0\] step 60/")
         assert len(run_pids(str(run_dir))) == 2
+        # launch stacks on the live run: every process's stacks, and the run goes on
+        asked = subprocess.run(LAUNCH + ["stacks", str(run_dir)], cwd=REPO, env=env_for_tests(),
+                               capture_output=True, text=True, timeout=60)
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        for process_id in (0, 1):
+            assert re.search(rf"^stacks: p{process_id} stands in \S+", asked.stdout, re.M), asked.stdout
+            path = run_dir / "logs" / f"process-00{process_id}.stacks.txt"
+            assert f"process {process_id}: {path}" in asked.stdout
+            assert "(most recent call first):" in path.read_text()
+        if kind == "program":  # its own loop, in tests/programs/faulty_program.py
+            assert re.search(r"^stacks: p0 stands in \S+ \(faulty_program\.py:\d+\)", asked.stdout,
+                             re.M), asked.stdout
+        seen = _read_until(master, r"stacks \(asked by launch stacks\): read 2 of 2 processes")
+        step = max(int(s) for s in re.findall(r"\[p0\] step (\d+)/", shown + seen))
+        _read_until(master, rf"\[p0\] step {step + 20}/")  # still training
+        assert len(run_pids(str(run_dir))) == 2
     finally:
         os.close(master)  # the terminal goes away
     try:

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from harness.helpers import (KINDS, NO_RESTARTS, REPO, PROGRAMS, event_files, launch, launched, long_job, read_scalars, run_pids,
+from harness.helpers import (KINDS, NO_RESTARTS, REPO, PROGRAMS, checked_ledger, event_files, launch, launched, long_job, read_scalars, run_pids,
                      wait_gone)
 
 pytestmark = pytest.mark.slow
@@ -34,9 +34,11 @@ def test_main_job_trains_and_logs_to_tensorboard(tmp_path):
     assert len(re.findall(r"step 100/100 loss", out)) == 1
     assert f"tensorboard --logdir {run_dir}/tensorboard" in out
     assert "OK: 2 processes succeeded" in out
-    # one event file, process 0's, with the loss at every logged step
-    files = event_files(str(run_dir))
-    assert len(files) == 1 and files[0].startswith(str(run_dir / "tensorboard"))
+    # one event file of the job, process 0's, with the loss at every logged step (and the
+    # launcher's of the goodput ledger, a TensorBoard run of its own: tensorboard/goodput)
+    files = sorted(event_files(str(run_dir)))
+    assert sorted(os.path.dirname(f) for f in files) == [str(run_dir / "tensorboard"),
+                                                         str(run_dir / "tensorboard" / "goodput")]
     scalars = read_scalars(str(run_dir / "tensorboard"))
     steps = [step for step, _ in scalars["loss"]]
     assert steps == list(range(10, 101, 10))
@@ -55,6 +57,18 @@ def test_main_job_trains_and_logs_to_tensorboard(tmp_path):
     assert record["final_loss"] == pytest.approx(losses[-1], rel=1e-5)
     assert (run_dir / "spec.yaml").exists()
     assert not run_pids(str(run_dir))
+    # the goodput ledger: a clean run's time adds up, and shows as scalars and in the summary
+    ledger = checked_ledger(run_dir)
+    (attempt,) = ledger["attempts"]
+    buckets = attempt["buckets_s"]
+    assert buckets["productive"] > 0 and buckets["checkpoint"] > 0 and buckets["start_and_join"] > 0
+    assert buckets["teardown"] == buckets["retrained"] == buckets["restart_wait"] == 0
+    assert (attempt["resumed_step"], attempt["reached_step"], attempt["steps_again"]) == (0, 100, 0)
+    assert re.search(rf"^podlaunch: goodput {ledger['run']['goodput']:.2f} \([\d.]+ s of [\d.]+ s "
+                     r"trained forward\); largest badput: ", out, re.M), out
+    goodput = read_scalars(str(run_dir / "tensorboard" / "goodput"))
+    assert goodput["goodput/goodput"] == [(100, pytest.approx(ledger["run"]["goodput"], abs=1e-4))]
+    assert goodput["goodput/productive_s"][0][1] == pytest.approx(buckets["productive"], abs=1e-3)
 
 
 def numpy_gradient_descent(steps: int, lr: float, num_examples=256, in_features=4, noise_std=0.1,
@@ -233,8 +247,27 @@ def test_the_stall_watchdog_ends_a_live_hang(tmp_path):
                   "--set", "task.args.crash_process_id=1", "--set", "task.args.mode=stall",
                   *NO_RESTARTS) as out:
         out.wait_for("faulty_task: injecting stall at step 5", 120)
+        injected_at = time.monotonic()
+        out.wait_for("killing every process", 60)
+        while run_pids(str(run_dir)) and time.monotonic() < injected_at + 30:
+            time.sleep(0.05)
+        gone_at = time.monotonic()
         code, text = out.finish(90)
     assert code == 1, text
+    # the stacks were read before the kill, and the teardown still ended within
+    # stall_timeout_s + 5 s of the hang
+    assert gone_at - injected_at <= 4 + 5, (gone_at - injected_at, text[-3000:])
+    assert re.search(r"^podlaunch: stacks \(stalled\): read 2 of 2 processes in \d\.\d s$", text, re.M), text
+    # the summary names the function process 1 hangs in, and where process 0 waits for it
+    assert re.search(r"^stacks: p1( \(stalled\))? stands in on_step_end \(faulty_task\.py:\d+\)$",
+                     text, re.M), text[-3000:]
+    # (podlaunch's worker waiting on the device: worker/steptimer.py's wait, in JAX's own)
+    assert re.search(r"^stacks: p0( \(stalled\))? stands in \w+ \(\w+\.py:\d+\), in \w+ \(", text,
+                     re.M), text[-3000:]
+    for process_id in (0, 1):  # every thread of each process, beside its log
+        dump = (run_dir / "logs" / f"process-00{process_id}.stacks.txt").read_text()
+        threads = dump.count("(most recent call first):")  # every Python thread (JAX's are native)
+        assert threads >= 1 and dump.startswith(f"# p{process_id}: {threads} thread"), dump
     # p0 blocks in the next step's collective behind the hung p1, so both stop at step 5 and the
     # launcher cannot tell them apart (no /proc state differs, as SIGSTOP's does): it may name either
     assert re.search(r"p[01] stalled: no step progress for \d+\.\d s \(stall_timeout_s 4\); ", text), text

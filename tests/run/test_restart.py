@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import yaml
 
-from harness.helpers import KINDS, PROGRAMS, REPO, launch, launched, pids_with_env, program_job, read_scalars
+from harness.helpers import (KINDS, PROGRAMS, REPO, checked_ledger, launch, launched, logged_steps,
+                             pids_with_env, program_job, read_scalars)
 from harness.runs import assert_same_params, fault, params, ssh_cluster
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,7 @@ def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_
                      r"restart 1 of 1 in all\)", out), out
     assert ("podlaunch: attempt 1 (infrastructure restart 1 of 10; restart 1 of 1 in all): "
             "starting 2 processes") in out
-    assert re.search(r"^\[p0\] resumed from the checkpoint of step 15 \(attempt 1\)$", out, re.M), out
+    assert re.search(r"^\[p0\] resumed from the checkpoint of step 15 \(attempt 1\) in [0-9.]+ s$", out, re.M), out
     # the default view: process 1's progress lines are in its log only
     assert not re.search(r"^\[p1\] step \d+/", out, re.M), out
     # ... in the logs, one file per process per attempt ...
@@ -62,7 +63,16 @@ def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_
     assert sorted(os.listdir(logs / "attempt-1")) == ["process-000.log", "process-001.log"]
     assert "injecting sigkill at step 17" in (logs / "process-001.log").read_text()
     second = (logs / "attempt-1" / "process-001.log").read_text()
-    assert "resumed from the checkpoint of step 15 (attempt 1)\n" in second
+    # the ledger: the crash's teardown, the restore, and the steps trained again as the logs
+    # show them (attempt 0 logged up to its last step line; attempt 1 resumed from step 15)
+    ledger = checked_ledger(run_dir)
+    first, again = ledger["attempts"]
+    assert first["buckets_s"]["teardown"] > 0 and first["buckets_s"]["shutdown"] == 0
+    assert again["buckets_s"]["restore"] > 0 and again["resumed_step"] == 15
+    logged = max(logged_steps(logs / f"process-00{i}.log") for i in range(2))
+    assert again["steps_again"] == logged - 15 == ledger["run"]["steps_again"], ledger
+    assert re.search(r"^resumed from the checkpoint of step 15 \(attempt 1\) in [0-9.]+ s$",
+                     second, re.M)
     # the restart's process 0 loads what attempt 0 compiled (the run's compilation cache;
     # JAX writes from process 0 only, and process 1's executables, on other devices, have
     # other keys: it compiles again), and every process says what it found
@@ -179,6 +189,10 @@ def test_a_python_error_is_not_retried_and_says_so(tmp_path):
             "errors)") in out, out[-3000:]
     assert "RuntimeError: injected failure at step 7" in out
     assert "attempt 1" not in out and not (run_dir / "logs" / "attempt-1").exists()
+    # the furthest step the ledger saw is the logs' (each worker's own failure line names its step)
+    (attempt,) = checked_ledger(run_dir)["attempts"]
+    logged = max(logged_steps(run_dir / "logs" / f"process-00{i}.log") for i in range(2))
+    assert attempt["reached_step"] == logged >= 7 and attempt["buckets_s"]["teardown"] > 0
 
 
 def attempt_pids(run_dir, attempt: int) -> list:
@@ -189,8 +203,8 @@ def attempt_pids(run_dir, attempt: int) -> list:
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, kind, request):
     run_dir = tmp_path / "run"
-    if kind == "trainer":
-        job = ("jobs/linear.yaml", *COMMON, *fault("sigstop", 12))
+    if kind == "trainer":  # every step logged: the ledger's steps trained again are the logs'
+        job = ("jobs/linear.yaml", *COMMON, *fault("sigstop", 12), "--set", "logging.log_every_steps=1")
     else:  # a program that reports: its heartbeats feed the watchdog as the trainer's do
         job = (program_job(tmp_path, "sigstop", target=1, at=12, steps=STEPS, num_processes=2),
                "--set", "restarts.backoff_s=0.2")
@@ -217,9 +231,16 @@ def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, k
                      out), out
     assert re.search(r"^p1 +localhost +failed \(first\) +stalled: no step progress", out, re.M), out
     assert "stalled (no step progress for " in out and "retried after 0.2 s" in out
+    # the ledger of a stalled run: the stall's wait is failure detection and teardown
+    ledger = checked_ledger(run_dir)
+    stalled, again = ledger["attempts"]
+    assert stalled["buckets_s"]["teardown"] > 2.0, stalled
     if kind == "trainer":
         assert "[p0] resumed from the checkpoint of step 10 (attempt 1)" in out
         assert_same_params(params(run_dir), request.getfixturevalue("uninterrupted"))
+        logged = max(logged_steps(run_dir / "logs" / f"process-00{i}.log") for i in range(2))
+        assert again["steps_again"] == logged - 10 > 0, (logged, again)
+        assert again["buckets_s"]["retrained"] > 0
     else:  # the program is told the attempt and that it resumes
         assert "[p1] faulty_program: attempt 1, PODLAUNCH_RESUME=1" in out, out[-4000:]
         assert f"[p0] step {STEPS}/{STEPS} loss" in out
@@ -271,9 +292,13 @@ def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, two_ssh_hos
     # each attempt gets a fresh coordinator port: the old one may still be held by a dying
     # coordinator or in TIME_WAIT
     assert len(ports) == 2 and ports[0] != ports[1], ports
-    assert "resumed from the checkpoint of step 15 (attempt 1)\n" in \
-        (run_dir / "logs" / "attempt-1" / "process-001.log").read_text()
+    assert re.search(r"^resumed from the checkpoint of step 15 \(attempt 1\) in [0-9.]+ s$",
+                     (run_dir / "logs" / "attempt-1" / "process-001.log").read_text(), re.M)
     assert_same_params(params(run_dir), uninterrupted)
+    # the ledger over ssh: from the lines the launcher read off each host's channel
+    first, again = checked_ledger(run_dir)["attempts"]
+    assert first["buckets_s"]["launch"] > 0 and again["buckets_s"]["launch"] > 0  # preflight, twice
+    assert first["buckets_s"]["teardown"] > 0 and again["buckets_s"]["restore"] > 0
     # only process 0's host has checkpoints: process 1 got the state by broadcast
     remote = [tmp_path / f"host{i}" / "runs" / "linear" / "run" for i in range(2)]
     assert sorted(os.listdir(remote[0] / "checkpoints"))[-1] == "step-0000040"

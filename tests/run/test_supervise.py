@@ -21,7 +21,7 @@ import pytest
 from harness.fakes import FakeClock, FakeSession, FakeWorker, process_plan
 from launcher.console import lines
 from launcher import spec as specs
-from launcher.run import classes, restarts
+from launcher.run import classes, restarts, stacks
 from launcher.run.classes import FailureClass
 from launcher.run import supervise as supervision
 from launcher.console import Console
@@ -36,6 +36,11 @@ KILLED, OK = Killed(signal.SIGKILL), Exited(0)
 def progress(step: int, num_steps: int = 100) -> str:
     return contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5, steps_per_s=10.0,
                                            step_time_s=0.1, own_step_time_s=0.01)
+
+
+# a worker's answer to a stacks request (launcher.run.stacks), as faulthandler writes it
+DUMP = ["Current thread 0x00007f0000000001 (most recent call first):",
+        '  File "/home/me/task.py", line 7 in on_step_end']
 
 
 def heartbeat(step: int) -> str:
@@ -225,7 +230,7 @@ def test_the_stall_watchdog_names_a_stopped_worker_over_its_blocked_peers(tmp_pa
     run = Run(tmp_path)
     # p1 is stopped (SIGSTOP) after step 10; p0 waits for it in a collective. p0's last
     # heartbeat is older (heartbeats have their own phase), so p0 crosses the limit first.
-    peer = run.worker(lines=[(0.9, heartbeat(10))])
+    peer = run.worker(lines=[(0.9, heartbeat(10))], stacks=DUMP)  # answers in 0.1 s
     stopped = run.worker(lines=[(1.0, heartbeat(10))], stopped=True)
     result = run.supervise(watchdog=Watchdog(stall_timeout_s=5.0, first_step_timeout_s=100.0))
 
@@ -238,9 +243,11 @@ def test_the_stall_watchdog_names_a_stopped_worker_over_its_blocked_peers(tmp_pa
                     r"SIGSTOP\) \(stall_timeout_s 5\); last step seen of every process: "
                     r"p0 10 \(5\.\d s ago\), p1 10 \(5\.\d s ago\); killing every process", message), message
     # SIGKILL at once, to both, and no SIGTERM: a stopped process cannot act on it; not
-    # when p0 crossed the limit (5.9) but when p1 did (6.0)
+    # when p0 crossed the limit (5.9) but when p1 did (6.0), once p0's stacks are read
+    # (its answer 0.1 s after the request, then stacks.QUIET_S without more of it)
     [kill] = stopped.called("kill")
-    assert peer.called("kill") == [kill] and 6.0 < kill <= 6.0 + 2 * POLL_S
+    assert peer.called("kill") == [kill] and 6.0 < kill <= 6.0 + 0.1 + stacks.QUIET_S + 3 * POLL_S
+    assert peer.called("dump_stacks") and not stopped.called("dump_stacks")
     assert peer.called("terminate") == stopped.called("terminate") == []
     verdict = classes.classify(result)
     assert verdict.failure_class is FailureClass.STALL
@@ -286,13 +293,14 @@ def test_without_a_stopped_worker_the_stall_names_the_oldest_progress(tmp_path):
 
 def test_the_first_step_timeout_applies_before_the_first_step_and_heartbeats_count(tmp_path):
     run = Run(tmp_path)
-    run.worker()  # silent since start: imports, compile... or hung
-    run.worker(lines=[(0.5, progress(1))] + [(0.5 + k, heartbeat(1)) for k in range(1, 20)])
+    run.worker(stacks=DUMP)  # silent since start: imports, compile... or hung
+    run.worker(lines=[(0.5, progress(1))] + [(0.5 + k, heartbeat(1)) for k in range(1, 20)],
+               stacks=DUMP)
     result = run.supervise(watchdog=Watchdog(stall_timeout_s=2.0, first_step_timeout_s=3.0))
     assert result.first_failure is result.processes[0]
     assert re.match(r"^p0 stalled: no first step after 3\.\d s \(first_step_timeout_s 3\); last step "
                     r"seen of every process: p0 none, p1 1 \(0\.\d s ago\)", run.said[0]), run.said[0]
-    assert 3.0 < result.elapsed_s < 3.0 + 3 * POLL_S
+    assert 3.0 < result.elapsed_s < 3.0 + 0.1 + stacks.QUIET_S + 4 * POLL_S  # the stacks first
 
 
 def test_heartbeats_keep_a_slow_worker_alive_past_the_stall_timeout(tmp_path):

@@ -36,7 +36,7 @@ from launcher.backends.slurm.commands import Slurm, scrubbed
 from launcher.errors import LaunchError
 from launcher.plan import ProcessPlan
 from launcher.state import Exit, exit_of, Exited, Killed, Lost
-from worker import contract
+from worker import contract, interrupts
 
 # srun's own report of how its task ended: "srun: error: n2: task 0: Killed"
 TASK_END = re.compile(r"^srun: error: (?P<node>\S+): task \d+: (?P<what>.+)$")
@@ -201,6 +201,11 @@ class SrunWorker:
         if step is not None:
             self.slurm.cancel(step, signal="KILL")
         proctl.signal_pid(self._proc.pid, (signal.SIGTERM,))  # srun: kill the step, then exit
+
+    def dump_stacks(self) -> None:
+        step = self.step()
+        if step is not None:  # Slurm signals the step's task: the worker (and what it started)
+            self.slurm.cancel(step, signal=interrupts.STACKS_SIGNAL.name[3:])
 
     def stopped(self) -> bool:
         return False  # the task's state lives on its node; the watchdog's SIGKILL covers it

@@ -83,10 +83,13 @@ class HostChannels:
         """
         return run_on_channel(self.open(timeout_s), text, timeout_s)
 
-    def signal(self, pgid: int, signals: tuple, timeout_s: float = 10.0) -> None:
-        """Send ``signals`` (names) to group ``pgid``; over a fresh connection if these fail."""
+    def signal(self, pgid: int, signals: tuple, timeout_s: float = 10.0,
+               leader: bool = False) -> None:
+        """Send ``signals`` (names) to group ``pgid`` (``leader``: to its leader alone); over
+        a fresh connection if these fail."""
         argv = remote.python_call(self.host.python, "killpg", {"pgid": int(pgid),
-                                                              "signals": list(signals)})
+                                                              "signals": list(signals),
+                                                              "leader": leader})
         self._run_or_fresh(command_line(argv), timeout_s)
 
     def _run_or_fresh(self, text: str, timeout_s: float) -> None:

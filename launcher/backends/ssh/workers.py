@@ -35,6 +35,7 @@ from launcher.backends.ssh.settings import SshSettings
 from launcher.errors import LaunchError
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of, Exited, Lost
+from worker import interrupts
 
 
 class SshWorker:
@@ -171,6 +172,13 @@ class SshWorker:
 
     def kill(self) -> None:
         self._send(("KILL",))
+
+    def dump_stacks(self) -> None:
+        # the worker alone (it leads its group: its pid is the pgid), over the host's channels
+        def send():
+            if self._pgid_known.wait(1.0):
+                self.channels.signal(self.pgid, (interrupts.STACKS_SIGNAL.name[3:],), leader=True)
+        threading.Thread(target=send, name=f"stacks-{self.plan.process_id}").start()
 
     def stopped(self) -> bool:
         # the host's /proc says (one round trip per host for every worker, at most

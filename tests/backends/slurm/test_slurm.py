@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from harness import sshenv
-from harness.helpers import (LAUNCH, NO_RESTARTS, REPO, Output, env_for_tests, launch, pids_with_env, program_job, run_pids,
+from harness.helpers import (LAUNCH, NO_RESTARTS, REPO, Output, checked_ledger, env_for_tests, launch, pids_with_env, program_job, run_pids,
                      sighup_default, wait_gone)
 from harness.slurmenv import SlurmTestEnv
 
@@ -404,6 +404,11 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_params(slu
     assert re.search(r"^\[p0 n1\] resumed from the checkpoint of step \d+", out, re.M), out
     assert_uninterrupted_params(run_dir, tmp_path / "local")
     assert urgent and not run_pids(str(run_dir))
+    # the ledger on Slurm: the requeue's wait (pending until slurmctld starts it again) is
+    # the second attempt's launch
+    preempted, again = checked_ledger(run_dir)["attempts"]
+    assert preempted["buckets_s"]["teardown"] > 0 and again["buckets_s"]["launch"] > 0
+    assert again["buckets_s"]["restore"] > 0 and again["resumed_step"] > 0
 
 
 def resumed_run(slurm, cluster: str, run_dir, interrupt) -> tuple[str, str]:

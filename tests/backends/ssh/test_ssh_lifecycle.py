@@ -176,22 +176,39 @@ def hosts(two_ssh_hosts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("process_id", [0, 1, 2, 3])
-def test_the_sigstopped_remote_worker_is_named(tmp_path, hosts, process_id):
+@pytest.mark.parametrize("mode, process_id", [("sigstop", 0), ("sigstop", 1), ("sigstop", 2),
+                                              ("sigstop", 3), ("stall", 1)])
+def test_the_sigstopped_remote_worker_is_named(tmp_path, hosts, mode, process_id):
     """2 hosts x 2 processes; one is SIGSTOPped at step 6. Its peers block behind it in the
     next all-reduce within milliseconds, so only the host's process state tells them apart:
-    the summary must name the stopped one, for each process_id in turn."""
+    the summary must name the stopped one, for each process_id in turn. Every other
+    process's stacks are read on its host before the kill; the stopped one is named as
+    unreadable. ``stall``: process 1 sleeps in the task's own function instead, alive: its
+    stacks, read over SSH, name that function."""
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts, [0, 1],
                                                                   processes_per_host=2),
                     "--set", "cluster.devices_per_process=1", "--set", "train.num_steps=100000",
                     "--set", "logging.log_every_steps=1", "--set", "watchdog.stall_timeout_s=5",
                     "--set", "checkpoint.every_steps=0", "--set", "restarts.max_restarts=0",
-                    "--set", "task.name=faulty_task:make", "--set", "task.args.mode=sigstop",
+                    "--set", "task.name=faulty_task:make", "--set", f"task.args.mode={mode}",
                     "--set", "task.args.crash_at_step=6",
                     "--set", f"task.args.crash_process_id={process_id}", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
+    others = [p for p in range(4) if p != process_id]
+    dumps = [run_dir / "logs" / f"process-00{p}.stacks.txt" for p in range(4)]
+    if mode == "stall":  # alive: every process answers, and the hung one stands in its task
+        assert re.search(r"^podlaunch: stacks \(stalled\): read 4 of 4 processes", out, re.M), out
+        assert re.search(r"^stacks: p1 127\.0\.0\.\d( \(stalled\))? stands in on_step_end "
+                         r"\(faulty_task\.py:\d+\)$", out, re.M), out
+        assert all(d.exists() for d in dumps)
+        assert not leftovers(tmp_path, run_dir, 2)
+        return
+    assert re.search(rf"^stacks: p{process_id} 127\.0\.0\.\d could not be read: it is stopped \(SIGSTOP",
+                     out, re.M), out
+    assert [d.exists() for d in dumps] == [p != process_id for p in range(4)], out
+    assert all(f"p{p} 127.0.0." in dumps[p].read_text().splitlines()[0] for p in others)
     assert re.search(rf"^podlaunch: p{process_id} 127\.0\.0\.\d stalled: no step progress for \d+\.\d s \(the process "
                      r"is stopped, e\.g\. by SIGSTOP\) \(stall_timeout_s 5\); last step seen", out, re.M), out
     assert re.search(rf"^p{process_id} +127\.0\.0\.\d +failed \(first\) +stalled: ",

@@ -1,0 +1,83 @@
+"""``launch stacks RUN_DIR``: every process's stacks of a live run, now.
+
+Asks the run's launcher (``run.json``'s ``launcher`` pid, on this machine) with
+``launcher.interrupts.STACKS_REQUEST_SIGNAL``; the launcher reads every process's
+stacks through its backend's transport (``launcher.run.stacks``), writes them beside the
+attempt's logs and its answer, ``stacks.json``, which this command waits for (at most
+``--timeout-s``) and prints. The run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import socket
+import time
+
+from launcher import interrupts
+from launcher.commands import runs
+from launcher.errors import LaunchError, Problem, SpecError
+from launcher.run import stacks
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="launch stacks", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the live run's directory")
+    parser.add_argument("--timeout-s", type=float, default=15.0,
+                        help="how long to wait for the launcher's answer (default 15)")
+    return parser
+
+
+def _answers(run_dir: str) -> list:
+    """Every ``stacks.json`` under the run's logs, newest answer first."""
+    found = []
+    for path in glob.glob(os.path.join(run_dir, "logs", "**", stacks.ANSWER_FILE), recursive=True):
+        try:
+            with open(path, encoding="utf-8") as f:
+                found.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return sorted((a for a in found if isinstance(a, dict) and isinstance(a.get("at"), (int, float))),
+                  key=lambda a: a["at"], reverse=True)
+
+
+def main(argv: list) -> int:
+    """Ask, wait, print; returns the exit code.
+
+    Raises:
+      SpecError: RUN_DIR is not a run with a live launcher on this machine (exit 2).
+      LaunchError: the launcher did not answer within ``--timeout-s`` (exit 1).
+    """
+    args = _parser().parse_args(argv)
+    run_dir = args.run_dir
+    record = runs.read_record(os.path.join(run_dir, runs.RUN_FILE)) if os.path.isdir(run_dir) else None
+    if record is None:
+        raise SpecError([Problem("RUN_DIR", None, "", f"{run_dir} holds no run.json: give the "
+                                 "directory of a run (`launch runs` lists them)")])
+    launcher = record.get("launcher")
+    if record.get("state") != "running" or not runs.launcher_alive(launcher):
+        raise SpecError([Problem("RUN_DIR", None, "", f"the run in {run_dir} is not running "
+                                 f"(state {record.get('state')!r}, its launcher gone): stacks "
+                                 "are read from a live run")])
+    if launcher.get("host") != socket.gethostname():
+        raise SpecError([Problem("RUN_DIR", None, "", f"its launcher runs on {launcher.get('host')} "
+                                 f"(pid {launcher['pid']}): run `launch stacks` there")])
+    asked_at = time.time()
+    os.kill(launcher["pid"], interrupts.STACKS_REQUEST_SIGNAL)
+    deadline = time.monotonic() + args.timeout_s
+    while time.monotonic() < deadline:
+        fresh = [a for a in _answers(run_dir) if a["at"] >= asked_at]
+        if fresh:
+            answer = fresh[0]
+            for line in answer.get("lines") or []:
+                print(line)
+            files = answer.get("files") or {}
+            for process_id in sorted(files, key=int):
+                print(f"process {process_id}: {files[process_id]}")
+            return 0
+        time.sleep(0.1)
+    raise LaunchError(f"the launcher (pid {launcher['pid']}) did not answer within "
+                      f"{args.timeout_s:g} s: it answers while its processes run (not while "
+                      "it starts them or waits before a restart); try again")

@@ -1,0 +1,268 @@
+"""The goodput ledger: where every second of a run went, per attempt, in named buckets.
+
+Goodput is the share of a run's wall time that trained the model forward; the rest is
+badput, split the way Google's ml-goodput-measurement splits it (initialization, program
+startup, compilation, checkpoint save and restore, progress lost to a disruption,
+recovery), but read from what the launcher already has: its own clock at each stage of
+an attempt, and the arrival time of each worker line (``state.ProcessStats``), plus the
+seconds the workers say their checkpoint saves and restores took. Nothing is added to a
+step.
+
+An attempt's wall time, from the moment the launcher began preparing it to the moment
+its last process had ended, is cut at the boundaries below (each the latest of its
+processes, clamped so that they never go back in time); a restart's wait lies between
+two attempts:
+
+==================  ==========================================================
+``launch``          spec, plan, preflight, and starting every process (a
+                    restart's planning again)
+``start_and_join``  interpreters, imports, ``jax.distributed.initialize``: to
+                    the last process's ``joined`` line
+``compilation``     data, parameters, tracing and compilation: to the last
+                    process's first step (its compilation-cache line)
+``restore``         the checkpoint restore (process 0's seconds), taken out of
+                    the stretch its line arrived in
+``productive``      steps that moved the run beyond any step it had reached
+``checkpoint``      checkpoint saves (process 0's seconds)
+``retrained``       steps trained again after a restart: from the checkpoint's
+                    step to the furthest step an earlier attempt had logged,
+                    at this attempt's mean step time
+``teardown``        after a failure: from the last progress line to every
+                    process ended (detection, the cause's wait, teardown)
+``shutdown``        after a clean end: the last progress line to every process
+                    ended (the final save is ``checkpoint``)
+``restart_wait``    between attempts: the backoff and the end of the attempt
+==================  ==========================================================
+
+The buckets add up to the attempt's wall time exactly (every one is a difference of
+the same clock), so the run's add up to its wall time; the ``ledger.json`` of a run
+directory keeps every launch's attempts (``--resume`` adds to it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from launcher import proctl
+
+LEDGER_FILE = "ledger.json"
+BUCKETS = ("launch", "start_and_join", "compilation", "restore", "productive", "checkpoint",
+           "retrained", "teardown", "shutdown", "restart_wait")
+# the ledger's words for each bucket (the summary, docs/recovery.md)
+WORDS = {"launch": "launch and preflight", "start_and_join": "process start and join",
+         "compilation": "compilation up to the first step", "restore": "checkpoint restore",
+         "productive": "productive steps", "checkpoint": "checkpoint saves",
+         "retrained": "steps trained again", "teardown": "failure detection and teardown",
+         "shutdown": "shutdown", "restart_wait": "waiting before a restart"}
+
+
+@dataclasses.dataclass
+class Times:
+    """The launcher's clock (``time.monotonic``, seconds) at an attempt's stages.
+
+    Attributes:
+      began_at: it began to be prepared (the launch, or a restart's planning).
+      started_at: every process had been started.
+      ended_at: every process had ended (``supervise`` returned).
+      waited_s: seconds waited after it before the next attempt began (``restart_wait``).
+    """
+
+    began_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    waited_s: float = 0.0
+
+
+def attempt_entry(number: int, times: Times, result, reached_before: int | None) -> dict:
+    """One attempt's ledger: ``{"attempt", "wall_s", "buckets_s", "steps", ...}``.
+
+    Args:
+      number: the attempt's number.
+      times: its ``Times`` (started_at/ended_at None: it never started; all is ``launch``).
+      result: its ``state.Result`` (None: it never started).
+      reached_before: the furthest step any earlier attempt of the run logged, or None.
+
+    Returns:
+      A dict for ``ledger.json``: ``wall_s``, ``buckets_s`` (every name in ``BUCKETS``,
+      seconds, summing to ``wall_s`` + ``restart_wait``), ``resumed_step`` (the checkpoint's
+      step it began after; 0 for a fresh start), ``reached_step`` (the furthest step it
+      logged: progress lines and its own failure line), ``steps_again`` (of the steps from
+      ``resumed_step``, how many an earlier attempt had logged; the steps a fault cut
+      before they were logged are in ``teardown`` instead).
+    """
+    buckets = dict.fromkeys(BUCKETS, 0.0)
+    entry = {"attempt": number, "buckets_s": buckets, "resumed_step": 0, "reached_step": None,
+             "steps_again": 0}
+    end = times.ended_at if times.ended_at is not None else times.started_at
+    if times.started_at is None or end is None or result is None:
+        buckets["launch"] = max(0.0, (end or times.began_at) - times.began_at)
+        return _finish(entry, times)
+    processes = result.processes
+    stats = [t.stats for t in processes]
+
+    # a failure's detection: the stages its attempt never reached end there, and the rest
+    # is teardown (a stall has no such moment: its wait is the stretch after the last step)
+    failure = result.first_failure
+    cut = end
+    if failure is not None and failure.stall is None and failure.ended_at is not None:
+        cut = min(max(failure.ended_at, times.began_at), end)
+
+    def latest(values, floor: float) -> float:
+        """The latest of every process's time, clamped to [floor, cut]; ``cut`` when some
+        process never got there (it is still the stage the attempt was in)."""
+        if not values or any(v is None for v in values):
+            return max(cut, floor)
+        return min(max(max(values), floor), max(cut, floor))
+
+    start = min(max(times.started_at, times.began_at), end)
+    joined_at = [t.joined_at for t in processes]
+    joined = start if all(v is None for v in joined_at) else latest(joined_at, start)
+    first_step = latest([s.first_step_at for s in stats], joined)
+    last_progress = max([s.progress_at for s in stats if s.progress_at is not None],
+                        default=first_step)
+    last_progress = min(max(last_progress, first_step), max(cut, first_step))
+    spans = {"launch": start - times.began_at, "start_and_join": joined - start,
+             "compilation": first_step - joined, "productive": last_progress - first_step}
+    ended_clean = result.exit_code == 0
+    spans["shutdown" if ended_clean else "teardown"] = end - last_progress
+    buckets.update(spans)
+    edges = [(joined, "start_and_join"), (first_step, "compilation"),
+             (last_progress, "productive"), (end, "shutdown" if ended_clean else "teardown")]
+
+    def take(at: float | None, seconds: float, into: str) -> None:
+        """Move ``seconds`` of the stretch the line arrived in (at ``at``) to ``into``."""
+        if at is None or seconds <= 0:
+            return
+        source = next((name for edge, name in edges if at <= edge), edges[-1][1])
+        moved = min(seconds, buckets[source])
+        buckets[source] -= moved
+        buckets[into] += moved
+
+    zero = stats[0] if stats else None
+    if zero is not None:
+        for at, seconds in zero.restores:
+            take(at, seconds, "restore")
+        for at, seconds in zero.saves:
+            take(at, seconds, "checkpoint")
+    # the furthest step its logs show: progress lines and a worker's own failure line (a
+    # heartbeat's step is for the watchdog, and not logged)
+    reached = max([t.stats.progress.step for t in processes if t.stats.progress is not None]
+                  + [t.last_step for t in processes if t.failed_at_step and t.last_step is not None],
+                  default=None)
+    resumed = max((s.resumed_at for s in stats), default=0)
+    entry["resumed_step"], entry["reached_step"] = resumed, reached
+    if reached_before is not None and reached is not None and reached_before > resumed:
+        again = min(reached, reached_before) - resumed
+        entry["steps_again"] = again
+        step_s = [s.mean_step_time_s for s in stats if s.mean_step_time_s is not None]
+        if step_s:
+            moved = min(buckets["productive"], again * max(step_s))
+            buckets["productive"] -= moved
+            buckets["retrained"] += moved
+    return _finish(entry, times)
+
+
+def _finish(entry: dict, times: Times) -> dict:
+    buckets = entry["buckets_s"]
+    buckets["restart_wait"] = max(0.0, times.waited_s)
+    entry["wall_s"] = round(sum(buckets.values()), 3)
+    entry["buckets_s"] = {name: round(value, 3) for name, value in buckets.items()}
+    return entry
+
+
+def totals(entries: list) -> dict:
+    """The run's ledger from its attempts' entries: ``wall_s``, ``buckets_s``, ``goodput``
+    (productive / wall, 0..1; None for no time at all) and ``largest_badput`` (the badput
+    bucket with the most seconds, or None)."""
+    buckets = {name: round(sum(e["buckets_s"].get(name, 0.0) for e in entries), 3)
+               for name in BUCKETS}
+    wall = round(sum(buckets.values()), 3)
+    badput = {name: v for name, v in buckets.items() if name != "productive" and v > 0}
+    largest = max(badput, key=badput.get) if badput else None
+    return {"wall_s": wall, "buckets_s": buckets,
+            "goodput": round(buckets["productive"] / wall, 4) if wall > 0 else None,
+            "largest_badput": largest,
+            "steps_again": sum(e.get("steps_again", 0) for e in entries)}
+
+
+def summary_line(run: dict) -> str | None:
+    """``goodput 0.83 (41.2 s of 49.6 s trained forward); largest badput: compilation up to
+    the first step 3.1 s`` for a run's ``totals``, or None when there is no time."""
+    if run.get("goodput") is None:
+        return None
+    productive, wall = run["buckets_s"]["productive"], run["wall_s"]
+    text = f"goodput {run['goodput']:.2f} ({productive:.1f} s of {wall:.1f} s trained forward)"
+    largest = run.get("largest_badput")
+    if largest is not None:
+        text += f"; largest badput: {WORDS[largest]} {run['buckets_s'][largest]:.1f} s"
+    if run.get("steps_again"):
+        text += f"; {run['steps_again']} steps trained again"
+    return text
+
+
+def read(run_dir: str) -> list:
+    """The attempts' entries of ``<run_dir>/ledger.json`` ([] when absent or unreadable)."""
+    try:
+        with open(os.path.join(run_dir, LEDGER_FILE), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return []
+    attempts = data.get("attempts") if isinstance(data, dict) else None
+    return [a for a in attempts if isinstance(a, dict) and isinstance(a.get("buckets_s"), dict)] \
+        if isinstance(attempts, list) else []
+
+
+def write(run_dir: str, entries: list) -> dict:
+    """Write ``<run_dir>/ledger.json``: ``{"run": totals, "attempts": entries}``, replaced
+    whole (``os.replace``); returns the run's totals.
+
+    Raises:
+      OSError: the file could not be written.
+    """
+    run = totals(entries)
+    path = os.path.join(run_dir, LEDGER_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8", opener=proctl.private_opener) as f:
+        json.dump({"run": run, "attempts": entries}, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+    return run
+
+
+def add_attempts(earlier: list, attempts: list) -> list:
+    """``earlier`` entries (``read``) followed by an entry for each ``restarts.Attempt`` of
+    this launch that has ``times``; each attempt's steps trained again count against the
+    furthest step of every entry before it."""
+    entries = list(earlier)
+    for attempt in attempts:
+        if attempt.times is None:
+            continue
+        before = max((e["reached_step"] for e in entries
+                      if isinstance(e.get("reached_step"), int)), default=None)
+        entries.append(attempt_entry(attempt.number, attempt.times, attempt.result, before))
+    return entries
+
+
+def write_scalars(logdir: str, entries: list, new: int) -> None:
+    """TensorBoard scalars of the run's ledger in ``logdir`` (``<run>/tensorboard/goodput``:
+    beside the loss, as a run of its own): for each of the last ``new`` entries, at its
+    furthest step, the run's ``goodput/goodput`` so far and ``goodput/<bucket>_s``.
+
+    Raises:
+      OSError: the event file could not be written.
+    """
+    from tensorboardX import SummaryWriter  # the launcher pays for the import at the end only
+
+    writer = SummaryWriter(logdir=logdir, flush_secs=1)
+    try:
+        for i in range(len(entries) - new, len(entries)):
+            run = totals(entries[:i + 1])
+            step = entries[i].get("reached_step") or 0
+            if run["goodput"] is not None:
+                writer.add_scalar("goodput/goodput", run["goodput"], step)
+            for name, seconds in run["buckets_s"].items():
+                writer.add_scalar(f"goodput/{name}_s", seconds, step)
+    finally:
+        writer.close()
