@@ -116,8 +116,8 @@ def main() -> None:
                   for name in ledger.BUCKETS))
         cover = [g["ledger"]["wall_s"] / g["wall_s"] for g in results[side]]
         print(f"        ledger wall / launch wall: {statistics.median(cover):.3f} "
-              f"({min(cover):.3f}-{max(cover):.3f}; the rest is the launcher's interpreter start "
-              "and its imports)")
+              f"({min(cover):.3f}-{max(cover):.3f}; the rest: the launcher's interpreter start and "
+              "imports, and its summary after the ledger is written)")
     ratios = [f["wall_s"] / c["wall_s"] for c, f in zip(results["clean"], results["faults"])]
     print(f"wall faults / clean: {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
     cost = [(f["wall_s"] - c["wall_s"]) / 2 for c, f in zip(results["clean"], results["faults"])]
