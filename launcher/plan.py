@@ -261,11 +261,14 @@ def restarts_text(policy) -> str:
 
 def describe(plan: Plan) -> str:
     """The ``--dry-run`` text: per process its host, id, env (secrets masked) and command."""
+    from launcher.console.words import plural  # here: the console package imports the plan
+
     job = plan.job
     batch = ("" if job.is_program else f"; global_batch_size {job.train.global_batch_size} "
              f"= {job.per_device_batch_size} per device")
     lines = [
-        f"job {job.name}: {plan.num_processes} processes x {job.local_device_count} devices "
+        f"job {job.name}: {plural(plan.num_processes, 'process')} x "
+        f"{plural(job.local_device_count, 'device')} "
         f"= device_count {job.device_count}{batch}",
         *([] if job.is_program else [job.epoch_text()]),
         f"coordinator_address {plan.coordinator_address}",
@@ -275,7 +278,7 @@ def describe(plan: Plan) -> str:
     for process in plan.processes:
         env = masked(process.env, job.secrets)
         lines.append(f"{process.label}: host {process.host}, process_id {process.process_id}, "
-                     f"{process.local_device_count} devices, log {process.log_path}"
+                     f"{plural(process.local_device_count, 'device')}, log {process.log_path}"
                      + (f", in {process.cwd}" if process.cwd else ""))
         lines.append("  " + " ".join(["env"] + [f"{k}={shlex.quote(v)}" for k, v in env.items()]
                                      + [shlex.quote(a) for a in

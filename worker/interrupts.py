@@ -84,6 +84,7 @@ STACKS_SIGNAL = signal.SIGUSR2
 # innermost first, a blank line between threads.
 STACKS_HEADER_RE = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):$")
 STACKS_FRAME_RE = re.compile(r'^  File "(?P<path>.*)", line (?P<line>\d+) in (?P<name>.*)$')
+_STACKS_HEADS = ("Thread 0x", "Current thread 0x")
 _STACKS_OTHER_RE = re.compile(r"^  (?:<no Python frame>|\.\.\.)$")  # no frame; cut at 100
 
 
@@ -100,6 +101,7 @@ def answer_stack_requests() -> None:
 def is_stacks_line(line: str, within: bool) -> bool:
     """Whether ``line`` is part of an ``answer_stack_requests`` dump: a thread's header, or,
     ``within`` a dump, a frame, a blank line between threads, or its other lines."""
-    return bool(STACKS_HEADER_RE.match(line)) or within and (
-        line == "" or STACKS_FRAME_RE.match(line) is not None
-        or _STACKS_OTHER_RE.match(line) is not None)
+    if line.startswith(_STACKS_HEADS):  # a prefix test first: every worker line passes here
+        return STACKS_HEADER_RE.match(line) is not None
+    return within and (line == "" or line.startswith("  ") and (
+        STACKS_FRAME_RE.match(line) is not None or _STACKS_OTHER_RE.match(line) is not None))

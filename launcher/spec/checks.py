@@ -13,6 +13,7 @@ import sys
 
 from launcher.errors import Problem, SpecError
 from launcher.spec import syncrules
+from launcher.console.words import plural
 from worker.sections import BUILTIN_TASKS  # the tasks worker.tasks builds in
 
 
@@ -56,7 +57,7 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
     rows, columns = data.num_examples, data.in_features + data.out_features
     refuse_over(spec.num_processes * rows * columns * 4, "num_examples",
                 f"{rows} rows x {columns} float32 columns need",
-                f"each of the {spec.num_processes} processes may generate every row",
+                f"each of the {plural(spec.num_processes, 'process')} may generate every row",
                 "lower data.num_examples or data.in_features, or write the data to a .npy file "
                 "(memory-mapped, streamed)")
 

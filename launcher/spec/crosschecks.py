@@ -13,6 +13,7 @@ import os
 from launcher.spec import datafiles, schema
 from launcher.spec.checks import BUILTIN_TASKS
 from launcher.spec.programspec import check_program
+from launcher.console.words import plural
 
 
 def check_job(spec, raw: dict, ctx: schema.Context):
@@ -25,8 +26,8 @@ def check_job(spec, raw: dict, ctx: schema.Context):
     if train.global_batch_size % spec.device_count:
         ctx.error(("train", "global_batch_size"),
                   f"{train.global_batch_size} does not divide evenly over device_count "
-                  f"{spec.device_count} ({spec.num_processes} processes x "
-                  f"{spec.local_device_count} devices); use a multiple of {spec.device_count}")
+                  f"{spec.device_count} ({plural(spec.num_processes, 'process')} x "
+                  f"{plural(spec.local_device_count, 'device')}); use a multiple of {spec.device_count}")
     k = train.steps_per_call
     for key, value in ((("train", "num_steps"), train.num_steps),
                        (("checkpoint", "every_steps"), spec.checkpoint.every_steps),
@@ -45,7 +46,7 @@ def check_job(spec, raw: dict, ctx: schema.Context):
                       "or remove data.path")
         if data.num_examples < train.global_batch_size:
             ctx.error(("data", "num_examples"),
-                      f"{data.num_examples} rows cannot fill one global batch of "
+                      f"{plural(data.num_examples, 'row')} cannot fill one global batch of "
                       f"{train.global_batch_size}; raise it or lower train.global_batch_size")
         if schema.given(raw_data, "target_dtype"):
             ctx.error(("data", "target_dtype"), "only used with data.source: file (.npy, .csv); "

@@ -105,3 +105,24 @@ def test_yaml_slips_name_their_line_and_what_usually_causes_them(tmp_path, text,
     first = done.stderr.splitlines()[0]
     assert first.startswith(f"error: {path}:{line}: not valid YAML: ") and hint in first, first
     assert "Traceback" not in done.stderr
+
+
+def test_no_message_counts_with_a_fixed_plural():
+    """issue 29: "preflight ok on 1 hosts". A count of things the run has (hosts, files,
+    checkpoints, processes) goes through ``console.words.plural``: no f-string in the
+    launcher puts a ``len(...)`` or a counted variable before a fixed plural noun."""
+    import glob
+    import os
+    import re
+
+    from harness.helpers import REPO
+
+    fixed = re.compile(r"\{(?:len\([^{}]*\)|count|copied|n|[\w.]*num_\w+|[\w.]*_count)\} (?!of\b)"
+                       r"(?:[a-z]+s\b|[\w ]+\(s\))")
+    found = []
+    for path in glob.glob(os.path.join(REPO, "launcher", "**", "*.py"), recursive=True):
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if fixed.search(line) and " == 1 else " not in line:  # one written apart
+                    found.append(f"{os.path.relpath(path, REPO)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -31,6 +31,7 @@ from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
 from launcher.state import Exit
+from launcher.console.words import plural
 from worker import contract, redact
 
 TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")
@@ -302,7 +303,7 @@ class SlurmSession(Session):
 
     def describe_start(self, plan: Plan) -> str:
         c = plan.job.cluster
-        return (f"starting {plan.num_processes} processes ({c.processes_per_node} per node x "
+        return (f"starting {plural(plan.num_processes, 'process')} ({c.processes_per_node} per node x "
                 f"{c.devices_per_process} {c.platform} devices) as steps of Slurm job {self.job_id} "
                 f"({self.mode}) on {','.join(self.nodes)}, coordinator {plan.coordinator_address}"
                 + (" (0: a free port there, once the workers have said their facts)"

@@ -24,6 +24,7 @@ from launcher.backends.ssh.settings import SshSettings
 from launcher.spec.checks import BUILTIN_TASKS
 from launcher.errors import LaunchError
 from launcher.remote import preflight as remote_preflight
+from launcher.console.words import plural
 from worker import contract
 
 # What preflight does with survivors of an earlier run of the job found on a host.
@@ -107,7 +108,7 @@ def judge(checks: list, job, python: str, survivors: str) -> None:
             c.reason = f"coordinator {c.facts['port_error']}; pick another cluster.coordinator_port or 0"
         elif live and survivors != REPORT:
             ids = ", ".join(f"p{r['process_id']} (pgid {r['pgid']})" for r in live)
-            c.reason = (f"{len(live)} process group(s) of an earlier run of {job.name!r} still alive: "
+            c.reason = (f"{plural(len(live), 'process group')} of an earlier run of {job.name!r} still alive: "
                         f"{ids} from {live[0]['run_dir']}; "
                         + ("they survived SIGKILL" if survivors == STOP
                            else "their launcher is gone: rerun with --kill-stale to stop them"))
@@ -142,7 +143,7 @@ def refuse_unfit(checks: list, hosts: list, what: str, host_labels: Sequence[str
     if bad:
         for h in hosts:
             h.close()
-        raise LaunchError(f"{what} failed on {len(bad)} of {len(hosts)} hosts; nothing was "
+        raise LaunchError(f"{what} failed on {len(bad)} of {plural(len(hosts), 'host')}; nothing was "
                           f"started anywhere.\n{table(checks, host_labels)}")
 
 

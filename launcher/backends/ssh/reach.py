@@ -26,6 +26,7 @@ from launcher.backends.ssh.channels import HostChannels
 from launcher.backends.ssh.connection import command_line
 from launcher.errors import Problem, SpecError
 from launcher.remote import reach as remote_reach
+from launcher.console.words import plural
 from worker import contract
 
 REACH_TIMEOUT_S = 5.0   # each host's connect; a firewall that drops shows as this timeout
@@ -126,7 +127,7 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
     ip = contract.split_host_port(address)[0]
     rows = "; ".join(f"{h.name} ({ids}): {a.get('error')}" for h, ids, a in failed)
     message = (f"host 0 {host0.name} serves the coordinator at {address}, which "
-               f"{len(failed)} of {len(hosts)} hosts cannot reach: {rows}. ")
+               f"{len(failed)} of {plural(len(hosts), 'host')} cannot reach: {rows}. ")
     if is_loopback(ip):
         message += (f"{ip} is a loopback address: on every other machine it is that machine "
                     f"itself. Name host 0 by an address every host can reach (its network "

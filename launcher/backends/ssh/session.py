@@ -108,9 +108,9 @@ class SshHosts:
         self.hosts = hosts
         self.channels = {h.index: HostChannels(h) for h in hosts}
         stopped = checks.survivors_found(found)
-        self.console.say(f"preflight ok on {len(hosts)} hosts in {time.monotonic() - started:.1f}s "
+        self.console.say(f"preflight ok on {plural(len(hosts), 'host')} in {time.monotonic() - started:.1f}s "
                          f"(python {found[0].facts['python']}, jax {found[0].facts['jax']})"
-                         + (f"; stopped {len(stopped)} stale process groups" if stopped else ""))
+                         + (f"; stopped {plural(len(stopped), 'stale process group')}" if stopped else ""))
         # preflight refused hosts whose versions differ, so host 0 speaks for all
         untested = versions.outside_tested(found[0].facts["jax"], found[0].facts["python"])
         if untested:
@@ -121,7 +121,7 @@ class SshHosts:
         left = checks.survivors_found(found, stopped=False)
         if left and survivors == checks.REPORT:
             ids = ", ".join(f"p{r['process_id']} (pgid {r['pgid']})" for r in left)
-            self.console.say(f"dry run: {len(left)} process group(s) of an earlier run still alive, "
+            self.console.say(f"dry run: {plural(len(left), 'process group')} of an earlier run still alive, "
                              f"left running: {ids}")
         return found
 

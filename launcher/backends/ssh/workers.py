@@ -35,6 +35,7 @@ from launcher.backends.ssh.settings import SshSettings
 from launcher.errors import LaunchError
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of, Exited, Lost
+from launcher.console.words import plural
 from worker import interrupts
 
 
@@ -212,7 +213,7 @@ def _fetcher(host: Host, placement: planning.Placement, run_dir: str, console,
             console.say(f"could not copy process 0's files from {host.name}: {exc}")
             return
         if count:
-            console.say(f"copied {count} files of process 0 from {host.name} into {run_dir}")
+            console.say(f"copied {plural(count, 'file')} of process 0 from {host.name} into {run_dir}")
     return fetch
 
 
@@ -238,11 +239,11 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     if settings.sync_dir:
         copied = transfer.sync_dir(sftp, expand(settings.sync_dir), host.workdir,
                                    settings.sync_rules, writer)
-        console.say(f"{host.name}: synced {settings.sync_dir} ({copied} files changed)")
+        console.say(f"{host.name}: synced {settings.sync_dir} ({plural(copied, 'file')} changed)")
     if plan.job.is_program:  # the program runs in the workdir, from its synced directory
         copied = transfer.sync_dir(sftp, plan.job.program.dir, host.workdir,
                                    plan.job.program.sync_rules, writer)
-        console.say(f"{host.name}: synced {plan.job.program.dir} ({copied} files changed)")
+        console.say(f"{host.name}: synced {plan.job.program.dir} ({plural(copied, 'file')} changed)")
     for process in plan.on_host(index):
         if abort is not None and abort.is_set():
             return
@@ -263,7 +264,7 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
             if process.resume:  # host 0 may be a new machine
                 pushed = mirror.push(sftp)
                 if pushed:
-                    console.say(f"{host.name}: put back {len(pushed)} checkpoints it lacked "
+                    console.say(f"{host.name}: put back {plural(len(pushed), 'checkpoint')} it lacked "
                                 f"(newest {pushed[-1]}) from {mirror.local}")
             on_exit, on_line = _fetcher(host, placement, plan.run_dir, console, mirror), mirror.on_line
         started.append(SshWorker(process, channels, states, text, settings.grace_s, token,
@@ -314,7 +315,7 @@ def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, consol
               for f, host in futures.items() if f.exception() is not None]
     if errors:
         stop_started(started)
-        raise LaunchError(f"could not start on every host; stopped the {len(started)} processes "
+        raise LaunchError(f"could not start on every host; stopped the {plural(len(started), 'process')} "
                           "already started:\n  " + "\n  ".join(errors))
     for c in channels.values():
         c.host.start_keepalive()

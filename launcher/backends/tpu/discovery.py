@@ -16,6 +16,7 @@ import subprocess
 
 from launcher.backends.tpu.settings import TpuCluster
 from launcher.errors import LaunchError, Problem, SpecError
+from launcher.console.words import plural
 
 # What to do about a slice that is not READY (TPU API Node.State values).
 _STATE_HINTS = {
@@ -137,7 +138,7 @@ def slice_names(job) -> tuple[list, str]:
             names.append(spec["nodeId"])
     if len(names) != cluster.slice_count:
         raise SpecError([Problem(job.source, None, "cluster.num_slices",
-                                 f"queued resource {name} holds {len(names)} slices ({', '.join(names)}), "
+                                 f"queued resource {name} holds {plural(len(names), 'slice')} ({', '.join(names)}), "
                                  f"the spec says {cluster.slice_count}; set num_slices: {len(names)}")])
     return names, "cluster.queued_resource"
 

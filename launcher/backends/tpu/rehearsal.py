@@ -20,6 +20,7 @@ from launcher.backends import local
 from launcher.backends.base import Backend, Options, Session
 from launcher.backends.tpu.settings import TpuCluster, slice_env
 from launcher.plan import Plan
+from launcher.console.words import plural
 
 
 class RehearsalSession(Session):
@@ -37,7 +38,7 @@ class RehearsalSession(Session):
     def describe_start(self, plan: Plan) -> str:
         cluster = plan.job.cluster
         return (f"rehearsing {cluster.slice_count} x {cluster.accelerator_type} on this machine: "
-                f"{plan.num_processes} processes (one per TPU host) x {plan.job.local_device_count} "
+                f"{plural(plan.num_processes, 'process')} (one per TPU host) x {plan.job.local_device_count} "
                 f"CPU devices (one per JAX device of a host), coordinator {plan.coordinator_address}")
 
     def start(self, plan: Plan) -> list:

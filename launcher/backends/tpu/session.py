@@ -24,6 +24,7 @@ from launcher.backends.ssh.settings import SshHost
 from launcher.backends.tpu import discovery as discovering
 from launcher.backends.tpu import holders
 from launcher.backends.tpu.settings import DEFAULT_IDENTITY_FILE, TpuCluster, slice_env
+from launcher.console.words import plural
 from worker import contract
 
 
@@ -59,7 +60,7 @@ class TpuSession(Session):
         self.end_attempt()
         self.ssh = self.hosts_of(found)
         labels = self.ssh.labels(self.ssh.resolve())
-        self.console.say(f"discovered {len(found.slices)} slice(s) x {cluster.hosts_per_slice} "
+        self.console.say(f"discovered {plural(len(found.slices), 'slice')} x {cluster.hosts_per_slice} "
                          f"hosts with gcloud:\n{found.table(labels)}")
         # this job's survivors (recorded in pid files) are stopped without asking; a dry
         # run stops nothing and reports them
@@ -72,7 +73,7 @@ class TpuSession(Session):
         ours = preflight.survivors_found(checks)
         if ours:  # said before the holder check, which may refuse
             ids = ", ".join(f"p{r['process_id']} (pgid {r['pgid']})" for r in ours)
-            self.console.say(f"stopped {len(ours)} stale process group(s) of an earlier run: {ids}")
+            self.console.say(f"stopped {plural(len(ours), 'stale process group')} of an earlier run: {ids}")
         cleared = holders.clear(self.ssh.hosts, cluster,
                                 port if cluster.coordinator_port is None else None, dry_run, labels,
                                 live_runs=tuple(preflight.beside(checks)))
@@ -85,7 +86,7 @@ class TpuSession(Session):
 
     def describe_start(self, plan: planning.Plan) -> str:
         cluster: TpuCluster = plan.job.cluster
-        return (f"starting {plan.num_processes} processes ({cluster.slice_count} slice(s) x "
+        return (f"starting {plural(plan.num_processes, 'process')} ({plural(cluster.slice_count, 'slice')} x "
                 f"{cluster.hosts_per_slice} hosts of {cluster.accelerator_type}) x "
                 f"{plan.job.local_device_count} {cluster.platform} devices over ssh, "
                 f"coordinator {plan.coordinator_address}")

@@ -171,6 +171,15 @@ def test_dry_run_preflights_and_masks_secrets(tmp_path, hosts):
     assert "API_TOKEN='****'" in result.stdout
     assert re.search(r"coordinator_address 127\.0\.0\.2:\d+", result.stdout)
     assert "p3 127.0.0.5: host 127.0.0.5, process_id 3" in result.stdout
+    assert "job linear: 4 processes x 1 device = device_count 4" in result.stdout
+    # one host, one process: every count in words of one (issue 29: "preflight ok on 1 hosts")
+    one = launch("jobs/linear.yaml", "--cluster", write_cluster(
+        tmp_path, hosts, hosts=[{"host": hosts.hosts[0], "workdir": str(tmp_path / "host0")}]),
+        "--dry-run", *SHORT, "--set", "train.global_batch_size=64")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert re.search(r"^podlaunch: preflight ok on 1 host in ", one.stdout, re.M), one.stdout
+    assert "job linear: 1 process x 1 device = device_count 1" in one.stdout
+    assert "p0 127.0.0.2: host 127.0.0.2, process_id 0, 1 device, log " in one.stdout
 
 
 @pytest.mark.slow
