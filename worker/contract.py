@@ -107,6 +107,7 @@ CHECKPOINT_FORMAT = "checkpoint of step {step} saved in {seconds:.3f} s: {path}"
 CHECKPOINT_RE = re.compile(r"^checkpoint of step (?P<step>\d+) saved(?: in (?P<seconds>[0-9.]+) s)?: ")
 STEP_RE = re.compile(rf"^(?:step (?P<done>\d+)/\d+ |{re.escape(FAILED_PREFIX)}(?P<failed>\d+):"
                      rf"|{re.escape(HEARTBEAT_PREFIX)}(?P<beat>\d+)$)")
+_STEP_HEADS = ("step ", FAILED_PREFIX, HEARTBEAT_PREFIX)
 
 EXIT_MISMATCH = 3  # the exit code of a worker whose own checks (identity, devices) failed
 
@@ -161,7 +162,7 @@ class Progress(NamedTuple):
 
 def parse_progress(line: str) -> "Progress | None":
     """Return the ``Progress`` a ``PROGRESS_FORMAT`` line reports, or None for any other line."""
-    match = PROGRESS_RE.match(line)
+    match = PROGRESS_RE.match(line) if line.startswith("step ") else None  # every line is asked
     if match is None:
         return None
     try:
@@ -175,15 +176,14 @@ def parse_progress(line: str) -> "Progress | None":
 
 def parse_step(line: str):
     """Return the step number a progress or failure line reports, or None."""
-    match = STEP_RE.match(line)
+    match = STEP_RE.match(line) if line.startswith(_STEP_HEADS) else None
     if match is None:
         return None
     return int(match.group("done") or match.group("failed") or match.group("beat"))
 
 
 def parse_seconds(pattern: re.Pattern, line: str):
-    """``(step, seconds)`` of a ``RESUMED_FORMAT`` or ``CHECKPOINT_FORMAT`` line (``pattern``:
-    its ``_RE``; seconds 0.0 where an older worker did not say), or None for other lines."""
+    """``(step, seconds)`` of a line ``pattern`` (``RESUMED_RE``, ``CHECKPOINT_RE``) matches, or None."""
     match = pattern.match(line)
     return (int(match["step"]), float(match["seconds"] or 0.0)) if match else None
 

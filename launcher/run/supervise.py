@@ -39,7 +39,7 @@ from typing import Callable, Iterable
 from launcher import interrupts, proctl
 from launcher.console import lines
 from launcher.interrupts import Interrupted
-from launcher.run import stacks
+from launcher.run import logfile, stacks
 from launcher.run.pauses import Pauses
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
@@ -85,46 +85,15 @@ class _Output:
             pass
 
 
-class _LogFile:
-    """A process's log file that never stops its reader: a write the disk refuses (full, a
-    quota) is said once, and the lines go on to the console and the summary's tail."""
-
-    def __init__(self, path: str, say: Callable[[str], None]):
-        self.path, self.say = path, say
-        # mode 0600: a worker's output may hold secrets (a printed environment, a URL)
-        self.file = open(path, "a", encoding="utf-8", errors="replace", opener=proctl.private_opener)
-        self.failed = False
-
-    def write(self, text: str, flush: bool = True) -> None:
-        if self.failed:
-            return
-        try:
-            self.file.write(text)
-            if flush:
-                self.file.flush()
-        except OSError as exc:
-            self.failed = True
-            self.say(f"podlaunch: cannot write {self.path} ({exc.strerror}); this process's "
-                     "further lines reach the console only")
-
-    def __enter__(self) -> "_LogFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.file.close()
-        except OSError:
-            pass
-
-
-def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float]) -> None:
+def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float], logs: list) -> None:
     """Reader thread: log file first, then the console queue.
 
     A long line (one that arrives in ``lines.Piece``s, or is longer than
     ``lines.MAX_SHOWN_CHARS``) goes to the log file whole, as it arrives, and
     to the console and the summary shortened.
     """
-    with _LogFile(tracked.plan.log_path, lambda text: out.put((tracked.plan.label, text))) as log:
+    with logfile.LogFile(tracked.plan.log_path, lambda text: out.put((tracked.plan.label, text))) as log:
+        logs.append(log)
         long = lines.Shortened()
         try:
             for item in tracked.worker.lines():
@@ -173,8 +142,9 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
     started = clock()
     output = _Output(console, sleep)
     tracked = [Tracked(w) for w in workers]
+    logs: list = []  # each reader's LogFile, flushed every poll
     for t in tracked:
-        t.reader = threading.Thread(target=_pump, args=(t, output, clock), daemon=True,
+        t.reader = threading.Thread(target=_pump, args=(t, output, clock, logs), daemon=True,
                                     name=f"reader-{t.plan.process_id}")
         t.reader.start()
 
@@ -190,6 +160,8 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                 raise Interrupted(interrupted_by)
             while True:
                 output.wait(poll_interval_s)
+                for log in logs:
+                    log.flush_pending()
                 console.status(tracked)
                 if interrupts.stacks_requested.is_set():  # launch stacks RUN asked
                     interrupts.stacks_requested.clear()

@@ -25,6 +25,7 @@ from harness.fakes import FakeClock, FakeWorker, process_plan
 from harness.helpers import LAUNCH, REPO, env_for_tests, fill, full_disk_ready
 from launcher.console import lines as kinds
 from launcher.commands import runs, tensorboard_cmd
+from launcher.run import logfile
 from launcher.run import supervise as supervision
 from launcher.console import Console
 from launcher.errors import SpecError
@@ -376,7 +377,7 @@ def test_run_json_is_still_written_when_the_disk_is_full(tmp_path):
         assert runs.read(str(run_dir)).state == "failed"
         # a process's log that cannot grow: said once, and its reader goes on
         said: list = []
-        with supervision._LogFile(str(run_dir / "process-000.log"), said.append) as log:
+        with logfile.LogFile(str(run_dir / "process-000.log"), said.append) as log:
             for i in range(2000):
                 log.write(f"line {i} " + "x" * 100 + "\n")
         assert len(said) == 1 and "(No space left on device); this process's further lines " \

@@ -1,0 +1,75 @@
+"""A process's log file, written by its reader thread (``launcher.run.supervise``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from launcher import proctl
+
+
+class LogFile:
+    """A process's log file that never stops its reader: a write the disk refuses (full, a
+    quota) is said once, and the lines go on to the console and the summary's tail.
+
+    Lines reach the file at once when they come one by one, and at most ``FLUSH_S`` late
+    when they come faster (a flush per line was the launcher's largest cost for a process
+    that prints many lines: bench/bench_lines.py); ``flush_pending``, called by the
+    supervision loop every poll, writes out what a burst left behind.
+    """
+
+    FLUSH_S = 0.05
+
+    def __init__(self, path: str, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+        self.path, self.say, self.clock = path, say, clock
+        # mode 0600: a worker's output may hold secrets (a printed environment, a URL)
+        self.file = open(path, "a", encoding="utf-8", errors="replace", opener=proctl.private_opener)
+        self.failed = False
+        self.lock = threading.Lock()  # the reader writes, the supervision loop flushes
+        self.pending = False
+        self.flushed_at = -float("inf")
+
+    def write(self, text: str, flush: bool = True) -> None:
+        if self.failed:
+            return
+        with self.lock:
+            try:
+                self.file.write(text)
+                now = self.clock()
+                if flush and now - self.flushed_at >= self.FLUSH_S:
+                    self.file.flush()
+                    self.flushed_at, self.pending = now, False
+                else:
+                    self.pending = True
+            except OSError as exc:
+                self._failed(exc)
+
+    def flush_pending(self) -> None:
+        """Write out lines a burst left in the buffer (the supervision loop, every poll)."""
+        if not self.pending or self.failed:
+            return
+        with self.lock:
+            try:
+                self.file.flush()
+                self.flushed_at, self.pending = self.clock(), False
+            except OSError as exc:
+                self._failed(exc)
+            except ValueError:  # closed by its reader meanwhile (it flushed on close)
+                self.pending = False
+
+    def _failed(self, exc: OSError) -> None:
+        self.failed = True
+        self.say(f"podlaunch: cannot write {self.path} ({exc.strerror}); this process's "
+                 "further lines reach the console only")
+
+    def __enter__(self) -> "LogFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            try:
+                self.file.close()
+            except OSError as exc:  # what the buffer still held could not be written
+                if not self.failed:
+                    self._failed(exc)
