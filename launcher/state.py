@@ -234,10 +234,12 @@ class Tracked:
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
     # the lines of its answer to a stacks request (launcher.run.stacks), kept out of the
-    # console and the tail; when the last came; whether a dump is being read
+    # console and the tail while one is asked (a dump nobody asked for, Python's own on a
+    # fatal error, is output like any other); when the last came; whether one is being read
     stacks_lines: list = dataclasses.field(default_factory=list)
     stacks_at: float | None = None
     in_stacks: bool = False
+    stacks_asked: bool = False
     stats: ProcessStats = dataclasses.field(default_factory=ProcessStats)  # for status and summary
 
     @property
@@ -255,7 +257,7 @@ class Tracked:
           Whether the line is for the log and the console (heartbeats are for
           the watchdog only).
         """
-        if interrupts.is_stacks_line(line, self.in_stacks):
+        if self.stacks_asked and interrupts.is_stacks_line(line, self.in_stacks):
             self.in_stacks = True
             self.stacks_lines.append(line)
             self.stacks_at = now
@@ -283,8 +285,13 @@ class Tracked:
         return True
 
     def stacks_begin(self) -> None:
-        """A stacks request is about to be sent: forget any earlier answer."""
+        """A stacks request is about to be sent: forget any earlier answer, take the next."""
         self.stacks_lines, self.stacks_at, self.in_stacks = [], None, False
+        self.stacks_asked = True
+
+    def stacks_end(self) -> None:
+        """The capture is over: dump lines are output again."""
+        self.stacks_asked = self.in_stacks = False
 
     def stacks_complete(self, now: float, quiet_s: float) -> bool:
         """Whether its answer has come and nothing more of it for ``quiet_s`` seconds (or its

@@ -171,6 +171,7 @@ def capture(tracked: list, wait: Callable[[float], None], clock: Callable[[], fl
         try:
             t.worker.dump_stacks()
         except Exception as exc:  # noqa: BLE001  one process's transport must not stop the rest
+            t.stacks_end()
             result.unread[t.plan.process_id] = f"the request failed: {exc}"
             continue
         asked.append(t)
@@ -181,6 +182,7 @@ def capture(tracked: list, wait: Callable[[float], None], clock: Callable[[], fl
             break
         wait(0.05)
     for t in asked:
+        t.stacks_end()
         process_id = t.plan.process_id
         lines = list(t.stacks_lines)
         found = threads(lines)

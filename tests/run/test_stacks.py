@@ -60,6 +60,7 @@ def real_dump(tmp_path) -> list:
         time.sleep(0.2)  # into the sleep
         os.kill(proc.pid, interrupts.STACKS_SIGNAL)
         tracked = Tracked(worker=None)
+        tracked.stacks_begin()  # asked: its lines are the answer, not output
         got = []
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -223,3 +224,13 @@ def test_launch_stacks_needs_a_live_run_on_this_machine(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(data))
     with pytest.raises(SpecError, match="its launcher runs on elsewhere"):
         stacks_cmd.main([str(tmp_path)])
+
+
+def test_a_dump_nobody_asked_for_is_output_like_any_other():
+    """Python's own dump on a fatal error (faulthandler) has the same shape as an answer:
+    outside a capture it reaches the log, the console and the failure's tail."""
+    tracked = Tracked(worker=None)
+    for line in ["Fatal Python error: Segmentation fault", ""] + dump_text("f", "/x/task.py", 3):
+        assert tracked.observe(line, 0.0), line
+    assert "Current thread 0x00007f0000000002 (most recent call first):" in tracked.tail
+    assert tracked.stacks_lines == []
