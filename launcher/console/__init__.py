@@ -127,6 +127,8 @@ class Console:
 
     def status(self, tracked: list) -> None:
         """Refresh the status line from the tracked processes (rate-limited)."""
+        if not self.live.due():  # the text walks every process: only when it may be drawn
+            return
         now = self.clock()
         self.live.update(status_text(tracked, now=now, elapsed_s=now - self.started))
 
@@ -238,6 +240,14 @@ class StatusLine:
             if self._drawn:
                 parts.append(self._fit(self._text))
             self._emit(*parts)
+
+    def due(self) -> bool:
+        """Whether ``update`` may draw now (else it would drop the text unread)."""
+        if self.tty:
+            return self._last is None or self.clock() - self._last >= self.redraw_every_s
+        if self.status_every_s <= 0:
+            return False
+        return self._last is None or self.clock() - self._last >= self.status_every_s
 
     def update(self, text: str) -> None:
         """Show ``text`` as the current status (rate-limited)."""
