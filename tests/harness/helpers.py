@@ -335,3 +335,20 @@ def logged_steps(log_path) -> int | None:
         steps = [int(m.group(1) or m.group(2)) for m in
                  re.finditer(r"^(?:step (\d+)/\d+ |failed at step (\d+):)", f.read(), re.M)]
     return max(steps, default=None)
+
+
+def read_plugin_data(logdir: str):
+    """(text of the 'spec' tag, hparams session_start_info, hparams experiment) via TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    # one file, process 0's: a second writer would have a file of its own (named by process)
+    (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    assert path.endswith(".process-000"), path
+    acc = EventAccumulator(path, size_guidance={"tensors": 0})
+    acc.Reload()
+    text = acc.Tensors("spec/text_summary")[0].tensor_proto.string_val[0].decode()
+    hparams = {tag: plugin_data_pb2.HParamsPluginData.FromString(content)
+               for tag, content in acc.PluginTagToContent("hparams").items()}
+    return (text, hparams["_hparams_/session_start_info"].session_start_info,
+            hparams["_hparams_/experiment"].experiment)

@@ -8,7 +8,6 @@ TensorBoard's own reader.
 from __future__ import annotations
 
 import fcntl
-import glob
 import io
 import json
 import os
@@ -25,7 +24,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from harness.helpers import LAUNCH, REPO, Output, env_for_tests, event_files, launch, read_scalars
+from harness.helpers import (LAUNCH, REPO, Output, env_for_tests, event_files, launch,
+                             read_plugin_data, read_scalars)
 from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
 from launcher.console import CLEAR_LINE, StatusLine
@@ -195,23 +195,6 @@ def reference_norms(steps: int, lr: float = 0.1):
         w, b = w - lr * gw, b - lr * gb
         param_norms.append(np.sqrt((w ** 2).sum() + (b ** 2).sum()))
     return grad_norms, param_norms
-
-
-def read_plugin_data(logdir: str):
-    """(text of the 'spec' tag, hparams session_start_info, hparams experiment) via TensorBoard."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
-    # one file, process 0's: a second writer would have a file of its own (named by process)
-    (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
-    assert path.endswith(".process-000"), path
-    acc = EventAccumulator(path, size_guidance={"tensors": 0})
-    acc.Reload()
-    text = acc.Tensors("spec/text_summary")[0].tensor_proto.string_val[0].decode()
-    hparams = {tag: plugin_data_pb2.HParamsPluginData.FromString(content)
-               for tag, content in acc.PluginTagToContent("hparams").items()}
-    return (text, hparams["_hparams_/session_start_info"].session_start_info,
-            hparams["_hparams_/experiment"].experiment)
 
 
 @pytest.mark.slow

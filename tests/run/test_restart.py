@@ -316,6 +316,27 @@ def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, two_ssh_hos
         assert not pids_with_env("PODLAUNCH_RUN_DIR", str(d))
 
 
+def test_a_sigterm_on_every_attempt_spends_the_preemption_budget_over_ssh(tmp_path, two_ssh_hosts):
+    """Over two real sshd hosts (issue 26): process 1 SIGTERMs itself at step 3 of every
+    attempt (exit 143, a preemption's notice): retried at once under restarts.preemptions,
+    and the message names that budget once it is spent; the ledger of both attempts adds up."""
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, two_ssh_hosts), *COMMON,
+                    "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=3",
+                    "--set", "task.args.crash_process_id=1", "--set", "task.args.mode=sigterm",
+                    "--set", "restarts.preemptions=1", "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 1, out[-4000:] + result.stderr
+    failed = re.findall(r"^podlaunch: attempt (\d) .*failed: process_id 1 on 127\.0\.0\.3 (.*) \[(.*)\]; "
+                        r"(.*)$", out, re.M)
+    assert [(n, c) for n, _, c, _ in failed] == [("0", "preemption"), ("1", "preemption")], out[-4000:]
+    assert failed[0][3] == "restarting from the latest checkpoint in 0 s (preemption restart 1 of 1)"
+    assert failed[1][3] == "not retrying: restarts.preemptions is 1 and 1 used"
+    ledger = checked_ledger(run_dir)
+    assert [a["attempt"] for a in ledger["attempts"]] == [0, 1]
+    assert all(a["buckets_s"]["teardown"] > 0 for a in ledger["attempts"])
+
+
 def test_resume_over_ssh_puts_back_the_checkpoints_a_new_host_0_lacks(tmp_path, two_ssh_hosts, uninterrupted):
     cluster = {
         "backend": "ssh", "ssh_config_file": two_ssh_hosts.ssh_config, "python": sys.executable,

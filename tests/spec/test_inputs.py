@@ -165,7 +165,7 @@ def test_secrets_are_masked_everywhere_printed_or_kept(tmp_path):
         assert secret not in kept
         assert secret not in result.stdout + result.stderr
     # TensorBoard's spec text and hparams, written by process 0, read back with TensorBoard
-    from test_monitoring import read_plugin_data
+    from harness.helpers import read_plugin_data
     text, session, _ = read_plugin_data(str(run_dir / "tensorboard"))
     assert '"api_token": "****"' in text and "tok-arg-123" not in text
     assert session.hparams["task.args.api_token"].string_value == "****"

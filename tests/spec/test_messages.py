@@ -117,7 +117,7 @@ def test_no_message_counts_with_a_fixed_plural():
 
     from harness.helpers import REPO
 
-    fixed = re.compile(r"\{(?:len\([^{}]*\)|count|copied|n|[\w.]*num_\w+|[\w.]*_count)\} (?!of\b)"
+    fixed = re.compile(r"\{(?:len\([^{}]*\)|count|copied|n|[\w.]*num_\w+|[\w.]*_count|[\w.]*_per_\w+)\} (?!of\b)"
                        r"(?:[a-z]+s\b|[\w ]+\(s\))")
     found = []
     for path in glob.glob(os.path.join(REPO, "launcher", "**", "*.py"), recursive=True):

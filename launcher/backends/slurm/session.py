@@ -138,9 +138,10 @@ class SlurmSession(Session):
             if "node configuration is not available" in said:  # no node has that shape
                 key = ("cpus_per_process" if cluster.cpus_per_process else
                        "devices_per_process" if cluster.platform == "gpu" else "processes_per_node")
-                shape = (f"{cluster.processes_per_node} processes per node x "
-                         f"{cluster.cpus_per_process or 1} CPUs"
-                         + (f" x {cluster.devices_per_process} GPUs" if cluster.platform == "gpu" else ""))
+                shape = (f"{plural(cluster.processes_per_node, 'process')} per node x "
+                         f"{plural(cluster.cpus_per_process or 1, 'CPU')}"
+                         + (f" x {plural(cluster.devices_per_process, 'GPU')}"
+                            if cluster.platform == "gpu" else ""))
                 raise self._problem(key, f"no node of partition {name!r} fits {shape}; Slurm says: "
                                     f"{said.splitlines()[-1]}")
             key = next((k for word, k in (("node count", "nodes"), ("partition", "partition"),
@@ -198,8 +199,8 @@ class SlurmSession(Session):
         self._heartbeat()
         out = self.slurm.run(["sbatch", "--parsable", path]).stdout.strip()
         self.job_id = out.split(";")[0]
-        self.console.say(f"submitted Slurm job {self.job_id} ({self.job.cluster.nodes} nodes x "
-                         f"{self.job.cluster.processes_per_node} tasks; script {path})")
+        self.console.say(f"submitted Slurm job {self.job_id} ({plural(self.job.cluster.nodes, 'node')} "
+                         f"x {plural(self.job.cluster.processes_per_node, 'task')}; script {path})")
 
     def _heartbeat(self) -> None:
         """Renew the file the batch script watches (it ends the job when the launcher is gone)."""

@@ -176,7 +176,7 @@ def discover(job) -> Discovery:
         if len(endpoints) != hosts_per_slice:
             problems.append(Problem(job.source, None, key,
                                     f"{name} has {len(endpoints)} network endpoints, a "
-                                    f"{accelerator_type} has {hosts_per_slice} hosts"))
+                                    f"{accelerator_type} has {plural(hosts_per_slice, 'host')}"))
             continue
         for worker_index, endpoint in enumerate(endpoints):
             if cluster.ip == "external":

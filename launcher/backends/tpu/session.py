@@ -60,8 +60,8 @@ class TpuSession(Session):
         self.end_attempt()
         self.ssh = self.hosts_of(found)
         labels = self.ssh.labels(self.ssh.resolve())
-        self.console.say(f"discovered {plural(len(found.slices), 'slice')} x {cluster.hosts_per_slice} "
-                         f"hosts with gcloud:\n{found.table(labels)}")
+        self.console.say(f"discovered {plural(len(found.slices), 'slice')} x "
+                         f"{plural(cluster.hosts_per_slice, 'host')} with gcloud:\n{found.table(labels)}")
         # this job's survivors (recorded in pid files) are stopped without asking; a dry
         # run stops nothing and reports them
         checks = self.ssh.connect(preflight.REPORT if dry_run else preflight.STOP,
@@ -87,7 +87,7 @@ class TpuSession(Session):
     def describe_start(self, plan: planning.Plan) -> str:
         cluster: TpuCluster = plan.job.cluster
         return (f"starting {plural(plan.num_processes, 'process')} ({plural(cluster.slice_count, 'slice')} x "
-                f"{cluster.hosts_per_slice} hosts of {cluster.accelerator_type}) x "
+                f"{plural(cluster.hosts_per_slice, 'host')} of {cluster.accelerator_type}) x "
                 f"{plan.job.local_device_count} {cluster.platform} devices over ssh, "
                 f"coordinator {plan.coordinator_address}")
 

@@ -140,7 +140,7 @@ def test_dry_run_prints_script_env_and_devices_and_submits_nothing(slurm, cluste
 @pytest.mark.parametrize("setting,value,says", [
     ("nodes", 5, "cluster.nodes: asks for 5 nodes; partition 'debug' has 3"),
     ("partition", "nope", "cluster.partition: unknown partition 'nope'"),
-    ("cpus_per_process", 64, "cluster.cpus_per_process: no node of partition 'debug' fits 1 processes per node x 64 CPUs"),
+    ("cpus_per_process", 64, "cluster.cpus_per_process: no node of partition 'debug' fits 1 process per node x 64 CPUs"),
 ])
 def test_an_impossible_request_is_bad_input_before_anything_is_queued(slurm, cluster_file, tmp_path,
                                                                       setting, value, says):
@@ -258,6 +258,34 @@ def test_kill_9_of_one_task_fails_fast_naming_it(slurm, cluster_file, tmp_path):
     assert re.search(r"^p1 +n2 +failed \(first\)", summary, re.M), summary
     assert not slurm.wait_queue_empty(15)  # cancelled: gone once slurmctld has cleaned up
     assert not wait_gone(str(run_dir), 5)
+
+
+def test_a_python_error_is_not_retried_and_a_sigkill_spends_its_own_budget(slurm, cluster_file,
+                                                                           tmp_path):
+    """The default budgets on Slurm (issue 26): a Python error in the task is a program error,
+    not retried; a SIGKILL of a task on every attempt is an infrastructure fault, retried at
+    once under restarts.infrastructure until that budget is spent, and the message names it."""
+    faulty = ("--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=3",
+              "--set", "task.args.crash_process_id=1", "--set", "logging.log_every_steps=1")
+    result = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir",
+                 str(tmp_path / "raise"), *SHORT, *faulty, "--set", "task.args.mode=raise")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert re.search(r"attempt 0 failed: process_id 1 on n\d exited with code 1: a Python error in the "
+                     r"job \[program error\]; not retried: restarts\.program_errors is 0", out), out
+    assert "attempt 1" not in out
+    run_dir = tmp_path / "sigkill"
+    result = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),
+                 *SHORT, *faulty, "--set", "task.args.mode=sigkill", "--set", "restarts.infrastructure=1",
+                 "--set", "restarts.backoff_s=0", timeout_s=240)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    failed = re.findall(r"^podlaunch: attempt (\d) .*failed: process_id 1 on n\d (.*) \[(.*)\]; (.*)$",
+                        result.stdout, re.M)
+    assert [(n, c) for n, _, c, _ in failed] == [("0", "infrastructure"), ("1", "infrastructure")], out
+    assert failed[0][3] == "restarting from the latest checkpoint in 0 s (infrastructure restart 1 of 1)"
+    assert failed[1][3] == "not retrying: restarts.infrastructure is 1 and 1 used", out
+    assert len(checked_ledger(run_dir)["attempts"]) == 2
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])

@@ -209,7 +209,7 @@ def test_dry_run_shows_discovered_hosts_ids_and_megascale(tmp_path, hosts):
                         write_cluster(tmp_path, hosts), "--dry-run")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    assert "discovered 2 slice(s) x 2 hosts with gcloud:" in out
+    assert "discovered 2 slices x 2 hosts with gcloud:" in out
     assert re.search(r"slice 1 slice-b \(v4-16, READY\):\n\s+worker 0  127\.0\.0\.4  p2", out), out
     assert "coordinator_address 127.0.0.2:8482" in out  # jax 0.10 here: JAX's TPU default port
     for process_id, host in enumerate(sum(TWO_SLICES.values(), [])):
