@@ -161,9 +161,8 @@ class ProcessStats:
     cache_hits: int | None = None
     cache_misses: int | None = None
     first_step_s: float | None = None
-    # when (the launcher's clock) lines arrived, for the ledger (launcher.run.ledger): the
-    # first step done (its CACHE_FORMAT line, else its first progress line), the latest
-    # progress line, and each checkpoint save and restore with its seconds (the worker's clock)
+    # for the ledger (launcher.run.ledger), when lines arrived: the first step done (its CACHE_FORMAT
+    # line, else its first progress line), the latest progress line, each save and restore (+ seconds)
     first_step_at: float | None = None
     progress_at: float | None = None
     saves: list = dataclasses.field(default_factory=list)      # [(at, seconds)]
@@ -179,6 +178,8 @@ class ProcessStats:
             if self.first_step_at is None:
                 self.first_step_at = now
         if progress is None:
+            if not line.startswith(("checkpoint of step ", "resumed from ")):
+                return None  # every line passes here: two regular expressions only for these
             if (saved := contract.parse_seconds(contract.CHECKPOINT_RE, line)) is not None:
                 self.saves.append((now, saved[1]))
             resumed = contract.parse_seconds(contract.RESUMED_RE, line)
