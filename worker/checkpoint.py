@@ -300,16 +300,18 @@ def save_replicated(run_dir: str, step: int, params, opt_state, num_batches: int
       keep: checkpoints to keep.
       order: ``{"shuffle": bool, "shuffle_seed": int}`` of the data (None: unshuffled).
       unreplicate: a pytree of replicated leaves -> the same of numpy arrays
-        (``worker.sharded.unreplicate`` for ``jit``'s global arrays); default: device 0's copy.
+        (``worker.sharded.unreplicate`` for ``jit``'s global arrays); default: device 0's copy
+        (``worker.train.unreplicate``).
 
     Returns:
       The new checkpoint directory.
     """
     import jax
 
+    from worker.train import unreplicate as first_copies
+
     state = (params, opt_state)
-    leaves = jax.tree_util.tree_leaves(unreplicate(state) if unreplicate is not None else
-                                       jax.tree.map(lambda a: np.asarray(a[0]), state))
+    leaves = jax.tree_util.tree_leaves((unreplicate or first_copies)(state))
     return save(directory(run_dir), Checkpoint(step=step, leaves=leaves, next_batch=step % num_batches,
                                                num_batches=num_batches, order=order), keep)
 

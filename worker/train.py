@@ -256,5 +256,15 @@ class InFlight:
 
 
 def unreplicate(tree: Any) -> Any:
-    """Device 0's copy of every leaf, as numpy."""
-    return jax.tree.map(lambda a: np.asarray(a[0]), tree)
+    """Device 0's copy of every leaf, as numpy: ``[local_device_count, ...]`` -> ``[...]``.
+
+    A device array's copy is read off its first device alone (``addressable_data(0)``, its
+    ``[1, ...]`` part of pmap's layout): ``a[0]`` would compile and run a gather on the
+    devices, 0.4 s the first time on CPU, at the first checkpoint and at the end of every run.
+    """
+    def first(a):
+        if isinstance(a, jax.Array):
+            return np.asarray(a.addressable_data(0))[0]
+        return np.asarray(a[0])
+
+    return jax.tree.map(first, tree)
