@@ -27,7 +27,7 @@ import signal
 import sys
 from typing import Callable, Iterator
 
-_state: dict = {"depth": 0, "pending": None, "on_signal": None}
+_state: dict = {"depth": 0, "pending": None, "on_signal": None, "notice": None}
 
 
 def exit_code(signum: int) -> int:
@@ -38,6 +38,9 @@ def exit_code(signum: int) -> int:
 def _on_sigterm(signum: int, frame) -> None:
     if _state["on_signal"] is not None:
         _state["on_signal"](signum)
+    if _state["notice"] is not None:  # inside notices(): a preemption notice, not an exit
+        _state["notice"](signum)
+        return
     if _state["depth"]:
         _state["pending"] = signum
         return
@@ -74,6 +77,20 @@ def held() -> Iterator[None]:
         if not _state["depth"] and _state["pending"] is not None:
             signum, _state["pending"] = _state["pending"], None
             raise SystemExit(exit_code(signum))
+
+
+@contextlib.contextmanager
+def notices(on_notice: Callable[[int], None] | None) -> Iterator[None]:
+    """Inside this block a SIGTERM is a preemption notice: ``on_notice(signum)`` is called
+    (from the handler: it must take no lock the main thread may hold) and nothing is
+    raised; the training loop stops at the step every process agrees on
+    (``worker.notice``). None: SIGTERM raises as outside.
+    """
+    previous, _state["notice"] = _state["notice"], on_notice
+    try:
+        yield
+    finally:
+        _state["notice"] = previous
 
 
 # ---- stacks on request ---------------------------------------------------------------

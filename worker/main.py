@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 import time
 import traceback
@@ -138,7 +139,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         + (f", {parallel.description}" if parallel.description else ""))
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
-    step, logger = 0, None
+    step, logger, notice = 0, None, None
     try:
         in_flight = InFlight()
         logger = metrics.StepLogger(job, process_id, identity.num_processes, tracker, out,
@@ -152,23 +153,33 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
 
         timed_step = logger.timed(dispatch)
         recovery = _Recovery(identity, job, order.num_batches, out, parallel.unreplicate, order_key)
+        notice = _notice(identity, job, out)
+        stopped = False
         # ``step``: the last step of each call (k steps; log, checkpoint and last steps
         # are multiples of k, so they are call boundaries)
-        for step in range(first_step + k - 1, num_steps + 1, k):
-            inputs = batches.get(step - k)  # the call's batches, from its first step (0-based)
-            params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
-            if cache is not None:  # after the first call: everything this loop compiles
-                out(cache.line(logger.compile_time_s))
-                cache = None
-            logger.after_dispatch(step, step_metrics)  # logs finished log steps: no sync
-            if recovery.saves(step):  # the save waits for this step anyway: check its loss first
-                logger.flush()
-            recovery.after_step(step, params, opt_state, loss, wait=logger.wait)
-            if task.on_step_end is not None:
-                logger.flush()  # a hook (which may end the process) runs after its step is logged
-                for done in range(step - k + 1, step + 1):  # a fused call's steps, in order
-                    task.on_step_end(done, process_id)
-        logger.finish()  # the only device sync for logging: the last log steps, after the loop
+        with interrupts.notices(notice.signalled if notice is not None else None):
+            for step in range(first_step + k - 1, num_steps + 1, k):
+                if notice is not None and not notice.may_dispatch(step):
+                    stopped = True  # every process stops after the agreed step (or at once)
+                    break
+                inputs = batches.get(step - k)  # the call's batches, from its first step (0-based)
+                params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
+                if cache is not None:  # after the first call: everything this loop compiles
+                    out(cache.line(logger.compile_time_s))
+                    cache = None
+                logger.after_dispatch(step, step_metrics)  # logs finished log steps: no sync
+                if recovery.saves(step):  # the save waits for this step anyway: check its loss first
+                    logger.flush()
+                recovery.after_step(step, params, opt_state, loss, wait=logger.wait)
+                if task.on_step_end is not None:
+                    logger.flush()  # a hook (which may end the process) runs after its step is logged
+                    for done in range(step - k + 1, step + 1):  # a fused call's steps, in order
+                        task.on_step_end(done, process_id)
+            logger.finish()  # the only device sync for logging: the last log steps, after the loop
+            if stopped:  # a SIGTERM now (the launcher's, seeing a peer end) cuts no save short
+                recovery.after_notice(notice, step - k, params, opt_state)
+                notice.leave()
+                raise SystemExit(interrupts.exit_code(signal.SIGTERM))
         final = {jax.tree_util.keystr(path): leaf for path, leaf in
                  jax.tree_util.tree_flatten_with_path(parallel.unreplicate(params))[0]}
         if process_id == 0:
@@ -181,6 +192,8 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
             out(contract.FAILED_FORMAT.format(step=failed_at, error=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        if notice is not None:
+            notice.close()
         with interrupts.held():  # a SIGTERM now must not cut the writing of the records short
             batches.close()
             if logger is not None:
@@ -210,6 +223,24 @@ def _resume(identity: contract.Identity, job: jobs.WorkerJob, state, num_batches
     return state, step + 1
 
 
+def _notice(identity: contract.Identity, job: jobs.WorkerJob, out):
+    """The loop's ``worker.notice.Notice``, started; None when ``checkpoint.notice_grace_s``
+    is 0 (a SIGTERM then stops the process at once, as before the loop)."""
+    if not job.checkpoint.notice_grace_s:
+        return None
+    from worker.notice import Notice
+
+    client = None
+    if not single_process(identity):
+        from jax._src import distributed  # the coordination service's client (multihost_utils')
+
+        client = distributed.global_state.client
+    notice = Notice(identity.process_id, identity.num_processes, job.checkpoint.notice_grace_s,
+                    client)
+    notice.start()
+    return notice
+
+
 class _Recovery:
     """Per-step host work for surviving failures: checkpoints (process 0) and heartbeats.
 
@@ -227,6 +258,7 @@ class _Recovery:
         self.unreplicate = unreplicate  # pmap's or jit's layout of the replicated state
         self.order = order
         self.last_beat = -float("inf")  # the first step beats at once: compilation is over
+        self.saved_step, self.save_s = 0, 0.0  # the newest save, and how long it took
 
     def saves(self, step: int) -> bool:
         """Whether ``step`` is a checkpoint step (on every process; process 0 writes it)."""
@@ -245,21 +277,45 @@ class _Recovery:
         wait = wait or jax.block_until_ready
         saving = self.saves(step)
         if saving and self.identity.process_id == 0:
-            from worker import checkpoint
-
-            with interrupts.held():  # a SIGTERM mid-save: the save and its line, then the exit
-                began = time.monotonic()
-                path = checkpoint.save_replicated(self.identity.run_dir, step, params, opt_state,
-                                                  self.num_batches, self.keep, self.order,
-                                                  self.unreplicate)
-                self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path,
-                                                           seconds=time.monotonic() - began))
+            self.save(step, params, opt_state)
         if self.interval_s is None:
             return
         if saving or time.monotonic() - self.last_beat >= self.interval_s:
             wait(loss)
             self.out(contract.HEARTBEAT_FORMAT.format(step=step))
             self.last_beat = time.monotonic()
+
+
+    def save(self, step: int, params, opt_state) -> None:
+        """Process 0: save ``step``'s checkpoint and say so (``contract.CHECKPOINT_FORMAT``)."""
+        from worker import checkpoint
+
+        with interrupts.held():  # a SIGTERM mid-save: the save and its line, then the exit
+            began = time.monotonic()
+            path = checkpoint.save_replicated(self.identity.run_dir, step, params, opt_state,
+                                              self.num_batches, self.keep, self.order,
+                                              self.unreplicate)
+            self.saved_step, self.save_s = step, time.monotonic() - began
+            self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path, seconds=self.save_s))
+
+    def after_notice(self, notice, step: int, params, opt_state) -> None:
+        """The loop stopped for a notice after ``step``: say so; process 0 saves that step
+        when it is the agreed one, unsaved, and the grace still holds a save as long as the
+        last one (``checkpoint.notice_grace_s``)."""
+        if notice.stop_step is None or self.identity.process_id != 0:
+            self.out(notice.line())
+            return
+        if not self.every:
+            self.out(notice.line("; checkpoints are off (checkpoint.every_steps: 0), so none is saved"))
+        elif self.saved_step == step:
+            self.out(notice.line("; process 0 saved it already"))
+        elif self.save_s > notice.left_s():
+            self.out(notice.line(f"; too little of checkpoint.notice_grace_s is left "
+                                 f"({notice.left_s():.1f} s) for a save ({self.save_s:.1f} s last "
+                                 "time): the next attempt resumes from the last checkpoint"))
+        else:
+            self.out(notice.line("; process 0 saves it"))
+            self.save(step, params, opt_state)
 
 
 def disk_full(exc: OSError, run_dir: str | None = None) -> str | None:

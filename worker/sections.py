@@ -241,6 +241,12 @@ class Checkpoint(_Section):
                                doc="process 0 saves params, optimizer state, step and data position "
                                "every N steps and at the last step (0 = never)")
     keep: int = setting(3, check=in_range(1, 1000), doc="checkpoints kept (the newest)")
+    notice_grace_s: float = setting(
+        25.0, check=non_negative,
+        doc="a preemption notice (SIGTERM to any worker or to the launcher) stops every "
+        "process after one agreed step and process 0 saves it, within this many seconds; an "
+        "agreement or save that would end later is said and the previous checkpoint is used "
+        "(0 = a notice stops at once, no checkpoint)")
 
 
 

@@ -36,7 +36,7 @@ import signal
 from launcher.console import explain
 from launcher.state import (EndedEarly, Exit, Exited, Final, Killed, Lost, Preempted, Result,
                             Stalled, State, Tracked)
-from worker import contract
+from worker import contract, notice
 
 
 class FailureClass(enum.Enum):
@@ -137,6 +137,9 @@ def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
             "no proxy is forced on the workers (podlaunch adds the coordinator to no_proxy; a "
             "setup line that resets it undoes that)"))
     failure_class, what = _class_of(ended, retry_exit_codes)
+    said = [line for line in t.tail if line.startswith(notice.PREFIX)]
+    if failure_class is FailureClass.PREEMPTION and said:  # worker.notice: one agreed step
+        what = f"{what}, after a {said[-1].removeprefix('preemption ')}"
     return Verdict(failure_class, pid, f"{where} {what}")
 
 

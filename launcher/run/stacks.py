@@ -69,11 +69,14 @@ def threads(lines: list) -> list:
 
 def main_thread(found: list) -> list:
     """The main thread's frames: the one whose outermost frame is a module's top level
-    (the worker runs as ``python -m worker``, a program as a script), else the deepest."""
+    (a program run as a script) or runpy's (the worker, ``python -m worker``), else the
+    deepest of those not started by ``threading`` (whose outermost frame is its
+    ``_bootstrap``), else the deepest."""
     for frames in found:
-        if frames and frames[-1].name == "<module>":
+        if frames and frames[-1].name in ("<module>", "_run_module_as_main"):
             return frames
-    return max(found, key=len, default=[])
+    unthreaded = [frames for frames in found if frames and frames[-1].name != "_bootstrap"]
+    return max(unthreaded or found, key=len, default=[])
 
 
 def is_worker(frame: Frame) -> bool:

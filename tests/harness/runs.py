@@ -43,3 +43,32 @@ def ssh_cluster(tmp_path, ssh_hosts) -> str:
     }
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
     return str(tmp_path / "cluster.yaml")
+
+
+def assert_one_agreed_stop(run_dir, num_processes: int, noticed_at: int) -> int:
+    """Attempt 0 of ``run_dir`` stopped for a preemption notice that came after step
+    ``noticed_at`` (``worker.notice``): every process says it stops after one step S >= it,
+    process 0 saved S, attempt 1 resumed from S on every process, and the ledger counts no
+    step trained twice. Fails on a save by process 0 alone (the others say nothing, or
+    another step) and on a resume that ignores it. Returns S."""
+    import json
+    import re
+
+    logs = os.path.join(run_dir, "logs")
+    text = [open(os.path.join(logs, f"process-{i:03d}.log"), errors="replace").read()
+            for i in range(num_processes)]
+    stops = [re.findall(r"^preemption notice from process \d+: every process stops after step "
+                        r"(\d+)", t, re.M) for t in text]
+    assert all(len(found) == 1 for found in stops), stops
+    agreed = {int(found[0]) for found in stops}
+    assert len(agreed) == 1, stops
+    step = agreed.pop()
+    assert step >= noticed_at, (step, noticed_at)
+    assert re.search(rf"^checkpoint of step {step} saved in [0-9.]+ s: ", text[0], re.M), text[0][-3000:]
+    for i in range(num_processes):
+        again = open(os.path.join(logs, "attempt-1", f"process-{i:03d}.log"), errors="replace").read()
+        assert re.search(rf"^resumed from the checkpoint of step {step} \(attempt 1\)", again, re.M), again[-2000:]
+    with open(os.path.join(run_dir, "ledger.json")) as f:
+        ledger = json.load(f)
+    assert ledger["attempts"][1]["resumed_step"] == step and ledger["run"]["steps_again"] == 0, ledger
+    return step

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 
@@ -20,7 +21,7 @@ import yaml
 
 from harness.helpers import (KINDS, PROGRAMS, REPO, checked_ledger, launch, launched, logged_steps,
                              pids_with_env, program_job, read_scalars)
-from harness.runs import assert_same_params, fault, params, ssh_cluster
+from harness.runs import assert_one_agreed_stop, assert_same_params, fault, params, ssh_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -258,7 +259,8 @@ def test_a_signal_death_is_retried_by_default_under_its_own_budget_until_it_is_s
     result = launch("jobs/linear.yaml", *COMMON, "--set", "task.name=faulty_task:make",
                     "--set", "task.args.crash_at_step=3", "--set", "task.args.crash_process_id=1",
                     "--set", f"task.args.mode={mode}", "--set", f"restarts.{budget}=2",
-                    "--run-dir", str(run_dir))
+                    # a SIGTERM that stops at once (no agreed checkpoint): every attempt again
+                    "--set", "checkpoint.notice_grace_s=0", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 1, out[-4000:] + result.stderr
     failed = re.findall(r"^podlaunch: attempt (\d) .*failed: process_id 1 on localhost (.*) \[(.*)\]; "
@@ -273,6 +275,45 @@ def test_a_signal_death_is_retried_by_default_under_its_own_budget_until_it_is_s
     record = json.loads((run_dir / "run.json").read_text())
     assert record["failures"] == {failure_class: 3} and record["last_failure"]["attempt"] == 2
     assert record["last_failure"]["class"] == failure_class and record["attempts"] == 3
+
+
+def test_a_notice_to_one_worker_stops_every_process_after_one_saved_step(tmp_path, uninterrupted):
+    """Issue 27: process 1 gets SIGTERM (a preemption's notice) after step 17 of 40
+    (checkpoints every 5): every process stops after one agreed step, process 0 saves it,
+    the restart resumes from it at once: no step trained twice, the uninterrupted params."""
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", *COMMON, *fault("sigterm", 17), "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr
+    step = assert_one_agreed_stop(run_dir, 2, 17)
+    assert re.search(rf"attempt 0 failed: process_id \d on localhost exited with code 143 \(SIGTERM as "
+                     rf"a shell reports it\), after a notice from process 1: every process stops after "
+                     rf"step {step}.* \[preemption\]; restarting from the latest checkpoint in 0 s", out), out
+    assert_same_params(params(run_dir), uninterrupted)
+    assert not pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir))
+
+
+def test_a_notice_to_the_launcher_saves_one_step_that_resume_continues(tmp_path, uninterrupted):
+    """SIGTERM to the launcher (its VM's notice; Ctrl-C the same): it tells every worker,
+    they stop after one agreed step and process 0 saves it; ``launch --resume`` continues
+    from exactly that step to the uninterrupted params."""
+    run_dir = tmp_path / "run"
+    slow = ("--set", "task.name=faulty_task:make", "--set", "task.args.slow_process_id=1",
+            "--set", "task.args.sleep_s=0.1", "--set", "task.args.slow_attempt=0")
+    with launched("jobs/linear.yaml", *COMMON, *slow, "--run-dir", str(run_dir)) as out:
+        out.wait_for(r"^\[p0\] checkpoint of step 10 saved", 120)
+        out.proc.send_signal(signal.SIGTERM)
+        code, text = out.finish(60)
+    assert code == 130, text
+    stops = [re.findall(r"^preemption notice from process \d+: every process stops after step (\d+)",
+                        (run_dir / "logs" / f"process-00{i}.log").read_text(), re.M) for i in range(2)]
+    assert len(stops[0]) == 1 and stops[0] == stops[1], stops
+    step = int(stops[0][0])
+    assert step >= 10 and (run_dir / "checkpoints" / f"step-{step:07d}").is_dir()
+    result = launch("jobs/linear.yaml", *COMMON, *slow, "--resume", str(run_dir))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert re.search(rf"^\[p0\] resumed from the checkpoint of step {step} ", result.stdout, re.M)
+    assert_same_params(params(run_dir), uninterrupted)
 
 
 # ---- over the real sshd hosts ----------------------------------------------------
@@ -324,6 +365,7 @@ def test_a_sigterm_on_every_attempt_spends_the_preemption_budget_over_ssh(tmp_pa
     result = launch("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, two_ssh_hosts), *COMMON,
                     "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=3",
                     "--set", "task.args.crash_process_id=1", "--set", "task.args.mode=sigterm",
+                    "--set", "checkpoint.notice_grace_s=0",  # at once: no step saved, so again
                     "--set", "restarts.preemptions=1", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 1, out[-4000:] + result.stderr
@@ -335,6 +377,23 @@ def test_a_sigterm_on_every_attempt_spends_the_preemption_budget_over_ssh(tmp_pa
     ledger = checked_ledger(run_dir)
     assert [a["attempt"] for a in ledger["attempts"]] == [0, 1]
     assert all(a["buckets_s"]["teardown"] > 0 for a in ledger["attempts"])
+
+
+def test_a_notice_over_ssh_stops_every_host_after_one_saved_step(tmp_path, two_ssh_hosts,
+                                                                  uninterrupted):
+    """Issue 27 over two real sshd hosts: process 1's SIGTERM after step 17 becomes one step
+    every process stops after, saved by process 0 on its host; the restart resumes from it."""
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, two_ssh_hosts), *COMMON,
+                    *fault("sigterm", 17), "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr
+    step = assert_one_agreed_stop(run_dir, 2, 17)
+    assert re.search(rf"attempt 0 failed: process_id \d on 127\.0\.0\.\d exited with code 143 .*after "
+                     rf"a notice from process 1: every process stops after step {step}", out), out
+    assert_same_params(params(run_dir), uninterrupted)
+    for i in range(2):
+        assert not pids_with_env("PODLAUNCH_RUN_DIR", str(tmp_path / f"host{i}" / "runs" / "linear" / "run"))
 
 
 def test_resume_over_ssh_puts_back_the_checkpoints_a_new_host_0_lacks(tmp_path, two_ssh_hosts, uninterrupted):

@@ -90,6 +90,23 @@ def test_a_real_dump_is_read_into_threads_and_the_main_threads_own_function(tmp_
     assert ", in wait (threading.py:" in stacks.where(helper)
 
 
+def test_the_workers_main_thread_is_told_from_helper_threads_as_deep():
+    """``python -m worker``: the main thread's outermost frame is runpy's, not ``<module>``;
+    helper threads (the notice's watchers) as deep as it, listed first, are not it."""
+    frame = stacks.Frame
+    helper = [frame("/usr/lib/python3.11/threading.py", 327, "wait"),
+              frame("/opt/podlaunch/worker/notice.py", 105, "_publish"),
+              frame("/usr/lib/python3.11/threading.py", 982, "run"),
+              frame("/usr/lib/python3.11/threading.py", 1002, "_bootstrap")]
+    main = [frame("/home/me/jobs/my_task.py", 81, "on_step_end"),
+            frame("/opt/podlaunch/worker/main.py", 177, "train"),
+            frame("<frozen runpy>", 88, "_run_code"),
+            frame("<frozen runpy>", 198, "_run_module_as_main")]
+    assert stacks.main_thread([helper, main]) is main
+    cut = main[:-1]
+    assert stacks.main_thread([helper, cut]) is cut  # no runpy frame: the one not threading's
+
+
 def test_library_and_worker_frames_are_not_the_jobs_own():
     frame = stacks.Frame
     assert not stacks.is_own(frame("/venv/lib/python3.11/site-packages/jax/_src/api.py", 1, "f"))

@@ -20,6 +20,7 @@ import pytest
 from harness import sshenv
 from harness.helpers import (LAUNCH, NO_RESTARTS, REPO, Output, checked_ledger, env_for_tests, launch, pids_with_env, program_job, run_pids,
                      sighup_default, wait_gone)
+from harness.runs import assert_one_agreed_stop
 from harness.slurmenv import SlurmTestEnv
 
 pytestmark = pytest.mark.slow
@@ -430,6 +431,9 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_params(slu
                      r"preempted.*\[preemption\]; restarting from the latest checkpoint in 0 s "
                      r"\(preemption restart 1 of 100; restart 1 of 2 in all\)", out), out
     assert re.search(r"^\[p0 n1\] resumed from the checkpoint of step \d+", out, re.M), out
+    # Slurm's SIGTERM to every task, GraceTime (2 s) before its SIGKILL: one step all
+    # processes stopped after, saved, and resumed from (issue 27)
+    assert_one_agreed_stop(run_dir, 3, 1)
     assert_uninterrupted_params(run_dir, tmp_path / "local")
     assert urgent and not run_pids(str(run_dir))
     # the ledger on Slurm: the requeue's wait (pending until slurmctld starts it again) is
