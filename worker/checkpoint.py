@@ -317,12 +317,16 @@ def save_replicated(run_dir: str, step: int, params, opt_state, num_batches: int
 
 
 def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
-                      warn: Callable[[str], None] = print, order: dict | None = None):
-    """Process 0 reads the latest good checkpoint; every process gets it by broadcast.
+                      warn: Callable[[str], None] = print, order: dict | None = None,
+                      local: Checkpoint | None = None):
+    """The newest step that process 0's checkpoints or any process's local copy hold,
+    restored on every process by a broadcast from the process that holds it.
 
-    Only process 0 touches the checkpoint files, so other hosts need no shared
-    filesystem. Every process must call this (it runs collectives:
-    ``jax.experimental.multihost_utils.broadcast_one_to_all``).
+    Process 0 alone reads the persistent checkpoints, so other hosts need no shared
+    filesystem; each process brings its own newest local copy (``worker.localtier``).
+    Every process must call this (it runs collectives: ``multihost_utils.process_allgather``
+    of what each holds, then ``broadcast_one_to_all`` from the holder; a tie goes to process
+    0's checkpoints, then to the lowest process_id).
 
     Args:
       run_dir: this process's run directory (only process 0's is read).
@@ -332,12 +336,14 @@ def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
       num_batches: global batches in the dataset.
       warn: where process 0 reports skipped (corrupt) checkpoints.
       order: this job's data order (``load``).
+      local: this process's newest verified local copy (``worker.localtier.newest``), or None.
 
     Returns:
-      ``(state, step)``: the restored state and its step, or ``(state, 0)`` unchanged.
+      ``(state, step, source)``: the restored state, its step and where it came from (""
+      for process 0's checkpoints, else ``process N's local copy``), or ``(state, 0, "")``.
 
     Raises:
-      IncompatibleCheckpoint: the checkpoint does not fit this job, or (as
+      IncompatibleCheckpoint: process 0's checkpoint does not fit this job, or (as
         ``NoUsableCheckpoint`` on process 0) every checkpoint is corrupt; on every process.
     """
     import jax
@@ -345,14 +351,16 @@ def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
 
     leaves, treedef = jax.tree_util.tree_flatten(state)
     leaves = [np.asarray(a) for a in leaves]
-    found, error, header = None, "", np.zeros(2, np.int32)  # [status 1/0/-1, step]
+    found, error = None, ""
     if process_id == 0:
         try:
             found = latest(directory(run_dir), leaves, num_batches, warn, order)
         except (IncompatibleCheckpoint, NoUsableCheckpoint) as exc:
             error = str(exc)
-        header = np.array([-1 if error else int(found is not None), found.step if found else 0], np.int32)
-    status, step = (int(v) for v in multihost_utils.broadcast_one_to_all(header))
+    mine = np.array([-1 if error else int(found is not None), found.step if found else 0,
+                     local.step if local is not None else 0], np.int32)  # [status, step, local]
+    table = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3)
+    status, step = int(table[0, 0]), int(table[0, 1])
     if status < 0:
         # every process fails with process 0's words: whichever the launcher sees first
         # names the checkpoints and why
@@ -362,7 +370,14 @@ def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
         got = bytes(np.asarray(multihost_utils.broadcast_one_to_all(text))).rstrip(b"\0")
         raise IncompatibleCheckpoint(got.decode("utf-8", "replace")
                                      or "process 0 could not use its checkpoint (see its log)")
-    if status == 0:
-        return state, 0
-    got = multihost_utils.broadcast_one_to_all(found.leaves if found is not None else leaves)
-    return jax.tree_util.tree_unflatten(treedef, [np.asarray(a) for a in got]), step
+    newest_local = int(table[:, 2].max())
+    if max(step, newest_local) == 0:
+        return state, 0, ""
+    if step >= newest_local:
+        holder, source, held = 0, "", found
+    else:
+        holder = int(np.flatnonzero(table[:, 2] == newest_local)[0])
+        step, source, held = newest_local, f"process {holder}'s local copy", local
+    mine_leaves = held.leaves if process_id == holder and held is not None else leaves
+    got = multihost_utils.broadcast_one_to_all(mine_leaves, is_source=process_id == holder)
+    return jax.tree_util.tree_unflatten(treedef, [np.asarray(a) for a in got]), step, source

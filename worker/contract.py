@@ -90,11 +90,11 @@ FAILED_TIME_FORMAT = "podlaunch-failed-at {at:.6f}"
 FAILED_TIME_RE = re.compile(r"^podlaunch-failed-at (?P<at>\d+(?:\.\d+)?)$")
 HEARTBEAT_PREFIX = "podlaunch-heartbeat step "
 HEARTBEAT_FORMAT = HEARTBEAT_PREFIX + "{step}"
-# Every process of a resumed attempt, before its first step: the steps before N + 1 were
-# done by an earlier attempt, and the restore's wall seconds (launcher.run.ledger).
+# Every process of a resumed attempt, before its first step: the steps before N + 1 were done
+# by an earlier attempt, the restore's wall seconds (launcher.run.ledger), ": process N's local copy"
 RESUMED_FORMAT = "resumed from the checkpoint of step {step} (attempt {attempt}) in {seconds:.3f} s"
 RESUMED_RE = re.compile(r"^resumed from the checkpoint of step (?P<step>\d+) \(attempt \d+\)"
-                        r"(?: in (?P<seconds>[0-9.]+) s)?$")
+                        r"(?: in (?P<seconds>[0-9.]+) s)?(?:: .*)?$")
 # Every process after its first call: JAX's persistent cache's hits and misses (its own
 # events) and that call's wall seconds ("?" unknown); the launcher's summary shows them.
 CACHE_FORMAT = ("compilation cache: {hits} hits, {misses} misses; first step (trace, compile, "

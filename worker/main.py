@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import sys
 import time
@@ -17,57 +18,9 @@ from typing import Callable
 
 from worker import contract, interrupts
 from worker import job as jobs
+from worker.compilecache import CompilationCache
 from worker.joining import join, rendezvous, single_process
 from worker.sources import DataError
-
-
-class CompilationCache:
-    """JAX's persistent compilation cache in the directory the launcher names, counted.
-
-    The launcher names it (``contract.COMPILATION_CACHE_DIR``;
-    ``launcher.plan.compilation_cache_dir``): ``runs/<job>/compilation-cache``
-    for a run in the default layout, shared by every run of the job, else
-    ``<run dir>/compilation-cache`` (also the default when it names none).
-    Every attempt of a run uses the same directory, so a restart (or a re-run)
-    loads what was compiled before instead of compiling again; so do the other
-    local processes. JAX writes entries from process 0 only: processes on
-    other hosts (whose directory is their own) read none and compile as
-    before. Entries may also be rejected on reload (some CPUs), so hits and
-    misses are counted from JAX's own monitoring events rather than assumed,
-    and ``line()`` reports them.
-
-    Args:
-      path: the directory (made by JAX when missing), or None for ``run_dir``'s.
-      run_dir: the run directory.
-      enabled: False (``train.compilation_cache: false``): no cache, every compile a miss.
-    """
-
-    def __init__(self, path: str | None, run_dir: str, enabled: bool = True):
-        import jax
-        import jax.monitoring
-
-        self.requests = self.hits = 0
-        self.path = (path or os.path.join(run_dir, contract.COMPILATION_CACHE)) if enabled else "off"
-        if enabled:  # off (train.compilation_cache: false): every compile is a miss
-            jax.config.update("jax_compilation_cache_dir", self.path)
-            # The worker's steps compile in well under JAX's default 1 s threshold on
-            # small models; a restart should skip those compilations too.
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-        def count(event: str, **kwargs) -> None:
-            if event == "/jax/compilation_cache/compile_requests_use_cache":
-                self.requests += 1
-            elif event == "/jax/compilation_cache/cache_hits":
-                self.hits += 1
-
-        jax.monitoring.register_event_listener(count)
-
-    def line(self, compile_time_s: float | None) -> str:
-        """``contract.CACHE_FORMAT``: hits, misses, the first call's seconds, the directory."""
-        seconds = "?" if compile_time_s is None else f"{compile_time_s:.3f}"
-        return contract.CACHE_FORMAT.format(hits=self.hits, misses=self.requests - self.hits,
-                                            seconds=seconds, path=self.path)
 
 
 def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
@@ -139,7 +92,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         + (f", {parallel.description}" if parallel.description else ""))
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
-    step, logger, notice = 0, None, None
+    step, logger, notice, local = 0, None, None, None
     try:
         in_flight = InFlight()
         logger = metrics.StepLogger(job, process_id, identity.num_processes, tracker, out,
@@ -153,6 +106,8 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
 
         timed_step = logger.timed(dispatch)
         recovery = _Recovery(identity, job, order.num_batches, out, parallel.unreplicate, order_key)
+        local = _local_tier(identity, job, order.num_batches, order_key, parallel.unreplicate, out,
+                            first_step - 1)
         notice = _notice(identity, job, out)
         stopped = False
         # ``step``: the last step of each call (k steps; log, checkpoint and last steps
@@ -171,6 +126,8 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                 if recovery.saves(step):  # the save waits for this step anyway: check its loss first
                     logger.flush()
                 recovery.after_step(step, params, opt_state, loss, wait=logger.wait)
+                if local is not None:
+                    local.after_step(step, params, opt_state)
                 if task.on_step_end is not None:
                     logger.flush()  # a hook (which may end the process) runs after its step is logged
                     for done in range(step - k + 1, step + 1):  # a fused call's steps, in order
@@ -184,6 +141,13 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                  jax.tree_util.tree_flatten_with_path(parallel.unreplicate(params))[0]}
         if process_id == 0:
             np.savez(os.path.join(run_dir, "params.npz"), **final)
+        if local is not None:  # the run is done: nothing left to restart from
+            local.close()
+            shutil.rmtree(local.path, ignore_errors=True)
+            try:
+                os.rmdir(os.path.dirname(local.path))  # the last process's leaves none behind
+            except OSError:
+                pass
         return final
     except BaseException as exc:
         if not isinstance(exc, SystemExit):
@@ -194,6 +158,8 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     finally:
         if notice is not None:
             notice.close()
+        if local is not None:
+            local.close()  # a copy being written: the restart may need it
         with interrupts.held():  # a SIGTERM now must not cut the writing of the records short
             batches.close()
             if logger is not None:
@@ -213,14 +179,40 @@ def _resume(identity: contract.Identity, job: jobs.WorkerJob, state, num_batches
     from worker import checkpoint
 
     began = time.monotonic()
-    state, step = checkpoint.restore_broadcast(identity.run_dir, identity.process_id, state,
-                                               num_batches, warn=out, order=order)
+    local = None
+    if job.checkpoint.local_every_steps:
+        import jax
+        import numpy as np
+
+        from worker import localtier
+
+        template = [np.asarray(a) for a in jax.tree_util.tree_leaves(state)]
+        local = localtier.newest(localtier.directory(job.checkpoint.local_dir, identity.run_dir,
+                                                     identity.process_id),
+                                 template, num_batches, order, warn=out)
+    state, step, source = checkpoint.restore_broadcast(identity.run_dir, identity.process_id, state,
+                                                       num_batches, warn=out, order=order, local=local)
     if step:
         out(contract.RESUMED_FORMAT.format(step=step, attempt=identity.attempt,
-                                           seconds=time.monotonic() - began))
+                                           seconds=time.monotonic() - began)
+            + (f": {source}" if source else ""))
     else:
         out(f"no checkpoint to resume from; starting at step 1 (attempt {identity.attempt})")
     return state, step + 1
+
+
+def _local_tier(identity: contract.Identity, job: jobs.WorkerJob, num_batches: int, order: dict,
+                unreplicate, out, resumed_step: int):
+    """This process's ``worker.localtier.LocalTier``, or None (``checkpoint.local_every_steps`` 0)."""
+    if not job.checkpoint.local_every_steps:
+        return None
+    from worker import localtier
+
+    tier = localtier.LocalTier(localtier.directory(job.checkpoint.local_dir, identity.run_dir,
+                                                   identity.process_id),
+                               job.checkpoint.local_every_steps, num_batches, order, unreplicate, out)
+    tier.last_step = resumed_step
+    return tier
 
 
 def _notice(identity: contract.Identity, job: jobs.WorkerJob, out):

@@ -55,6 +55,10 @@ TRAINER_SECTIONS = ("task", "data", "optimizer", "train")
 IGNORED_BY_PROGRAMS = (
     ("checkpoint", "every_steps", "the program saves its own checkpoints (worker.program."
      "checkpoint_dir(); checkpoint.keep still bounds the copies kept over ssh)"),
+    ("checkpoint", "local_every_steps", "the program saves its own checkpoints; the local tier "
+     "is the built-in trainer's"),
+    ("checkpoint", "local_dir", "the program saves its own checkpoints; the local tier is the "
+     "built-in trainer's"),
     ("checkpoint", "notice_grace_s", "a program's SIGTERM ends it as before (worker.program."
      "initialize()); the agreed save on a notice is the built-in trainer's for now"),
     ("logging", "on_nonfinite_loss", "the program decides what a NaN loss means (worker.program."

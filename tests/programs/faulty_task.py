@@ -7,6 +7,7 @@ exercise the plug-in path. Faults act on the host after a step completes.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,8 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
       crash_process_id: which process misbehaves.
       mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``exit0`` (os._exit(0): an
         early exit that looks like success), ``sigkill`` (kills
-        itself with SIGKILL), ``sigterm`` (itself with SIGTERM: a preemption's notice), ``stall`` (sleeps forever: alive, no progress),
+        itself with SIGKILL), ``wipe_sigkill`` (removes its run directory, then SIGKILLs
+        itself: over ssh, a host that comes back empty), ``sigterm`` (itself with SIGTERM: a preemption's notice), ``stall`` (sleeps forever: alive, no progress),
         ``sigstop`` (stops itself), ``long_line`` (prints ``long_line_mb`` MiB of ``x``
         without a newline, then exits with 7: its last line ends without one).
       sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
@@ -73,6 +75,9 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
             # hands the notice to the loop, which stops after the step all agree on
             time.sleep(0.2)
         if mode == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "wipe_sigkill":  # the host dies and comes back with an empty run directory
+            shutil.rmtree(os.environ["PODLAUNCH_RUN_DIR"], ignore_errors=True)
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "sigstop":
             os.kill(os.getpid(), signal.SIGSTOP)

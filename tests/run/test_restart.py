@@ -316,6 +316,25 @@ def test_a_notice_to_the_launcher_saves_one_step_that_resume_continues(tmp_path,
     assert_same_params(params(run_dir), uninterrupted)
 
 
+def test_a_crash_resumes_from_the_local_tier_not_the_last_persistent_checkpoint(tmp_path,
+                                                                                uninterrupted):
+    """Issue 27: process 0's checkpoints every 40 steps, every process's local copy every 5;
+    process 0 SIGKILLed after step 17: the restart resumes from a local copy of step 15,
+    not from step 0, and ends at the uninterrupted params; the local copies are gone after."""
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", *COMMON, *fault("sigkill", 17, process_id=0),
+                    "--set", "checkpoint.every_steps=40", "--set", "checkpoint.local_every_steps=5",
+                    "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr
+    assert re.search(r"^\[p0\] resumed from the checkpoint of step 15 \(attempt 1\) in [0-9.]+ s: "
+                     r"process [01]'s local copy$", out, re.M), out[-4000:]  # 0's may be mid-write
+    assert not (run_dir / "checkpoints" / "step-0000015").exists()  # not process 0's persistent one
+    assert checked_ledger(run_dir)["attempts"][1]["resumed_step"] == 15
+    assert_same_params(params(run_dir), uninterrupted)
+    assert not (run_dir / "local-checkpoints").exists()
+
+
 # ---- over the real sshd hosts ----------------------------------------------------
 def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, two_ssh_hosts, uninterrupted):
     run_dir = tmp_path / "run"
@@ -394,6 +413,27 @@ def test_a_notice_over_ssh_stops_every_host_after_one_saved_step(tmp_path, two_s
     assert_same_params(params(run_dir), uninterrupted)
     for i in range(2):
         assert not pids_with_env("PODLAUNCH_RUN_DIR", str(tmp_path / f"host{i}" / "runs" / "linear" / "run"))
+
+
+def test_host_0_back_empty_resumes_from_another_hosts_local_copy(tmp_path, two_ssh_hosts,
+                                                                 uninterrupted):
+    """Issue 27 over two real sshd hosts: process 0 removes its whole run directory on host 0
+    (checkpoints and local copies) and is SIGKILLed after step 17; with no persistent
+    checkpoint before step 40, the restart restores every process from process 1's local
+    copy on host 1 (step 15), checked by its sha256, and ends at the uninterrupted params."""
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, two_ssh_hosts), *COMMON,
+                    *fault("wipe_sigkill", 17, process_id=0), "--set", "checkpoint.every_steps=40",
+                    "--set", "checkpoint.local_every_steps=5", "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr
+    assert re.search(r"^\[p0 127\.0\.0\.2\] resumed from the checkpoint of step 15 \(attempt 1\) in "
+                     r"[0-9.]+ s: process 1's local copy$", out, re.M), out[-4000:]
+    assert_same_params(params(run_dir), uninterrupted)
+    for i in range(2):
+        remote = tmp_path / f"host{i}" / "runs" / "linear" / "run"
+        assert not (remote / "local-checkpoints").exists()
+        assert not pids_with_env("PODLAUNCH_RUN_DIR", str(remote))
 
 
 def test_resume_over_ssh_puts_back_the_checkpoints_a_new_host_0_lacks(tmp_path, two_ssh_hosts, uninterrupted):

@@ -1,0 +1,105 @@
+"""The local tier: every process keeps its newest state in fast local storage.
+
+Process 0's persistent checkpoints (``worker.checkpoint``, every ``checkpoint.every_steps``)
+are rare because each is a synchronous save. After Orbax's emergency checkpointing and
+MaxText's multi-tier checkpointing, every process also keeps the newest state in its own
+``checkpoint.local_dir`` every ``checkpoint.local_every_steps`` (relative: under its run
+directory; a RAM disk such as ``/dev/shm/NAME`` where the host has one): on the step's path
+only a copy on the devices, dispatched like a step; the copy off the devices and the write
+on a thread, in the persistent checkpoints' format (atomic rename, sha256), the newest
+``KEEP`` kept. In a data-parallel job every
+process holds the whole state, so any process's copy can restore every process: a restart
+resumes from the newest step that process 0's checkpoints or any process's local copy
+hold (``worker.checkpoint.restore_broadcast``), which also covers a host 0 that came back
+with an empty disk.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable
+
+from worker import checkpoint
+
+KEEP = 2  # the newest two: one may be being written when the process dies
+PROCESS_DIR = "process-{process_id:03d}"
+
+
+def directory(local_dir: str, run_dir: str, process_id: int) -> str:
+    """This process's local tier: ``local_dir`` (under ``run_dir`` when relative)/process-NNN."""
+    return os.path.join(local_dir if os.path.isabs(local_dir) else os.path.join(run_dir, local_dir),
+                        PROCESS_DIR.format(process_id=process_id))
+
+
+class LocalTier:
+    """Writes this process's local copies (see the module's docstring).
+
+    Args:
+      path: this process's directory (``directory``).
+      every_steps: a copy at the first call boundary at or after each multiple (> 0).
+      num_batches, order: the data position's facts (``worker.checkpoint.Checkpoint``).
+      unreplicate: a pytree of replicated leaves -> the same of numpy arrays (the parallelism's).
+      warn: where a failed write is said, once.
+    """
+
+    def __init__(self, path: str, every_steps: int, num_batches: int, order: dict | None,
+                 unreplicate: Callable, warn: Callable[[str], None] = print):
+        self.path, self.every_steps = path, every_steps
+        self.num_batches, self.order, self.unreplicate, self.warn = num_batches, order, unreplicate, warn
+        self.last_step = 0
+        self.skipped = 0  # copies not taken: the previous write was still going
+        self._thread: threading.Thread | None = None
+        self._failed = False
+
+    def after_step(self, step: int, params, opt_state) -> None:
+        """Take a copy when ``step`` is the first call boundary of a new interval."""
+        if step // self.every_steps <= self.last_step // self.every_steps or self._failed:
+            return
+        self.last_step = step
+        if self._thread is not None and self._thread.is_alive():
+            self.skipped += 1
+            return
+        import jax
+        import jax.numpy as jnp
+
+        # On the step's path only a copy on the devices, dispatched like a step (the step
+        # donates its inputs, so the next step would take these buffers); the thread waits
+        # for it, copies it off the devices and writes it.
+        copies = jax.tree.map(jnp.copy, (params, opt_state))
+        self._thread = threading.Thread(target=self._write, args=(step, copies), daemon=True,
+                                        name="local-tier")
+        self._thread.start()
+
+    def _write(self, step: int, copies) -> None:
+        import jax
+
+        try:
+            leaves = jax.tree_util.tree_leaves(self.unreplicate(copies))
+            del copies
+            ckpt = checkpoint.Checkpoint(step=step, leaves=leaves, next_batch=step % self.num_batches,
+                                         num_batches=self.num_batches, order=self.order)
+            checkpoint.save(self.path, ckpt, KEEP)
+        except OSError as exc:
+            self._failed = True
+            self.warn(f"warning: the local tier cannot write {exc.filename or self.path} "
+                      f"({exc.strerror or exc}); no more local copies this attempt")
+
+    def close(self, wait_s: float = 30.0) -> None:
+        """Let a write in progress finish (a restart may need it), up to ``wait_s``."""
+        if self._thread is not None:
+            self._thread.join(wait_s)
+
+
+def newest(path: str, template: list, num_batches: int, order: dict | None,
+           warn: Callable[[str], None] = print) -> checkpoint.Checkpoint | None:
+    """This process's newest local copy that verifies and fits the job, or None.
+
+    A copy that is corrupt or does not fit (another job wrote it) is skipped with a warning,
+    never an error: the local tier is a cache of the persistent checkpoints.
+    """
+    try:
+        return checkpoint.latest(path, template, num_batches, warn, order)
+    except checkpoint.CheckpointError as exc:
+        warn(f"warning: not using the local copies in {path}: {exc}")
+        return None
