@@ -130,6 +130,7 @@ class ProgramJob(_JobFile):
     Attributes:
       name, secrets, logging, distributed, watchdog: as in ``WorkerJob``.
       program: what the helper needs to know of the program (``num_steps``).
+      checkpoint: ``notice_grace_s`` (``worker.program.stop_after``); the rest is the trainer's.
     """
 
     name: str
@@ -138,6 +139,7 @@ class ProgramJob(_JobFile):
     logging: LoggingConfig
     distributed: DistributedConfig
     watchdog: WatchdogConfig
+    checkpoint: CheckpointConfig
 
 
 def for_spec_dict(resolved: dict) -> WorkerJob:

@@ -66,11 +66,16 @@ class Notice:
       client: the coordination service's client (``jax.distributed``), or None with one
         process.
       clock: seconds, monotonic.
+      lead: steps added to the maximum of the reports: 0 for the trainer (it asks before it
+        dispatches a step), 1 for a program (``worker.program.stop_after``: it asks after a
+        step, and may be in the next one when another process's notice comes; JAX's own
+        rule is the maximum + 1 for that reason).
     """
 
     def __init__(self, process_id: int, num_processes: int, grace_s: float, client=None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, lead: int = 0):
         self.process_id, self.num_processes, self.grace_s = process_id, num_processes, grace_s
+        self.lead = lead  # added to the maximum: a program may be in the step after its report
         self.client, self.clock = client, clock
         self._held_at: float | None = None
         self._lock = threading.Lock()
@@ -107,7 +112,8 @@ class Notice:
             return
         if self.client is None:  # one process: nothing to agree, stop after the last step
             with self._lock:
-                self._held, self._source, self._agreed = True, self.process_id, self._dispatched
+                self._held, self._source = True, self.process_id
+                self._agreed = self._dispatched + self.lead
                 self._held_at = self.clock()
             self._done.set()
             return
@@ -130,7 +136,7 @@ class Notice:
             self.client.key_value_set(f"{REPORT_DIR}{self.process_id}", str(mine))
             self.client.wait_at_barrier(BARRIER, int(AGREE_TIMEOUT_S * 1000))
             steps = {key.rsplit("/", 1)[-1]: int(v) for key, v in self.client.key_value_dir_get(REPORT_DIR)}
-            self._agreed = max(steps.values())
+            self._agreed = max(steps.values()) + self.lead
         except Exception as exc:  # noqa: BLE001 - a process did not answer
             self._why = self._silent(exc)
         self._done.set()

@@ -25,6 +25,9 @@ the rest of what the built-in trainer has::
   collective); between them heartbeats for the stall watchdog.
 * ``done()``: says the program completed (``contract.DONE_LINE``), e.g. when it
   stops before ``num_steps`` on purpose. Reporting the last step says so too.
+* ``stop_after(step)`` after every step, and ``preempted()`` once it returned True and
+  the program saved that step: a preemption notice (SIGTERM) to any process becomes one
+  step every process stops after (``worker.notice``).
 
 An exit 0 after reporting steps, but before the last one and without ``done()``,
 is a failure (the launcher names it), as for the trainer.
@@ -259,6 +262,70 @@ def report(step: int, **scalars) -> None:
                                "initialize(num_steps=...)")
         reporter = _state["reporter"] = _Reporter(_state["identity"], _job(), num_steps)
     reporter.report(step, scalars)
+
+
+def resumed_from(step: int, seconds: float = 0.0) -> None:
+    """Say that this attempt continues after ``step`` (a checkpoint the program restored,
+    in ``seconds``): the launcher's status line, step times and goodput ledger then count
+    from it (``contract.RESUMED_FORMAT``), not from step 0."""
+    print(contract.RESUMED_FORMAT.format(step=step, attempt=attempt(), seconds=seconds), flush=True)
+
+
+def stop_after(step: int) -> bool:
+    """Whether every process agreed to stop after ``step`` for a preemption notice.
+
+    Call it after every step, with consecutive steps. From the first call on, a SIGTERM
+    (to this process, to the launcher, which SIGTERMs every worker, or Slurm's to every
+    task) is a notice instead of an exit: every process's watcher agrees on one step
+    (``worker.notice``: the maximum step any process reported, plus one, since a process
+    may already be in the next step), and this returns True on every process at that
+    step. Then save that step's checkpoint (process 0, to ``checkpoint_dir()``) and call
+    ``preempted()``; the restart resumes from it. Without a notice a call costs one lock.
+    A SIGTERM before the first call ends the program as before.
+
+    Raises:
+      SystemExit: 143 when no agreement came within ``checkpoint.notice_grace_s`` (a
+        process that did not answer: dead, or stuck in a collective); said first. Save
+        nothing then: the restart resumes from the checkpoint before.
+    """
+    notice = _state.get("notice")
+    if notice is None:
+        if "identity" not in _state:
+            raise RuntimeError("worker.program.stop_after: call worker.program.initialize() first")
+        notice = _state["notice"] = _start_notice(_state["identity"])
+    if notice.may_dispatch(step):
+        if notice.stop_step == step:
+            print(notice.line("; the program saves it"), flush=True)
+            return True
+        return False
+    print(notice.line(), flush=True)
+    _state["terminated"], _state["exit_code"] = True, interrupts.exit_code(signal.SIGTERM)
+    raise SystemExit(_state["exit_code"])
+
+
+def _start_notice(me: contract.Identity):
+    from jax._src import distributed  # the coordination service's client (multihost_utils')
+
+    from worker.notice import Notice
+
+    notice = Notice(me.process_id, me.num_processes, _job().checkpoint.notice_grace_s,
+                    distributed.global_state.client, lead=1)
+    notice.start()
+    _state["notices"] = interrupts.notices(notice.signalled)
+    _state["notices"].__enter__()  # for the rest of the program: see stop_after
+    return notice
+
+
+def preempted() -> None:
+    """After ``stop_after`` returned True and the program saved its checkpoint: write what
+    process 0 holds, wait until every process got here (a process that leaves first makes
+    JAX abort the others, a save with them), leave JAX's coordination service and exit 143,
+    a preemption, which the launcher restarts at once from that checkpoint."""
+    _close(wait_s=5.0)
+    notice = _state.get("notice")
+    if notice is not None:
+        notice.leave()
+    _exit_now(interrupts.exit_code(signal.SIGTERM))
 
 
 def done() -> None:

@@ -59,8 +59,6 @@ IGNORED_BY_PROGRAMS = (
      "is the built-in trainer's"),
     ("checkpoint", "local_dir", "the program saves its own checkpoints; the local tier is the "
      "built-in trainer's"),
-    ("checkpoint", "notice_grace_s", "a program's SIGTERM ends it as before (worker.program."
-     "initialize()); the agreed save on a notice is the built-in trainer's for now"),
     ("logging", "on_nonfinite_loss", "the program decides what a NaN loss means (worker.program."
      "report logs the values it is given)"),
 )

@@ -8,10 +8,11 @@ import re
 import sys
 import time
 
+import numpy as np
 import pytest
 import yaml
 
-from harness.helpers import NO_RESTARTS, REPO, launch, program_job, run_pids
+from harness.helpers import NO_RESTARTS, REPO, checked_ledger, launch, program_job, run_pids
 
 from launcher import spec
 from launcher.errors import SpecError
@@ -143,6 +144,53 @@ def test_a_python_error_while_a_peer_is_in_host_code_is_a_program_error_not_retr
     record = json.loads((run_dir / "run.json").read_text())
     assert record["failures"] == {"program error": 1}, record
     assert not run_pids(str(run_dir))
+
+
+NOTICE_JOB = """\
+name: notice
+program:
+  argv: [python, notice_program.py, "{target}", "{at}"]
+  num_steps: 40
+logging: {{log_every_steps: 5}}
+cluster: {{backend: local, num_processes: 2, devices_per_process: 2}}
+"""
+
+
+@pytest.mark.slow
+def test_a_notice_to_a_program_stops_every_process_after_one_step_it_saves(tmp_path):
+    """Issue 27, program jobs: process 1 of tests/programs/notice_program.py SIGTERMs itself
+    after step 17 of attempt 0; worker.program.stop_after returns True on both processes at
+    one agreed step (after 17: the maximum reported + 1), process 0 saves it, preempted()
+    exits 143, and the restart resumes after it: the same final state as the run without
+    the notice, and no step done twice."""
+    finals = {}
+    for name, at in (("uninterrupted", 0), ("noticed", 17)):
+        work = tmp_path / name
+        work.mkdir()
+        (work / "notice.yaml").write_text(NOTICE_JOB.format(target=1, at=at))
+        (work / "notice_program.py").write_text(
+            open(os.path.join(REPO, "tests", "programs", "notice_program.py")).read())
+        run_dir = work / "run"
+        done = launch(str(work / "notice.yaml"), "--run-dir", str(run_dir), timeout_s=180)
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out
+        finals[name] = np.load(run_dir / "final.npy")
+        if at:
+            logs = run_dir / "logs"
+            stops = [re.findall(r"^preemption notice from process 1: every process stops after step "
+                                r"(\d+); the program saves it$", (logs / f"process-00{i}.log").read_text(),
+                                re.M) for i in range(2)]
+            assert len(stops[0]) == 1 and stops[0] == stops[1], stops
+            step = int(stops[0][0])
+            assert step > at and f"[p0] notice_program: saved step {step}" in out, out
+            assert re.search(r"attempt 0 failed: .*exited with code 143.*after a notice from process 1"
+                             r".* \[preemption\]; restarting from the latest checkpoint in 0 s", out), out
+            for i in range(2):
+                assert f"notice_program: resumed after step {step}" in \
+                    (logs / "attempt-1" / f"process-00{i}.log").read_text()
+            ledger = checked_ledger(run_dir)  # program.resumed_from: the ledger counts from it
+            assert ledger["attempts"][1]["resumed_step"] == step and ledger["run"]["steps_again"] == 0
+    np.testing.assert_allclose(finals["noticed"], finals["uninterrupted"], rtol=1e-6)
 
 
 def test_program_killed_at_step_k_fails_fast_with_its_root_cause(tmp_path):

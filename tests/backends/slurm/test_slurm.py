@@ -503,9 +503,15 @@ def test_a_time_limit_is_named_as_such_and_not_resubmitted(slurm, cluster_file, 
                      "the same way", out), out
     # podlaunch's own lines never call it a preemption nor restart (JAX's abort text in the
     # workers' tails may say "preempted/died/restarted": theirs, not the verdict)
-    own = "\n".join(line for line in out.splitlines() if not re.match(r"^\s*\[?p\d+ ", line))
+    own = "\n".join(line for line in out.splitlines() if not re.match(r"^\s*(\[?p\d+ |\| )", line))
     assert "preempt" not in own and "restarting" not in own, out
     assert len(re.findall(r"submitted Slurm job \d+", out)) == 1, out
+    # Slurm's SIGTERM at the time limit (KillWait before its SIGKILL) is a notice: every
+    # process stopped after one step, which process 0 saved for --resume (issue 27)
+    stops = [re.findall(r"^preemption notice from process \d+: every process stops after step (\d+)",
+                        (run_dir / "logs" / f"process-00{i}.log").read_text(), re.M) for i in range(3)]
+    assert len(stops[0]) == 1 and stops[0] == stops[1] == stops[2], stops
+    assert (run_dir / "checkpoints" / f"step-{int(stops[0][0]):07d}").is_dir()
     assert not slurm.wait_queue_empty(15)  # cancelled: gone once slurmctld has cleaned up
     assert not wait_gone(str(run_dir), 5)
 
