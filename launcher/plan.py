@@ -242,6 +242,16 @@ def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
                 processes=tuple(processes), placements=placements)
 
 
+def process_ids(placements) -> list:
+    """Per placement, the ids ``make_plan`` gives its processes (consecutive, in placement
+    order), without building a plan (a plan per host costs an environment per process)."""
+    ids, first = [], 0
+    for placement in placements:
+        ids.append(range(first, first + placement.num_processes))
+        first += placement.num_processes
+    return ids
+
+
 def for_attempt(plan: Plan, attempt: int, resume: bool) -> Plan:
     """``plan`` with this attempt's log paths and its ``PODLAUNCH_ATTEMPT``/``RESUME`` env."""
     processes = tuple(dataclasses.replace(

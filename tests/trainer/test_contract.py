@@ -306,3 +306,18 @@ def test_the_parallelism_is_a_value_named_by_train_parallelism():
     assert (jit.name, jit.replicate) == ("jit", sharded.replicate) and "jax.jit" in jit.description
     with pytest.raises(ValueError, match="expected 'pmap' or 'jit'"):
         parallelism.of("pjit")
+
+
+def test_the_refusal_tables_process_ids_are_the_plans():
+    """``preflight.labels`` numbers each host's processes without building a plan: the
+    same ids as ``make_plan`` for hosts of 1, 3 and 2 processes."""
+    from launcher.backends.ssh import preflight
+
+    job = specs.load(LINEAR, overrides=["cluster.num_processes=6", "cluster.devices_per_process=1",
+                                          "train.global_batch_size=252"])
+    placements = [planning.Placement(host=f"h{i}", num_processes=n, local_device_count=1,
+                                     platform="cpu", python="python3", run_dir="/r",
+                                     job_path="/r/job.json") for i, n in enumerate((1, 3, 2))]
+    plan = planning.make_plan(job, placements, "/r", "h0:1")
+    want = [",".join(f"p{p.process_id}" for p in plan.on_host(i)) for i in range(3)]
+    assert preflight.labels(job, placements) == want == ["p0", "p1,p2,p3", "p4,p5"]

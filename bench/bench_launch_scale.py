@@ -1,0 +1,98 @@
+"""The launcher's own cost against the host count, with real sshd hosts (issue 29, item 1).
+
+For each N (default 1, 8, 32, 64) it starts N real sshd hosts on loopback addresses
+(127.0.0.2.., each its own host key and workdir: tests/harness/sshenv.py; needs root and
+openssh-server) and runs ``launch jobs/linear.yaml --cluster <N hosts> --dry-run`` as users
+do: the spec, ``ssh -G`` per host, a connection and host-key check per host, the preflight
+program on every host and the coordinator reach check; no worker starts (N JAX workers do
+not fit on this machine). Measured from outside, per launch: the launcher process's own CPU
+seconds (user + sys, its reaped children such as ``ssh -G`` included: ``os.wait4``), its
+peak resident memory (``ru_maxrss``) and the wall seconds. Per-host cost is the slope of a
+least-squares line over N, not one figure; every sshd and remote program shares this
+machine's cores, so the wall time says little and the CPU is the figure.
+
+    python bench/bench_launch_scale.py                     # N = 1 8 32 64, 3 launches each
+    python bench/bench_launch_scale.py --hosts 1 16 64 128 --repeat 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
+
+import yaml  # noqa: E402
+
+from harness import sshenv  # noqa: E402
+
+
+def cluster_file(base: str, env: sshenv.SshTestEnv, count: int) -> str:
+    path = os.path.join(base, f"cluster-{count}.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump({"backend": "ssh", "ssh_config_file": env.ssh_config, "python": sys.executable,
+                        "hosts": [{"host": h, "workdir": os.path.join(base, f"h{i}")}
+                                  for i, h in enumerate(env.hosts[:count])],
+                        "env": {"PYTHONPATH": REPO}}, f)
+    return path
+
+
+def one_launch(cluster: str, count: int) -> tuple:
+    """(launcher CPU s, peak RSS MiB, wall s) of one ``--dry-run`` over ``count`` hosts."""
+    batch = 64 * count
+    argv = [sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--cluster", cluster,
+            "--dry-run", "--set", f"train.global_batch_size={batch}",
+            "--set", f"data.num_examples={batch}", "--set", "cluster.devices_per_process=1"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_"))}
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0 or f"preflight ok on {count} host" not in out:
+        raise SystemExit(f"launch --dry-run over {count} hosts failed ({proc.returncode}):\n{out[-3000:]}")
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, wall
+
+
+def slope(xs: list, ys: list) -> tuple:
+    """(intercept, slope) of the least-squares line through (xs, ys)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    print(f"launch --dry-run over N real sshd hosts; {args.repeat} launches each, median; "
+          f"{os.cpu_count()} cores")
+    print(f"{'N':>5} {'CPU s':>8} {'CPU ms/host':>12} {'peak MiB':>9} {'wall s':>8}")
+    rows = []
+    with tempfile.TemporaryDirectory() as base, sshenv.SshTestEnv(base, max(args.hosts)) as env:
+        env.start(timeout_s=120)
+        for count in args.hosts:
+            cluster = cluster_file(base, env, count)
+            runs = [one_launch(cluster, count) for _ in range(args.repeat)]
+            cpu, rss, wall = (statistics.median(r[i] for r in runs) for i in range(3))
+            rows.append((count, cpu, rss, wall))
+            print(f"{count:>5} {cpu:>8.2f} {1000 * cpu / count:>12.1f} {rss:>9.1f} {wall:>8.1f}",
+                  flush=True)
+    if len(rows) > 1:
+        ns = [r[0] for r in rows]
+        (cpu0, cpu_slope), (rss0, rss_slope) = slope(ns, [r[1] for r in rows]), slope(ns, [r[2] for r in rows])
+        print(f"slope: {1000 * cpu_slope:.1f} ms of launcher CPU per host (intercept {cpu0:.2f} s); "
+              f"{rss_slope:.2f} MiB of peak memory per host (intercept {rss0:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
