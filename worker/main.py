@@ -115,7 +115,10 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         with interrupts.notices(notice.signalled if notice is not None else None):
             for step in range(first_step + k - 1, num_steps + 1, k):
                 if notice is not None and not notice.may_dispatch(step):
-                    stopped = True  # every process stops after the agreed step (or at once)
+                    if notice.stop_step is None:  # no agreement (a peer gone): stop at once,
+                        out(notice.line())        # waiting on no device (finally: as before)
+                        raise SystemExit(interrupts.exit_code(signal.SIGTERM))
+                    stopped = True  # every process stops after the agreed step
                     break
                 inputs = batches.get(step - k)  # the call's batches, from its first step (0-based)
                 params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
