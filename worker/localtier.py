@@ -16,6 +16,7 @@ with an empty disk.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from typing import Callable
@@ -27,9 +28,17 @@ PROCESS_DIR = "process-{process_id:03d}"
 
 
 def directory(local_dir: str, run_dir: str, process_id: int) -> str:
-    """This process's local tier: ``local_dir`` (under ``run_dir`` when relative)/process-NNN."""
-    return os.path.join(local_dir if os.path.isabs(local_dir) else os.path.join(run_dir, local_dir),
-                        PROCESS_DIR.format(process_id=process_id))
+    """This process's local tier: ``local_dir`` (under ``run_dir`` when relative), then, when
+    that is outside the run directory (``/dev/shm/NAME``, ``../NAME``: shared by other runs),
+    a directory of this run's own (its run directory's name and a hash of its path: the
+    same for every attempt and ``--resume``), then ``process-NNN``. Another run's copies are
+    never this run's, and this run's cleanup never removes them."""
+    base = local_dir if os.path.isabs(local_dir) else os.path.join(run_dir, local_dir)
+    run = os.path.realpath(run_dir)
+    if not os.path.realpath(base).startswith(run + os.sep):
+        digest = hashlib.sha256(run.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+        base = os.path.join(base, f"{os.path.basename(run)}-{digest}")
+    return os.path.join(base, PROCESS_DIR.format(process_id=process_id))
 
 
 class LocalTier:
@@ -51,9 +60,15 @@ class LocalTier:
         self.skipped = 0  # copies not taken: the previous write was still going
         self._thread: threading.Thread | None = None
         self._failed = False
+        self._warning = ""  # the writer thread's, said by after_step
 
     def after_step(self, step: int, params, opt_state) -> None:
-        """Take a copy when ``step`` is the first call boundary of a new interval."""
+        """Take a copy when ``step`` is the first call boundary of a new interval (and say
+        here, on the loop's thread, what the writer thread could not write: a line printed
+        from that thread could land inside one of the loop's)."""
+        if self._warning:
+            self.warn(self._warning)
+            self._warning = ""
         if step // self.every_steps <= self.last_step // self.every_steps or self._failed:
             return
         self.last_step = step
@@ -82,8 +97,8 @@ class LocalTier:
             checkpoint.save(self.path, ckpt, KEEP)
         except OSError as exc:
             self._failed = True
-            self.warn(f"warning: the local tier cannot write {exc.filename or self.path} "
-                      f"({exc.strerror or exc}); no more local copies this attempt")
+            self._warning = (f"warning: the local tier cannot write {exc.filename or self.path} "
+                             f"({exc.strerror or exc}); no more local copies this attempt")
 
     def close(self, wait_s: float = 30.0) -> None:
         """Let a write in progress finish (a restart may need it), up to ``wait_s``."""
@@ -100,6 +115,11 @@ def newest(path: str, template: list, num_batches: int, order: dict | None,
     """
     try:
         return checkpoint.latest(path, template, num_batches, warn, order)
+    except checkpoint.NoUsableCheckpoint:
+        warn(f"warning: every local copy in {path} is corrupt; resuming without them")
     except checkpoint.CheckpointError as exc:
         warn(f"warning: not using the local copies in {path}: {exc}")
-        return None
+    except OSError as exc:  # not a directory, no permission: a cache that is not there
+        warn(f"warning: cannot read the local copies in {path} ({exc.strerror or exc}); "
+             "resuming without them")
+    return None

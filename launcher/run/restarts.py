@@ -166,7 +166,8 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         workers, pending = _start(session, plan, console)
         times.started_at = clock()
         result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog,
-                           interrupted_by=pending)
+                           interrupted_by=pending,
+                           notice_grace_s=job.checkpoint.notice_grace_s)
         times.ended_at = clock()
         console.attempt_over(result)
         attempts.append(Attempt(attempt, log_dir, result, times=times))

@@ -44,7 +44,7 @@ from launcher.run.pauses import Pauses
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
 from launcher.console.words import plural
-from worker import contract
+from worker import contract, notice
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped
 # How long a process whose training is complete may go without progress while it ends
@@ -121,7 +121,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
               poll_interval_s: float = 0.05, watchdog: Watchdog | None = None,
               clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] | None = None,
-              interrupted_by: str | None = None) -> Result:
+              interrupted_by: str | None = None, notice_grace_s: float = 0.0) -> Result:
     """Run until every worker succeeded, one failed, or the launcher is interrupted.
 
     Args:
@@ -135,6 +135,9 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
         workers' output instead, showing a line as soon as it arrives.
       interrupted_by: a signal that came while the workers were starting (its
         name): tear them down at once.
+      notice_grace_s: how long the teardown waits, in all, for a process that said it
+        stops after an agreed step and saves it (``worker.notice``; the launcher's own
+        SIGTERM is such a notice), where ``grace_s`` would cut its save short.
 
     Returns:
       A Result; every worker has ended (or been killed) by the time it returns.
@@ -201,7 +204,10 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                     pass  # a second interrupt: stop at once
             console.say(f"interrupted ({str(exc) or 'SIGINT'}); stopping all processes")
         stalled = first_failure is not None and first_failure.stall is not None
-        _teardown(tracked, grace_s, output, console, clock, kill_now=stalled)
+        # the launcher's SIGTERM is a notice to every worker: a run not hung may save
+        _teardown(tracked, grace_s, output, console, clock, kill_now=stalled,
+                  notice_grace_s=notice_grace_s,
+                  notice_wait=interrupted and stacks.looks_hung(tracked, started, clock) is None)
     finally:
         interrupts.restore(previous)
         if pauses is not None:
@@ -333,12 +339,15 @@ def _root_cause(tracked: list, output: _Output, clock: Callable[[], float],
 
 
 def _teardown(tracked: list, grace_s: float, output: _Output, console: Console,
-              clock: Callable[[], float], kill_now: bool = False) -> None:
-    """Stop every running worker: TERM, up to grace_s, then KILL (``proctl.stop``).
+              clock: Callable[[], float], kill_now: bool = False,
+              notice_grace_s: float = 0.0, notice_wait: bool = False) -> None:
+    """Stop every running worker: TERM, up to grace_s, then KILL (``proctl.stop``); a
+    process saving an agreed notice's step gets up to notice_grace_s before the KILL.
 
     Args:
       kill_now: SIGKILL at once, no TERM (after a stall: a stuck or stopped process
         cannot act on SIGTERM).
+      notice_wait: the launcher was interrupted, so every process may be saving: wait for all.
     """
     running = [t for t in tracked if t.running]
     if not running:
@@ -363,12 +372,26 @@ def _teardown(tracked: list, grace_s: float, output: _Output, console: Console,
         for t in still:
             t.worker.kill()
 
+    def saved() -> bool:
+        """Whether the processes saving an agreed step ended within notice_grace_s."""
+        said = [t for t in running if t.running and (notice_wait or any(
+            notice.AGREED_RE.match(line) for line in list(t.tail)[-4:]))]
+        if not said or notice_grace_s <= grace_s:
+            return False
+        console.say(f"waiting up to {notice_grace_s - grace_s:g} s more for "
+                    f"{', '.join(t.plan.label for t in said)}: saving the step every process "
+                    "agreed on (checkpoint.notice_grace_s)")
+        return bool(proctl.wait_until(lambda: not alive(), notice_grace_s - grace_s,
+                                      clock=clock, sleep=output.wait))
+
     wait = dict(clock=clock, sleep=output.wait)
     try:
         if kill_now:
             proctl.kill_and_wait(send, alive, KILL_WAIT_S, **wait)
         else:
-            proctl.stop(send, alive, grace_s, KILL_WAIT_S, **wait)
+            send((signal.SIGTERM, signal.SIGCONT))
+            if not proctl.wait_until(lambda: not alive(), grace_s, **wait) and not saved():
+                proctl.kill_and_wait(send, alive, KILL_WAIT_S, **wait)
     except (KeyboardInterrupt, Interrupted):
         console.say("second interrupt: killing all processes now")
         kill_now = True

@@ -296,20 +296,25 @@ def test_a_notice_to_one_worker_stops_every_process_after_one_saved_step(tmp_pat
 def test_a_notice_to_the_launcher_saves_one_step_that_resume_continues(tmp_path, uninterrupted):
     """SIGTERM to the launcher (its VM's notice; Ctrl-C the same): it tells every worker,
     they stop after one agreed step and process 0 saves it; ``launch --resume`` continues
-    from exactly that step to the uninterrupted params."""
+    from exactly that step to the uninterrupted params. Process 1's steps take 1 s (a big
+    model's) and cluster.grace_s is 0.5 s: the teardown waits for the agreed save
+    (checkpoint.notice_grace_s), where grace_s alone SIGKILLed it before the save."""
     run_dir = tmp_path / "run"
     slow = ("--set", "task.name=faulty_task:make", "--set", "task.args.slow_process_id=1",
-            "--set", "task.args.sleep_s=0.1", "--set", "task.args.slow_attempt=0")
-    with launched("jobs/linear.yaml", *COMMON, *slow, "--run-dir", str(run_dir)) as out:
-        out.wait_for(r"^\[p0\] checkpoint of step 10 saved", 120)
+            "--set", "task.args.sleep_s=1.0", "--set", "task.args.slow_attempt=0")
+    with launched("jobs/linear.yaml", *COMMON, *slow, "--set", "cluster.grace_s=0.5",
+                  "--run-dir", str(run_dir)) as out:
+        out.wait_for(r"^\[p0\] checkpoint of step 5 saved", 120)
         out.proc.send_signal(signal.SIGTERM)
         code, text = out.finish(60)
     assert code == 130, text
+    assert "saving the step every process agreed on (checkpoint.notice_grace_s)" in text, text
+    assert "SIGKILL" not in text, text
     stops = [re.findall(r"^preemption notice from process \d+: every process stops after step (\d+)",
                         (run_dir / "logs" / f"process-00{i}.log").read_text(), re.M) for i in range(2)]
     assert len(stops[0]) == 1 and stops[0] == stops[1], stops
     step = int(stops[0][0])
-    assert step >= 10 and (run_dir / "checkpoints" / f"step-{step:07d}").is_dir()
+    assert step >= 5 and (run_dir / "checkpoints" / f"step-{step:07d}").is_dir()
     result = launch("jobs/linear.yaml", *COMMON, *slow, "--resume", str(run_dir))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert re.search(rf"^\[p0\] resumed from the checkpoint of step {step} ", result.stdout, re.M)

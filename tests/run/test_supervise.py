@@ -363,7 +363,8 @@ def _job(backoff_s: float = 1.5, **budgets):
         train=types.SimpleNamespace(compilation_cache=True),
         restarts=specs.RestartSpec(backoff_s=backoff_s, **budgets),
         watchdog=types.SimpleNamespace(stall_timeout_s=None, first_step_timeout_s=None),
-        cluster=types.SimpleNamespace(grace_s=1.0))
+        cluster=types.SimpleNamespace(grace_s=1.0),
+        checkpoint=types.SimpleNamespace(notice_grace_s=25.0))
 
 
 class Restarts:

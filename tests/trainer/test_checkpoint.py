@@ -239,3 +239,20 @@ def test_heartbeats_parse_as_progress():
     assert not contract.is_heartbeat("step 40/100 loss 0.1 | 3.0 steps/s")
     assert contract.heartbeat_interval_s(3) == 0.5 and contract.heartbeat_interval_s(300) == 10
     assert contract.heartbeat_interval_s(None) is None
+
+
+def test_a_local_tier_outside_the_run_directory_is_the_runs_own(tmp_path):
+    """An absolute (or ``..``) checkpoint.local_dir is shared by every run that names it: each
+    run keeps its copies in a directory of its own there (the same on every attempt), so a
+    restart never loads another run's state and a run's cleanup never removes another's."""
+    from worker import localtier
+
+    one, two = str(tmp_path / "runs" / "linear" / "r1"), str(tmp_path / "runs" / "linear" / "r2")
+    assert localtier.directory("local-checkpoints", one, 3) == os.path.join(
+        one, "local-checkpoints", "process-003")  # inside the run directory: its own already
+    shared = str(tmp_path / "shm")
+    a, b = localtier.directory(shared, one, 0), localtier.directory(shared, two, 0)
+    assert a != b and a.startswith(shared + os.sep) and b.startswith(shared + os.sep)
+    assert localtier.directory(shared, one, 0) == a  # every attempt and --resume
+    assert os.path.dirname(localtier.directory("../shared", one, 1)) != \
+        os.path.dirname(localtier.directory("../shared", two, 1))
