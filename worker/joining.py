@@ -84,7 +84,8 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
             )
         except Exception as exc:  # JAX aborts (SIGABRT) on a timeout; a raise is reported here
             print(contract.INIT_FAILED_FORMAT.format(error=f"{type(exc).__name__}: {exc}"), flush=True)
-            _exit_now(contract.EXIT_INIT)
+            sys.stderr.flush()
+            os._exit(contract.EXIT_INIT)  # not atexit's JAX shutdown barrier (_exit_now was undefined here)
     seen = {
         "process_count": (jax.process_count(), identity.num_processes),
         "process_index": (jax.process_index(), identity.process_id),

@@ -129,7 +129,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                 if recovery.saves(step):  # the save waits for this step anyway: check its loss first
                     logger.flush()
                 recovery.after_step(step, params, opt_state, loss, wait=logger.wait)
-                if local is not None:
+                if local is not None and step < num_steps:  # the last step: the run is done
                     local.after_step(step, params, opt_state)
                 if task.on_step_end is not None:
                     logger.flush()  # a hook (which may end the process) runs after its step is logged

@@ -210,3 +210,11 @@ class Notice:
                 self.client.key_value_set(NOTICE_KEY, END)
             except Exception:  # noqa: BLE001 - set already (a notice, or another's end)
                 pass
+            try:  # the service still answers (else the watchers' waits end with it)
+                self.client.key_value_try_get(NOTICE_KEY)
+            except Exception:  # noqa: BLE001
+                return
+        # A watcher still inside the client when JAX shuts the client down dies of a C++
+        # exception (SIGABRT: "terminate called after throwing an instance of ''").
+        for thread in self._threads:
+            thread.join(1.0)

@@ -147,6 +147,8 @@ def _at_exit() -> None:
     # exiting already: a TERM now ends the process at once (a SystemExit raised in an atexit
     # hook is only printed, and the next hook is JAX's shutdown barrier)
     signal.signal(signal.SIGTERM, lambda signum, frame: _exit_now(interrupts.exit_code(signum)))
+    if _state.get("notice") is not None:  # its watcher out of JAX's client before JAX's shutdown
+        _state["notice"].close()
     reporter = _state.get("reporter")
     early = (reporter is not None and reporter.last_step < reporter.num_steps
              and not _state.get("done"))
