@@ -45,6 +45,20 @@ def ssh_cluster(tmp_path, ssh_hosts) -> str:
     return str(tmp_path / "cluster.yaml")
 
 
+def agreed_step(run_dir, num_processes: int, saying: str = "") -> int:
+    """The step attempt 0's processes stopped after for a notice: each process's log says
+    it once (``worker.notice``), with ``saying`` after it when given, and all say the same."""
+    import re
+
+    stops = []
+    for i in range(num_processes):
+        with open(os.path.join(run_dir, "logs", f"process-{i:03d}.log"), errors="replace") as f:
+            stops.append(re.findall(r"^preemption notice from process \d+: every process stops "
+                                    rf"after step (\d+){re.escape(saying)}{'$' if saying else ''}", f.read(), re.M))
+    assert all(len(found) == 1 for found in stops) and len({s[0] for s in stops}) == 1, stops
+    return int(stops[0][0])
+
+
 def assert_one_agreed_stop(run_dir, num_processes: int, noticed_at: int) -> int:
     """Attempt 0 of ``run_dir`` stopped for a preemption notice that came after step
     ``noticed_at`` (``worker.notice``): every process says it stops after one step S >= it,
@@ -55,16 +69,10 @@ def assert_one_agreed_stop(run_dir, num_processes: int, noticed_at: int) -> int:
     import re
 
     logs = os.path.join(run_dir, "logs")
-    text = [open(os.path.join(logs, f"process-{i:03d}.log"), errors="replace").read()
-            for i in range(num_processes)]
-    stops = [re.findall(r"^preemption notice from process \d+: every process stops after step "
-                        r"(\d+)", t, re.M) for t in text]
-    assert all(len(found) == 1 for found in stops), stops
-    agreed = {int(found[0]) for found in stops}
-    assert len(agreed) == 1, stops
-    step = agreed.pop()
+    step = agreed_step(run_dir, num_processes)
     assert step >= noticed_at, (step, noticed_at)
-    assert re.search(rf"^checkpoint of step {step} saved in [0-9.]+ s: ", text[0], re.M), text[0][-3000:]
+    text = open(os.path.join(logs, "process-000.log"), errors="replace").read()
+    assert re.search(rf"^checkpoint of step {step} saved in [0-9.]+ s: ", text, re.M), text[-3000:]
     for i in range(num_processes):
         again = open(os.path.join(logs, "attempt-1", f"process-{i:03d}.log"), errors="replace").read()
         assert re.search(rf"^resumed from the checkpoint of step {step} \(attempt 1\)", again, re.M), again[-2000:]

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from harness.helpers import NO_RESTARTS, REPO, checked_ledger, launch, program_job, run_pids
+from harness.runs import agreed_step
 
 from launcher import spec
 from launcher.errors import SpecError
@@ -177,11 +178,7 @@ def test_a_notice_to_a_program_stops_every_process_after_one_step_it_saves(tmp_p
         finals[name] = np.load(run_dir / "final.npy")
         if at:
             logs = run_dir / "logs"
-            stops = [re.findall(r"^preemption notice from process 1: every process stops after step "
-                                r"(\d+); the program saves it$", (logs / f"process-00{i}.log").read_text(),
-                                re.M) for i in range(2)]
-            assert len(stops[0]) == 1 and stops[0] == stops[1], stops
-            step = int(stops[0][0])
+            step = agreed_step(run_dir, 2, saying="; the program saves it")
             assert step > at and f"[p0] notice_program: saved step {step}" in out, out
             assert re.search(r"attempt 0 failed: .*exited with code 143.*after a notice from process 1"
                              r".* \[preemption\]; restarting from the latest checkpoint in 0 s", out), out

@@ -21,7 +21,7 @@ import yaml
 
 from harness.helpers import (KINDS, PROGRAMS, REPO, checked_ledger, launch, launched, logged_steps,
                              pids_with_env, program_job, read_scalars)
-from harness.runs import assert_one_agreed_stop, assert_same_params, fault, params, ssh_cluster
+from harness.runs import agreed_step, assert_one_agreed_stop, assert_same_params, fault, params, ssh_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -310,10 +310,7 @@ def test_a_notice_to_the_launcher_saves_one_step_that_resume_continues(tmp_path,
     assert code == 130, text
     assert "saving the step every process agreed on (checkpoint.notice_grace_s)" in text, text
     assert "SIGKILL" not in text, text
-    stops = [re.findall(r"^preemption notice from process \d+: every process stops after step (\d+)",
-                        (run_dir / "logs" / f"process-00{i}.log").read_text(), re.M) for i in range(2)]
-    assert len(stops[0]) == 1 and stops[0] == stops[1], stops
-    step = int(stops[0][0])
+    step = agreed_step(run_dir, 2)
     assert step >= 5 and (run_dir / "checkpoints" / f"step-{step:07d}").is_dir()
     result = launch("jobs/linear.yaml", *COMMON, *slow, "--resume", str(run_dir))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
