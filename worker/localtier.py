@@ -57,7 +57,6 @@ class LocalTier:
         self.path, self.every_steps = path, every_steps
         self.num_batches, self.order, self.unreplicate, self.warn = num_batches, order, unreplicate, warn
         self.last_step = 0
-        self.skipped = 0  # copies not taken: the previous write was still going
         self._thread: threading.Thread | None = None
         self._failed = False
         self._warning = ""  # the writer thread's, said by after_step
@@ -73,8 +72,7 @@ class LocalTier:
             return
         self.last_step = step
         if self._thread is not None and self._thread.is_alive():
-            self.skipped += 1
-            return
+            return  # the previous copy is still being written: this interval has that one
         import jax
         import jax.numpy as jnp
 

@@ -88,11 +88,6 @@ class Notice:
         self._signalled = threading.Event()  # this process's own SIGTERM
         self._threads: list = []
 
-    @property
-    def held(self) -> bool:
-        """Whether a notice came (this process's or another's) and the loop must check."""
-        return self._held
-
     def start(self) -> None:
         """Start the watcher threads (daemons; ``close`` ends them)."""
         targets = [self._publish] + ([self._watch] if self.client is not None else [])
