@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="also: `launch runs [JOB]` lists past runs, newest first;\n"
                "      `launch tensorboard [JOB | RUN_DIR]` serves the TensorBoard of every run of a job\n"
                "      (default: the newest run's job), or of one run, and prints its URL;\n"
-               "      `launch stacks RUN_DIR` prints every process's stacks of a live run.\n"
+               "      `launch stacks RUN_DIR` prints every process's stacks of a live run;\n"
+               "      `launch profile RUN_DIR [--steps N]` traces N steps of every process of a live run.\n"
                "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted "
                "(Ctrl-C, SIGTERM, SIGHUP)")
     parser.add_argument("--version", action=_Version, help="print podlaunch's version and exit")
@@ -349,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         elif argv[:1] == ["stacks"]:
             from launcher.commands import stacks_cmd
             code = stacks_cmd.main(argv[1:])
+        elif argv[:1] == ["profile"]:
+            from launcher.commands import profile_cmd
+            code = profile_cmd.main(argv[1:])
         else:
             code = run(argv)
     except SpecError as exc:

@@ -1,5 +1,5 @@
-"""The one place the launcher installs signal handlers: Ctrl-C, SIGTERM and SIGHUP, and a
-request for stacks (``stacks_requests``).
+"""The one place the launcher installs signal handlers: Ctrl-C, SIGTERM and SIGHUP, and the
+requests for stacks and profiles of a live run (``stacks_requests``).
 
 Every stage that must react to an interrupt (the CLI before processes start, the
 start itself, supervision, the wait before a restart, a Slurm job that is still
@@ -70,15 +70,22 @@ def handled(handler: Callable = raise_interrupted) -> Iterator[None]:
 # every process's stacks (launcher.run.stacks); supervision answers between two polls.
 STACKS_REQUEST_SIGNAL = signal.SIGUSR2
 stacks_requested = threading.Event()
+# ``launch profile RUN`` asks with this one, its request in the run directory
+# (launcher.run.profiles); a stray one finds no request and is said and ignored.
+PROFILE_REQUEST_SIGNAL = signal.SIGUSR1
+profile_requested = threading.Event()
 
 
 @contextlib.contextmanager
 def stacks_requests() -> Iterator[None]:
-    """Set ``stacks_requested`` on each ``STACKS_REQUEST_SIGNAL`` while the block runs (the
+    """Set ``stacks_requested`` on each ``STACKS_REQUEST_SIGNAL`` (``profile_requested`` on each
+    ``PROFILE_REQUEST_SIGNAL``) while the block runs (the
     whole launch: the signal's default action would end the launcher); the previous
     handler after."""
     previous = signal.signal(STACKS_REQUEST_SIGNAL, lambda signum, frame: stacks_requested.set())
+    before = signal.signal(PROFILE_REQUEST_SIGNAL, lambda signum, frame: profile_requested.set())
     try:
         yield
     finally:
         signal.signal(STACKS_REQUEST_SIGNAL, previous)
+        signal.signal(PROFILE_REQUEST_SIGNAL, before)

@@ -19,6 +19,7 @@ import time
 from typing import Callable, Iterator, Protocol
 
 from launcher.plan import ProcessPlan
+from launcher.stats import ProcessStats  # noqa: F401  (state.ProcessStats, as before)
 from worker import contract, interrupts
 
 TAIL_LINES = 15
@@ -141,68 +142,11 @@ class Worker(Protocol):
         """Ask the worker process alone (not its group: a helper would die of the signal)
         for its stacks (``worker.interrupts.STACKS_SIGNAL``); the answer comes on its output."""
 
-
-@dataclasses.dataclass
-class ProcessStats:
-    """What one process's progress lines said so far (for the status line and summary).
-
-    Attributes:
-      progress: the latest ``contract.Progress``, or None before the first.
-      timed_steps: steps covered by reported intervals.
-      timed_s: seconds those steps took (sum of step_time_s x steps per interval).
-    """
-
-    progress: contract.Progress | None = None
-    timed_steps: int = 0
-    timed_s: float = 0.0
-    resumed_at: int = 0  # a resumed attempt's checkpoint step: its first interval starts there
-    # its CACHE_FORMAT line: the persistent compilation cache's hits and misses, and the
-    # first call's seconds (trace, compile, dispatch; None: not said)
-    cache_hits: int | None = None
-    cache_misses: int | None = None
-    first_step_s: float | None = None
-    # for the ledger (launcher.run.ledger), when lines arrived: the first step done (its CACHE_FORMAT
-    # line, else its first progress line), the latest progress line, each save and restore (+ seconds)
-    first_step_at: float | None = None
-    progress_at: float | None = None
-    saves: list = dataclasses.field(default_factory=list)      # [(at, seconds)]
-    restores: list = dataclasses.field(default_factory=list)   # [(at, seconds)]
-
-    def observe(self, line: str, now: float | None = None) -> contract.Progress | None:
-        """Update from one output line read at ``now``; returns its Progress, or None for
-        other lines."""
-        progress = contract.parse_progress(line)
-        if progress is None and (cache := contract.CACHE_RE.match(line)):
-            self.cache_hits, self.cache_misses = int(cache["hits"]), int(cache["misses"])
-            self.first_step_s = None if cache["seconds"] == "?" else float(cache["seconds"])
-            if self.first_step_at is None:
-                self.first_step_at = now
-        if progress is None:
-            if not line.startswith(("checkpoint of step ", "resumed from ")):
-                return None  # every line passes here: two regular expressions only for these
-            if (saved := contract.parse_seconds(contract.CHECKPOINT_RE, line)) is not None:
-                self.saves.append((now, saved[1]))
-            resumed = contract.parse_seconds(contract.RESUMED_RE, line)
-            if resumed is not None:
-                self.restores.append((now, resumed[1]))
-                if self.progress is None:
-                    self.resumed_at = resumed[0]
-            return None
-        if self.first_step_at is None:
-            self.first_step_at = now
-        self.progress_at = now
-        previous = self.progress.step if self.progress is not None else self.resumed_at
-        if progress.step_time_s is not None and progress.step > previous:
-            steps = progress.step - previous
-            self.timed_steps += steps
-            self.timed_s += progress.step_time_s * steps
-        self.progress = progress
-        return progress
-
-    @property
-    def mean_step_time_s(self) -> float | None:
-        """Seconds per step over every reported interval (compilation excluded), or None."""
-        return self.timed_s / self.timed_steps if self.timed_steps else None
+    def request_profile(self, text: str, failed: Callable[[str], None] = ...) -> None:
+        """Write ``text`` as ``worker.profiling.STEPS_FILE`` in the worker's run directory, where
+        it looks for ``launch profile``'s request (``launcher.run.profiles``). Raises OSError
+        when that fails here; a transport that writes in the background calls ``failed(why)``
+        instead (from any thread)."""
 
 
 class State(enum.Enum):

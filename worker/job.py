@@ -30,6 +30,7 @@ TaskConfig, DataConfig, OptimizerConfig = sections.Task, sections.Data, sections
 TrainConfig, LoggingConfig = sections.Train, sections.Logging
 DistributedConfig, CheckpointConfig, WatchdogConfig = (sections.Distributed, sections.Checkpoint,
                                                        sections.Watchdog)
+ProfileConfig = sections.Profile
 _Section = sections._Section
 
 
@@ -100,7 +101,7 @@ class WorkerJob(_JobFile):
 
     Attributes:
       name: the job's name (shown in TensorBoard's text tab).
-      task, data, optimizer, train, logging, distributed, checkpoint, watchdog:
+      task, data, optimizer, train, logging, distributed, checkpoint, watchdog, profile:
         the spec's sections of the same names, each with only the keys the
         worker reads.
       secrets: the spec's ``secrets`` (key names masked, with ``worker.redact``'s
@@ -117,7 +118,7 @@ class WorkerJob(_JobFile):
     distributed: DistributedConfig
     checkpoint: CheckpointConfig
     watchdog: WatchdogConfig
-
+    profile: ProfileConfig
 
 
 ProgramConfig = sections.ProgramSteps
@@ -128,7 +129,7 @@ class ProgramJob(_JobFile):
     ``job.json``. The trainer's sections are absent: the program trains itself.
 
     Attributes:
-      name, secrets, logging, distributed, watchdog: as in ``WorkerJob``.
+      name, secrets, logging, distributed, watchdog, profile: as in ``WorkerJob``.
       program: what the helper needs to know of the program (``num_steps``).
       checkpoint: ``notice_grace_s`` (``worker.program.stop_after``); the rest is the trainer's.
     """
@@ -140,6 +141,7 @@ class ProgramJob(_JobFile):
     distributed: DistributedConfig
     watchdog: WatchdogConfig
     checkpoint: CheckpointConfig
+    profile: ProfileConfig
 
 
 def for_spec_dict(resolved: dict) -> WorkerJob:

@@ -20,6 +20,7 @@ from worker import contract, interrupts
 from worker import job as jobs
 from worker.compilecache import CompilationCache
 from worker.joining import join, rendezvous, single_process
+from worker.profiling import Profiler
 from worker.sources import DataError
 
 
@@ -93,6 +94,8 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
     step, logger, notice, local = 0, None, None, None
+    profiler = Profiler(run_dir, process_id, identity.num_processes, job.profile, _client(identity),
+                        out, num_steps)
     try:
         in_flight = InFlight()
         logger = metrics.StepLogger(job, process_id, identity.num_processes, tracker, out,
@@ -120,8 +123,11 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                         raise SystemExit(interrupts.exit_code(signal.SIGTERM))
                     stopped = True  # every process stops after the agreed step
                     break
+                profiler.before(step - k + 1, step)
                 inputs = batches.get(step - k)  # the call's batches, from its first step (0-based)
-                params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
+                with profiler.annotate(step):
+                    params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
+                profiler.after(step, lambda: logger.wait(loss))
                 if cache is not None:  # after the first call: everything this loop compiles
                     out(cache.line(logger.compile_time_s))
                     cache = None
@@ -159,6 +165,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
             out(contract.FAILED_FORMAT.format(step=failed_at, error=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        profiler.close()
         if notice is not None:
             notice.close()
         if local is not None:
@@ -225,15 +232,19 @@ def _notice(identity: contract.Identity, job: jobs.WorkerJob, out):
         return None
     from worker.notice import Notice
 
-    client = None
-    if not single_process(identity):
-        from jax._src import distributed  # the coordination service's client (multihost_utils')
-
-        client = distributed.global_state.client
     notice = Notice(identity.process_id, identity.num_processes, job.checkpoint.notice_grace_s,
-                    client)
+                    _client(identity))
     notice.start()
     return notice
+
+
+def _client(identity: contract.Identity):
+    """The coordination service's client (``multihost_utils``'), or None in one process."""
+    if single_process(identity):
+        return None
+    from jax._src import distributed
+
+    return distributed.global_state.client
 
 
 class _Recovery:

@@ -203,9 +203,13 @@ class _Reporter:
         self.mark_step = 0
         self.last_beat = -math.inf
         self.last_step = 0
+        self.profiler = _profiler(me, job, num_steps)
 
     def report(self, step: int, scalars: dict) -> None:
         self.in_flight.add(list(scalars.values()))  # waits for step - 2's (JAX arrays)
+        # a trace ends after its last step's scalars are ready, and starts before the next step
+        self.profiler.after(step, lambda: _ready(scalars))
+        self.profiler.before(step + 1, step + 1)
         now = time.perf_counter()
         self.last_step = step
         if not (step % self.log_every == 0 or step == self.num_steps):
@@ -234,8 +238,30 @@ class _Reporter:
         self.records.add([(step, step_time_s, values)])
 
     def close(self, wait_s: float) -> None:
+        self.profiler.close()
         self.records.drain(wait_s, ending=True)
         self.tracker.close()
+
+
+def _profiler(me: contract.Identity, job: jobs.ProgramJob, num_steps: int):
+    """The program's ``worker.profiling.Profiler``: the spec's ``profile`` and ``launch profile``'s
+    requests, traced from one ``report`` to another (the first traced step is the second
+    reported one at the earliest: a trace starts at a report)."""
+    from worker.profiling import Profiler
+
+    client = None
+    if me.num_processes > 1:
+        from jax._src import distributed  # the coordination service's client (multihost_utils')
+
+        client = distributed.global_state.client
+    return Profiler(me.run_dir, me.process_id, me.num_processes, job.profile, client,
+                    lambda text: print(text, flush=True), num_steps)
+
+
+def _ready(scalars: dict) -> None:
+    import jax
+
+    jax.block_until_ready(list(scalars.values()))
 
 
 def report(step: int, **scalars) -> None:
@@ -243,7 +269,9 @@ def report(step: int, **scalars) -> None:
 
     Every call is cheap except at log steps (every ``logging.log_every_steps`` and the last
     step), where the scalars are read (a device sync for JAX arrays) and printed as the
-    launcher's progress line; process 0 also writes them to TensorBoard and metrics.jsonl.
+    launcher's progress line; process 0 also writes them to TensorBoard and metrics.jsonl;
+    and at the last step of a profiled window (``profile``, ``launch profile``), which waits
+    for the step's scalars and writes the trace (``worker.profiling``).
     It keeps at most two reported steps queued on the devices: it waits for the scalars
     of step ``step - 2`` (``jax.block_until_ready``), as the trainer does
     (``worker.train.InFlight``), since unbounded asynchronous dispatch deadlocks

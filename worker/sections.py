@@ -260,6 +260,26 @@ class Checkpoint(_Section):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Profile(_Section):
+    """``profile``: ``jax.profiler`` traces of chosen steps from every process, for TensorBoard's
+    profile plugin (``worker.profiling``); ``launch profile RUN`` asks a live run the same."""
+
+    start_step: int | None = setting(
+        None, check=positive,
+        doc="the first step traced (null = none from the spec; launch profile RUN still asks)")
+    num_steps: int = setting(5, check=in_range(1, 10000),
+                             doc="steps traced from start_step (and by launch profile without --steps)")
+    processes: Literal["all", "slowest"] = setting(
+        "all", doc="all: every process keeps its trace; slowest: only the process slowest over "
+        "the traced steps keeps its own")
+    python_tracer: bool = setting(
+        False, doc="add host-side Python function tracing (jax.profiler.ProfileOptions."
+        "python_tracer_level 1): the host's own code in the trace viewer, at a cost per Python "
+        "call while tracing")
+
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Watchdog(_Section):
     """``watchdog``: the launcher's stall timeouts; ``stall_timeout_s`` also paces the
     workers' heartbeats (``contract.heartbeat_interval_s``)."""

@@ -29,7 +29,7 @@ from launcher.spec.schema import non_negative, port_or_zero, setting
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of
 from launcher.console.words import plural
-from worker import interrupts
+from worker import interrupts, profiling
 
 HOST = "127.0.0.1"
 
@@ -154,6 +154,9 @@ class LocalWorker:
     def dump_stacks(self) -> None:
         if self.pgid is not None:  # the worker leads its group: its pid is the pgid
             proctl.signal_pid(self.pgid, (interrupts.STACKS_SIGNAL,))
+
+    def request_profile(self, text: str, failed=None) -> None:
+        profiling.write_request(self.plan.run_dir or ".", text)  # the run directory is here
 
 
 def start_all(plan: Plan, grace_s: float = 3.0) -> list:

@@ -30,10 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _answers(run_dir: str) -> list:
-    """Every ``stacks.json`` under the run's logs, newest answer first."""
+def answers(run_dir: str, name: str) -> list:
+    """Every answer file ``name`` under the run's logs, newest answer first."""
     found = []
-    for path in glob.glob(os.path.join(run_dir, "logs", "**", stacks.ANSWER_FILE), recursive=True):
+    for path in glob.glob(os.path.join(run_dir, "logs", "**", name), recursive=True):
         try:
             with open(path, encoding="utf-8") as f:
                 found.append(json.load(f))
@@ -41,6 +41,36 @@ def _answers(run_dir: str) -> list:
             continue
     return sorted((a for a in found if isinstance(a, dict) and isinstance(a.get("at"), (int, float))),
                   key=lambda a: a["at"], reverse=True)
+
+
+def print_answer(answer: dict) -> None:
+    """An answer's lines, then each process's file."""
+    for line in answer.get("lines") or []:
+        print(line)
+    files = answer.get("files") or {}
+    for process_id in sorted(files, key=int):
+        print(f"process {process_id}: {files[process_id]}")
+
+
+def live_launcher(run_dir: str, command: str) -> dict:
+    """The live run's launcher (run.json's ``launcher``: pid and host), on this machine.
+
+    Raises:
+      SpecError: RUN_DIR is not a run with a live launcher on this machine (exit 2).
+    """
+    record = runs.read_record(os.path.join(run_dir, runs.RUN_FILE)) if os.path.isdir(run_dir) else None
+    if record is None:
+        raise SpecError([Problem("RUN_DIR", None, "", f"{run_dir} holds no run.json: give the "
+                                 "directory of a run (`launch runs` lists them)")])
+    launcher = record.get("launcher")
+    if record.get("state") != "running" or not runs.launcher_alive(launcher):
+        raise SpecError([Problem("RUN_DIR", None, "", f"the run in {run_dir} is not running "
+                                 f"(state {record.get('state')!r}, its launcher gone): {command} "
+                                 "asks a live run")])
+    if launcher.get("host") != socket.gethostname():
+        raise SpecError([Problem("RUN_DIR", None, "", f"its launcher runs on {launcher.get('host')} "
+                                 f"(pid {launcher['pid']}): run `{command}` there")])
+    return launcher
 
 
 def main(argv: list) -> int:
@@ -52,30 +82,14 @@ def main(argv: list) -> int:
     """
     args = _parser().parse_args(argv)
     run_dir = args.run_dir
-    record = runs.read_record(os.path.join(run_dir, runs.RUN_FILE)) if os.path.isdir(run_dir) else None
-    if record is None:
-        raise SpecError([Problem("RUN_DIR", None, "", f"{run_dir} holds no run.json: give the "
-                                 "directory of a run (`launch runs` lists them)")])
-    launcher = record.get("launcher")
-    if record.get("state") != "running" or not runs.launcher_alive(launcher):
-        raise SpecError([Problem("RUN_DIR", None, "", f"the run in {run_dir} is not running "
-                                 f"(state {record.get('state')!r}, its launcher gone): stacks "
-                                 "are read from a live run")])
-    if launcher.get("host") != socket.gethostname():
-        raise SpecError([Problem("RUN_DIR", None, "", f"its launcher runs on {launcher.get('host')} "
-                                 f"(pid {launcher['pid']}): run `launch stacks` there")])
+    launcher = live_launcher(run_dir, "launch stacks")
     asked_at = time.time()
     os.kill(launcher["pid"], interrupts.STACKS_REQUEST_SIGNAL)
     deadline = time.monotonic() + args.timeout_s
     while time.monotonic() < deadline:
-        fresh = [a for a in _answers(run_dir) if a["at"] >= asked_at]
+        fresh = [a for a in answers(run_dir, stacks.ANSWER_FILE) if a["at"] >= asked_at]
         if fresh:
-            answer = fresh[0]
-            for line in answer.get("lines") or []:
-                print(line)
-            files = answer.get("files") or {}
-            for process_id in sorted(files, key=int):
-                print(f"process {process_id}: {files[process_id]}")
+            print_answer(fresh[0])
             return 0
         time.sleep(0.1)
     raise LaunchError(f"the launcher (pid {launcher['pid']}) did not answer within "

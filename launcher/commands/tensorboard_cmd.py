@@ -31,8 +31,11 @@ from launcher import interrupts, proctl
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.console.words import plural
+from worker import profiling
 
 INSTALL = "pip install -e '.[tensorboard]'"  # the extra in pyproject.toml, from a checkout
+PROFILE_INSTALL = "pip install -e '.[profile]'"  # TensorBoard's profile plugin (xprof)
+PROFILES_SUFFIX = "profiles"  # "<run name> profiles": where the plugin finds a run's traces
 NAME_KEYS = 3  # differing settings named in a run's name, at most
 
 
@@ -126,13 +129,52 @@ def _is_run(path: str) -> bool:
 
 
 def link_runs(run_dirs: list, into: str) -> dict:
-    """One link per run in ``into``, named by ``run_names``, to its ``tensorboard/``; {name: run dir}."""
+    """One link per run in ``into``, named by ``run_names``, to its ``tensorboard/``; {name: run dir}.
+
+    And, for the profile plugin, ``<name> profiles/plugins/profile``: a real directory path
+    ending in a link to the run's ``tensorboard/plugins/profile`` (its traces,
+    ``worker.profiling``). The plugin finds profile directories with a recursive glob that
+    does not enter linked directories, but lists each one's sessions at every request, so
+    a trace written after the server started appears too.
+    """
     linked = {}
     for run_dir, name in run_names(run_dirs).items():
         events = os.path.join(run_dir, "tensorboard")
         os.symlink(events if os.path.isdir(events) else run_dir, os.path.join(into, name))
+        plugins = os.path.join(into, f"{name} {PROFILES_SUFFIX}", "plugins")
+        os.makedirs(plugins)
+        os.symlink(os.path.join(run_dir, profiling.PLUGIN_DIR), os.path.join(plugins, "profile"))
         linked[name] = run_dir
     return linked
+
+
+def profile_sessions(run_dirs: list) -> list:
+    """The profile sessions (``tensorboard/plugins/profile/<session>``) the runs hold."""
+    return [path for run_dir in run_dirs
+            for path in sorted(glob.glob(os.path.join(run_dir, profiling.PLUGIN_DIR, "*")))
+            if os.path.isdir(path)]
+
+
+def profile_plugin_installed() -> bool:
+    """Whether TensorBoard's profile plugin (xprof) is importable here (nothing is imported)."""
+    try:
+        return importlib.util.find_spec("xprof") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def profile_note(run_dirs: list | None, installed: bool) -> str | None:
+    """What to say of the runs' profiles: where they show, or how to install the plugin
+    that shows them; None when there are none."""
+    sessions = profile_sessions(run_dirs or [])
+    if not sessions:
+        return None
+    if installed:
+        return (f"podlaunch: {plural(len(sessions), 'profile session')} in the Profile tab "
+                f"(runs named '... {PROFILES_SUFFIX}/<session>', one host per process)")
+    return (f"podlaunch: these runs hold {plural(len(sessions), 'profile session')}, which "
+            f"TensorBoard shows with its profile plugin, not installed in {sys.executable}; "
+            f"install it with: {PROFILE_INSTALL}  (or: pip install xprof), then run this again")
 
 
 # TensorBoard keeps 1,000 points per scalar tag by default (reservoir sampling), so a run
@@ -174,6 +216,7 @@ def main(argv: list[str]) -> int:
     if run_dirs is not None:
         links = logdir = tempfile.mkdtemp(prefix="podlaunch-tensorboard-")
         link_runs(run_dirs, links)
+    args.profiled = run_dirs
     try:
         return _serve(args, logdir, what)
     finally:
@@ -197,6 +240,9 @@ def _serve(args, logdir: str, what: str) -> int:
     try:
         _wait_ready(f"http://{args.host}:{port}/", proc, args.startup_timeout_s)
         print(f"podlaunch: TensorBoard of {what} at {url} (Ctrl-C stops it)", flush=True)
+        note = profile_note(args.profiled, profile_plugin_installed())
+        if note is not None:
+            print(note, flush=True)
         return 0 if proc.wait() == 0 else 1
     except KeyboardInterrupt:
         return 0

@@ -39,7 +39,7 @@ from typing import Callable, Iterable
 from launcher import interrupts, proctl
 from launcher.console import lines
 from launcher.interrupts import Interrupted
-from launcher.run import logfile, stacks
+from launcher.run import logfile, profiles, stacks
 from launcher.run.pauses import Pauses
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
@@ -155,7 +155,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
     pauses = Pauses(clock) if sleep is None and watchdog is not None else None
     previous = interrupts.install(interrupts.raise_interrupted)
     first_failure: Tracked | None = None
-    interrupted = False
+    interrupted, answers = False, profiles.Answers(tracked, console, clock)
     read: list = []  # the stacks' summary lines, when they were read before the teardown
     try:
         try:
@@ -172,9 +172,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                 for log in logs:
                     log.flush_pending()
                 console.status(tracked)
-                if interrupts.stacks_requested.is_set():  # launch stacks RUN asked
-                    interrupts.stacks_requested.clear()
-                    stacks.read_before(tracked, output.wait, console, clock, "asked by launch stacks")
+                answers.poll(output.wait)  # launch stacks / launch profile; profiles traced
                 for t in tracked:
                     if t.running and t.poll(clock) and not t.exit.ok and first_failure is None:
                         first_failure = t

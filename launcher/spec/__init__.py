@@ -29,7 +29,7 @@ from worker import sections
 # back from job.json); the launcher adds restarts, program, cluster and secrets.
 TaskSpec, DataSpec, OptimizerSpec = sections.Task, sections.Data, sections.Optimizer
 TrainSpec, LoggingSpec, DistributedSpec = sections.Train, sections.Logging, sections.Distributed
-CheckpointSpec, WatchdogSpec = sections.Checkpoint, sections.Watchdog
+CheckpointSpec, WatchdogSpec, ProfileSpec = sections.Checkpoint, sections.Watchdog, sections.Profile
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 EXTENSION_PREFIX = "x-"
@@ -89,6 +89,7 @@ class JobSpec:
     checkpoint: CheckpointSpec = setting(CheckpointSpec())
     restarts: RestartSpec = setting(RestartSpec())
     watchdog: WatchdogSpec = setting(WatchdogSpec())
+    profile: ProfileSpec = setting(ProfileSpec())
     cluster: Any = setting(None, doc="where it runs (default: cluster.backend local); see the "
                            "cluster reference")
     secrets: tuple[str, ...] = setting((), doc="key names (any depth: cluster.env, task.args) whose "
@@ -174,7 +175,7 @@ class ProgramJobSpec(JobSpec):
 
 
 SECTION_ORDER = ("name", "task", "data", "optimizer", "train", "program", "logging", "distributed",
-                 "checkpoint", "restarts", "watchdog", "cluster", "secrets")
+                 "checkpoint", "restarts", "watchdog", "profile", "cluster", "secrets")
 
 
 def _read(path: str, flag: str | None = None) -> tuple[Any, dict]:

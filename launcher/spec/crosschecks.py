@@ -20,6 +20,7 @@ def check_job(spec, raw: dict, ctx: schema.Context):
     """Cross-field checks of a loaded ``launcher.spec.JobSpec``: the batch over devices, fused
     steps, data source settings, data files. Problems go to ``ctx``; returns the spec (with
     ``data.path`` made absolute and ``data_rows`` counted)."""
+    _check_profile(spec, ctx)
     if spec.is_program:
         return check_program(spec, raw, ctx)
     train, data = spec.train, spec.data
@@ -84,3 +85,18 @@ def check_job(spec, raw: dict, ctx: schema.Context):
         ctx.error(("train", "global_batch_size"),
                   f"{train.global_batch_size} is more than the {rows} rows of {full}; lower it")
     return dataclasses.replace(spec, data=dataclasses.replace(data, path=full), data_rows=rows)
+
+
+def _check_profile(spec, ctx: schema.Context) -> None:
+    """The spec's profile window ends at or before the job's last step (when it is known)."""
+    profile = spec.profile
+    if profile.start_step is None:
+        return
+    total, key = ((spec.program.num_steps, "program.num_steps") if spec.is_program
+                  else (spec.train.num_steps, "train.num_steps"))
+    last = profile.start_step + profile.num_steps - 1
+    if total is not None and last > total:
+        ctx.error(("profile", "start_step"),
+                  f"steps {profile.start_step}-{last} (profile.num_steps {profile.num_steps}) run "
+                  f"past the job's last step, {key} {total}; lower profile.start_step or "
+                  "profile.num_steps")

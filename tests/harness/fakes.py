@@ -11,6 +11,7 @@ every terminate/kill/stopped call with the fake time it came at.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -20,6 +21,7 @@ from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.plan import Placement, ProcessPlan
 from launcher.state import Exit, Killed
+from worker import profiling
 
 SETTLE_TIMEOUT_S = 5.0  # real seconds: a reader that takes longer is a bug in the test or the product
 # Fake seconds no test needs (the longest waits for timeouts of minutes): a supervision
@@ -106,7 +108,7 @@ class FakeWorker:
                  eof_at: float | None = None, on_term: str = "exit", term_delay: float = 0.0,
                  term_exit: Exit = Killed(signal.SIGTERM), stopped: bool = False,
                  stopped_until: float | None = None, stacks: list | None = None,
-                 stacks_delay: float = 0.1):
+                 stacks_delay: float = 0.1, trace_ms_per_step: float | None = None):
         self.clock, self.plan = clock, plan
         self.script = sorted(lines, key=lambda item: item[0])
         self.exit_after_polls, self.eof_at = exit_after_polls, eof_at
@@ -114,6 +116,8 @@ class FakeWorker:
         self.is_stopped = stopped or stopped_until is not None
         self.stopped_until = stopped_until
         self.stacks, self.stacks_delay = stacks, stacks_delay
+        self.trace_ms_per_step = trace_ms_per_step  # answers a profile request (None: never)
+        self.profile_requests: list = []  # the texts request_profile was handed
         self.end = (exit_at, exit) if exit is not None and exit_at is not None else None
         self.pending_exit = exit
         self.polls = 0
@@ -172,6 +176,25 @@ class FakeWorker:
             later = [item for item in self.script if item[0] > at]
             # the reader takes script lines by index: the answer goes before any later line
             self.script[len(self.script) - len(later):] = [(at, line) for line in self.stacks] + later
+            self.clock.cond.notify_all()
+
+    def request_profile(self, text: str, failed=None) -> None:
+        """Take the request; with ``trace_ms_per_step``, say a trace of its steps 1 fake
+        second later, as a worker does (``worker.profiling.LINE_FORMAT``)."""
+        self.calls.append(("request_profile", self.clock.now))
+        self.profile_requests.append(text)
+        if self.trace_ms_per_step is None or self._ended() is not None:
+            return
+        asked = json.loads(text)
+        first, last = asked["start_step"], asked["start_step"] + asked["num_steps"] - 1
+        line = profiling.LINE_FORMAT.format(
+            first=first, last=last, session=asked["session"],
+            seconds=self.trace_ms_per_step * (last - first + 1) / 1e3, ms_per_step=self.trace_ms_per_step,
+            kept=os.path.relpath(profiling.trace_path(".", asked["session"], self.plan.process_id)))
+        with self.clock.cond:
+            at = self.clock.now + 1.0
+            later = [item for item in self.script if item[0] > at]
+            self.script[len(self.script) - len(later):] = [(at, line)] + later
             self.clock.cond.notify_all()
 
     def stopped(self) -> bool:

@@ -155,7 +155,7 @@ def test_job_json_holds_exactly_the_workers_keys():
     resolved = specs.load(LINEAR).to_dict()
     sent = linear_job().to_dict()
     assert list(sent) == ["name", "secrets", "task", "data", "optimizer", "train", "logging", "distributed",
-                          "checkpoint", "watchdog"]
+                          "checkpoint", "watchdog", "profile"]
     assert "cluster" in resolved and "restarts" in resolved  # in the spec, not sent
     assert "global_batch_size" not in sent  # only train.global_batch_size
     for section, values in sent.items():  # each section whole: a projection of the spec

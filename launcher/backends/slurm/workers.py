@@ -36,7 +36,7 @@ from launcher.backends.slurm.commands import Slurm, scrubbed
 from launcher.errors import LaunchError
 from launcher.plan import ProcessPlan
 from launcher.state import Exit, exit_of, Exited, Killed, Lost
-from worker import contract, interrupts
+from worker import contract, interrupts, profiling
 
 # srun's own report of how its task ended: "srun: error: n2: task 0: Killed"
 TASK_END = re.compile(r"^srun: error: (?P<node>\S+): task \d+: (?P<what>.+)$")
@@ -206,6 +206,9 @@ class SrunWorker:
         step = self.step()
         if step is not None:  # Slurm signals the step's task: the worker (and what it started)
             self.slurm.cancel(step, signal=interrupts.STACKS_SIGNAL.name[3:])
+
+    def request_profile(self, text: str, failed=None) -> None:
+        profiling.write_request(self.plan.run_dir, text)  # the run directory is shared with the nodes
 
     def stopped(self) -> bool:
         return False  # the task's state lives on its node; the watchdog's SIGKILL covers it

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import secrets
+import shlex
 import socket
 import threading
 from typing import Callable, Iterator
@@ -36,7 +38,7 @@ from launcher.errors import LaunchError
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of, Exited, Lost
 from launcher.console.words import plural
-from worker import interrupts
+from worker import interrupts, profiling
 
 
 class SshWorker:
@@ -181,6 +183,22 @@ class SshWorker:
                 self.channels.signal(self.pgid, (interrupts.STACKS_SIGNAL.name[3:],), leader=True)
         threading.Thread(target=send, name=f"stacks-{self.plan.process_id}").start()
 
+    def request_profile(self, text: str, failed: Callable[[str], None] = lambda why: None) -> None:
+        # over the host's channels, in the background like a stacks request; every value quoted
+        target = f"{self.plan.run_dir}/{profiling.STEPS_FILE}"
+        temporary = f"{target}.tmp-{self.plan.process_id}"
+        script = (f"umask 077 && printf '%s\\n' {shlex.quote(text)} > {shlex.quote(temporary)} "
+                  f"&& mv -f {shlex.quote(temporary)} {shlex.quote(target)}")
+
+        def send():
+            try:
+                code, output = self.channels.run(script)
+            except Exception as exc:  # noqa: BLE001  said by the caller, on its own thread
+                code, output = -1, str(exc)
+            if code:
+                failed(f"{target} could not be written on {self.host.name}: {output.strip()}")
+        threading.Thread(target=send, name=f"profile-{self.plan.process_id}").start()
+
     def stopped(self) -> bool:
         # the host's /proc says (one round trip per host for every worker, at most
         # once a second: GroupStates)
@@ -215,6 +233,39 @@ def _fetcher(host: Host, placement: planning.Placement, run_dir: str, console,
         if count:
             console.say(f"copied {plural(count, 'file')} of process 0 from {host.name} into {run_dir}")
     return fetch
+
+
+def _trace_fetcher(host: Host, remote_run_dir: str, local_run_dir: str,
+                   console) -> Callable[[str], None]:
+    """A worker's line hook: each trace it says it wrote (``worker.profiling.LINE_FORMAT``) is
+    copied from its host into the same place in the local run directory, in the background
+    (its own SFTP channel), so ``launch tensorboard`` shows every process's. A path that is
+    not a trace's (``trace_path``'s form) is refused: the line comes from the host."""
+    def on_line(line: str) -> None:
+        trace = profiling.parse(line)
+        if trace is None or trace.path is None:
+            return
+        expected = os.path.relpath(profiling.trace_path(".", trace.session, 0), ".")
+        if (os.path.normpath(trace.path) != trace.path or os.path.dirname(trace.path) !=
+                os.path.dirname(expected) or not re.fullmatch(r"process_\d+\.xplane\.pb",
+                                                              os.path.basename(trace.path))):
+            console.say(f"{host.name}: not copying {trace.path!r}: not a trace's path")
+            return
+
+        def get() -> None:
+            local = os.path.join(local_run_dir, trace.path)
+            try:
+                os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
+                sftp = paramiko.SFTPClient.from_transport(host.connection.transport)
+                try:
+                    sftp.get(f"{remote_run_dir}/{trace.path}", local + ".part")
+                finally:
+                    sftp.close()
+                os.replace(local + ".part", local)
+            except Exception as exc:  # noqa: BLE001  the run goes on; say what is missing
+                console.say(f"could not copy {trace.path} from {host.name}: {exc}")
+        threading.Thread(target=get, name="trace-copy").start()
+    return on_line
 
 
 def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: GroupStates,
@@ -257,7 +308,7 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
         token = secrets.token_hex(16)  # the wrapper's control lines carry it; the worker never sees it
         text = connection.shell_script(host.workdir, settings.setup,
                                        {**process.env, wrapper.TOKEN_VAR: token}, argv)
-        on_exit = on_line = None
+        on_exit, on_line = None, _trace_fetcher(host, placement.run_dir, plan.run_dir, console)
         if process.process_id == 0:
             mirror = CheckpointMirror(host, plan.run_dir, placement.run_dir,
                                       plan.job.checkpoint.keep, console)
@@ -266,7 +317,11 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
                 if pushed:
                     console.say(f"{host.name}: put back {plural(len(pushed), 'checkpoint')} it lacked "
                                 f"(newest {pushed[-1]}) from {mirror.local}")
-            on_exit, on_line = _fetcher(host, placement, plan.run_dir, console, mirror), mirror.on_line
+            on_exit, fetch_traces = _fetcher(host, placement, plan.run_dir, console, mirror), on_line
+
+            def on_line(line: str, fetch_traces=fetch_traces, mirror=mirror) -> None:
+                mirror.on_line(line)
+                fetch_traces(line)
         started.append(SshWorker(process, channels, states, text, settings.grace_s, token,
                                  on_exit, on_line))
 

@@ -531,3 +531,33 @@ def test_the_batch_script_ends_the_job_itself_when_its_launcher_is_gone(slurm, c
     said = (run_dir / "slurm" / f"batch-{job_id}.out").read_text()
     assert re.search(r"podlaunch: no launcher heartbeat for \d+ s: ending the job", said), said
     assert not wait_gone(str(run_dir), 5)
+
+
+# ---- profiles ------------------------------------------------------------------------
+PROFILED = ("--set", "train.num_steps=2000", "--set", "train.global_batch_size=255",
+            "--set", "logging.tensorboard=false", "--set", "checkpoint.local_every_steps=0")
+
+
+def test_launch_profile_reaches_every_task_through_the_shared_run_directory(slurm, cluster_file,
+                                                                            tmp_path, reference_params):
+    # the request is a file in the run directory the nodes share (SlurmWorker.request_profile)
+    run_dir = tmp_path / "run"
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),
+                 *PROFILED)
+    lines: list = []
+    read_until(proc, r"\[p0 n1\] step 100/2000", lines, timeout_s=120)
+    asked = subprocess.run(LAUNCH + ["profile", str(run_dir), "--steps", "4"], cwd=REPO,
+                           env=slurm_env(slurm), capture_output=True, text=True, timeout=90)
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    session = re.search(r"profile (steps_\d+-\d+): steps \d+-\d+ traced by 3 processes", asked.stdout)
+    assert session, asked.stdout
+    read_rest(proc, lines, 300)
+    assert proc.returncode == 0, "".join(lines)[-3000:]
+    from worker import profiling
+
+    for p in range(3):
+        assert os.path.getsize(profiling.trace_path(str(run_dir), session[1], p)) > 10000
+    want = reference_params(*PROFILED, "--set", "cluster.num_processes=3",
+                            "--set", "cluster.devices_per_process=1")
+    for got, expected in zip(params(run_dir), [want[k] for k in sorted(want)]):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)

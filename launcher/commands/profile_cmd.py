@@ -1,0 +1,85 @@
+"""``launch profile RUN_DIR [--steps N]``: a ``jax.profiler`` trace of N steps of every process of a live run.
+
+Writes the request (``launcher.run.profiles.REQUEST_FILE``) into the run directory and
+signals the run's launcher (run.json's ``launcher`` pid, on this machine) with
+``launcher.interrupts.PROFILE_REQUEST_SIGNAL``. The launcher picks the first step, a few
+seconds ahead of the furthest process, and hands the window to every process through its
+backend (``launcher.run.profiles``); each traces those steps into the run's
+``tensorboard/plugins/profile/<session>/`` (copied back from ssh and tpu hosts), where
+``launch tensorboard RUN_DIR`` shows them. This waits (at most ``--timeout-s``) for every
+trace and prints where they are and which process was slowest. The run goes on: a
+profile changes no step's result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from launcher import interrupts
+from launcher.commands.stacks_cmd import answers, live_launcher, print_answer
+from launcher.console.words import plural
+from launcher.errors import LaunchError, Problem, SpecError
+from launcher.run import profiles
+from launcher.spec import schema
+from worker import sections
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="launch profile", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the live run's directory")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps to trace (default: the job's profile.num_steps, 5 unless set)")
+    parser.add_argument("--timeout-s", type=float, default=60.0,
+                        help="how long to wait for every process's trace (default 60)")
+    return parser
+
+
+def _num_steps(run_dir: str, steps: int | None) -> int:
+    if steps is None:
+        try:
+            with open(os.path.join(run_dir, "job.json"), encoding="utf-8") as f:  # its profile section
+                steps = int(json.load(f)["profile"]["num_steps"])
+        except (OSError, ValueError, KeyError, TypeError):
+            steps = sections.Profile().num_steps
+    problem = schema.in_range(1, 10000)(steps)
+    if problem:
+        raise SpecError([Problem("--steps", None, "", f"{problem}: the number of steps to trace")])
+    return steps
+
+
+def main(argv: list) -> int:
+    """Ask, wait, print; returns the exit code.
+
+    Raises:
+      SpecError: RUN_DIR is not a run with a live launcher on this machine, or ``--steps``
+        is not 1 to 10000 (exit 2).
+      LaunchError: not every trace came within ``--timeout-s`` (exit 1).
+    """
+    args = _parser().parse_args(argv)
+    run_dir = args.run_dir
+    num_steps = _num_steps(run_dir, args.steps)
+    launcher = live_launcher(run_dir, "launch profile")
+    asked_at = time.time()
+    request = os.path.join(run_dir, profiles.REQUEST_FILE)
+    with open(request + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"num_steps": num_steps, "at": asked_at}, f)
+    os.replace(request + ".tmp", request)
+    os.kill(launcher["pid"], interrupts.PROFILE_REQUEST_SIGNAL)
+    print(f"launch profile: asked the launcher (pid {launcher['pid']}) for "
+          f"{plural(num_steps, 'step')} of every process; waiting up to {args.timeout_s:g} s",
+          flush=True)
+    deadline = time.monotonic() + args.timeout_s
+    while time.monotonic() < deadline:
+        fresh = [a for a in answers(run_dir, profiles.ANSWER_FILE) if a.get("asked_at") == asked_at]
+        files = (fresh[0].get("files") or {}) if fresh else {}
+        if fresh and all(os.path.exists(path) for path in files.values()):  # copied back too
+            print_answer(fresh[0])
+            return 0
+        time.sleep(0.1)
+    raise LaunchError(f"not every trace came within {args.timeout_s:g} s: the launcher (pid "
+                      f"{launcher['pid']}) asks while its processes run (not while it starts "
+                      "them or waits before a restart), and a process traces once it reaches "
+                      "the first asked step; see the run's console, or raise --timeout-s")

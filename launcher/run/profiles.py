@@ -1,0 +1,182 @@
+"""Profiles of a run's processes: asked of a live run, copied back, told on the console and in the summary.
+
+Each worker traces the steps the spec's ``profile`` section names, or those this launcher
+asks, and prints ``worker.profiling.LINE_FORMAT`` when its trace is written (the layout
+TensorBoard's profile plugin reads: ``tensorboard/plugins/profile/<session>/process_<id>.xplane.pb``).
+
+``launch profile RUN --steps N`` writes ``REQUEST_FILE`` into the run directory and signals
+this launcher (``launcher.interrupts.PROFILE_REQUEST_SIGNAL``). Between two of supervision's
+polls ``Answers.poll`` picks the first step to trace, ``LEAD_S`` ahead of the furthest process
+at the step rate its progress lines report, so that every process reads the request before
+it gets there, and hands ``worker.profiling.STEPS_FILE`` to every running process through
+what its backend already has (``Worker.request_profile``: a file in the run directory on
+this machine or a shared filesystem, over the host's SFTP channel for ssh and tpu). Once
+every asked process has said its line (or ``ANSWER_WAIT_S`` passed), the console says where
+the traces are and which process was slowest over the traced steps, and ``ANSWER_FILE``
+beside the attempt's logs holds what ``launch profile`` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Callable
+
+from launcher import interrupts
+from launcher.console.words import plural
+from launcher.run import stacks
+from worker import profiling
+
+REQUEST_FILE = "profile-request.json"  # launch profile -> the launcher, in the run directory
+ANSWER_FILE = "profile.json"           # beside the attempt's logs: the newest session said
+LEAD_S = 3.0          # the asked window starts this far ahead of the furthest process
+ANSWER_WAIT_S = 120.0  # a session is said with what came once this long passed since it was asked
+
+
+def run_dir_of(log_path: str) -> str:
+    """The run directory of a process's log (``<run>/logs[/attempt-N]/process-NNN.log``)."""
+    folder = os.path.dirname(log_path)
+    while os.path.basename(folder) != "logs" and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return os.path.dirname(folder)
+
+
+def session_lines(session: str, traces: dict, labels: dict, run_dir: str) -> list:
+    """What the console and the summary say of one session: where its traces are, and the
+    slowest process over its steps (``traces``: process_id -> Trace)."""
+    kept = {p: t for p, t in traces.items() if t.path is not None}
+    slowest = max(sorted(traces), key=lambda p: traces[p].ms_per_step)
+    fastest = min(sorted(traces), key=lambda p: traces[p].ms_per_step)
+    steps = sorted({(t.first, t.last) for t in traces.values()})
+    where = os.path.join(run_dir, profiling.PLUGIN_DIR, session)
+    out = [f"profile {session}: steps {', '.join(f'{a}-{b}' for a, b in steps)} traced by "
+           f"{plural(len(traces), 'process')}; slowest {labels.get(slowest, f'p{slowest}')} "
+           f"({traces[slowest].ms_per_step:.2f} ms per step"
+           + (f"; fastest {labels.get(fastest, f'p{fastest}')} {traces[fastest].ms_per_step:.2f}"
+              if len(traces) > 1 else "") + ")"]
+    if kept:
+        out.append(f"profile {session}: {plural(len(kept), 'trace')} in {where}/ "
+                   f"({', '.join(os.path.basename(t.path) for t in list(kept.values())[:4])}"
+                   f"{', ...' if len(kept) > 4 else ''}); see them with: launch tensorboard "
+                   f"{run_dir} (the Profile tab)")
+    return out
+
+
+def summary_lines(processes: list) -> list:
+    """The summary's lines for every session this attempt's processes traced."""
+    if not processes:
+        return []
+    sessions: dict = {}
+    for t in processes:
+        for trace in t.stats.profiles:
+            sessions.setdefault(trace.session, {})[t.plan.process_id] = trace
+    labels = {t.plan.process_id: t.plan.label for t in processes}
+    run_dir = run_dir_of(processes[0].plan.log_path)
+    return [line for session, traces in sessions.items()
+            for line in session_lines(session, traces, labels, run_dir)]
+
+
+class Answers:
+    """What ``launch stacks`` and ``launch profile`` ask of the live attempt, answered between
+    two polls of supervision, and each profile session said once all its traces are in.
+
+    Args:
+      tracked: the attempt's ``state.Tracked``, in process_id order.
+      console: where it is said.
+      clock: seconds, monotonic.
+    """
+
+    def __init__(self, tracked: list, console, clock: Callable[[], float]):
+        self.tracked, self.console, self.clock = tracked, console, clock
+        self.run_dir = run_dir_of(tracked[0].plan.log_path) if tracked else "."
+        self.said: set = set()
+        self.asked: dict = {}  # session -> (when, process_ids asked)
+        self.request_at: dict = {}  # session -> its request's "at" (launch profile's clock)
+        self.failures: list = []  # what could not be asked, said on the next poll (any thread appends)
+
+    def poll(self, wait: Callable[[float], None]) -> None:
+        """Answer what was asked since the last poll (``wait``: supervise's output wait)."""
+        if interrupts.stacks_requested.is_set():  # launch stacks RUN asked
+            interrupts.stacks_requested.clear()
+            stacks.read_before(self.tracked, wait, self.console, self.clock, "asked by launch stacks")
+        if interrupts.profile_requested.is_set():
+            interrupts.profile_requested.clear()
+            self.ask()
+        while self.failures:
+            self.console.say(self.failures.pop(0))
+        self._say_complete()
+
+    def ask(self) -> None:
+        """Read ``REQUEST_FILE`` and hand its window to every running process."""
+        path = os.path.join(self.run_dir, REQUEST_FILE)
+        try:
+            with open(path, encoding="utf-8") as f:
+                request = json.load(f)
+            num_steps, asked_at = int(request["num_steps"]), request.get("at")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self.console.say(f"profile: the request {path} could not be read ({exc}); ignored")
+            return
+        running = [t for t in self.tracked if t.running]
+        start = self.first_step(running, num_steps)
+        session = profiling.session_name(start, start + num_steps - 1)
+        if session in self.asked or session in self.said:
+            session += f".{int(time.time())}"
+        text = json.dumps({"session": session, "start_step": start, "num_steps": num_steps})
+        asked = []
+        for t in running:
+            def failed(why: str, label: str = t.plan.label) -> None:
+                self.failures.append(f"profile: could not ask {label}: {why}")
+            try:
+                t.worker.request_profile(text, failed)
+                asked.append(t.plan.process_id)
+            except Exception as exc:  # noqa: BLE001  one process's transport must not stop the rest
+                failed(str(exc))
+        self.asked[session] = (self.clock(), asked)
+        self.request_at[session] = asked_at  # the answer names the request it answers
+        self.console.say(f"profile {session}: asked {plural(len(asked), 'process')} to trace "
+                         f"{plural(num_steps, 'step')} from step {start} (launch profile)")
+
+    @staticmethod
+    def first_step(running: list, num_steps: int = 1) -> int:
+        """``LEAD_S`` ahead of the furthest process at its reported rate (at least 1 step), but
+        early enough for ``num_steps`` steps before the run's last, where that leaves any."""
+        furthest = max((t.last_step or 0 for t in running), default=0)
+        progress = [t.stats.progress for t in running if t.stats.progress is not None]
+        rate = max((p.steps_per_s for p in progress), default=0.0)
+        start = furthest + max(1, math.ceil(rate * LEAD_S) if math.isfinite(rate) else 1)
+        total = max((p.num_steps for p in progress), default=None)
+        return start if total is None else max(furthest + 1, min(start, total - num_steps + 1))
+
+    def _say_complete(self) -> None:
+        sessions: dict = {}
+        for t in self.tracked:
+            for trace in t.stats.profiles:
+                sessions.setdefault(trace.session, {})[t.plan.process_id] = trace
+        for session, traces in sessions.items():
+            if session in self.said:
+                continue
+            asked_at, expected = self.asked.get(session, (None, None))
+            if expected is None:  # the spec's window: every process that is still running
+                expected = [t.plan.process_id for t in self.tracked if t.running or
+                            t.plan.process_id in traces]
+            late = asked_at is not None and self.clock() - asked_at >= ANSWER_WAIT_S
+            if not late and any(p not in traces for p in expected):
+                continue
+            self.said.add(session)
+            labels = {t.plan.process_id: t.plan.label for t in self.tracked}
+            text = session_lines(session, traces, labels, self.run_dir)
+            for line in text:
+                self.console.say(line)
+            self._answer(session, traces, text)
+
+    def _answer(self, session: str, traces: dict, text: list) -> None:
+        folder = os.path.dirname(self.tracked[0].plan.log_path)
+        files = {str(p): os.path.join(self.run_dir, t.path) for p, t in traces.items() if t.path}
+        try:
+            with open(os.path.join(folder, ANSWER_FILE), "w", encoding="utf-8") as f:
+                json.dump({"at": time.time(), "asked_at": self.request_at.get(session),
+                           "session": session, "lines": text, "files": files}, f, indent=1)
+        except OSError:
+            pass

@@ -1,0 +1,74 @@
+"""What one process's lines said so far: its progress, step times, compilation, saves,
+restores and profile traces (for the status line, the summary and the ledger); no I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from worker import contract, profiling
+
+
+@dataclasses.dataclass
+class ProcessStats:
+    """What one process's progress lines said so far (for the status line and summary).
+
+    Attributes:
+      progress: the latest ``contract.Progress``, or None before the first.
+      timed_steps: steps covered by reported intervals.
+      timed_s: seconds those steps took (sum of step_time_s x steps per interval).
+    """
+
+    progress: contract.Progress | None = None
+    timed_steps: int = 0
+    timed_s: float = 0.0
+    resumed_at: int = 0  # a resumed attempt's checkpoint step: its first interval starts there
+    # its CACHE_FORMAT line: the persistent compilation cache's hits and misses, and the
+    # first call's seconds (trace, compile, dispatch; None: not said)
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+    first_step_s: float | None = None
+    # for the ledger (launcher.run.ledger), when lines arrived: the first step done (its CACHE_FORMAT
+    # line, else its first progress line), the latest progress line, each save and restore (+ seconds)
+    first_step_at: float | None = None
+    progress_at: float | None = None
+    saves: list = dataclasses.field(default_factory=list)      # [(at, seconds)]
+    restores: list = dataclasses.field(default_factory=list)   # [(at, seconds)]
+    profiles: list = dataclasses.field(default_factory=list)   # [worker.profiling.Trace]
+
+    def observe(self, line: str, now: float | None = None) -> contract.Progress | None:
+        """Update from one output line read at ``now``; returns its Progress, or None for
+        other lines."""
+        progress = contract.parse_progress(line)
+        if progress is None and (cache := contract.CACHE_RE.match(line)):
+            self.cache_hits, self.cache_misses = int(cache["hits"]), int(cache["misses"])
+            self.first_step_s = None if cache["seconds"] == "?" else float(cache["seconds"])
+            if self.first_step_at is None:
+                self.first_step_at = now
+        if progress is None:
+            if not line.startswith(("checkpoint of step ", "resumed from ", "profile of steps ")):
+                return None  # every line passes here: three regular expressions only for these
+            if (trace := profiling.parse(line)) is not None:
+                self.profiles.append(trace)
+            if (saved := contract.parse_seconds(contract.CHECKPOINT_RE, line)) is not None:
+                self.saves.append((now, saved[1]))
+            resumed = contract.parse_seconds(contract.RESUMED_RE, line)
+            if resumed is not None:
+                self.restores.append((now, resumed[1]))
+                if self.progress is None:
+                    self.resumed_at = resumed[0]
+            return None
+        if self.first_step_at is None:
+            self.first_step_at = now
+        self.progress_at = now
+        previous = self.progress.step if self.progress is not None else self.resumed_at
+        if progress.step_time_s is not None and progress.step > previous:
+            steps = progress.step - previous
+            self.timed_steps += steps
+            self.timed_s += progress.step_time_s * steps
+        self.progress = progress
+        return progress
+
+    @property
+    def mean_step_time_s(self) -> float | None:
+        """Seconds per step over every reported interval (compilation excluded), or None."""
+        return self.timed_s / self.timed_steps if self.timed_steps else None

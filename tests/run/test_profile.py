@@ -1,0 +1,187 @@
+"""Profiles: ``jax.profiler`` traces of chosen steps from every process, asked by the spec's
+``profile`` section or by ``launch profile`` on a live run, served by ``launch tensorboard``
+in TensorBoard's profile plugin (xprof), looked at in headless Chromium."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from harness.fakes import FakeClock, FakeWorker, process_plan
+from harness.served import check_served
+from harness.helpers import LAUNCH, REPO, env_for_tests, launch, launched, program_job
+from harness.runs import assert_same_params, params
+from launcher import interrupts as launcher_interrupts
+from launcher.commands import profile_cmd, tensorboard_cmd
+from launcher.console import Console
+from launcher.console.status import summary
+from launcher.errors import SpecError
+from launcher.run import profiles
+from launcher.run import supervise as supervision
+from launcher.state import Exited
+from worker import contract, profiling
+
+
+def progress(step: int, num_steps: int = 1000, steps_per_s: float = 10.0) -> str:
+    return contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5,
+                                           steps_per_s=steps_per_s, step_time_s=1 / steps_per_s,
+                                           own_step_time_s=0.01)
+
+
+# ---- fast: the pieces ----------------------------------------------------------------
+def test_a_trace_line_is_read_back_and_a_slowest_process_that_kept_none_says_so():
+    line = profiling.LINE_FORMAT.format(first=20, last=25, session="steps_20-25", seconds=0.3,
+                                        ms_per_step=50.0, kept="tensorboard/plugins/profile/"
+                                        "steps_20-25/process_1.xplane.pb")
+    trace = profiling.parse(line)
+    assert (trace.first, trace.last, trace.session, trace.ms_per_step) == (20, 25, "steps_20-25", 50.0)
+    assert trace.path == os.path.relpath(profiling.trace_path(".", "steps_20-25", 1))
+    dropped = profiling.parse(line.rsplit(": ", 1)[0] + ": " + profiling.NOT_KEPT
+                              + " (profile.processes: slowest; process 0 was slower)")
+    assert dropped.path is None
+    assert profiling.parse("step 20/100 loss 0.5") is None
+    assert profiling.parse(line.replace("(steps_20-25)", "(..)")) is None  # no session outside
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("profile.start_step=98", r"profile\.start_step: steps 98-102 \(profile\.num_steps 5\) run past "
+                              r"the job's last step, train\.num_steps 100"),
+    ("profile.start_step=0", r"profile\.start_step: expected a number > 0"),
+    ("profile.num_steps=0", r"profile\.num_steps: expected 1 to 10000"),
+    ("profile.processes=fastest", r"profile\.processes: expected one of all, slowest"),
+])
+def test_a_bad_profile_section_is_bad_input_and_starts_nothing(tmp_path, setting, message):
+    result = launch("jobs/linear.yaml", "--set", setting, "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert re.search(message, result.stderr), result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_program_profile_past_its_steps_is_bad_input(tmp_path):
+    spec = program_job(tmp_path, steps=20)
+    result = launch(spec, "--set", "profile.start_step=18", "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2 and "program.num_steps 20" in result.stderr, result.stderr
+
+
+def test_a_live_request_reaches_every_process_ahead_of_the_furthest_and_is_answered(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (tmp_path / profiles.REQUEST_FILE).write_text(json.dumps({"num_steps": 4, "at": 12.5}))
+    clock = FakeClock(interrupts=[2.0], on_interrupt=lambda: os.kill(os.getpid(), signal.SIGUSR1))
+    out = io.StringIO()
+    console = Console(out, tty=False, status_every_s=0)
+    workers = [FakeWorker(clock, process_plan(i, str(logs)),
+                          lines=[(0.5, progress(5 + i)), (1.5, progress(10 + i)), (6.0, "done")],
+                          trace_ms_per_step=20.0 + 30.0 * i) for i in range(2)]
+    for w in workers:
+        w.end = (6.5, Exited(0))
+    with launcher_interrupts.stacks_requests():  # as launch does for its whole run
+        result = supervision.supervise(workers, 3.0, console, poll_interval_s=0.05, clock=clock,
+                                       sleep=clock.sleep)
+    assert result.exit_code == 0
+    asked = [json.loads(w.profile_requests[0]) for w in workers]
+    # the furthest process was at step 11 at 10 steps/s: LEAD_S (3 s) ahead is step 41
+    assert asked[0] == asked[1] == {"session": "steps_41-44", "start_step": 41, "num_steps": 4}
+    said = out.getvalue()
+    assert "profile steps_41-44: asked 2 processes to trace 4 steps from step 41" in said
+    assert "steps 41-44 traced by 2 processes; slowest p1 (50.00 ms per step; fastest p0 20.00)" in said
+    where = os.path.join(str(tmp_path), profiling.PLUGIN_DIR, "steps_41-44")
+    assert f"2 traces in {where}/ (process_0.xplane.pb, process_1.xplane.pb)" in said
+    answer = json.loads((logs / profiles.ANSWER_FILE).read_text())
+    assert answer["asked_at"] == 12.5 and answer["session"] == "steps_41-44"
+    assert answer["files"] == {str(i): os.path.join(where, f"process_{i}.xplane.pb") for i in range(2)}
+    assert "slowest p1 (50.00 ms per step" in summary(result)
+    # a run near its end: the window still fits before the last step
+    tracked = [type("T", (), {"last_step": 990, "stats": type("S", (), {"progress": contract.parse_progress(
+        progress(990))})()})()]
+    assert profiles.Answers.first_step(tracked, 5) == 996
+
+
+def test_launch_profile_needs_a_live_run_and_a_step_count_it_can_trace(tmp_path):
+    with pytest.raises(SpecError, match="holds no run.json"):
+        profile_cmd.main([str(tmp_path)])
+    with pytest.raises(SpecError, match=r"--steps: expected 1 to 10000, got 0"):
+        profile_cmd.main([str(tmp_path), "--steps", "0"])
+
+
+def test_launch_tensorboard_links_each_runs_profiles_and_names_the_plugin_to_install(tmp_path):
+    run = tmp_path / "run"
+    (run / "tensorboard").mkdir(parents=True)
+    links = tmp_path / "links"
+    links.mkdir()
+    (name,) = tensorboard_cmd.link_runs([str(run)], str(links))
+    inside = links / f"{name} {tensorboard_cmd.PROFILES_SUFFIX}" / "plugins" / "profile"
+    assert os.readlink(inside) == str(run / "tensorboard" / "plugins" / "profile")
+    assert tensorboard_cmd.profile_note([str(run)], installed=False) is None  # no trace: no word
+    (run / profiling.PLUGIN_DIR / "steps_3-4").mkdir(parents=True)
+    note = tensorboard_cmd.profile_note([str(run)], installed=False)
+    assert "1 profile session" in note and "pip install -e '.[profile]'" in note
+    assert "Profile tab" in tensorboard_cmd.profile_note([str(run)], installed=True)
+
+
+# ---- slow: real runs, TensorBoard and Chromium ------------------------------------------
+@pytest.mark.slow
+def test_a_spec_profile_traces_every_process_and_tensorboard_shows_each(tmp_path, reference_params):
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--set", "profile.start_step=20", "--set", "profile.num_steps=6",
+                    "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    for p in (0, 1):
+        assert os.path.getsize(profiling.trace_path(str(run_dir), "steps_20-25", p)) > 10000
+        log = (run_dir / "logs" / f"process-{p:03d}.log").read_text()
+        assert re.search(r"^profile of steps 20-25 \(steps_20-25\): ", log, re.M), log
+    assert re.search(r"profile steps_20-25: steps 20-25 traced by 2 processes; slowest p[01] ",
+                     result.stdout), result.stdout
+    assert f"2 traces in {run_dir}/tensorboard/plugins/profile/steps_20-25/" in result.stdout
+    assert not list((run_dir / profiling.PLUGIN_DIR).glob(".tracing-*"))  # nothing half-written left
+    assert_same_params(params(run_dir), reference_params())  # a profile changes no step
+    check_served(run_dir, "steps_20-25", [0, 1], 20)
+
+
+@pytest.mark.slow
+def test_launch_profile_on_a_live_run_traces_every_process_and_changes_no_param(tmp_path,
+                                                                                reference_params):
+    run_dir = tmp_path / "run"
+    steps = ("--set", "train.num_steps=3000", "--set", "checkpoint.local_every_steps=0")
+    with launched("jobs/linear.yaml", *steps, "--run-dir", str(run_dir)) as out:
+        out.wait_for(r"\[p0\] step 100/3000", 120)
+        began = time.monotonic()
+        asked = subprocess.run(LAUNCH + ["profile", str(run_dir), "--steps", "5", "--timeout-s", "60"],
+                               cwd=REPO, env=env_for_tests(), capture_output=True, text=True, timeout=90)
+        took_s = time.monotonic() - began
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        session = re.search(r"profile (steps_(\d+)-(\d+)): steps ", asked.stdout)
+        assert session and int(session[3]) - int(session[2]) == 4, asked.stdout
+        for p in (0, 1):
+            path = profiling.trace_path(str(run_dir), session[1], p)
+            assert f"process {p}: {path}" in asked.stdout and os.path.getsize(path) > 10000
+        assert took_s < 30, took_s
+        code, text = out.finish(300)
+    assert code == 0, text[-3000:]
+    assert_same_params(params(run_dir), reference_params(*steps))
+
+
+@pytest.mark.slow
+def test_a_program_job_profiles_through_the_program_api_and_keeps_the_slowest(tmp_path):
+    spec = program_job(tmp_path, steps=20, num_processes=2)
+    run_dir = tmp_path / "run"
+    result = launch(spec, "--set", "profile.start_step=6", "--set", "profile.num_steps=4",
+                    "--set", "profile.processes=slowest", "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    lines = [profiling.parse(line) for p in (0, 1)
+             for line in (run_dir / "logs" / f"process-{p:03d}.log").read_text().splitlines()
+             if profiling.parse(line) is not None]
+    assert [(t.first, t.last) for t in lines] == [(6, 9), (6, 9)], lines
+    kept = [t for t in lines if t.path is not None]
+    assert len(kept) == 1 and (run_dir / kept[0].path).exists()  # the slowest's trace alone
+    slowest = max(lines, key=lambda t: t.ms_per_step)
+    assert kept[0] == slowest
+    assert len(list((run_dir / profiling.PLUGIN_DIR / "steps_6-9").iterdir())) == 1
+    assert "profile steps_6-9: 1 trace in " in result.stdout, result.stdout
