@@ -115,6 +115,8 @@ class Answers:
             with open(path, encoding="utf-8") as f:
                 request = json.load(f)
             num_steps, asked_at = int(request["num_steps"]), request.get("at")
+            if not 1 <= num_steps <= 10000:
+                raise ValueError(f"num_steps {num_steps}: expected 1 to 10000")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             self.console.say(f"profile: the request {path} could not be read ({exc}); ignored")
             return
