@@ -43,9 +43,26 @@ def get(url: str):
     return json.loads(gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body)  # the plugin gzips
 
 
+def rendered(page_url: str, screenshot: str | None = None) -> str:
+    """The text of ``page_url`` as headless Chromium renders it (scripts run, styles and
+    scripts dropped); with ``screenshot``, a PNG of it there too."""
+    command = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
+               "--virtual-time-budget=20000"]
+    if screenshot is not None:
+        subprocess.run(command + [f"--screenshot={screenshot}", page_url], capture_output=True,
+                       timeout=120)
+    page = subprocess.run(command + ["--dump-dom", page_url], capture_output=True, text=True,
+                          timeout=120).stdout
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]*>", " ", re.sub(
+        r"<(style|script)\b.*?</\1>", "", page, flags=re.S)))
+
+
 def check_served(run_dir, session: str, process_ids: list, first_step: int) -> None:
-    """The profile plugin lists the session and one host per process, serves each process's
-    trace viewer data holding its traced steps' ops, and Chromium renders its page."""
+    """The profile plugin lists the session and one host per process and serves each process's
+    trace viewer data holding its traced steps (their annotations, the all-reduce); Chromium
+    renders the plugin's overview page and each process's trace viewer (screenshots beside
+    the run: ``profile-overview.png``, ``profile-trace-process_N.png``; looked at once, by a
+    person: the overview's step time, and each timeline's steps and psum ops)."""
     proc, url = served(run_dir)
     try:
         note = Output.of(proc).wait_for(r"^podlaunch: .*profile session", 30)
@@ -63,22 +80,21 @@ def check_served(run_dir, session: str, process_ids: list, first_step: int) -> N
                 {"run": run, "tag": "trace_viewer", "host": f"process_{p}"}))["traceEvents"]
             names = {e.get("name", "") for e in events}
             assert f"train {first_step}" in names, sorted(names)[:40]  # the step's annotation
-            assert any(re.search(r"pmap|jit|train_step|step", n) for n in names - {f"train {first_step}"})
-        # the plugin's own page, rendered: the session, its overview
-        shot = os.path.join(str(run_dir), "profile-page.png")
-        page = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-                               "--window-size=1400,900", "--virtual-time-budget=20000",
-                               "--dump-dom", base + "index.html"], capture_output=True,
-                              text=True, timeout=120).stdout
-        text = re.sub(r"\s+", " ", re.sub(r"<[^>]*>", " ", re.sub(
-            r"<(style|script)\b.*?</\1>", "", page, flags=re.S)))
-        # it opens on the newest session; its overview found the steps (their annotations)
+            assert any(n.startswith(("psum", "all-reduce")) for n in names), sorted(names)[:40]
+        # the plugin's own page: it opens on the newest session; its overview found the steps
+        text = rendered(base + "index.html", os.path.join(str(run_dir), "profile-overview.png"))
         assert f"Sessions ({len(runs)})" in text and any(r in text for r in runs), text[:2000]
         assert "Overview Page" in text and "Average Step Time" in text, text[:2000]
-        subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-                        "--window-size=1400,900", "--virtual-time-budget=20000",
-                        f"--screenshot={shot}", url + "#profile"], capture_output=True, timeout=120)
-        assert os.path.getsize(shot) > 20000  # a rendered page, not a blank one (looked at: the overview)
+        for p in process_ids:  # each process's timeline, as its host selector opens it
+            data = "/data/plugin/profile/data?" + urllib.parse.urlencode(
+                {"run": run, "tool": "trace_viewer", "host": f"process_{p}", "tag": "trace_viewer@",
+                 "hosts": f"process_{p}"})
+            shot = os.path.join(str(run_dir), f"profile-trace-process_{p}.png")
+            text = rendered(base + "trace_viewer_index.html?" + urllib.parse.urlencode(
+                {"is_streaming": "true", "is_oss": "true", "trace_data_url": data,
+                 "source_code_service": "false"}), shot)
+            assert f"process_{p} /host:CPU" in text, text[:2000]  # its track, drawn
+            assert os.path.getsize(shot) > 20000  # a drawn timeline, not a blank page
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
