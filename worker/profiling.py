@@ -45,7 +45,8 @@ KEY_PREFIX = "podlaunch/profile/"
 
 LINE_FORMAT = ("profile of steps {first}-{last} ({session}): {seconds:.3f} s traced, "
                "{ms_per_step:.2f} ms per step: {kept}")
-LINE_RE = re.compile(r"^profile of steps (?P<first>\d+)-(?P<last>\d+) \((?P<session>\w[\w.-]*)\): "
+SESSION_RE = re.compile(r"\w[\w.-]{0,79}")  # a session's name: a directory's, short
+LINE_RE = re.compile(r"^profile of steps (?P<first>\d+)-(?P<last>\d+) \((?P<session>\w[\w.-]{0,79})\): "
                      r"(?P<seconds>[0-9.]+) s traced, (?P<ms>[0-9.]+) ms per step: (?P<kept>.*)$")
 NOT_KEPT = "not kept"  # how a ``slowest`` process that was not the slowest ends its line
 _NOTHING = nullcontext()
@@ -78,6 +79,11 @@ def parse(line: str) -> Trace | None:
     kept = found["kept"]
     return Trace(int(found["first"]), int(found["last"]), found["session"], float(found["seconds"]),
                  float(found["ms"]), None if kept.startswith(NOT_KEPT) else kept)
+
+
+def _whole(value) -> bool:
+    """A step number: a JSON integer from 1 to 2**31-1 (not a bool, a float, infinity)."""
+    return type(value) is int and 1 <= value <= 2**31 - 1
 
 
 def _mtime(path: str) -> float | None:
@@ -113,7 +119,7 @@ def trace_path(run_dir: str, session: str, process_id: int) -> str:
 
 
 class Profiler:
-    """One process's traces: the spec's window, then whatever the launcher asks.
+    """One process's traces: the spec's window and whatever the launcher asks, each in turn.
 
     Args:
       run_dir: the process's run directory.
@@ -129,38 +135,36 @@ class Profiler:
                  out=print, num_steps: int | None = None):
         self.run_dir, self.process_id, self.num_processes = run_dir, process_id, num_processes
         self.spec, self.client, self.out, self.num_steps = spec, client, out, num_steps
-        self.window: tuple | None = None  # (first, last, session) to trace next
+        self.windows: list = []  # (first, last, session) to trace, in step order
         if spec.start_step is not None:
             last = spec.start_step + spec.num_steps - 1
-            self.window = (spec.start_step, last, session_name(spec.start_step, last))
-        self.tracing: tuple | None = None  # (first step traced, session, began, private dir)
+            self.windows.append((spec.start_step, last, session_name(spec.start_step, last)))
+        self.tracing: tuple | None = None  # (first step traced, session, began, private dir, last)
         self.next_poll = time.monotonic() + POLL_S
         # a request already there was for an earlier attempt (a restart resumes before its steps)
         self.request_mtime: float | None = _mtime(os.path.join(run_dir, STEPS_FILE))
-        self.broken = False  # a trace could not start: said once, no more tried
+        self.broken = False  # the profiler would not start or stop: said once, no more tried
 
     # ---- the loop's two calls --------------------------------------------------------
     def before(self, first: int, last: int) -> None:
         """Called before the device call that runs steps ``first`` to ``last``: starts a trace
-        when that call reaches the window."""
+        when that call reaches the next window."""
         if self.tracing is not None or self.broken:
             return
         now = time.monotonic()
         if now >= self.next_poll:
             self.next_poll = now + POLL_S
             self._poll(first)
-        if self.window is None or last < self.window[0]:
-            return
-        window_first, window_last, session = self.window
-        if first > window_last:  # resumed past it, or asked for steps already run
-            self.window = None
-            return
-        self._start(first, session)
+        while self.windows and first > self.windows[0][1]:  # resumed past it
+            self.windows.pop(0)
+        if self.windows and last >= self.windows[0][0]:
+            window_first, window_last, session = self.windows.pop(0)
+            self._start(first, session, window_last)
 
     def after(self, last: int, wait) -> None:
         """Called after the device call that ran up to step ``last`` was dispatched; ``wait()``
         blocks until its work is done. Ends the trace at the window's last step."""
-        if self.tracing is not None and (last >= self.window[1] or last == self.num_steps):
+        if self.tracing is not None and (last >= self.tracing[4] or last == self.num_steps):
             wait()
             self._stop(last)
 
@@ -174,16 +178,19 @@ class Profiler:
         return jax.profiler.StepTraceAnnotation("train", step_num=step)
 
     def close(self) -> None:
-        """Stop a trace still running (the loop ended inside the window): nothing kept."""
+        """Stop a trace still running (the loop ended inside the window): said, nothing kept."""
         if self.tracing is not None:
             import jax
 
+            first, session, _, private, _ = self.tracing
+            self.tracing = None
             try:
                 jax.profiler.stop_trace()
             except Exception:  # noqa: BLE001  ending anyway
                 pass
-            shutil.rmtree(self.tracing[3], ignore_errors=True)
-            self.tracing = None
+            shutil.rmtree(private, ignore_errors=True)
+            self.out(f"profile: the trace of {session} from step {first} was cut short by the "
+                     "end of this process; not kept")
 
     # ---- the parts ---------------------------------------------------------------------
     def _poll(self, step: int) -> None:
@@ -194,18 +201,19 @@ class Profiler:
         self.request_mtime = mtime
         try:
             with open(path, encoding="utf-8") as f:
-                asked = json.load(f)
-            start, count, session = int(asked["start_step"]), int(asked["num_steps"]), str(asked["session"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            self.out(f"profile: ignored an unreadable request {path}: {exc}")
-            return
-        if not re.fullmatch(r"\w[\w.-]*", session) or count < 1:
-            self.out(f"profile: ignored a malformed request {path}")
+                asked = json.loads(f.read(4096))
+            start, count, session = asked["start_step"], asked["num_steps"], asked["session"]
+            if not (_whole(start) and _whole(count) and count >= 1 and isinstance(session, str)
+                    and SESSION_RE.fullmatch(session)):
+                raise ValueError(f"expected whole start_step >= 1 and num_steps >= 1 and a "
+                                 f"session name, got {asked!r:.200}")
+        except Exception as exc:  # noqa: BLE001  a request never ends a run (a file written by hand)
+            self.out(f"profile: ignored an unreadable request {path}: {type(exc).__name__}: {exc}"[:500])
             return
         start = max(start, step)  # already past it: the next steps, as many
-        self.window = (start, start + count - 1, session)
+        self.windows = sorted(self.windows + [(start, start + count - 1, session)])
 
-    def _start(self, first: int, session: str) -> None:
+    def _start(self, first: int, session: str, last: int) -> None:
         import jax
 
         private = os.path.join(self.run_dir, PLUGIN_DIR, f".tracing-{session}-process_{self.process_id}")
@@ -215,20 +223,24 @@ class Profiler:
         try:
             jax.profiler.start_trace(private, profiler_options=options)
         except Exception as exc:  # noqa: BLE001  a profile never ends a run (another trace running)
-            self.broken, self.window = True, None
+            self.broken, self.windows = True, []
             self.out(f"profile: could not start a trace of step {first}: {type(exc).__name__}: "
                      f"{exc}; no more traces in this process")
             return
-        self.tracing = (first, session, time.monotonic(), private)
+        self.tracing = (first, session, time.monotonic(), private, last)
 
     def _stop(self, last: int) -> None:
         import jax
 
-        first, session, began, private = self.tracing
-        self.tracing, self.window = None, None
+        first, session, began, private, _ = self.tracing
+        self.tracing = None
         seconds = time.monotonic() - began
         try:
-            jax.profiler.stop_trace()
+            try:
+                jax.profiler.stop_trace()
+            except Exception:
+                self.broken = True  # the profiler's state is JAX's: another start would fail
+                raise
             written = glob.glob(os.path.join(private, "plugins", "profile", "*", "*.xplane.pb"))
             if not written:
                 raise OSError(f"jax.profiler wrote no .xplane.pb under {private}")

@@ -1,7 +1,7 @@
 """``launch profile RUN_DIR [--steps N]``: a ``jax.profiler`` trace of N steps of every process of a live run.
 
-Writes the request (``launcher.run.profiles.REQUEST_FILE``) into the run directory and
-signals the run's launcher (run.json's ``launcher`` pid, on this machine) with
+Writes the request (a ``launcher.run.profiles.REQUEST_PREFIX`` file of its own) into the run
+directory and signals the run's launcher (run.json's ``launcher`` pid, on this machine) with
 ``launcher.interrupts.PROFILE_REQUEST_SIGNAL``. The launcher picks the first step, a few
 seconds ahead of the furthest process, and hands the window to every process through its
 backend (``launcher.run.profiles``); each traces those steps into the run's
@@ -19,6 +19,7 @@ import os
 import time
 
 from launcher import interrupts
+from launcher.commands import runs
 from launcher.commands.stacks_cmd import answers, live_launcher, print_answer
 from launcher.console.words import plural
 from launcher.errors import LaunchError, Problem, SpecError
@@ -61,9 +62,12 @@ def main(argv: list) -> int:
     args = _parser().parse_args(argv)
     run_dir = args.run_dir
     num_steps = _num_steps(run_dir, args.steps)
+    if not 0 < args.timeout_s < float("inf"):
+        raise SpecError([Problem("--timeout-s", None, "", f"expected a number of seconds > 0, "
+                                 f"got {args.timeout_s:g}")])
     launcher = live_launcher(run_dir, "launch profile")
     asked_at = time.time()
-    request = os.path.join(run_dir, profiles.REQUEST_FILE)
+    request = os.path.join(run_dir, f"{profiles.REQUEST_PREFIX}{time.time_ns()}-{os.getpid()}.json")
     with open(request + ".tmp", "w", encoding="utf-8") as f:
         json.dump({"num_steps": num_steps, "at": asked_at}, f)
     os.replace(request + ".tmp", request)
@@ -77,9 +81,17 @@ def main(argv: list) -> int:
         files = (fresh[0].get("files") or {}) if fresh else {}
         if fresh and all(os.path.exists(path) for path in files.values()):  # copied back too
             print_answer(fresh[0])
+            if fresh[0].get("traced", 0) < fresh[0].get("asked", 0):
+                raise LaunchError(f"{fresh[0]['traced']} of {fresh[0]['asked']} processes traced")
             return 0
+        if not runs.launcher_alive(launcher):
+            if os.path.exists(request):
+                os.remove(request)  # not taken: no later launcher of this run should take it
+            raise LaunchError(f"the run's launcher (pid {launcher['pid']}) ended before every "
+                              "trace came (the run is over)")
         time.sleep(0.1)
     raise LaunchError(f"not every trace came within {args.timeout_s:g} s: the launcher (pid "
-                      f"{launcher['pid']}) asks while its processes run (not while it starts "
-                      "them or waits before a restart), and a process traces once it reaches "
-                      "the first asked step; see the run's console, or raise --timeout-s")
+                      f"{launcher['pid']}) asks once every process has logged a step of its "
+                      "attempt (not while it starts them or waits before a restart), one request "
+                      "at a time, and a process traces once it reaches the first asked step; "
+                      "see the run's console, or raise --timeout-s")

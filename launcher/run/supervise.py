@@ -213,6 +213,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
     for t in tracked:
         t.reader.join(timeout=2.0)
     output.wait(0)
+    answers.finish()  # a profile asked of this attempt: said with the traces that came
     console.end_status()
     return Result(tracked, first_failure, interrupted, clock() - started, stacks=read)
 

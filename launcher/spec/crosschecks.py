@@ -95,7 +95,10 @@ def _check_profile(spec, ctx: schema.Context) -> None:
     total, key = ((spec.program.num_steps, "program.num_steps") if spec.is_program
                   else (spec.train.num_steps, "train.num_steps"))
     last = profile.start_step + profile.num_steps - 1
-    if total is not None and last > total:
+    if spec.is_program and profile.start_step == 1:
+        ctx.error(("profile", "start_step"), "a program's trace starts at one of its "
+                  "worker.program.report calls, so the first step it can trace is 2; set 2 or later")
+    elif total is not None and last > total:
         ctx.error(("profile", "start_step"),
                   f"steps {profile.start_step}-{last} (profile.num_steps {profile.num_steps}) run "
                   f"past the job's last step, {key} {total}; lower profile.start_step or "

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import time
+import types
 
 import pytest
 
@@ -24,9 +25,11 @@ from launcher.console import Console
 from launcher.console.status import summary
 from launcher.errors import SpecError
 from launcher.run import profiles
+from launcher.backends.ssh import workers as ssh_workers
 from launcher.run import supervise as supervision
 from launcher.state import Exited
-from worker import contract, profiling
+from launcher.stats import ProcessStats
+from worker import contract, profiling, sections
 
 
 def progress(step: int, num_steps: int = 1000, steps_per_s: float = 10.0) -> str:
@@ -64,17 +67,23 @@ def test_a_bad_profile_section_is_bad_input_and_starts_nothing(tmp_path, setting
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
-def test_a_program_profile_past_its_steps_is_bad_input(tmp_path):
+@pytest.mark.parametrize("start, message", [
+    ("18", "program.num_steps 20"), ("1", "the first step it can trace is 2")])
+def test_a_program_profile_it_cannot_trace_is_bad_input(tmp_path, start, message):
     spec = program_job(tmp_path, steps=20)
-    result = launch(spec, "--set", "profile.start_step=18", "--run-dir", str(tmp_path / "run"))
-    assert result.returncode == 2 and "program.num_steps 20" in result.stderr, result.stderr
+    result = launch(spec, "--set", f"profile.start_step={start}", "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
 def test_a_live_request_reaches_every_process_ahead_of_the_furthest_and_is_answered(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
-    (tmp_path / profiles.REQUEST_FILE).write_text(json.dumps({"num_steps": 4, "at": 12.5}))
-    clock = FakeClock(interrupts=[2.0], on_interrupt=lambda: os.kill(os.getpid(), signal.SIGUSR1))
+
+    def ask() -> None:  # two launch profile at once: two requests, taken one after the other
+        (tmp_path / f"{profiles.REQUEST_PREFIX}1-1.json").write_text(json.dumps({"num_steps": 4, "at": 12.5}))
+        (tmp_path / f"{profiles.REQUEST_PREFIX}2-1.json").write_text(json.dumps({"num_steps": 3, "at": 13.5}))
+        os.kill(os.getpid(), signal.SIGUSR1)
+    clock = FakeClock(interrupts=[2.0], on_interrupt=ask)
     out = io.StringIO()
     console = Console(out, tty=False, status_every_s=0)
     workers = [FakeWorker(clock, process_plan(i, str(logs)),
@@ -86,22 +95,94 @@ def test_a_live_request_reaches_every_process_ahead_of_the_furthest_and_is_answe
         result = supervision.supervise(workers, 3.0, console, poll_interval_s=0.05, clock=clock,
                                        sleep=clock.sleep)
     assert result.exit_code == 0
-    asked = [json.loads(w.profile_requests[0]) for w in workers]
+    asked = [[json.loads(text) for text in w.profile_requests] for w in workers]
     # the furthest process was at step 11 at 10 steps/s: LEAD_S (3 s) ahead is step 41
-    assert asked[0] == asked[1] == {"session": "steps_41-44", "start_step": 41, "num_steps": 4}
+    assert asked[0] == asked[1] == [{"session": "steps_41-44", "start_step": 41, "num_steps": 4},
+                                    {"session": "steps_41-43", "start_step": 41, "num_steps": 3}]
+    assert not profiles.pending(str(tmp_path))  # both taken
     said = out.getvalue()
-    assert "profile steps_41-44: asked 2 processes to trace 4 steps from step 41" in said
+    assert "profile steps_41-44: asked 2 processes to trace steps 41-44 (launch profile)" in said
     assert "steps 41-44 traced by 2 processes; slowest p1 (50.00 ms per step; fastest p0 20.00)" in said
     where = os.path.join(str(tmp_path), profiling.PLUGIN_DIR, "steps_41-44")
     assert f"2 traces in {where}/ (process_0.xplane.pb, process_1.xplane.pb)" in said
-    answer = json.loads((logs / profiles.ANSWER_FILE).read_text())
-    assert answer["asked_at"] == 12.5 and answer["session"] == "steps_41-44"
-    assert answer["files"] == {str(i): os.path.join(where, f"process_{i}.xplane.pb") for i in range(2)}
+    answer = json.loads((logs / profiles.ANSWER_FILE).read_text())  # the newest: the second's
+    assert answer["asked_at"] == 13.5 and answer["session"] == "steps_41-43"
+    assert (answer["asked"], answer["traced"]) == (2, 2)
+    assert answer["files"] == {str(i): os.path.join(where.replace("41-44", "41-43"),
+                                                    f"process_{i}.xplane.pb") for i in range(2)}
     assert "slowest p1 (50.00 ms per step" in summary(result)
     # a run near its end: the window still fits before the last step
-    tracked = [type("T", (), {"last_step": 990, "stats": type("S", (), {"progress": contract.parse_progress(
-        progress(990))})()})()]
-    assert profiles.Answers.first_step(tracked, 5) == 996
+    stats = ProcessStats()
+    stats.observe(progress(990))
+    assert profiles.Answers.first_step([types.SimpleNamespace(last_step=990, stats=stats)], 5) == 996
+
+
+@pytest.mark.parametrize("text", [
+    '{"session": "evil", "start_step": Infinity, "num_steps": 3}',
+    '{"session": "evil", "start_step": 1e400, "num_steps": 3}',
+    '{"session": "evil", "start_step": true, "num_steps": 3}',
+    '{"session": "evil", "start_step": 5, "num_steps": 0}',
+    '{"session": "%s", "start_step": 5, "num_steps": 3}' % ("x" * 300),
+    '{"session": "../up", "start_step": 5, "num_steps": 3}',
+    "[" * 200000,
+    "not json",
+])
+def test_a_hand_written_request_a_worker_cannot_use_is_said_and_ignored(tmp_path, text):
+    said = []
+    profiler = profiling.Profiler(str(tmp_path), 0, 2, sections.Profile(), out=said.append)
+    (tmp_path / profiling.STEPS_FILE).write_text(text)
+    profiler._poll(5)
+    assert profiler.windows == [] and len(said) == 1 and said[0].startswith("profile: ignored "), said
+
+
+def test_a_live_request_beside_the_specs_window_traces_both_in_step_order(tmp_path):
+    profiler = profiling.Profiler(str(tmp_path), 0, 2, sections.Profile(start_step=2500, num_steps=5))
+    profiling.write_request(str(tmp_path), json.dumps({"session": "steps_263-265", "start_step": 263,
+                                                       "num_steps": 3}))
+    profiler._poll(100)
+    assert profiler.windows == [(263, 265, "steps_263-265"), (2500, 2504, "steps_2500-2504")]
+    profiler._poll(300)  # the same request, read once
+    assert len(profiler.windows) == 2
+    # a request that was there before this process started is an earlier attempt's
+    assert profiling.Profiler(str(tmp_path), 0, 2, sections.Profile()).windows == []
+
+
+def test_a_request_waits_for_every_process_to_report_a_step_and_a_bad_one_is_ignored(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    # left by the attempt before (a restart): taken once this attempt's processes step
+    (tmp_path / f"{profiles.REQUEST_PREFIX}1-1.json").write_text(json.dumps({"num_steps": 2, "at": 1.0}))
+    (tmp_path / f"{profiles.REQUEST_PREFIX}2-1.json").write_text('{"num_steps": 1e400}')
+    clock = FakeClock()
+    out = io.StringIO()
+    workers = [FakeWorker(clock, process_plan(i, str(logs)), lines=[(0.5 + i, progress(5 + i)),
+                                                                     (6.0, "done")],
+                          trace_ms_per_step=10.0) for i in range(2)]
+    for w in workers:
+        w.end = (6.5, Exited(0))
+    result = supervision.supervise(workers, 3.0, Console(out, tty=False, status_every_s=0),
+                                   poll_interval_s=0.05, clock=clock, sleep=clock.sleep)
+    assert result.exit_code == 0
+    # p1's first step came at 1.5 s: nothing was asked before; then from where they stood
+    assert all(w.called("request_profile")[0] >= 1.5 for w in workers)
+    assert json.loads(workers[0].profile_requests[0])["start_step"] == 6 + 30
+    said = out.getvalue()
+    assert re.search(r"profile: the request \S+2-1\.json could not be read \(ValueError: "
+                     r"num_steps inf: expected 1 to 10000\); ignored", said), said
+    assert "Traceback" not in said and not profiles.pending(str(tmp_path))
+
+
+def test_a_host_may_hand_back_only_its_own_process_trace(tmp_path):
+    said = []
+    console = types.SimpleNamespace(say=said.append)
+    fetch = ssh_workers._trace_fetcher(types.SimpleNamespace(name="host-b"), 1, "/remote", str(tmp_path),
+                                       console)
+    line = profiling.LINE_FORMAT.format(first=1, last=2, session="steps_1-2", seconds=0.1,
+                                        ms_per_step=5.0, kept="tensorboard/plugins/profile/"
+                                        "steps_1-2/process_0.xplane.pb")
+    fetch(line)  # process 1's host claims process 0's trace
+    assert said == ["host-b: not copying 'tensorboard/plugins/profile/steps_1-2/process_0.xplane.pb': "
+                    "not p1's trace path"]
 
 
 def test_launch_profile_needs_a_live_run_and_a_step_count_it_can_trace(tmp_path):
@@ -109,6 +190,9 @@ def test_launch_profile_needs_a_live_run_and_a_step_count_it_can_trace(tmp_path)
         profile_cmd.main([str(tmp_path)])
     with pytest.raises(SpecError, match=r"--steps: expected 1 to 10000, got 0"):
         profile_cmd.main([str(tmp_path), "--steps", "0"])
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(SpecError, match=r"--timeout-s: expected a number of seconds > 0"):
+            profile_cmd.main([str(tmp_path), "--timeout-s", bad])
 
 
 def test_launch_tensorboard_links_each_runs_profiles_and_names_the_plugin_to_install(tmp_path):
@@ -145,19 +229,25 @@ def test_a_spec_profile_traces_every_process_and_tensorboard_shows_each(tmp_path
     check_served(run_dir, "steps_20-25", [0, 1], 20)
 
 
+# a live run long enough to be asked: process 0 sleeps 50 ms after each step (the others wait
+# for it in the all-reduce), the same params as jobs/linear.yaml's (reference_params())
+SLOW = ("--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.05",
+        "--set", "task.args.slow_process_id=0", "--set", "checkpoint.local_every_steps=0")
+
+
 @pytest.mark.slow
 def test_launch_profile_on_a_live_run_traces_every_process_and_changes_no_param(tmp_path,
                                                                                 reference_params):
     run_dir = tmp_path / "run"
-    steps = ("--set", "train.num_steps=3000", "--set", "checkpoint.local_every_steps=0")
-    with launched("jobs/linear.yaml", *steps, "--run-dir", str(run_dir)) as out:
-        out.wait_for(r"\[p0\] step 100/3000", 120)
+    with launched("jobs/linear.yaml", *SLOW, "--run-dir", str(run_dir)) as out:
+        out.wait_for(r"\[p0\] step 10/100", 120)
         began = time.monotonic()
         asked = subprocess.run(LAUNCH + ["profile", str(run_dir), "--steps", "5", "--timeout-s", "60"],
                                cwd=REPO, env=env_for_tests(), capture_output=True, text=True, timeout=90)
         took_s = time.monotonic() - began
         assert asked.returncode == 0, asked.stdout + asked.stderr
-        session = re.search(r"profile (steps_(\d+)-(\d+)): steps ", asked.stdout)
+        session = re.search(r"profile (steps_(\d+)-(\d+)): steps \d+-\d+ traced by 2 processes",
+                            asked.stdout)
         assert session and int(session[3]) - int(session[2]) == 4, asked.stdout
         for p in (0, 1):
             path = profiling.trace_path(str(run_dir), session[1], p)
@@ -165,7 +255,7 @@ def test_launch_profile_on_a_live_run_traces_every_process_and_changes_no_param(
         assert took_s < 30, took_s
         code, text = out.finish(300)
     assert code == 0, text[-3000:]
-    assert_same_params(params(run_dir), reference_params(*steps))
+    assert_same_params(params(run_dir), reference_params())
 
 
 @pytest.mark.slow

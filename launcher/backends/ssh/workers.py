@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import re
 import secrets
 import shlex
 import socket
@@ -235,22 +234,22 @@ def _fetcher(host: Host, placement: planning.Placement, run_dir: str, console,
     return fetch
 
 
-def _trace_fetcher(host: Host, remote_run_dir: str, local_run_dir: str,
+def _trace_fetcher(host: Host, process_id: int, remote_run_dir: str, local_run_dir: str,
                    console) -> Callable[[str], None]:
     """A worker's line hook: each trace it says it wrote (``worker.profiling.LINE_FORMAT``) is
     copied from its host into the same place in the local run directory, in the background
-    (its own SFTP channel), so ``launch tensorboard`` shows every process's. A path that is
-    not a trace's (``trace_path``'s form) is refused: the line comes from the host."""
+    (its own SFTP channel), so ``launch tensorboard`` shows every process's. The line comes
+    from the host, so only this process's own trace path (``trace_path``) is copied, once."""
+    copied: set = set()
+
     def on_line(line: str) -> None:
         trace = profiling.parse(line)
-        if trace is None or trace.path is None:
+        if trace is None or trace.path is None or trace.path in copied:
             return
-        expected = os.path.relpath(profiling.trace_path(".", trace.session, 0), ".")
-        if (os.path.normpath(trace.path) != trace.path or os.path.dirname(trace.path) !=
-                os.path.dirname(expected) or not re.fullmatch(r"process_\d+\.xplane\.pb",
-                                                              os.path.basename(trace.path))):
-            console.say(f"{host.name}: not copying {trace.path!r}: not a trace's path")
+        if trace.path != os.path.relpath(profiling.trace_path(".", trace.session, process_id), "."):
+            console.say(f"{host.name}: not copying {trace.path!r}: not p{process_id}'s trace path")
             return
+        copied.add(trace.path)
 
         def get() -> None:
             local = os.path.join(local_run_dir, trace.path)
@@ -308,7 +307,8 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
         token = secrets.token_hex(16)  # the wrapper's control lines carry it; the worker never sees it
         text = connection.shell_script(host.workdir, settings.setup,
                                        {**process.env, wrapper.TOKEN_VAR: token}, argv)
-        on_exit, on_line = None, _trace_fetcher(host, placement.run_dir, plan.run_dir, console)
+        on_exit, on_line = None, _trace_fetcher(host, process.process_id, placement.run_dir,
+                                                plan.run_dir, console)
         if process.process_id == 0:
             mirror = CheckpointMirror(host, plan.run_dir, placement.run_dir,
                                       plan.job.checkpoint.keep, console)
