@@ -71,7 +71,7 @@ def handled(handler: Callable = raise_interrupted) -> Iterator[None]:
 STACKS_REQUEST_SIGNAL = signal.SIGUSR2
 stacks_requested = threading.Event()
 # ``launch profile RUN`` asks with this one, its request in the run directory
-# (launcher.run.profiles); a stray one finds no request and is said and ignored.
+# (launcher.run.profiles); a stray one finds no request and changes nothing.
 PROFILE_REQUEST_SIGNAL = signal.SIGUSR1
 profile_requested = threading.Event()
 

@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 from contextlib import nullcontext
 
@@ -84,6 +85,21 @@ def parse(line: str) -> Trace | None:
 def _whole(value) -> bool:
     """A step number: a JSON integer from 1 to 2**31-1 (not a bool, a float, infinity)."""
     return type(value) is int and 1 <= value <= 2**31 - 1
+
+
+def read_regular(path: str, limit: int = 4096) -> str:
+    """The first ``limit`` bytes of the regular file ``path``, as text.
+
+    Raises:
+      OSError: it is not a regular file (a directory, a FIFO: never waited on), or cannot be read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.read(fd, limit).decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)
 
 
 def _mtime(path: str) -> float | None:
@@ -144,6 +160,7 @@ class Profiler:
         # a request already there was for an earlier attempt (a restart resumes before its steps)
         self.request_mtime: float | None = _mtime(os.path.join(run_dir, STEPS_FILE))
         self.broken = False  # the profiler would not start or stop: said once, no more tried
+        self.first_call = True
 
     # ---- the loop's two calls --------------------------------------------------------
     def before(self, first: int, last: int) -> None:
@@ -155,11 +172,14 @@ class Profiler:
         if now >= self.next_poll:
             self.next_poll = now + POLL_S
             self._poll(first)
-        while self.windows and first > self.windows[0][1]:  # resumed past it
-            self.windows.pop(0)
+        if self.first_call:  # a resumed attempt: the windows it resumed past were traced before
+            self.first_call = False
+            self.windows = [w for w in self.windows if w[1] >= first]
         if self.windows and last >= self.windows[0][0]:
             window_first, window_last, session = self.windows.pop(0)
-            self._start(first, session, window_last)
+            # late for it (another trace was running, or this attempt resumed inside it): its
+            # steps from here, as many as asked
+            self._start(first, session, max(window_last, first + window_last - window_first))
 
     def after(self, last: int, wait) -> None:
         """Called after the device call that ran up to step ``last`` was dispatched; ``wait()``
@@ -200,8 +220,7 @@ class Profiler:
             return
         self.request_mtime = mtime
         try:
-            with open(path, encoding="utf-8") as f:
-                asked = json.loads(f.read(4096))
+            asked = json.loads(read_regular(path))
             start, count, session = asked["start_step"], asked["num_steps"], asked["session"]
             if not (_whole(start) and _whole(count) and count >= 1 and isinstance(session, str)
                     and SESSION_RE.fullmatch(session)):

@@ -76,22 +76,25 @@ def main(argv: list) -> int:
           f"{plural(num_steps, 'step')} of every process; waiting up to {args.timeout_s:g} s",
           flush=True)
     deadline = time.monotonic() + args.timeout_s
-    while time.monotonic() < deadline:
-        fresh = [a for a in answers(run_dir, profiles.ANSWER_FILE) if a.get("asked_at") == asked_at]
-        files = (fresh[0].get("files") or {}) if fresh else {}
-        if fresh and all(os.path.exists(path) for path in files.values()):  # copied back too
-            print_answer(fresh[0])
-            if fresh[0].get("traced", 0) < fresh[0].get("asked", 0):
-                raise LaunchError(f"{fresh[0]['traced']} of {fresh[0]['asked']} processes traced")
-            return 0
-        if not runs.launcher_alive(launcher):
-            if os.path.exists(request):
-                os.remove(request)  # not taken: no later launcher of this run should take it
-            raise LaunchError(f"the run's launcher (pid {launcher['pid']}) ended before every "
-                              "trace came (the run is over)")
-        time.sleep(0.1)
+    try:
+        while time.monotonic() < deadline:
+            fresh = [a for a in answers(run_dir, profiles.ANSWER_FILE) if a.get("asked_at") == asked_at]
+            files = (fresh[0].get("files") or {}) if fresh else {}
+            if fresh and all(os.path.exists(path) for path in files.values()):  # copied back too
+                print_answer(fresh[0])
+                if fresh[0].get("traced", 0) < fresh[0].get("asked", 0):
+                    raise LaunchError(f"{fresh[0]['traced']} of {fresh[0]['asked']} processes traced")
+                return 0
+            if not runs.launcher_alive(launcher):
+                raise LaunchError(f"the run's launcher (pid {launcher['pid']}) ended before every "
+                                  "trace came (the run is over)")
+            time.sleep(0.1)
+    finally:  # not taken yet (the caller gave up, or the run ended): nobody is left to ask for it
+        if os.path.exists(request):
+            os.remove(request)
     raise LaunchError(f"not every trace came within {args.timeout_s:g} s: the launcher (pid "
                       f"{launcher['pid']}) asks once every process has logged a step of its "
-                      "attempt (not while it starts them or waits before a restart), one request "
-                      "at a time, and a process traces once it reaches the first asked step; "
-                      "see the run's console, or raise --timeout-s")
+                      "attempt (a request while they start, or while a restart waits, waits for "
+                      "that), one request at a time, and a process traces once it reaches the "
+                      "first asked step; see the run's console, or raise --timeout-s (this "
+                      "request was withdrawn if it was not taken yet)")

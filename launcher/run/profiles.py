@@ -53,11 +53,15 @@ def session_lines(session: str, traces: dict, labels: dict, run_dir: str) -> lis
     fastest = min(sorted(traces), key=lambda p: traces[p].ms_per_step)
     steps = sorted({(t.first, t.last) for t in traces.values()})
     where = os.path.join(run_dir, profiling.PLUGIN_DIR, session)
-    out = [f"profile {session}: steps {', '.join(f'{a}-{b}' for a, b in steps)} traced by "
-           f"{plural(len(traces), 'process')}; slowest {labels.get(slowest, f'p{slowest}')} "
-           f"({traces[slowest].ms_per_step:.2f} ms per step"
-           + (f"; fastest {labels.get(fastest, f'p{fastest}')} {traces[fastest].ms_per_step:.2f}"
-              if len(traces) > 1 else "") + ")"]
+    said = f"{plural(len(traces), 'process')}; "
+    if len(traces) > 1 and traces[slowest].ms_per_step == traces[fastest].ms_per_step:
+        said += f"all at {traces[slowest].ms_per_step:.2f} ms per step"
+    else:
+        said += (f"slowest {labels.get(slowest, f'p{slowest}')} ({traces[slowest].ms_per_step:.2f} "
+                 "ms per step" + (f"; fastest {labels.get(fastest, f'p{fastest}')} "
+                                  f"{traces[fastest].ms_per_step:.2f}" if len(traces) > 1 else "")
+                 + ")")
+    out = [f"profile {session}: steps {', '.join(f'{a}-{b}' for a, b in steps)} traced by {said}"]
     if kept:
         out.append(f"profile {session}: {plural(len(kept), 'trace')} in {where}/ "
                    f"({', '.join(os.path.basename(t.path) for t in list(kept.values())[:4])}"
@@ -104,6 +108,7 @@ class Answers:
         self.asked: dict = {}  # session -> (when, process_ids asked, its request's "at")
         self.failures: list = []  # what could not be asked, said on the next poll (any thread appends)
         self.requested = bool(pending(self.run_dir))  # one left by the attempt before, say
+        self.ignored: set = set()  # request paths taken or refused (a directory cannot be removed)
 
     def poll(self, wait: Callable[[float], None]) -> None:
         """Answer what was asked since the last poll (``wait``: supervise's output wait)."""
@@ -116,7 +121,7 @@ class Answers:
         in_flight = [s for s in self.asked if s not in self.said]
         if self.requested and not in_flight and any(t.running for t in self.tracked) and all(
                 t.stats.progress is not None for t in self.tracked if t.running):
-            requests = pending(self.run_dir)
+            requests = [r for r in pending(self.run_dir) if r not in self.ignored]
             self.requested = len(requests) > 1
             if requests:
                 self.ask(requests[0])
@@ -131,21 +136,27 @@ class Answers:
     def ask(self, path: str) -> None:
         """Take the request in ``path`` and hand its window to every running process."""
         try:
-            with open(path, encoding="utf-8") as f:
-                request = json.loads(f.read(4096))
+            request = json.loads(profiling.read_regular(path))
             num_steps, asked_at = request["num_steps"], request.get("at")
             if type(num_steps) is not int or not 1 <= num_steps <= 10000:
                 raise ValueError(f"num_steps {num_steps!r:.40}: expected 1 to 10000")
         except Exception as exc:  # noqa: BLE001  a file (written by hand, say) never ends a run
             self.console.say(f"profile: the request {path} could not be read ({type(exc).__name__}: "
                              f"{exc}); ignored"[:500])
+            self.ignored.add(path)  # said once, even where it cannot be removed (a directory)
             _remove(path)
             return
         _remove(path)
+        self.ignored.add(path)
         running = [t for t in self.tracked if t.running]
         start = self.first_step(running, num_steps)
         total = max((t.stats.progress.num_steps for t in running if t.stats.progress), default=None)
         last = start + num_steps - 1 if total is None else min(start + num_steps - 1, total)
+        if last < start:  # every process is at the run's last step
+            text = [f"profile: the run is at its last step ({total}): no step is left to trace"]
+            self.console.say(text[0])
+            self._answer("", {}, text, asked_at, len(running))
+            return
         session = profiling.session_name(start, last)
         if session in self.asked:
             session += f".{len(self.asked)}"

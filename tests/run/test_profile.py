@@ -147,12 +147,44 @@ def test_a_live_request_beside_the_specs_window_traces_both_in_step_order(tmp_pa
     assert profiling.Profiler(str(tmp_path), 0, 2, sections.Profile()).windows == []
 
 
+def test_a_window_the_process_is_late_for_is_traced_from_there_for_as_many_steps(tmp_path):
+    # traced in turn: a spec window begun while a live one was traced, a live one inside the
+    # spec's; each as many steps as asked, from where the process stands (jax stubbed out:
+    # only the order of starts and stops is looked at here)
+    profiler = profiling.Profiler(str(tmp_path), 0, 1, sections.Profile(start_step=1502, num_steps=5))
+    traced = []
+    profiler._start = lambda first, session, last: setattr(profiler, "tracing", (first, session, 0, "", last))
+    profiler._stop = lambda last: (traced.append((profiler.tracing[0], last, profiler.tracing[1])),
+                                   setattr(profiler, "tracing", None))
+    profiler.windows.insert(0, (1500, 1504, "steps_1500-1504"))  # as _poll puts a request
+    profiler.windows.append((1503, 1503, "steps_1503-1503"))
+    for step in range(1490, 1530):
+        profiler.before(step, step)
+        profiler.after(step, lambda: None)
+    assert traced == [(1500, 1504, "steps_1500-1504"), (1505, 1509, "steps_1502-1506"),
+                      (1510, 1510, "steps_1503-1503")]
+    # a resumed attempt does not trace again what it resumed past
+    resumed = profiling.Profiler(str(tmp_path), 0, 1, sections.Profile(start_step=20, num_steps=5))
+    resumed._start = lambda *a: pytest.fail("traced a window it resumed past")
+    resumed.before(31, 31)
+
+
+def test_a_request_that_is_not_a_regular_file_is_never_waited_on(tmp_path):
+    said = []
+    profiler = profiling.Profiler(str(tmp_path), 0, 2, sections.Profile(), out=said.append)
+    os.mkfifo(tmp_path / profiling.STEPS_FILE)  # opened as it is, the read would wait forever
+    profiler._poll(5)
+    assert profiler.windows == [] and "is not a regular file" in said[0], said
+
+
 def test_a_request_waits_for_every_process_to_report_a_step_and_a_bad_one_is_ignored(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     # left by the attempt before (a restart): taken once this attempt's processes step
     (tmp_path / f"{profiles.REQUEST_PREFIX}1-1.json").write_text(json.dumps({"num_steps": 2, "at": 1.0}))
     (tmp_path / f"{profiles.REQUEST_PREFIX}2-1.json").write_text('{"num_steps": 1e400}')
+    (tmp_path / f"{profiles.REQUEST_PREFIX}0-0.json").mkdir()  # cannot be read or removed
+    os.mkfifo(tmp_path / f"{profiles.REQUEST_PREFIX}0-1.json")  # must not be waited on
     clock = FakeClock()
     out = io.StringIO()
     workers = [FakeWorker(clock, process_plan(i, str(logs)), lines=[(0.5 + i, progress(5 + i)),
@@ -169,7 +201,10 @@ def test_a_request_waits_for_every_process_to_report_a_step_and_a_bad_one_is_ign
     said = out.getvalue()
     assert re.search(r"profile: the request \S+2-1\.json could not be read \(ValueError: "
                      r"num_steps inf: expected 1 to 10000\); ignored", said), said
-    assert "Traceback" not in said and not profiles.pending(str(tmp_path))
+    assert said.count("0-0.json could not be read") == 1 and said.count("0-1.json could not be read") == 1
+    assert "Traceback" not in said
+    assert [os.path.basename(p) for p in profiles.pending(str(tmp_path))] == [
+        f"{profiles.REQUEST_PREFIX}0-0.json"]  # the directory alone is left
 
 
 def test_a_host_may_hand_back_only_its_own_process_trace(tmp_path):
@@ -183,6 +218,27 @@ def test_a_host_may_hand_back_only_its_own_process_trace(tmp_path):
     fetch(line)  # process 1's host claims process 0's trace
     assert said == ["host-b: not copying 'tensorboard/plugins/profile/steps_1-2/process_0.xplane.pb': "
                     "not p1's trace path"]
+
+
+def test_a_request_at_the_runs_last_step_says_nothing_is_left_and_ties_are_named_as_such(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    clock = FakeClock()
+    out = io.StringIO()
+    workers = [FakeWorker(clock, process_plan(i, str(logs)),
+                          lines=[(0.5, progress(1000, 1000)), (3.0, "done")]) for i in range(2)]
+    for w in workers:
+        w.end = (3.5, Exited(0))
+    (tmp_path / f"{profiles.REQUEST_PREFIX}1-1.json").write_text(json.dumps({"num_steps": 5, "at": 7.0}))
+    supervision.supervise(workers, 3.0, Console(out, tty=False, status_every_s=0),
+                          poll_interval_s=0.05, clock=clock, sleep=clock.sleep)
+    assert "profile: the run is at its last step (1000): no step is left to trace" in out.getvalue()
+    assert all(w.profile_requests == [] for w in workers)  # no empty window sent
+    answer = json.loads((logs / profiles.ANSWER_FILE).read_text())
+    assert (answer["asked_at"], answer["asked"], answer["traced"]) == (7.0, 2, 0)
+    tie = {p: profiling.Trace(5, 9, "steps_5-9", 0.04, 7.81, None) for p in (0, 1)}
+    assert "traced by 2 processes; all at 7.81 ms per step" in profiles.session_lines(
+        "steps_5-9", tie, {0: "p0", 1: "p1"}, "/r")[0]
 
 
 def test_launch_profile_needs_a_live_run_and_a_step_count_it_can_trace(tmp_path):
