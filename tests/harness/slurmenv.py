@@ -105,7 +105,10 @@ class SlurmTestEnv:
         return env
 
     def _write_conf(self) -> None:
-        ctld_port, = _free_ports(1, 16817)
+        # each pytest-xdist worker its own range (as sshenv's), so two clusters starting at
+        # once never pick the same free port
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+        ctld_port, = _free_ports(1, 16817 + 400 * (int(worker) if worker.isdigit() else 0))
         node_ports = _free_ports(self.num_nodes, ctld_port + 100)
         b = self.base
         lines = [
