@@ -329,9 +329,11 @@ def test_a_crash_resumes_from_the_local_tier_not_the_last_persistent_checkpoint(
                     "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr
-    # step 15's copy, or 10's when every copy of 15 was still being written (the survivor is
-    # ended by JAX's coordination agent once process 0, which runs the service, is gone)
-    found = re.search(r"^\[p0\] resumed from the checkpoint of step (1[05]) \(attempt 1\) in [0-9.]+ "
+    # step 15's copy, or an earlier one when the copies after it were still being written
+    # (the survivor is ended by JAX's coordination agent once process 0, which runs the
+    # service, is gone; on a loaded machine the writer thread lags a copy or two): never
+    # step 0, never a persistent checkpoint
+    found = re.search(r"^\[p0\] resumed from the checkpoint of step (1[05]|5) \(attempt 1\) in [0-9.]+ "
                       r"s: process [01]'s local copy$", out, re.M)
     assert found, out[-4000:]
     assert not (run_dir / "checkpoints" / "step-0000015").exists()  # not process 0's persistent one
@@ -425,7 +427,7 @@ def test_host_0_back_empty_resumes_from_another_hosts_local_copy(tmp_path, two_s
     """Issue 27 over two real sshd hosts: process 0 removes its whole run directory on host 0
     (checkpoints and local copies) and is SIGKILLed after step 17; with no persistent
     checkpoint before step 40, the restart restores every process from process 1's local
-    copy on host 1 (step 15, or 10 when 15's was unfinished), checked by its sha256, and ends
+    copy on host 1 (step 15, or an earlier one when 15's was unfinished), checked by its sha256, and ends
     at the uninterrupted params."""
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, two_ssh_hosts), *COMMON,
@@ -433,8 +435,9 @@ def test_host_0_back_empty_resumes_from_another_hosts_local_copy(tmp_path, two_s
                     "--set", "checkpoint.local_every_steps=5", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr
-    assert re.search(r"^\[p0 127\.0\.0\.2\] resumed from the checkpoint of step 1[05] \(attempt 1\) "
-                     r"in [0-9.]+ s: process 1's local copy$", out, re.M), out[-4000:]  # 10: 15's unfinished
+    # 10 or 5: the copies after it unfinished (a loaded machine's writer thread lags)
+    assert re.search(r"^\[p0 127\.0\.0\.2\] resumed from the checkpoint of step (?:1[05]|5) \(attempt 1\) "
+                     r"in [0-9.]+ s: process 1's local copy$", out, re.M), out[-4000:]
     assert_same_params(params(run_dir), uninterrupted)
     for i in range(2):
         remote = tmp_path / f"host{i}" / "runs" / "linear" / "run"
