@@ -72,11 +72,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, mark))
         if marks:
             item.add_marker(pytest.mark.slow)
-    # The Slurm tests first (the rest in file order): they mostly wait on slurmctld (its
-    # time limit and grace checks come every 30 s), so under pytest-xdist they start with
-    # the run, on one worker's cluster, and their waits overlap the other workers' work
-    # instead of ending the run last.
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
 
 
 # ---- shared, session-scoped ---------------------------------------------------------
