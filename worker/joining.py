@@ -102,6 +102,17 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
     return jax
 
 
+def client_of(identity: contract.Identity):
+    """The coordination service's client (``worker.gather.coordination_client``: the one
+    ``multihost_utils`` and orbax use), or None for a process that joined no service
+    (``single_process``)."""
+    if single_process(identity):
+        return None
+    from worker.gather import coordination_client
+
+    return coordination_client()
+
+
 def single_process(identity: contract.Identity) -> bool:
     """Whether this worker runs without ``jax.distributed.initialize``: a job of one process.
 

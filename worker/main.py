@@ -19,7 +19,7 @@ from typing import Callable
 from worker import contract, interrupts
 from worker import job as jobs
 from worker.compilecache import CompilationCache
-from worker.joining import join, rendezvous, single_process
+from worker.joining import client_of, join, rendezvous, single_process
 from worker.profiling import Profiler
 from worker.sources import DataError
 
@@ -94,7 +94,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
     step, logger, notice, local = 0, None, None, None
-    profiler = Profiler(run_dir, process_id, identity.num_processes, job.profile, _client(identity),
+    profiler = Profiler(run_dir, process_id, identity.num_processes, job.profile, client_of(identity),
                         out, num_steps)
     try:
         in_flight = InFlight()
@@ -127,7 +127,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                 inputs = batches.get(step - k)  # the call's batches, from its first step (0-based)
                 with profiler.annotate(step):
                     params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
-                profiler.after(step, lambda: logger.wait(loss))
+                profiler.after(step, logger.wait, loss)
                 if cache is not None:  # after the first call: everything this loop compiles
                     out(cache.line(logger.compile_time_s))
                     cache = None
@@ -233,18 +233,9 @@ def _notice(identity: contract.Identity, job: jobs.WorkerJob, out):
     from worker.notice import Notice
 
     notice = Notice(identity.process_id, identity.num_processes, job.checkpoint.notice_grace_s,
-                    _client(identity))
+                    client_of(identity))
     notice.start()
     return notice
-
-
-def _client(identity: contract.Identity):
-    """The coordination service's client (``multihost_utils``'), or None in one process."""
-    if single_process(identity):
-        return None
-    from jax._src import distributed
-
-    return distributed.global_state.client
 
 
 class _Recovery:

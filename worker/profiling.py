@@ -47,7 +47,7 @@ KEY_PREFIX = "podlaunch/profile/"
 LINE_FORMAT = ("profile of steps {first}-{last} ({session}): {seconds:.3f} s traced, "
                "{ms_per_step:.2f} ms per step: {kept}")
 SESSION_RE = re.compile(r"\w[\w.-]{0,79}")  # a session's name: a directory's, short
-LINE_RE = re.compile(r"^profile of steps (?P<first>\d+)-(?P<last>\d+) \((?P<session>\w[\w.-]{0,79})\): "
+LINE_RE = re.compile(rf"^profile of steps (?P<first>\d+)-(?P<last>\d+) \((?P<session>{SESSION_RE.pattern})\): "
                      r"(?P<seconds>[0-9.]+) s traced, (?P<ms>[0-9.]+) ms per step: (?P<kept>.*)$")
 NOT_KEPT = "not kept"  # how a ``slowest`` process that was not the slowest ends its line
 _NOTHING = nullcontext()
@@ -155,6 +155,9 @@ class Profiler:
         if spec.start_step is not None:
             last = spec.start_step + spec.num_steps - 1
             self.windows.append((spec.start_step, last, session_name(spec.start_step, last)))
+        # every session taken: the launcher writes a request once per process, so processes
+        # that share a run directory (one host's, a shared workdir) may read one twice
+        self.sessions = {session for _, _, session in self.windows}
         self.tracing: tuple | None = None  # (first step traced, session, began, private dir, last)
         self.next_poll = time.monotonic() + POLL_S
         # a request already there was for an earlier attempt (a restart resumes before its steps)
@@ -181,11 +184,12 @@ class Profiler:
             # steps from here, as many as asked
             self._start(first, session, max(window_last, first + window_last - window_first))
 
-    def after(self, last: int, wait) -> None:
-        """Called after the device call that ran up to step ``last`` was dispatched; ``wait()``
-        blocks until its work is done. Ends the trace at the window's last step."""
+    def after(self, last: int, wait, *args) -> None:
+        """Called after the device call that ran up to step ``last`` was dispatched;
+        ``wait(*args)`` blocks until its work is done (no closure made per step). Ends the
+        trace at the window's last step."""
         if self.tracing is not None and (last >= self.tracing[4] or last == self.num_steps):
-            wait()
+            wait(*args)
             self._stop(last)
 
     def annotate(self, step: int):
@@ -229,6 +233,9 @@ class Profiler:
         except Exception as exc:  # noqa: BLE001  a request never ends a run (a file written by hand)
             self.out(f"profile: ignored an unreadable request {path}: {type(exc).__name__}: {exc}"[:500])
             return
+        if session in self.sessions:
+            return
+        self.sessions.add(session)
         start = max(start, step)  # already past it: the next steps, as many
         self.windows = sorted(self.windows + [(start, start + count - 1, session)])
 

@@ -208,7 +208,7 @@ class _Reporter:
     def report(self, step: int, scalars: dict) -> None:
         self.in_flight.add(list(scalars.values()))  # waits for step - 2's (JAX arrays)
         # a trace ends after its last step's scalars are ready, and starts before the next step
-        self.profiler.after(step, lambda: _ready(scalars))
+        self.profiler.after(step, _ready, scalars)
         self.profiler.before(step + 1, step + 1)
         now = time.perf_counter()
         self.last_step = step
@@ -247,14 +247,10 @@ def _profiler(me: contract.Identity, job: jobs.ProgramJob, num_steps: int):
     """The program's ``worker.profiling.Profiler``: the spec's ``profile`` and ``launch profile``'s
     requests, traced from one ``report`` to another (the first traced step is the second
     reported one at the earliest: a trace starts at a report)."""
+    from worker.joining import client_of
     from worker.profiling import Profiler
 
-    client = None
-    if me.num_processes > 1:
-        from jax._src import distributed  # the coordination service's client (multihost_utils')
-
-        client = distributed.global_state.client
-    return Profiler(me.run_dir, me.process_id, me.num_processes, job.profile, client,
+    return Profiler(me.run_dir, me.process_id, me.num_processes, job.profile, client_of(me),
                     lambda text: print(text, flush=True), num_steps)
 
 
@@ -334,12 +330,11 @@ def stop_after(step: int) -> bool:
 
 
 def _start_notice(me: contract.Identity):
-    from jax._src import distributed  # the coordination service's client (multihost_utils')
-
+    from worker.joining import client_of
     from worker.notice import Notice
 
     notice = Notice(me.process_id, me.num_processes, _job().checkpoint.notice_grace_s,
-                    distributed.global_state.client, lead=1)
+                    client_of(me), lead=1)
     notice.start()
     _state["notices"] = interrupts.notices(notice.signalled)
     _state["notices"].__enter__()  # for the rest of the program: see stop_after

@@ -20,6 +20,7 @@ from launcher import interrupts
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import stacks
+from worker import profiling
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,10 +35,9 @@ def answers(run_dir: str, name: str) -> list:
     """Every answer file ``name`` under the run's logs, newest answer first."""
     found = []
     for path in glob.glob(os.path.join(run_dir, "logs", "**", name), recursive=True):
-        try:
-            with open(path, encoding="utf-8") as f:
-                found.append(json.load(f))
-        except (OSError, ValueError):
+        try:  # a regular file only: a FIFO in its place must not hold the command
+            found.append(json.loads(profiling.read_regular(path, 1 << 24)))
+        except (OSError, ValueError, RecursionError):
             continue
     return sorted((a for a in found if isinstance(a, dict) and isinstance(a.get("at"), (int, float))),
                   key=lambda a: a["at"], reverse=True)

@@ -70,17 +70,22 @@ def session_lines(session: str, traces: dict, labels: dict, run_dir: str) -> lis
     return out
 
 
-def summary_lines(processes: list) -> list:
-    """The summary's lines for every session this attempt's processes traced."""
-    if not processes:
-        return []
+def by_session(processes: list) -> dict:
+    """{session: {process_id: Trace}} of the traces the processes' lines said."""
     sessions: dict = {}
     for t in processes:
         for trace in t.stats.profiles:
             sessions.setdefault(trace.session, {})[t.plan.process_id] = trace
+    return sessions
+
+
+def summary_lines(processes: list) -> list:
+    """The summary's lines for every session this attempt's processes traced."""
+    if not processes:
+        return []
     labels = {t.plan.process_id: t.plan.label for t in processes}
     run_dir = run_dir_of(processes[0].plan.log_path)
-    return [line for session, traces in sessions.items()
+    return [line for session, traces in by_session(processes).items()
             for line in session_lines(session, traces, labels, run_dir)]
 
 
@@ -92,8 +97,8 @@ class Answers:
     profile``) are taken one at a time, oldest first, once every running process has logged
     a step of this attempt (so the first step is chosen from where they stand, a resumed
     attempt's included, at the rate they step, and each has its profiler looking for
-    requests), and the next only after the previous session was said. A request left when the attempt ends waits for the
-    next attempt.
+    requests), and the next only after the previous session was said. A request left when
+    the attempt ends waits for the next attempt.
 
     Args:
       tracked: the attempt's ``state.Tracked``, in process_id order.
@@ -188,10 +193,10 @@ class Answers:
         return start if total is None else max(furthest + 1, min(start, total - num_steps + 1))
 
     def _say_complete(self, ending: bool = False) -> None:
+        if all(s in self.said for s in self.asked) and not any(t.stats.profiles for t in self.tracked):
+            return  # nothing asked or traced yet: the common case, at every poll
         sessions: dict = {session: {} for session in self.asked}
-        for t in self.tracked:
-            for trace in t.stats.profiles:
-                sessions.setdefault(trace.session, {})[t.plan.process_id] = trace
+        sessions.update(by_session(self.tracked))
         ids = {t.plan.process_id: t for t in self.tracked}
         for session, traces in sessions.items():
             if session in self.said:

@@ -20,6 +20,12 @@ def fault(mode: str, step: int, process_id: int = 1) -> tuple:
             "--set", f"task.args.mode={mode}")
 
 
+# A run a test can ask things of while it goes: process 0 sleeps 50 ms after each step (the
+# others wait for it in the all-reduce), with jobs/linear.yaml's params (faulty_task's math)
+SLOW_PROCESS_0 = ("--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.05",
+                  "--set", "task.args.slow_process_id=0")
+
+
 def params(run_dir) -> dict:
     """A run's final params (``params.npz``): name -> array."""
     with np.load(os.path.join(run_dir, "params.npz")) as f:

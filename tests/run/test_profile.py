@@ -18,7 +18,7 @@ import pytest
 from harness.fakes import FakeClock, FakeWorker, process_plan
 from harness.served import check_served
 from harness.helpers import LAUNCH, REPO, env_for_tests, launch, launched, program_job
-from harness.runs import assert_same_params, params
+from harness.runs import SLOW_PROCESS_0, assert_same_params, params
 from launcher import interrupts as launcher_interrupts
 from launcher.commands import profile_cmd, tensorboard_cmd
 from launcher.console import Console
@@ -143,6 +143,9 @@ def test_a_live_request_beside_the_specs_window_traces_both_in_step_order(tmp_pa
     assert profiler.windows == [(263, 265, "steps_263-265"), (2500, 2504, "steps_2500-2504")]
     profiler._poll(300)  # the same request, read once
     assert len(profiler.windows) == 2
+    os.utime(tmp_path / profiling.STEPS_FILE, ns=(1, 1))  # written again for the next process
+    profiler._poll(300)  # of this host: the same session, not a second window
+    assert len(profiler.windows) == 2
     # a request that was there before this process started is an earlier attempt's
     assert profiling.Profiler(str(tmp_path), 0, 2, sections.Profile()).windows == []
 
@@ -241,6 +244,15 @@ def test_a_request_at_the_runs_last_step_says_nothing_is_left_and_ties_are_named
         "steps_5-9", tie, {0: "p0", 1: "p1"}, "/r")[0]
 
 
+def test_an_answer_that_is_not_a_regular_file_is_skipped_not_waited_on(tmp_path):
+    from launcher.commands import stacks_cmd
+
+    (tmp_path / "logs" / "attempt-1").mkdir(parents=True)
+    os.mkfifo(tmp_path / "logs" / profiles.ANSWER_FILE)
+    (tmp_path / "logs" / "attempt-1" / profiles.ANSWER_FILE).write_text(json.dumps({"at": 5.0}))
+    assert stacks_cmd.answers(str(tmp_path), profiles.ANSWER_FILE) == [{"at": 5.0}]
+
+
 def test_launch_profile_needs_a_live_run_and_a_step_count_it_can_trace(tmp_path):
     with pytest.raises(SpecError, match="holds no run.json"):
         profile_cmd.main([str(tmp_path)])
@@ -285,10 +297,7 @@ def test_a_spec_profile_traces_every_process_and_tensorboard_shows_each(tmp_path
     check_served(run_dir, "steps_20-25", [0, 1], 20)
 
 
-# a live run long enough to be asked: process 0 sleeps 50 ms after each step (the others wait
-# for it in the all-reduce), the same params as jobs/linear.yaml's (reference_params())
-SLOW = ("--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.05",
-        "--set", "task.args.slow_process_id=0", "--set", "checkpoint.local_every_steps=0")
+SLOW = (*SLOW_PROCESS_0, "--set", "checkpoint.local_every_steps=0")  # reference_params()'s params
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ import pytest
 from harness import sshenv
 from harness.helpers import (LAUNCH, NO_RESTARTS, REPO, Output, checked_ledger, env_for_tests, launch, pids_with_env, program_job, run_pids,
                      sighup_default, wait_gone)
-from harness.runs import agreed_step, assert_one_agreed_stop
+from harness.runs import SLOW_PROCESS_0, agreed_step, assert_one_agreed_stop
 from harness.slurmenv import SlurmTestEnv
 
 pytestmark = pytest.mark.slow
@@ -536,9 +536,6 @@ def test_the_batch_script_ends_the_job_itself_when_its_launcher_is_gone(slurm, c
 # ---- profiles ------------------------------------------------------------------------
 PROFILED = ("--set", "train.num_steps=100", "--set", "train.global_batch_size=255",
             "--set", "logging.tensorboard=false")
-# long enough to be asked: process 0 sleeps 50 ms after each step (the params are linear's)
-SLOW_P0 = ("--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.05",
-           "--set", "task.args.slow_process_id=0")
 
 
 def test_launch_profile_reaches_every_task_through_the_shared_run_directory(slurm, cluster_file,
@@ -546,7 +543,7 @@ def test_launch_profile_reaches_every_task_through_the_shared_run_directory(slur
     # the request is a file in the run directory the nodes share (SlurmWorker.request_profile)
     run_dir = tmp_path / "run"
     proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),
-                 *PROFILED, *SLOW_P0)
+                 *PROFILED, *SLOW_PROCESS_0)
     lines: list = []
     read_until(proc, r"\[p0 n1\] step 10/100", lines, timeout_s=120)
     asked = subprocess.run(LAUNCH + ["profile", str(run_dir), "--steps", "4"], cwd=REPO,

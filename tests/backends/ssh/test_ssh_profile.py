@@ -12,13 +12,11 @@ import subprocess
 import pytest
 
 from harness.helpers import LAUNCH, REPO, env_for_tests, launched
-from harness.runs import assert_same_params, params, ssh_cluster
+from harness.runs import SLOW_PROCESS_0, assert_same_params, params, ssh_cluster
 from harness.served import check_served
 from worker import profiling
 
-# long enough to be asked: process 0 sleeps 50 ms after each step, the params jobs/linear.yaml's
-SLOW = ("--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.05",
-        "--set", "task.args.slow_process_id=0", "--set", "checkpoint.local_every_steps=0")
+SLOW = (*SLOW_PROCESS_0, "--set", "checkpoint.local_every_steps=0")  # reference_params()'s params
 
 
 @pytest.mark.slow
