@@ -7,8 +7,9 @@ package the tests share (sshd hosts, a Slurm cluster, network namespaces, the fa
 the ``launch`` helpers) and ``programs/`` the user tasks and programs the tests run (on the
 workers' PYTHONPATH).
 
-Shared session-scoped fixtures, one per pytest-xdist worker: ``sshd_hosts`` (four sshd
-hosts, restored after each test that takes ``ssh_hosts`` or ``two_ssh_hosts``), ``slurm``
+Shared session-scoped fixtures, one per pytest-xdist worker: ``sshd_hosts`` (five sshd
+hosts, restored after each test that takes ``ssh_hosts``, ``two_ssh_hosts`` or
+``five_ssh_hosts``), ``slurm``
 (a Slurm cluster), ``reference_params`` (uninterrupted runs, each set of arguments run once).
 
 Markers by what a test starts, set from its fixtures (so no test can forget its marker):
@@ -77,14 +78,22 @@ def pytest_collection_modifyitems(config, items):
 # ---- shared, session-scoped ---------------------------------------------------------
 @pytest.fixture(scope="session")
 def sshd_hosts(tmp_path_factory):
-    """Four real sshd hosts on 127.0.0.2-5 for the session (this xdist worker's ports)."""
-    with sshenv.hosts_or_skip(tmp_path_factory.mktemp("sshd"), 4) as env:
+    """Five real sshd hosts on 127.0.0.2-6 for the session (this xdist worker's ports)."""
+    with sshenv.hosts_or_skip(tmp_path_factory.mktemp("sshd"), 5) as env:
         yield env
 
 
 @pytest.fixture
 def ssh_hosts(sshd_hosts):
-    """The session's four sshd hosts, restored after the test (``SshTestEnv.restore``)."""
+    """The first four of the session's sshd hosts (127.0.0.2-5), restored after the test
+    (``SshTestEnv.restore``)."""
+    yield sshenv.Subset(sshd_hosts, 4)
+    sshd_hosts.restore()
+
+
+@pytest.fixture
+def five_ssh_hosts(sshd_hosts):
+    """All five of the session's sshd hosts (four and a spare), restored after the test."""
     yield sshd_hosts
     sshd_hosts.restore()
 

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from worker import job as jobs
-from worker.order import Order, num_batches  # noqa: F401  (num_batches: re-exported)
+from worker.order import WEIGHT, Order, num_batches, per_device_rows  # noqa: F401  (re-exported)
 from worker.sources import (DataError, aligned_empty, open_source,  # noqa: F401
                             synthetic_rows, synthetic_truth)
 
@@ -52,9 +52,11 @@ class Batches:
       first_step, num_steps: 0-based first step, and the last step (exclusive).
       resident: keep every batch on the devices once placed (unshuffled orders only).
 
+    When the job's devices do not divide the global batch, each device's rows are padded
+    to the same count and every batch carries ``WEIGHT`` (1 a row, 0 padding).
+
     Raises (from ``get``):
       DataError: a bad value or a short file in the rows read, naming file, row, column.
-      ValueError: the batch does not divide over processes or devices.
     """
 
     def __init__(self, source, order: Order, process_id: int, num_processes: int,
@@ -64,11 +66,11 @@ class Batches:
         self.source, self.order, self.place = source, order, place
         self.process_id, self.num_processes = process_id, num_processes
         self.local_device_count, self.k = local_device_count, steps_per_call
-        share = order.global_batch_size // num_processes
-        if order.global_batch_size % num_processes or share % local_device_count:
-            raise ValueError(f"global_batch_size {order.global_batch_size} does not divide over "
-                             f"{num_processes} processes x {local_device_count} devices")
-        self.per_device_batch_size = share // local_device_count
+        # devices that do not divide the batch (a run shrunk onto fewer hosts): padded rows
+        # of weight 0 under WEIGHT, and worker.train's weighted mean (worker.order)
+        devices = num_processes * local_device_count
+        self.weighted = order.global_batch_size % devices != 0
+        self.per_device_batch_size = per_device_rows(order.global_batch_size, devices)
         # Unshuffled batches that all fit in the prefetch window are read and placed once
         # and reused every epoch: on-device as before, and still only a few batches. With
         # ``resident`` (data.resident) every batch is kept, whatever their number.
@@ -84,7 +86,7 @@ class Batches:
             # loading did before streaming: making it is not reading, and would otherwise be
             # timed as the first steps' own time
             for step in range(first_step, min(num_steps, first_step + order.num_batches)):
-                generate(order.process_rows(step, process_id, num_processes))
+                generate(self._rows(step)[0])
         if self.resident and num_steps > first_step:
             # placed before the first step, as all-in-memory loading did: reading them
             # later would be timed as the first steps' own time
@@ -98,11 +100,20 @@ class Batches:
 
     def _host_batch(self, step: int) -> dict:
         """This process's rows of 0-based ``step``: ``{name: [local_device_count, per_device, ...]}``."""
-        rows = self.order.process_rows(step, self.process_id, self.num_processes)
+        rows, weight = self._rows(step)
         batch = self.source.read(rows)
+        if weight is not None:
+            batch = {**batch, WEIGHT: weight}
         return {name: np.ascontiguousarray(a).reshape(
                     (self.local_device_count, self.per_device_batch_size) + a.shape[1:])
                 for name, a in batch.items()}
+
+    def _rows(self, step: int) -> tuple:
+        """(rows, weight or None) of 0-based ``step`` for this process (``worker.order``)."""
+        if self.weighted:
+            return self.order.process_rows_weighted(step, self.process_id, self.num_processes,
+                                                    self.local_device_count)
+        return self.order.process_rows(step, self.process_id, self.num_processes), None
 
     def _window(self, steps) -> dict:
         batches = [self._host_batch(s) for s in steps]

@@ -58,6 +58,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                                parallel.placer(k), steps_per_call=k, prefetch=job.data.prefetch)
     sample = batches.host_batch(0)  # shapes and dtypes (and an early check of the first rows)
     batches.close()
+    weights = sample.pop(datasets.WEIGHT, None)  # padded rows: devices that do not divide the batch
     y = sample.get("y")
     out_features = y.shape[-1] if y is not None and y.ndim == 3 else 1
     params = task.init_params(jax.random.PRNGKey(job.train.seed), sample["x"].shape[-1]
@@ -90,7 +91,12 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         f"{devices}" + (f", {k} steps per call" if k > 1 else "")
         + (f", shuffled (seed {order.seed})" if order.shuffle else "")
         + (", resident" if batches.resident else f", prefetch {job.data.prefetch}")
-        + (f", {parallel.description}" if parallel.description else ""))
+        + (f", {parallel.description}" if parallel.description else "")
+        + ("" if weights is None else
+           f"; {global_batch} rows over {jax.device_count()} devices: "
+           f"{batches.per_device_batch_size} per device with "
+           f"{batches.per_device_batch_size * jax.device_count() - global_batch} padding rows of "
+           "weight 0, the step a mean weighted over the global batch"))
 
     tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
     step, logger, notice, local = 0, None, None, None

@@ -12,6 +12,14 @@ evenly over its local devices, so global device ``p*L + d`` sees the same rows
 whatever the split, and the data position (epoch, offset in the order) is
 ``divmod(s * B, num_batches * B)``: the same numbers on every topology.
 
+When the job's ``D`` devices do not divide ``B`` (a run shrunk onto fewer hosts,
+``restarts.min_processes``), global device ``g`` takes positions ``[g*S, (g+1)*S)``
+with ``S = ceil(B / D)``; positions past ``B`` are padding, a copy of the batch's
+first row with weight 0 (``process_rows_weighted``), and the step takes a mean
+weighted by those weights over the whole global batch (``worker.train``), so it
+computes the same mean as the uninterrupted run's step. With ``D`` dividing ``B``
+this is the split above, unweighted.
+
 The permutation is a balanced Feistel network on the smallest power-of-4 domain
 holding ``num_examples``, restricted to ``[0, num_examples)`` by cycle walking
 (M. Luby, C. Rackoff, "How to construct pseudorandom permutations from
@@ -27,6 +35,11 @@ from __future__ import annotations
 import numpy as np
 
 FEISTEL_ROUNDS = 6
+# The batch key of each row's weight (float32 ``[local_device_count, per_device_batch_size]``
+# in ``worker.data``'s layout), present only when the devices do not divide the global
+# batch; the step takes it out before the task's loss sees the batch
+# (``worker.train.step_function``).
+WEIGHT = "podlaunch_weight"
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -132,3 +145,26 @@ class Order:
                              f"{num_processes} processes")
         share = self.global_batch_size // num_processes
         return self.global_rows(step)[process_id * share:(process_id + 1) * share]
+
+    def process_rows_weighted(self, step: int, process_id: int, num_processes: int,
+                              local_device_count: int) -> tuple:
+        """This process's rows of ``step``'s batch when its devices do not divide it.
+
+        Returns:
+          ``(rows, weight)``: rows int64 ``[local_device_count * S]`` and weight float32
+          of the same shape, 1 for a row of the batch and 0 for padding (a copy of the
+          batch's first row), ``S = per_device_rows(...)``; global device ``g`` holds
+          positions ``[g*S, (g+1)*S)`` of the batch (see the module's docstring).
+        """
+        per_device = per_device_rows(self.global_batch_size, num_processes * local_device_count)
+        first = process_id * local_device_count * per_device
+        positions = np.arange(first, first + local_device_count * per_device, dtype=np.int64)
+        real = positions < self.global_batch_size
+        rows = self.global_rows(step)
+        return (np.where(real, rows[np.minimum(positions, self.global_batch_size - 1)], rows[0]),
+                real.astype(np.float32))
+
+
+def per_device_rows(global_batch_size: int, device_count: int) -> int:
+    """Rows each device holds: ``global_batch_size / device_count``, rounded up (padding)."""
+    return -(-global_batch_size // device_count)

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from worker import job as jobs
 from worker.metrics import STEP_METRICS
+from worker.order import WEIGHT
 from worker.sources import aligned
 
 AXIS = "batch"  # the seed's axis name
@@ -155,9 +156,13 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
       are one device's.
     """
     def train_step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        extra = metrics_fn(params, batch) if (with_metrics and metrics_fn) else {}
-        grads, loss, extra = average((grads, loss, extra))
+        if WEIGHT in batch:
+            grads, loss, extra = weighted_means(loss_fn, metrics_fn if with_metrics else None,
+                                                average, params, batch)
+        else:
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+            extra = metrics_fn(params, batch) if (with_metrics and metrics_fn) else {}
+            grads, loss, extra = average((grads, loss, extra))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         if not with_metrics:
@@ -188,6 +193,47 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
         return (params, opt_state, *per_step)
 
     return fused_steps
+
+
+def weighted_means(loss_fn: Callable, metrics_fn: Callable | None,
+                   average: Callable[[tuple], tuple], params: Any, batch: dict) -> tuple:
+    """The global batch's mean gradient, loss and metrics when the devices hold padded rows.
+
+    A run shrunk onto devices that do not divide ``global_batch_size`` pads each device's
+    rows to the same count, with weight 0 (``worker.order``). Each row's loss is the task's
+    loss of a batch of that row alone (the task's loss is a mean over rows, so this is its
+    per-example term), and the gradient is that of ``sum(weight * loss)``. The sums and the
+    weights' count are averaged over every device with ``average`` (``pmean``: a sum over
+    devices divided by their number, the same for the sums and the count), and the mean is
+    their ratio: ``sum over the global batch / global_batch_size``, the uninterrupted run's
+    mean up to float rounding.
+
+    Args:
+      loss_fn, metrics_fn: the task's, over a dict batch of rows (metrics_fn may be None).
+      average: ``averaging(...)``'s function.
+      params: one device's params.
+      batch: one device's dict of ``[per_device_batch_size, ...]`` arrays with ``WEIGHT``.
+
+    Returns:
+      ``(grads, loss, extra)``: the weighted means, as ``average`` returns them unweighted.
+    """
+    rows = {name: a for name, a in batch.items() if name != WEIGHT}
+    weight = batch[WEIGHT]
+
+    def per_row(fn, params):
+        return jax.vmap(lambda row: fn(params, jax.tree.map(lambda a: a[None], row)))(rows)
+
+    def weighted_sum(params):
+        return jnp.sum(weight * per_row(loss_fn, params))
+
+    total, grads = jax.value_and_grad(weighted_sum)(params)
+    extra = {}
+    if metrics_fn is not None:
+        extra = {name: jnp.sum(weight * values)
+                 for name, values in per_row(metrics_fn, params).items()}
+    grads, total, extra, count = average((grads, total, extra, jnp.sum(weight)))
+    return (jax.tree.map(lambda g: g / count, grads), total / count,
+            {name: v / count for name, v in extra.items()})
 
 
 def replicate(tree: Any) -> Any:

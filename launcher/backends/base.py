@@ -46,6 +46,10 @@ class ClusterSettings:
     ``num_processes_total``, ``devices_per_process`` and ``platform``.
     """
 
+    # whether a restart can go on with fewer processes than the spec (``restarts.min_processes``):
+    # hosts that can be dropped one by one (ssh), not an allocation placed by a scheduler
+    can_shrink: ClassVar[bool] = False
+
     def problems(self) -> list:
         """Cross-field problems as ``(key under cluster, message)`` pairs; none by default."""
         return []
@@ -81,6 +85,14 @@ class Session(abc.ABC):
         self.run_dir = run_dir
         self.console = console if console is not None else NullConsole()
         self.options = options or Options(python="python3")
+        # each host the run stopped using, in order: {host, process_ids, by (its
+        # replacement, or None: the run shrank), why, text}; ``restarts`` reports them
+        self.host_changes: list = []
+
+    def failed(self, plan: planning.Plan, failure) -> None:
+        """An attempt of ``plan`` failed with ``failure`` (``launcher.run.classes.Verdict``)
+        and a restart follows: a backend that can place the next attempt elsewhere counts it
+        against the failed process's host (ssh: spares and quarantine; Slurm: the node)."""
 
     @abc.abstractmethod
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:

@@ -132,6 +132,7 @@ class Record:
             "last_failure": earlier.get("last_failure") if isinstance(earlier.get("last_failure"),
                                                                        dict) else None,
             "goodput": _number(earlier.get("goodput")),
+            "host_changes": [c for c in earlier.get("host_changes") or () if isinstance(c, dict)],
             "launcher": {"pid": os.getpid(), "host": socket.gethostname(),
                          "since": _start_ticks(os.getpid())},
         }
@@ -160,6 +161,9 @@ class Record:
         elif attempts:
             data["attempts"] = attempts[-1].number + 1
         for attempt in attempts:
+            for change in getattr(attempt, "host_changes", ()):
+                data.setdefault("host_changes", []).append(
+                    {k: change[k] for k in ("attempt", "host", "process_ids", "by", "why")})
             failure = getattr(attempt, "failure", None)
             if failure is not None:
                 name = failure.failure_class.value

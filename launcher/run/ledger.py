@@ -241,7 +241,11 @@ def add_attempts(earlier: list, attempts: list) -> list:
             continue
         before = max((e["reached_step"] for e in entries
                       if isinstance(e.get("reached_step"), int)), default=None)
-        entries.append(attempt_entry(attempt.number, attempt.times, attempt.result, before))
+        entry = attempt_entry(attempt.number, attempt.times, attempt.result, before)
+        if getattr(attempt, "host_changes", None):
+            entry["host_changes"] = [{k: c[k] for k in ("host", "process_ids", "by", "why")}
+                                     for c in attempt.host_changes]
+        entries.append(entry)
     return entries
 
 

@@ -49,6 +49,8 @@ class Attempt:
       verdict: what the launcher did next, in words ("succeeded", "retried after 2 s", ...).
       failure: the failure's class and cause (``classes.Verdict``), None when it did not fail.
       times: the launcher's clock at its stages, for the goodput ledger (``launcher.run.ledger``).
+      host_changes: the hosts this attempt no longer used (``Session.host_changes``'s
+        entries made while it was prepared: replaced by a spare, or dropped by a shrink).
     """
 
     number: int
@@ -57,6 +59,7 @@ class Attempt:
     verdict: str = ""
     failure: Verdict | None = None
     times: ledger.Times | None = None
+    host_changes: list = dataclasses.field(default_factory=list)
 
 
 class Budgets:
@@ -157,6 +160,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
     attempts: list[Attempt] = []
     attempt, restarts, counted = first_attempt, 0, ""
     times = ledger.Times(clock() if began_at is None else began_at)
+    changes: list = []
     while True:
         plan = planning.for_attempt(plan, attempt, resume=resume or restarts > 0)
         log_dir = os.path.dirname(plan.processes[0].log_path)
@@ -170,7 +174,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
                            notice_grace_s=job.checkpoint.notice_grace_s)
         times.ended_at = clock()
         console.attempt_over(result)
-        attempts.append(Attempt(attempt, log_dir, result, times=times))
+        attempts.append(Attempt(attempt, log_dir, result, times=times, host_changes=changes))
         if result.exit_code == 0:
             attempts[-1].verdict = "succeeded"
             return result, attempts
@@ -192,6 +196,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         attempts[-1].verdict = f"failed: {why}; retried after {wait:g} s"
         console.say(f"{label} failed: {why}; restarting from the latest checkpoint in {wait:g} s "
                     f"({counted})")
+        session.failed(plan, failure)
         session.end_attempt()
         try:
             _wait(sleep, wait)
@@ -202,6 +207,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
             return result, attempts
         times.waited_s = clock() - times.ended_at
         times = ledger.Times(clock())
+        known = len(session.host_changes)
         try:
             plan = session.plan(restart=True)
         except LaunchError as exc:
@@ -209,6 +215,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
             # submitted again): the attempts so far, each failure classified, go with it
             exc.attempts = attempts
             raise
+        changes = [dict(c, attempt=attempt + 1) for c in session.host_changes[known:]]
         attempt += 1
 
 
@@ -252,6 +259,8 @@ def attempts_table(attempts: list) -> str:
         step = max((t.last_step for t in a.result.processes if t.last_step is not None), default=None)
         reached = "-" if step is None else str(step)
         lines.append(f"  attempt {a.number:<3} last step {reached:<8} {a.log_dir}")
+        for change in a.host_changes:
+            lines.append(f"      before it: {change['text']}")
         lines.append(f"      {a.verdict if first is not None or a.verdict else 'succeeded'}")
         compiled = compile_text(a.result.processes)
         if compiled is not None:

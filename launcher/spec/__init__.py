@@ -70,6 +70,15 @@ class RestartSpec:
                                doc="wait before a restart after a program error or a stall, and "
                                "before a second infrastructure fault or preemption in a row (the "
                                "first restarts at once); doubles as the same class repeats")
+    quarantine_after: int = setting(2, check=schema.in_range(1, 1000),
+                                    doc="a host whose processes failed this many times in a run "
+                                    "(infrastructure faults and stalls) is not used again while "
+                                    "a spare (cluster.spares) or shrinking can take its place")
+    min_processes: int | None = setting(None, check=schema.in_range(1, 100000),
+                                        doc="shrink onto the hosts left, down to this many "
+                                        "processes, when a host is gone or quarantined and no "
+                                        "spare is left (the global batch stays, the step exact); "
+                                        "null: never shrink")
     retry_exit_codes: tuple[int, ...] = setting(
         (), check=_exit_codes,
         doc="worker exit codes counted as infrastructure faults (137, SIGKILL as a shell reports "
@@ -315,14 +324,15 @@ def _build_cluster(raw: Any, ctx: schema.Context, registry) -> Any:
     if cls is None:
         schema.convert(Literal[registry.names()], backend, ("cluster", "backend"), ctx)
         return MISSING
-    if isinstance(raw.get("hosts"), list):  # a plain name is short for {host: name}
-        raw = {**raw, "hosts": [{"host": h} if isinstance(h, str) else h for h in raw["hosts"]]}
+    for key in ("hosts", "spares"):  # a plain name is short for {host: name}
+        if isinstance(raw.get(key), list):
+            raw = {**raw, key: [{"host": h} if isinstance(h, str) else h for h in raw[key]]}
     cluster = schema.build(cls, raw, ("cluster",), ctx)
     if cluster is MISSING:
         return MISSING
     problems = cluster.problems()
     for key, message in problems:
-        ctx.error(("cluster", key), message)
+        ctx.error(("cluster",) + (key if isinstance(key, tuple) else (key,)), message)
     return MISSING if problems else cluster
 
 

@@ -21,6 +21,7 @@ def check_job(spec, raw: dict, ctx: schema.Context):
     steps, data source settings, data files. Problems go to ``ctx``; returns the spec (with
     ``data.path`` made absolute and ``data_rows`` counted)."""
     _check_profile(spec, ctx)
+    _check_shrink(spec, ctx)
     if spec.is_program:
         return check_program(spec, raw, ctx)
     train, data = spec.train, spec.data
@@ -85,6 +86,23 @@ def check_job(spec, raw: dict, ctx: schema.Context):
         ctx.error(("train", "global_batch_size"),
                   f"{train.global_batch_size} is more than the {rows} rows of {full}; lower it")
     return dataclasses.replace(spec, data=dataclasses.replace(data, path=full), data_rows=rows)
+
+
+def _check_shrink(spec, ctx: schema.Context) -> None:
+    """``restarts.min_processes``: a floor at or under the job's processes, on a backend
+    whose hosts can be dropped (ssh)."""
+    floor = spec.restarts.min_processes
+    if floor is None:
+        return
+    if not spec.cluster.can_shrink:
+        ctx.error(("restarts", "min_processes"),
+                  f"cluster.backend {spec.cluster.backend} cannot shrink a run (ssh can: hosts "
+                  "dropped one by one; Slurm places a resubmitted job on other nodes itself); "
+                  "remove it")
+    elif floor > spec.num_processes:
+        ctx.error(("restarts", "min_processes"),
+                  f"{floor} is more than the job's {plural(spec.num_processes, 'process')}; "
+                  f"use at most {spec.num_processes}")
 
 
 def _check_profile(spec, ctx: schema.Context) -> None:

@@ -21,6 +21,10 @@ WAIT = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "RE
         "SUSPENDED", "STOPPED")
 
 
+# A node's states (``scontrol show node``'s State=, ``+``-joined) under which it cannot run a job
+UNFIT_STATES = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"}
+
+
 def scrubbed(environ=None, extra: dict | None = None) -> dict:
     """``environ`` without inherited Slurm variables (but SLURM_CONF, SLURM_JOB_ID), plus ``extra``."""
     environ = os.environ if environ is None else environ
@@ -83,6 +87,23 @@ class Slurm:
             if "NodeName" in record:
                 addrs[record["NodeName"]] = record.get("NodeAddr") or record["NodeName"]
         return addrs
+
+    def unfit_nodes(self, nodes: list) -> dict:
+        """node -> its state and reason, for those of ``nodes`` Slurm holds unfit to run
+        (DOWN, DRAIN/DRAINED/DRAINING, FAIL/FAILING, NOT_RESPONDING); never raises."""
+        try:
+            result = self.run(["scontrol", "-o", "show", "node", ",".join(nodes)], check=False)
+        except LaunchError:
+            return {}
+        unfit = {}
+        for line in result.stdout.splitlines():
+            record = parse_record(line)
+            state = record.get("State", "")
+            flags = set(state.upper().replace("*", "+NOT_RESPONDING").split("+"))
+            if "NodeName" in record and flags & UNFIT_STATES:
+                reason = record.get("Reason")
+                unfit[record["NodeName"]] = state + (f" ({reason})" if reason else "")
+        return unfit
 
     def partitions(self) -> dict:
         """partition -> (availability, node count, is_default)."""

@@ -21,11 +21,14 @@ def job_name(job) -> str:
     return f"podlaunch.{job.name}"
 
 
-def sbatch_options(job, run_dir: str) -> list:
-    """The job's options, as ``--key=value`` tokens (for #SBATCH lines and --test-only)."""
+def sbatch_options(job, run_dir: str, exclude: tuple = ()) -> list:
+    """The job's options, as ``--key=value`` tokens (for #SBATCH lines and --test-only);
+    ``exclude``: nodes the job must not be placed on (a resubmission after a node failed)."""
     c = job.cluster
     opts = [f"--job-name={job_name(job)}", f"--nodes={c.nodes}",
             f"--ntasks-per-node={c.processes_per_node}"]
+    if exclude:
+        opts.append(f"--exclude={','.join(exclude)}")
     if c.cpus_per_process:
         opts.append(f"--cpus-per-task={c.cpus_per_process}")
     if c.platform == "gpu":
@@ -44,11 +47,11 @@ def heartbeat_path(run_dir: str) -> str:
     return os.path.join(run_dir, "slurm", "launcher-heartbeat")
 
 
-def script_text(job, run_dir: str) -> str:
-    """The whole batch script."""
+def script_text(job, run_dir: str, exclude: tuple = ()) -> str:
+    """The whole batch script (``exclude``: as ``sbatch_options``)."""
     c = job.cluster
     beat = shlex.quote(heartbeat_path(run_dir))
-    lines = ["#!/bin/bash"] + [f"#SBATCH {opt}" for opt in sbatch_options(job, run_dir)] + [
+    lines = ["#!/bin/bash"] + [f"#SBATCH {opt}" for opt in sbatch_options(job, run_dir, exclude)] + [
         f"# Written by podlaunch for job {job.name!r}. It holds the allocation; the launcher",
         "# starts one step per process (srun --ntasks=1 --nodelist=NODE) and cancels this job",
         "# when the run ends. Without the launcher's heartbeat for orphan_timeout_s, it ends itself.",

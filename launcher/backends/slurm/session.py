@@ -27,10 +27,11 @@ from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.backends.slurm import launches, lifecycle, nodes as nodefacts, script
 from launcher.backends.slurm.commands import Slurm
+from launcher.backends.slurm.exclusions import NodeExclusions
 from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
-from launcher.state import Exit
+from launcher.state import Exit, Lost
 from launcher.console.words import plural
 from worker import contract, redact
 
@@ -50,6 +51,8 @@ class SlurmSession(Session):
         self.step_prefix = f"{self.name}.{launches.run_tag(run_dir)}."
         self.nodes: list = []
         self.test_only_nodes: list = []
+        self.exclusions = NodeExclusions(self.slurm, self.console, self.host_changes,
+                                         job.restarts.quarantine_after)
         self._beat_stop = threading.Event()
         self._beat: threading.Thread | None = None
         self.lifecycle = lifecycle.JobLifecycle(self.slurm.job, job.cluster.poll_s)
@@ -84,7 +87,8 @@ class SlurmSession(Session):
             raise self._problem("nodes", f"asks for {cluster.nodes} nodes; Slurm job {self.job_id} "
                                 f"holds {len(nodes)} ({record['NodeList']}); ask salloc for more "
                                 "or lower cluster.nodes")
-        self.nodes = nodes[:cluster.nodes]
+        before, self.nodes = self.nodes, nodes[:cluster.nodes]
+        self.exclusions.placed(before, self.nodes)
         if self.options.dry_run or not self.job.is_program:  # the workers say their facts
             return self._placements(self.nodes, port=cluster.coordinator_port)
         return self._placements(self.nodes, port=self._probe())
@@ -195,7 +199,7 @@ class SlurmSession(Session):
         os.makedirs(os.path.join(self.run_dir, "slurm"), exist_ok=True)
         path = os.path.join(self.run_dir, "slurm", "job.sbatch")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(script.script_text(self.job, self.run_dir))
+            f.write(script.script_text(self.job, self.run_dir, self.exclusions.excluded))
         self._heartbeat()
         out = self.slurm.run(["sbatch", "--parsable", path]).stdout.strip()
         self.job_id = out.split(";")[0]
@@ -258,12 +262,21 @@ class SlurmSession(Session):
             raise LaunchError(f"Slurm job {self.job_id} ended ({state}); not resubmitted")
         self.console.say(f"Slurm job {self.job_id} is {state}: submitting it again")
         self.job_id = None
+        self.exclusions.before_resubmission(self.job, self.run_dir)
         self._submit()
 
-    def judge(self, ended: Exit) -> Exit:
+    def judge(self, ended: Exit, failed_node: str | None = None) -> Exit:
         """A failed step read against its job: preemption, node failure, time limit
-        (``JobLifecycle.judge``)."""
-        return self.lifecycle.judge(self.job_id, ended, self.run_dir)
+        (``JobLifecycle.judge``). The node srun reported failed (``failed_node``), and those
+        of the job's nodes Slurm holds unfit when a step is lost with its job, are excluded
+        when the job is submitted again (``NodeExclusions``)."""
+        verdict = self.lifecycle.judge(self.job_id, ended, self.run_dir)
+        if isinstance(verdict, Lost) and self.nodes:
+            self.exclusions.lost(self.nodes, failed_node)
+        return verdict
+
+    def failed(self, plan: Plan, failure) -> None:
+        self.exclusions.failed(plan, failure)
 
     def _probe(self) -> int:
         """A program job's probe step: Python and JAX on every node agree; the coordinator port."""
@@ -313,6 +326,7 @@ class SlurmSession(Session):
     def start(self, plan: Plan) -> list:
         cluster = plan.job.cluster
         workers: list = []
+        self.exclusions.last_processes = plan.processes
         try:
             for process in plan.processes:
                 name = f"{self.step_prefix}p{process.process_id}"

@@ -74,7 +74,7 @@ class SrunWorker:
 
     def __init__(self, plan: ProcessPlan, job_id: str, step_name: str, argv: list,
                  slurm: Slurm, base_env: dict | None = None,
-                 judge: Callable[[Exit], Exit] | None = None, rendezvous: bool = False):
+                 judge: Callable[..., Exit] | None = None, rendezvous: bool = False):
         self.plan = plan
         self.job_id = job_id
         self.step_name = step_name
@@ -83,7 +83,10 @@ class SrunWorker:
         self._ended: Exit | None = None  # from srun's "task 0: ..." line
         self._eof = False
         self._exited_at: float | None = None
-        self.judge = judge  # the session's reading of a failure against the job's state
+        # the session's reading of a failure against the job's state, and the node srun
+        # reported failed (None: none)
+        self.judge = judge
+        self.failed_node: str | None = None
         self.argv = argv
         self._early: list = []  # lines read before the facts line (contract.RENDEZVOUS)
         self._srun: queue.Queue = queue.Queue()  # srun's own stderr lines, as they come
@@ -111,6 +114,7 @@ class SrunWorker:
             failure = NODE_FAILURE.match(line)
             if failure:
                 self._ended = Lost(f"srun reports a node failure on {failure.group('node')}")
+                self.failed_node = failure.group('node')
             if match:
                 what = match.group("what").strip()
                 code = EXITED.match(what)
@@ -179,7 +183,7 @@ class SrunWorker:
             return Exited(0)
         # no "task 0:" line: srun failed itself (no step, the job is gone) or died of a signal
         ended = self._ended or exit_of(code)
-        return self.judge(ended) if self.judge else ended
+        return self.judge(ended, self.failed_node) if self.judge else ended
 
     def step(self) -> str | None:
         """This process's step id ``J.S``, once Slurm lists it."""

@@ -147,7 +147,8 @@ def refuse_unfit(checks: list, hosts: list, what: str, host_labels: Sequence[str
 
 
 def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str],
-              survivors: str = REFUSE, port: int | None = None, run_name: str = "") -> list:
+              survivors: str = REFUSE, port: int | None = None, run_name: str = "",
+              refuse: bool = True) -> list:
     """Check every host in parallel (at most ``max_parallel`` at once); connections stay open.
 
     Args:
@@ -159,6 +160,8 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
         ``grace_s``, KILL) or REPORT (leave them, the host stays fit: a dry run).
       port: the coordinator port to check on host 0 (0 picks a free one); None: no check.
       run_name: this run's directory name (its earlier attempts' survivors are its own).
+      refuse: raise when a host is unfit; False: return its Check with the reason, its
+        connection closed (a restart that can put a spare in its place).
 
     Returns:
       One Check per host, in host order, with facts (``workdir`` absolute,
@@ -173,9 +176,13 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
         checks = list(pool.map(lambda h: _check_host(h, job, settings, survivors, port, run_name),
                                hosts))
     judge(checks, job, settings.python, survivors)
-    refuse_unfit(checks, hosts, "preflight", host_labels)
+    if refuse:
+        refuse_unfit(checks, hosts, "preflight", host_labels)
     for c in checks:
-        c.host.workdir = c.facts["workdir"]
+        if c.reason is None:
+            c.host.workdir = c.facts["workdir"]
+        else:
+            c.host.close()
     return checks
 
 

@@ -11,6 +11,7 @@ placement order (host order).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Sequence
@@ -18,6 +19,7 @@ from typing import Sequence
 from launcher import plan as planning
 from launcher import versions
 from launcher.backends.base import Session
+from launcher.errors import LaunchError
 from launcher.backends.ssh import hosts as hostlib
 from launcher.backends.ssh import preflight as checks
 from launcher.backends.ssh import reach
@@ -85,13 +87,16 @@ class SshHosts:
         """Per host, its processes as the plan will number them ("p0", "p2,p3")."""
         return checks.labels(self.job, self.placements(hosts))
 
-    def connect(self, survivors: str = checks.REFUSE, port: int | None = None) -> list:
+    def connect(self, survivors: str = checks.REFUSE, port: int | None = None,
+                refuse: bool = True) -> list:
         """Resolve, connect and preflight every host; connections stay open until ``close``.
 
         Args:
           survivors: what to do with survivors of an earlier run (``preflight.REFUSE``,
             ``STOP`` or ``REPORT``).
           port: the coordinator port to check on host 0 (0 picks one); None: no check.
+          refuse: raise when a host is unfit; False: return the checks, some with a
+            reason, every connection closed (``refuse_unfit`` raises what True would).
 
         Returns:
           One ``preflight.Check`` per host, in host order.
@@ -104,7 +109,11 @@ class SshHosts:
         hosts = self.resolve()
         started = time.monotonic()
         found = checks.preflight(hosts, self.job, self.settings, self.labels(hosts), survivors, port,
-                                 os.path.basename(self.run_dir))
+                                 os.path.basename(self.run_dir), refuse=refuse)
+        if any(c.reason for c in found):
+            for host in hosts:
+                host.close()
+            return found
         self.hosts = hosts
         self.channels = {h.index: HostChannels(h) for h in hosts}
         stopped = checks.survivors_found(found)
@@ -165,13 +174,39 @@ class SshHosts:
 
 
 class SshSession(Session):
-    """The ssh backend: the user's hosts, in the order written."""
+    """The ssh backend: the user's hosts, in the order written, and its spares.
+
+    A restart (``prepare(restart=True)``) runs on the hosts of the attempt before, except
+    a host that fails its preflight after the fault or is quarantined (its processes
+    failed ``restarts.quarantine_after`` times): the next of ``cluster.spares`` takes its
+    place; with no spare left and ``restarts.min_processes`` set, the run shrinks onto
+    the hosts left (``self.job`` is the spec with the hosts the next attempt runs on).
+    Each change is in ``host_changes``.
+    """
 
     def __init__(self, job, run_dir: str, console=None, options=None):
         super().__init__(job, run_dir, console, options)
         cluster = job.cluster
+        self.spares = list(cluster.spares)
+        self.failures: dict = {}      # SshHost -> faults of its processes in this run
+        self.quarantine: dict = {}    # SshHost -> why, to be replaced at the next restart
+        self.quarantined: list = []   # (SshHost, why) not used again in this run
         self.ssh = SshHosts(job, cluster, cluster.hosts,
                             [cluster.processes_on(h) for h in cluster.hosts], run_dir, self.console)
+
+    def failed(self, plan: planning.Plan, failure) -> None:
+        # an infrastructure fault or a stall counts against the host of the process it is
+        # read from; a program error would repeat anywhere, a preemption is the system's
+        if failure.failure_class.name not in ("INFRASTRUCTURE", "STALL") or failure.process_id < 0:
+            return
+        index = next(i for i, ids in enumerate(planning.process_ids(plan.placements))
+                     if failure.process_id in ids)
+        host = self.ssh.specs[index]
+        self.failures[host] = self.failures.get(host, 0) + 1
+        if self.failures[host] >= self.job.restarts.quarantine_after:
+            self.quarantine[host] = (f"quarantined: its processes failed {self.failures[host]} "
+                                     f"times in this run (restarts.quarantine_after "
+                                     f"{self.job.restarts.quarantine_after}; last: {failure.why})")
 
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:
         # a restart's survivors are the failed attempt's: ours to stop
@@ -179,10 +214,81 @@ class SshSession(Session):
             survivors = checks.REPORT if self.options.kill_stale else checks.REFUSE
         else:
             survivors = checks.STOP if self.options.kill_stale or restart else checks.REFUSE
-        found = self.ssh.connect(survivors, port=self.job.cluster.coordinator_port)
+        port = self.job.cluster.coordinator_port
+        if not restart:
+            found = self.ssh.connect(survivors, port=port)
+        else:
+            for host, why in list(self.quarantine.items()):
+                del self.quarantine[host]
+                if host in self.ssh.specs and self._replace(self.ssh.specs.index(host), why, True):
+                    self.quarantined.append((host, why))
+            while True:
+                found = self.ssh.connect(survivors, port=port, refuse=False)
+                unfit = [i for i, c in enumerate(found) if c.reason]
+                if not unfit:
+                    break
+                labels = self.ssh.labels(self.ssh.resolve())
+                # the last first, so the indices of the others stay where they are
+                if not all(self._replace(i, f"preflight after the fault: {found[i].reason}")
+                           for i in reversed(unfit)):
+                    self._refuse(found, labels)
         address = contract.host_port(self.ssh.coordinator_ip(), found[0].facts['port'])
         self.ssh.check_coordinator(address)
         return self.ssh.placements(), address
+
+    def _replace(self, index: int, why: str, optional: bool = False) -> bool:
+        """Put the next spare in the place of host ``index``, or drop it when shrinking is
+        allowed and the processes left stay at or over ``restarts.min_processes``.
+
+        Args:
+          optional: the host still works (quarantine): keep it when neither can be done.
+
+        Returns:
+          whether the host was replaced or dropped.
+        """
+        specs, counts = list(self.ssh.specs), list(self.ssh.counts)
+        gone, ids = specs[index], planning.process_ids(self.ssh.placements(self.ssh.resolve()))[index]
+        label = f"{gone.host} (" + ",".join(f"p{i}" for i in ids) + ")"
+        floor = self.job.restarts.min_processes
+        if self.spares:
+            spare = self.spares.pop(0)
+            specs[index], counts[index] = spare, self.job.cluster.processes_on(spare)
+            text = f"{label} replaced by spare {spare.host}: {why}"
+            change = {"host": gone.host, "process_ids": list(ids), "by": spare.host, "why": why}
+        elif floor is not None and sum(counts) - counts[index] >= floor and len(specs) > 1:
+            del specs[index], counts[index]
+            text = (f"{label} dropped, no spare left: {why}; the run shrinks to "
+                    f"{plural(sum(counts), 'process')} (restarts.min_processes {floor}), the "
+                    "same global batch")
+            change = {"host": gone.host, "process_ids": list(ids), "by": None, "why": why}
+        else:
+            if optional:
+                self.console.say(f"{label} {why}; kept: no spare left in cluster.spares"
+                                 + ("" if floor is None else
+                                    f" and restarts.min_processes {floor} allows no fewer"))
+            return False
+        self.console.say(text)
+        self.host_changes.append({**change, "text": text})
+        self._use(specs, counts)
+        return True
+
+    def _use(self, specs: list, counts: list) -> None:
+        """The next attempt runs on ``specs``: the spec and the SSH hosts say so."""
+        cluster = dataclasses.replace(self.job.cluster, hosts=tuple(specs),
+                                      spares=tuple(self.spares))
+        self.job = dataclasses.replace(self.job, cluster=cluster)
+        self.ssh.job, self.ssh.specs, self.ssh.counts = self.job, tuple(specs), tuple(counts)
+
+    def _refuse(self, found: list, labels: list) -> None:
+        """Raise preflight's refusal table, saying why no spare or shrink took the place."""
+        floor = self.job.restarts.min_processes
+        try:
+            checks.refuse_unfit(found, [c.host for c in found], "preflight", labels)
+        except LaunchError as exc:
+            raise LaunchError(f"{exc}\nno spare left in cluster.spares, and "
+                              + ("restarts.min_processes is unset (no shrinking)" if floor is None
+                                 else f"restarts.min_processes {floor} allows no fewer "
+                                 "processes")) from None
 
     def describe_start(self, plan: planning.Plan) -> str:
         job = plan.job

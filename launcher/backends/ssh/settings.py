@@ -7,7 +7,7 @@ imports no SSH library.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 from launcher.spec import schema, syncrules
 from launcher.backends.base import ClusterSettings
@@ -78,6 +78,9 @@ class SshCluster(SshSettings, ClusterSettings):
     backend: Literal["ssh"] = setting("ssh", doc="local, ssh or tpu")
     hosts: tuple[SshHost, ...] = setting(check=_non_empty_hosts,
                                          doc="hosts in process order; host 0 runs the coordinator")
+    spares: tuple[SshHost, ...] = setting((), doc="hosts kept in reserve: one replaces a host "
+                                          "that fails its preflight after a fault, or is "
+                                          "quarantined (restarts.quarantine_after)")
     processes_per_host: int = setting(1, check=schema.in_range(1, 256), doc="worker processes per host")
     devices_per_process: int = setting(1, check=schema.in_range(1, 256),
                                        doc="devices each process sees (cpu: JAX_NUM_CPU_DEVICES)")
@@ -85,8 +88,23 @@ class SshCluster(SshSettings, ClusterSettings):
     coordinator_port: int = setting(0, check=port_or_zero,
                                     doc="JAX coordinator port on host 0; 0 picks a free one there")
 
+    can_shrink: ClassVar[bool] = True
+
     def processes_on(self, host: SshHost) -> int:
         return host.num_processes or self.processes_per_host
+
+    def problems(self) -> list:
+        """Cross-field problems as (key, message) pairs: a spare that is also a host, or
+        named twice (a host is its name and port)."""
+        seen = {(h.host, h.port): f"cluster.hosts[{i}]" for i, h in enumerate(self.hosts)}
+        out = []
+        for i, spare in enumerate(self.spares):
+            where = seen.get((spare.host, spare.port))
+            if where is not None:
+                out.append((("spares", i), f"{spare.host!r} is already {where}; a spare must "
+                            "be another host"))
+            seen.setdefault((spare.host, spare.port), f"cluster.spares[{i}]")
+        return out
 
     @property
     def num_processes_total(self) -> int:

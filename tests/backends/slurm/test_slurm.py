@@ -7,6 +7,7 @@ fail, they do not skip (set PODLAUNCH_SKIP_SLURM=1 to skip them on purpose).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -482,7 +483,46 @@ def test_a_node_failure_is_resubmitted_and_resumes_from_the_checkpoint(slurm, cl
         slurm.wait_idle(60)  # ReturnToService=2: n2's slurmd registers again and it is idle
     assert f"Slurm job {first} is NODE_FAIL: submitting it again" in out, out
     assert re.search(r"was lost \(Slurm job \d+ is NODE_FAIL.*\[infrastructure\]", out), out
+    # 3 nodes for 3 tasks: the failed node cannot be excluded (issue 28), and the console says so
+    assert re.search(r"^podlaunch: not excluding n2 \(srun reported a node failure on it\): without "
+                     r"it Slurm cannot place the job \(.*\); submitting with it$", out, re.M), out
     assert_uninterrupted_params(run_dir, tmp_path / "local")
+    assert not run_pids(str(run_dir))
+
+
+def test_a_node_set_down_is_excluded_from_the_resubmission_and_the_run_ends_at_the_same_params(
+        slurm, cluster_file, tmp_path, reference_params):
+    """Issue 28: 3 nodes for 2 tasks; the second task's node set DOWN mid-run. The job ends
+    NODE_FAIL; podlaunch resubmits it with that node excluded (sbatch --exclude), Slurm
+    places it on the third node, and the run ends at the uninterrupted 2-process params."""
+    run_dir = tmp_path / "run"
+    args = ("--set", "train.global_batch_size=256")
+    proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(nodes=2, requeue="false"),
+                 "--run-dir", str(run_dir), *PREEMPTED_RUN, *SLOW_FIRST_ATTEMPT, *args)
+    lines: list = []
+    started = read_until(proc, r"as steps of Slurm job \d+ \(submit\) on n\d,n\d", lines)
+    down = re.search(r" on n\d,(n\d)", started).group(1)
+    read_until(proc, r"^\[p0 n\d\] checkpoint of step \d+ saved", lines)
+    try:
+        slurm.run("scontrol", "update", f"nodename={down}", "state=down", "reason=podlaunch-test")
+        read_rest(proc, lines, 240)
+    finally:
+        slurm.wait_idle(60)
+    out = "".join(lines)
+    assert proc.returncode == 0, out
+    assert re.search(rf"^podlaunch: {down} excluded from the resubmission \(--exclude\): srun "
+                     rf"reported a node failure on it", out, re.M), out
+    script_text = (run_dir / "slurm" / "job.sbatch").read_text()
+    assert f"#SBATCH --exclude={down}\n" in script_text, script_text
+    again = re.findall(r"as steps of Slurm job \d+ \(submit\) on (n\d,n\d)", out)
+    assert len(again) == 2 and down not in again[1], out
+    assert re.search(rf"Slurm placed the resubmitted job on n\d in the place of {down}", out), out
+    change = json.loads((run_dir / "run.json").read_text())["host_changes"]
+    assert [(c["host"], c["process_ids"], c["attempt"]) for c in change] == [(down, [1], 1)], change
+    want = reference_params(*PREEMPTED_RUN, *args, "--set", "cluster.num_processes=2",
+                            "--set", "cluster.devices_per_process=1")
+    for got, ref in zip(params(run_dir), [want[k] for k in sorted(want)]):
+        np.testing.assert_allclose(got, ref, rtol=1e-6)
     assert not run_pids(str(run_dir))
 
 

@@ -1,0 +1,134 @@
+"""Keep going without a host (issue 28): a spare in the place of a host gone for good, and a
+run shrunk onto the hosts left, each ending at the params of the run that never lost one.
+
+Real sshd hosts on loopback addresses; the host "goes away" with its sshd and every process
+started through it (``SshTestEnv.stop_host``: the worker gets SIGKILL) while the run trains,
+so the restart's preflight finds it unreachable. The references are uninterrupted local runs
+(``reference_params``): podlaunch's data order and step do not depend on the topology.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import pytest
+import yaml
+
+from harness.helpers import PROGRAMS, REPO, checked_ledger, launched, pids_with_env
+from harness.runs import assert_same_params, params
+
+pytestmark = pytest.mark.slow
+
+STEPS = 40
+# 1,024 shuffled rows: 4 batches of 256 per epoch, so a resume from step 10 or 15 is in the
+# middle of an epoch; process 0 sleeps on attempt 0 only, so the test can act while it trains
+COMMON = ("--set", f"train.num_steps={STEPS}", "--set", "data.num_examples=1024",
+          "--set", "data.shuffle=true", "--set", "logging.log_every_steps=5",
+          "--set", "checkpoint.every_steps=5", "--set", "restarts.backoff_s=0.2",
+          "--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.1",
+          "--set", "task.args.slow_process_id=0", "--set", "task.args.slow_attempt=0")
+
+
+def cluster_file(tmp_path, env, num_hosts: int, spares: int = 0, **settings) -> str:
+    """``num_hosts`` of ``env``'s hosts, then ``spares`` more as cluster.spares."""
+    entry = [{"host": h, "workdir": str(tmp_path / f"host{i}")} for i, h in enumerate(env.hosts)]
+    cluster = {
+        "backend": "ssh", "ssh_config_file": env.ssh_config, "python": sys.executable,
+        "hosts": entry[:num_hosts], "spares": entry[num_hosts:num_hosts + spares],
+        "env": {"PYTHONPATH": os.pathsep.join([PROGRAMS, REPO])},
+        "grace_s": 2, "keepalive_interval_s": 1, "keepalive_timeout_s": 4, **settings,
+    }
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    return str(tmp_path / "cluster.yaml")
+
+
+def lose_host_mid_run(tmp_path, env, host: int, cluster: str, *args: str) -> tuple[int, str]:
+    """Launch, and once process 0 has logged step 10, take host ``host`` away for good."""
+    run_dir = tmp_path / "run"
+    with launched("jobs/linear.yaml", "--cluster", cluster, *COMMON, *args,
+                  "--run-dir", str(run_dir)) as out:
+        out.wait_for(r"^\[p0 127\.0\.0\.2\] step 10/", 120)
+        env.stop_host(host)
+        return out.finish(240)
+
+
+def nothing_left(tmp_path, num_hosts: int) -> None:
+    for i in range(num_hosts):
+        remote = tmp_path / f"host{i}" / "runs" / "linear" / "run"
+        assert not pids_with_env("PODLAUNCH_RUN_DIR", str(remote)), f"host {i}"
+
+
+def test_a_host_gone_for_good_is_replaced_by_the_spare_and_the_run_ends_at_the_same_params(
+        tmp_path, five_ssh_hosts, reference_params):
+    """Four hosts and one spare: host 3's sshd stopped and its worker killed at step 10 or
+    after. The restart's preflight finds host 3 unreachable; the spare takes its place,
+    restores from the newest checkpoint, and the run ends at the uninterrupted 4-process
+    params."""
+    code, out = lose_host_mid_run(tmp_path, five_ssh_hosts, 3,
+                                  cluster_file(tmp_path, five_ssh_hosts, 4, spares=1))
+    assert code == 0, out[-5000:]
+    assert re.search(r"^podlaunch: 127\.0\.0\.5 \(p3\) replaced by spare 127\.0\.0\.6: preflight "
+                     r"after the fault: unreachable: connection refused", out, re.M), out[-5000:]
+    assert re.search(r"attempt 1 \(infrastructure restart 1 of 10\): starting 4 processes x 1 cpu "
+                     r"device on 4 hosts", out), out[-5000:]
+    assert re.search(r"^p3\s+127\.0\.0\.6\s+succeeded\s+exit code 0\s+40\b", out, re.M), out[-5000:]
+    assert re.search(r"^\[p0 127\.0\.0\.2\] resumed from the checkpoint of step 1[05] \(attempt 1\)",
+                     out, re.M), out[-5000:]
+    assert_same_params(params(tmp_path / "run"), reference_params(
+        *COMMON, "--set", "cluster.num_processes=4", "--set", "cluster.devices_per_process=1"))
+    # the summary, the ledger and run.json say which host replaced which, and why
+    assert re.search(r"before it: 127\.0\.0\.5 \(p3\) replaced by spare 127\.0\.0\.6", out), out[-3000:]
+    change = {"host": "127.0.0.5", "process_ids": [3], "by": "127.0.0.6"}
+    ledger = checked_ledger(tmp_path / "run")
+    assert [{k: c[k] for k in change} for c in ledger["attempts"][1]["host_changes"]] == [change]
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert [{k: c[k] for k in change} for c in record["host_changes"]] == [change]
+    assert record["host_changes"][0]["attempt"] == 1
+    assert "unreachable" in record["host_changes"][0]["why"]
+    nothing_left(tmp_path, 5)
+
+
+@pytest.mark.parametrize("parallelism", ["pmap", "jit"])
+def test_four_hosts_shrink_to_three_and_end_at_the_four_host_params(tmp_path, ssh_hosts,
+                                                                   reference_params, parallelism):
+    """No spare, ``restarts.min_processes: 3``: host 3 gone, the run goes on with 3 processes
+    of 1 device. 3 does not divide the global batch of 256: each device holds 86 rows, 2 of
+    them padding of weight 0, and the step's weighted mean gives the 4-host params."""
+    code, out = lose_host_mid_run(
+        tmp_path, ssh_hosts, 3, cluster_file(tmp_path, ssh_hosts, 4),
+        "--set", "restarts.min_processes=3", "--set", f"train.parallelism={parallelism}")
+    assert code == 0, out[-5000:]
+    assert re.search(r"^podlaunch: 127\.0\.0\.5 \(p3\) dropped, no spare left: preflight after "
+                     r"the fault: unreachable: connection refused .*; the run shrinks to 3 processes "
+                     r"\(restarts\.min_processes 3\), the same global batch", out, re.M), out[-5000:]
+    assert "starting 3 processes x 1 cpu device on 3 hosts" in out, out[-5000:]
+    assert re.search(r"256 rows over 3 devices: 86 per device with 2 padding rows of weight 0",
+                     out), out[-5000:]
+    assert_same_params(params(tmp_path / "run"), reference_params(
+        *COMMON, "--set", "cluster.num_processes=4", "--set", "cluster.devices_per_process=1"))
+    nothing_left(tmp_path, 4)
+
+
+def test_two_hosts_of_two_devices_shrink_to_one(tmp_path, two_ssh_hosts, reference_params):
+    """2 x 2 to 1 x 2: host 1 gone, host 0's process alone goes on with its 2 devices."""
+    code, out = lose_host_mid_run(
+        tmp_path, two_ssh_hosts, 1, cluster_file(tmp_path, two_ssh_hosts, 2, devices_per_process=2),
+        "--set", "restarts.min_processes=1")
+    assert code == 0, out[-5000:]
+    assert "the run shrinks to 1 process (restarts.min_processes 1)" in out, out[-5000:]
+    assert "starting 1 process x 2 cpu devices on 1 host" in out, out[-5000:]
+    assert_same_params(params(tmp_path / "run"), reference_params(*COMMON))  # local 2 x 2
+    nothing_left(tmp_path, 2)
+
+
+def test_without_a_spare_or_shrinking_the_restart_names_the_host_and_why_none_took_its_place(
+        tmp_path, two_ssh_hosts):
+    code, out = lose_host_mid_run(tmp_path, two_ssh_hosts, 1, cluster_file(tmp_path, two_ssh_hosts, 2))
+    assert code == 1, out[-5000:]
+    assert re.search(r"127\.0\.0\.3\s+p1\s+unreachable: connection refused", out), out[-5000:]
+    assert ("no spare left in cluster.spares, and restarts.min_processes is unset (no shrinking)"
+            in out), out[-5000:]
+    nothing_left(tmp_path, 2)
