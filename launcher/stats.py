@@ -21,6 +21,7 @@ class ProcessStats:
     progress: contract.Progress | None = None
     timed_steps: int = 0
     timed_s: float = 0.0
+    own_timed_s: float = 0.0  # of those seconds, the host's own (outside JAX: own_step_time_s)
     resumed_at: int = 0  # a resumed attempt's checkpoint step: its first interval starts there
     # its CACHE_FORMAT line: the persistent compilation cache's hits and misses, and the
     # first call's seconds (trace, compile, dispatch; None: not said)
@@ -65,6 +66,8 @@ class ProcessStats:
             steps = progress.step - previous
             self.timed_steps += steps
             self.timed_s += progress.step_time_s * steps
+            if progress.own_step_time_s is not None:
+                self.own_timed_s += progress.own_step_time_s * steps
         self.progress = progress
         return progress
 
@@ -72,3 +75,11 @@ class ProcessStats:
     def mean_step_time_s(self) -> float | None:
         """Seconds per step over every reported interval (compilation excluded), or None."""
         return self.timed_s / self.timed_steps if self.timed_steps else None
+
+    @property
+    def mean_own_step_time_s(self) -> float | None:
+        """Of ``mean_step_time_s``, the host's own seconds per step (outside JAX: its input,
+        its Python, the time it is not in a device call), or None. In a data-parallel step
+        every process waits for the slowest in the all-reduce, so the whole step time is the
+        same everywhere; the host's own time is what tells a slow host."""
+        return self.own_timed_s / self.timed_steps if self.timed_steps else None

@@ -89,10 +89,11 @@ class Session(abc.ABC):
         # replacement, or None: the run shrank), why, text}; ``restarts`` reports them
         self.host_changes: list = []
 
-    def failed(self, plan: planning.Plan, failure) -> None:
-        """An attempt of ``plan`` failed with ``failure`` (``launcher.run.classes.Verdict``)
-        and a restart follows: a backend that can place the next attempt elsewhere counts it
-        against the failed process's host (ssh: spares and quarantine; Slurm: the node)."""
+    def failed(self, plan: planning.Plan, failure, result=None) -> None:
+        """An attempt of ``plan`` failed with ``failure`` (``launcher.run.classes.Verdict``;
+        ``result``: its ``state.Result``) and a restart follows: a backend that can place the
+        next attempt elsewhere counts it against the failed process's host (ssh: spares and
+        quarantine; Slurm: the node)."""
 
     @abc.abstractmethod
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:

@@ -196,7 +196,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         attempts[-1].verdict = f"failed: {why}; retried after {wait:g} s"
         console.say(f"{label} failed: {why}; restarting from the latest checkpoint in {wait:g} s "
                     f"({counted})")
-        session.failed(plan, failure)
+        session.failed(plan, failure, result)
         session.end_attempt()
         try:
             _wait(sleep, wait)

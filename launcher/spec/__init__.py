@@ -74,6 +74,11 @@ class RestartSpec:
                                     doc="a host whose processes failed this many times in a run "
                                     "(infrastructure faults and stalls) is not used again while "
                                     "a spare (cluster.spares) or shrinking can take its place")
+    quarantine_slower_than: float | None = setting(
+        None, check=schema.in_range(1.0, 1000.0),
+        doc="also quarantine, at the next restart, a host whose processes' own time per step "
+        "(outside JAX) was more than this many times the median process's, and 10 ms more; "
+        "null: never for slowness")
     min_processes: int | None = setting(None, check=schema.in_range(1, 100000),
                                         doc="shrink onto the hosts left, down to this many "
                                         "processes, when a host is gone or quarantined and no "

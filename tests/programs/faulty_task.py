@@ -98,9 +98,9 @@ def _print_bytes(size: int, line_bytes: int) -> None:
     sys.stdout.flush()
 
 
-def first_attempt(**kwargs) -> tasks.Task:
-    """``make``, but the fault fires on attempt 0 only (``task.name: faulty_task:first_attempt``),
-    so a restarted run can finish."""
-    if os.environ.get("PODLAUNCH_ATTEMPT", "0") != "0":
+def first_attempt(fault_attempts: int = 1, **kwargs) -> tasks.Task:
+    """``make``, but the fault fires on the first ``fault_attempts`` attempts only (attempt 0
+    by default; ``task.name: faulty_task:first_attempt``), so a restarted run can finish."""
+    if int(os.environ.get("PODLAUNCH_ATTEMPT", "0")) >= fault_attempts:
         kwargs["crash_at_step"] = 0
     return make(**kwargs)

@@ -275,7 +275,7 @@ class SlurmSession(Session):
             self.exclusions.lost(self.nodes, failed_node)
         return verdict
 
-    def failed(self, plan: Plan, failure) -> None:
+    def failed(self, plan: Plan, failure, result=None) -> None:
         self.exclusions.failed(plan, failure)
 
     def _probe(self) -> int:

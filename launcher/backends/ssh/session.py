@@ -173,6 +173,36 @@ class SshHosts:
         self.hosts = []
 
 
+SLOW_MARGIN_S = 0.010  # a slow host is this much slower per step too: no verdict on noise
+
+
+def slow_hosts(result, ids: list, ratio: float) -> list:
+    """``(host index, why)`` of the hosts whose processes' own time per step
+    (``ProcessStats.mean_own_step_time_s``) was over ``ratio`` times the median process's and
+    ``SLOW_MARGIN_S`` more (``restarts.quarantine_slower_than``).
+
+    Args:
+      result: the attempt's ``state.Result``.
+      ids: per host, its process ids (``plan.process_ids``).
+      ratio: the factor over the median.
+    """
+    own = {t.plan.process_id: t.stats.mean_own_step_time_s for t in result.processes}
+    known = sorted(v for v in own.values() if v is not None)
+    if len(known) < 2:
+        return []
+    median = known[len(known) // 2] if len(known) % 2 else sum(known[len(known) // 2 - 1:
+                                                                     len(known) // 2 + 1]) / 2
+    out = []
+    for index, host_ids in enumerate(ids):
+        worst = max((own[i] for i in host_ids if own.get(i) is not None), default=None)
+        if worst is not None and worst > ratio * median and worst > median + SLOW_MARGIN_S:
+            out.append((index, f"quarantined: its processes' own time per step was "
+                        f"{worst * 1e3:.1f} ms, {worst / median if median else float('inf'):.1f} "
+                        f"times the median process's {median * 1e3:.1f} ms "
+                        f"(restarts.quarantine_slower_than {ratio:g})"))
+    return out
+
+
 class SshSession(Session):
     """The ssh backend: the user's hosts, in the order written, and its spares.
 
@@ -194,13 +224,16 @@ class SshSession(Session):
         self.ssh = SshHosts(job, cluster, cluster.hosts,
                             [cluster.processes_on(h) for h in cluster.hosts], run_dir, self.console)
 
-    def failed(self, plan: planning.Plan, failure) -> None:
+    def failed(self, plan: planning.Plan, failure, result=None) -> None:
+        ids = planning.process_ids(plan.placements)
+        if result is not None and self.job.restarts.quarantine_slower_than is not None:
+            for index, why in slow_hosts(result, ids, self.job.restarts.quarantine_slower_than):
+                self.quarantine.setdefault(self.ssh.specs[index], why)
         # an infrastructure fault or a stall counts against the host of the process it is
         # read from; a program error would repeat anywhere, a preemption is the system's
         if failure.failure_class.name not in ("INFRASTRUCTURE", "STALL") or failure.process_id < 0:
             return
-        index = next(i for i, ids in enumerate(planning.process_ids(plan.placements))
-                     if failure.process_id in ids)
+        index = next(i for i, host_ids in enumerate(ids) if failure.process_id in host_ids)
         host = self.ssh.specs[index]
         self.failures[host] = self.failures.get(host, 0) + 1
         if self.failures[host] >= self.job.restarts.quarantine_after:

@@ -17,7 +17,8 @@ import sys
 import pytest
 import yaml
 
-from harness.helpers import PROGRAMS, REPO, checked_ledger, launched, pids_with_env
+from harness.helpers import (PROGRAMS, REPO, checked_ledger, launch, launched, pids_with_env,
+                             program_job)
 from harness.runs import assert_same_params, params
 
 pytestmark = pytest.mark.slow
@@ -55,9 +56,10 @@ def lose_host_mid_run(tmp_path, env, host: int, cluster: str, *args: str) -> tup
         return out.finish(240)
 
 
-def nothing_left(tmp_path, num_hosts: int) -> None:
+def nothing_left(tmp_path, num_hosts: int, job: str = "linear") -> None:
     for i in range(num_hosts):
-        remote = tmp_path / f"host{i}" / "runs" / "linear" / "run"
+        remote = tmp_path / f"host{i}" / "runs" / job / "run"
+        assert remote.is_dir(), f"host {i} ran nothing of {job}"
         assert not pids_with_env("PODLAUNCH_RUN_DIR", str(remote)), f"host {i}"
 
 
@@ -91,15 +93,17 @@ def test_a_host_gone_for_good_is_replaced_by_the_spare_and_the_run_ends_at_the_s
     nothing_left(tmp_path, 5)
 
 
-@pytest.mark.parametrize("parallelism", ["pmap", "jit"])
-def test_four_hosts_shrink_to_three_and_end_at_the_four_host_params(tmp_path, ssh_hosts,
-                                                                   reference_params, parallelism):
+@pytest.mark.parametrize("parallelism, steps_per_call", [("pmap", 1), ("jit", 5)])
+def test_four_hosts_shrink_to_three_and_end_at_the_four_host_params(
+        tmp_path, ssh_hosts, reference_params, parallelism, steps_per_call):
     """No spare, ``restarts.min_processes: 3``: host 3 gone, the run goes on with 3 processes
     of 1 device. 3 does not divide the global batch of 256: each device holds 86 rows, 2 of
-    them padding of weight 0, and the step's weighted mean gives the 4-host params."""
+    them padding of weight 0, and the step's weighted mean gives the 4-host params (of the
+    pmap run with one step per call: jit and fused steps end there too)."""
     code, out = lose_host_mid_run(
         tmp_path, ssh_hosts, 3, cluster_file(tmp_path, ssh_hosts, 4),
-        "--set", "restarts.min_processes=3", "--set", f"train.parallelism={parallelism}")
+        "--set", "restarts.min_processes=3", "--set", f"train.parallelism={parallelism}",
+        "--set", f"train.steps_per_call={steps_per_call}")
     assert code == 0, out[-5000:]
     assert re.search(r"^podlaunch: 127\.0\.0\.5 \(p3\) dropped, no spare left: preflight after "
                      r"the fault: unreachable: connection refused .*; the run shrinks to 3 processes "
@@ -132,3 +136,48 @@ def test_without_a_spare_or_shrinking_the_restart_names_the_host_and_why_none_to
     assert ("no spare left in cluster.spares, and restarts.min_processes is unset (no shrinking)"
             in out), out[-5000:]
     nothing_left(tmp_path, 2)
+
+
+def test_a_host_that_failed_twice_is_quarantined_and_the_spare_takes_its_place(
+        tmp_path, five_ssh_hosts, reference_params):
+    """Two hosts and a spare: process 1 SIGKILLs itself after step 7 on attempts 0 and 1.
+    Host 1 still passes its preflight, but its processes failed twice
+    (``restarts.quarantine_after`` 2): attempt 2 runs on the spare and ends at the params of
+    the run that never failed."""
+    run_dir = tmp_path / "run"
+    args = ("--set", f"train.num_steps={STEPS}", "--set", "cluster.devices_per_process=1",
+            "--set", "logging.log_every_steps=5", "--set", "checkpoint.every_steps=5",
+            "--set", "restarts.backoff_s=0.2")
+    result = launch("jobs/linear.yaml", "--cluster", cluster_file(tmp_path, five_ssh_hosts, 2,
+                                                                  spares=1),
+                    *args, "--set", "task.name=faulty_task:first_attempt",
+                    "--set", "task.args.fault_attempts=2", "--set", "task.args.crash_at_step=7",
+                    "--set", "task.args.crash_process_id=1", "--set", "task.args.mode=sigkill",
+                    "--run-dir", str(run_dir))
+    out = result.stdout
+    assert result.returncode == 0, out[-5000:] + result.stderr
+    assert len(re.findall(r"^podlaunch: attempt \d[^:\n]* failed: process_id 1 on 127\.0\.0\.3 was killed by SIGKILL",
+                          out, re.M)) == 2, out[-5000:]
+    assert re.search(r"^podlaunch: 127\.0\.0\.3 \(p1\) replaced by spare 127\.0\.0\.4: quarantined: "
+                     r"its processes failed 2 times in this run \(restarts\.quarantine_after 2; "
+                     r"last: process_id 1 on 127\.0\.0\.3 was killed by SIGKILL", out, re.M), out[-5000:]
+    assert re.search(r"^p1\s+127\.0\.0\.4\s+succeeded", out, re.M), out[-5000:]
+    assert_same_params(params(run_dir), reference_params(*args))
+    nothing_left(tmp_path, 3)
+
+
+def test_a_program_job_is_told_its_new_num_processes_after_a_shrink(tmp_path, two_ssh_hosts):
+    """Program jobs shrink too: the restart's processes get the new ``num_processes`` (the
+    program's ``jax.process_count()`` says 1 where it said 2)."""
+    job = program_job(tmp_path / "job", steps=200)
+    run_dir = tmp_path / "run"
+    with launched(job, "--cluster", cluster_file(tmp_path, two_ssh_hosts, 2),
+                  "--set", "restarts.min_processes=1", "--run-dir", str(run_dir)) as out:
+        out.wait_for(r"^\[p0 127\.0\.0\.2\] step 10/200", 120)
+        two_ssh_hosts.stop_host(1)
+        code, text = out.finish(240)
+    assert code == 0, text[-5000:]
+    assert "the run shrinks to 1 process (restarts.min_processes 1)" in text, text[-5000:]
+    assert "process 0/2 joined" in (run_dir / "logs" / "process-000.log").read_text()
+    assert "process 0/1 joined" in (run_dir / "logs" / "attempt-1" / "process-000.log").read_text()
+    nothing_left(tmp_path, 2, job="faulty")
