@@ -256,7 +256,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         raise SpecError([Problem("--kill-stale", None, "", "only applies to backends whose "
                                  f"hosts can outlive a launcher (ssh, tpu); this job's is "
                                  f"{backend.name}; remove the flag")])
-    options = Options(python=sys.executable, kill_stale=args.kill_stale, dry_run=args.dry_run)
+    options = Options(python=sys.executable, kill_stale=args.kill_stale, dry_run=args.dry_run,
+                      resume=bool(args.resume))
     backend.check(job, options)
     if args.resume and args.run_dir:
         raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])

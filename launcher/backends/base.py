@@ -64,11 +64,14 @@ class Options:
       kill_stale: stop survivors of an earlier run of this job instead of refusing.
       dry_run: prepare and plan only; change nothing anywhere (stop no process,
         remove no file).
+      resume: the run continues an earlier one (``--resume``): its first attempt follows a
+        fault too (a spare may take the place of a host that is gone).
     """
 
     python: str
     kill_stale: bool = False
     dry_run: bool = False
+    resume: bool = False
 
 
 class Session(abc.ABC):

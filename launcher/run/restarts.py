@@ -160,7 +160,8 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
     attempts: list[Attempt] = []
     attempt, restarts, counted = first_attempt, 0, ""
     times = ledger.Times(clock() if began_at is None else began_at)
-    changes: list = []
+    # hosts the first attempt no longer uses (a --resume's spare, prepared before this call)
+    changes = [dict(c, attempt=first_attempt) for c in session.host_changes]
     while True:
         plan = planning.for_attempt(plan, attempt, resume=resume or restarts > 0)
         log_dir = os.path.dirname(plan.processes[0].log_path)

@@ -206,7 +206,8 @@ def slow_hosts(result, ids: list, ratio: float) -> list:
 class SshSession(Session):
     """The ssh backend: the user's hosts, in the order written, and its spares.
 
-    A restart (``prepare(restart=True)``) runs on the hosts of the attempt before, except
+    A restart (``prepare(restart=True)``, or the first attempt of ``--resume``) runs on the
+    hosts of the attempt before, except
     a host that fails its preflight after the fault or is quarantined (its processes
     failed ``restarts.quarantine_after`` times): the next of ``cluster.spares`` takes its
     place; with no spare left and ``restarts.min_processes`` set, the run shrinks onto
@@ -248,7 +249,9 @@ class SshSession(Session):
         else:
             survivors = checks.STOP if self.options.kill_stale or restart else checks.REFUSE
         port = self.job.cluster.coordinator_port
-        if not restart:
+        # a spare or a shrink only after a fault: a restart, or the first attempt of
+        # --resume (a dry run and a new run refuse an unfit host: the spec is to be fixed)
+        if not (restart or self.options.resume) or self.options.dry_run:
             found = self.ssh.connect(survivors, port=port)
         else:
             for host, why in list(self.quarantine.items()):

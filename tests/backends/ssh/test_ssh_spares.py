@@ -181,3 +181,31 @@ def test_a_program_job_is_told_its_new_num_processes_after_a_shrink(tmp_path, tw
     assert "process 0/2 joined" in (run_dir / "logs" / "process-000.log").read_text()
     assert "process 0/1 joined" in (run_dir / "logs" / "attempt-1" / "process-000.log").read_text()
     nothing_left(tmp_path, 2, job="faulty")
+
+
+def test_a_resume_puts_the_spare_in_the_place_of_a_host_gone_since(tmp_path, five_ssh_hosts,
+                                                                   reference_params):
+    """``--resume`` follows a fault too: host 1 went away after the first launch ended, and
+    the resumed run starts on the spare instead of refusing."""
+    args = ("--set", "cluster.devices_per_process=1", "--set", "logging.log_every_steps=5",
+            "--set", "checkpoint.every_steps=5")
+    cluster = cluster_file(tmp_path, five_ssh_hosts, 2, spares=1)
+    run_dir = tmp_path / "run"
+    first = launch("jobs/linear.yaml", "--cluster", cluster, *args, "--set", "train.num_steps=20",
+                   "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    five_ssh_hosts.stop_host(1)
+    again = launch("jobs/linear.yaml", "--cluster", cluster, *args, "--set", "train.num_steps=40",
+                   "--resume", str(run_dir))
+    out = again.stdout
+    assert again.returncode == 0, out[-5000:] + again.stderr
+    assert re.search(r"^podlaunch: 127\.0\.0\.3 \(p1\) replaced by spare 127\.0\.0\.4: preflight "
+                     r"after the fault: unreachable", out, re.M), out[-5000:]
+    assert "[p0 127.0.0.2] resumed from the checkpoint of step 20 (attempt 1)" in out, out[-5000:]
+    assert_same_params(params(run_dir), reference_params(*args, "--set", "train.num_steps=40"))
+    record = json.loads((run_dir / "run.json").read_text())
+    assert [(c["host"], c["by"], c["attempt"]) for c in record["host_changes"]] == [
+        ("127.0.0.3", "127.0.0.4", 1)], record
+    # a new run (no --resume) refuses the host instead: the spec is to be fixed
+    fresh = launch("jobs/linear.yaml", "--cluster", cluster, *args, "--run-dir", str(tmp_path / "new"))
+    assert fresh.returncode == 1 and "preflight failed on 1 of 2 hosts" in fresh.stderr, fresh.stderr
