@@ -6,20 +6,24 @@ waits (until it runs, until a failure settles, until it is gone), on an injected
 it may run later); SETTLING (COMPLETING, or RUNNING with a preemption announced: the next
 state is coming); RESUBMIT (PREEMPTED with PreemptMode=CANCEL, NODE_FAIL, BOOT_FAIL: a new
 submission may run); TIMEOUT; GONE (out of the queue); ENDED (any other end: cancelled by
-someone, failed, completed). ``JobLifecycle`` takes ``clock`` and ``sleep`` so the tests
+someone, failed, completed). A task that ended as a SIGTERM ends it while its running job
+is within the ``--signal`` lead of its time limit (``cluster.time_limit_lead_s``) ended by
+the limit's notice: final, like TIMEOUT. ``JobLifecycle`` takes ``clock`` and ``sleep`` so the tests
 follow a job through scripted records in fake time, no Slurm needed
 (``tests/backends/slurm/test_slurm_facts.py``).
 """
 
 from __future__ import annotations
 
+import datetime
 import enum
+import signal
 import time
 from typing import Callable
 
 from launcher.backends.slurm.commands import RESUBMIT, WAIT
 from launcher.errors import LaunchError
-from launcher.state import Exit, Final, Lost, Preempted
+from launcher.state import Exit, Exited, Final, Killed, Lost, Preempted
 
 
 class Phase(enum.Enum):
@@ -53,6 +57,26 @@ def phase(record: dict | None) -> Phase:
     if state in RESUBMIT:
         return Phase.RESUBMIT
     return Phase.ENDED
+
+
+# Slurm may send a --signal up to 60 s before the time asked (its event resolution: sbatch(1))
+SIGNAL_SLACK_S = 60.0
+
+
+def seconds_left(record: dict | None, now: datetime.datetime | None = None) -> float | None:
+    """Seconds until a running job's ``EndTime`` (its time limit), or None (no limit known)."""
+    try:
+        end = datetime.datetime.fromisoformat(record["EndTime"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    return (end - (now or datetime.datetime.now())).total_seconds()
+
+
+def notice_exit(ended: Exit) -> bool:
+    """Whether a task ended as a SIGTERM notice ends it: killed by SIGTERM, or exit 143 (the
+    worker's own exit after the agreed step, or a shell's report of the signal)."""
+    return ((isinstance(ended, Killed) and ended.signal == signal.SIGTERM)
+            or (isinstance(ended, Exited) and ended.code == 128 + signal.SIGTERM))
 
 
 def state_text(record: dict | None) -> str:
@@ -98,7 +122,8 @@ class JobLifecycle:
             record = self.read(job_id)
         return record
 
-    def judge(self, job_id: str, ended: Exit, resume_hint: str, limit_s: float = 30.0) -> Exit:
+    def judge(self, job_id: str, ended: Exit, resume_hint: str, limit_s: float = 30.0,
+              lead_s: float = 0.0) -> Exit:
         """A failed step read against its job: a time limit is ``Final``, a job being
         preempted (or PREEMPTED) is ``Preempted``, one otherwise gone is ``Lost``; else the step's own end. A job Slurm is ending is
         waited out (``limit_s``) for its state; a read that fails leaves ``ended`` as it is."""
@@ -123,6 +148,12 @@ class JobLifecycle:
                 return Final(f"Slurm job {job_id} ended ({state}; task {ended}): it is not "
                              f"resubmitted; continue with --resume {resume_hint}")
             return Lost(f"Slurm job {job_id} is {state}; task {ended}")
+        left = seconds_left(record)
+        if (lead_s and left is not None and left <= lead_s + SIGNAL_SLACK_S
+                and notice_exit(ended)):
+            return Final(f"Slurm job {job_id} is {left:.0f} s from its time limit, and its "
+                         f"notice (--signal=TERM@{lead_s:g}) stopped the task ({ended}): raise "
+                         f"cluster.time_limit and continue with --resume {resume_hint}")
         return ended
 
     def gone(self, job_id: str, timeout_s: float) -> bool:

@@ -33,7 +33,7 @@ _OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_./:,=@%+*\[\]-]+)?")
 OWN_OPTIONS = ("--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--gpus-per-task",
                "--gres", "--partition", "--time", "--account", "--qos", "--job-name",
                "--output", "--error", "--requeue", "--no-requeue", "--open-mode", "--wrap",
-               "--test-only", "--parsable", "--chdir")
+               "--test-only", "--parsable", "--chdir", "--signal")
 
 
 def sbatch_options(values: tuple) -> str | None:
@@ -45,8 +45,8 @@ def sbatch_options(values: tuple) -> str | None:
         name = value.split("=", 1)[0]
         if name in OWN_OPTIONS:
             return (f"{name} is set by podlaunch from the cluster settings (nodes, "
-                    "processes_per_node, devices_per_process, partition, time_limit, account, qos, "
-                    f"requeue); use those keys instead of {value!r}")
+                    "processes_per_node, devices_per_process, partition, time_limit, time_limit_lead_s, "
+                    f"account, qos, requeue); use those keys instead of {value!r}")
     return None
 
 
@@ -71,6 +71,11 @@ class SlurmCluster(ClusterSettings):
                                            doc="--cpus-per-task; unset: the site's default")
     partition: str | None = setting(None, check=SLURM_NAME, doc="partition; unset: the default one")
     time_limit: str | None = setting(None, check=time_limit, doc="--time, e.g. 02:00:00")
+    time_limit_lead_s: int = setting(
+        120, check=schema.in_range(0, 65535),
+        doc="with time_limit: --signal=TERM@N, so Slurm SIGTERMs every task about N s before "
+        "the limit (up to 60 s earlier) and every process saves one agreed step; 0: no lead "
+        "(the SIGTERM comes at the limit, KillWait before the SIGKILL)")
     account: str | None = setting(None, check=SLURM_NAME, doc="--account")
     qos: str | None = setting(None, check=SLURM_NAME, doc="--qos")
     sbatch_options: tuple[str, ...] = setting((), check=sbatch_options,

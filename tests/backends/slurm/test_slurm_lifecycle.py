@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.fakes import FakeClock
@@ -94,3 +96,26 @@ def test_a_cancelled_job_is_waited_out_of_the_queue():
     assert life.gone("7", timeout_s=15) and 4 <= clock.now < 5
     running, _ = follow([(0, job("RUNNING"))])
     assert not running.gone("7", timeout_s=3)
+
+
+def test_a_sigterm_within_the_time_limit_lead_is_the_limit_s_notice_and_final():
+    """``--signal=TERM@120`` (cluster.time_limit_lead_s): a task ended by SIGTERM while its
+    running job has about that long left is final, like TIMEOUT; earlier it is the task's
+    own end (a preemption's class, by the launcher's classifier)."""
+    import datetime
+
+    soon = (datetime.datetime.now() + datetime.timedelta(seconds=100)).isoformat(timespec="seconds")
+    later = (datetime.datetime.now() + datetime.timedelta(hours=2)).isoformat(timespec="seconds")
+    for ended in (Exited(143), Killed(15)):
+        life, _ = follow([(0, job("RUNNING", EndTime=soon))])
+        got = life.judge("7", ended, "/runs/r", lead_s=120)
+        assert type(got) is Final, got
+        assert re.search(r"Slurm job 7 is \d+ s from its time limit, and its notice "
+                         r"\(--signal=TERM@120\) stopped the task .*: raise cluster\.time_limit "
+                         r"and continue with --resume /runs/r", str(got)), got
+    for script, ended, lead in (([(0, job("RUNNING", EndTime=later))], Exited(143), 120),
+                                ([(0, job("RUNNING", EndTime=soon))], Exited(1), 120),
+                                ([(0, job("RUNNING", EndTime=soon))], Exited(143), 0),
+                                ([(0, job("RUNNING", EndTime="Unknown"))], Exited(143), 120)):
+        life, _ = follow(script)
+        assert life.judge("7", ended, "/runs/r", lead_s=lead) == ended
