@@ -2,8 +2,9 @@
 
 Process 0's persistent checkpoints (``worker.checkpoint``, every ``checkpoint.every_steps``)
 are rare because each is a synchronous save. After Orbax's emergency checkpointing and
-MaxText's multi-tier checkpointing, every process also keeps the newest state in its own
-``checkpoint.local_dir`` every ``checkpoint.local_every_steps`` (relative: under its run
+MaxText's multi-tier checkpointing, every host also keeps the newest state in its
+``checkpoint.local_dir`` every ``checkpoint.local_every_steps`` (written by one process per
+host: ``writes_copies``) (relative: under its run
 directory; a RAM disk such as ``/dev/shm/NAME`` where the host has one): on the step's path
 only a copy on the devices, dispatched like a step; the copy off the devices and the write
 on a thread, in the persistent checkpoints' format (atomic rename, sha256), the newest
@@ -28,6 +29,11 @@ PROCESS_DIR = "process-{process_id:03d}"
 
 
 def directory(local_dir: str, run_dir: str, process_id: int) -> str:
+    """This process's directory of local copies: ``base_directory``, then ``process-NNN``."""
+    return os.path.join(base_directory(local_dir, run_dir), PROCESS_DIR.format(process_id=process_id))
+
+
+def base_directory(local_dir: str, run_dir: str) -> str:
     """This process's local tier: ``local_dir`` (under ``run_dir`` when relative), then, when
     that is outside the run directory (``/dev/shm/NAME``, ``../NAME``: shared by other runs),
     a directory of this run's own (its run directory's name and a hash of its path: the
@@ -38,7 +44,49 @@ def directory(local_dir: str, run_dir: str, process_id: int) -> str:
     if not os.path.realpath(base).startswith(run + os.sep):
         digest = hashlib.sha256(run.encode("utf-8", "surrogateescape")).hexdigest()[:12]
         base = os.path.join(base, f"{os.path.basename(run)}-{digest}")
-    return os.path.join(base, PROCESS_DIR.format(process_id=process_id))
+    return base
+
+
+ELECTION_PREFIX = "podlaunch/localtier/"
+ELECTION_TIMEOUT_S = 120.0
+
+
+def writes_copies(client, process_id: int, num_processes: int, base: str, attempt: int) -> bool:
+    """Whether this process writes the local copies of its host: the lowest ``process_id``
+    of those whose ``base`` is the same directory (host name, device and inode: processes
+    of one host, or of hosts that share the filesystem). Every process holds the whole
+    state, so one copy per directory is enough, and a host of 8 processes keeps one copy of
+    the state on its RAM disk, not 8. Agreed over the coordination service's key-value
+    store (one value each, a barrier, one directory read); every process must call it.
+
+    Args:
+      client: JAX's coordination client, or None (a single process: it writes).
+      base: ``base_directory`` (made here when missing).
+      attempt: the attempt (its keys and barrier are its own).
+
+    Raises:
+      OSError: ``base`` cannot be made.
+    """
+    import socket
+
+    error = None
+    try:
+        os.makedirs(base, exist_ok=True)
+        facts = os.stat(base)
+        where = f"{socket.gethostname()}:{facts.st_dev}:{facts.st_ino}"
+    except OSError as exc:  # said by the caller, once the others need not wait for it
+        error, where = exc, f"unusable:{process_id}"
+    if client is not None and num_processes > 1:
+        prefix = f"{ELECTION_PREFIX}{attempt}/"
+        client.key_value_set(f"{prefix}{process_id}", where)
+        client.wait_at_barrier(f"podlaunch_localtier_{attempt}", int(ELECTION_TIMEOUT_S * 1000))
+        same = [int(key.rsplit("/", 1)[-1]) for key, value in client.key_value_dir_get(prefix)
+                if value == where]
+    else:
+        same = [process_id]
+    if error is not None:
+        raise error
+    return process_id == min(same, default=process_id)
 
 
 class LocalTier:
@@ -102,6 +150,28 @@ class LocalTier:
         """Let a write in progress finish (a restart may need it), up to ``wait_s``."""
         if self._thread is not None:
             self._thread.join(wait_s)
+
+
+def newest_here(local_dir: str, run_dir: str, process_id: int, template: list,
+                num_batches: int, order: dict | None,
+                warn: Callable[[str], None] = print) -> checkpoint.Checkpoint | None:
+    """The newest verified local copy this process can read: its own directory's, or any
+    other ``process-NNN`` directory's beside it (the copies its host's writer made, or an
+    earlier layout's, before a shrink or a spare moved the process ids), or None."""
+    base = base_directory(local_dir, run_dir)
+    own = directory(local_dir, run_dir, process_id)
+    try:
+        others = sorted(os.path.join(base, n) for n in os.listdir(base) if n.startswith("process-"))
+    except OSError:
+        others = []
+    best = None
+    for path in [own] + [p for p in others if p != own]:
+        if not os.path.isdir(path):
+            continue
+        found = newest(path, template, num_batches, order, warn)
+        if found is not None and (best is None or found.step > best.step):
+            best = found
+    return best
 
 
 def newest(path: str, template: list, num_batches: int, order: dict | None,

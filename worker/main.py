@@ -203,9 +203,8 @@ def _resume(identity: contract.Identity, job: jobs.WorkerJob, state, num_batches
         from worker import localtier
 
         template = [np.asarray(a) for a in jax.tree_util.tree_leaves(state)]
-        local = localtier.newest(localtier.directory(job.checkpoint.local_dir, identity.run_dir,
-                                                     identity.process_id),
-                                 template, num_batches, order, warn=out)
+        local = localtier.newest_here(job.checkpoint.local_dir, identity.run_dir,
+                                      identity.process_id, template, num_batches, order, warn=out)
     state, step, source = checkpoint.restore_broadcast(identity.run_dir, identity.process_id, state,
                                                        num_batches, warn=out, order=order, local=local)
     if step:
@@ -219,11 +218,24 @@ def _resume(identity: contract.Identity, job: jobs.WorkerJob, state, num_batches
 
 def _local_tier(identity: contract.Identity, job: jobs.WorkerJob, num_batches: int, order: dict,
                 unreplicate, out, resumed_step: int):
-    """This process's ``worker.localtier.LocalTier``, or None (``checkpoint.local_every_steps`` 0)."""
+    """This process's ``worker.localtier.LocalTier``, or None (``checkpoint.local_every_steps``
+    0, or another process writes the copies of its host: ``localtier.writes_copies``)."""
     if not job.checkpoint.local_every_steps:
         return None
     from worker import localtier
 
+    base = localtier.base_directory(job.checkpoint.local_dir, identity.run_dir)
+    try:
+        if not localtier.writes_copies(client_of(identity), identity.process_id,
+                                       identity.num_processes, base, identity.attempt):
+            return None
+    except OSError as exc:
+        out(f"warning: the local tier cannot use {base} ({exc.strerror or exc}); no local copies "
+            "this attempt")
+        return None
+
+    out(f"local tier: this process writes its host's copies every "
+        f"{job.checkpoint.local_every_steps} steps in {base}")
     tier = localtier.LocalTier(localtier.directory(job.checkpoint.local_dir, identity.run_dir,
                                                    identity.process_id),
                                job.checkpoint.local_every_steps, num_batches, order, unreplicate, out)

@@ -340,6 +340,11 @@ def test_a_crash_resumes_from_the_local_tier_not_the_last_persistent_checkpoint(
     assert checked_ledger(run_dir)["attempts"][1]["resumed_step"] == int(found[1])
     assert_same_params(params(run_dir), uninterrupted)
     assert not list((run_dir / "local-checkpoints").glob("process-*"))
+    # one writer of the host's copies per attempt: the two processes share this machine
+    for logs in (run_dir / "logs", run_dir / "logs" / "attempt-1"):
+        writers = [p.name for p in sorted(logs.glob("process-*.log"))
+                   if "local tier: this process writes its host's copies" in p.read_text()]
+        assert writers == ["process-000.log"], writers
 
 
 # ---- over the real sshd hosts ----------------------------------------------------
@@ -438,6 +443,9 @@ def test_host_0_back_empty_resumes_from_another_hosts_local_copy(tmp_path, two_s
     # 10 or 5: the copies after it unfinished (a loaded machine's writer thread lags)
     assert re.search(r"^\[p0 127\.0\.0\.2\] resumed from the checkpoint of step (?:1[05]|5) \(attempt 1\) "
                      r"in [0-9.]+ s: process 1's local copy$", out, re.M), out[-4000:]
+    # one writer per host: each host's process writes its own host's copies
+    assert len(re.findall(r"local tier: this process writes its host's copies", "".join(
+        p.read_text() for p in (run_dir / "logs").glob("process-*.log")))) == 2
     assert_same_params(params(run_dir), uninterrupted)
     for i in range(2):
         remote = tmp_path / f"host{i}" / "runs" / "linear" / "run"
