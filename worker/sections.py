@@ -243,12 +243,12 @@ class Checkpoint(_Section):
     keep: int = setting(3, check=in_range(1, 1000), doc="checkpoints kept (the newest)")
     local_every_steps: int = setting(
         100, check=non_negative,
-        doc="every process also keeps its newest state in checkpoint.local_dir every N steps "
-        "(the copy off the devices on the step's path, the write in the background; the "
+        doc="every host also keeps the newest state in checkpoint.local_dir every N steps "
+        "(one process per host writes it; the copy off the devices on the step's path, the write in the background; the "
         "newest 2 kept); a restart resumes from the newest step any process or process 0's "
         "checkpoints hold (0 = off)")
     local_dir: str = setting("local-checkpoints", check=LOCAL_PATH,
-                             doc="where each process keeps them, relative to its run directory "
+                             doc="where each host keeps them, relative to its run directory "
                              "or absolute (a RAM disk such as /dev/shm/NAME where the host has one)")
     notice_grace_s: float = setting(
         25.0, check=non_negative,
