@@ -194,7 +194,7 @@ def _spec_changes(run_dir: str, masked: dict) -> list:
             for key in sorted(set(earlier) | set(now)) if earlier.get(key) != now.get(key)]
 
 
-def _write_run_files(plan: planning.Plan, first_attempt: int = 0) -> list:
+def _write_run_files(plan: planning.Plan, first_attempt: int = 0, job=None) -> list:
     """``spec.yaml`` (the resolved spec, secrets masked: it may be shared) and ``job.json``
     (what the workers read, secrets included: mode 0600, readable by the owner only).
 
@@ -205,15 +205,16 @@ def _write_run_files(plan: planning.Plan, first_attempt: int = 0) -> list:
     Returns:
       The settings that changed since the earlier attempts (``key: old -> new``).
     """
+    job = job or plan.job  # the user's spec: hosts a spare or a shrink changed are not its
     os.makedirs(os.path.join(plan.run_dir, "logs"), exist_ok=True)
-    resolved = plan.job.to_dict()
+    resolved = job.to_dict()
     spec_file = os.path.join(plan.run_dir, "spec.yaml")
-    changes = _spec_changes(plan.run_dir, plan.job.to_masked_dict()) if first_attempt else []
+    changes = _spec_changes(plan.run_dir, job.to_masked_dict()) if first_attempt else []
     if changes:
         os.replace(spec_file, os.path.join(plan.run_dir, f"spec.before-attempt-{first_attempt}.yaml"))
     with open(spec_file, "w", encoding="utf-8") as f:
-        f.write(f"# resolved from {os.path.abspath(plan.job.source)}; secrets masked\n")
-        yaml.safe_dump(plan.job.to_masked_dict(), f, sort_keys=False)
+        f.write(f"# resolved from {os.path.abspath(job.source)}; secrets masked\n")
+        yaml.safe_dump(job.to_masked_dict(), f, sort_keys=False)
     # the worker's keys only (its contract, no defaults); secrets in clear: mode 0600
     jobs.for_spec_dict(resolved).to_json(plan.job_path)
     return changes
@@ -275,7 +276,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         held.append(runlock.acquire(run_dir, "--resume" if args.resume else "--run-dir"))
         first_attempt = restarts.next_attempt(run_dir)
         try:
-            changes = _write_run_files(plan, first_attempt if args.resume else 0)
+            changes = _write_run_files(plan, first_attempt if args.resume else 0, job)
         except OSError as exc:  # nothing has started yet: this is bad input
             raise SpecError([Problem("--resume" if args.resume else "--run-dir", None, "",
                                      f"cannot write into {run_dir}: {exc.strerror}; "
@@ -297,6 +298,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
                                             resume=bool(args.resume), began_at=launched_at)
         except BaseException as exc:
             done = getattr(exc, "attempts", ())
+            if isinstance(exc, LaunchError) and done:  # a restart that could not be prepared
+                console.block(restarts.attempts_table(done))
             record.end("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                        attempts=done, made=restarts.next_attempt(run_dir),
                        goodput=_write_ledger(run_dir, done, console)[1])

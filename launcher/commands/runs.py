@@ -163,7 +163,8 @@ class Record:
         for attempt in attempts:
             for change in getattr(attempt, "host_changes", ()):
                 data.setdefault("host_changes", []).append(
-                    {k: change[k] for k in ("attempt", "host", "process_ids", "by", "why")})
+                    {k: change.get(k) for k in ("attempt", "host", "process_ids", "by", "why",
+                                                "num_processes")})
             failure = getattr(attempt, "failure", None)
             if failure is not None:
                 name = failure.failure_class.value

@@ -243,7 +243,8 @@ def add_attempts(earlier: list, attempts: list) -> list:
                       if isinstance(e.get("reached_step"), int)), default=None)
         entry = attempt_entry(attempt.number, attempt.times, attempt.result, before)
         if getattr(attempt, "host_changes", None):
-            entry["host_changes"] = [{k: c[k] for k in ("host", "process_ids", "by", "why")}
+            entry["host_changes"] = [{k: c.get(k) for k in ("host", "process_ids", "by", "why",
+                                                            "num_processes")}
                                      for c in attempt.host_changes]
         entries.append(entry)
     return entries

@@ -1,12 +1,15 @@
-"""Quarantine of a slow host (``restarts.quarantine_slower_than``), process-free: the
-per-process step times a failed attempt's processes reported decide, over the host's own
-time per step (outside JAX), never the whole step time every process shares."""
+"""Which hosts the next attempt of an ssh run uses (launcher.backends.ssh.spares),
+process-free: a spare that keeps the run at its floor of processes, a shrink down to
+``restarts.min_processes``, and the quarantine of a slow host, judged by the host's own
+time per step (outside JAX) against the other hosts', never the whole step time every
+process shares in the all-reduce."""
 
 from __future__ import annotations
 
 import collections
 
-from launcher.backends.ssh.session import SLOW_MARGIN_S, slow_hosts
+from launcher.backends.ssh import spares
+from launcher.backends.ssh.settings import SshHost
 from launcher.state import Exited, Result, State, Tracked
 from launcher.stats import ProcessStats
 
@@ -28,21 +31,72 @@ def result(*own_ms: float) -> Result:
     return Result(processes, processes[0], False, 1.0)
 
 
-def test_the_host_whose_own_time_per_step_is_far_over_the_median_is_named():
+def one_each(n: int) -> list:
+    return [range(i, i + 1) for i in range(n)]
+
+
+def test_the_host_whose_own_time_per_step_is_far_over_the_others_is_named():
     # four hosts of one process; the third spends 100 ms of each step in its own code
-    found = slow_hosts(result(0.5, 0.7, 100.0, 0.3), [range(0, 1), range(1, 2), range(2, 3),
-                                                      range(3, 4)], 3.0)
+    found = spares.slow_hosts(result(0.5, 0.7, 100.0, 0.3), one_each(4), 3.0)
     assert [i for i, _ in found] == [2]
-    assert ("own time per step was 100.0 ms, 166.7 times the median process's 0.6 ms "
+    assert ("own time per step was 100.0 ms, 200.0 times the median of the other hosts' 0.5 ms "
             "(restarts.quarantine_slower_than 3)") in found[0][1], found
 
 
+def test_two_hosts_are_enough_to_tell_the_slow_one():
+    # the median of the others, not of all: with two hosts the slow one's own time would
+    # pull a median of both to half its own, and no ratio of 2 or more could ever be met
+    assert [i for i, _ in spares.slow_hosts(result(100.0, 0.5), one_each(2), 2.0)] == [0]
+
+
 def test_a_host_is_judged_by_its_slowest_process_and_small_gaps_are_noise():
-    # two hosts of two processes: host 1's second process is slow
-    ids = [range(0, 2), range(2, 4)]
-    assert [i for i, _ in slow_hosts(result(1.0, 1.2, 1.1, 40.0), ids, 2.0)] == [1]
-    # ten times the median, yet under SLOW_MARGIN_S more: no verdict on a few milliseconds
-    small = SLOW_MARGIN_S * 1e3 / 2
-    assert slow_hosts(result(0.1, 0.1, 0.1, small), [range(i, i + 1) for i in range(4)], 2.0) == []
-    # nothing known (no progress line) or a single process: nothing to compare with
-    assert slow_hosts(result(5.0), [range(0, 1)], 2.0) == []
+    ids = [range(0, 2), range(2, 4)]  # two hosts of two processes: host 1's second is slow
+    assert [i for i, _ in spares.slow_hosts(result(1.0, 1.2, 1.1, 40.0), ids, 2.0)] == [1]
+    small = spares.SLOW_MARGIN_S * 1e3 / 2  # ten times the others, yet a few ms: no verdict
+    assert spares.slow_hosts(result(0.1, 0.1, 0.1, small), one_each(4), 2.0) == []
+    assert spares.slow_hosts(result(5.0), one_each(1), 2.0) == []  # nothing to compare with
+
+
+def host(name: str, num_processes: int | None = None) -> SshHost:
+    return SshHost(host=name, num_processes=num_processes)
+
+
+def layout(counts, spare_counts=()) -> spares.Layout:
+    return spares.Layout([host(f"h{i}", c) for i, c in enumerate(counts)], list(counts),
+                         [host(f"s{i}", c) for i, c in enumerate(spare_counts)])
+
+
+def processes_on(h: SshHost) -> int:
+    return h.num_processes or 1
+
+
+def test_a_spare_takes_the_place_and_the_ids_are_the_attempt_befores():
+    plan = layout([2, 2], [2])
+    change = spares.replace(plan, 1, "unreachable", None, 4, processes_on)
+    assert change["text"] == "h1 (p2,p3) replaced by spare s0: unreachable"
+    assert change["process_ids"] == [2, 3] and change["num_processes"] == 4
+    assert [h.host for h in plan.specs] == ["h0", "s0"] and plan.spares == []
+
+
+def test_a_spare_with_fewer_processes_is_a_shrink_and_obeys_the_floor():
+    # never shrink (min_processes unset): the 1-process spare is skipped for the next
+    plan = layout([2, 2], [1, 2])
+    change = spares.replace(plan, 1, "unreachable", None, 4, processes_on)
+    assert change["by"] == "s1" and [h.host for h in plan.spares] == ["s0"]
+    # none fits the floor and no shrink allowed: nothing changes
+    plan = layout([2, 2], [1])
+    assert spares.replace(plan, 1, "unreachable", None, 4, processes_on) is None
+    assert [h.host for h in plan.specs] == ["h0", "h1"] and len(plan.spares) == 1
+    # a floor of 3: the 1-process spare is allowed, and the text says the new size
+    change = spares.replace(plan, 1, "unreachable", 3, 4, processes_on)
+    assert change["text"] == "h1 (p2,p3) replaced by spare s0: unreachable; the run goes on with 3 processes"
+
+
+def test_with_no_spare_the_run_shrinks_down_to_its_floor_and_no_further():
+    plan = layout([1, 1, 1, 1])
+    change = spares.replace(plan, 3, "unreachable", 3, 4, processes_on)
+    assert change["text"].startswith("h3 (p3) dropped, no spare left: unreachable; the run "
+                                     "shrinks to 3 processes (restarts.min_processes 3)")
+    assert change["by"] is None and len(plan.specs) == 3
+    assert spares.replace(plan, 0, "unreachable", 3, 4, processes_on) is None
+    assert len(plan.specs) == 3

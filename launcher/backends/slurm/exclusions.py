@@ -61,25 +61,42 @@ class NodeExclusions:
         self.unfit = {}
         if not new:
             return
-        exclude = tuple(self.excluded) + tuple(new)
-        result = self.slurm.run(["sbatch", "--test-only"]
-                                + script.sbatch_options(job, run_dir, exclude), check=False,
-                                stdin=script.script_text(job, run_dir, exclude))
-        if result.returncode != 0:
-            said = (result.stderr or result.stdout).strip().splitlines()
-            listed = "; ".join(f"{n} ({why})" for n, why in new.items())
-            self.console.say(f"not excluding {listed}: without it Slurm cannot place the job "
-                             f"({said[-1] if said else 'sbatch --test-only failed'}); "
-                             "submitting with it")
-            return
-        self.excluded = exclude
-        for node, why in new.items():
+        # all of them if Slurm can place the job without them; else one by one, in the
+        # order found (the node srun reported failed first), as many as still leave room
+        taken: dict = {}
+        for trial in [list(new)] + ([[n] for n in new] if len(new) > 1 else []):
+            if any(n in taken for n in trial):
+                continue
+            exclude = tuple(self.excluded) + tuple(taken) + tuple(trial)
+            said = self._refusal(job, run_dir, exclude)
+            if said is None:
+                taken.update({n: new[n] for n in trial})
+                if len(trial) == len(new):
+                    break
+            elif len(trial) == 1 or len(new) == 1:
+                node = trial[0]
+                self.console.say(f"not excluding {node} ({new[node]}): without it Slurm cannot "
+                                 f"place the job ({said}); submitting with it")
+        self.excluded = tuple(self.excluded) + tuple(taken)
+        for node, why in taken.items():
             text = f"{node} excluded from the resubmission (--exclude): {why}"
             self.console.say(text)
             self.host_changes.append({
                 "host": node, "by": None, "why": why, "text": text,
-                "process_ids": [p.process_id for p in self.last_processes if p.host == node]})
+                "process_ids": [p.process_id for p in self.last_processes if p.host == node],
+                "num_processes": job.num_processes})
             self._unplaced.append(self.host_changes[-1])
+
+    def _refusal(self, job, run_dir: str, exclude: tuple) -> str | None:
+        """Why Slurm could not place the job without ``exclude`` (``sbatch --test-only``'s last
+        line), or None when it could."""
+        result = self.slurm.run(["sbatch", "--test-only"]
+                                + script.sbatch_options(job, run_dir, exclude), check=False,
+                                stdin=script.script_text(job, run_dir, exclude))
+        if result.returncode == 0:
+            return None
+        said = (result.stderr or result.stdout).strip().splitlines()
+        return said[-1] if said else "sbatch --test-only failed"
 
     def placed(self, before: list, now: list) -> None:
         """The job runs on ``now`` (it ran on ``before``): name each excluded node's replacement."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import logging
 import os
 import shlex
 import socket
@@ -31,6 +32,11 @@ import paramiko
 
 from launcher import remote
 from launcher.backends.ssh import hostkeys
+
+# paramiko logs a transport's end (a host gone mid-handshake: "Error reading SSH protocol
+# banner", with a traceback) at ERROR; with no handler of the user's, Python's last-resort
+# handler would print it to stderr. podlaunch reports every such failure itself, per host.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 COMMAND_TIMEOUT_S = 60.0
 

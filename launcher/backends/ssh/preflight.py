@@ -81,18 +81,28 @@ def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: in
     return Check(host, f"workdir/setup/python failed with exit {status}: {tail}")
 
 
-def judge(checks: list, job, python: str, survivors: str) -> None:
-    """Fill in ``reason`` for hosts that answered but are unfit."""
+VERSION_KEYS = ("python", "jax", "jaxlib")
+
+
+def judge(checks: list, job, python: str, survivors: str, reference: dict | None = None) -> None:
+    """Fill in ``reason`` for hosts that answered but are unfit.
+
+    Args:
+      reference: the versions every host must have (``VERSION_KEYS``: the run's hosts', for
+        a spare or a restart); None: the first host that answered sets them.
+    """
     answered = [c for c in checks if c.reason is None]
     if answered:
-        reference = answered[0]
-        keys = ("python", "jax", "jaxlib")
-        want = {k: reference.facts.get(k) for k in keys}
+        keys = VERSION_KEYS
+        if reference is None:
+            want, whose = {k: answered[0].facts.get(k) for k in keys}, f"host {answered[0].host.name}"
+        else:
+            want, whose = reference, "the run's hosts"
         for c in answered:
             if c.facts.get("jax") is None or c.facts.get("jaxlib") is None:
                 c.reason = "jax/jaxlib not installed for " + python
                 continue
-            diff = [f"{k} {c.facts.get(k)} (host {reference.host.name}: {want[k]})"
+            diff = [f"{k} {c.facts.get(k)} ({whose}: {want[k]})"
                     for k in keys if c.facts.get(k) != want[k]]
             if diff:
                 c.reason = "version mismatch: " + ", ".join(diff)
@@ -132,23 +142,24 @@ def table(checks: list, host_labels: Sequence[str]) -> str:
     return "\n".join(rows)
 
 
-def refuse_unfit(checks: list, hosts: list, what: str, host_labels: Sequence[str]) -> None:
+def refuse_unfit(checks: list, hosts: list, what: str, host_labels: Sequence[str],
+                 outcome: str = "nothing was started anywhere") -> None:
     """Close every connection and raise if any check has a reason.
 
     Raises:
-      LaunchError: "<what> failed on k of n hosts; nothing was started anywhere." and the table.
+      LaunchError: "<what> failed on k of n hosts; <outcome>." and the table.
     """
     bad = [c for c in checks if c.reason]
     if bad:
         for h in hosts:
             h.close()
-        raise LaunchError(f"{what} failed on {len(bad)} of {plural(len(hosts), 'host')}; nothing was "
-                          f"started anywhere.\n{table(checks, host_labels)}")
+        raise LaunchError(f"{what} failed on {len(bad)} of {plural(len(hosts), 'host')}; "
+                          f"{outcome}.\n{table(checks, host_labels)}")
 
 
 def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str],
               survivors: str = REFUSE, port: int | None = None, run_name: str = "",
-              refuse: bool = True) -> list:
+              refuse: bool = True, reference: dict | None = None) -> list:
     """Check every host in parallel (at most ``max_parallel`` at once); connections stay open.
 
     Args:
@@ -162,6 +173,7 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
       run_name: this run's directory name (its earlier attempts' survivors are its own).
       refuse: raise when a host is unfit; False: return its Check with the reason, its
         connection closed (a restart that can put a spare in its place).
+      reference: the versions every host must have (``judge``); None: the first host's.
 
     Returns:
       One Check per host, in host order, with facts (``workdir`` absolute,
@@ -175,7 +187,7 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
     with concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(hosts))) as pool:
         checks = list(pool.map(lambda h: _check_host(h, job, settings, survivors, port, run_name),
                                hosts))
-    judge(checks, job, settings.python, survivors)
+    judge(checks, job, settings.python, survivors, reference)
     if refuse:
         refuse_unfit(checks, hosts, "preflight", host_labels)
     for c in checks:

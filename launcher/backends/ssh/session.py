@@ -22,7 +22,7 @@ from launcher.backends.base import Session
 from launcher.errors import LaunchError
 from launcher.backends.ssh import hosts as hostlib
 from launcher.backends.ssh import preflight as checks
-from launcher.backends.ssh import reach
+from launcher.backends.ssh import reach, spares
 from launcher.backends.ssh.channels import HostChannels, close_all
 from launcher.backends.ssh.settings import SshHost, SshSettings
 from launcher.backends.ssh.workers import start_all
@@ -88,7 +88,7 @@ class SshHosts:
         return checks.labels(self.job, self.placements(hosts))
 
     def connect(self, survivors: str = checks.REFUSE, port: int | None = None,
-                refuse: bool = True) -> list:
+                refuse: bool = True, reference: dict | None = None) -> list:
         """Resolve, connect and preflight every host; connections stay open until ``close``.
 
         Args:
@@ -97,6 +97,7 @@ class SshHosts:
           port: the coordinator port to check on host 0 (0 picks one); None: no check.
           refuse: raise when a host is unfit; False: return the checks, some with a
             reason, every connection closed (``refuse_unfit`` raises what True would).
+          reference: the versions every host must have (``preflight.judge``).
 
         Returns:
           One ``preflight.Check`` per host, in host order.
@@ -109,7 +110,8 @@ class SshHosts:
         hosts = self.resolve()
         started = time.monotonic()
         found = checks.preflight(hosts, self.job, self.settings, self.labels(hosts), survivors, port,
-                                 os.path.basename(self.run_dir), refuse=refuse)
+                                 os.path.basename(self.run_dir), refuse=refuse,
+                                 reference=reference)
         if any(c.reason for c in found):
             for host in hosts:
                 host.close()
@@ -173,62 +175,33 @@ class SshHosts:
         self.hosts = []
 
 
-SLOW_MARGIN_S = 0.010  # a slow host is this much slower per step too: no verdict on noise
-
-
-def slow_hosts(result, ids: list, ratio: float) -> list:
-    """``(host index, why)`` of the hosts whose processes' own time per step
-    (``ProcessStats.mean_own_step_time_s``) was over ``ratio`` times the median process's and
-    ``SLOW_MARGIN_S`` more (``restarts.quarantine_slower_than``).
-
-    Args:
-      result: the attempt's ``state.Result``.
-      ids: per host, its process ids (``plan.process_ids``).
-      ratio: the factor over the median.
-    """
-    own = {t.plan.process_id: t.stats.mean_own_step_time_s for t in result.processes}
-    known = sorted(v for v in own.values() if v is not None)
-    if len(known) < 2:
-        return []
-    median = known[len(known) // 2] if len(known) % 2 else sum(known[len(known) // 2 - 1:
-                                                                     len(known) // 2 + 1]) / 2
-    out = []
-    for index, host_ids in enumerate(ids):
-        worst = max((own[i] for i in host_ids if own.get(i) is not None), default=None)
-        if worst is not None and worst > ratio * median and worst > median + SLOW_MARGIN_S:
-            out.append((index, f"quarantined: its processes' own time per step was "
-                        f"{worst * 1e3:.1f} ms, {worst / median if median else float('inf'):.1f} "
-                        f"times the median process's {median * 1e3:.1f} ms "
-                        f"(restarts.quarantine_slower_than {ratio:g})"))
-    return out
-
-
 class SshSession(Session):
     """The ssh backend: the user's hosts, in the order written, and its spares.
 
     A restart (``prepare(restart=True)``, or the first attempt of ``--resume``) runs on the
-    hosts of the attempt before, except
-    a host that fails its preflight after the fault or is quarantined (its processes
-    failed ``restarts.quarantine_after`` times): the next of ``cluster.spares`` takes its
-    place; with no spare left and ``restarts.min_processes`` set, the run shrinks onto
-    the hosts left (``self.job`` is the spec with the hosts the next attempt runs on).
-    Each change is in ``host_changes``.
+    hosts of the attempt before, except a host that fails its preflight after the fault,
+    then one quarantined: a spare takes its place, or the run shrinks
+    (``launcher.backends.ssh.spares``). ``self.job`` is the spec with the hosts the next
+    attempt runs on; each change is in ``host_changes``, said once the restart's hosts
+    are all fit.
     """
 
     def __init__(self, job, run_dir: str, console=None, options=None):
         super().__init__(job, run_dir, console, options)
         cluster = job.cluster
+        self.spec_processes = job.num_processes
         self.spares = list(cluster.spares)
         self.failures: dict = {}      # SshHost -> faults of its processes in this run
         self.quarantine: dict = {}    # SshHost -> why, to be replaced at the next restart
-        self.quarantined: list = []   # (SshHost, why) not used again in this run
+        self.kept: set = set()        # quarantined hosts kept (no spare, no shrink): said once
+        self.reference: dict | None = None  # python, jax, jaxlib of the run's first hosts
         self.ssh = SshHosts(job, cluster, cluster.hosts,
                             [cluster.processes_on(h) for h in cluster.hosts], run_dir, self.console)
 
     def failed(self, plan: planning.Plan, failure, result=None) -> None:
         ids = planning.process_ids(plan.placements)
         if result is not None and self.job.restarts.quarantine_slower_than is not None:
-            for index, why in slow_hosts(result, ids, self.job.restarts.quarantine_slower_than):
+            for index, why in spares.slow_hosts(result, ids, self.job.restarts.quarantine_slower_than):
                 self.quarantine.setdefault(self.ssh.specs[index], why)
         # an infrastructure fault or a stall counts against the host of the process it is
         # read from; a program error would repeat anywhere, a preemption is the system's
@@ -253,73 +226,121 @@ class SshSession(Session):
         # --resume (a dry run and a new run refuse an unfit host: the spec is to be fixed)
         if not (restart or self.options.resume) or self.options.dry_run:
             found = self.ssh.connect(survivors, port=port)
+            if self.reference is None:
+                self.reference = {k: found[0].facts.get(k) for k in checks.VERSION_KEYS}
+            if not restart and self.spares:
+                self._check_spares()
         else:
-            for host, why in list(self.quarantine.items()):
-                del self.quarantine[host]
-                if host in self.ssh.specs and self._replace(self.ssh.specs.index(host), why, True):
-                    self.quarantined.append((host, why))
-            while True:
-                found = self.ssh.connect(survivors, port=port, refuse=False)
-                unfit = [i for i, c in enumerate(found) if c.reason]
-                if not unfit:
-                    break
-                labels = self.ssh.labels(self.ssh.resolve())
-                # the last first, so the indices of the others stay where they are
-                if not all(self._replace(i, f"preflight after the fault: {found[i].reason}")
-                           for i in reversed(unfit)):
-                    self._refuse(found, labels)
+            found = self._connect_replacing(survivors, port, restart)
         address = contract.host_port(self.ssh.coordinator_ip(), found[0].facts['port'])
         self.ssh.check_coordinator(address)
         return self.ssh.placements(), address
 
-    def _replace(self, index: int, why: str, optional: bool = False) -> bool:
-        """Put the next spare in the place of host ``index``, or drop it when shrinking is
-        allowed and the processes left stay at or over ``restarts.min_processes``.
+    def _connect_replacing(self, survivors: str, port: int, restart: bool) -> list:
+        """Connect the next attempt's hosts: a spare (or a shrink) in the place of each host
+        unfit after the fault, then of each quarantined host; the changes are said and kept
+        only once every host is fit (a restart refused leaves the run's hosts as they were).
 
-        Args:
-          optional: the host still works (quarantine): keep it when neither can be done.
-
-        Returns:
-          whether the host was replaced or dropped.
+        Raises:
+          LaunchError: a host is unfit and neither a spare nor a shrink can take its place.
         """
-        specs, counts = list(self.ssh.specs), list(self.ssh.counts)
-        gone, ids = specs[index], planning.process_ids(self.ssh.placements(self.ssh.resolve()))[index]
-        label = f"{gone.host} (" + ",".join(f"p{i}" for i in ids) + ")"
+        before = spares.Layout(list(self.ssh.specs), list(self.ssh.counts), list(self.spares))
+        layout, changes = before.copy(), []
         floor = self.job.restarts.min_processes
-        if self.spares:
-            spare = self.spares.pop(0)
-            specs[index], counts[index] = spare, self.job.cluster.processes_on(spare)
-            text = f"{label} replaced by spare {spare.host}: {why}"
-            change = {"host": gone.host, "process_ids": list(ids), "by": spare.host, "why": why}
-        elif floor is not None and sum(counts) - counts[index] >= floor and len(specs) > 1:
-            del specs[index], counts[index]
-            text = (f"{label} dropped, no spare left: {why}; the run shrinks to "
-                    f"{plural(sum(counts), 'process')} (restarts.min_processes {floor}), the "
-                    "same global batch")
-            change = {"host": gone.host, "process_ids": list(ids), "by": None, "why": why}
-        else:
-            if optional:
-                self.console.say(f"{label} {why}; kept: no spare left in cluster.spares"
-                                 + ("" if floor is None else
-                                    f" and restarts.min_processes {floor} allows no fewer"))
-            return False
-        self.console.say(text)
-        self.host_changes.append({**change, "text": text})
-        self._use(specs, counts)
-        return True
 
-    def _use(self, specs: list, counts: list) -> None:
-        """The next attempt runs on ``specs``: the spec and the SSH hosts say so."""
-        cluster = dataclasses.replace(self.job.cluster, hosts=tuple(specs),
-                                      spares=tuple(self.spares))
+        def replace(index: int, why: str, usable=lambda spare: True):
+            return spares.replace(layout, index, why, floor, self.spec_processes,
+                                  self.job.cluster.processes_on, usable)
+
+        while True:
+            self._use(layout)
+            found = self.ssh.connect(survivors, port=port, refuse=False, reference=self.reference)
+            if self.reference is None:  # --resume: the spec's hosts, before any spare, set it
+                fit = [c for c in found if c.reason is None]
+                if fit:
+                    self.reference = {k: fit[0].facts.get(k) for k in checks.VERSION_KEYS}
+            unfit = [i for i, c in enumerate(found) if c.reason]
+            if unfit:
+                labels = self.ssh.labels(self.ssh.resolve())
+                for i in reversed(unfit):  # the last first: the others' indices stay
+                    change = replace(i, f"preflight after the fault: {found[i].reason}")
+                    if change is None:
+                        self._use(before)
+                        self._refuse(found, labels, restart)
+                    changes.append(change)
+                continue
+            # every host fit: a quarantined one next, by a spare that passes its own check
+            moved = False
+            for i in reversed(range(len(layout.specs))):
+                why = self.quarantine.pop(layout.specs[i], None)
+                if why is None:
+                    continue
+                change = replace(i, why, usable=self._spare_fit)
+                if change is None:
+                    if layout.specs[i] not in self.kept:
+                        self.kept.add(layout.specs[i])
+                        self.console.say(f"{layout.label(i)} {why}; kept: no spare or shrink can "
+                                         "take its place")
+                    continue
+                changes.append(change)
+                moved = True
+            if not moved:
+                break
+            self.ssh.close()
+        for change in changes:
+            self.console.say(change["text"])
+            self.host_changes.append(change)
+        self.spares = layout.spares
+        return found
+
+    def _spare_fit(self, spare) -> bool:
+        """Whether ``spare`` passes a preflight of its own (closed at once), said if not."""
+        found = self._preflight_spares([spare])[0]
+        if found.reason:
+            self.console.say(f"spare {spare.host} not used: {found.reason}")
+        return found.reason is None
+
+    def _preflight_spares(self, specs: list) -> list:
+        """Preflight ``specs`` as spares (no port check, survivors reported), closed after."""
+        others = SshHosts(self.job, self.job.cluster, specs,
+                          [self.job.cluster.processes_on(s) for s in specs], self.run_dir,
+                          self.console)
+        hosts = others.resolve()
+        for host in hosts:
+            host.index = -1  # never host 0: no coordinator port check on a spare
+        found = checks.preflight(hosts, self.job, self.job.cluster, others.labels(hosts),
+                                 checks.REPORT, None, os.path.basename(self.run_dir),
+                                 refuse=False, reference=self.reference)
+        taken = {h.address for h in self.ssh.hosts}
+        for c in found:
+            if c.reason is None and c.host.address in taken:
+                c.reason = f"it is {c.host.address}, already one of cluster.hosts"
+            c.host.close()
+        return found
+
+    def _check_spares(self) -> None:
+        """At the start (and in a dry run): say each spare that could not take a place now."""
+        found = self._preflight_spares(list(self.spares))
+        bad = [c for c in found if c.reason]
+        for c in bad:
+            self.console.say(f"warning: spare {c.host.name} is not fit now ({c.reason}); it is "
+                             "checked again before it takes a place")
+        if not bad:
+            self.console.say(f"spares: {plural(len(found), 'host')} fit to take a place")
+
+    def _use(self, layout: spares.Layout) -> None:
+        """The next attempt runs on ``layout``'s hosts: the spec and the SSH hosts say so."""
+        cluster = dataclasses.replace(self.job.cluster, hosts=tuple(layout.specs),
+                                      spares=tuple(layout.spares))
         self.job = dataclasses.replace(self.job, cluster=cluster)
-        self.ssh.job, self.ssh.specs, self.ssh.counts = self.job, tuple(specs), tuple(counts)
+        self.ssh.job, self.ssh.specs, self.ssh.counts = self.job, tuple(layout.specs), tuple(layout.counts)
 
-    def _refuse(self, found: list, labels: list) -> None:
+    def _refuse(self, found: list, labels: list, restart: bool) -> None:
         """Raise preflight's refusal table, saying why no spare or shrink took the place."""
         floor = self.job.restarts.min_processes
+        what = "the restart's attempt was not started" if restart else "nothing was started"
         try:
-            checks.refuse_unfit(found, [c.host for c in found], "preflight", labels)
+            checks.refuse_unfit(found, [c.host for c in found], "preflight", labels, what)
         except LaunchError as exc:
             raise LaunchError(f"{exc}\nno spare left in cluster.spares, and "
                               + ("restarts.min_processes is unset (no shrinking)" if floor is None

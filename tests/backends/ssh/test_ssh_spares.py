@@ -68,14 +68,22 @@ def test_a_host_gone_for_good_is_replaced_by_the_spare_and_the_run_ends_at_the_s
     """Four hosts and one spare: host 3's sshd stopped and its worker killed at step 10 or
     after. The restart's preflight finds host 3 unreachable; the spare takes its place,
     restores from the newest checkpoint, and the run ends at the uninterrupted 4-process
-    params."""
+    params. Process 0 was slow on attempt 0 (its own 100 ms a step): quarantined for it
+    (``restarts.quarantine_slower_than``), yet kept, as the one spare went to the host
+    that is gone."""
     code, out = lose_host_mid_run(tmp_path, five_ssh_hosts, 3,
-                                  cluster_file(tmp_path, five_ssh_hosts, 4, spares=1))
+                                  cluster_file(tmp_path, five_ssh_hosts, 4, spares=1),
+                                  "--set", "restarts.quarantine_slower_than=2")
     assert code == 0, out[-5000:]
+    assert "podlaunch: spares: 1 host fit to take a place" in out, out[-5000:]
+    assert re.search(r"^podlaunch: 127\.0\.0\.2 \(p0\) quarantined: its processes' own time per "
+                     r"step was \d+\.\d ms, .* the median of the other hosts' .*; kept: no spare or "
+                     r"shrink can take its place$", out, re.M), out[-5000:]
     assert re.search(r"^podlaunch: 127\.0\.0\.5 \(p3\) replaced by spare 127\.0\.0\.6: preflight "
                      r"after the fault: unreachable: connection refused", out, re.M), out[-5000:]
     assert re.search(r"attempt 1 \(infrastructure restart 1 of 10\): starting 4 processes x 1 cpu "
                      r"device on 4 hosts", out), out[-5000:]
+    assert re.search(r"^p0\s+127\.0\.0\.2\s+succeeded", out, re.M), out[-5000:]
     assert re.search(r"^p3\s+127\.0\.0\.6\s+succeeded\s+exit code 0\s+40\b", out, re.M), out[-5000:]
     assert re.search(r"^\[p0 127\.0\.0\.2\] resumed from the checkpoint of step 1[05] \(attempt 1\)",
                      out, re.M), out[-5000:]
@@ -83,7 +91,7 @@ def test_a_host_gone_for_good_is_replaced_by_the_spare_and_the_run_ends_at_the_s
         *COMMON, "--set", "cluster.num_processes=4", "--set", "cluster.devices_per_process=1"))
     # the summary, the ledger and run.json say which host replaced which, and why
     assert re.search(r"before it: 127\.0\.0\.5 \(p3\) replaced by spare 127\.0\.0\.6", out), out[-3000:]
-    change = {"host": "127.0.0.5", "process_ids": [3], "by": "127.0.0.6"}
+    change = {"host": "127.0.0.5", "process_ids": [3], "by": "127.0.0.6", "num_processes": 4}
     ledger = checked_ledger(tmp_path / "run")
     assert [{k: c[k] for k in change} for c in ledger["attempts"][1]["host_changes"]] == [change]
     record = json.loads((tmp_path / "run" / "run.json").read_text())
@@ -202,6 +210,8 @@ def test_a_resume_puts_the_spare_in_the_place_of_a_host_gone_since(tmp_path, fiv
     assert re.search(r"^podlaunch: 127\.0\.0\.3 \(p1\) replaced by spare 127\.0\.0\.4: preflight "
                      r"after the fault: unreachable", out, re.M), out[-5000:]
     assert "[p0 127.0.0.2] resumed from the checkpoint of step 20 (attempt 1)" in out, out[-5000:]
+    # the one setting the user changed, not the hosts the spare changed
+    assert re.search(r"resuming with 1 changed setting .*: train\.num_steps: 20 -> 40$", out, re.M), out
     assert_same_params(params(run_dir), reference_params(*args, "--set", "train.num_steps=40"))
     record = json.loads((run_dir / "run.json").read_text())
     assert [(c["host"], c["by"], c["attempt"]) for c in record["host_changes"]] == [
@@ -209,3 +219,29 @@ def test_a_resume_puts_the_spare_in_the_place_of_a_host_gone_since(tmp_path, fiv
     # a new run (no --resume) refuses the host instead: the spec is to be fixed
     fresh = launch("jobs/linear.yaml", "--cluster", cluster, *args, "--run-dir", str(tmp_path / "new"))
     assert fresh.returncode == 1 and "preflight failed on 1 of 2 hosts" in fresh.stderr, fresh.stderr
+
+
+def test_a_spare_of_other_versions_is_not_the_reference_and_the_fit_hosts_stay(
+        tmp_path, five_ssh_hosts, reference_params):
+    """Host 0 gone; the spare's jax says 0.0.1 (package metadata in its workdir). The run's
+    hosts set the versions, not the first host that answers: the spare is unfit and
+    dropped in turn (``min_processes`` 2), the two fit hosts go on, the params are exact."""
+    metadata = tmp_path / "host3" / "jax-0.0.1.dist-info"
+    metadata.mkdir(parents=True)
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: jax\nVersion: 0.0.1\n")
+    code, out = lose_host_mid_run(tmp_path, five_ssh_hosts, 0,
+                                  cluster_file(tmp_path, five_ssh_hosts, 3, spares=1),
+                                  "--set", "restarts.min_processes=2",
+                                  "--set", "train.global_batch_size=240")
+    assert code == 0, out[-5000:]
+    # said at the start, when it can still be fixed
+    assert re.search(r"^podlaunch: warning: spare 127\.0\.0\.5 is not fit now \(version mismatch: "
+                     r"jax 0\.0\.1 \(the run's hosts: \d", out, re.M), out[-5000:]
+    assert re.search(r"^podlaunch: 127\.0\.0\.5 \(p0\) dropped, no spare left: preflight after the "
+                     r"fault: version mismatch: jax 0\.0\.1 \(the run's hosts: ", out, re.M), out[-5000:]
+    assert "starting 2 processes x 1 cpu device on 2 hosts" in out, out[-5000:]
+    assert re.search(r"^p0\s+127\.0\.0\.3\s+succeeded", out, re.M), out[-5000:]
+    assert_same_params(params(tmp_path / "run"), reference_params(
+        *COMMON, "--set", "train.global_batch_size=240", "--set", "cluster.num_processes=3",
+        "--set", "cluster.devices_per_process=1"))
+    nothing_left(tmp_path, 3)

@@ -1,0 +1,121 @@
+"""Which hosts the next attempt of an ssh run uses: spares, shrinking, quarantine.
+
+After a fault, a host that fails the restart's preflight, or one quarantined (its processes
+failed ``restarts.quarantine_after`` times, or were far slower than the rest:
+``restarts.quarantine_slower_than``), gives its place to the next spare
+(``cluster.spares``) that keeps the run at or over its floor of processes; with none, and
+``restarts.min_processes`` set, the run shrinks onto the hosts left. ``Layout`` is the hosts
+being planned; ``replace`` changes a copy of it, so a restart that cannot be planned whole
+leaves the run's hosts as they were (``launcher.backends.ssh.session.SshSession``).
+After NVIDIA's resiliency extension (hot spares, excluding a failing node) and Ray Train's
+resizable worker group; podlaunch's topology-free order and exact weighted step make the
+run end at the params of the run that never lost a host (docs/recovery.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from launcher.console.words import plural
+
+SLOW_MARGIN_S = 0.010  # a slow host is this much slower per step too: no verdict on noise
+
+
+@dataclasses.dataclass
+class Layout:
+    """The hosts of the next attempt being planned.
+
+    Attributes:
+      specs: ``SshHost``s in process order; counts: processes of each.
+      spares: the spares left, in the order written.
+    """
+
+    specs: list
+    counts: list
+    spares: list
+
+    def copy(self) -> "Layout":
+        return Layout(list(self.specs), list(self.counts), list(self.spares))
+
+    def ids(self, index: int) -> list:
+        """The process ids of host ``index`` (consecutive, in host order: ``make_plan``'s)."""
+        first = sum(self.counts[:index])
+        return list(range(first, first + self.counts[index]))
+
+    def label(self, index: int) -> str:
+        """``127.0.0.5 (p3)``: the host and its processes as the attempt before numbered them."""
+        return f"{self.specs[index].host} (" + ",".join(f"p{i}" for i in self.ids(index)) + ")"
+
+
+def replace(layout: Layout, index: int, why: str, floor: int | None, spec_processes: int,
+            processes_on, usable=lambda spare: True) -> dict | None:
+    """Put a spare in the place of host ``index`` of ``layout``, or drop the host.
+
+    The first spare that keeps the run at or over its floor (``restarts.min_processes``, or
+    the spec's process count when unset: a spare with fewer processes is a shrink too) and
+    that ``usable`` accepts takes the place; with none, the host is dropped when
+    ``floor`` is set and the processes left stay at or over it.
+
+    Args:
+      layout: changed in place when a change is made.
+      index: the host to replace.
+      why: the reason, for the console and the records.
+      floor: ``restarts.min_processes`` (None: never fewer processes than the spec's).
+      spec_processes: the spec's ``num_processes``.
+      processes_on: ``SshHost -> its processes`` (the cluster's ``processes_on``).
+      usable: ``spare -> bool``: a spare that may take a place (one checked first).
+
+    Returns:
+      the change (``{host, process_ids, by, why, num_processes, text}``), or None when
+      neither can be done (``layout`` unchanged).
+    """
+    label, ids = layout.label(index), layout.ids(index)
+    gone, total = layout.specs[index], sum(layout.counts)
+    lowest = spec_processes if floor is None else floor
+    for k, spare in enumerate(layout.spares):
+        left = total - layout.counts[index] + processes_on(spare)
+        if left < lowest or not usable(spare):
+            continue
+        del layout.spares[k]
+        layout.specs[index], layout.counts[index] = spare, processes_on(spare)
+        text = f"{label} replaced by spare {spare.host}: {why}" + (
+            "" if left == total else f"; the run goes on with {plural(left, 'process')}")
+        return {"host": gone.host, "process_ids": ids, "by": spare.host, "why": why,
+                "num_processes": left, "text": text}
+    left = total - layout.counts[index]
+    if floor is None or left < floor or len(layout.specs) < 2:
+        return None
+    del layout.specs[index], layout.counts[index]
+    text = (f"{label} dropped, no spare left: {why}; the run shrinks to "
+            f"{plural(left, 'process')} (restarts.min_processes {floor}), the same global batch")
+    return {"host": gone.host, "process_ids": ids, "by": None, "why": why, "num_processes": left,
+            "text": text}
+
+
+def slow_hosts(result, ids: list, ratio: float) -> list:
+    """``(host index, why)`` of the hosts whose slowest process's own time per step
+    (``ProcessStats.mean_own_step_time_s``: outside JAX) was over ``ratio`` times, and
+    ``SLOW_MARGIN_S`` more than, the median of the *other* hosts' processes
+    (``restarts.quarantine_slower_than``; a median that counts the slow process itself
+    could never be doubled by it with two hosts).
+
+    Args:
+      result: the attempt's ``state.Result``.
+      ids: per host, its process ids (``plan.process_ids``).
+      ratio: the factor over the median.
+    """
+    own = {t.plan.process_id: t.stats.mean_own_step_time_s for t in result.processes}
+    out = []
+    for index, host_ids in enumerate(ids):
+        others = sorted(v for i, v in own.items() if v is not None and i not in host_ids)
+        worst = max((own[i] for i in host_ids if own.get(i) is not None), default=None)
+        if worst is None or not others:
+            continue
+        half = len(others) // 2
+        median = others[half] if len(others) % 2 else (others[half - 1] + others[half]) / 2
+        if worst > ratio * median and worst > median + SLOW_MARGIN_S:
+            times = f"{worst / median:.1f} times" if median else "far over"
+            out.append((index, f"quarantined: its processes' own time per step was "
+                        f"{worst * 1e3:.1f} ms, {times} the median of the other hosts' "
+                        f"{median * 1e3:.1f} ms (restarts.quarantine_slower_than {ratio:g})"))
+    return out
