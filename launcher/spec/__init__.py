@@ -77,8 +77,8 @@ class RestartSpec:
     quarantine_slower_than: float | None = setting(
         None, check=schema.in_range(1.0, 1000.0),
         doc="also quarantine, at the next restart, a host whose processes' own time per step "
-        "(outside JAX) was more than this many times the median process's, and 10 ms more; "
-        "null: never for slowness")
+        "(outside JAX) was more than this many times the median of the other hosts' "
+        "processes, and 10 ms more; null: never for slowness")
     min_processes: int | None = setting(None, check=schema.in_range(1, 100000),
                                         doc="shrink onto the hosts left, down to this many "
                                         "processes, when a host is gone or quarantined and no "
