@@ -9,9 +9,9 @@ import fcntl
 import json
 import os
 import re
-import select
 import subprocess
 import termios
+import threading
 import time
 
 import pytest
@@ -30,17 +30,39 @@ def _controlling_tty():
     sighup_default()
 
 
-def _read_until(fd: int, pattern: str, timeout_s: float = 120) -> str:
-    seen = b""
-    deadline = time.monotonic() + timeout_s
-    while not re.search(pattern, seen.decode(errors="replace")):
-        assert time.monotonic() < deadline, seen.decode(errors="replace")
-        ready, _, _ = select.select([fd], [], [], 1.0)
-        if ready:
-            chunk = os.read(fd, 65536)
-            assert chunk, seen.decode(errors="replace")
-            seen += chunk
-    return seen.decode(errors="replace")
+class _Terminal:
+    """The pty master read on a thread, as a terminal reads it: the launcher's writes never
+    wait on the test (a test that stops reading while it runs ``launch stacks`` filled the
+    pty's buffer, and a launcher blocked in a write answered nothing)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.seen, self.ended = fd, b"", False
+        self._lock = threading.Lock()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:  # EIO: the slave side is closed, or the test closed the master
+                chunk = b""
+            with self._lock:
+                if not chunk:
+                    self.ended = True
+                    return
+                self.seen += chunk
+
+    def text(self) -> str:
+        with self._lock:
+            return self.seen.decode(errors="replace")
+
+    def wait_for(self, pattern: str, timeout_s: float = 120, since: int = 0) -> str:
+        """Everything read so far once ``pattern`` is found past character ``since``."""
+        deadline = time.monotonic() + timeout_s
+        while not re.search(pattern, self.text()[since:]):
+            assert time.monotonic() < deadline and not self.ended, self.text()[-4000:]
+            time.sleep(0.05)
+        return self.text()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -54,8 +76,9 @@ def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_pa
                             cwd=REPO, env=env_for_tests(), stdin=slave, stdout=slave, stderr=slave,
                             start_new_session=True, preexec_fn=_controlling_tty)
     os.close(slave)
+    terminal = _Terminal(master)
     try:
-        shown = _read_until(master, r"\[p0\] step 60/")
+        shown = terminal.wait_for(r"\[p0\] step 60/")
         assert len(run_pids(str(run_dir))) == 2
         # launch stacks on the live run: every process's stacks, and the run goes on
         asked = subprocess.run(LAUNCH + ["stacks", str(run_dir)], cwd=REPO, env=env_for_tests(),
@@ -69,9 +92,9 @@ def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_pa
         if kind == "program":  # its own loop, in tests/programs/faulty_program.py
             assert re.search(r"^stacks: p0 stands in \S+ \(faulty_program\.py:\d+\)", asked.stdout,
                              re.M), asked.stdout
-        seen = _read_until(master, r"stacks \(asked by launch stacks\): read 2 of 2 processes")
-        step = max(int(s) for s in re.findall(r"\[p0\] step (\d+)/", shown + seen))
-        _read_until(master, rf"\[p0\] step {step + 20}/")  # still training
+        seen = terminal.wait_for(r"stacks \(asked by launch stacks\): read 2 of 2 processes")
+        step = max(int(s) for s in re.findall(r"\[p0\] step (\d+)/", seen))
+        terminal.wait_for(rf"\[p0\] step {step + 20}/", since=len(seen))  # still training
         assert len(run_pids(str(run_dir))) == 2
     finally:
         os.close(master)  # the terminal goes away
