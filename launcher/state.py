@@ -342,3 +342,8 @@ class Watchdog:
 
     stall_timeout_s: float | None = None
     first_step_timeout_s: float | None = None
+
+
+# What ledger.json and run.json keep of each ``Session.host_changes`` entry (a host the run
+# stopped using: replaced by a spare, dropped by a shrink, excluded by Slurm)
+HOST_CHANGE_FIELDS = ("host", "process_ids", "by", "why", "num_processes")

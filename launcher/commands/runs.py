@@ -37,6 +37,7 @@ import socket
 import time
 
 from launcher.errors import Problem, SpecError
+from launcher.state import HOST_CHANGE_FIELDS
 from launcher.console.lines import printable as lines_printable
 from launcher.console.words import duration
 
@@ -163,8 +164,7 @@ class Record:
         for attempt in attempts:
             for change in getattr(attempt, "host_changes", ()):
                 data.setdefault("host_changes", []).append(
-                    {k: change.get(k) for k in ("attempt", "host", "process_ids", "by", "why",
-                                                "num_processes")})
+                    {k: change.get(k) for k in ("attempt",) + HOST_CHANGE_FIELDS})
             failure = getattr(attempt, "failure", None)
             if failure is not None:
                 name = failure.failure_class.value

@@ -47,6 +47,13 @@ class FailureClass(enum.Enum):
     FINAL = "final"
 
     @property
+    def counts_against_host(self) -> bool:
+        """Whether a failure of this class counts against the host of the process it is read
+        from (spares, quarantine, a Slurm node's exclusion): an infrastructure fault or a
+        stall; a program error would repeat anywhere, a preemption is the system's."""
+        return self in (FailureClass.INFRASTRUCTURE, FailureClass.STALL)
+
+    @property
     def budget_key(self) -> str | None:
         """The ``restarts`` key that holds this class's budget (None: never retried)."""
         return _BUDGET_KEYS.get(self)

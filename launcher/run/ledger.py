@@ -46,6 +46,7 @@ import json
 import os
 
 from launcher import proctl
+from launcher.state import HOST_CHANGE_FIELDS
 
 LEDGER_FILE = "ledger.json"
 BUCKETS = ("launch", "start_and_join", "compilation", "restore", "productive", "checkpoint",
@@ -243,8 +244,7 @@ def add_attempts(earlier: list, attempts: list) -> list:
                       if isinstance(e.get("reached_step"), int)), default=None)
         entry = attempt_entry(attempt.number, attempt.times, attempt.result, before)
         if getattr(attempt, "host_changes", None):
-            entry["host_changes"] = [{k: c.get(k) for k in ("host", "process_ids", "by", "why",
-                                                            "num_processes")}
+            entry["host_changes"] = [{k: c.get(k) for k in HOST_CHANGE_FIELDS}
                                      for c in attempt.host_changes]
         entries.append(entry)
     return entries

@@ -46,7 +46,7 @@ class NodeExclusions:
 
     def failed(self, plan, failure) -> None:
         """An attempt failed (``launcher.run.classes.Verdict``): count it against its node."""
-        if failure.failure_class.name not in ("INFRASTRUCTURE", "STALL") or failure.process_id < 0:
+        if not failure.failure_class.counts_against_host or failure.process_id < 0:
             return
         node = plan.processes[failure.process_id].host
         self.failures[node] = self.failures.get(node, 0) + 1

@@ -37,8 +37,8 @@ def sbatch_options(job, run_dir: str, exclude: tuple = ()) -> list:
                       ("qos", "qos")):
         if getattr(c, key):
             opts.append(f"--{flag}={getattr(c, key)}")
-    if c.time_limit and c.time_limit.upper() != "UNLIMITED" and c.time_limit_lead_s:  # to the tasks
-        opts.append(f"--signal=TERM@{c.time_limit_lead_s}")
+    if c.signal_lead_s:  # to the tasks (the steps), not the batch shell
+        opts.append(f"--signal=TERM@{c.signal_lead_s}")
     opts.append("--requeue" if c.requeue else "--no-requeue")
     opts.append(f"--output={os.path.join(run_dir, 'slurm', 'batch-%j.out')}")
     opts.append("--open-mode=append")

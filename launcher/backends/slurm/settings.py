@@ -100,3 +100,10 @@ class SlurmCluster(ClusterSettings):
     @property
     def num_processes_total(self) -> int:
         return self.nodes * self.processes_per_node
+
+    @property
+    def signal_lead_s(self) -> int:
+        """The ``--signal=TERM@N`` lead the submitted job asks for: ``time_limit_lead_s``
+        with a finite ``time_limit``, else 0 (none asked)."""
+        limited = self.time_limit and self.time_limit.upper() not in ("UNLIMITED", "INFINITE")
+        return self.time_limit_lead_s if limited else 0

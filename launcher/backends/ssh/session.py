@@ -203,9 +203,7 @@ class SshSession(Session):
         if result is not None and self.job.restarts.quarantine_slower_than is not None:
             for index, why in spares.slow_hosts(result, ids, self.job.restarts.quarantine_slower_than):
                 self.quarantine.setdefault(self.ssh.specs[index], why)
-        # an infrastructure fault or a stall counts against the host of the process it is
-        # read from; a program error would repeat anywhere, a preemption is the system's
-        if failure.failure_class.name not in ("INFRASTRUCTURE", "STALL") or failure.process_id < 0:
+        if not failure.failure_class.counts_against_host or failure.process_id < 0:
             return
         index = next(i for i, host_ids in enumerate(ids) if failure.process_id in host_ids)
         host = self.ssh.specs[index]
@@ -306,8 +304,6 @@ class SshSession(Session):
                           [self.job.cluster.processes_on(s) for s in specs], self.run_dir,
                           self.console)
         hosts = others.resolve()
-        for host in hosts:
-            host.index = -1  # never host 0: no coordinator port check on a spare
         found = checks.preflight(hosts, self.job, self.job.cluster, others.labels(hosts),
                                  checks.REPORT, None, os.path.basename(self.run_dir),
                                  refuse=False, reference=self.reference)

@@ -43,7 +43,7 @@ class Job:
         self.cluster = type("C", (), {"nodes": nodes, "processes_per_node": 1, "cpus_per_process": None,
                                       "platform": "cpu", "partition": None, "time_limit": None,
                                       "account": None, "qos": None, "requeue": False,
-                                      "sbatch_options": (), "time_limit_lead_s": 0,
+                                      "sbatch_options": (), "time_limit_lead_s": 0, "signal_lead_s": 0,
                                       "orphan_timeout_s": 600})()
         self.name = "linear"
 
@@ -87,3 +87,19 @@ def test_no_node_is_excluded_when_the_job_needs_every_node():
     assert said.lines == ["not excluding n2 (srun reported a node failure on it): without it Slurm "
                           "cannot place the job (sbatch: error: Batch job submission failed: "
                           "Requested node configuration is not available); submitting with it"]
+
+
+def test_the_lead_is_asked_for_a_finite_time_limit_only():
+    """``SlurmCluster.signal_lead_s``: what the batch script asks (``--signal=TERM@N``) and
+    what the judge reads a SIGTERM end against, one value."""
+    from launcher.backends.slurm import script
+    from launcher.backends.slurm.settings import SlurmCluster
+
+    for limit, lead, want in (("10", 120, 120), ("10", 0, 0), (None, 120, 0),
+                              ("UNLIMITED", 120, 0), ("infinite", 120, 0)):
+        cluster = SlurmCluster(time_limit=limit, time_limit_lead_s=lead)
+        assert cluster.signal_lead_s == want, (limit, lead)
+        job = Job(1)
+        job.cluster = cluster
+        asked = [o for o in script.sbatch_options(job, "/tmp/run") if o.startswith("--signal")]
+        assert asked == ([f"--signal=TERM@{want}"] if want else []), (limit, asked)
