@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import threading
 from typing import Callable
 
@@ -150,6 +151,24 @@ class LocalTier:
         """Let a write in progress finish (a restart may need it), up to ``wait_s``."""
         if self._thread is not None:
             self._thread.join(wait_s)
+
+
+def remove_all(base: str) -> None:
+    """At the run's end, by its host's writer: every ``process-NNN`` directory of the run in
+    ``base`` (``base_directory``), earlier layouts' too (a shrink or a spare moves process
+    ids, and a process of the last layout may have read another's copy), then ``base`` when
+    that leaves it empty. Nothing is left in a RAM disk; another run's directory is never in
+    ``base``."""
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("process-")]
+    except OSError:
+        return
+    for name in names:
+        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    try:
+        os.rmdir(base)
+    except OSError:  # not empty: the user's own files, or another host's writer is at it
+        pass
 
 
 def newest_here(local_dir: str, run_dir: str, process_id: int, template: list,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import signal
 import sys
 import time
@@ -157,12 +156,10 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         if process_id == 0:
             np.savez(os.path.join(run_dir, "params.npz"), **final)
         if local is not None:  # the run is done: nothing left to restart from
+            from worker import localtier
+
             local.close()
-            shutil.rmtree(local.path, ignore_errors=True)
-            try:
-                os.rmdir(os.path.dirname(local.path))  # the last process's leaves none behind
-            except OSError:
-                pass
+            localtier.remove_all(os.path.dirname(local.path))
         return final
     except BaseException as exc:
         if not isinstance(exc, SystemExit):

@@ -17,7 +17,8 @@ launcher is still connected is another launch of the job running beside this
 one (a sweep), reported with ``"live_launch": true`` and never stopped.
 
 Args (one JSON object): ``modules`` (names to find), ``port`` (int: check it
-is free, 0 picks a free one; null: no check), ``kill_stale`` (bool),
+is free, 0 picks a free one; null: no check), ``kill_stale`` (bool: stop every stale
+survivor), ``stop_own`` (bool: stop only this run's own),
 ``grace_s`` (seconds between TERM and KILL), ``state_dir`` (where the pid
 files are), ``run_dir_env`` (the env name holding a worker's run dir),
 ``own_run_dir`` (this run's directory on the host).
@@ -40,8 +41,9 @@ from launcher import proctl
 MARK = "podlaunch-preflight "
 
 
-def survivors(state_dir, kill, grace_s, run_dir_env, own_run_dir=None):
-    """This node's pid-file records of the job whose group still lives; stops stale ones if ``kill``.
+def survivors(state_dir, kill, grace_s, run_dir_env, own_run_dir=None, stop_own=False):
+    """This node's pid-file records of the job whose group still lives; stops stale ones if
+    ``kill``, or only this run's own (``own_run_dir``: an earlier attempt's) if ``stop_own``.
 
     Records of groups that are gone are removed. Returns the records that
     were alive (or stopped now), each with ``pids`` (still alive at the end).
@@ -60,7 +62,8 @@ def survivors(state_dir, kill, grace_s, run_dir_env, own_run_dir=None):
         pids = proctl.group_members(rec["pgid"], marker)
         rec["live_launch"] = bool(rec.get("watched") and "launcher_gone_at" not in rec
                                   and rec["run_dir"] != own_run_dir)
-        if pids and kill and not rec["live_launch"]:
+        mine = own_run_dir is not None and rec["run_dir"] == own_run_dir
+        if pids and (kill or (stop_own and mine)) and not rec["live_launch"]:
             pids, rec["stopped"] = proctl.stop_group(rec["pgid"], grace_s, marker), True
         rec["pids"] = pids
         if pids or rec.get("stopped"):
@@ -116,7 +119,7 @@ def main(args):
         out.update(check_port(args["port"]))
     own = os.path.abspath(args["own_run_dir"]) if args.get("own_run_dir") else None
     out["survivors"] = survivors(args["state_dir"], args["kill_stale"], args["grace_s"],
-                                 args["run_dir_env"], own)
+                                 args["run_dir_env"], own, args.get("stop_own", False))
     print(MARK + json.dumps(out), flush=True)
     return out
 

@@ -46,6 +46,7 @@ import json
 import os
 
 from launcher import proctl
+from launcher.console.words import plural
 from launcher.state import HOST_CHANGE_FIELDS
 
 LEDGER_FILE = "ledger.json"
@@ -199,7 +200,7 @@ def summary_line(run: dict) -> str | None:
     if largest is not None:
         text += f"; largest badput: {WORDS[largest]} {run['buckets_s'][largest]:.1f} s"
     if run.get("steps_again"):
-        text += f"; {run['steps_again']} steps trained again"
+        text += f"; {plural(run['steps_again'], 'step')} trained again"
     return text
 
 

@@ -214,6 +214,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         except LaunchError as exc:
             # the restart could not be prepared (a host not back, a job that cannot be
             # submitted again): the attempts so far, each failure classified, go with it
+            attempts[-1].verdict = f"failed: {why}; its restart was refused"
             exc.attempts = attempts
             raise
         changes = [dict(c, attempt=attempt + 1) for c in session.host_changes[known:]]

@@ -185,9 +185,10 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                     break
                 if first_failure is not None:
                     first_failure = _root_cause(tracked, output, clock)
-                    others = plural(sum(t.running for t in tracked), "process")
-                    console.say(f"{first_failure.plan.label} failed ({first_failure.exit}); "
-                                f"stopping the other {others}")
+                    running = sum(t.running for t in tracked)
+                    console.say(f"{first_failure.plan.label} failed ({first_failure.exit})"
+                                + (f"; stopping the other {plural(running, 'process')}"
+                                   if running else ""))
                     break
                 if not any(t.running for t in tracked):
                     break

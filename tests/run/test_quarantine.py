@@ -95,8 +95,51 @@ def test_a_spare_with_fewer_processes_is_a_shrink_and_obeys_the_floor():
 def test_with_no_spare_the_run_shrinks_down_to_its_floor_and_no_further():
     plan = layout([1, 1, 1, 1])
     change = spares.replace(plan, 3, "unreachable", 3, 4, processes_on)
-    assert change["text"].startswith("h3 (p3) dropped, no spare left: unreachable; the run "
-                                     "shrinks to 3 processes (restarts.min_processes 3)")
+    assert change["text"].startswith("h3 (p3) dropped (no spare left in cluster.spares): "
+                                     "unreachable; the run shrinks to 3 processes "
+                                     "(restarts.min_processes 3)")
     assert change["by"] is None and len(plan.specs) == 3
     assert spares.replace(plan, 0, "unreachable", 3, 4, processes_on) is None
     assert len(plan.specs) == 3
+
+
+def test_a_spare_that_fails_too_is_one_change_of_the_host_lost_not_a_chain():
+    """The attack's "replaced by spare, then dropped": a spare put in a host's place that
+    fails the same restart's preflight gives the place to the next spare, and the record
+    is one change of the host the run lost, saying why that spare was not used."""
+    plan = layout([1, 1], [1, 1])
+    first = spares.replace(plan, 1, "unreachable", None, 2, processes_on)
+    assert first["by"] == "s0"
+    second = spares.replace(plan, 1, "unreachable: timed out", None, 2, processes_on,
+                            instead=first)
+    assert second["host"] == "h1" and second["by"] == "s1" and second["process_ids"] == [1]
+    assert second["text"] == ("h1 (p1) replaced by spare s1: unreachable (spare s0 not used: "
+                              "unreachable: timed out)")
+    # and a shrink when no spare is left: still the host lost, never the spare
+    plan = layout([1, 1, 1], [1])
+    first = spares.replace(plan, 2, "unreachable", 2, 3, processes_on)
+    dropped = spares.replace(plan, 2, "jax 0.0.1", 2, 3, processes_on, instead=first)
+    assert dropped["host"] == "h2" and dropped["by"] is None and dropped["num_processes"] == 2
+    assert "spare s0 not used: jax 0.0.1" in dropped["text"]
+
+
+def test_the_refusal_says_why_no_spare_took_the_place():
+    """"no spare left" only when none is left; a spare too small for the floor is named."""
+    assert spares.why_no_spare(layout([2, 2]), 1, 4, processes_on) == \
+        "no spare left in cluster.spares"
+    assert spares.why_no_spare(layout([2, 2], [1]), 1, 4, processes_on) == (
+        "the spares left (s0 with 1 process) would leave the run under 4 processes")
+    assert spares.why_no_spare(layout([2, 2], [2]), 1, 4, processes_on) == (
+        "no spare left that passes its check")
+
+
+def test_a_spare_that_is_one_of_the_hosts_by_address_cannot_take_a_place():
+    """A spare written as an ssh_config alias of a host the run uses resolves to the same
+    address: it is refused before it is contacted; the run's own hosts are never refused."""
+    resolved = collections.namedtuple("Resolved", "name address")
+    h0, h1, s0, s1 = host("h0"), host("h1"), host("alias-of-h0"), host("s1")
+    hosts = [resolved("h0", "10.1.1.1:22"), resolved("alias-of-h0", "10.1.1.1:22")]
+    assert spares.address_taken(hosts, [h0, s0], {h0, h1}) == [
+        None, "it is 10.1.1.1:22, already host h0 of the run"]
+    hosts = [resolved("h0", "10.1.1.1:22"), resolved("s1", "10.1.1.2:22")]
+    assert spares.address_taken(hosts, [h0, s1], {h0, h1}) == [None, None]

@@ -212,6 +212,38 @@ def test_identifiers_of_every_backend_are_strict(tmp_path, cluster, needle):
         _refused(result, needle)
 
 
+@pytest.mark.parametrize("cluster, needle", [
+    # sbatch reads any unambiguous prefix of a long option: --signa= is --signal
+    ("sbatch_options: ['--signa=USR1@9']", "--signa (sbatch reads it as --signal) is set by podlaunch"),
+    ("sbatch_options: ['--exclude=n1']", "--exclude changes where the job runs"),
+    ("sbatch_options: ['--nodel=n1']", "--nodel (sbatch reads it as --nodelist) changes where the job runs"),
+    # a lead is a time before a finite limit, and under it
+    ("time_limit: '2', time_limit_lead_s: 120",
+     "cluster.time_limit_lead_s: 120 s is not under cluster.time_limit 2 (120 s)"),
+    ("time_limit_lead_s: 60", "cluster.time_limit_lead_s: 60 s is a lead before cluster.time_limit, "
+     "which is unset"),
+    ("time_limit: UNLIMITED, time_limit_lead_s: 60", "which is UNLIMITED"),
+])
+def test_slurm_options_podlaunch_decides_and_a_lead_not_under_the_limit_are_refused(
+        tmp_path, cluster, needle):
+    for result in _both(_spec(tmp_path, BASE + f"cluster: {{backend: slurm, nodes: 1, {cluster}}}\n")):
+        _refused(result, needle)
+
+
+def test_the_default_lead_is_at_most_half_a_short_time_limit():
+    """The attack's 2-minute job stopped as final after about 20 s: unset, the lead is 120 s
+    or half the limit, whichever is less; every sbatch form of --time is read."""
+    from launcher.backends.slurm.settings import SlurmCluster, time_limit_s
+
+    assert [time_limit_s(v) for v in ("2", "2:30", "1:00:00", "1-0", "1-2:3", "1-2:3:4",
+                                      "UNLIMITED", "infinite")] == [
+        120, 150, 3600, 86400, 93780, 93784, None, None]
+    assert SlurmCluster(time_limit="2").signal_lead_s == 60
+    assert SlurmCluster(time_limit="1:00:00").signal_lead_s == 120
+    assert SlurmCluster(time_limit="1:00:00", time_limit_lead_s=0).signal_lead_s == 0
+    assert SlurmCluster(time_limit="UNLIMITED").signal_lead_s == 0
+
+
 # ---- 4. the host-key refusal's advice is OpenSSH's -------------------------------------------
 def test_known_hosts_names_and_fingerprints_as_openssh_writes_them(tmp_path):
     import subprocess

@@ -256,3 +256,21 @@ def test_a_local_tier_outside_the_run_directory_is_the_runs_own(tmp_path):
     assert localtier.directory(shared, one, 0) == a  # every attempt and --resume
     assert os.path.dirname(localtier.directory("../shared", one, 1)) != \
         os.path.dirname(localtier.directory("../shared", two, 1))
+
+
+def test_the_runs_end_removes_every_layouts_local_copies(tmp_path):
+    """After a shrink or a spare the process ids moved: the end removes every
+    ``process-NNN`` of the run's local directory, not only the last layout's, and the
+    directory itself once empty; a file of the user's beside them stays."""
+    from worker import localtier
+
+    base = tmp_path / "shm" / "run"
+    for name in ("process-000", "process-003"):
+        (base / name).mkdir(parents=True)
+        (base / name / "step-10.npz").write_bytes(b"x")
+    localtier.remove_all(str(base))
+    assert not base.exists()
+    (base / "process-001").mkdir(parents=True)
+    (base / "notes.txt").write_text("mine")
+    localtier.remove_all(str(base))
+    assert sorted(os.listdir(base)) == ["notes.txt"]

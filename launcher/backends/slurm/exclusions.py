@@ -14,6 +14,7 @@ which excludes a failing node from the next launch inside the allocation.
 from __future__ import annotations
 
 from launcher.backends.slurm import script
+from launcher.console.words import plural
 
 
 class NodeExclusions:
@@ -51,8 +52,9 @@ class NodeExclusions:
         node = plan.processes[failure.process_id].host
         self.failures[node] = self.failures.get(node, 0) + 1
         if self.failures[node] >= self.quarantine_after:
-            self.unfit.setdefault(node, f"quarantined: its processes failed {self.failures[node]} "
-                                  f"times in this run (restarts.quarantine_after "
+            self.unfit.setdefault(node, f"quarantined: its processes failed "
+                                  f"{plural(self.failures[node], 'time')} in this run "
+                                  f"(restarts.quarantine_after "
                                   f"{self.quarantine_after})")
 
     def before_resubmission(self, job, run_dir: str) -> None:

@@ -270,8 +270,9 @@ class SlurmSession(Session):
         (``JobLifecycle.judge``). The node srun reported failed (``failed_node``), and those
         of the job's nodes Slurm holds unfit when a step is lost with its job, are excluded
         when the job is submitted again (``NodeExclusions``)."""
-        verdict = self.lifecycle.judge(self.job_id, ended, self.run_dir,
-                                       lead_s=self.job.cluster.signal_lead_s)
+        # the lead is what podlaunch asked of the job it submitted; an allocation's is the user's
+        lead_s = self.job.cluster.signal_lead_s if self.mode == "submit" else 0
+        verdict = self.lifecycle.judge(self.job_id, ended, self.run_dir, lead_s=lead_s)
         if isinstance(verdict, Lost) and self.nodes:
             self.exclusions.lost(self.nodes, failed_node)
         return verdict

@@ -21,6 +21,21 @@ SLURM_NAME = schema.identifier("a Slurm name", r"[A-Za-z0-9_][A-Za-z0-9_.+-]*",
 _TIME = re.compile(r"\d{1,9}(:\d{1,2}){0,2}|\d{1,5}-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
 
 
+def time_limit_s(value: str) -> int | None:
+    """A ``--time`` value in seconds (sbatch's forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM,
+    D-HH:MM:SS); None for UNLIMITED or INFINITE."""
+    if value.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:  # MM, MM:SS, HH:MM:SS
+        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts if len(parts) == 3 else
+                                   [0] + (parts + [0])[:2])
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 def time_limit(value: str) -> str | None:
     if _TIME.fullmatch(value):
         return None
@@ -28,25 +43,43 @@ def time_limit(value: str) -> str | None:
             f"UNLIMITED), got {value!r}")
 
 
+DEFAULT_LEAD_S = 120  # cluster.time_limit_lead_s unset: this, or half the limit when less
+
 _OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_./:,=@%+*\[\]-]+)?")
 # What podlaunch writes itself: an extra line may not change the shape of the job.
 OWN_OPTIONS = ("--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--gpus-per-task",
-               "--gres", "--partition", "--time", "--account", "--qos", "--job-name",
+               "--gpus", "--gres", "--partition", "--time", "--account", "--qos", "--job-name",
                "--output", "--error", "--requeue", "--no-requeue", "--open-mode", "--wrap",
                "--test-only", "--parsable", "--chdir", "--signal")
 
 
+# Options that change where or how many jobs run: podlaunch places, excludes and counts them.
+PLACEMENT_OPTIONS = ("--exclude", "--nodelist", "--nodefile", "--array", "--wait")
+
+
 def sbatch_options(values: tuple) -> str | None:
-    """Extra ``#SBATCH`` lines: long options only, one token each, none podlaunch sets."""
+    """Extra ``#SBATCH`` lines: long options only, one token each, none podlaunch sets.
+
+    sbatch reads a long option by any unambiguous abbreviation (getopt_long), so
+    ``--signa=...`` is ``--signal``: a name that is a prefix of an option podlaunch sets is
+    refused as that option."""
     for value in values:
         if not _OPTION.fullmatch(value):
             return (f"expected sbatch long options like '--constraint=a100' (one token, no spaces, "
                     f"quotes or line breaks), got {value!r}")
         name = value.split("=", 1)[0]
-        if name in OWN_OPTIONS:
-            return (f"{name} is set by podlaunch from the cluster settings (nodes, "
-                    "processes_per_node, devices_per_process, partition, time_limit, time_limit_lead_s, "
-                    f"account, qos, requeue); use those keys instead of {value!r}")
+        own = [o for o in OWN_OPTIONS + PLACEMENT_OPTIONS if o.startswith(name)]
+        if not own:
+            continue
+        what = name if name in own else f"{name} (sbatch reads it as {' or '.join(own)})"
+        if any(o in PLACEMENT_OPTIONS for o in own):
+            return (f"{what} changes where the job runs, which podlaunch decides itself (a "
+                    "resubmission excludes a failed node: docs/slurm.md); use "
+                    "cluster.partition or '--constraint=...' to choose nodes instead of "
+                    f"{value!r}")
+        return (f"{what} is set by podlaunch from the cluster settings (nodes, "
+                "processes_per_node, devices_per_process, partition, time_limit, time_limit_lead_s, "
+                f"account, qos, requeue); use those keys instead of {value!r}")
     return None
 
 
@@ -71,11 +104,12 @@ class SlurmCluster(ClusterSettings):
                                            doc="--cpus-per-task; unset: the site's default")
     partition: str | None = setting(None, check=SLURM_NAME, doc="partition; unset: the default one")
     time_limit: str | None = setting(None, check=time_limit, doc="--time, e.g. 02:00:00")
-    time_limit_lead_s: int = setting(
-        120, check=schema.in_range(0, 65535),
+    time_limit_lead_s: int | None = setting(
+        None, check=schema.in_range(0, 65535),
         doc="with time_limit: --signal=TERM@N, so Slurm SIGTERMs every task about N s before "
-        "the limit (up to 60 s earlier) and every process saves one agreed step; 0: no lead "
-        "(the SIGTERM comes at the limit, KillWait before the SIGKILL)")
+        "the limit (up to 60 s earlier) and every process saves one agreed step; unset: "
+        f"{DEFAULT_LEAD_S} s, or half the time limit when that is less; 0: no lead (the "
+        "SIGTERM comes at the limit, KillWait before the SIGKILL)")
     account: str | None = setting(None, check=SLURM_NAME, doc="--account")
     qos: str | None = setting(None, check=SLURM_NAME, doc="--qos")
     sbatch_options: tuple[str, ...] = setting((), check=sbatch_options,
@@ -103,7 +137,31 @@ class SlurmCluster(ClusterSettings):
 
     @property
     def signal_lead_s(self) -> int:
-        """The ``--signal=TERM@N`` lead the submitted job asks for: ``time_limit_lead_s``
-        with a finite ``time_limit``, else 0 (none asked)."""
-        limited = self.time_limit and self.time_limit.upper() not in ("UNLIMITED", "INFINITE")
-        return self.time_limit_lead_s if limited else 0
+        """The ``--signal=TERM@N`` lead the submitted job asks for, in seconds: with a
+        finite ``time_limit``, ``time_limit_lead_s`` (unset: ``DEFAULT_LEAD_S``, at most half
+        the limit); else 0 (none asked)."""
+        limit_s = time_limit_s(self.time_limit) if self.time_limit else None
+        if limit_s is None:
+            return 0
+        if self.time_limit_lead_s is None:
+            return min(DEFAULT_LEAD_S, limit_s // 2)
+        return self.time_limit_lead_s
+
+    def problems(self) -> list:
+        """A lead without a finite time limit, or one that is not under it."""
+        lead = self.time_limit_lead_s
+        if lead is None:
+            return []
+        limit_s = time_limit_s(self.time_limit) if self.time_limit else None
+        if limit_s is None:
+            if not lead:
+                return []
+            return [("time_limit_lead_s", f"{lead} s is a lead before cluster.time_limit, which is "
+                     f"{'unset' if self.time_limit is None else self.time_limit}: set a finite "
+                     "time_limit or remove time_limit_lead_s")]
+        if lead >= limit_s:
+            return [("time_limit_lead_s", f"{lead} s is not under cluster.time_limit "
+                     f"{self.time_limit} ({limit_s} s): the notice would come before the job "
+                     f"trains (Slurm sends it up to 60 s earlier still); use at most "
+                     f"{limit_s // 2} or raise time_limit")]
+        return []

@@ -27,8 +27,10 @@ from launcher.remote import preflight as remote_preflight
 from launcher.console.words import plural
 from worker import contract
 
-# What preflight does with survivors of an earlier run of the job found on a host.
-REFUSE, STOP, REPORT = "refuse", "stop", "report"
+# What preflight does with survivors of an earlier run of the job found on a host: REFUSE
+# (the host is unfit), STOP (stop them: --kill-stale), REPORT (leave them: a dry run), OWN
+# (stop this run's own, from its failed attempt; refuse another run's: a restart).
+REFUSE, STOP, REPORT, OWN = "refuse", "stop", "report", "own"
 
 
 @dataclasses.dataclass
@@ -62,7 +64,8 @@ def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: in
     except Exception as exc:  # noqa: BLE001  every failure becomes a table row
         return Check(host, connect_error(host, exc))
     args = {"modules": modules(job), "port": port if host.index == 0 else None,
-            "kill_stale": survivors == STOP, "grace_s": settings.grace_s,
+            "kill_stale": survivors == STOP, "stop_own": survivors == OWN,
+            "grace_s": settings.grace_s,
             "state_dir": state_dir(".", job.name), "run_dir_env": contract.RUN_DIR,
             "own_run_dir": os.path.join("runs", job.name, run_name)}  # relative to the workdir
     text = shell_script(host.workdir, settings.setup, dict(settings.env),
@@ -120,7 +123,7 @@ def judge(checks: list, job, python: str, survivors: str, reference: dict | None
             ids = ", ".join(f"p{r['process_id']} (pgid {r['pgid']})" for r in live)
             c.reason = (f"{plural(len(live), 'process group')} of an earlier run of {job.name!r} still alive: "
                         f"{ids} from {live[0]['run_dir']}; "
-                        + ("they survived SIGKILL" if survivors == STOP
+                        + ("they survived SIGKILL" if all(r.get("stopped") for r in live)
                            else "their launcher is gone: rerun with --kill-stale to stop them"))
 
 
@@ -168,7 +171,8 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
       settings: the cluster's SSH settings (python, setup, env, grace_s, max_parallel).
       host_labels: per host, its processes ("p0"), for the refusal table.
       survivors: REFUSE (a survivor makes its host unfit), STOP (stop them: TERM,
-        ``grace_s``, KILL) or REPORT (leave them, the host stays fit: a dry run).
+        ``grace_s``, KILL), REPORT (leave them, the host stays fit: a dry run) or OWN (stop
+        this run's own, refuse another run's: a restart, whose hosts may be new spares).
       port: the coordinator port to check on host 0 (0 picks a free one); None: no check.
       run_name: this run's directory name (its earlier attempts' survivors are its own).
       refuse: raise when a host is unfit; False: return its Check with the reason, its

@@ -74,6 +74,7 @@ class SshHosts:
         self.specs, self.counts = tuple(specs), tuple(counts)
         self.hosts: list = []
         self.channels: dict = {}  # host index -> HostChannels: the attempt's checks and workers
+        self.preflight_s = 0.0    # the last connect's preflight, for ``report``
 
     def resolve(self) -> list:
         """The hosts with their settings by precedence; nothing is contacted.
@@ -88,7 +89,7 @@ class SshHosts:
         return checks.labels(self.job, self.placements(hosts))
 
     def connect(self, survivors: str = checks.REFUSE, port: int | None = None,
-                refuse: bool = True, reference: dict | None = None) -> list:
+                refuse: bool = True, reference: dict | None = None, say: bool = True) -> list:
         """Resolve, connect and preflight every host; connections stay open until ``close``.
 
         Args:
@@ -98,6 +99,8 @@ class SshHosts:
           refuse: raise when a host is unfit; False: return the checks, some with a
             reason, every connection closed (``refuse_unfit`` raises what True would).
           reference: the versions every host must have (``preflight.judge``).
+          say: report the preflight on the console now; False: the caller calls ``report``
+            once (a restart that connects again after a quarantine says it once).
 
         Returns:
           One ``preflight.Check`` per host, in host order.
@@ -118,8 +121,16 @@ class SshHosts:
             return found
         self.hosts = hosts
         self.channels = {h.index: HostChannels(h) for h in hosts}
+        self.preflight_s = time.monotonic() - started
+        if say:
+            self.report(found, survivors)
+        return found
+
+    def report(self, found: list, survivors: str) -> None:
+        """Say what the last ``connect`` found: its time, versions, survivors stopped or left,
+        launches beside this one."""
         stopped = checks.survivors_found(found)
-        self.console.say(f"preflight ok on {plural(len(hosts), 'host')} in {time.monotonic() - started:.1f}s "
+        self.console.say(f"preflight ok on {plural(len(found), 'host')} in {self.preflight_s:.1f}s "
                          f"(python {found[0].facts['python']}, jax {found[0].facts['jax']})"
                          + (f"; stopped {plural(len(stopped), 'stale process group')}" if stopped else ""))
         # preflight refused hosts whose versions differ, so host 0 speaks for all
@@ -134,7 +145,6 @@ class SshHosts:
             ids = ", ".join(f"p{r['process_id']} (pgid {r['pgid']})" for r in left)
             self.console.say(f"dry run: {plural(len(left), 'process group')} of an earlier run still alive, "
                              f"left running: {ids}")
-        return found
 
     def placements(self, hosts: Sequence | None = None, extra_env: Sequence[dict] | None = None
                    ) -> tuple:
@@ -209,16 +219,19 @@ class SshSession(Session):
         host = self.ssh.specs[index]
         self.failures[host] = self.failures.get(host, 0) + 1
         if self.failures[host] >= self.job.restarts.quarantine_after:
-            self.quarantine[host] = (f"quarantined: its processes failed {self.failures[host]} "
-                                     f"times in this run (restarts.quarantine_after "
+            self.quarantine[host] = (f"quarantined: its processes failed "
+                                     f"{plural(self.failures[host], 'time')} in this run "
+                                     f"(restarts.quarantine_after "
                                      f"{self.job.restarts.quarantine_after}; last: {failure.why})")
 
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:
         # a restart's survivors are the failed attempt's: ours to stop
         if self.options.dry_run:
             survivors = checks.REPORT if self.options.kill_stale else checks.REFUSE
-        else:
-            survivors = checks.STOP if self.options.kill_stale or restart else checks.REFUSE
+        elif self.options.kill_stale:
+            survivors = checks.STOP
+        else:  # a restart stops its own failed attempt's; another run's are refused, spares too
+            survivors = checks.OWN if restart else checks.REFUSE
         port = self.job.cluster.coordinator_port
         # a spare or a shrink only after a fault: a restart, or the first attempt of
         # --resume (a dry run and a new run refuse an unfit host: the spec is to be fixed)
@@ -238,34 +251,51 @@ class SshSession(Session):
         """Connect the next attempt's hosts: a spare (or a shrink) in the place of each host
         unfit after the fault, then of each quarantined host; the changes are said and kept
         only once every host is fit (a restart refused leaves the run's hosts as they were).
+        A spare that fails too gives the place to the next one: one change per host lost.
 
         Raises:
           LaunchError: a host is unfit and neither a spare nor a shrink can take its place.
         """
         before = spares.Layout(list(self.ssh.specs), list(self.ssh.counts), list(self.spares))
         layout, changes = before.copy(), []
+        placed: dict = {}  # spare put in a place by this restart -> its change
         floor = self.job.restarts.min_processes
+        lowest = self.spec_processes if floor is None else floor
 
         def replace(index: int, why: str, usable=lambda spare: True):
-            return spares.replace(layout, index, why, floor, self.spec_processes,
-                                  self.job.cluster.processes_on, usable)
+            prior = placed.pop(layout.specs[index], None)
+            change = spares.replace(layout, index, why, floor, self.spec_processes,
+                                    self.job.cluster.processes_on, usable, instead=prior)
+            if change is not None:
+                if prior is not None:
+                    changes.remove(prior)
+                if change["by"] is not None:
+                    placed[layout.specs[index]] = change
+                changes.append(change)
+            return change
 
         while True:
             self._use(layout)
-            found = self.ssh.connect(survivors, port=port, refuse=False, reference=self.reference)
+            hosts = self.ssh.resolve()
+            found = [checks.Check(h, why) for h, why in
+                     zip(hosts, spares.address_taken(hosts, self.ssh.specs, set(before.specs)))]
+            for h in hosts:
+                h.close()
+            if not any(c.reason for c in found):
+                found = self.ssh.connect(survivors, port=port, refuse=False,
+                                         reference=self.reference, say=False)
             if self.reference is None:  # --resume: the spec's hosts, before any spare, set it
-                fit = [c for c in found if c.reason is None]
+                fit = [c for c in found if c.reason is None and c.facts]
                 if fit:
                     self.reference = {k: fit[0].facts.get(k) for k in checks.VERSION_KEYS}
             unfit = [i for i, c in enumerate(found) if c.reason]
             if unfit:
                 labels = self.ssh.labels(self.ssh.resolve())
                 for i in reversed(unfit):  # the last first: the others' indices stay
-                    change = replace(i, f"preflight after the fault: {found[i].reason}")
-                    if change is None:
+                    why = spares.why_no_spare(layout, i, lowest, self.job.cluster.processes_on)
+                    if replace(i, f"preflight after the fault: {found[i].reason}") is None:
                         self._use(before)
-                        self._refuse(found, labels, restart)
-                    changes.append(change)
+                        self._refuse(found, labels, restart, why)
                 continue
             # every host fit: a quarantined one next, by a spare that passes its own check
             moved = False
@@ -273,21 +303,20 @@ class SshSession(Session):
                 why = self.quarantine.pop(layout.specs[i], None)
                 if why is None:
                     continue
-                change = replace(i, why, usable=self._spare_fit)
-                if change is None:
+                if replace(i, why, usable=self._spare_fit) is None:
                     if layout.specs[i] not in self.kept:
                         self.kept.add(layout.specs[i])
                         self.console.say(f"{layout.label(i)} {why}; kept: no spare or shrink can "
                                          "take its place")
                     continue
-                changes.append(change)
                 moved = True
             if not moved:
                 break
             self.ssh.close()
+        self.ssh.report(found, survivors)
         for change in changes:
             self.console.say(change["text"])
-            self.host_changes.append(change)
+            self.host_changes.append({k: v for k, v in change.items() if k != "label"})
         self.spares = layout.spares
         return found
 
@@ -331,14 +360,15 @@ class SshSession(Session):
         self.job = dataclasses.replace(self.job, cluster=cluster)
         self.ssh.job, self.ssh.specs, self.ssh.counts = self.job, tuple(layout.specs), tuple(layout.counts)
 
-    def _refuse(self, found: list, labels: list, restart: bool) -> None:
-        """Raise preflight's refusal table, saying why no spare or shrink took the place."""
+    def _refuse(self, found: list, labels: list, restart: bool, no_spare: str) -> None:
+        """Raise preflight's refusal table, saying why no spare (``no_spare``) or shrink took
+        the place."""
         floor = self.job.restarts.min_processes
         what = "the restart's attempt was not started" if restart else "nothing was started"
         try:
             checks.refuse_unfit(found, [c.host for c in found], "preflight", labels, what)
         except LaunchError as exc:
-            raise LaunchError(f"{exc}\nno spare left in cluster.spares, and "
+            raise LaunchError(f"{exc}\n{no_spare}, and "
                               + ("restarts.min_processes is unset (no shrinking)" if floor is None
                                  else f"restarts.min_processes {floor} allows no fewer "
                                  "processes")) from None

@@ -15,6 +15,7 @@ run end at the params of the run that never lost a host (docs/recovery.md).
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 from launcher.console.words import plural
 
@@ -48,7 +49,7 @@ class Layout:
 
 
 def replace(layout: Layout, index: int, why: str, floor: int | None, spec_processes: int,
-            processes_on, usable=lambda spare: True) -> dict | None:
+            processes_on, usable=lambda spare: True, instead: dict | None = None) -> dict | None:
     """Put a spare in the place of host ``index`` of ``layout``, or drop the host.
 
     The first spare that keeps the run at or over its floor (``restarts.min_processes``, or
@@ -64,13 +65,19 @@ def replace(layout: Layout, index: int, why: str, floor: int | None, spec_proces
       spec_processes: the spec's ``num_processes``.
       processes_on: ``SshHost -> its processes`` (the cluster's ``processes_on``).
       usable: ``spare -> bool``: a spare that may take a place (one checked first).
+      instead: the change that put the spare now at ``index`` there in this same restart
+        (it failed too): the new change is of the host that spare replaced, and says why
+        the spare was not used (one change per host lost, not a chain).
 
     Returns:
-      the change (``{host, process_ids, by, why, num_processes, text}``), or None when
-      neither can be done (``layout`` unchanged).
+      the change (``{host, process_ids, by, why, num_processes, text, label}``), or None
+      when neither can be done (``layout`` unchanged).
     """
-    label, ids = layout.label(index), layout.ids(index)
-    gone, total = layout.specs[index], sum(layout.counts)
+    label, ids, gone = layout.label(index), layout.ids(index), layout.specs[index].host
+    total = sum(layout.counts)
+    if instead is not None:
+        why = f"{instead['why']} (spare {instead['by']} not used: {why})"
+        label, ids, gone = instead["label"], instead["process_ids"], instead["host"]
     lowest = spec_processes if floor is None else floor
     for k, spare in enumerate(layout.spares):
         left = total - layout.counts[index] + processes_on(spare)
@@ -80,16 +87,51 @@ def replace(layout: Layout, index: int, why: str, floor: int | None, spec_proces
         layout.specs[index], layout.counts[index] = spare, processes_on(spare)
         text = f"{label} replaced by spare {spare.host}: {why}" + (
             "" if left == total else f"; the run goes on with {plural(left, 'process')}")
-        return {"host": gone.host, "process_ids": ids, "by": spare.host, "why": why,
-                "num_processes": left, "text": text}
+        return {"host": gone, "process_ids": ids, "by": spare.host, "why": why,
+                "num_processes": left, "text": text, "label": label}
     left = total - layout.counts[index]
     if floor is None or left < floor or len(layout.specs) < 2:
         return None
+    none_left = why_no_spare(layout, index, lowest, processes_on)
     del layout.specs[index], layout.counts[index]
-    text = (f"{label} dropped, no spare left: {why}; the run shrinks to "
-            f"{plural(left, 'process')} (restarts.min_processes {floor}), the same global batch")
-    return {"host": gone.host, "process_ids": ids, "by": None, "why": why, "num_processes": left,
-            "text": text}
+    text = (f"{label} dropped ({none_left}): {why}; the run shrinks to {plural(left, 'process')} "
+            f"(restarts.min_processes {floor}), the same global batch")
+    return {"host": gone, "process_ids": ids, "by": None, "why": why, "num_processes": left,
+            "text": text, "label": label}
+
+
+def why_no_spare(layout: Layout, index: int, lowest: int, processes_on) -> str:
+    """Why no spare took the place of host ``index`` (``replace`` found none), in words."""
+    if not layout.spares:
+        return "no spare left in cluster.spares"
+    without = sum(layout.counts) - layout.counts[index]
+    small = [s for s in layout.spares if without + processes_on(s) < lowest]
+    if len(small) < len(layout.spares):
+        return "no spare left that passes its check"
+    sizes = ", ".join(f"{s.host} with {plural(processes_on(s), 'process')}" for s in small)
+    return (f"the spares left ({sizes}) would leave the run under "
+            f"{plural(lowest, 'process')}")
+
+
+def address_taken(hosts: list, specs: Sequence, earlier: set) -> list:
+    """Per planned host, why it cannot be used before it is contacted: a host new to the run
+    (a spare) that is one of the others by resolved address (an ssh_config alias of one, say)
+    would run two places on one machine. The run's own hosts (``earlier``) keep an address
+    first; None for a host that is fine.
+
+    Args:
+      hosts: the resolved hosts (``address``, ``name``), in host order.
+      specs: each host's ``SshHost`` entry, the same order.
+      earlier: the entries the run used before this restart.
+    """
+    owner: dict = {}
+    for ours in (True, False):
+        for host, spec in zip(hosts, specs):
+            if (spec in earlier) == ours:
+                owner.setdefault(host.address, host.name)
+    return [f"it is {host.address}, already host {owner[host.address]} of the run"
+            if spec not in earlier and owner[host.address] != host.name else None
+            for host, spec in zip(hosts, specs)]
 
 
 def slow_hosts(result, ids: list, ratio: float) -> list:

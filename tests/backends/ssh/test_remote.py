@@ -174,6 +174,26 @@ def test_preflight_finds_survivors_and_stops_them_only_when_asked(tmp_path):
         other_node.kill()
 
 
+def test_a_restart_stops_only_its_own_runs_survivors(tmp_path):
+    """``stop_own`` (a restart without --kill-stale): the failed attempt's processes of this
+    run are stopped; another run's on the same host (a spare's, say) are reported, never
+    stopped."""
+    mine, theirs = str(tmp_path / "this-run"), str(tmp_path / "other-run")
+    own, other = sleeper(env={RUN_DIR_ENV: mine}), sleeper(env={RUN_DIR_ENV: theirs})
+    state = tmp_path / "state"
+    _record(state, "process-000.pid", own.pid, mine)
+    _record(state, "process-001.pid", other.pid, theirs)
+    try:
+        found = preflight.survivors(str(state), False, 1.0, RUN_DIR_ENV, mine, stop_own=True)
+        by_dir = {r["run_dir"]: r for r in found}
+        assert by_dir[mine]["stopped"] and by_dir[mine]["pids"] == []
+        assert not by_dir[theirs].get("stopped") and by_dir[theirs]["pids"] == [other.pid]
+        assert ended(own) == -signal.SIGTERM and other.poll() is None
+    finally:
+        own.kill()
+        other.kill()
+
+
 def test_a_free_port_is_below_the_ephemeral_range_and_free_on_both_families():
     # The CI failure this guards: a bind(0) port lies in the kernel's ephemeral range, an
     # outgoing connection took it before JAX bound [::]:PORT ("Failed to add port to server")

@@ -113,7 +113,7 @@ def test_four_hosts_shrink_to_three_and_end_at_the_four_host_params(
         "--set", "restarts.min_processes=3", "--set", f"train.parallelism={parallelism}",
         "--set", f"train.steps_per_call={steps_per_call}")
     assert code == 0, out[-5000:]
-    assert re.search(r"^podlaunch: 127\.0\.0\.5 \(p3\) dropped, no spare left: preflight after "
+    assert re.search(r"^podlaunch: 127\.0\.0\.5 \(p3\) dropped \(no spare left in cluster\.spares\): preflight after "
                      r"the fault: unreachable: connection refused .*; the run shrinks to 3 processes "
                      r"\(restarts\.min_processes 3\), the same global batch", out, re.M), out[-5000:]
     assert "starting 3 processes x 1 cpu device on 3 hosts" in out, out[-5000:]
@@ -237,8 +237,11 @@ def test_a_spare_of_other_versions_is_not_the_reference_and_the_fit_hosts_stay(
     # said at the start, when it can still be fixed
     assert re.search(r"^podlaunch: warning: spare 127\.0\.0\.5 is not fit now \(version mismatch: "
                      r"jax 0\.0\.1 \(the run's hosts: \d", out, re.M), out[-5000:]
-    assert re.search(r"^podlaunch: 127\.0\.0\.5 \(p0\) dropped, no spare left: preflight after the "
-                     r"fault: version mismatch: jax 0\.0\.1 \(the run's hosts: ", out, re.M), out[-5000:]
+    # one change, of the host the run lost: the spare that failed in its place is the reason
+    assert re.search(r"^podlaunch: 127\.0\.0\.2 \(p0\) dropped \(no spare left in cluster\.spares\): preflight after the "
+                     r"fault: unreachable: .*\(spare 127\.0\.0\.5 not used: preflight after the fault: "
+                     r"version mismatch: jax 0\.0\.1 \(the run's hosts: ", out, re.M), out[-5000:]
+    assert "replaced by spare" not in out, out[-5000:]
     assert "starting 2 processes x 1 cpu device on 2 hosts" in out, out[-5000:]
     assert re.search(r"^p0\s+127\.0\.0\.3\s+succeeded", out, re.M), out[-5000:]
     assert_same_params(params(tmp_path / "run"), reference_params(
