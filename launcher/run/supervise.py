@@ -6,9 +6,10 @@ subprocess, a remote command over SSH, ...) and ``supervise`` does the rest:
 * a reader thread per worker writes each line to ``logs/process-NNN.log``
   first (so nothing is lost) and queues it for the console with a ``[pN]`` prefix
   (lines two threads of a worker glued together are split back first:
-  ``launcher.console.lines``);
-* the main thread polls every worker; the first one that exits non-zero, dies
-  by a signal, or is lost, is the root cause. Every other worker then gets
+  ``launcher.console.lines``; ``launcher.run.output``);
+* the main thread polls every worker (with many processes, a process whose output
+  ended at every poll and all of them less often: ``SWEEP_PROCESSES``); the first one
+  that exits non-zero, dies by a signal, or is lost, is the root cause. Every other worker then gets
   TERM to its process group, ``grace_s`` to exit, then KILL;
 * Ctrl-C, SIGTERM or SIGHUP (the terminal closed) to the launcher stops
   everything the same way (``interrupt_signals``; a SIGHUP that ``nohup``
@@ -23,23 +24,22 @@ The failure report leads with the first failure by time, not the cascade it
 caused (as torch.distributed.elastic does).
 
 Time is injected: ``clock`` (default ``time.monotonic``) is read for every
-timestamp and deadline, and ``sleep`` (default: wait on the workers' output)
-is how the loop lets time pass, so ``tests/run/test_supervise.py`` drives a whole
+timestamp and deadline, and ``sleep`` (default ``time.sleep``; the lines that came
+meanwhile are shown after it) is how the loop lets time pass, so ``tests/run/test_supervise.py`` drives a whole
 run, stall or teardown with fake workers and a fake clock in milliseconds.
 """
 
 from __future__ import annotations
 
-import queue
 import signal
 import threading
 import time
 from typing import Callable, Iterable
 
 from launcher import interrupts, proctl
-from launcher.console import lines
 from launcher.interrupts import Interrupted
-from launcher.run import logfile, profiles, stacks
+from launcher.run import profiles, stacks
+from launcher.run.output import Output, pump
 from launcher.run.pauses import Pauses
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
@@ -51,70 +51,11 @@ KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be rea
 # (JAX's distributed shutdown waits for its peers) before the watchdog calls it stalled,
 # when that is longer than watchdog.stall_timeout_s
 FINISHED_SHUTDOWN_S = 60.0
-
-
-class _Output:
-    """Worker lines on their way to the console; waiting on it is how supervision lets time pass.
-
-    Args:
-      console: where the lines go.
-      sleep: None: wait for the next line (at most the given seconds), in real
-        time; else called with the seconds to let pass (tests advance a fake
-        clock), after which the lines that arrived are shown.
-    """
-
-    def __init__(self, console: Console, sleep: Callable[[float], None] | None = None):
-        self.queue: queue.Queue = queue.Queue()
-        self.console = console
-        self.sleep = sleep
-
-    def put(self, item: tuple) -> None:
-        # (label, text) or (label, text, process_id): the id lets --show filter
-        self.queue.put(item)
-
-    def wait(self, seconds: float) -> None:
-        """Show every line that has arrived, waiting up to ``seconds`` for the first."""
-        if seconds and self.sleep is not None:
-            self.sleep(seconds)
-            seconds = 0
-        try:
-            self.console.line(*(self.queue.get(timeout=seconds) if seconds else self.queue.get_nowait()))
-            while True:
-                self.console.line(*self.queue.get_nowait())
-        except queue.Empty:
-            pass
-
-
-def _pump(tracked: Tracked, out: _Output, clock: Callable[[], float], logs: list) -> None:
-    """Reader thread: log file first, then the console queue.
-
-    A long line (one that arrives in ``lines.Piece``s, or is longer than
-    ``lines.MAX_SHOWN_CHARS``) goes to the log file whole, as it arrives, and
-    to the console and the summary shortened.
-    """
-    with logfile.LogFile(tracked.plan.log_path, lambda text: out.put((tracked.plan.label, text))) as log:
-        logs.append(log)
-        long = lines.Shortened()
-        try:
-            for item in tracked.worker.lines():
-                if isinstance(item, lines.Piece):  # more of this line follows
-                    log.write(item, flush=False)
-                    long.add(item)
-                    continue
-                if long.pending or len(item) > long.max_chars:
-                    log.write(item + "\n")
-                    shown = long.end(item)
-                    if tracked.observe(shown, clock()):
-                        out.put((tracked.plan.label, shown, tracked.plan.process_id))
-                    continue
-                for line in lines.split_glued(item):  # threads' glued lines split back
-                    if not tracked.observe(line, clock()):
-                        continue  # a heartbeat: for the watchdog only
-                    log.write(line + "\n")
-                    out.put((tracked.plan.label, line, tracked.plan.process_id))
-        except Exception as exc:  # a reader must never die silently
-            out.put((tracked.plan.label, f"podlaunch: output stream broke: {exc!r}"))
-        tracked.output_closed(clock())
+# Up to this many processes every poll walks them all (exits, stalls, what was asked); above
+# it the walk comes less often, at most every MAX_SWEEP_S, so that its cost per second stays
+# that of SWEEP_PROCESSES processes (a process whose output ended is still polled at once)
+SWEEP_PROCESSES = 64
+MAX_SWEEP_S = 1.0
 
 
 def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
@@ -143,11 +84,11 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
       A Result; every worker has ended (or been killed) by the time it returns.
     """
     started = clock()
-    output = _Output(console, sleep)
+    output = Output(console, sleep)
     tracked = [Tracked(w) for w in workers]
     logs: list = []  # each reader's LogFile, flushed every poll
     for t in tracked:
-        t.reader = threading.Thread(target=_pump, args=(t, output, clock, logs), daemon=True,
+        t.reader = threading.Thread(target=pump, args=(t, output, clock, logs), daemon=True,
                                     name=f"reader-{t.plan.process_id}")
         t.reader.start()
 
@@ -161,22 +102,31 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
         try:
             if interrupted_by is not None:
                 raise Interrupted(interrupted_by)
-            next_check = clock() + poll_interval_s
+            next_check = next_sweep = clock() + poll_interval_s
+            # every poll: the lines, the log flushes, the status line, and the exit of a
+            # process whose output just ended; the walks over every process (exits, stalls,
+            # what was asked) every poll up to SWEEP_PROCESSES processes, and less often
+            # above, at most every MAX_SWEEP_S (bench/bench_supervise_scale.py: 1,024)
+            sweep_every_s = min(MAX_SWEEP_S,
+                                poll_interval_s * max(1.0, len(tracked) / SWEEP_PROCESSES))
             while True:
-                # lines are shown as they come; the checks below (each walks every process)
-                # run once per poll_interval_s however many lines come in between
                 output.wait(max(0.0, next_check - clock()))
                 if clock() < next_check:
                     continue
                 next_check = clock() + poll_interval_s
+                sweep = clock() >= next_sweep
+                if sweep:
+                    next_sweep = clock() + sweep_every_s
                 for log in logs:
                     log.flush_pending()
                 console.status(tracked)
-                answers.poll(output.wait)  # launch stacks / launch profile; profiles traced
-                for t in tracked:
+                if sweep:
+                    answers.poll(output.wait)  # launch stacks / launch profile; profiles traced
+                watched = tracked if sweep else output.ended()
+                for t in watched:
                     if t.running and t.poll(clock) and not t.exit.ok and first_failure is None:
                         first_failure = t
-                if first_failure is None and watchdog is not None:
+                if first_failure is None and watchdog is not None and sweep:
                     first_failure = _stalled(tracked, watchdog, started, console, clock, pauses)
                 if first_failure is not None and first_failure.stall is not None:
                     # what every process was doing, before the SIGKILL ends it
@@ -190,7 +140,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                                 + (f"; stopping the other {plural(running, 'process')}"
                                    if running else ""))
                     break
-                if not any(t.running for t in tracked):
+                if watched and not any(t.running for t in tracked):
                     break
         except (KeyboardInterrupt, Interrupted) as exc:
             interrupted = True
@@ -290,7 +240,7 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
     return first
 
 
-def _root_cause(tracked: list, output: _Output, clock: Callable[[], float],
+def _root_cause(tracked: list, output: Output, clock: Callable[[], float],
                 window_s: float = 0.3, cause_wait_s: float = 3.0) -> Tracked:
     """The failure that caused the others.
 
@@ -338,7 +288,7 @@ def _root_cause(tracked: list, output: _Output, clock: Callable[[], float],
     return min(candidates, key=lambda t: (t.ended_at if t.eof_at is None else t.eof_at, t.ended_at))
 
 
-def _teardown(tracked: list, grace_s: float, output: _Output, console: Console,
+def _teardown(tracked: list, grace_s: float, output: Output, console: Console,
               clock: Callable[[], float], kill_now: bool = False,
               notice_grace_s: float = 0.0, notice_wait: bool = False) -> None:
     """Stop every running worker: TERM, up to grace_s, then KILL (``proctl.stop``); a

@@ -469,3 +469,29 @@ def test_ctrl_c_during_the_backoff_ends_the_run_as_interrupted(tmp_path, monkeyp
     assert result.exit_code == 130 and len(attempts) == 1
     assert attempts[0].verdict.endswith("retried after 1.5 s; interrupted while waiting")
     assert r.events() == ["plan(restart=False)", "start", "end_attempt"]  # no second plan or start
+
+
+def test_with_many_processes_an_ended_one_is_seen_at_once_and_the_rest_are_walked_less_often(tmp_path):
+    """issue 29: with 1,024 processes, walking every one at every poll (exits, stalls) was most
+    of the loop's CPU. Above ``SWEEP_PROCESSES`` the walk comes less often, but a process
+    whose output ended is polled at the next poll: every other process is told to stop at
+    the same moment as in a run of two."""
+    def run_of(count: int, path) -> tuple:
+        run = Run(path)
+        for i in range(count):
+            ends = dict(exit=Exited(1), exit_at=1.02) if i == count - 1 else {}
+            run.worker(lines=[(0.2, progress(1))], **ends)
+        first, polled = run.workers[0], []
+        first.poll = lambda poll=first.poll: (polled.append(run.clock.now), poll())[1]
+        result = run.supervise(grace_s=1.0)
+        assert result.first_failure.plan.process_id == count - 1
+        told = [at for w in run.workers for what, at in w.calls if what == "terminate"]
+        assert len(told) == count - 1
+        return max(told), sum(at < 1.02 for at in polled)  # the polls while all ran
+
+    many = 2 * supervision.SWEEP_PROCESSES  # a walk every 2 polls
+    (tmp_path / "two").mkdir()
+    told_two, polls_two = run_of(2, tmp_path / "two")
+    told_many, polls_many = run_of(many, tmp_path)
+    assert told_many == pytest.approx(told_two), (told_many, told_two)
+    assert polls_many <= polls_two / 2 + 2, (polls_many, polls_two)
