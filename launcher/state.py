@@ -208,7 +208,8 @@ class Tracked:
             self.stacks_at = now
             return False
         self.in_stacks = False
-        if contract.is_finished(line):
+        progress = contract.parse_progress(line)  # parsed once: finished, stats
+        if contract.is_finished(line, progress):
             self.finished = True
         if self.joining is None and (joining := contract.JOINING_RE.match(line)):
             self.joining = joining.group("address")
@@ -226,7 +227,7 @@ class Tracked:
             self.failed_reported_at = reported
             return False
         self.tail.append(line)
-        self.stats.observe(line, now)
+        self.stats.observe(line, now, progress)
         return True
 
     def stacks_begin(self) -> None:

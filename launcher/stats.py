@@ -36,10 +36,13 @@ class ProcessStats:
     restores: list = dataclasses.field(default_factory=list)   # [(at, seconds)]
     profiles: list = dataclasses.field(default_factory=list)   # [worker.profiling.Trace]
 
-    def observe(self, line: str, now: float | None = None) -> contract.Progress | None:
+    def observe(self, line: str, now: float | None = None,
+                progress: contract.Progress | None | bool = False) -> contract.Progress | None:
         """Update from one output line read at ``now``; returns its Progress, or None for
-        other lines."""
-        progress = contract.parse_progress(line)
+        other lines. ``progress``: the line's ``contract.parse_progress``, when the caller
+        parsed it already (False: parse it here)."""
+        if progress is False:
+            progress = contract.parse_progress(line)
         if progress is None and (cache := contract.CACHE_RE.match(line)):
             self.cache_hits, self.cache_misses = int(cache["hits"]), int(cache["misses"])
             self.first_step_s = None if cache["seconds"] == "?" else float(cache["seconds"])

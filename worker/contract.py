@@ -141,12 +141,11 @@ EXIT_DATA = 5
 DONE_LINE = "done"
 
 
-def is_finished(line: str) -> bool:
-    """Whether ``line`` says the run's training is complete (``DONE_LINE`` or step N/N)."""
-    if line == DONE_LINE:
-        return True
-    progress = parse_progress(line)
-    return progress is not None and progress.step >= progress.num_steps
+def is_finished(line: str, progress: "Progress | None | bool" = False) -> bool:
+    """Whether ``line`` says training is complete (``DONE_LINE``, step N/N); ``progress``:
+    its ``parse_progress`` if the caller has it (False: parsed here)."""
+    progress = parse_progress(line) if progress is False else progress
+    return line == DONE_LINE or (progress is not None and progress.step >= progress.num_steps)
 
 
 class Progress(NamedTuple):
