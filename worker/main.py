@@ -231,8 +231,9 @@ def _local_tier(identity: contract.Identity, job: jobs.WorkerJob, num_batches: i
             "this attempt")
         return None
 
+    every = job.checkpoint.local_every_steps
     out(f"local tier: this process writes its host's copies every "
-        f"{job.checkpoint.local_every_steps} steps in {base}")
+        f"{'step' if every == 1 else f'{every} steps'} in {base}")
     tier = localtier.LocalTier(localtier.directory(job.checkpoint.local_dir, identity.run_dir,
                                                    identity.process_id),
                                job.checkpoint.local_every_steps, num_batches, order, unreplicate, out)

@@ -64,7 +64,8 @@ class Records:
         lost = self.gather.lost_batches
         if lost > self._warned_lost:
             self._warned_lost = lost
-            self.out(f"warning: {lost} batches of other processes' step times were overwritten "
+            self.out(f"warning: {lost} batch{'' if lost == 1 else 'es'} of other processes' step "
+                     "times were overwritten "
                      "before process 0 read them; their per-process values are NaN")
 
     def drain(self, timeout_s: float, ending: bool = False) -> None:

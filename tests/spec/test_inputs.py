@@ -219,7 +219,10 @@ def test_identifiers_of_every_backend_are_strict(tmp_path, cluster, needle):
     ("sbatch_options: ['--nodel=n1']", "--nodel (sbatch reads it as --nodelist) changes where the job runs"),
     # a lead is a time before a finite limit, and under it
     ("time_limit: '2', time_limit_lead_s: 120",
-     "cluster.time_limit_lead_s: 120 s is not under cluster.time_limit 2 (120 s)"),
+     "cluster.time_limit_lead_s: 120 s is more than half of cluster.time_limit 2 (120 s)"),
+    ("time_limit: '2', time_limit_lead_s: 61", "use at most 60 or raise time_limit"),
+    # sbatch reads --time=0 as no limit
+    ("time_limit: '0', time_limit_lead_s: 10", "which is 0: set a finite time_limit"),
     ("time_limit_lead_s: 60", "cluster.time_limit_lead_s: 60 s is a lead before cluster.time_limit, "
      "which is unset"),
     ("time_limit: UNLIMITED, time_limit_lead_s: 60", "which is UNLIMITED"),
@@ -236,8 +239,8 @@ def test_the_default_lead_is_at_most_half_a_short_time_limit():
     from launcher.backends.slurm.settings import SlurmCluster, time_limit_s
 
     assert [time_limit_s(v) for v in ("2", "2:30", "1:00:00", "1-0", "1-2:3", "1-2:3:4",
-                                      "UNLIMITED", "infinite")] == [
-        120, 150, 3600, 86400, 93780, 93784, None, None]
+                                      "UNLIMITED", "infinite", "0", "0:00")] == [
+        120, 150, 3600, 86400, 93780, 93784, None, None, None, None]
     assert SlurmCluster(time_limit="2").signal_lead_s == 60
     assert SlurmCluster(time_limit="1:00:00").signal_lead_s == 120
     assert SlurmCluster(time_limit="1:00:00", time_limit_lead_s=0).signal_lead_s == 0

@@ -320,7 +320,7 @@ class SlurmSession(Session):
     def describe_start(self, plan: Plan) -> str:
         c = plan.job.cluster
         return (f"starting {plural(plan.num_processes, 'process')} ({c.processes_per_node} per node x "
-                f"{c.devices_per_process} {c.platform} devices) as steps of Slurm job {self.job_id} "
+                f"{plural(c.devices_per_process, c.platform + ' device')}) as steps of Slurm job {self.job_id} "
                 f"({self.mode}) on {','.join(self.nodes)}, coordinator {plan.coordinator_address}"
                 + (" (0: a free port there, once the workers have said their facts)"
                    if plan.coordinator_address.endswith(":0") else ""))

@@ -23,7 +23,7 @@ _TIME = re.compile(r"\d{1,9}(:\d{1,2}){0,2}|\d{1,5}-\d{1,2}(:\d{1,2}){0,2}|UNLIM
 
 def time_limit_s(value: str) -> int | None:
     """A ``--time`` value in seconds (sbatch's forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM,
-    D-HH:MM:SS); None for UNLIMITED or INFINITE."""
+    D-HH:MM:SS); None for UNLIMITED, INFINITE or 0 (no limit, as sbatch reads it)."""
     if value.upper() in ("UNLIMITED", "INFINITE"):
         return None
     days, _, rest = value.rpartition("-")
@@ -33,7 +33,8 @@ def time_limit_s(value: str) -> int | None:
     else:  # MM, MM:SS, HH:MM:SS
         hours, minutes, seconds = ([0] * (3 - len(parts)) + parts if len(parts) == 3 else
                                    [0] + (parts + [0])[:2])
-    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    return total or None  # sbatch reads --time=0 as no limit
 
 
 def time_limit(value: str) -> str | None:
@@ -159,9 +160,9 @@ class SlurmCluster(ClusterSettings):
             return [("time_limit_lead_s", f"{lead} s is a lead before cluster.time_limit, which is "
                      f"{'unset' if self.time_limit is None else self.time_limit}: set a finite "
                      "time_limit or remove time_limit_lead_s")]
-        if lead >= limit_s:
-            return [("time_limit_lead_s", f"{lead} s is not under cluster.time_limit "
-                     f"{self.time_limit} ({limit_s} s): the notice would come before the job "
-                     f"trains (Slurm sends it up to 60 s earlier still); use at most "
+        if lead > limit_s // 2:
+            return [("time_limit_lead_s", f"{lead} s is more than half of cluster.time_limit "
+                     f"{self.time_limit} ({limit_s} s): the notice would come before most of the "
+                     f"job trains (Slurm sends it up to 60 s earlier still); use at most "
                      f"{limit_s // 2} or raise time_limit")]
         return []

@@ -98,20 +98,39 @@ def _ssh_g(ssh: str, name: str, config_file: str, source: str) -> dict:
     return options
 
 
+class ExactConfig(paramiko.SSHConfig):
+    """A ``paramiko.SSHConfig`` of one exact ``Host`` block per resolved name, looked up by
+    name: paramiko's own lookup tries every block's pattern, so the lookups of N hosts
+    walked N x N blocks (bench/bench_launch_scale.py)."""
+
+    def __init__(self, per_name: dict):
+        super().__init__()
+        self._per_name = per_name  # name -> SSHConfig of its one block
+        # every block, as paramiko keeps them: fabric's Config.clone copies these alone
+        self._config = [block for config in per_name.values() for block in config._config]
+
+    def lookup(self, hostname):
+        config = self._per_name.get(hostname)
+        return config.lookup(hostname) if config is not None else super().lookup(hostname)
+
+    def get_hostnames(self):
+        return set(self._per_name)
+
+
 def as_paramiko(resolved: dict) -> paramiko.SSHConfig:
     """One ``Host`` block per resolved name, exact, for fabric's ``Config(ssh_config=...)``.
 
     ``none`` values (OpenSSH's "unset") are left out, so fabric's defaults apply.
     """
-    blocks = []
+    per_name = {}
     for name, options in resolved.items():
         lines = [f"Host {name}"]
         for key, value in options.items():
             for one in (value if isinstance(value, list) else [value]):
                 if one and one != "none" and not (key == "forwardagent" and one == "no"):
                     lines.append(f"    {key} {one}")
-        blocks.append("\n".join(lines))
-    return paramiko.SSHConfig.from_text("\n".join(blocks) + "\n")
+        per_name[name] = paramiko.SSHConfig.from_text("\n".join(lines) + "\n")
+    return ExactConfig(per_name)
 
 
 _INCLUDE_RE = re.compile(r"^\s*include[\s=]", re.IGNORECASE | re.MULTILINE)

@@ -88,7 +88,7 @@ class TpuSession(Session):
         cluster: TpuCluster = plan.job.cluster
         return (f"starting {plural(plan.num_processes, 'process')} ({plural(cluster.slice_count, 'slice')} x "
                 f"{plural(cluster.hosts_per_slice, 'host')} of {cluster.accelerator_type}) x "
-                f"{plan.job.local_device_count} {cluster.platform} devices over ssh, "
+                f"{plural(plan.job.local_device_count, cluster.platform + ' device')} over ssh, "
                 f"coordinator {plan.coordinator_address}")
 
     def start(self, plan: planning.Plan) -> list:

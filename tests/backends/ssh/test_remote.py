@@ -372,3 +372,35 @@ def test_a_tilde_workdir_is_the_login_home_not_a_directory_named_tilde(tmp_path)
         assert done.stdout.strip() == str(want)
     assert not (home / "~").exists()
     assert remote_path("~user/x") == "'~user/x'"  # only the login user's home is expanded
+
+
+# ---- known_hosts, read once for every host's check ----------------------------------
+def test_known_hosts_is_parsed_once_and_every_host_finds_its_own_keys_in_file_order(tmp_path):
+    """issue 29: each host's check parsed the whole known_hosts again (N hosts: N x N
+    lines). Plain names are found by name, patterns and hashes line by line, as before;
+    an append (accept-new) is seen."""
+    import paramiko
+
+    from launcher.backends.ssh import hostkeys
+
+    made = [paramiko.RSAKey.generate(1024) for _ in range(3)]
+    path = tmp_path / "known_hosts"
+    lines = [f"[127.0.0.{i}]:2222 {made[0].get_name()} {made[0].get_base64()}" for i in range(2, 200)]
+    lines.append(f"[127.0.0.7]:2222,Other {made[1].get_name()} {made[1].get_base64()}")
+    lines.append(f"[127.0.0.*]:2222,![127.0.0.9]:2222 {made[2].get_name()} {made[2].get_base64()}")
+    lines.append(f"@revoked [127.0.0.8]:2222 {made[1].get_name()} {made[1].get_base64()}")
+    hashed = paramiko.HostKeys.hash_host("[127.0.0.250]:2222")
+    lines.append(f"{hashed} {made[1].get_name()} {made[1].get_base64()}")
+    path.write_text("\n".join(lines) + "\n")
+    f = str(path)
+    assert hostkeys.known_keys(f, "[127.0.0.7]:2222") == [made[0], made[1], made[2]]
+    parsed = hostkeys._parsed[f]
+    assert hostkeys.known_keys(f, "other") == [made[1]]  # names are case-insensitive
+    assert hostkeys.known_keys(f, "[127.0.0.9]:2222") == [made[0]]  # negated by the pattern
+    assert hostkeys.known_keys(f, "[127.0.0.8]:2222", "@revoked") == [made[1]]
+    assert hostkeys.known_keys(f, "[127.0.0.250]:2222") == [made[2], made[1]]
+    assert hostkeys.known_keys(f, "nobody") == []
+    assert hostkeys._parsed[f] is parsed  # not parsed again
+    with open(f, "a") as out:
+        out.write(f"nobody {made[1].get_name()} {made[1].get_base64()}\n")
+    assert hostkeys.known_keys(f, "nobody") == [made[1]]
