@@ -328,13 +328,15 @@ class SshSession(Session):
         return found.reason is None
 
     def _preflight_spares(self, specs: list) -> list:
-        """Preflight ``specs`` as spares (no port check, survivors reported), closed after."""
+        """Preflight ``specs`` as spares (no port check), closed after. A survivor of any run
+        makes a spare unfit, as the restart's own preflight would find it (REFUSE, not REPORT:
+        a spare passed here and then refused by the restart was taken for a host lost)."""
         others = SshHosts(self.job, self.job.cluster, specs,
                           [self.job.cluster.processes_on(s) for s in specs], self.run_dir,
                           self.console)
         hosts = others.resolve()
         found = checks.preflight(hosts, self.job, self.job.cluster, others.labels(hosts),
-                                 checks.REPORT, None, os.path.basename(self.run_dir),
+                                 checks.REFUSE, None, os.path.basename(self.run_dir),
                                  refuse=False, reference=self.reference)
         taken = {h.address for h in self.ssh.hosts}
         for c in found:
