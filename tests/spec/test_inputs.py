@@ -216,6 +216,9 @@ def test_identifiers_of_every_backend_are_strict(tmp_path, cluster, needle):
     # sbatch reads any unambiguous prefix of a long option: --signa= is --signal
     ("sbatch_options: ['--signa=USR1@9']", "--signa (sbatch reads it as --signal) is set by podlaunch"),
     ("sbatch_options: ['--exclude=n1']", "--exclude changes where the job runs"),
+    # Slurm's alias of --ntasks-per-node, and its abbreviation
+    ("sbatch_options: ['--tasks-per-node=2']", "--tasks-per-node is set by podlaunch"),
+    ("sbatch_options: ['--tasks-per-n=2']", "--tasks-per-n (sbatch reads it as --tasks-per-node)"),
     ("sbatch_options: ['--nodel=n1']", "--nodel (sbatch reads it as --nodelist) changes where the job runs"),
     # a lead is a time before a finite limit, and under it
     ("time_limit: '2', time_limit_lead_s: 120",

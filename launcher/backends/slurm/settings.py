@@ -48,7 +48,8 @@ DEFAULT_LEAD_S = 120  # cluster.time_limit_lead_s unset: this, or half the limit
 
 _OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_./:,=@%+*\[\]-]+)?")
 # What podlaunch writes itself: an extra line may not change the shape of the job.
-OWN_OPTIONS = ("--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--gpus-per-task",
+OWN_OPTIONS = ("--nodes", "--ntasks", "--ntasks-per-node", "--tasks-per-node", "--cpus-per-task",
+               "--gpus-per-task", "--gpus-per-node",
                "--gpus", "--gres", "--partition", "--time", "--account", "--qos", "--job-name",
                "--output", "--error", "--requeue", "--no-requeue", "--open-mode", "--wrap",
                "--test-only", "--parsable", "--chdir", "--signal")
