@@ -293,6 +293,10 @@ class SshSession(Session):
                 labels = self.ssh.labels(self.ssh.resolve())
                 for i in reversed(unfit):  # the last first: the others' indices stay
                     why = spares.why_no_spare(layout, i, lowest, self.job.cluster.processes_on)
+                    prior = placed.get(layout.specs[i])
+                    if prior is not None:  # the table's row is the spare: say whose place
+                        why = (f"spare {prior['by']}, in the place of {prior['label']} "
+                               f"({prior['why']}), failed its check too; {why}")
                     if replace(i, f"preflight after the fault: {found[i].reason}") is None:
                         self._use(before)
                         self._refuse(found, labels, restart, why)

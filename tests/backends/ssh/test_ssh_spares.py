@@ -248,3 +248,17 @@ def test_a_spare_of_other_versions_is_not_the_reference_and_the_fit_hosts_stay(
         *COMMON, "--set", "train.global_batch_size=240", "--set", "cluster.num_processes=3",
         "--set", "cluster.devices_per_process=1"))
     nothing_left(tmp_path, 3)
+
+
+def test_a_refusal_after_a_spare_failed_in_the_hosts_place_says_whose_place_it_was(
+        tmp_path, five_ssh_hosts):
+    """Third attack: the spare (its sshd down) is tried in host 1's place and fails; the
+    refusal named only the spare and said "no spare left". It now says whose place the spare
+    was in, and why that host went."""
+    cluster = cluster_file(tmp_path, five_ssh_hosts, 2, spares=1)  # spare: 127.0.0.4
+    five_ssh_hosts.stop_host(2)
+    code, out = lose_host_mid_run(tmp_path, five_ssh_hosts, 1, cluster)
+    assert code == 1, out[-5000:]
+    assert re.search(r"spare 127\.0\.0\.4, in the place of 127\.0\.0\.3 \(p1\) \(preflight after the "
+                     r"fault: unreachable: .*\), failed its check too; no spare left in "
+                     r"cluster\.spares, and restarts\.min_processes is unset", out), out[-5000:]
