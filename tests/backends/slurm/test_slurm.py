@@ -526,11 +526,12 @@ def test_a_node_set_down_is_excluded_from_the_resubmission_and_the_run_ends_at_t
     assert not run_pids(str(run_dir))
 
 
-@pytest.mark.parametrize("lead_s", [0, 40])
+@pytest.mark.parametrize("lead_s", [0, 30])
 def test_a_time_limit_is_named_as_such_and_not_resubmitted(slurm, cluster_file, tmp_path, lead_s):
     """TIMEOUT by Slurm's job state (time_limit 1 minute; Slurm checks limits every 30 s), or
-    with a lead (``time_limit_lead_s`` 40: ``--signal=TERM@40``, which Slurm sends up to 60 s
-    early) the limit's notice before it: final either way, one agreed step saved."""
+    with a lead (``time_limit_lead_s`` 30, the most a 1-minute limit allows: ``--signal=TERM@30``,
+    which Slurm sends up to 60 s early) the limit's notice before it: final either way, one
+    agreed step saved."""
     run_dir = tmp_path / "run"
     result = run(slurm, "jobs/linear.yaml", "--cluster",
                  cluster_file(time_limit="'1'", time_limit_lead_s=lead_s),
@@ -540,11 +541,11 @@ def test_a_time_limit_is_named_as_such_and_not_resubmitted(slurm, cluster_file, 
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
     script_text = (run_dir / "slurm" / "job.sbatch").read_text()
-    assert ("#SBATCH --signal=TERM@40\n" in script_text) == bool(lead_s), script_text
+    assert ("#SBATCH --signal=TERM@30\n" in script_text) == bool(lead_s), script_text
     # the summary leads with it, as the reason the attempt is not retried
     if lead_s:
         assert re.search(r"^FAILED: process_id \d on n\d \(Slurm job \d+ is \d+ s from its time "
-                         r"limit, and its notice \(--signal=TERM@40\) stopped the task \(exit code "
+                         r"limit, and its notice \(--signal=TERM@30\) stopped the task \(exit code "
                          r"143\)", out, re.M), out
         assert re.search(r"failed: process_id \d on n\d ended: Slurm job \d+ is \d+ s from its time "
                          r"limit.* raise cluster.time_limit and continue with --resume .*; a "
