@@ -12,6 +12,7 @@ slice-major where slices exist, as JAX's TPU cluster detection does).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shlex
 
@@ -133,6 +134,21 @@ def log_path(run_dir: str, process_id: int, attempt: int = 0) -> str:
     if attempt == 0:
         return os.path.join(run_dir, "logs", name)
     return os.path.join(run_dir, "logs", f"attempt-{attempt}", name)
+
+
+def remote_run_name(run_dir: str) -> str:
+    """The run's directory name on its hosts (``<workdir>/runs/<job>/<name>``): the local run
+    directory's name, then 8 hex digits of a SHA-256 of its real path.
+
+    Two runs whose local directories share a name (``--run-dir a/run`` and ``--run-dir b/run``)
+    get two remote directories, so neither takes the other's workers for its own survivors,
+    nor its checkpoints, local copies or pid records; every attempt and ``--resume`` of one run
+    directory gets the same name (a run directory reached through another path to the same
+    place too: the path is resolved first).
+    """
+    path = os.path.realpath(run_dir)
+    digest = hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{os.path.basename(path)}-{digest}"
 
 
 def in_job_directory(job_name: str, run_dir: str) -> bool:

@@ -26,6 +26,15 @@ SLOW_PROCESS_0 = ("--set", "task.name=faulty_task:make", "--set", "task.args.sle
                   "--set", "task.args.slow_process_id=0")
 
 
+def remote_run_dir(workdir, run_dir, job: str = "linear"):
+    """A host's copy of the run: ``<workdir>/runs/<job>/<name>`` as podlaunch names it
+    (``plan.remote_run_name``: the local name and a hash of its path), a ``Path``."""
+    from pathlib import Path
+
+    from launcher.plan import remote_run_name
+    return Path(workdir) / "runs" / job / remote_run_name(str(run_dir))
+
+
 def params(run_dir) -> dict:
     """A run's final params (``params.npz``): name -> array."""
     with np.load(os.path.join(run_dir, "params.npz")) as f:

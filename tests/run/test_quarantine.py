@@ -143,3 +143,18 @@ def test_a_spare_that_is_one_of_the_hosts_by_address_cannot_take_a_place():
         None, "it is 10.1.1.1:22, already host h0 of the run"]
     hosts = [resolved("h0", "10.1.1.1:22"), resolved("s1", "10.1.1.2:22")]
     assert spares.address_taken(hosts, [h0, s1], {h0, h1}) == [None, None]
+
+
+def test_a_host_the_run_took_out_does_not_come_back_as_a_spare_of_another_name():
+    """Third attack on issue 28, F5: h1 was quarantined (or dropped) at an earlier restart; a
+    spare written as an ssh_config alias of it resolves to h1's address and is refused
+    before it is contacted, in the restart's check and in a spare's own check alike."""
+    resolved = collections.namedtuple("Resolved", "name address")
+    h0, s0, s1 = host("h0"), host("alias-of-h1"), host("s1")
+    taken_out = {"10.1.1.2:22": "h1"}
+    hosts = [resolved("h0", "10.1.1.1:22"), resolved("alias-of-h1", "10.1.1.2:22")]
+    assert spares.address_taken(hosts, [h0, s0], {h0}, taken_out) == [
+        None, "it is 10.1.1.2:22, host h1, which the run took out earlier (a host taken out "
+              "does not come back under another name)"]
+    hosts = [resolved("h0", "10.1.1.1:22"), resolved("s1", "10.1.1.3:22")]
+    assert spares.address_taken(hosts, [h0, s1], {h0}, taken_out) == [None, None]

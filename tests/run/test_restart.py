@@ -21,7 +21,8 @@ import yaml
 
 from harness.helpers import (KINDS, PROGRAMS, REPO, checked_ledger, launch, launched, logged_steps,
                              pids_with_env, program_job, read_scalars)
-from harness.runs import agreed_step, assert_one_agreed_stop, assert_same_params, fault, params, ssh_cluster
+from harness.runs import (agreed_step, assert_one_agreed_stop, assert_same_params, fault, params,
+                          remote_run_dir, ssh_cluster)
 
 pytestmark = pytest.mark.slow
 
@@ -372,7 +373,7 @@ def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, two_ssh_hos
     assert first["buckets_s"]["launch"] > 0 and again["buckets_s"]["launch"] > 0  # preflight, twice
     assert first["buckets_s"]["teardown"] > 0 and again["buckets_s"]["restore"] > 0
     # only process 0's host has checkpoints: process 1 got the state by broadcast
-    remote = [tmp_path / f"host{i}" / "runs" / "linear" / "run" for i in range(2)]
+    remote = [remote_run_dir(tmp_path / f"host{i}", run_dir) for i in range(2)]
     assert sorted(os.listdir(remote[0] / "checkpoints"))[-1] == "step-0000040"
     assert not (remote[1] / "checkpoints").exists()
     # and a copy of host 0's newest checkpoints (keep: 3) in the local run directory, byte for byte
@@ -424,7 +425,7 @@ def test_a_notice_over_ssh_stops_every_host_after_one_saved_step(tmp_path, two_s
                      rf"a notice from process 1: every process stops after step {step}", out), out
     assert_same_params(params(run_dir), uninterrupted)
     for i in range(2):
-        assert not pids_with_env("PODLAUNCH_RUN_DIR", str(tmp_path / f"host{i}" / "runs" / "linear" / "run"))
+        assert not pids_with_env("PODLAUNCH_RUN_DIR", str(remote_run_dir(tmp_path / f"host{i}", run_dir)))
 
 
 def test_host_0_back_empty_resumes_from_another_hosts_local_copy(tmp_path, two_ssh_hosts,
@@ -448,7 +449,7 @@ def test_host_0_back_empty_resumes_from_another_hosts_local_copy(tmp_path, two_s
         p.read_text() for p in (run_dir / "logs").glob("process-*.log")))) == 2
     assert_same_params(params(run_dir), uninterrupted)
     for i in range(2):
-        remote = tmp_path / f"host{i}" / "runs" / "linear" / "run"
+        remote = remote_run_dir(tmp_path / f"host{i}", run_dir)
         assert not (remote / "local-checkpoints").exists()
         assert not pids_with_env("PODLAUNCH_RUN_DIR", str(remote))
 

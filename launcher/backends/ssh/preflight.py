@@ -174,7 +174,8 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
         ``grace_s``, KILL), REPORT (leave them, the host stays fit: a dry run) or OWN (stop
         this run's own, refuse another run's: a restart, whose hosts may be new spares).
       port: the coordinator port to check on host 0 (0 picks a free one); None: no check.
-      run_name: this run's directory name (its earlier attempts' survivors are its own).
+      run_name: this run's directory name on its hosts (``plan.remote_run_name``: its earlier
+        attempts' survivors are its own).
       refuse: raise when a host is unfit; False: return its Check with the reason, its
         connection closed (a restart that can put a spare in its place).
       reference: the versions every host must have (``judge``); None: the first host's.

@@ -38,15 +38,16 @@ def placements(job, settings: SshSettings, hosts: Sequence, run_dir: str,
       job: the validated spec (name, devices per process, platform).
       settings: the cluster's SSH settings (python, env).
       hosts: resolved hosts (``name``, ``workdir``, ``num_processes``).
-      run_dir: the local run directory (its name is the remote one's).
+      run_dir: the local run directory (``plan.remote_run_name`` names the remote one).
       extra_env: per host, environment beyond ``settings.env`` (a TPU slice's).
 
-    The remote run directory is ``<workdir>/runs/<job>/<run>``, and the job JSON
-    is in it (each run its own: launches of one job side by side keep theirs).
+    The remote run directory is ``<workdir>/runs/<job>/<run>-<hash of the local path>``, and
+    the job JSON is in it (each run its own: launches of one job side by side keep theirs,
+    even when their local directories share a name).
     """
     out = []
     for i, host in enumerate(hosts):
-        remote_run_dir = os.path.join(host.workdir, "runs", job.name, os.path.basename(run_dir))
+        remote_run_dir = os.path.join(host.workdir, "runs", job.name, planning.remote_run_name(run_dir))
         out.append(planning.Placement(
             host=host.name, num_processes=host.num_processes,
             local_device_count=job.local_device_count, platform=job.cluster.platform,
@@ -113,7 +114,7 @@ class SshHosts:
         hosts = self.resolve()
         started = time.monotonic()
         found = checks.preflight(hosts, self.job, self.settings, self.labels(hosts), survivors, port,
-                                 os.path.basename(self.run_dir), refuse=refuse,
+                                 planning.remote_run_name(self.run_dir), refuse=refuse,
                                  reference=reference)
         if any(c.reason for c in found):
             for host in hosts:
@@ -204,6 +205,8 @@ class SshSession(Session):
         self.failures: dict = {}      # SshHost -> faults of its processes in this run
         self.quarantine: dict = {}    # SshHost -> why, to be replaced at the next restart
         self.kept: set = set()        # quarantined hosts kept (no spare, no shrink): said once
+        self.taken_out: dict = {}     # address -> the host the run took out there (its name)
+        self.addresses: dict = {}     # SshHost -> its resolved address, as last seen
         self.reference: dict | None = None  # python, jax, jaxlib of the run's first hosts
         self.ssh = SshHosts(job, cluster, cluster.hosts,
                             [cluster.processes_on(h) for h in cluster.hosts], run_dir, self.console)
@@ -277,8 +280,10 @@ class SshSession(Session):
         while True:
             self._use(layout)
             hosts = self.ssh.resolve()
+            self.addresses.update((spec, h.address) for spec, h in zip(self.ssh.specs, hosts))
             found = [checks.Check(h, why) for h, why in
-                     zip(hosts, spares.address_taken(hosts, self.ssh.specs, set(before.specs)))]
+                     zip(hosts, spares.address_taken(hosts, self.ssh.specs, set(before.specs),
+                                                     self.taken_out))]
             for h in hosts:
                 h.close()
             if not any(c.reason for c in found):
@@ -321,6 +326,9 @@ class SshSession(Session):
         for change in changes:
             self.console.say(change["text"])
             self.host_changes.append({k: v for k, v in change.items() if k != "label"})
+        for spec in set(before.specs) - set(layout.specs):  # never back under another name
+            if spec in self.addresses:
+                self.taken_out.setdefault(self.addresses[spec], spec.host)
         self.spares = layout.spares
         return found
 
@@ -340,12 +348,14 @@ class SshSession(Session):
                           self.console)
         hosts = others.resolve()
         found = checks.preflight(hosts, self.job, self.job.cluster, others.labels(hosts),
-                                 checks.REFUSE, None, os.path.basename(self.run_dir),
+                                 checks.REFUSE, None, planning.remote_run_name(self.run_dir),
                                  refuse=False, reference=self.reference)
         taken = {h.address for h in self.ssh.hosts}
         for c in found:
             if c.reason is None and c.host.address in taken:
                 c.reason = f"it is {c.host.address}, already one of cluster.hosts"
+            elif c.reason is None and c.host.address in self.taken_out:
+                c.reason = spares.taken_out_reason(c.host.address, self.taken_out)
             c.host.close()
         return found
 

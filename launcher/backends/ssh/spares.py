@@ -113,25 +113,43 @@ def why_no_spare(layout: Layout, index: int, lowest: int, processes_on) -> str:
             f"{plural(lowest, 'process')}")
 
 
-def address_taken(hosts: list, specs: Sequence, earlier: set) -> list:
+def address_taken(hosts: list, specs: Sequence, earlier: set, taken_out: dict | None = None
+                  ) -> list:
     """Per planned host, why it cannot be used before it is contacted: a host new to the run
     (a spare) that is one of the others by resolved address (an ssh_config alias of one, say)
-    would run two places on one machine. The run's own hosts (``earlier``) keep an address
-    first; None for a host that is fine.
+    would run two places on one machine, and one at the address of a host the run took out
+    (quarantined, dropped, replaced) would bring that host back under another name. The
+    run's own hosts (``earlier``) keep an address first; None for a host that is fine.
 
     Args:
       hosts: the resolved hosts (``address``, ``name``), in host order.
       specs: each host's ``SshHost`` entry, the same order.
       earlier: the entries the run used before this restart.
+      taken_out: {address: name} of the hosts the run took out in earlier restarts.
     """
+    taken_out = taken_out or {}
     owner: dict = {}
     for ours in (True, False):
         for host, spec in zip(hosts, specs):
             if (spec in earlier) == ours:
                 owner.setdefault(host.address, host.name)
-    return [f"it is {host.address}, already host {owner[host.address]} of the run"
-            if spec not in earlier and owner[host.address] != host.name else None
-            for host, spec in zip(hosts, specs)]
+    out = []
+    for host, spec in zip(hosts, specs):
+        if spec in earlier:
+            out.append(None)
+        elif host.address in taken_out:
+            out.append(taken_out_reason(host.address, taken_out))
+        elif owner[host.address] != host.name:
+            out.append(f"it is {host.address}, already host {owner[host.address]} of the run")
+        else:
+            out.append(None)
+    return out
+
+
+def taken_out_reason(address: str, taken_out: dict) -> str:
+    """Why a spare at ``address`` is refused: the run took the host there out earlier."""
+    return (f"it is {address}, host {taken_out[address]}, which the run took out earlier "
+            "(a host taken out does not come back under another name)")
 
 
 def slow_hosts(result, ids: list, ratio: float) -> list:

@@ -194,6 +194,31 @@ def test_a_restart_stops_only_its_own_runs_survivors(tmp_path):
         other.kill()
 
 
+def test_runs_whose_local_directories_share_a_name_get_their_own_on_the_hosts(tmp_path):
+    """Third attack on issue 28, F1: ``--run-dir a/run`` and ``--run-dir b/run`` were both
+    ``<workdir>/runs/<job>/run`` on a host, so one run's restart stopped the other's workers
+    as its own. Each run directory has its own remote name; one run's attempts, its
+    ``--resume`` and a path through a symlink to it keep one."""
+    from launcher.plan import remote_run_name
+    from types import SimpleNamespace
+
+    from launcher.backends.ssh.session import placements
+
+    a, b = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    a.mkdir(parents=True)
+    os.symlink(a, tmp_path / "link")
+    assert remote_run_name(str(a)) != remote_run_name(str(b))
+    assert remote_run_name(str(a)).startswith("run-") and len(remote_run_name(str(a))) == 12
+    assert remote_run_name(str(a)) == remote_run_name(str(tmp_path / "link")) \
+        == remote_run_name(str(a) + "/")
+
+    job = SimpleNamespace(name="linear", local_device_count=2, cluster=SimpleNamespace(platform="cpu"))
+    settings = SimpleNamespace(python="python3", env={})
+    host = SimpleNamespace(name="h", workdir="/w", num_processes=1)
+    dirs = [placements(job, settings, [host], str(d))[0].run_dir for d in (a, b)]
+    assert dirs == [f"/w/runs/linear/{remote_run_name(str(d))}" for d in (a, b)]
+
+
 def test_a_free_port_is_below_the_ephemeral_range_and_free_on_both_families():
     # The CI failure this guards: a bind(0) port lies in the kernel's ephemeral range, an
     # outgoing connection took it before JAX bound [::]:PORT ("Failed to add port to server")

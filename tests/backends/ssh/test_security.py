@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from harness.helpers import REPO, PROGRAMS, launch, launched, pids_with_env
+from harness.runs import remote_run_dir
 from launcher.run import runlock
 from launcher.spec import syncrules
 from launcher.backends.ssh import transfer
@@ -203,7 +204,8 @@ def test_forged_markers_change_nothing_over_ssh_and_files_are_owner_only(tmp_pat
     os.chmod(tmp_path / "prog" / "settings.yaml", 0o644)
     done = launch(job, "--run-dir", str(run_dir), "--show", "all", timeout_s=120)
     _check_forgery_changed_nothing(done.returncode, done.stdout + done.stderr, victim)
-    assert not pids_with_env("PODLAUNCH_RUN_DIR", str(tmp_path / "host0" / "runs" / "forger" / "run"))
+    remote = remote_run_dir(tmp_path / "host0", run_dir, "forger")
+    assert remote.is_dir() and not pids_with_env("PODLAUNCH_RUN_DIR", str(remote))
     # every file podlaunch wrote on the hosts (job file, synced files, manifest, run
     # directory, pid files) is owner-only
     for i in range(NUM_HOSTS):

@@ -23,6 +23,7 @@ import yaml
 
 from harness import helpers
 from harness import sshenv
+from harness.runs import remote_run_dir
 from harness.helpers import NO_RESTARTS, REPO, PROGRAMS, Output, launch, pids_with_env, program_job, start_launch
 from launcher import plan as planning
 from launcher import spec as specs
@@ -64,7 +65,7 @@ def write_cluster(path, ssh_env, **settings) -> str:
 
 
 def remote_run_dirs(path, run_dir, job="linear") -> list[str]:
-    return [str(path / f"host{i}" / "runs" / job / os.path.basename(run_dir)) for i in range(NUM_HOSTS)]
+    return [str(remote_run_dir(path / f"host{i}", run_dir, job)) for i in range(NUM_HOSTS)]
 
 
 def survivors(path, run_dir, timeout_s=15.0, job="linear") -> dict:
@@ -339,7 +340,7 @@ def test_hosts_that_share_one_workdir_run(tmp_path, hosts):
         result = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--run-dir", str(run_dir))
         assert result.returncode == 0, result.stdout + result.stderr
         assert "OK: 4 processes succeeded" in result.stdout
-        remote = str(shared / "runs" / "linear" / run_dir.name)
+        remote = str(remote_run_dir(shared, run_dir))
         assert not pids_with_env("PODLAUNCH_RUN_DIR", remote)
 
 
@@ -581,19 +582,24 @@ def test_sigkilled_launcher_leaves_recorded_survivors_for_the_next_launch(tmp_pa
 def test_a_launch_beside_a_live_one_of_the_same_job_runs_and_kill_stale_spares_it(tmp_path, hosts):
     # A sweep over ssh: the first launch's workers are survivors of "an earlier run" by name,
     # but their launcher is still connected (the wrapper watches its channel): not stale.
+    # The two local run directories share their name ("run"): each host keeps one directory
+    # per run all the same (its name hashes the local path), so neither is the other's own.
     cluster = write_cluster(tmp_path, hosts)
-    first = tmp_path / "first"
+    first, second_dir = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    assert remote_run_dirs(tmp_path, first) != remote_run_dirs(tmp_path, second_dir)
     proc = start_launch("jobs/linear.yaml", "--cluster", cluster, *LONG, "--run-dir", str(first))
     try:
         wait_in_logs(first, r"\[Gloo\] Rank \d is connected", 4)
         second = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--kill-stale",
-                        "--set", "optimizer.learning_rate=0.5", "--run-dir", str(tmp_path / "second"))
+                        "--set", "optimizer.learning_rate=0.5", "--run-dir", str(second_dir))
         assert second.returncode == 0, second.stdout + second.stderr
         assert "its launcher still connected: this one runs beside it" in second.stdout
         assert "stale process group" not in second.stdout, second.stdout
         assert proc.poll() is None, "the live launch was stopped"
         assert set(survivors(tmp_path, first, 0)) == set(range(NUM_HOSTS))
-        assert not survivors(tmp_path, tmp_path / "second", 0)
+        assert not survivors(tmp_path, second_dir, 0)
+        assert all(os.path.isfile(os.path.join(d, "job.json"))
+                   for d in remote_run_dirs(tmp_path, first) + remote_run_dirs(tmp_path, second_dir))
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
     finally:

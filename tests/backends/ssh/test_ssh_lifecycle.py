@@ -23,6 +23,7 @@ import yaml
 
 from harness import netns
 from harness import sshenv
+from harness.runs import remote_run_dir
 from launcher import proctl
 from harness.helpers import NO_RESTARTS, REPO, PROGRAMS, launch, pids_with_env
 
@@ -60,7 +61,7 @@ def leftovers(path, run_dir, num_hosts: int) -> dict:
     """Every host's process table, read: {host index: pids of this run there}, plus the
     reach check's listeners and probes under "reach"."""
     found = {i: pids for i in range(num_hosts) if (pids := pids_with_env(
-        "PODLAUNCH_RUN_DIR", str(path / f"host{i}" / "runs" / "linear" / os.path.basename(run_dir))))}
+        "PODLAUNCH_RUN_DIR", str(remote_run_dir(path / f"host{i}", run_dir))))}
     probes = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -257,7 +258,7 @@ def _refused_start(tmp_path, hosts) -> tuple:
     """Host 1's job file path is a directory: putting the job there fails after host 0
     (max_parallel 1: hosts one after the other) started its 3 workers."""
     run_dir = tmp_path / "run"
-    (tmp_path / "host1" / "runs" / "linear" / "run" / "job.json").mkdir(parents=True)
+    (remote_run_dir(tmp_path / "host1", run_dir) / "job.json").mkdir(parents=True)
     cluster = write_cluster(tmp_path, hosts, [0, 1], processes_per_host=3, max_parallel=1)
     result = launch("jobs/linear.yaml", "--cluster", cluster, *SMALL,
                     "--set", "distributed.initialization_timeout_s=600", "--run-dir", str(run_dir))

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from harness.helpers import LAUNCH, REPO, env_for_tests, launched
-from harness.runs import SLOW_PROCESS_0, assert_same_params, params, ssh_cluster
+from harness.runs import SLOW_PROCESS_0, assert_same_params, params, remote_run_dir, ssh_cluster
 from harness.served import check_served
 from worker import profiling
 
@@ -37,7 +37,7 @@ def test_traces_from_every_host_come_back_and_a_live_request_reaches_each(tmp_pa
     for session in ("steps_20-25", live):
         for p in (0, 1):  # each written on its own host, copied here
             local = profiling.trace_path(str(run_dir), session, p)
-            remote = profiling.trace_path(str(tmp_path / f"host{p}" / "runs" / "linear" / "run"),
+            remote = profiling.trace_path(str(remote_run_dir(tmp_path / f"host{p}", run_dir)),
                                           session, p)
             assert os.path.getsize(local) > 10000 and os.path.exists(remote), (local, remote)
             with open(local, "rb") as mine, open(remote, "rb") as theirs:

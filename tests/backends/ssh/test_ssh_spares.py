@@ -19,7 +19,7 @@ import yaml
 
 from harness.helpers import (PROGRAMS, REPO, checked_ledger, launch, launched, pids_with_env,
                              program_job)
-from harness.runs import assert_same_params, params
+from harness.runs import assert_same_params, params, remote_run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def lose_host_mid_run(tmp_path, env, host: int, cluster: str, *args: str) -> tup
 
 def nothing_left(tmp_path, num_hosts: int, job: str = "linear") -> None:
     for i in range(num_hosts):
-        remote = tmp_path / f"host{i}" / "runs" / job / "run"
+        remote = remote_run_dir(tmp_path / f"host{i}", tmp_path / "run", job)
         assert remote.is_dir(), f"host {i} ran nothing of {job}"
         assert not pids_with_env("PODLAUNCH_RUN_DIR", str(remote)), f"host {i}"
 
@@ -262,3 +262,46 @@ def test_a_refusal_after_a_spare_failed_in_the_hosts_place_says_whose_place_it_w
     assert re.search(r"spare 127\.0\.0\.4, in the place of 127\.0\.0\.3 \(p1\) \(preflight after the "
                      r"fault: unreachable: .*\), failed its check too; no spare left in "
                      r"cluster\.spares, and restarts\.min_processes is unset", out), out[-5000:]
+
+
+def test_a_host_taken_out_does_not_come_back_as_a_spare_under_an_alias(tmp_path, five_ssh_hosts):
+    """Third attack on issue 28, F5: host 1 is quarantined and the spare 127.0.0.4 takes its
+    place; when that spare is quarantined in turn, the next spare, ``again`` (an ssh_config
+    alias of host 1's address), is refused before it runs anything: the host taken out does
+    not come back. Real sshd, the session's own restarts (preflight only, no worker)."""
+    from launcher import spec as specs
+    from launcher.backends.ssh.session import SshSession
+    from launcher.console import Console
+
+    env = five_ssh_hosts
+    lines = open(env.ssh_config).read().splitlines()
+    config = tmp_path / "ssh_config"  # the env's settings, and one alias block of host 1
+    config.write_text("\n".join(["Host again", f"    HostName {env.hosts[1]}", *lines[1:],
+                                 *lines]) + "\n")
+    entry = [{"host": h, "workdir": str(tmp_path / f"host{i}")} for i, h in enumerate(env.hosts)]
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump({
+        "backend": "ssh", "ssh_config_file": str(config), "python": sys.executable,
+        "hosts": entry[:2], "spares": [entry[2], {"host": "again", "workdir": str(tmp_path / "again")}],
+        "env": {"PYTHONPATH": os.pathsep.join([PROGRAMS, REPO])}}))
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(tmp_path / "cluster.yaml"),
+                     ("train.global_batch_size=32",))
+    said: list = []
+    console = Console()
+    console.say = said.append
+    session = SshSession(job, str(tmp_path / "run"), console)
+    try:
+        session.prepare()
+        assert any(re.match(r"warning: spare again is not fit now \(it is 127\.0\.0\.3:\d+, already "
+                            r"one of cluster\.hosts\)", s) for s in said), said
+        session.quarantine[session.ssh.specs[1]] = "quarantined: failed twice"
+        session.prepare(restart=True)
+        assert [s.host for s in session.ssh.specs] == [env.hosts[0], env.hosts[2]]
+        session.quarantine[session.ssh.specs[1]] = "quarantined: failed twice"
+        said.clear()
+        session.prepare(restart=True)
+        assert [s.host for s in session.ssh.specs] == [env.hosts[0], env.hosts[2]], said
+        assert any(re.match(r"spare again not used: it is 127\.0\.0\.3:\d+, host 127\.0\.0\.3, which "
+                            r"the run took out earlier", s) for s in said), said
+        assert any("kept: no spare or shrink can take its place" in s for s in said), said
+    finally:
+        session.close()
