@@ -210,3 +210,23 @@ def newest(path: str, template: list, num_batches: int, order: dict | None,
         warn(f"warning: cannot read the local copies in {path} ({exc.strerror or exc}); "
              "resuming without them")
     return None
+
+
+def main(argv: list) -> int:
+    """``python -m worker.localtier remove LOCAL_DIR RUN_DIR``: ``remove_all`` of that run's
+    local tier on this host (the launcher's cleanup of a host it took out of the run, where
+    no worker of the run is left to do it at the end). Prints ``removed BASE``; exit 2 on
+    other arguments."""
+    if len(argv) != 3 or argv[0] != "remove":
+        print("usage: python -m worker.localtier remove LOCAL_DIR RUN_DIR")
+        return 2
+    base = base_directory(argv[1], argv[2])
+    remove_all(base)
+    print(f"removed {base}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -151,10 +151,14 @@ def test_a_host_the_run_took_out_does_not_come_back_as_a_spare_of_another_name()
     before it is contacted, in the restart's check and in a spare's own check alike."""
     resolved = collections.namedtuple("Resolved", "name address")
     h0, s0, s1 = host("h0"), host("alias-of-h1"), host("s1")
-    taken_out = {"10.1.1.2:22": "h1"}
+    from launcher.backends.ssh.takenout import TakenOut
+
+    taken_out = TakenOut(None, None, "/runs/linear/r1", None)
+    taken_out.seen([host("h1")], [resolved("h1", "10.1.1.2:22")])
+    taken_out.addresses["10.1.1.2:22"] = "h1"  # took([h1]) without the copies' removal
     hosts = [resolved("h0", "10.1.1.1:22"), resolved("alias-of-h1", "10.1.1.2:22")]
-    assert spares.address_taken(hosts, [h0, s0], {h0}, taken_out) == [
+    assert spares.address_taken(hosts, [h0, s0], {h0}, taken_out.reason) == [
         None, "it is 10.1.1.2:22, host h1, which the run took out earlier (a host taken out "
               "does not come back under another name)"]
     hosts = [resolved("h0", "10.1.1.1:22"), resolved("s1", "10.1.1.3:22")]
-    assert spares.address_taken(hosts, [h0, s1], {h0}, taken_out) == [None, None]
+    assert spares.address_taken(hosts, [h0, s1], {h0}, taken_out.reason) == [None, None]

@@ -220,6 +220,15 @@ def test_identifiers_of_every_backend_are_strict(tmp_path, cluster, needle):
     ("sbatch_options: ['--tasks-per-node=2']", "--tasks-per-node is set by podlaunch"),
     ("sbatch_options: ['--tasks-per-n=2']", "--tasks-per-n (sbatch reads it as --tasks-per-node)"),
     ("sbatch_options: ['--nodel=n1']", "--nodel (sbatch reads it as --nodelist) changes where the job runs"),
+    # what ends the job, or when, is podlaunch's to follow (third attack on issue 28)
+    ("sbatch_options: ['--hold']", "--hold changes whether or when the job ends"),
+    ("sbatch_options: ['--no-kill']", "a node failure would no longer end the job"),
+    ("sbatch_options: ['--time-min=5']", "--time-min changes whether or when the job ends"),
+    ("sbatch_options: ['--time-m=5']", "--time-m (sbatch reads it as --time-min)"),
+    # a submitted job's settings in the user's own allocation: used by nothing
+    ("mode: allocation, time_limit: '10'", "cluster.time_limit: is for a job podlaunch submits, and "
+     "mode: allocation runs in your own job"),
+    ("mode: allocation, partition: debug", "remove cluster.partition, or use mode: submit"),
     # a lead is a time before a finite limit, and under it
     ("time_limit: '2', time_limit_lead_s: 120",
      "cluster.time_limit_lead_s: 120 s is more than half of cluster.time_limit 2 (120 s)"),

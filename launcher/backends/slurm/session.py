@@ -68,6 +68,12 @@ class SlurmSession(Session):
             if record is None or record.get("JobState") != "RUNNING":
                 raise LaunchError(f"the allocation {self.job_id} (SLURM_JOB_ID) is "
                                   f"{'gone' if record is None else record.get('JobState')}")
+            unused = cluster.submit_only()
+            if not restart and unused:  # mode auto, inside the user's job
+                self.console.say(f"warning: {', '.join('cluster.' + k for k in unused)} "
+                                 f"{'is' if len(unused) == 1 else 'are'} not used in allocation "
+                                 f"{self.job_id} (SLURM_JOB_ID): only a job podlaunch submits "
+                                 "(mode: submit) reads them")
             self._stale_steps(restart)
             if not self.options.dry_run:
                 launches.register_run(self.run_dir)

@@ -57,6 +57,12 @@ OWN_OPTIONS = ("--nodes", "--ntasks", "--ntasks-per-node", "--tasks-per-node", "
 
 # Options that change where or how many jobs run: podlaunch places, excludes and counts them.
 PLACEMENT_OPTIONS = ("--exclude", "--nodelist", "--nodefile", "--array", "--wait")
+# Options that change whether and when the job ends, which podlaunch follows and times itself.
+LIFECYCLE_OPTIONS = {
+    "--hold": "the job would wait for a release nobody gives",
+    "--no-kill": "a node failure would no longer end the job, so podlaunch would not see it",
+    "--time-min": "Slurm may shorten the time limit that the notice (--signal) is timed against",
+}
 
 
 def sbatch_options(values: tuple) -> str | None:
@@ -70,10 +76,14 @@ def sbatch_options(values: tuple) -> str | None:
             return (f"expected sbatch long options like '--constraint=a100' (one token, no spaces, "
                     f"quotes or line breaks), got {value!r}")
         name = value.split("=", 1)[0]
-        own = [o for o in OWN_OPTIONS + PLACEMENT_OPTIONS if o.startswith(name)]
+        own = [o for o in OWN_OPTIONS + PLACEMENT_OPTIONS + tuple(LIFECYCLE_OPTIONS)
+               if o.startswith(name)]
         if not own:
             continue
         what = name if name in own else f"{name} (sbatch reads it as {' or '.join(own)})"
+        if lifecycle := [LIFECYCLE_OPTIONS[o] for o in own if o in LIFECYCLE_OPTIONS]:
+            return (f"{what} changes whether or when the job ends, which podlaunch follows "
+                    f"itself: {lifecycle[0]}; remove {value!r}")
         if any(o in PLACEMENT_OPTIONS for o in own):
             return (f"{what} changes where the job runs, which podlaunch decides itself (a "
                     "resubmission excludes a failed node: docs/slurm.md); use "
@@ -83,6 +93,10 @@ def sbatch_options(values: tuple) -> str | None:
                 "processes_per_node, devices_per_process, partition, time_limit, time_limit_lead_s, "
                 f"account, qos, requeue); use those keys instead of {value!r}")
     return None
+
+
+# What only a job podlaunch submits reads (sbatch's options).
+SUBMIT_ONLY = ("time_limit", "time_limit_lead_s", "partition", "account", "qos", "sbatch_options")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -149,8 +163,19 @@ class SlurmCluster(ClusterSettings):
             return min(DEFAULT_LEAD_S, limit_s // 2)
         return self.time_limit_lead_s
 
+    def submit_only(self) -> list:
+        """The settings of a job podlaunch submits that are set here, by key: ``mode:
+        allocation`` (or ``auto`` inside one) runs in the user's job and uses none of them."""
+        return [key for key in SUBMIT_ONLY if getattr(self, key) not in (None, ())]
+
     def problems(self) -> list:
-        """A lead without a finite time limit, or one that is not under it."""
+        """A lead without a finite time limit, or one that is not under it; a setting of a
+        submitted job with ``mode: allocation``."""
+        if self.mode == "allocation" and self.submit_only():
+            key = self.submit_only()[0]
+            return [(key, f"is for a job podlaunch submits, and mode: allocation runs in your "
+                     "own job (salloc/sbatch set its time limit, partition and account): remove "
+                     f"cluster.{key}, or use mode: submit")]
         lead = self.time_limit_lead_s
         if lead is None:
             return []

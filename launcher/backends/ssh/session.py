@@ -19,12 +19,12 @@ from typing import Sequence
 from launcher import plan as planning
 from launcher import versions
 from launcher.backends.base import Session
-from launcher.errors import LaunchError
 from launcher.backends.ssh import hosts as hostlib
 from launcher.backends.ssh import preflight as checks
 from launcher.backends.ssh import reach, spares
 from launcher.backends.ssh.channels import HostChannels, close_all
 from launcher.backends.ssh.settings import SshHost, SshSettings
+from launcher.backends.ssh.takenout import TakenOut
 from launcher.backends.ssh.workers import start_all
 from launcher.console.words import plural
 from worker import contract
@@ -205,8 +205,7 @@ class SshSession(Session):
         self.failures: dict = {}      # SshHost -> faults of its processes in this run
         self.quarantine: dict = {}    # SshHost -> why, to be replaced at the next restart
         self.kept: set = set()        # quarantined hosts kept (no spare, no shrink): said once
-        self.taken_out: dict = {}     # address -> the host the run took out there (its name)
-        self.addresses: dict = {}     # SshHost -> its resolved address, as last seen
+        self.taken_out = TakenOut(job, cluster, run_dir, self.console)
         self.reference: dict | None = None  # python, jax, jaxlib of the run's first hosts
         self.ssh = SshHosts(job, cluster, cluster.hosts,
                             [cluster.processes_on(h) for h in cluster.hosts], run_dir, self.console)
@@ -280,10 +279,10 @@ class SshSession(Session):
         while True:
             self._use(layout)
             hosts = self.ssh.resolve()
-            self.addresses.update((spec, h.address) for spec, h in zip(self.ssh.specs, hosts))
+            self.taken_out.seen(self.ssh.specs, hosts)
             found = [checks.Check(h, why) for h, why in
                      zip(hosts, spares.address_taken(hosts, self.ssh.specs, set(before.specs),
-                                                     self.taken_out))]
+                                                     self.taken_out.reason))]
             for h in hosts:
                 h.close()
             if not any(c.reason for c in found):
@@ -304,7 +303,7 @@ class SshSession(Session):
                                f"({prior['why']}), failed its check too; {why}")
                     if replace(i, f"preflight after the fault: {found[i].reason}") is None:
                         self._use(before)
-                        self._refuse(found, labels, restart, why)
+                        spares.refuse(found, labels, restart, why, floor)
                 continue
             # every host fit: a quarantined one next, by a spare that passes its own check
             moved = False
@@ -326,9 +325,7 @@ class SshSession(Session):
         for change in changes:
             self.console.say(change["text"])
             self.host_changes.append({k: v for k, v in change.items() if k != "label"})
-        for spec in set(before.specs) - set(layout.specs):  # never back under another name
-            if spec in self.addresses:
-                self.taken_out.setdefault(self.addresses[spec], spec.host)
+        self.taken_out.took([spec for spec in before.specs if spec not in layout.specs])
         self.spares = layout.spares
         return found
 
@@ -354,8 +351,8 @@ class SshSession(Session):
         for c in found:
             if c.reason is None and c.host.address in taken:
                 c.reason = f"it is {c.host.address}, already one of cluster.hosts"
-            elif c.reason is None and c.host.address in self.taken_out:
-                c.reason = spares.taken_out_reason(c.host.address, self.taken_out)
+            elif c.reason is None and self.taken_out.reason(c.host.address):
+                c.reason = self.taken_out.reason(c.host.address)
             c.host.close()
         return found
 
@@ -376,19 +373,6 @@ class SshSession(Session):
         self.job = dataclasses.replace(self.job, cluster=cluster)
         self.ssh.job, self.ssh.specs, self.ssh.counts = self.job, tuple(layout.specs), tuple(layout.counts)
 
-    def _refuse(self, found: list, labels: list, restart: bool, no_spare: str) -> None:
-        """Raise preflight's refusal table, saying why no spare (``no_spare``) or shrink took
-        the place."""
-        floor = self.job.restarts.min_processes
-        what = "the restart's attempt was not started" if restart else "nothing was started"
-        try:
-            checks.refuse_unfit(found, [c.host for c in found], "preflight", labels, what)
-        except LaunchError as exc:
-            raise LaunchError(f"{exc}\n{no_spare}, and "
-                              + ("restarts.min_processes is unset (no shrinking)" if floor is None
-                                 else f"restarts.min_processes {floor} allows no fewer "
-                                 "processes")) from None
-
     def describe_start(self, plan: planning.Plan) -> str:
         job = plan.job
         devices = plural(job.local_device_count, f"{job.cluster.platform} device")
@@ -400,3 +384,7 @@ class SshSession(Session):
 
     def end_attempt(self) -> None:
         self.ssh.close()
+
+    def close(self) -> None:
+        super().close()
+        self.taken_out.join()

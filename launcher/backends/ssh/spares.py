@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from launcher.backends.ssh import preflight as checks
 from launcher.console.words import plural
+from launcher.errors import LaunchError
 
 SLOW_MARGIN_S = 0.010  # a slow host is this much slower per step too: no verdict on noise
 
@@ -113,8 +115,8 @@ def why_no_spare(layout: Layout, index: int, lowest: int, processes_on) -> str:
             f"{plural(lowest, 'process')}")
 
 
-def address_taken(hosts: list, specs: Sequence, earlier: set, taken_out: dict | None = None
-                  ) -> list:
+def address_taken(hosts: list, specs: Sequence, earlier: set,
+                  taken_out=lambda address: None) -> list:
     """Per planned host, why it cannot be used before it is contacted: a host new to the run
     (a spare) that is one of the others by resolved address (an ssh_config alias of one, say)
     would run two places on one machine, and one at the address of a host the run took out
@@ -125,9 +127,9 @@ def address_taken(hosts: list, specs: Sequence, earlier: set, taken_out: dict | 
       hosts: the resolved hosts (``address``, ``name``), in host order.
       specs: each host's ``SshHost`` entry, the same order.
       earlier: the entries the run used before this restart.
-      taken_out: {address: name} of the hosts the run took out in earlier restarts.
+      taken_out: ``address -> why`` a host there is out (one the run took out earlier), or
+        None (``takenout.TakenOut.reason``).
     """
-    taken_out = taken_out or {}
     owner: dict = {}
     for ours in (True, False):
         for host, spec in zip(hosts, specs):
@@ -137,19 +139,14 @@ def address_taken(hosts: list, specs: Sequence, earlier: set, taken_out: dict | 
     for host, spec in zip(hosts, specs):
         if spec in earlier:
             out.append(None)
-        elif host.address in taken_out:
-            out.append(taken_out_reason(host.address, taken_out))
+        elif taken_out(host.address):
+            out.append(taken_out(host.address))
         elif owner[host.address] != host.name:
             out.append(f"it is {host.address}, already host {owner[host.address]} of the run")
         else:
             out.append(None)
     return out
 
-
-def taken_out_reason(address: str, taken_out: dict) -> str:
-    """Why a spare at ``address`` is refused: the run took the host there out earlier."""
-    return (f"it is {address}, host {taken_out[address]}, which the run took out earlier "
-            "(a host taken out does not come back under another name)")
 
 
 def slow_hosts(result, ids: list, ratio: float) -> list:
@@ -179,3 +176,20 @@ def slow_hosts(result, ids: list, ratio: float) -> list:
                         f"{worst * 1e3:.1f} ms, {times} the median of the other hosts' "
                         f"{median * 1e3:.1f} ms (restarts.quarantine_slower_than {ratio:g})"))
     return out
+
+
+def refuse(found: list, labels: list, restart: bool, no_spare: str, floor: int | None) -> None:
+    """Raise preflight's refusal table (``found``, ``labels``), saying why no spare
+    (``no_spare``) or shrink (``floor``: ``restarts.min_processes``) took the place.
+
+    Raises:
+      LaunchError: always.
+    """
+    what = "the restart's attempt was not started" if restart else "nothing was started"
+    try:
+        checks.refuse_unfit(found, [c.host for c in found], "preflight", labels, what)
+    except LaunchError as exc:
+        raise LaunchError(f"{exc}\n{no_spare}, and "
+                          + ("restarts.min_processes is unset (no shrinking)" if floor is None
+                             else f"restarts.min_processes {floor} allows no fewer "
+                             "processes")) from None

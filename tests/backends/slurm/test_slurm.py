@@ -181,14 +181,17 @@ def local_params(reference_params):
 @pytest.mark.parametrize("mode", ["submit", "allocation"])
 def test_three_nodes_train_to_the_local_params(slurm, cluster_file, tmp_path, local_params, mode):
     run_dir = tmp_path / "run"
-    args = ["jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir), *SHORT,
-            "--show", "all"]  # p1's lines on the console too
+    args = ["jobs/linear.yaml", "--cluster", cluster_file(time_limit="'10'"), "--run-dir",
+            str(run_dir), *SHORT, "--show", "all"]  # p1's lines on the console too
     # allocation: launch runs inside salloc, which sets SLURM_JOB_ID and many SLURM_* more
     prefix = ["salloc", "-N3", "--quiet"] if mode == "allocation" else []
     result = run(slurm, *args, prefix=prefix)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert f"({mode}) on n1,n2,n3" in out
+    # mode auto in the user's allocation: the submitted job's time limit is the user's there
+    assert bool(re.search(r"warning: cluster\.time_limit is not used in allocation \d+ "
+                          r"\(SLURM_JOB_ID\): only a job podlaunch submits", out)) == (mode == "allocation"), out
     assert re.search(r"^\[p1 n2\] step 30/30 loss", out, re.M), out
     assert ("submitted Slurm job" in out) == (mode == "submit")
     for got, want in zip(params(run_dir), local_params):

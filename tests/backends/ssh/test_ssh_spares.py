@@ -268,7 +268,9 @@ def test_a_host_taken_out_does_not_come_back_as_a_spare_under_an_alias(tmp_path,
     """Third attack on issue 28, F5: host 1 is quarantined and the spare 127.0.0.4 takes its
     place; when that spare is quarantined in turn, the next spare, ``again`` (an ssh_config
     alias of host 1's address), is refused before it runs anything: the host taken out does
-    not come back. Real sshd, the session's own restarts (preflight only, no worker)."""
+    not come back. F6: each host taken out has its local copies removed (no worker of the
+    run is left there to do it at the end); a host kept keeps its own. Real sshd, the
+    session's own restarts (preflight only, no worker)."""
     from launcher import spec as specs
     from launcher.backends.ssh.session import SshSession
     from launcher.console import Console
@@ -289,6 +291,11 @@ def test_a_host_taken_out_does_not_come_back_as_a_spare_under_an_alias(tmp_path,
     console = Console()
     console.say = said.append
     session = SshSession(job, str(tmp_path / "run"), console)
+    copies = {i: remote_run_dir(tmp_path / f"host{i}", tmp_path / "run") / "local-checkpoints"
+              / f"process-00{i}" / "step-0000010" for i in range(3)}
+    for copy in copies.values():  # as the hosts' writers leave them
+        copy.mkdir(parents=True)
+        (copy / "state.npz").write_bytes(b"x" * 1000)
     try:
         session.prepare()
         assert any(re.match(r"warning: spare again is not fit now \(it is 127\.0\.0\.3:\d+, already "
@@ -296,6 +303,8 @@ def test_a_host_taken_out_does_not_come_back_as_a_spare_under_an_alias(tmp_path,
         session.quarantine[session.ssh.specs[1]] = "quarantined: failed twice"
         session.prepare(restart=True)
         assert [s.host for s in session.ssh.specs] == [env.hosts[0], env.hosts[2]]
+        session.taken_out.join()
+        assert f"{env.hosts[1]}: its local copies removed (taken out of the run)" in said, said
         session.quarantine[session.ssh.specs[1]] = "quarantined: failed twice"
         said.clear()
         session.prepare(restart=True)
@@ -305,3 +314,7 @@ def test_a_host_taken_out_does_not_come_back_as_a_spare_under_an_alias(tmp_path,
         assert any("kept: no spare or shrink can take its place" in s for s in said), said
     finally:
         session.close()
+    assert not copies[1].parent.parent.exists(), said  # the tier's directory, left empty
+    assert (copies[0] / "state.npz").exists() and (copies[2] / "state.npz").exists()  # kept
+    assert sum("local copies" in s for s in said) == 0, said  # said at the first restart
+

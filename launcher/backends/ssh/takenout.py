@@ -1,0 +1,89 @@
+"""The hosts an ssh run took out (quarantined, dropped, replaced), kept out and cleaned up.
+
+A host taken out at a restart does not come back under another name: a spare that resolves
+to its address (an ssh_config alias of it) is refused before it is contacted. Its local tier
+(``checkpoint.local_dir``: a RAM disk, often) holds copies no process of the run can read
+any more (the next attempt restores from its own hosts' copies and process 0's checkpoints),
+and no worker is left there to remove them at the run's end: they are removed over SSH at
+once, on a thread, so the restart does not wait (joined when the session closes).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from launcher import plan as planning
+from launcher.backends.ssh import hosts as hostlib
+from launcher.backends.ssh.connection import run_script, shell_script
+
+CLEANUP_TIMEOUT_S = 30.0
+
+
+class TakenOut:
+    """Addresses of the hosts the run took out, and their local copies' removal.
+
+    Args:
+      job: the validated spec (``name``, ``checkpoint``, ``is_program``).
+      settings: the cluster's SSH settings (python, setup, env).
+      run_dir: the local run directory (``plan.remote_run_name`` names the remote one).
+      console: where a removal is said.
+    """
+
+    def __init__(self, job, settings, run_dir: str, console):
+        self.job, self.settings, self.run_dir, self.console = job, settings, run_dir, console
+        self.addresses: dict = {}   # address -> the name of the host taken out there
+        self._seen: dict = {}       # SshHost -> its address, as last resolved
+        self._threads: list = []
+
+    def seen(self, specs, hosts) -> None:
+        """Remember how ``specs`` resolved (``hosts``, same order)."""
+        self._seen.update((spec, host.address) for spec, host in zip(specs, hosts))
+
+    def reason(self, address: str) -> str | None:
+        """Why a spare at ``address`` cannot take a place, or None."""
+        if address not in self.addresses:
+            return None
+        return (f"it is {address}, host {self.addresses[address]}, which the run took out "
+                "earlier (a host taken out does not come back under another name)")
+
+    def took(self, specs) -> None:
+        """The run no longer uses ``specs``: keep their addresses out, remove their copies."""
+        specs = [spec for spec in specs if spec in self._seen]
+        for spec in specs:
+            self.addresses.setdefault(self._seen[spec], spec.host)
+        if self.job.is_program or not specs:  # a program keeps its own checkpoints
+            return
+        for host in hostlib.resolve(self.settings, specs, [1] * len(specs), self.job.source):
+            thread = threading.Thread(target=self._remove_copies, args=(host,), daemon=True,
+                                      name=f"podlaunch-cleanup-{host.name}")
+            thread.start()
+            self._threads.append(thread)
+
+    def _remove_copies(self, host) -> None:
+        run_dir = os.path.join(host.workdir, "runs", self.job.name,
+                               planning.remote_run_name(self.run_dir))
+        argv = [self.settings.python, "-m", "worker.localtier", "remove",
+                self.job.checkpoint.local_dir, run_dir]
+        try:
+            host.open()
+            status, output = run_script(host.connection.transport,
+                                        shell_script(host.workdir, self.settings.setup,
+                                                     dict(self.settings.env), argv),
+                                        CLEANUP_TIMEOUT_S)
+            why = None if status == 0 else (output.strip().splitlines() or ["no output"])[-1]
+        except Exception as exc:  # noqa: BLE001  a host taken out may well be gone
+            why = hostlib.connect_error(host, exc)
+        finally:
+            host.close()
+        if why is None:
+            self.console.say(f"{host.name}: its local copies removed (taken out of the run)")
+        else:
+            self.console.say(f"{host.name}: its local copies could not be removed ({why}); "
+                             f"they are in {self.job.checkpoint.local_dir} of {run_dir}")
+
+    def join(self, timeout_s: float = CLEANUP_TIMEOUT_S) -> None:
+        """Wait for the removals started (each bounded by ``CLEANUP_TIMEOUT_S``)."""
+        for thread in self._threads:
+            thread.join(timeout_s)
+        self._threads = []
