@@ -305,6 +305,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
                        goodput=_write_ledger(run_dir, done, console)[1])
             raise
         entries, goodput = _write_ledger(run_dir, attempts, console)
+        if result.exit_code == 0:
+            session.succeeded()
         record.end({0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed"),
                    result, attempts, goodput=goodput)
     finally:

@@ -215,14 +215,20 @@ def newest(path: str, template: list, num_batches: int, order: dict | None,
 def main(argv: list) -> int:
     """``python -m worker.localtier remove LOCAL_DIR RUN_DIR``: ``remove_all`` of that run's
     local tier on this host (the launcher's cleanup of a host it took out of the run, where
-    no worker of the run is left to do it at the end). Prints ``removed BASE``; exit 2 on
-    other arguments."""
+    no worker of the run is left to do it at the end). ``RUN_DIR`` relative: to the current
+    directory (the host's workdir), as the workers' own absolute one. Prints
+    ``podlaunch-localtier removed BASE``, or ``podlaunch-localtier none in BASE`` when it held
+    no copy; exit 2 on other arguments."""
     if len(argv) != 3 or argv[0] != "remove":
         print("usage: python -m worker.localtier remove LOCAL_DIR RUN_DIR")
         return 2
-    base = base_directory(argv[1], argv[2])
+    base = base_directory(argv[1], os.path.abspath(argv[2]))
+    try:
+        held = any(n.startswith("process-") for n in os.listdir(base))
+    except OSError:
+        held = False
     remove_all(base)
-    print(f"removed {base}")
+    print(f"podlaunch-localtier {'removed' if held else 'none in'} {base}")
     return 0
 
 

@@ -139,6 +139,10 @@ class Session(abc.ABC):
     def end_attempt(self) -> None:
         """Release what only the ended attempt used (connections, channels)."""
 
+    def succeeded(self) -> None:
+        """The run has succeeded, every process ended: clean up what only a resume would
+        have needed (called before ``close``)."""
+
     def close(self) -> None:
         """Release everything; safe to call more than once."""
         self.end_attempt()

@@ -225,6 +225,7 @@ def test_identifiers_of_every_backend_are_strict(tmp_path, cluster, needle):
     ("sbatch_options: ['--no-kill']", "a node failure would no longer end the job"),
     ("sbatch_options: ['--time-min=5']", "--time-min changes whether or when the job ends"),
     ("sbatch_options: ['--time-m=5']", "--time-m (sbatch reads it as --time-min)"),
+    ("sbatch_options: ['--time=10']", "--time is set by podlaunch from the cluster settings"),
     # a submitted job's settings in the user's own allocation: used by nothing
     ("mode: allocation, time_limit: '10'", "cluster.time_limit: is for a job podlaunch submits, and "
      "mode: allocation runs in your own job"),

@@ -78,6 +78,8 @@ def sbatch_options(values: tuple) -> str | None:
         name = value.split("=", 1)[0]
         own = [o for o in OWN_OPTIONS + PLACEMENT_OPTIONS + tuple(LIFECYCLE_OPTIONS)
                if o.startswith(name)]
+        if name in own:  # an exact name is that option, not a prefix of longer ones
+            own = [name]
         if not own:
             continue
         what = name if name in own else f"{name} (sbatch reads it as {' or '.join(own)})"

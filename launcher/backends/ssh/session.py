@@ -385,6 +385,9 @@ class SshSession(Session):
     def end_attempt(self) -> None:
         self.ssh.close()
 
+    def succeeded(self) -> None:
+        self.taken_out.remove_copies()
+
     def close(self) -> None:
         super().close()
         self.taken_out.join()

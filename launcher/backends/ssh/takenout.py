@@ -2,10 +2,12 @@
 
 A host taken out at a restart does not come back under another name: a spare that resolves
 to its address (an ssh_config alias of it) is refused before it is contacted. Its local tier
-(``checkpoint.local_dir``: a RAM disk, often) holds copies no process of the run can read
-any more (the next attempt restores from its own hosts' copies and process 0's checkpoints),
-and no worker is left there to remove them at the run's end: they are removed over SSH at
-once, on a thread, so the restart does not wait (joined when the session closes).
+(``checkpoint.local_dir``: a RAM disk, often) is left behind, and no worker of the run is
+there to remove it at the run's end as the live hosts' writers remove theirs: when the run
+has succeeded (``remove_copies``, every process ended), the launcher removes it over SSH,
+one thread per host, joined when the session closes. Not before: hosts that share a
+filesystem share the tier's directory, and a live host's copy in it is what a restart or a
+``--resume`` of a failed run restores from.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class TakenOut:
         self.addresses: dict = {}   # address -> the name of the host taken out there
         self._seen: dict = {}       # SshHost -> its address, as last resolved
         self._threads: list = []
+        self._out: list = []        # the SshHost entries taken out, in order
 
     def seen(self, specs, hosts) -> None:
         """Remember how ``specs`` resolved (``hosts``, same order)."""
@@ -48,23 +51,30 @@ class TakenOut:
                 "earlier (a host taken out does not come back under another name)")
 
     def took(self, specs) -> None:
-        """The run no longer uses ``specs``: keep their addresses out, remove their copies."""
-        specs = [spec for spec in specs if spec in self._seen]
+        """The run no longer uses ``specs``: keep their addresses out from now on."""
         for spec in specs:
-            self.addresses.setdefault(self._seen[spec], spec.host)
-        if self.job.is_program or not specs:  # a program keeps its own checkpoints
-            return
-        for host in hostlib.resolve(self.settings, specs, [1] * len(specs), self.job.source):
+            if spec in self._seen:
+                self.addresses.setdefault(self._seen[spec], spec.host)
+            if spec not in self._out:
+                self._out.append(spec)
+
+    def remove_copies(self) -> None:
+        """The run succeeded: remove the local copies on every host taken out (threads)."""
+        if self.job.is_program or not self._out or not self.job.checkpoint.local_every_steps:
+            return  # a program keeps its own checkpoints
+        for host in hostlib.resolve(self.settings, self._out, [1] * len(self._out), self.job.source):
             thread = threading.Thread(target=self._remove_copies, args=(host,), daemon=True,
                                       name=f"podlaunch-cleanup-{host.name}")
             thread.start()
             self._threads.append(thread)
 
     def _remove_copies(self, host) -> None:
-        run_dir = os.path.join(host.workdir, "runs", self.job.name,
-                               planning.remote_run_name(self.run_dir))
+        # relative to the workdir, which the script enters first (``~`` and a relative
+        # workdir as the workers' own run directory is: the preflight's absolute path)
+        run_dir = os.path.join("runs", self.job.name, planning.remote_run_name(self.run_dir))
         argv = [self.settings.python, "-m", "worker.localtier", "remove",
                 self.job.checkpoint.local_dir, run_dir]
+        output = ""
         try:
             host.open()
             status, output = run_script(host.connection.transport,
@@ -76,11 +86,12 @@ class TakenOut:
             why = hostlib.connect_error(host, exc)
         finally:
             host.close()
-        if why is None:
-            self.console.say(f"{host.name}: its local copies removed (taken out of the run)")
-        else:
+        if why is not None:
             self.console.say(f"{host.name}: its local copies could not be removed ({why}); "
-                             f"they are in {self.job.checkpoint.local_dir} of {run_dir}")
+                             f"they are in {self.job.checkpoint.local_dir} of "
+                             f"{os.path.join(host.workdir, run_dir)}")
+        elif "podlaunch-localtier removed" in output:
+            self.console.say(f"{host.name}: its local copies removed (taken out of the run)")
 
     def join(self, timeout_s: float = CLEANUP_TIMEOUT_S) -> None:
         """Wait for the removals started (each bounded by ``CLEANUP_TIMEOUT_S``)."""
