@@ -321,3 +321,35 @@ def test_the_refusal_tables_process_ids_are_the_plans():
     plan = planning.make_plan(job, placements, "/r", "h0:1")
     want = [",".join(f"p{p.process_id}" for p in plan.on_host(i)) for i in range(3)]
     assert preflight.labels(job, placements) == want == ["p0", "p1,p2,p3", "p4,p5"]
+
+
+def test_a_process_waits_for_the_coordinators_port_before_joining():
+    """Joining before process 0's coordination service listens cost up to seconds: gRPC
+    retries a refused connection on its reconnect backoff (1 s, growing). Every other
+    process first waits for the port to accept a plain connection: it returns once the
+    port opens (here 0.3 s after the call, long before the 30 s timeout), and False at
+    the timeout when nothing ever listens (JAX's initialize then reports its own error)."""
+    import socket
+    import threading
+    import time
+
+    from worker import joining
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # a port nobody listens on, for now
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    opener = threading.Timer(0.3, lambda: (server.bind(("127.0.0.1", port)), server.listen()))
+    opener.start()
+    try:
+        began = time.monotonic()
+        assert joining.wait_for_coordinator(f"127.0.0.1:{port}", 30.0)
+        assert 0.25 < time.monotonic() - began < 15.0  # the open port, not the timeout
+    finally:
+        opener.join()
+        server.close()
+    clock = iter([0.0, 0.0, 0.1, 0.2, 0.3]).__next__  # the deadline 0.25 s, passed at once
+    assert not joining.wait_for_coordinator(f"127.0.0.1:{port}", 0.25, clock=clock,
+                                            sleep=lambda s: None)
