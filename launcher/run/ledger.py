@@ -259,7 +259,9 @@ def write_scalars(logdir: str, entries: list, new: int) -> None:
     Raises:
       OSError: the event file could not be written.
     """
-    from tensorboardX import SummaryWriter  # the launcher pays for the import at the end only
+    from worker.tracker import tensorboardx
+
+    SummaryWriter = tensorboardx().SummaryWriter  # the launcher pays for it at the end only
 
     writer = SummaryWriter(logdir=logdir, flush_secs=1)
     try:

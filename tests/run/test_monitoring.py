@@ -15,6 +15,7 @@ import re
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
 import types
@@ -363,3 +364,26 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
+
+
+def test_tensorboardx_is_imported_without_the_cloud_clients_it_would_load():
+    """tensorboardX imports google.cloud.storage when installed (xprof, the profile extra,
+    installs it: this test environment has it), about 0.3 s of CPU on process 0 before its
+    first step and in the launcher at every run's end, for gs:// directories podlaunch
+    never writes. ``worker.tracker.tensorboardx`` imports it without them; they stay
+    importable for anyone else. In a fresh interpreter, as process 0 and the launcher are."""
+    import importlib.util
+
+    assert importlib.util.find_spec("google.cloud.storage") is not None, "the premise"
+    code = ("import sys\n"
+            "from worker.tracker import tensorboardx\n"
+            "tensorboardx()\n"
+            "from tensorboardX import record_writer\n"
+            "print(record_writer.GCS_ENABLED, 'google.cloud.storage' in sys.modules,\n"
+            "      [k for k, v in sys.modules.items() if v is None])\n"
+            "import google.cloud.storage\n"
+            "print('importable')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env_for_tests(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False False []", "importable"], done.stdout
