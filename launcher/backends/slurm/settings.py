@@ -173,8 +173,8 @@ class SlurmCluster(ClusterSettings):
     def problems(self) -> list:
         """A lead without a finite time limit, or one that is not under it; a setting of a
         submitted job with ``mode: allocation``."""
-        if self.mode == "allocation" and self.submit_only():
-            key = self.submit_only()[0]
+        if self.mode == "allocation" and (unused := self.submit_only()):
+            key = unused[0]
             return [(key, f"is for a job podlaunch submits, and mode: allocation runs in your "
                      "own job (salloc/sbatch set its time limit, partition and account): remove "
                      f"cluster.{key}, or use mode: submit")]

@@ -351,8 +351,8 @@ class SshSession(Session):
         for c in found:
             if c.reason is None and c.host.address in taken:
                 c.reason = f"it is {c.host.address}, already one of cluster.hosts"
-            elif c.reason is None and self.taken_out.reason(c.host.address):
-                c.reason = self.taken_out.reason(c.host.address)
+            elif c.reason is None and (out_why := self.taken_out.reason(c.host.address)):
+                c.reason = out_why
             c.host.close()
         return found
 

@@ -139,14 +139,13 @@ def address_taken(hosts: list, specs: Sequence, earlier: set,
     for host, spec in zip(hosts, specs):
         if spec in earlier:
             out.append(None)
-        elif taken_out(host.address):
-            out.append(taken_out(host.address))
+        elif out_why := taken_out(host.address):
+            out.append(out_why)
         elif owner[host.address] != host.name:
             out.append(f"it is {host.address}, already host {owner[host.address]} of the run")
         else:
             out.append(None)
     return out
-
 
 
 def slow_hosts(result, ids: list, ratio: float) -> list:
