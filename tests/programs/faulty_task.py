@@ -27,8 +27,8 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
       crash_process_id: which process misbehaves.
       mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``exit0`` (os._exit(0): an
         early exit that looks like success), ``sigkill`` (kills
-        itself with SIGKILL), ``wipe_sigkill`` (removes its run directory, then SIGKILLs
-        itself: over ssh, a host that comes back empty), ``sigterm`` (itself with SIGTERM: a preemption's notice), ``stall`` (sleeps forever: alive, no progress),
+        itself with SIGKILL), ``wipe_sigkill`` (is SIGKILLed, then its run directory is
+        removed: over ssh, a host that dies and comes back empty), ``sigterm`` (itself with SIGTERM: a preemption's notice), ``stall`` (sleeps forever: alive, no progress),
         ``sigstop`` (stops itself), ``long_line`` (prints ``long_line_mb`` MiB of ``x``
         without a newline, then exits with 7: its last line ends without one).
       sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
@@ -77,8 +77,7 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "wipe_sigkill":  # the host dies and comes back with an empty run directory
-            shutil.rmtree(os.environ["PODLAUNCH_RUN_DIR"], ignore_errors=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+            _die_then_wipe(os.environ["PODLAUNCH_RUN_DIR"])
         if mode == "sigstop":
             os.kill(os.getpid(), signal.SIGSTOP)
         if mode == "stall":
@@ -86,6 +85,34 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
                 time.sleep(3600)
 
     return tasks.Task(init_params=tasks.init_linear, loss_fn=tasks.mse, on_step_end=on_step_end)
+
+
+def _die_then_wipe(run_dir: str) -> None:
+    """SIGKILL this process, then remove ``run_dir``: in that order, as a host that dies and
+    comes back empty. A forked child (this thread alone) does both and waits for the death in
+    between, so that no thread of this process (the local tier's writer, a step behind on a
+    loaded machine) writes into the directory after it was removed: removing it first left a
+    copy the writer finished in the meantime, which the restart then found."""
+    parent = os.getpid()
+    if os.fork() == 0:
+        try:
+            os.kill(parent, signal.SIGKILL)
+            while _alive(parent):
+                time.sleep(0.005)
+            shutil.rmtree(run_dir, ignore_errors=True)
+        finally:
+            os._exit(0)
+    while True:  # the child's SIGKILL ends this
+        time.sleep(3600)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has ended: its threads write nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _print_bytes(size: int, line_bytes: int) -> None:
