@@ -331,8 +331,8 @@ def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
     Args:
       run_dir: this process's run directory (only process 0's is read).
       process_id: this process's id.
-      state: the freshly initialised, unreplicated ``(params, opt_state)``;
-        the template for shapes and dtypes, and the answer when there is no checkpoint.
+      state: an unreplicated ``(params, opt_state)`` of the job's shapes and dtypes (zeros:
+        ``worker.recovery.resume``); the template, and the answer when there is no checkpoint.
       num_batches: global batches in the dataset.
       warn: where process 0 reports skipped (corrupt) checkpoints.
       order: this job's data order (``load``).

@@ -128,7 +128,7 @@ def test_a_sigterm_during_a_program_log_step_loses_no_record(sigterm_handler, tm
 def test_a_sigterm_during_a_checkpoint_save_ends_the_worker_after_it(sigterm_handler, tmp_path):
     """A TERM that lands mid-save (here: while the state is copied off the devices) ends
     the worker once the checkpoint is complete and its line printed, not halfway."""
-    from worker.main import _Recovery
+    from worker.recovery import Recovery
 
     params = {"w": np.ones((1, 4, 1), np.float32), "b": np.zeros((1, 1), np.float32)}
 
@@ -137,8 +137,8 @@ def test_a_sigterm_during_a_checkpoint_save_ends_the_worker_after_it(sigterm_han
         return [np.asarray(leaf[0]) for leaf in (state[0]["b"], state[0]["w"])]
 
     lines = []
-    recovery = _Recovery(_identity(tmp_path), _job("linear.yaml"), num_batches=1,
-                         out=lines.append, unreplicate=unreplicate)
+    recovery = Recovery(_identity(tmp_path), _job("linear.yaml"), num_batches=1,
+                        out=lines.append, unreplicate=unreplicate)
     with pytest.raises(SystemExit) as raised:
         recovery.after_step(100, params, (), loss=np.float32(0.5))  # linear.yaml's last step
     assert raised.value.code == 143
