@@ -18,6 +18,11 @@ ratios per round, median (min-max).
 
     python bench/bench_goodput.py --rounds 2
     python bench/bench_goodput.py --steps 6000 --checkpoint-every 1000 --kill-at 2500 --term-at 4700
+    python bench/bench_goodput.py --steps 6000 --checkpoint-every 1000 --kill-at 2500 --term-at 4700 \\
+        --examples 65536 --features 192   # steps of about 10 ms, as the goodput issue measured
+
+``--examples`` and ``--features`` size the step (``data.num_examples``, the global batch,
+``data.in_features``); the defaults are the job's own.
 """
 
 from __future__ import annotations
@@ -70,6 +75,9 @@ def run(side: str, args, workdir: str, tag: str) -> dict:
             "--set", f"train.num_steps={args.steps}", "--set", "logging.log_every_steps=50",
             "--set", f"checkpoint.every_steps={args.checkpoint_every}",
             "--set", "task.name=bench_goodput:faults",
+            "--set", f"data.num_examples={args.examples}",
+            "--set", f"train.global_batch_size={args.examples}",
+            "--set", f"data.in_features={args.features}",
             "--set", f"task.args.kill_at={kill_at}", "--set", f"task.args.term_at={term_at}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_", "XLA_"))}
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "bench"), REPO])
@@ -93,6 +101,13 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=1250)
     parser.add_argument("--term-at", type=int, default=2350)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--examples", type=int, default=256,
+                        help="data.num_examples and train.global_batch_size (the job's 256 by "
+                        "default): with --features, the step's size")
+    parser.add_argument("--features", type=int, default=4,
+                        help="data.in_features (the job's 4 by default); the goodput issue "
+                        "measured steps of about 10 ms, which --examples 65536 --features 192 "
+                        "gives on a 2-core machine where the job's own steps take 4 ms")
     args = parser.parse_args()
     results = {"clean": [], "faults": []}
     with tempfile.TemporaryDirectory(prefix="bench_goodput-") as workdir:
@@ -105,7 +120,10 @@ def main() -> None:
                 print(f"round {r} {side:6}: launch {got['wall_s']:6.1f} s, ledger {lg['wall_s']:6.1f} s "
                       f"({got['attempts']} attempts), goodput {lg['goodput']:.3f}, steps trained "
                       f"again {lg['steps_again']}", flush=True)
-    print(f"\n{args.topology}, {args.steps} steps, checkpoint every {args.checkpoint_every}; "
+    step_ms = [1000 * g["ledger"]["buckets_s"]["productive"] / args.steps for g in results["clean"]]
+    print(f"\n{args.topology}, {args.steps} steps of {args.examples} x {args.features} "
+          f"({statistics.median(step_ms):.1f} ms each on the clean side), "
+          f"checkpoint every {args.checkpoint_every}; "
           f"faults: SIGKILL p1 at step {args.kill_at} (attempt 0), SIGTERM p0 at step "
           f"{args.term_at} (attempt 1); {args.rounds} rounds")
     for side in ("clean", "faults"):

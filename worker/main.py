@@ -67,7 +67,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         return params, optimizer.init(params)
 
     (params, opt_state), first_step = recovery.resume(identity, job, initial_state,
-                                              order.num_batches, out, order_key)
+                                                      order.num_batches, out, order_key)
     if (first_step - 1) % k:
         raise ValueError(f"the checkpoint is at step {first_step - 1}, not a multiple of "
                          f"train.steps_per_call {k}; resume with the steps_per_call that saved it")

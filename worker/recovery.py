@@ -17,30 +17,36 @@ from worker.joining import client_of
 
 def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Callable[[], tuple],
             num_batches: int, out, order: dict | None = None) -> tuple:
-    """The state to start from: a checkpoint's when the launcher says resume and one is
-    found, else ``initial_state()``.
+    """The state every process starts from: a checkpoint's when the launcher says resume
+    and one is found, else the initial state, computed by process 0 alone.
 
-    A resume restores into zeros of the initial state's shapes and dtypes (``jax.eval_shape``,
-    which compiles nothing): computing the initial parameters op by op compiles each op
-    (the PRNG's threefry twice), about 0.5 s of CPU per process at every restart, for values
-    the checkpoint replaces.
+    Computing the initial parameters op by op compiles each op (the PRNG's threefry twice):
+    about 0.5 s of CPU per process, the same on every process. So process 0 computes them
+    and broadcasts them (``multihost_utils.broadcast_one_to_all``: a sum with the others'
+    zeros, exact), and a resume restores into zeros (``checkpoint.restore_broadcast``);
+    the other processes take the shapes and dtypes from ``jax.eval_shape``, which compiles
+    nothing.
 
     Args:
-      initial_state: returns the fresh, unreplicated ``(params, opt_state)``.
+      initial_state: returns the fresh, unreplicated ``(params, opt_state)``; every process
+        must call ``resume`` (it runs collectives).
 
     Returns:
-      ``(state, first_step)``: the checkpoint's state and step + 1, or ``(initial_state(), 1)``.
+      ``(state, first_step)``: the state (numpy leaves) and the step to start at.
     """
-    if not identity.resume:
-        return initial_state(), 1
     import jax
     import numpy as np
 
+    def zeros():
+        return jax.tree_util.tree_map(lambda leaf: np.zeros(leaf.shape, leaf.dtype),
+                                      jax.eval_shape(initial_state))
+
+    if not identity.resume:
+        return _from_process_0(identity.process_id, initial_state, zeros), 1
     from worker import checkpoint
 
     began = time.monotonic()
-    template = jax.tree_util.tree_map(lambda leaf: np.zeros(leaf.shape, leaf.dtype),
-                                      jax.eval_shape(initial_state))
+    template = zeros()
     local = None
     if job.checkpoint.local_every_steps:
         from worker import localtier
@@ -57,7 +63,20 @@ def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Call
             + (f": {source}" if source else ""))
         return state, step + 1
     out(f"no checkpoint to resume from; starting at step 1 (attempt {identity.attempt})")
-    return initial_state(), 1
+    return _from_process_0(identity.process_id, initial_state, zeros), 1
+
+
+def _from_process_0(process_id: int, initial_state: Callable[[], tuple], zeros: Callable[[], tuple]):
+    """``initial_state()`` as process 0 computed it, on every process (``zeros()``: zeros of
+    its shapes and dtypes, what the others send)."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    leaves, treedef = jax.tree_util.tree_flatten(initial_state() if process_id == 0 else zeros())
+    got = multihost_utils.broadcast_one_to_all([np.asarray(a) for a in leaves],
+                                               is_source=process_id == 0)
+    return jax.tree_util.tree_unflatten(treedef, [np.asarray(a) for a in got])
 
 
 def local_tier(identity: contract.Identity, job: jobs.WorkerJob, num_batches: int, order: dict,

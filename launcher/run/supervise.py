@@ -246,7 +246,8 @@ def _root_cause(tracked: list, output: Output, clock: Callable[[], float],
 
     A death cascades in milliseconds (peers see a reset collective and exit
     too), often within one poll; so wait a short window (``window_s``) for the
-    cascade to show. Then: a process whose last lines say it lost a peer
+    cascade to show, or until every process has ended (nothing more can show:
+    the window was 0.3 s of every restart's teardown when all ended at once). Then: a process whose last lines say it lost a peer
     (``contract.is_peer_loss``: a collective or the coordination service
     failed under it) is a consequence, not a cause, so the others come first;
     while every failure seen is such a consequence and some process still
@@ -259,7 +260,7 @@ def _root_cause(tracked: list, output: Output, clock: Callable[[], float],
     and reader threads lag under load.
     """
     def settle(until: float) -> None:
-        while clock() < until:
+        while clock() < until and any(t.running for t in tracked):
             output.wait(0.02)
             for t in tracked:
                 if t.running:
