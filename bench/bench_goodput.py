@@ -12,7 +12,8 @@ included). The sides differ in the task only:
 
 Measured per side: the launch's wall seconds from outside (start to exit), and its
 ``ledger.json`` (``launcher.run.ledger``): the run's goodput, its buckets, the steps
-trained again. Checked: the ledger's wall time is within 1% of what the launch took
+trained again; and per round, whether the two sides' final params (``params.npz``) are
+equal within rtol 1e-6. Checked: the ledger's wall time is within 1% of what the launch took
 (less its interpreter start) and its buckets add up. Rounds alternate the order (ABBA);
 ratios per round, median (min-max).
 
@@ -36,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -90,7 +93,9 @@ def run(side: str, args, workdir: str, tag: str) -> dict:
         data = json.load(f)
     run_ledger = data["run"]
     assert abs(sum(run_ledger["buckets_s"].values()) - run_ledger["wall_s"]) < 0.01, run_ledger
-    return {"wall_s": wall, "ledger": run_ledger, "attempts": len(data["attempts"])}
+    with np.load(os.path.join(run_dir, "params.npz")) as final:
+        params = {name: final[name] for name in final.files}
+    return {"wall_s": wall, "ledger": run_ledger, "attempts": len(data["attempts"]), "params": params}
 
 
 def main() -> None:
@@ -136,6 +141,11 @@ def main() -> None:
         print(f"        ledger wall / launch wall: {statistics.median(cover):.3f} "
               f"({min(cover):.3f}-{max(cover):.3f}; the rest: the launcher's interpreter start and "
               "imports, and its summary after the ledger is written)")
+    for r, (c, f) in enumerate(zip(results["clean"], results["faults"])):
+        diff = max(float(np.max(np.abs(f["params"][n] - c["params"][n]))) for n in c["params"])
+        same = all(np.allclose(f["params"][n], c["params"][n], rtol=1e-6, atol=0) for n in c["params"])
+        print(f"round {r}: final params faults vs clean: {'equal' if same else 'DIFFERENT'} within "
+              f"rtol 1e-6 (max |difference| {diff:.3g})")
     ratios = [f["wall_s"] / c["wall_s"] for c, f in zip(results["clean"], results["faults"])]
     print(f"wall faults / clean: {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
     cost = [(f["wall_s"] - c["wall_s"]) / 2 for c, f in zip(results["clean"], results["faults"])]
