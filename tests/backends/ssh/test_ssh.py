@@ -8,6 +8,7 @@ table as the processes whose PODLAUNCH_RUN_DIR is host i's remote run dir.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shlex
@@ -76,6 +77,28 @@ def survivors(path, run_dir, timeout_s=15.0, job="linear") -> dict:
                  if (pids := pids_with_env("PODLAUNCH_RUN_DIR", d))}
         if not alive or time.monotonic() > deadline:
             return alive
+        time.sleep(0.1)
+
+
+def wait_launcher_gone(path, run_dir, count: int, timeout_s: float = 15.0, job="linear") -> None:
+    """Wait until ``count`` pid records of the run say its launcher is gone
+    (``launcher_gone_at``: the host's wrapper saw the launcher's channel end, polled every
+    0.1 s, later on a loaded host): until then the workers are a live run's, which a launch
+    beside them leaves alone, by design."""
+    name = planning.remote_run_name(str(run_dir))
+    pattern = os.path.join(str(path), "host*", ".podlaunch", job, f"{name}.process-*.pid")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        gone = 0
+        for record in glob.glob(pattern):
+            try:
+                with open(record) as f:
+                    gone += "launcher_gone_at" in json.load(f)
+            except (OSError, ValueError):  # replaced while read
+                pass
+        if gone >= count:
+            return
+        assert time.monotonic() < deadline, f"{gone} of {count} pid records say the launcher is gone"
         time.sleep(0.1)
 
 
@@ -556,15 +579,19 @@ def test_sigkilled_launcher_leaves_recorded_survivors_for_the_next_launch(tmp_pa
     first = tmp_path / "first"
     proc = start_launch("jobs/linear.yaml", "--cluster", cluster, *LONG, "--run-dir", str(first))
     try:
-        wait_in_logs(first, r"\[Gloo\] Rank \d is connected", 4)
+        # every process past its first step, after which LONG prints nothing: a line printed
+        # after the kill (gloo connects at the initial state's broadcast, before the step's
+        # compilation and its lines) is a broken pipe that ends the survivor
+        wait_in_logs(first, r"compilation cache: ", 4)
         proc.kill()
         proc.wait(10)
     finally:
         proc.kill()
     assert set(survivors(tmp_path, first, 0)) == set(range(NUM_HOSTS))  # no pty: they run on
+    wait_launcher_gone(tmp_path, first, NUM_HOSTS)
 
     refused = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--run-dir", str(tmp_path / "second"))
-    assert refused.returncode == 1
+    assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr
     assert re.search(r"127\.0\.0\.4\s+p2\s+1 process group of an earlier run of 'linear' still "
                      r"alive: p2 \(pgid \d+\) .*--kill-stale", refused.stderr), refused.stderr
     assert set(survivors(tmp_path, first, 0)) == set(range(NUM_HOSTS))  # refusing kills nothing
