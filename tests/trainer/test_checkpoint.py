@@ -274,3 +274,42 @@ def test_the_runs_end_removes_every_layouts_local_copies(tmp_path):
     (base / "notes.txt").write_text("mine")
     localtier.remove_all(str(base))
     assert sorted(os.listdir(base)) == ["notes.txt"]
+
+
+_INITIAL_STATE = r"""
+import sys
+import jax, numpy as np
+from worker import recovery, tasks
+
+def linear():
+    return tasks.init_linear(jax.random.PRNGKey(0), 4, 1), ()
+
+def with_key():
+    return {"w": np.ones(2, np.float32), "key": jax.random.key(3)}, ()
+
+for name, initial_state in (("linear", linear), ("key", with_key)):
+    shapes = jax.eval_shape(initial_state)
+    zeros = lambda: jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    got = recovery._from_process_0(0, initial_state, zeros, shapes)
+    want = initial_state()
+    same = all(
+        (jax.dtypes.issubdtype(w.dtype, jax.dtypes.prng_key)
+         and jax.dtypes.issubdtype(g.dtype, jax.dtypes.prng_key)
+         and np.array_equal(jax.random.key_data(g), jax.random.key_data(w)))
+        or (not jax.dtypes.issubdtype(w.dtype, jax.dtypes.prng_key)
+            and isinstance(g, np.ndarray) and g.dtype == w.dtype
+            and np.array_equal(g, np.asarray(w)))
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))
+    print(name, same, len(jax.tree_util.tree_leaves(got)))
+"""
+
+
+def test_the_initial_state_process_0_hands_out_is_its_own_bit_for_bit_and_typed_keys_stay_keys():
+    """``worker.recovery._from_process_0`` in one process (its broadcast is the identity there):
+    the seed's init comes back as numpy arrays equal bit for bit to the eager init's, and a
+    state holding a typed PRNG key (which numpy cannot hold) is computed as before and keeps
+    its key. The multi-process broadcast itself is what every params-equality test runs."""
+    result = subprocess.run([sys.executable, "-c", _INITIAL_STATE], capture_output=True, text=True,
+                            env={**env_for_tests(), "JAX_PLATFORMS": "cpu"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:2] == ["linear True 2", "key True 2"], result.stdout + result.stderr
