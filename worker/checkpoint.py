@@ -379,5 +379,22 @@ def restore_broadcast(run_dir: str, process_id: int, state, num_batches: int,
         holder = int(np.flatnonzero(table[:, 2] == newest_local)[0])
         step, source, held = newest_local, f"process {holder}'s local copy", local
     mine_leaves = held.leaves if process_id == holder and held is not None else leaves
-    got = multihost_utils.broadcast_one_to_all(mine_leaves, is_source=process_id == holder)
-    return jax.tree_util.tree_unflatten(treedef, [np.asarray(a) for a in got]), step, source
+    got = broadcast_exact(mine_leaves, is_source=process_id == holder)
+    return jax.tree_util.tree_unflatten(treedef, got), step, source
+
+
+def broadcast_exact(leaves: list, is_source: bool) -> list:
+    """The source process's ``leaves`` (numpy arrays) on every process, bit for bit.
+
+    ``multihost_utils.broadcast_one_to_all`` sums the source's values with the others'
+    zeros, and XLA's CPU all-reduce flushes subnormal floats to zero and turns -0.0 into
+    +0.0; so each leaf travels as its bytes (``uint8``, where the sum with zeros is exact)
+    and is viewed back as its dtype and shape. Every process must call it with leaves of
+    the same shapes and dtypes (the others' values are not used).
+    """
+    from jax.experimental import multihost_utils
+
+    arrays = [np.asarray(a) for a in leaves]
+    raw = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
+    got = multihost_utils.broadcast_one_to_all(raw, is_source=is_source)
+    return [np.asarray(g, np.uint8).view(a.dtype).reshape(a.shape) for g, a in zip(got, arrays)]

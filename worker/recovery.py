@@ -22,10 +22,9 @@ def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Call
 
     Computing the initial parameters op by op compiles each op (the PRNG's threefry twice):
     about 0.5 s of CPU per process, the same on every process. So process 0 computes them
-    and broadcasts them (``multihost_utils.broadcast_one_to_all``: a sum with the others'
-    zeros, exact), and a resume restores into zeros (``checkpoint.restore_broadcast``);
-    the other processes take the shapes and dtypes from ``jax.eval_shape``, which compiles
-    nothing.
+    and broadcasts them (``checkpoint.broadcast_exact``: bit for bit), and a resume restores
+    into zeros (``checkpoint.restore_broadcast``); the other processes take the shapes and
+    dtypes from ``jax.eval_shape``, which compiles nothing.
 
     Args:
       initial_state: returns the fresh, unreplicated ``(params, opt_state)``; every process
@@ -37,13 +36,12 @@ def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Call
     import jax
     import numpy as np
 
-    shapes = jax.eval_shape(initial_state)  # the same answer on every process
-
     def zeros():
-        return jax.tree_util.tree_map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes)
+        return jax.tree_util.tree_map(lambda leaf: np.zeros(leaf.shape, leaf.dtype),
+                                      jax.eval_shape(initial_state))
 
     if not identity.resume:
-        return _from_process_0(identity.process_id, initial_state, zeros, shapes), 1
+        return _from_process_0(identity.process_id, initial_state, zeros), 1
     from worker import checkpoint
 
     began = time.monotonic()
@@ -64,26 +62,19 @@ def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Call
             + (f": {source}" if source else ""))
         return state, step + 1
     out(f"no checkpoint to resume from; starting at step 1 (attempt {identity.attempt})")
-    return _from_process_0(identity.process_id, initial_state, zeros, shapes), 1
+    return _from_process_0(identity.process_id, initial_state, zeros), 1
 
 
-def _from_process_0(process_id: int, initial_state: Callable[[], tuple], zeros: Callable[[], tuple],
-                    shapes) -> tuple:
-    """``initial_state()`` as process 0 computed it, on every process (``zeros()``: zeros of
-    its ``shapes`` and dtypes, what the others send). A state holding typed PRNG keys
-    (``jax.random.key``), which do not pass through numpy, is computed by every process
-    instead, as before (the decision is the same on every process: it reads ``shapes``)."""
+def _from_process_0(process_id: int, initial_state: Callable[[], tuple], zeros: Callable[[], tuple]):
+    """``initial_state()`` as process 0 computed it, on every process, bit for bit
+    (``checkpoint.broadcast_exact``; ``zeros()``: zeros of its shapes and dtypes, what the
+    others send)."""
     import jax
-    import numpy as np
-    from jax.experimental import multihost_utils
 
-    if any(jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-           for leaf in jax.tree_util.tree_leaves(shapes)):
-        return initial_state()
+    from worker import checkpoint
+
     leaves, treedef = jax.tree_util.tree_flatten(initial_state() if process_id == 0 else zeros())
-    got = multihost_utils.broadcast_one_to_all([np.asarray(a) for a in leaves],
-                                               is_source=process_id == 0)
-    return jax.tree_util.tree_unflatten(treedef, [np.asarray(a) for a in got])
+    return jax.tree_util.tree_unflatten(treedef, checkpoint.broadcast_exact(leaves, process_id == 0))
 
 
 def local_tier(identity: contract.Identity, job: jobs.WorkerJob, num_batches: int, order: dict,

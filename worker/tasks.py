@@ -33,7 +33,9 @@ class Task:
         after each step (``step`` counts completed steps, from 1); with
         ``train.steps_per_call`` k > 1, for each of a call's k steps in order
         once the call has finished. For instrumentation; it must not touch
-        device values, or each step syncs.
+        device values, or each step syncs. At a successful end the worker runs
+        the atexit hooks and joins the non-daemon threads such a hook started,
+        then exits without the interpreter's teardown: close the files it opens.
       batch_loss_fn: ``(params, batch) -> loss``, batch a dict of named arrays
         ``[batch, ...]`` (``x`` and ``y`` from a ``.npy``/``.csv``, every array
         of an ``.npz``; integer labels as int32): for tasks that need more than

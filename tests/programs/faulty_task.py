@@ -6,6 +6,7 @@ exercise the plug-in path. Faults act on the host after a step completes.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import signal
@@ -27,8 +28,8 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
       crash_process_id: which process misbehaves.
       mode: ``raise`` (RuntimeError), ``exit`` (os._exit(7)), ``exit0`` (os._exit(0): an
         early exit that looks like success), ``sigkill`` (kills
-        itself with SIGKILL), ``wipe_sigkill`` (is SIGKILLed, then its run directory is
-        removed: over ssh, a host that dies and comes back empty), ``sigterm`` (itself with SIGTERM: a preemption's notice), ``stall`` (sleeps forever: alive, no progress),
+        itself with SIGKILL), ``wipe_sigkill`` (its run directory removed once the local tier's
+        writer is done, then SIGKILL: over ssh, a host that dies and comes back empty), ``sigterm`` (itself with SIGTERM: a preemption's notice), ``stall`` (sleeps forever: alive, no progress),
         ``sigstop`` (stops itself), ``long_line`` (prints ``long_line_mb`` MiB of ``x``
         without a newline, then exits with 7: its last line ends without one).
       sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
@@ -88,31 +89,17 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
 
 
 def _die_then_wipe(run_dir: str) -> None:
-    """SIGKILL this process, then remove ``run_dir``: in that order, as a host that dies and
-    comes back empty. A forked child (this thread alone) does both and waits for the death in
-    between, so that no thread of this process (the local tier's writer, a step behind on a
-    loaded machine) writes into the directory after it was removed: removing it first left a
-    copy the writer finished in the meantime, which the restart then found."""
-    parent = os.getpid()
-    if os.fork() == 0:
-        try:
-            os.kill(parent, signal.SIGKILL)
-            while _alive(parent):
-                time.sleep(0.005)
-            shutil.rmtree(run_dir, ignore_errors=True)
-        finally:
-            os._exit(0)
-    while True:  # the child's SIGKILL ends this
-        time.sleep(3600)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie has ended: its threads write nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    """A host that dies and comes back empty: ``run_dir`` removed, then SIGKILL, with nothing
+    written into the directory in between. The local tier's writer thread (a step behind on
+    a loaded machine) is let finish first, found among this process's objects (the task has
+    no handle on the loop's): removing the directory while it wrote left a copy it finished
+    afterwards, which the restart then found. (A forked child that killed the process and
+    removed the directory after could itself be killed by the wrapper, which stops the dead
+    worker's process group and descendants, halfway through the removal.)"""
+    for tier in [o for o in gc.get_objects() if type(o).__name__ == "LocalTier"]:
+        tier.close()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _print_bytes(size: int, line_bytes: int) -> None:

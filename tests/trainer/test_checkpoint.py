@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -276,40 +277,54 @@ def test_the_runs_end_removes_every_layouts_local_copies(tmp_path):
     assert sorted(os.listdir(base)) == ["notes.txt"]
 
 
-_INITIAL_STATE = r"""
-import sys
-import jax, numpy as np
-from worker import recovery, tasks
 
-def linear():
-    return tasks.init_linear(jax.random.PRNGKey(0), 4, 1), ()
+_EXACT_BROADCAST = r"""
+import json, sys
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+process_id, port = int(sys.argv[1]), sys.argv[2]
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
+                           initialization_timeout=60)
+import ml_dtypes
+import numpy as np
+from worker import checkpoint, recovery, tasks
 
-def with_key():
-    return {"w": np.ones(2, np.float32), "key": jax.random.key(3)}, ()
+def hard():  # what a sum with zeros does not keep: -0.0, subnormals, a NaN's payload
+    return {"f32": np.array([-0.0, 1e-42, -3e-39, np.float32(np.nan), 1.5], np.float32),
+            "bf16": np.array([-0.0, 1e-40], ml_dtypes.bfloat16),
+            "i32": np.array([[-7, 2**31 - 1]], np.int32), "flag": np.array(True),
+            "seed": tasks.init_linear(jax.random.PRNGKey(0), 4, 1)[0]}, ()
 
-for name, initial_state in (("linear", linear), ("key", with_key)):
-    shapes = jax.eval_shape(initial_state)
-    zeros = lambda: jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-    got = recovery._from_process_0(0, initial_state, zeros, shapes)
-    want = initial_state()
-    same = all(
-        (jax.dtypes.issubdtype(w.dtype, jax.dtypes.prng_key)
-         and jax.dtypes.issubdtype(g.dtype, jax.dtypes.prng_key)
-         and np.array_equal(jax.random.key_data(g), jax.random.key_data(w)))
-        or (not jax.dtypes.issubdtype(w.dtype, jax.dtypes.prng_key)
-            and isinstance(g, np.ndarray) and g.dtype == w.dtype
-            and np.array_equal(g, np.asarray(w)))
-        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))
-    print(name, same, len(jax.tree_util.tree_leaves(got)))
+nan = np.array([0x7FC00123], np.uint32).view(np.float32)
+def with_payload():
+    state = hard()
+    state[0]["f32"][3] = nan[0]
+    return state
+
+shapes = jax.eval_shape(with_payload)
+zeros = lambda: jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+got = jax.tree_util.tree_leaves(recovery._from_process_0(process_id, with_payload, zeros))
+want = [np.asarray(a) for a in jax.tree_util.tree_leaves(with_payload())]
+print(json.dumps([g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes()
+                  for g, w in zip(got, want)]), flush=True)
+jax.distributed.shutdown()
 """
 
 
-def test_the_initial_state_process_0_hands_out_is_its_own_bit_for_bit_and_typed_keys_stay_keys():
-    """``worker.recovery._from_process_0`` in one process (its broadcast is the identity there):
-    the seed's init comes back as numpy arrays equal bit for bit to the eager init's, and a
-    state holding a typed PRNG key (which numpy cannot hold) is computed as before and keeps
-    its key. The multi-process broadcast itself is what every params-equality test runs."""
-    result = subprocess.run([sys.executable, "-c", _INITIAL_STATE], capture_output=True, text=True,
-                            env={**env_for_tests(), "JAX_PLATFORMS": "cpu"}, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split("\n")[:2] == ["linear True 2", "key True 2"], result.stdout + result.stderr
+@pytest.mark.slow
+def test_the_initial_state_and_a_restore_reach_every_process_bit_for_bit():
+    """``worker.recovery``'s broadcast of process 0's initial state (``checkpoint.
+    broadcast_exact``, also the restore's), in two real JAX processes over gloo: every leaf
+    arrives with its bytes, dtype and shape, including what a sum with zeros (the plain
+    ``broadcast_one_to_all``) loses: -0.0, subnormal floats (flushed to +0.0 there), a NaN's
+    payload; bfloat16, int32, bool and the seed's own init too."""
+    with socket.socket() as probe:  # a port free now, for process 0's coordination service
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, "-c", _EXACT_BROADCAST, str(i), port],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env_for_tests(), "JAX_PLATFORMS": "cpu"}) for i in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1]) == [True] * 5, out + err[-2000:]
