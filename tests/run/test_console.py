@@ -437,7 +437,9 @@ def test_a_4_process_run_on_a_terminal_shows_each_step_once_no_gloo_and_a_fallin
         LAUNCH + ["jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "cluster.num_processes=4",
                   "--set", "cluster.devices_per_process=1", "--set", "train.num_steps=60",
                   "--set", "logging.log_every_steps=5", "--set", "task.name=faulty_task:make",
-                  "--set", "task.args.sleep_s=0.05", "--set", "task.args.slow_process_id=0"],
+                  # 6 s of steps: the status line's ETA is redrawn often enough to be seen
+                  # falling on 2 cores loaded with other tests' workers (0.05 s: 3 seen once)
+                  "--set", "task.args.sleep_s=0.1", "--set", "task.args.slow_process_id=0"],
         cwd=REPO, env=env_for_tests(), stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
         close_fds=True)
     os.close(slave)
