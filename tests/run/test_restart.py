@@ -27,6 +27,13 @@ from harness.runs import (agreed_step, assert_one_agreed_stop, assert_same_param
 pytestmark = pytest.mark.slow
 
 STEPS = 40
+# Attempt 0's steps take 20 ms (process 0 sleeps, the others wait for it in the all-reduce):
+# the local tier's writer thread gets a few hundred ms per copy before a fault at step 17,
+# as it would beside real steps. With the seed's 3 ms steps, steps 5 to 17 took 40 ms, and
+# on a loaded CI machine no copy was finished when process 0 died (resumed from step 0).
+WRITER_TIME = ("--set", "task.args.sleep_s=0.02", "--set", "task.args.slow_process_id=0",
+               "--set", "task.args.slow_attempt=0")
+
 COMMON = ("--set", f"train.num_steps={STEPS}", "--set", "cluster.devices_per_process=1",
           "--set", "logging.log_every_steps=5", "--set", "checkpoint.every_steps=5",
           "--set", "restarts.backoff_s=0.2")
@@ -326,8 +333,8 @@ def test_a_crash_resumes_from_the_local_tier_not_the_last_persistent_checkpoint(
     not from step 0, and ends at the uninterrupted params; the local copies are gone after."""
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", *COMMON, *fault("sigkill", 17, process_id=0),
-                    "--set", "checkpoint.every_steps=40", "--set", "checkpoint.local_every_steps=5",
-                    "--run-dir", str(run_dir))
+                    *WRITER_TIME, "--set", "checkpoint.every_steps=40",
+                    "--set", "checkpoint.local_every_steps=5", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr
     # step 15's copy, or an earlier one when the copies after it were still being written
@@ -437,7 +444,8 @@ def test_host_0_back_empty_resumes_from_another_hosts_local_copy(tmp_path, two_s
     at the uninterrupted params."""
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, two_ssh_hosts), *COMMON,
-                    *fault("wipe_sigkill", 17, process_id=0), "--set", "checkpoint.every_steps=40",
+                    *fault("wipe_sigkill", 17, process_id=0), *WRITER_TIME,
+                    "--set", "checkpoint.every_steps=40",
                     "--set", "checkpoint.local_every_steps=5", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr
