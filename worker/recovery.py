@@ -62,7 +62,7 @@ def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Call
             + (f": {source}" if source else ""))
         return state, step + 1
     out(f"no checkpoint to resume from; starting at step 1 (attempt {identity.attempt})")
-    return _from_process_0(identity.process_id, initial_state, zeros), 1
+    return _from_process_0(identity.process_id, initial_state, lambda: template), 1
 
 
 def _from_process_0(process_id: int, initial_state: Callable[[], tuple], zeros: Callable[[], tuple]):

@@ -247,9 +247,10 @@ def _root_cause(tracked: list, output: Output, clock: Callable[[], float],
     A death cascades in milliseconds (peers see a reset collective and exit
     too), often within one poll; so wait a short window (``window_s``) for the
     cascade to show, or until every process has ended (nothing more can show:
-    the window was 0.3 s of every restart's teardown when all ended at once). Then: a process whose last lines say it lost a peer
-    (``contract.is_peer_loss``: a collective or the coordination service
-    failed under it) is a consequence, not a cause, so the others come first;
+    the window was 0.3 s of every restart's teardown when all ended at once).
+    Then: a process whose last lines say it lost a peer (``contract.is_peer_loss``:
+    a collective or the coordination service failed under it) is a consequence,
+    not a cause, so the others come first;
     while every failure seen is such a consequence and some process still
     runs, wait up to ``cause_wait_s`` more for the cause to be seen (its end
     can reach the launcher late: an exit report queued behind megabytes of

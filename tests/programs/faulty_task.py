@@ -78,7 +78,7 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "wipe_sigkill":  # the host dies and comes back with an empty run directory
-            _die_then_wipe(os.environ["PODLAUNCH_RUN_DIR"])
+            _wipe_then_die(os.environ["PODLAUNCH_RUN_DIR"])
         if mode == "sigstop":
             os.kill(os.getpid(), signal.SIGSTOP)
         if mode == "stall":
@@ -88,7 +88,7 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
     return tasks.Task(init_params=tasks.init_linear, loss_fn=tasks.mse, on_step_end=on_step_end)
 
 
-def _die_then_wipe(run_dir: str) -> None:
+def _wipe_then_die(run_dir: str) -> None:
     """A host that dies and comes back empty: ``run_dir`` removed, then SIGKILL, with nothing
     written into the directory in between. The local tier's writer thread (a step behind on
     a loaded machine) is let finish first, found among this process's objects (the task has
