@@ -56,6 +56,14 @@ def program_job(tmp_path, mode: str = "none", target: int = 1, at: int = 5, step
 # faults, preemptions and stalls by default)
 NO_RESTARTS = ("--set", "restarts.max_restarts=0")
 
+# A trainer run that lasts until the test stops it need not take the cores while it waits:
+# process 0 sleeps 50 ms after each step (tests/programs/faulty_task.py's straggler) and the
+# others wait for it in the step's all-reduce. Three processes, from 10 s to 30 s after the
+# start: 4.3 CPU-s instead of about 30 at full speed (about 210 steps a second), which the
+# CI machine's two cores paid in every such test.
+PACED = ("--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.05",
+         "--set", "task.args.slow_process_id=0")
+
 # The two kinds of job a fault test runs: the built-in trainer and a program job.
 KINDS = ("trainer", "program")
 
@@ -63,12 +71,12 @@ KINDS = ("trainer", "program")
 def long_job(kind: str, tmp_path, log_every: int = 20, mode: str = "none", target: int = 1,
              at: int = 5) -> tuple:
     """``launch`` arguments of a 2-process job (1 CPU device each) that runs until stopped:
-    ``jobs/linear.yaml`` for the trainer, tests/programs/faulty_program.py (``mode``, ``target``,
+    ``jobs/linear.yaml`` for the trainer (``PACED``), tests/programs/faulty_program.py (``mode``, ``target``,
     ``at``: its fault) for a program. Trainer faults are the test's own ``--set task...``."""
     if kind == "trainer":
         return ("jobs/linear.yaml", "--set", "train.num_steps=1000000",
                 "--set", f"logging.log_every_steps={log_every}",
-                "--set", "cluster.devices_per_process=1")
+                "--set", "cluster.devices_per_process=1", *PACED)
     return (program_job(tmp_path, mode, target, at, steps=1000000, log_every=log_every,
                         num_processes=2),)
 

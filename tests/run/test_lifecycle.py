@@ -16,13 +16,13 @@ import time
 
 import pytest
 
-from harness.helpers import (KINDS, LAUNCH, REPO, env_for_tests, long_job, most_zombies_while_running,
+from harness.helpers import (KINDS, LAUNCH, PACED, REPO, env_for_tests, long_job, most_zombies_while_running,
                      run_pids, sighup_default, start_launch, wait_gone)
 
 pytestmark = pytest.mark.slow  # every test here starts the launcher and real workers
 
 LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=20",
-        "--set", "cluster.devices_per_process=1")
+        "--set", "cluster.devices_per_process=1", *PACED)
 
 
 def _controlling_tty():

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from harness import sshenv
-from harness.helpers import (LAUNCH, NO_RESTARTS, REPO, Output, checked_ledger, env_for_tests, launch, pids_with_env, program_job, run_pids,
+from harness.helpers import (LAUNCH, NO_RESTARTS, PACED, REPO, Output, checked_ledger, env_for_tests, launch, pids_with_env, program_job, run_pids,
                      sighup_default, wait_gone)
 from harness.runs import SLOW_PROCESS_0, agreed_step, assert_one_agreed_stop
 from harness.slurmenv import SlurmTestEnv
@@ -32,7 +32,8 @@ if os.environ.get("PODLAUNCH_SKIP_SLURM") == "1":
 SHORT = ("--set", "train.num_steps=30", "--set", "train.global_batch_size=255",
          "--set", "logging.tensorboard=false")
 LONG = ("--set", "train.num_steps=1000000", "--set", "train.global_batch_size=255",
-        "--set", "logging.log_every_steps=20", "--set", "logging.tensorboard=false", *NO_RESTARTS)
+        "--set", "logging.log_every_steps=20", "--set", "logging.tensorboard=false", *NO_RESTARTS,
+        *PACED)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import yaml
 from harness import helpers
 from harness import sshenv
 from harness.runs import remote_run_dir
-from harness.helpers import NO_RESTARTS, REPO, PROGRAMS, Output, launch, pids_with_env, program_job, start_launch
+from harness.helpers import NO_RESTARTS, PACED, REPO, PROGRAMS, Output, launch, pids_with_env, program_job, start_launch
 from launcher import plan as planning
 from launcher import spec as specs
 from launcher.backends.ssh import session as ssh_session
@@ -39,7 +39,8 @@ SHORT = ("--set", "train.num_steps=20", "--set", "cluster.devices_per_process=1"
 # Quiet on purpose: an orphaned remote worker dies of a broken pipe at its next output
 # line (progress, heartbeat, checkpoint message), which the survivor test must avoid.
 LONG = ("--set", "train.num_steps=1000000", "--set", "logging.log_every_steps=100000",
-        "--set", "watchdog.stall_timeout_s=null", "--set", "checkpoint.every_steps=0", *NO_RESTARTS)
+        "--set", "watchdog.stall_timeout_s=null", "--set", "checkpoint.every_steps=0", *NO_RESTARTS,
+        *PACED)
 
 
 @pytest.fixture
