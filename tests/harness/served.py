@@ -46,12 +46,12 @@ def get(url: str):
 def rendered(page_url: str, screenshot: str | None = None) -> str:
     """The text of ``page_url`` as headless Chromium renders it (scripts run, styles and
     scripts dropped); with ``screenshot``, a PNG of it there too."""
+    # one Chromium run does both (two runs cost twice its start and the page's scripts)
     command = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
-               "--virtual-time-budget=20000"]
+               "--virtual-time-budget=20000", "--dump-dom"]
     if screenshot is not None:
-        subprocess.run(command + [f"--screenshot={screenshot}", page_url], capture_output=True,
-                       timeout=120)
-    page = subprocess.run(command + ["--dump-dom", page_url], capture_output=True, text=True,
+        command.append(f"--screenshot={screenshot}")
+    page = subprocess.run(command + [page_url], capture_output=True, text=True,
                           timeout=120).stdout
     return re.sub(r"\s+", " ", re.sub(r"<[^>]*>", " ", re.sub(
         r"<(style|script)\b.*?</\1>", "", page, flags=re.S)))
