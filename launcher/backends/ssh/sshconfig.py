@@ -21,6 +21,7 @@ old way); a file that uses ``Include`` is then refused with what to do.
 from __future__ import annotations
 
 import concurrent.futures
+import glob
 import os
 import re
 import shutil
@@ -44,6 +45,12 @@ def resolve_with_openssh(names: Iterable[str], config_file: str, source: str,
                          ssh: str = "ssh") -> dict:
     """``{name: {option: value or [values]}}`` as ``ssh -G`` prints them, for every name and hop.
 
+    ``ssh -G`` is a process of about 4 ms of CPU (its libraries and OpenSSL's start), most
+    of the launcher's cost per host (bench/bench_launch_scale.py). Names that match the
+    same ``Host`` lines get the same options but their own name (``host_classes``): of
+    such a class, two are asked; when their answers agree but for the name itself, the
+    others are derived; otherwise every one is asked.
+
     Args:
       names: host names as the user wrote them.
       config_file: the ssh_config file (``DEFAULT_PATH``: OpenSSH's own search,
@@ -54,16 +61,128 @@ def resolve_with_openssh(names: Iterable[str], config_file: str, source: str,
     Raises:
       SpecError: OpenSSH refused the config (its message, with file and line).
     """
+    patterns = host_patterns(config_file)
     resolved: dict = {}
     todo = list(dict.fromkeys(names))
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        ask = lambda batch: dict(zip(batch, pool.map(  # noqa: E731
+            lambda n: _ssh_g(ssh, n, config_file, source), batch)))
         while todo:
-            answers = pool.map(lambda n: _ssh_g(ssh, n, config_file, source), todo)
-            resolved.update(zip(todo, answers))
+            classes = host_classes(todo, patterns)
+            raw = ask([n for members in classes for n in members[:2]])
+            rest = []
+            for members in classes:
+                hostname = len(members) > 2 and _class_hostname(
+                    members[0], raw[members[0]], members[1], raw[members[1]])
+                for name in members[2:]:
+                    if hostname:
+                        raw[name] = dict(raw[members[0]], identityfile=list(raw[members[0]]["identityfile"]),
+                                         hostname=name.lower() if hostname == _OWN else hostname)
+                    else:
+                        rest.append(name)
+            raw.update(ask(rest))
+            resolved.update((name, _expand_tokens(name, raw[name])) for name in todo)
             hops = [_hop_host(hop) for options in resolved.values()
                     for hop in options.get("proxyjump", "none").split(",") if hop != "none"]
             todo = [h for h in dict.fromkeys(hops) if h not in resolved]
     return resolved
+
+
+_MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
+
+
+def host_patterns(config_file: str) -> list | None:
+    """The patterns of every ``Host`` line in the files ``ssh`` reads, Includes followed.
+
+    ``None`` when a line makes a host's options depend on more than which ``Host`` lines
+    match its name, or when this reader cannot follow it: ``Match``, ``CanonicalizeHostname``
+    other than ``no``, a quoted ``Host`` or ``Include`` argument, an ``Include`` with
+    ``%`` or ``$``, or an unreadable file. Lines inside a ``Host`` block are read whatever
+    the block matches (more lines than OpenSSH applies make finer classes, never coarser).
+    A quote, ``#`` or ``=`` in a ``Host`` or ``Include`` line is not read either.
+    Files and their order: ssh_config(5) ("Include", "FILES").
+    """
+    home_ssh = os.path.expanduser("~/.ssh")
+    if config_file == DEFAULT_PATH:
+        files = [(os.path.join(home_ssh, "config"), home_ssh), ("/etc/ssh/ssh_config", "/etc/ssh")]
+    else:
+        files = [(os.path.expanduser(config_file), home_ssh)]
+    found: list = []
+    for path, base in files:
+        if os.path.exists(path) and not _read_host_lines(path, base, found, 0):
+            return None
+    return found
+
+
+def _read_host_lines(path: str, base: str, found: list, depth: int) -> bool:
+    if depth > _MAX_INCLUDE_DEPTH or os.path.isdir(path):
+        return False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        keyword, _, args = line.strip().replace("=", " ", 1).replace("\t", " ").partition(" ")
+        keyword, args = keyword.lower(), args.strip()
+        if keyword == "match" or (keyword == "canonicalizehostname" and args.lower() != "no"):
+            return False
+        if keyword in ("host", "include") and any(c in args for c in '"#='):
+            return False
+        if keyword == "host":
+            found.append(args.split())
+        elif keyword == "include":
+            for pattern in args.split():
+                if "%" in pattern or "$" in pattern:
+                    return False
+                pattern = os.path.join(base, os.path.expanduser(pattern))
+                for included in sorted(glob.glob(pattern)):
+                    if not _read_host_lines(included, base, found, depth + 1):
+                        return False
+    return True
+
+
+def host_classes(names: list, patterns: list | None) -> list:
+    """``names`` grouped by the ``Host`` lines their name matches (OpenSSH's rule: some
+    pattern matches and no ``!`` pattern does; ``*`` and ``?`` only; the name lowercased,
+    as ssh lowercases it); each name its own class where ``patterns`` is None."""
+    if patterns is None:
+        return [[name] for name in names]
+    compiled = [[(p.startswith("!"), _glob_re(p.lstrip("!"))) for p in line] for line in patterns]
+    classes: dict = {}
+    for name in names:
+        if "@" in name:  # ssh reads a user from it: asked alone
+            classes[(name,)] = [name]
+            continue
+        lowered = name.lower()
+        key = tuple(i for i, line in enumerate(compiled)
+                    if any(r.fullmatch(lowered) for neg, r in line if not neg)
+                    and not any(r.fullmatch(lowered) for neg, r in line if neg))
+        classes.setdefault(key, []).append(name)
+    return list(classes.values())
+
+
+def _glob_re(pattern: str) -> re.Pattern:
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c)
+                              for c in pattern.lower()), re.DOTALL)
+
+
+_OWN = "each its own name"
+
+
+def _class_hostname(a: str, options_a: dict, b: str, options_b: dict) -> str | None:
+    """The ``hostname`` of every name in the class of ``a`` and ``b``, given their answers:
+    ``_OWN`` (each name, lowercased as ssh prints it) or one literal; ``None`` when the
+    answers differ in another option (one that carries the name: ``%h`` in
+    UserKnownHostsFile, say), and then each name of the class is asked."""
+    rest_a = {k: v for k, v in options_a.items() if k != "hostname"}
+    rest_b = {k: v for k, v in options_b.items() if k != "hostname"}
+    host_a, host_b = options_a.get("hostname"), options_b.get("hostname")
+    if rest_a != rest_b or a.lower() == b.lower():
+        return None
+    if host_a == host_b:
+        return host_a
+    return _OWN if (host_a, host_b) == (a.lower(), b.lower()) else None
 
 
 def _hop_host(hop: str) -> str:
@@ -88,14 +207,19 @@ def _ssh_g(ssh: str, name: str, config_file: str, source: str) -> dict:
             options["identityfile"].append(value)
         elif key in _SINGLE:
             options[key] = value
-    if options.get("proxycommand", "none") != "none":
-        # fabric expands ProxyCommand's tokens against a config of its own that
-        # has no Port (%p became 22): expanded here, as ssh_config(5) TOKENS says.
-        tokens = {"%": "%", "h": options.get("hostname", name), "p": options.get("port", "22"),
-                  "r": options.get("user", ""), "n": name}
-        options["proxycommand"] = re.sub(r"%(.)", lambda m: tokens.get(m.group(1), m.group(0)),
-                                         options["proxycommand"])
     return options
+
+
+def _expand_tokens(name: str, options: dict) -> dict:
+    """``options`` with ``ProxyCommand``'s tokens expanded for ``name``."""
+    if options.get("proxycommand", "none") == "none":
+        return options
+    # fabric expands ProxyCommand's tokens against a config of its own that
+    # has no Port (%p became 22): expanded here, as ssh_config(5) TOKENS says.
+    tokens = {"%": "%", "h": options.get("hostname", name), "p": options.get("port", "22"),
+              "r": options.get("user", ""), "n": name}
+    return dict(options, proxycommand=re.sub(r"%(.)", lambda m: tokens.get(m.group(1), m.group(0)),
+                                             options["proxycommand"]))
 
 
 class ExactConfig(paramiko.SSHConfig):

@@ -331,6 +331,54 @@ def test_ssh_config_resolves_as_ssh_G_says(tmp_path, ssh_client):
         shutil.rmtree(rel_dir)
 
 
+def test_names_of_one_host_class_are_asked_twice_and_each_gets_what_ssh_G_says(tmp_path, ssh_client):
+    """Issue 29: ``ssh -G`` per host was most of the launcher's CPU per host. Names that
+    match the same Host lines (an Included file's, ``!`` patterns, upper case, ProxyJump
+    hops) are asked twice per class; a class whose answers carry the name (``%h`` in
+    HostName or UserKnownHostsFile) is asked name by name; a literal HostName is shared.
+    Every name's options are what ``ssh -G`` prints for it, and a Match line anywhere
+    sends every name to ``ssh -G``."""
+    from launcher.backends.ssh import sshconfig
+
+    (tmp_path / "inc.conf").write_text("Host inc-*\n  Port 2201\n")
+    config = tmp_path / "config"
+    config.write_text(
+        f"Include {tmp_path}/inc.conf\n"
+        "Host lit-*\n  HostName 10.9.9.9\n"
+        "Host tok-*\n  HostName %h.corp\n"
+        "Host kh-*\n  UserKnownHostsFile /tmp/kh-%h\n"
+        "Host *.lan !secret.lan\n  User lanuser\n  ProxyJump jumper\n"
+        "Host jumper\n  HostName 10.4.4.4\n"
+        "Host *\n  User default-user\n  ConnectTimeout 4\n")
+    calls = tmp_path / "calls"
+    ssh = tmp_path / "ssh"  # the real client, each call written down
+    ssh.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexec {shutil.which('ssh')} \"$@\"\n")
+    ssh.chmod(0o755)
+    names = ([f"{prefix}{i}" for prefix in ("inc-", "lit-", "tok-", "kh-", "plain", "UP") for i in range(4)]
+             + ["a.lan", "b.lan", "c.lan", "secret.lan", "10.0.0.1", "10.0.0.2"])
+    got = sshconfig.resolve_with_openssh(names, str(config), "c.yaml", ssh=str(ssh))
+    assert set(got) == set(names) | {"jumper"}
+    for name in got:
+        want = openssh_resolves(str(config), name)
+        assert got[name]["hostname"] == want["hostname"][0], name
+        for key in ("user", "port", "connecttimeout", "userknownhostsfile", "proxyjump"):
+            assert got[name].get(key, "none") == want.get(key, ["none"])[0], (name, key)
+    asked = [line.split()[-1] for line in calls.read_text().splitlines()]
+    assert sorted(asked) == sorted(set(asked))
+    # two per class (inc, lit, *.lan, the 11 that match only Host *: secret.lan is one), every
+    # tok- and kh- name, and the hop jumper
+    assert len(asked) == 2 + 2 + 2 + 2 + 4 + 4 + 1, asked
+    assert {f"tok-{i}" for i in range(4)} | {f"kh-{i}" for i in range(4)} <= set(asked)
+    assert got["lit-3"]["hostname"] == "10.9.9.9" and got["UP3"]["hostname"] == "up3"
+    assert got["c.lan"]["proxyjump"] == "jumper" and got["secret.lan"].get("proxyjump", "none") == "none"
+
+    calls.unlink()
+    config.write_text(config.read_text() + "Match host nothing-matches\n  Port 1\n")
+    again = sshconfig.resolve_with_openssh(names, str(config), "c.yaml", ssh=str(ssh))
+    assert again == got
+    assert len(calls.read_text().splitlines()) == len(names) + 1
+
+
 def test_a_config_openssh_refuses_is_bad_input_naming_file_and_line(tmp_path, ssh_client):
     config = tmp_path / "config"
     config.write_text("Host a\n  HostName 10.0.0.1\n  NoSuchOption yes\n")
