@@ -24,8 +24,12 @@ Markers by what a test starts, set from its fixtures (so no test can forget its 
 runs without system services; ``.ci/run`` runs everything.
 """
 
+import fcntl
+import hashlib
 import inspect
+import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -117,15 +121,25 @@ def slurm():
 @pytest.fixture(scope="session")
 def reference_params(tmp_path_factory):
     """``reference_params(*args)``: the final params of an uninterrupted
-    ``launch jobs/linear.yaml ARGS`` (a list of arrays), each set of arguments run once in
-    the session."""
+    ``launch jobs/linear.yaml ARGS`` (a name -> array dict), each set of arguments run once in
+    the session, whichever pytest-xdist worker asks first: the others wait on its lock and
+    read its run (each worker ran its own before, up to three runs of one reference)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this session's
     done: dict = {}
 
-    def get(*args: str) -> list:
+    def get(*args: str) -> dict:
         if args not in done:
-            run_dir = tmp_path_factory.mktemp("reference") / "run"
-            result = launch("jobs/linear.yaml", *args, "--run-dir", str(run_dir))
-            assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-            done[args] = params(run_dir)
+            key = hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]
+            run_dir = shared / f"reference-{key}" / "run"
+            with open(shared / f"reference-{key}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when its worker dies
+                passed = run_dir.parent / "passed"
+                if not passed.exists():
+                    shutil.rmtree(run_dir, ignore_errors=True)  # a worker that failed or died
+                    result = launch("jobs/linear.yaml", *args, "--run-dir", str(run_dir))
+                    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+                    passed.touch()
+                done[args] = params(run_dir)
         return done[args]
     return get
