@@ -13,6 +13,11 @@ machine's cores, so the wall time says little and the CPU is the figure.
 
     python bench/bench_launch_scale.py                     # N = 1 8 32 64, 3 launches each
     python bench/bench_launch_scale.py --hosts 1 16 64 128 --repeat 2
+
+``--run``: a whole launch instead of the dry run, of a program job whose every process is
+``python3 -c pass`` (N of them fit on this machine, N JAX workers do not): everything above,
+then each host's start (the job file and the program's directory put over SFTP, the wrapper
+started on its channel), supervision to the end, teardown and the summary.
 """
 
 from __future__ import annotations
@@ -43,12 +48,22 @@ def cluster_file(base: str, env: sshenv.SshTestEnv, count: int) -> str:
     return path
 
 
-def one_launch(cluster: str, count: int) -> tuple:
-    """(launcher CPU s, peak RSS MiB, wall s) of one ``--dry-run`` over ``count`` hosts."""
+PROGRAM_JOB = """\
+name: scale_probe
+program:
+  argv: [python3, -c, pass]
+"""
+
+
+def one_launch(cluster: str, count: int, program_job: str | None = None) -> tuple:
+    """(launcher CPU s, peak RSS MiB, wall s) of one ``--dry-run`` over ``count`` hosts, or of
+    a whole launch of ``program_job`` (a spec path) there."""
     batch = 64 * count
     argv = [sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--cluster", cluster,
             "--dry-run", "--set", f"train.global_batch_size={batch}",
             "--set", f"data.num_examples={batch}", "--set", "cluster.devices_per_process=1"]
+    if program_job is not None:
+        argv = [sys.executable, "-m", "launcher.cli", program_job, "--cluster", cluster]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_"))}
     started = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -57,8 +72,9 @@ def one_launch(cluster: str, count: int) -> tuple:
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0 or f"preflight ok on {count} host" not in out:
-        raise SystemExit(f"launch --dry-run over {count} hosts failed ({proc.returncode}):\n{out[-3000:]}")
+    done = f"OK: {count} process" if program_job else f"preflight ok on {count} host"
+    if proc.returncode != 0 or done not in out:
+        raise SystemExit(f"launch {'' if program_job else '--dry-run '}over {count} hosts failed ({proc.returncode}):\n{out[-3000:]}")
     return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, wall
 
 
@@ -73,16 +89,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--run", action="store_true",
+                        help="a whole launch of a program job of `python3 -c pass` processes")
     args = parser.parse_args()
-    print(f"launch --dry-run over N real sshd hosts; {args.repeat} launches each, median; "
+    what = "a whole launch of `python3 -c pass` per host" if args.run else "launch --dry-run"
+    print(f"{what} over N real sshd hosts; {args.repeat} launches each, median; "
           f"{os.cpu_count()} cores")
     print(f"{'N':>5} {'CPU s':>8} {'CPU ms/host':>12} {'peak MiB':>9} {'wall s':>8}")
     rows = []
     with tempfile.TemporaryDirectory() as base, sshenv.SshTestEnv(base, max(args.hosts)) as env:
         env.start(timeout_s=120)
+        job = None
+        if args.run:
+            os.makedirs(os.path.join(base, "job"))  # program.dir: the spec's, one file to sync
+            job = os.path.join(base, "job", "scale_probe.yaml")
+            with open(job, "w") as f:
+                f.write(PROGRAM_JOB)
         for count in args.hosts:
             cluster = cluster_file(base, env, count)
-            runs = [one_launch(cluster, count) for _ in range(args.repeat)]
+            runs = [one_launch(cluster, count, job) for _ in range(args.repeat)]
             cpu, rss, wall = (statistics.median(r[i] for r in runs) for i in range(3))
             rows.append((count, cpu, rss, wall))
             print(f"{count:>5} {cpu:>8.2f} {1000 * cpu / count:>12.1f} {rss:>9.1f} {wall:>8.1f}",
