@@ -36,14 +36,12 @@ find_python() {
 
 # make_venv PYTHON DIR JAX_VERSION: a fresh venv in DIR with the project (editable), its
 # test extras and exactly jax/jaxlib JAX_VERSION; fails if pip resolves anything else (for
-# instance when pyproject.toml's range no longer admits that version). --no-compile: pip
-# compiles every module of every package (jax's thousands) to bytecode, 12 of the venv's 32
-# CPU-s here; Python compiles the modules the tests import when they first import them.
+# instance when pyproject.toml's range no longer admits that version).
 make_venv() {
   local py=$1 dir=$2 jax=$3
   "$py" -m venv --clear "$dir"
   "$dir/bin/python" -m pip install -q --upgrade pip
-  "$dir/bin/python" -m pip install -q --no-compile -e '.[test]' "jax==$jax" "jaxlib==$jax"
+  "$dir/bin/python" -m pip install -q -e '.[test]' "jax==$jax" "jaxlib==$jax"
   "$dir/bin/python" - "$jax" <<'EOF'
 import platform, sys
 from importlib.metadata import version
