@@ -42,6 +42,10 @@ make_venv() {
   "$py" -m venv --clear "$dir"
   "$dir/bin/python" -m pip install -q --upgrade pip
   "$dir/bin/python" -m pip install -q -e '.[test]' "jax==$jax" "jaxlib==$jax"
+  # The project's own modules, compiled once for this interpreter: where the environment sets
+  # PYTHONDONTWRITEBYTECODE (this machine's does), every launcher and worker process the
+  # tests start compiled them from source again (a launcher process 0.45 -> 0.37 CPU-s).
+  "$dir/bin/python" -m compileall -q -j 0 launcher worker tests examples bench >/dev/null
   "$dir/bin/python" - "$jax" <<'EOF'
 import platform, sys
 from importlib.metadata import version
