@@ -7,8 +7,9 @@ case-sensitively, and knows only some ``Match`` criteria. The OpenSSH client
 is where those semantics are defined: ``ssh -G HOST`` prints the options it
 would use for HOST after every Include, Match, pattern, token and default,
 without connecting. Each host (and each ``ProxyJump`` hop, recursively) is
-resolved so, and the answers become a paramiko ``SSHConfig`` of one exact
-``Host`` block per name, which fabric reads as before.
+resolved so (hosts whose names match the same ``Host`` lines two per class:
+``resolve_with_openssh``), and the answers become a paramiko ``SSHConfig`` of
+one exact ``Host`` block per name, which fabric reads as before.
 
 Printed raw by ``ssh -G`` and expanded at connect time, as OpenSSH does:
 ``%`` tokens in ``IdentityFile`` (by paramiko); those of ``ProxyCommand``
