@@ -240,6 +240,9 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
     return first
 
 
+READER_JOIN_S = 1.0
+
+
 def _root_cause(tracked: list, output: Output, clock: Callable[[], float],
                 window_s: float = 0.3, cause_wait_s: float = 3.0) -> Tracked:
     """The failure that caused the others.
@@ -271,9 +274,14 @@ def _root_cause(tracked: list, output: Output, clock: Callable[[], float],
     last_chance = clock() + cause_wait_s
     while True:
         failed = [t for t in tracked if t.state is State.FAILED]
+        # Its last lines say whether it lost a peer. An ended process's output is finite, but
+        # its reader thread lags on a loaded machine: 0.2 s each left a victim's tail without
+        # its peer-loss line, and the victim, seen ending first, was named the cause. Up to
+        # READER_JOIN_S for all of them together (a reader that never ends costs it once).
+        joined_by = time.monotonic() + READER_JOIN_S
         for t in failed:
             if t.reader is not None:
-                t.reader.join(timeout=0.2)  # its last lines: whether it lost a peer
+                t.reader.join(timeout=max(0.0, joined_by - time.monotonic()))
         causes = [t for t in failed if not any(contract.is_peer_loss(line) for line in t.tail)]
         if causes or not any(t.running for t in tracked) or clock() >= last_chance:
             break
