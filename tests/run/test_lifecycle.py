@@ -352,7 +352,9 @@ def test_helpers_detached_every_step_leave_no_pile_of_zombies(tmp_path):
     most = most_zombies_while_running(proc, [str(run_dir)])
     out = proc.stdout.read()
     assert proc.returncode == 0, out[-3000:]
-    assert most <= 10, f"{most} zombies under the wrappers at once"
+    # unreaped, they pile up to about 1000 (one per step); reaped as the run goes, a few at once,
+    # more while the machine is loaded (up to 16 seen here, on 2 cores busy with other tests)
+    assert most <= 100, f"{most} zombies under the wrappers at once"
 
 
 @pytest.mark.slow

@@ -673,7 +673,9 @@ def test_helpers_detached_every_step_leave_no_pile_of_zombies_on_a_host(tmp_path
     out = proc.stdout.read()
     assert proc.returncode == 0, out[-3000:]
     assert "OK: 2 processes succeeded" in out, out[-3000:]
-    assert most <= 10, f"{most} zombies under the wrappers on the hosts at once"
+    # unreaped, they pile up to about 500 (one per step); reaped as the run goes, a few at once,
+    # more while the machine is loaded (up to 32 seen here, on 2 cores busy with other tests)
+    assert most <= 50, f"{most} zombies under the wrappers on the hosts at once"
 
 
 @pytest.mark.slow
