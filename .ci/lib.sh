@@ -65,7 +65,7 @@ make_venv() {
        -e '.[test]' "jax==$jax" "jaxlib==$jax" pip; then
     :
   else
-    echo "make_venv: no uv install here; installing with pip" >&2
+    echo "make_venv: uv could not make $dir; installing with pip" >&2
     "$py" -m venv --clear "$dir"
     "$dir/bin/python" -m pip install -q --upgrade pip
     "$dir/bin/python" -m pip install -q -e '.[test]' "jax==$jax" "jaxlib==$jax"

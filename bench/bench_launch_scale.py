@@ -58,11 +58,12 @@ program:
 def one_launch(cluster: str, count: int, program_job: str | None = None) -> tuple:
     """(launcher CPU s, peak RSS MiB, wall s) of one ``--dry-run`` over ``count`` hosts, or of
     a whole launch of ``program_job`` (a spec path) there."""
-    batch = 64 * count
-    argv = [sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--cluster", cluster,
-            "--dry-run", "--set", f"train.global_batch_size={batch}",
-            "--set", f"data.num_examples={batch}", "--set", "cluster.devices_per_process=1"]
-    if program_job is not None:
+    if program_job is None:
+        batch = 64 * count
+        argv = [sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--cluster", cluster,
+                "--dry-run", "--set", f"train.global_batch_size={batch}",
+                "--set", f"data.num_examples={batch}", "--set", "cluster.devices_per_process=1"]
+    else:
         argv = [sys.executable, "-m", "launcher.cli", program_job, "--cluster", cluster]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PODLAUNCH_"))}
     started = time.perf_counter()

@@ -277,7 +277,8 @@ def _root_cause(tracked: list, output: Output, clock: Callable[[], float],
         # Its last lines say whether it lost a peer. An ended process's output is finite, but
         # its reader thread lags on a loaded machine: 0.2 s each left a victim's tail without
         # its peer-loss line, and the victim, seen ending first, was named the cause. Up to
-        # READER_JOIN_S for all of them together (a reader that never ends costs it once).
+        # READER_JOIN_S for all of them together on each pass (a reader that never ends costs
+        # it once a pass; the passes end by cause_wait_s).
         joined_by = time.monotonic() + READER_JOIN_S
         for t in failed:
             if t.reader is not None:
