@@ -7,6 +7,10 @@ import os
 
 from worker import contract
 
+# JAX reads it at import into ``jax_compilation_cache_dir``, which the worker sets again below:
+# without this, a directory the user named for every JAX program would be ignored here.
+JAX_CACHE_DIR_VAR = "JAX_COMPILATION_CACHE_DIR"
+
 
 class CompilationCache:
     """JAX's persistent compilation cache in the directory the launcher names, counted.
@@ -15,6 +19,10 @@ class CompilationCache:
     ``launcher.plan.compilation_cache_dir``): ``runs/<job>/compilation-cache``
     for a run in the default layout, shared by every run of the job, else
     ``<run dir>/compilation-cache`` (also the default when it names none).
+    ``JAX_COMPILATION_CACHE_DIR`` (JAX's own variable for this directory) in a
+    worker's environment names it instead, as it would for any JAX program: a
+    cache a team keeps on a shared filesystem, or one per machine, used by
+    every job there.
     Every attempt of a run uses the same directory, so a restart (or a re-run)
     loads what was compiled before instead of compiling again; so do the other
     local processes. JAX writes entries from process 0 only: processes on
@@ -34,13 +42,16 @@ class CompilationCache:
         import jax.monitoring
 
         self.requests = self.hits = 0
-        self.path = (path or os.path.join(run_dir, contract.COMPILATION_CACHE)) if enabled else "off"
+        self.path = (os.environ.get(JAX_CACHE_DIR_VAR) or path
+                     or os.path.join(run_dir, contract.COMPILATION_CACHE)) if enabled else "off"
         if enabled:  # off (train.compilation_cache: false): every compile is a miss
             jax.config.update("jax_compilation_cache_dir", self.path)
             # The worker's steps compile in well under JAX's default 1 s threshold on
             # small models; a restart should skip those compilations too.
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
             jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        else:  # no directory, as without the variable, which JAX itself would use
+            jax.config.update("jax_compilation_cache_dir", None)
 
         def count(event: str, **kwargs) -> None:
             if event == "/jax/compilation_cache/compile_requests_use_cache":

@@ -205,8 +205,9 @@ class Train(_Section):
         True, doc="JAX's persistent compilation cache, shared by every process and attempt of "
         "the run, so a restart loads what was compiled: runs/<job>/compilation-cache for a run in "
         "the default layout (runs/<job>/<run>), shared by every run of the job, so a re-run "
-        "loads it too; <run dir>/compilation-cache for a --run-dir elsewhere; false: every "
-        "attempt compiles")
+        "loads it too; <run dir>/compilation-cache for a --run-dir elsewhere; JAX's own "
+        "JAX_COMPILATION_CACHE_DIR, where a worker has it in its environment, instead; false: "
+        "every attempt compiles")
 
 
 
