@@ -7,7 +7,10 @@ Args (one JSON object): ``pgid`` (or ``pgids``, a list), and either
 ``signals`` (names such as "TERM", "CONT", "KILL", sent in order; none just
 asks; with ``"leader": true`` to the group's leader alone) or ``grace_s`` (the whole stop sequence here: TERM and CONT, up to
 ``grace_s`` seconds, KILL, so a host reached over a fresh connection needs
-one call). A group that is gone is not an error. Prints ``MARK`` + JSON
+one call); optional ``wait_s`` (after ``signals``: up to that many seconds for the
+group to be gone, so a SIGKILLed worker no longer runs when the answer comes: under
+load a JAX process takes a moment to exit). A group that is gone is not an error.
+Prints ``MARK`` + JSON
 ``{"alive": [pids left], "stopped": [pgids whose leader is stopped]}``
 (stopped: ``/proc/PGID/stat`` state T or t, SIGSTOP or a tracer, after the
 signals; what the stall watchdog asks of a host).
@@ -31,6 +34,8 @@ def main(args):
             proctl.signal_pid(pgid, args["signals"])
         else:
             proctl.signal_group(pgid, args["signals"])
+            if args.get("wait_s"):
+                proctl.wait_until(lambda: not proctl.group_members(pgid), float(args["wait_s"]))
             alive += proctl.group_members(pgid)
     out = {"alive": alive, "stopped": [p for p in pgids if proctl.is_stopped(p)]}
     print(MARK + json.dumps(out), flush=True)

@@ -84,12 +84,13 @@ class HostChannels:
         return run_on_channel(self.open(timeout_s), text, timeout_s)
 
     def signal(self, pgid: int, signals: tuple, timeout_s: float = 10.0,
-               leader: bool = False) -> None:
+               leader: bool = False, wait_s: float = 0.0) -> None:
         """Send ``signals`` (names) to group ``pgid`` (``leader``: to its leader alone); over
-        a fresh connection if these fail."""
+        a fresh connection if these fail. ``wait_s``: then wait up to that many seconds on
+        the host for the group to be gone (``launcher.remote.killpg``)."""
         argv = remote.python_call(self.host.python, "killpg", {"pgid": int(pgid),
                                                               "signals": list(signals),
-                                                              "leader": leader})
+                                                              "leader": leader, "wait_s": wait_s})
         self._run_or_fresh(command_line(argv), timeout_s)
 
     def _run_or_fresh(self, text: str, timeout_s: float) -> None:

@@ -39,6 +39,10 @@ from launcher.state import Exit, exit_of, Exited, Lost
 from launcher.console.words import plural
 from worker import interrupts, profiling
 
+# How long a start that failed elsewhere waits on each host for a worker it SIGKILLed to be
+# gone (a JAX process under load takes a moment to exit) before it says it stopped it.
+KILLED_GONE_S = 5.0
+
 
 class SshWorker:
     """One remote worker: its channel, output, pgid and exit."""
@@ -215,8 +219,8 @@ class SshWorker:
             for line in self._received_lines():
                 if self._control(line) and self._pgid_known.is_set():
                     break
-        if self.pgid is not None:
-            self.channels.signal(self.pgid, ("KILL",), timeout_s)
+        if self.pgid is not None:  # and gone before the launcher says so (or exits)
+            self.channels.signal(self.pgid, ("KILL",), timeout_s, wait_s=KILLED_GONE_S)
         self._chan.close()
 
 

@@ -61,6 +61,18 @@ def test_killpg_signals_the_whole_group():
         proc.kill()
 
 
+def test_killpg_with_wait_s_answers_once_the_killed_group_is_gone():
+    """What a start that failed elsewhere asks of each host (``SshWorker.stop_unwatched``):
+    the answer comes when no process of the group runs, not right after the signal."""
+    proc = sleeper()
+    try:
+        out = killpg.main({"pgid": proc.pid, "signals": ["KILL"], "wait_s": 10})
+        assert out["alive"] == [] and not proctl.group_members(proc.pid)
+        assert ended(proc) == -signal.SIGKILL
+    finally:
+        proc.kill()
+
+
 def test_killpg_reports_stopped_groups_and_signals_several():
     """What the stall watchdog asks a host: which groups' leaders are stopped (state T)."""
     running, stopped = sleeper(), sleeper()
