@@ -37,6 +37,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import slurmenv, sshenv  # noqa: E402  (after the path is set)
+from harness import helpers  # noqa: E402
 from harness.helpers import launch  # noqa: E402
 from harness.runs import params  # noqa: E402
 
@@ -80,10 +81,29 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ---- shared, session-scoped ---------------------------------------------------------
+@pytest.fixture(scope="session", autouse=True)
+def shared_compilation_cache(tmp_path_factory):
+    """One JAX compilation cache for this pytest-xdist worker's launches
+    (``helpers.SHARED_COMPILATION_CACHE``): local workers get it through ``env_for_tests``,
+    the sshd hosts' sessions through their sshd_config."""
+    helpers.SHARED_COMPILATION_CACHE = str(tmp_path_factory.mktemp("compilation-cache"))
+    yield helpers.SHARED_COMPILATION_CACHE
+    helpers.SHARED_COMPILATION_CACHE = None
+
+
+@pytest.fixture
+def own_compilation_cache(monkeypatch):
+    """For a test of the job's own compilation cache (where it lies, what it counted): this
+    test's local launches get no shared one (the sshd hosts' sessions still do)."""
+    monkeypatch.setattr(helpers, "SHARED_COMPILATION_CACHE", None)
+
+
 @pytest.fixture(scope="session")
-def sshd_hosts(tmp_path_factory):
-    """Five real sshd hosts on 127.0.0.2-6 for the session (this xdist worker's ports)."""
-    with sshenv.hosts_or_skip(tmp_path_factory.mktemp("sshd"), 5) as env:
+def sshd_hosts(tmp_path_factory, shared_compilation_cache):
+    """Five real sshd hosts on 127.0.0.2-6 for the session (this xdist worker's ports), their
+    sessions with the worker's shared compilation cache in JAX_COMPILATION_CACHE_DIR."""
+    with sshenv.hosts_or_skip(tmp_path_factory.mktemp("sshd"), 5,
+                              set_env={"JAX_COMPILATION_CACHE_DIR": shared_compilation_cache}) as env:
         yield env
 
 

@@ -81,15 +81,28 @@ def long_job(kind: str, tmp_path, log_every: int = 20, mode: str = "none", targe
                         num_processes=2),)
 
 
+# JAX's persistent compilation cache shared by the session's launches (one directory per
+# pytest-xdist worker, so no two workers write one entry at once; tests/conftest.py sets it):
+# a worker honours JAX_COMPILATION_CACHE_DIR (worker/compilecache.py), and process 0 of a
+# launch loads what an earlier launch of the same step compiled instead of compiling again.
+# A test of the job's own cache (where it lies, what it counted) launches with
+# ``env_for_tests(JAX_COMPILATION_CACHE_DIR=None)``.
+SHARED_COMPILATION_CACHE: str | None = None
+
+
 def env_for_tests(**extra) -> dict:
-    """This environment plus tests/programs on PYTHONPATH (for test tasks), minus JAX device vars."""
+    """This environment plus tests/programs on PYTHONPATH (for test tasks), minus JAX device
+    vars, plus the session's ``SHARED_COMPILATION_CACHE``; ``extra`` is added last (a value of
+    None removes the variable)."""
     # COLUMNS and LINES too: a test's terminal is the pty it makes (pytest-xdist's workers
     # have COLUMNS set, which shutil.get_terminal_size would prefer to the pty's size)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("JAX_", "PODLAUNCH_")) and k not in ("COLUMNS", "LINES")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PROGRAMS, REPO, env.get("PYTHONPATH")) if p)
+    if SHARED_COMPILATION_CACHE:
+        env["JAX_COMPILATION_CACHE_DIR"] = SHARED_COMPILATION_CACHE
     env.update(extra)
-    return env
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def launch(*args: str, timeout_s: float = 300, cwd: str | None = None) -> subprocess.CompletedProcess:

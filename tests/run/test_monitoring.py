@@ -200,7 +200,8 @@ def reference_norms(steps: int, lr: float = 0.1):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jsonl(tmp_path):
+def test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jsonl(tmp_path,
+                                                                                   own_compilation_cache):
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=20",
                     "--set", "logging.log_every_steps=5", "--show", "1", "--status-every", "0.2")

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
+from harness import helpers
 from harness.helpers import (KINDS, PROGRAMS, REPO, checked_ledger, launch, launched, logged_steps,
                              pids_with_env, program_job, read_scalars)
 from harness.runs import (agreed_step, assert_one_agreed_stop, assert_same_params, fault, params,
@@ -46,7 +47,8 @@ def uninterrupted(reference_params):
 
 @pytest.mark.parametrize("parallelism", ["pmap", "jit"])
 def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_path, uninterrupted,
-                                                                            parallelism):
+                                                                            parallelism,
+                                                                            own_compilation_cache):
     # jit: its checkpoints and resume give pmap's uninterrupted params too
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", *COMMON, *fault("sigkill", 17), "--set", "restarts.max_restarts=1",
@@ -117,7 +119,7 @@ SUMMARY_CACHE = (r"^ *compilation: first step up to \d+\.\d{3} s \(p[01]\); cach
                  r"(\d+) miss(?:es)? over 2 processes$")
 
 
-def test_a_rerun_of_a_job_loads_what_the_earlier_run_compiled(tmp_path):
+def test_a_rerun_of_a_job_loads_what_the_earlier_run_compiled(tmp_path, own_compilation_cache):
     # Two runs of the same job in the default layout (runs/<job>/<timestamp> under the
     # launcher's working directory) share runs/<job>/compilation-cache: the second run's
     # process 0 loads the step its first attempt needs. A --run-dir elsewhere keeps its own.
@@ -147,6 +149,28 @@ def test_a_rerun_of_a_job_loads_what_the_earlier_run_compiled(tmp_path):
     assert (hits, path) == ("0", str(own / "compilation-cache")) and int(misses) > 0
     ((summary_hits, _),) = re.findall(SUMMARY_CACHE, result.stdout, re.M)
     assert summary_hits == "0", result.stdout[-3000:]
+
+
+def test_jax_compilation_cache_dir_in_the_workers_environment_names_the_cache(tmp_path, monkeypatch):
+    # JAX's own variable for the cache directory, set where the workers run (here: the
+    # launcher's environment, which local workers inherit), is the cache every run uses,
+    # whatever its run directory; train.compilation_cache false still turns it off.
+    team = tmp_path / "team-cache"
+    monkeypatch.setattr(helpers, "SHARED_COMPILATION_CACHE", str(team))
+    args = ("jobs/linear.yaml", "--set", "train.num_steps=10", "--set", "cluster.devices_per_process=1",
+            "--set", "checkpoint.every_steps=0", "--set", "logging.tensorboard=false")
+    seen = []
+    for name in ("a", "b"):
+        result = launch(*args, "--run-dir", str(tmp_path / name))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        ((hits, misses, path),) = re.findall(CACHE_LINE, result.stdout, re.M)
+        seen.append((int(hits), int(misses), path))
+        assert not (tmp_path / name / "compilation-cache").exists()
+    assert [path for _, _, path in seen] == [str(team)] * 2 and os.listdir(team)
+    assert seen[0][0] == 0 < seen[0][1] and seen[1][0] > 0, seen  # the second run loads the first's
+    result = launch(*args, "--run-dir", str(tmp_path / "off"), "--set", "train.compilation_cache=false")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert re.search(r"^\[p0\] compilation cache: 0 hits, [1-9]\d* misses; .* \(off\)$", result.stdout, re.M), result.stdout
 
 
 def test_resume_skips_a_truncated_checkpoint_and_continues(tmp_path, uninterrupted):

@@ -372,7 +372,10 @@ def test_hosts_that_share_one_workdir_run(tmp_path, hosts):
 def test_reruns_in_the_default_layout_share_each_hosts_job_cache(tmp_path, hosts):
     # launch without --run-dir (runs/linear/<timestamp> here): each host's workers use
     # <workdir>/runs/linear/compilation-cache there, and a re-run's process 0 loads from it
-    cluster = write_cluster(tmp_path, hosts)
+    # (the hosts' sessions name the suite's shared cache in JAX_COMPILATION_CACHE_DIR, which a
+    # worker would use instead: emptied, as on a host that sets none)
+    cluster = write_cluster(tmp_path, hosts, env={"PYTHONPATH": os.pathsep.join([PROGRAMS, REPO]),
+                                                  "JAX_COMPILATION_CACHE_DIR": ""})
     local = tmp_path / "here"
     local.mkdir()
     found = []
