@@ -27,8 +27,8 @@ echo "newest end: venv ready in $((SECONDS - started)) s"
 # read back) and one real run over sshd (4 hosts, parameters equal to single-host mode).
 # -rs lists skips; .ci/run (which sets CI=true) makes a test without its sshd fail, not skip.
 "$venv/bin/python" -m pytest -q -rs --timeout=300 -p no:cacheprovider -n 2 -m "not slow"
-# PYTEST_XDIST_WORKER=gw7: the sshd port range of a worker the oldest end (two workers,
-# gw0 and gw1, running at the same time) does not have (tests/harness/sshenv.py FIRST_PORT)
+# PYTEST_XDIST_WORKER=gw7: the sshd port range of a worker the oldest end (three workers,
+# gw0 to gw2, running at the same time) does not have (tests/harness/sshenv.py FIRST_PORT)
 PYTEST_XDIST_WORKER=gw7 "$venv/bin/python" -m pytest -q -rs --timeout=300 -p no:cacheprovider \
   "tests/run/test_local_run.py::test_main_job_trains_and_logs_to_tensorboard" \
   "tests/backends/ssh/test_ssh.py::test_four_hosts_match_single_host_debug_mode"
