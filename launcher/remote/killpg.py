@@ -7,8 +7,8 @@ Args (one JSON object): ``pgid`` (or ``pgids``, a list), and either
 ``signals`` (names such as "TERM", "CONT", "KILL", sent in order; none just
 asks; with ``"leader": true`` to the group's leader alone) or ``grace_s`` (the whole stop sequence here: TERM and CONT, up to
 ``grace_s`` seconds, KILL, so a host reached over a fresh connection needs
-one call); optional ``wait_s`` (after ``signals``: up to that many seconds for the
-group to be gone, so a SIGKILLed worker no longer runs when the answer comes: under
+one call); optional ``wait_s`` (with ``signals`` to whole groups, not ``leader``: after
+every group is signalled, up to that many seconds in all for them to be gone, so a SIGKILLed worker no longer runs when the answer comes: under
 load a JAX process takes a moment to exit). A group that is gone is not an error.
 Prints ``MARK`` + JSON
 ``{"alive": [pids left], "stopped": [pgids whose leader is stopped]}``
@@ -27,6 +27,7 @@ MARK = "podlaunch-killpg "
 def main(args):
     pgids = [int(p) for p in args["pgids"]] if "pgids" in args else [int(args["pgid"])]
     alive = []
+    signalled = []
     for pgid in pgids:
         if args.get("grace_s") is not None:
             alive += proctl.stop_group(pgid, float(args["grace_s"]))
@@ -34,9 +35,12 @@ def main(args):
             proctl.signal_pid(pgid, args["signals"])
         else:
             proctl.signal_group(pgid, args["signals"])
-            if args.get("wait_s"):
-                proctl.wait_until(lambda: not proctl.group_members(pgid), float(args["wait_s"]))
-            alive += proctl.group_members(pgid)
+            signalled.append(pgid)
+    if signalled and args.get("wait_s"):  # every group signalled first: one wait for all
+        proctl.wait_until(lambda: not any(proctl.group_members(p) for p in signalled),
+                          float(args["wait_s"]))
+    for pgid in signalled:
+        alive += proctl.group_members(pgid)
     out = {"alive": alive, "stopped": [p for p in pgids if proctl.is_stopped(p)]}
     print(MARK + json.dumps(out), flush=True)
     return out

@@ -64,13 +64,14 @@ def test_killpg_signals_the_whole_group():
 def test_killpg_with_wait_s_answers_once_the_killed_group_is_gone():
     """What a start that failed elsewhere asks of each host (``SshWorker.stop_unwatched``):
     the answer comes when no process of the group runs, not right after the signal."""
-    proc = sleeper()
-    try:
-        out = killpg.main({"pgid": proc.pid, "signals": ["KILL"], "wait_s": 10})
-        assert out["alive"] == [] and not proctl.group_members(proc.pid)
-        assert ended(proc) == -signal.SIGKILL
+    procs = [sleeper(), sleeper()]
+    try:  # several groups: all signalled, then one wait for all of them
+        out = killpg.main({"pgids": [p.pid for p in procs], "signals": ["KILL"], "wait_s": 10})
+        assert out["alive"] == [] and not any(proctl.group_members(p.pid) for p in procs)
+        assert [ended(p) for p in procs] == [-signal.SIGKILL] * 2
     finally:
-        proc.kill()
+        for p in procs:
+            p.kill()
 
 
 def test_killpg_reports_stopped_groups_and_signals_several():
