@@ -18,6 +18,7 @@ import secrets
 import signal
 import subprocess
 import threading
+import time
 from typing import Iterator, Literal
 
 from launcher import proctl, remote
@@ -30,6 +31,10 @@ from launcher.remote import wrapper
 from launcher.state import Exit, exit_of
 from launcher.console.words import plural
 from worker import interrupts, profiling
+
+# How long a start that failed waits for the workers it SIGKILLed to be gone (as over ssh:
+# launcher.backends.ssh.workers.KILLED_GONE_S).
+KILLED_GONE_S = 5.0
 
 HOST = "127.0.0.1"
 
@@ -148,6 +153,28 @@ class LocalWorker:
             proctl.signal_group(self.pgid, (signal.SIGKILL,))
         proctl.kill_descendants(self._proc.pid)  # also those that left the worker's group
 
+    def abandon(self) -> list:
+        """A start that failed: SIGKILL the worker, everything below the wrapper, and the
+        wrapper itself, wherever it is in its start (a wrapper not yet past starting its
+        worker escapes ``kill``; a worker it starts after this dies with it, by
+        PR_SET_PDEATHSIG). Returns the pids killed besides the wrapper, for ``wait_gone``."""
+        below = proctl.descendants(self._proc.pid)
+        self.kill()
+        proctl.signal_pid(self._proc.pid, (signal.SIGKILL,))
+        return below
+
+    def wait_gone(self, pids: list, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the wrapper and ``pids`` to be gone; returns whether
+        they are."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return bool(proctl.wait_until(
+            lambda: not any(proctl.state(p) not in (None, "Z") for p in pids),
+            max(0.0, deadline - time.monotonic())))
+
     def stopped(self) -> bool:
         return self.pgid is not None and proctl.is_stopped(self.pgid)
 
@@ -167,8 +194,10 @@ def start_all(plan: Plan, grace_s: float = 3.0) -> list:
         for process in plan.processes:
             workers.append(LocalWorker(process, grace_s))
     except BaseException:
-        for w in workers:
-            w.kill()
+        killed = [(w, w.abandon()) for w in workers]
+        deadline = time.monotonic() + KILLED_GONE_S  # gone before the launcher says so, or exits
+        for w, pids in killed:
+            w.wait_gone(pids, max(0.0, deadline - time.monotonic()))
         raise
     return workers
 

@@ -19,7 +19,7 @@ from launcher.backends.base import Backend, ClusterSettings, Options, Session
 from launcher.errors import SpecError
 from worker import contract
 
-from harness.helpers import REPO, launch, run_pids
+from harness.helpers import REPO, launch, pids_with_env, run_pids
 
 LAUNCHER = os.path.join(REPO, "launcher")
 
@@ -197,3 +197,28 @@ def test_no_module_is_over_400_lines():
     long = {path: text.count("\n") for path, text in [*_launcher_sources(), *worker]
             if text.count("\n") > 400}
     assert not long, long
+
+
+def test_a_local_start_that_fails_leaves_no_started_worker_running(tmp_path):
+    """Process 1 cannot start (its interpreter is missing): process 0, already started, is
+    SIGKILLed and gone, its wrapper too, before ``start_all`` raises (as over ssh: a start that
+    failed waits until the workers it killed are gone)."""
+    import subprocess
+    import sys
+
+    from launcher.backends import local
+    from launcher.errors import LaunchError
+
+    def process(process_id, python):
+        return planning.ProcessPlan(
+            process_id=process_id, host="localhost", local_device_count=1,
+            env={"PODLAUNCH_TEST_MARK": str(tmp_path)}, argv=(python, "-c", "import time; time.sleep(60)"),
+            log_path=str(tmp_path / f"p{process_id}.log"), python=python, run_dir=str(tmp_path / "run"))
+
+    plan = planning.Plan(job=None, run_dir=str(tmp_path), coordinator_address="127.0.0.1:1",
+                         processes=(process(0, sys.executable), process(1, str(tmp_path / "no-python"))))
+    with pytest.raises(LaunchError):
+        local.start_all(plan)
+    assert not pids_with_env("PODLAUNCH_TEST_MARK", str(tmp_path))
+    assert not subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True).stdout
+
