@@ -1,5 +1,5 @@
 """JAX's persistent compilation cache as the worker uses it: the directory the launcher
-names, its hits and misses counted from JAX's own events."""
+names (or JAX_COMPILATION_CACHE_DIR), its hits and misses counted from JAX's own events."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ JAX_CACHE_DIR_VAR = "JAX_COMPILATION_CACHE_DIR"
 
 
 class CompilationCache:
-    """JAX's persistent compilation cache in the directory the launcher names, counted.
+    """JAX's persistent compilation cache in the directory the launcher names (or
+    ``JAX_COMPILATION_CACHE_DIR``), counted.
 
     The launcher names it (``contract.COMPILATION_CACHE_DIR``;
     ``launcher.plan.compilation_cache_dir``): ``runs/<job>/compilation-cache``
@@ -42,7 +43,8 @@ class CompilationCache:
         import jax.monitoring
 
         self.requests = self.hits = 0
-        self.path = (os.environ.get(JAX_CACHE_DIR_VAR) or path
+        named = os.environ.get(JAX_CACHE_DIR_VAR)  # ~ and relative paths: as the worker sees them
+        self.path = ((os.path.abspath(os.path.expanduser(named)) if named else None) or path
                      or os.path.join(run_dir, contract.COMPILATION_CACHE)) if enabled else "off"
         if enabled:  # off (train.compilation_cache: false): every compile is a miss
             jax.config.update("jax_compilation_cache_dir", self.path)

@@ -200,7 +200,7 @@ ClientAliveInterval 2
 ClientAliveCountMax 3
 MaxSessions {self._max_sessions[i]}
 MaxStartups 100:30:200
-{"".join(f"SetEnv {k}={v}{chr(10)}" for k, v in self.set_env.items())}PrintMotd no
+{"".join(f'SetEnv "{k}={v}"{chr(10)}' for k, v in self.set_env.items())}PrintMotd no
 LogLevel VERBOSE
 Subsystem sftp internal-sftp
 """)
