@@ -22,6 +22,9 @@ import socket
 import time
 
 POLL_S = 0.05
+# How long a KILL is given to take effect (a JAX process under load takes a moment to exit):
+# the stop sequence's last wait, and a failed start's before it says it stopped the workers.
+KILL_WAIT_S = 5.0
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -216,7 +219,7 @@ def wait_until(done, timeout_s, poll_s=POLL_S, clock=time.monotonic, sleep=time.
         sleep(poll_s)
 
 
-def stop(send, alive, grace_s, kill_wait_s=5.0, clock=time.monotonic, sleep=time.sleep,
+def stop(send, alive, grace_s, kill_wait_s=KILL_WAIT_S, clock=time.monotonic, sleep=time.sleep,
          poll_s=POLL_S):
     """The stop sequence: TERM (and CONT, so a stopped process can act on it),
     up to ``grace_s`` seconds, then KILL, then up to ``kill_wait_s`` seconds.
@@ -239,7 +242,7 @@ def stop(send, alive, grace_s, kill_wait_s=5.0, clock=time.monotonic, sleep=time
     return kill_and_wait(send, alive, kill_wait_s, clock, sleep, poll_s)
 
 
-def kill_and_wait(send, alive, kill_wait_s=5.0, clock=time.monotonic, sleep=time.sleep,
+def kill_and_wait(send, alive, kill_wait_s=KILL_WAIT_S, clock=time.monotonic, sleep=time.sleep,
                   poll_s=POLL_S):
     """The end of the stop sequence alone: KILL, then wait up to ``kill_wait_s`` seconds
     (``send`` and ``alive`` as for ``stop``). Returns True when nothing is alive at the end."""
@@ -247,7 +250,7 @@ def kill_and_wait(send, alive, kill_wait_s=5.0, clock=time.monotonic, sleep=time
     return bool(wait_until(lambda: not alive(), kill_wait_s, poll_s, clock, sleep))
 
 
-def stop_group(pgid, grace_s, env_item=None, kill_wait_s=5.0):
+def stop_group(pgid, grace_s, env_item=None, kill_wait_s=KILL_WAIT_S):
     """``stop`` every process of group ``pgid`` (optionally only those with ``env_item``).
 
     Returns:
@@ -258,7 +261,7 @@ def stop_group(pgid, grace_s, env_item=None, kill_wait_s=5.0):
     return alive()
 
 
-def stop_pids(pid_list, grace_s, alive_pids, kill_wait_s=5.0):
+def stop_pids(pid_list, grace_s, alive_pids, kill_wait_s=KILL_WAIT_S):
     """``stop`` the processes ``pid_list``; ``alive_pids()`` says which of them still live.
 
     Returns:

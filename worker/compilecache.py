@@ -43,9 +43,10 @@ class CompilationCache:
         import jax.monitoring
 
         self.requests = self.hits = 0
-        named = os.environ.get(JAX_CACHE_DIR_VAR)  # ~ and relative paths: as the worker sees them
-        self.path = ((os.path.abspath(os.path.expanduser(named)) if named else None) or path
-                     or os.path.join(run_dir, contract.COMPILATION_CACHE)) if enabled else "off"
+        named = os.environ.get(JAX_CACHE_DIR_VAR)
+        if named:  # ~ and a relative path: as this worker sees them
+            path = os.path.abspath(os.path.expanduser(named))
+        self.path = (path or os.path.join(run_dir, contract.COMPILATION_CACHE)) if enabled else "off"
         if enabled:  # off (train.compilation_cache: false): every compile is a miss
             jax.config.update("jax_compilation_cache_dir", self.path)
             # The worker's steps compile in well under JAX's default 1 s threshold on

@@ -32,10 +32,6 @@ from launcher.state import Exit, exit_of
 from launcher.console.words import plural
 from worker import interrupts, profiling
 
-# How long a start that failed waits for the workers it SIGKILLed to be gone (as over ssh:
-# launcher.backends.ssh.workers.KILLED_GONE_S).
-KILLED_GONE_S = 5.0
-
 HOST = "127.0.0.1"
 
 
@@ -195,7 +191,7 @@ def start_all(plan: Plan, grace_s: float = 3.0) -> list:
             workers.append(LocalWorker(process, grace_s))
     except BaseException:
         killed = [(w, w.abandon()) for w in workers]
-        deadline = time.monotonic() + KILLED_GONE_S  # gone before the launcher says so, or exits
+        deadline = time.monotonic() + proctl.KILL_WAIT_S  # gone before the launcher raises
         for w, pids in killed:
             w.wait_gone(pids, max(0.0, deadline - time.monotonic()))
         raise

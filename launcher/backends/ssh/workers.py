@@ -25,7 +25,7 @@ import paramiko
 
 from launcher.console import lines
 from launcher import plan as planning
-from launcher import remote
+from launcher import proctl, remote
 from launcher.backends.ssh import connection, transfer
 from launcher.backends.ssh.channels import GroupStates, HostChannels
 from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S, Host
@@ -38,10 +38,6 @@ from launcher.remote import wrapper
 from launcher.state import Exit, exit_of, Exited, Lost
 from launcher.console.words import plural
 from worker import interrupts, profiling
-
-# How long a start that failed elsewhere waits on each host for a worker it SIGKILLed to be
-# gone (a JAX process under load takes a moment to exit) before it says it stopped it.
-KILLED_GONE_S = 5.0
 
 
 class SshWorker:
@@ -220,7 +216,7 @@ class SshWorker:
                 if self._control(line) and self._pgid_known.is_set():
                     break
         if self.pgid is not None:  # and gone before the launcher says so (or exits)
-            self.channels.signal(self.pgid, ("KILL",), timeout_s, wait_s=KILLED_GONE_S)
+            self.channels.signal(self.pgid, ("KILL",), timeout_s, wait_s=proctl.KILL_WAIT_S)
         self._chan.close()
 
 
