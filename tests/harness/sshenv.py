@@ -115,6 +115,7 @@ class SshTestEnv:
         self.hosts = [self.namespaces[i][1] if i in self.namespaces else
                       addresses.get(i, f"127.0.0.{i + 2}") for i in range(num_hosts)]
         self._max_sessions = [50] * num_hosts
+        self._ciphers: list[str | None] = [None] * num_hosts  # sshd_config Ciphers; None: sshd's
         self.identity_file = str(self.base_dir / "id_ed25519")
         self.authorized_keys = str(self.base_dir / "authorized_keys")
         self.known_hosts = str(self.base_dir / "known_hosts")
@@ -199,7 +200,7 @@ UsePAM no
 ClientAliveInterval 2
 ClientAliveCountMax 3
 MaxSessions {self._max_sessions[i]}
-MaxStartups 100:30:200
+{f"Ciphers {self._ciphers[i]}{chr(10)}" if self._ciphers[i] else ""}MaxStartups 100:30:200
 {"".join(f'SetEnv "{k}={v}"{chr(10)}' for k, v in self.set_env.items())}PrintMotd no
 LogLevel VERBOSE
 Subsystem sftp internal-sftp
@@ -286,6 +287,12 @@ Subsystem sftp internal-sftp
         self._max_sessions[i] = max_sessions
         self.start_host(i)
 
+    def set_ciphers(self, i: int, ciphers: str | None) -> None:
+        """Restart host *i*'s sshd offering only ``ciphers`` (sshd_config ``Ciphers``, comma
+        separated); None: sshd's own list."""
+        self._ciphers[i] = ciphers
+        self.start_host(i)
+
     def accept_client_key(self, i: int) -> None:
         """Undo reject_client_key(i)."""
         self._auth_keys[i] = self.authorized_keys
@@ -293,15 +300,16 @@ Subsystem sftp internal-sftp
 
     def restore(self) -> None:
         """Every host as ``start`` left it: up, our key accepted, only its ed25519 host key,
-        MaxSessions 50, known_hosts listing every host's current key. The session's shared
+        MaxSessions 50, sshd's own ciphers, known_hosts listing every host's current key. The session's shared
         hosts (tests/conftest.py ``ssh_hosts``) are restored after each test that used them,
         so no test sees another's injected failure."""
         for i in range(len(self.hosts)):
             proc = self._procs.get(i)
             if (proc is None or proc.poll() is not None or self._key_kinds[i] != ("ed25519",)
-                    or self._auth_keys[i] != self.authorized_keys or self._max_sessions[i] != 50):
+                    or self._auth_keys[i] != self.authorized_keys or self._max_sessions[i] != 50
+                    or self._ciphers[i] is not None):
                 self._key_kinds[i], self._auth_keys[i] = ("ed25519",), self.authorized_keys
-                self._max_sessions[i] = 50
+                self._max_sessions[i], self._ciphers[i] = 50, None
                 self.start_host(i)
         self.write_known_hosts()
 

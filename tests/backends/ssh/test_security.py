@@ -232,6 +232,32 @@ def sftp(hosts, tmp_path):
 
 
 @pytest.mark.slow
+def test_connections_prefer_aes_gcm_and_still_reach_a_host_that_lacks_it(tmp_path, hosts):
+    """The launcher offers AES-GCM first (``hostkeys.offer_known_types``: its tag is checked
+    inside ``cryptography``, where paramiko's first choice, aes128-ctr with hmac-sha2-256,
+    compares every packet's MAC in Python); a host whose sshd allows only aes128-ctr is
+    still reached, with that, and its host key is still checked."""
+    from launcher import spec as specs
+    from launcher.backends.ssh import session as ssh_session
+
+    hosts.set_ciphers(1, "aes128-ctr")
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(_cluster(tmp_path, hosts)))
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(cluster), ())
+    got = []
+    for host in ssh_session.SshSession(job, str(tmp_path / "run")).ssh.resolve():
+        with host.open() as c:
+            transport = c.transport
+            got.append((transport.local_cipher, transport.remote_cipher))
+            assert c.run("true", hide=True, in_stream=False).ok
+    assert got == [("aes128-gcm@openssh.com",) * 2, ("aes128-ctr",) * 2], got
+    hosts.regenerate_host_key(1)  # the order of ciphers changed nothing in the key check
+    host = ssh_session.SshSession(job, str(tmp_path / "run")).ssh.resolve()[1]
+    with pytest.raises(Exception, match="(?i)host key"):
+        host.open()
+
+
+@pytest.mark.slow
 def test_sync_mirrors_exactly_and_never_overwrites_what_it_did_not_write(tmp_path, sftp):
     src, home = tmp_path / "src", tmp_path / "home"   # home: a host's workdir "~"
     (src / "helper").mkdir(parents=True)
