@@ -128,7 +128,7 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
     0700); files and directories an earlier sync of this source wrote and that are
     gone here, or changed in kind (a package ``helper/`` that became ``helper.py``),
     are removed. ``remote_dir/.podlaunch/synced.json`` (``MANIFEST``) records what
-    the syncs wrote; a remote file that it does not list is never overwritten (unless
+    the syncs wrote (rewritten only when this sync changed what it records); a remote file that it does not list is never overwritten (unless
     it already has the local size and mtime, then it is adopted as is), and nothing
     is written through a symlink.
 
@@ -145,6 +145,7 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
     mkdirs(sftp, remote_dir)
     _refuse_own_source(sftp, local_dir, remote_dir, writer)
     manifest = _read_manifest(sftp, remote_dir)
+    as_read = json.loads(json.dumps(manifest))  # written back only if this sync changes it
     owned_files, owned_dirs = manifest["files"], manifest["dirs"]
     changed = 0
     # 1. what an earlier sync of this source wrote and the source no longer has (or has
@@ -205,7 +206,8 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
             sftp.posix_rename(temporary, target)
             changed += 1
     finally:
-        _write_manifest(sftp, remote_dir, manifest, writer)
+        if manifest != as_read:  # a relaunch that changed nothing costs no 6 more requests
+            _write_manifest(sftp, remote_dir, manifest, writer)
     return changed
 
 

@@ -281,7 +281,13 @@ def test_sync_mirrors_exactly_and_never_overwrites_what_it_did_not_write(tmp_pat
     (src / "helper.py").write_text("X = 2\n")
     assert transfer.sync_dir(sftp, str(src), str(home), rules) == 2  # one removed, one copied
     assert not (home / "helper").exists() and (home / "helper.py").read_text() == "X = 2\n"
+    manifest = home / transfer.MANIFEST
+    written = os.stat(manifest)
     assert transfer.sync_dir(sftp, str(src), str(home), rules) == 0
+    # a sync that changed nothing leaves the manifest as it was (not rewritten)
+    now = os.stat(manifest)
+    assert (now.st_ino, now.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    assert sorted(json.loads(manifest.read_text())["files"]) == ["helper.py", "main.py"]
     # a file the sync did not write is never overwritten, nor written through a symlink
     (src / ".bashrc").write_text("echo synced\n")
     (home / ".bashrc").write_text("echo the host's own\n")
