@@ -16,8 +16,9 @@ machine's cores, so the wall time says little and the CPU is the figure.
 
 ``--run``: a whole launch instead of the dry run, of a program job whose every process is
 ``python3 -c pass`` (N of them fit on this machine, N JAX workers do not): everything above,
-then each host's start (the job file and the program's directory put over SFTP, the wrapper
-started on its channel), supervision to the end, teardown and the summary.
+then each host's start (the program's directory synced over SFTP, the job file written by
+each worker's start script, the wrapper started on its channel), supervision to the end,
+teardown and the summary.
 """
 
 from __future__ import annotations

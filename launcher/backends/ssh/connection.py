@@ -19,6 +19,7 @@ import dataclasses
 import fcntl
 import logging
 import os
+import secrets
 import shlex
 import socket
 import struct
@@ -207,8 +208,11 @@ def kernel_silence(transport) -> float | None:
     return received_ms / 1000.0
 
 
-def shell_script(workdir: str, setup: tuple, env: dict, argv: list) -> str:
-    """A POSIX sh script: enter ``workdir`` (created), run ``setup``, export ``env``, exec ``argv``.
+def shell_script(workdir: str, setup: tuple, env: dict, argv: list, files: tuple = (),
+                 written_mark: str | None = None) -> str:
+    """A POSIX sh script: enter ``workdir`` (created), write ``files`` (``(path, text,
+    writer)``: ``file_lines``) and print the line ``written_mark`` once they are written,
+    run ``setup``, export ``env``, exec ``argv``.
 
     Fed to ``sh -s`` on stdin rather than as the SSH command line, so env
     values (secrets included) never show in the host's process list, and it
@@ -222,11 +226,45 @@ def shell_script(workdir: str, setup: tuple, env: dict, argv: list) -> str:
     """
     where = remote_path(workdir)
     lines = ["set -e", f"mkdir -p -- {where}", f"cd -- {where}"]
+    for path, text, writer in files:
+        lines += file_lines(path, text, writer)
+    if written_mark is not None:
+        lines.append(f"printf '%s\\n' {shlex.quote(written_mark)}")
     if setup:  # in this shell (what it exports stays), but never reading the script on stdin
         lines += ["{"] + list(setup) + ["} </dev/null"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
     return "\n".join(lines) + "\n"
+
+
+def file_lines(path: str, text: str, writer: str) -> list:
+    """Script lines that put ``text`` in the file ``path`` on the host, owner-only.
+
+    Its directory is made (``mkdir -p`` under ``umask 077``: every directory made is
+    0700), the text goes to ``<path>.<writer>.tmp`` (0600: a job file may hold the
+    task's secrets), then is renamed over ``path``: a reader never sees half of it, and
+    hosts that share the directory (an NFS home) never rename each other's temporary
+    (``writer`` differs). The text travels in a quoted here-document of the script,
+    which is fed on stdin: never in a command line, nothing in it expanded. A path that
+    is a directory is refused (``mv`` would put the file inside it). What a start writes
+    on each host this way costs no SFTP round trip (docs/ssh.md, "The launcher's own cost
+    per host").
+
+    Raises:
+      ValueError: ``text`` does not end with a newline (a here-document's last line does).
+    """
+    if not text.endswith("\n"):
+        raise ValueError(f"{path}: the text must end with a newline")
+    delimiter = "PODLAUNCH_EOF_" + secrets.token_hex(8)
+    while delimiter in text.split("\n"):  # never, in practice: 64 random bits
+        delimiter = "PODLAUNCH_EOF_" + secrets.token_hex(8)
+    temporary = remote_path(f"{path}.{writer}.tmp")
+    target = remote_path(path)
+    return ["(umask 077", f"mkdir -p -- {remote_path(os.path.dirname(path) or '.')}",
+            f"cat > {temporary} <<'{delimiter}'", text + delimiter, ")",
+            f"if [ -d {target} ]; then rm -f -- {temporary}; echo {target}: is a directory >&2; "
+            "exit 1; fi",
+            f"mv -f -- {temporary} {target}"]
 
 
 def remote_path(path: str) -> str:
@@ -280,6 +318,31 @@ def run_on_channel(chan: paramiko.Channel, text: str, timeout_s: float = COMMAND
         return chan.recv_exit_status(), b"".join(chunks).decode(errors="replace")
     finally:
         chan.close()
+
+
+def read_past(chan: paramiko.Channel, mark: str, timeout_s: float) -> bytes:
+    """Read ``chan`` until the line ``mark``; returns what came before and after it, without it.
+
+    Raises:
+      OSError: the output ended first, or nothing came for ``timeout_s`` seconds (the
+        message quotes the end of what came: a shell's reason).
+    """
+    want, got = mark.encode() + b"\n", b""
+    chan.settimeout(timeout_s)
+    while True:
+        at = got.find(want)
+        if at >= 0 and (at == 0 or got[at - 1:at] == b"\n"):
+            chan.settimeout(None)
+            return got[:at] + got[at + len(want):]
+        try:
+            data = chan.recv(65536)
+        except socket.timeout:
+            data = None
+        if not data:
+            said = got.decode(errors="replace").strip()[-500:] or "no output"
+            raise OSError(("said nothing for %g s" % timeout_s if data is None else "ended")
+                          + f" before its files were written: {said}")
+        got += data
 
 
 def run_on(host: Host, text: str, timeout_s: float) -> None:

@@ -1,8 +1,8 @@
-"""Files to and from hosts over SFTP: the job, a synced directory, process 0's results."""
+"""Files to and from hosts over SFTP: a synced directory, process 0's results (the job file
+goes in each worker's script: ``connection.file_lines``)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -10,29 +10,6 @@ import stat
 import paramiko
 
 from launcher.spec import syncrules
-
-
-def put_if_changed(sftp: paramiko.SFTPClient, local: str, remote: str, writer: str) -> bool:
-    """Copy ``local`` to ``remote`` unless the remote has the same bytes; True if copied.
-
-    ``writer`` makes the temporary name unique: hosts that share a home
-    directory (NFS) upload the same file at once, and must not rename each
-    other's half-written temporary away.
-    """
-    with open(local, "rb") as f:
-        data = f.read()
-    try:
-        with sftp.open(remote, "rb") as f:
-            if hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest():
-                return False
-    except OSError:
-        pass
-    temporary = f"{remote}.{writer}.tmp"
-    with sftp.open(temporary, "wb") as f:
-        f.chmod(0o600)  # before the first byte: it may hold secrets (job.json: task.args)
-        f.write(data)
-    sftp.posix_rename(temporary, remote)
-    return True
 
 
 def mkdirs(sftp: paramiko.SFTPClient, path: str, mode: int = 0o700) -> None:

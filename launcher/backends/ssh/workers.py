@@ -45,7 +45,10 @@ class SshWorker:
 
     def __init__(self, plan: planning.ProcessPlan, channels: HostChannels, states: GroupStates,
                  script: str, grace_s: float, token: str, on_exit: Callable[[], None] | None = None,
-                 on_line: Callable[[str], None] | None = None):
+                 on_line: Callable[[str], None] | None = None, written_mark: str | None = None):
+        """Open a channel, send ``script``; with ``written_mark``, return once the script has
+        printed that line (its files are written). Raises OSError (the channel closed) if the
+        script ends first or says nothing for ``COMMAND_TIMEOUT_S``; paramiko.SSHException."""
         self.plan = plan
         self.host = channels.host
         self.channels, self.states = channels, states
@@ -64,6 +67,13 @@ class SshWorker:
         # no EOF: the channel's stdin stays open for the run, so the wrapper on the host
         # sees it end when this launcher is gone (wrapper ``watch_stdin``)
         self._chan.sendall(script.encode())
+        self._pending = b""  # read while waiting for written_mark, not yet split into lines
+        if written_mark is not None:
+            try:
+                self._pending = connection.read_past(self._chan, written_mark, COMMAND_TIMEOUT_S)
+            except OSError as exc:
+                self._chan.close()
+                raise OSError(f"the start script of process {plan.process_id} {exc}") from None
 
     def lines(self) -> Iterator[str]:
         try:
@@ -93,6 +103,9 @@ class SshWorker:
         every chunk, and starved the keepalive.
         """
         splitter = lines.LineSplitter()
+        if self._pending:
+            yield from splitter.feed(self._pending)
+            self._pending = b""
         while True:
             try:
                 data = self._chan.recv(65536)
@@ -282,10 +295,16 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     """
     host = channels.host
     placement = plan.placements[index]
-    sftp = host.connection.sftp()
     writer = f"{socket.gethostname()}-{os.getpid()}-{index}"
-    transfer.mkdirs(sftp, os.path.dirname(placement.job_path))
-    transfer.put_if_changed(sftp, plan.job_path, placement.job_path, writer=writer)
+    with open(plan.job_path, encoding="utf-8") as f:
+        job_text = f.read()
+    # The host's SFTP session: what a sync, the checkpoint mirror and the results use, and
+    # the session a stop frees as its last resort when every connection to the host is at
+    # sshd's MaxSessions and the host takes no new one (HostChannels._close_sftp).
+    sftp = host.connection.sftp()
+    # The job file goes in the host's first worker's script (connection.file_lines), which
+    # says when it is written, before the host's other workers start: no SFTP round trips
+    # (9 a host), and no channel of its own.
     if settings.sync_dir:
         copied = transfer.sync_dir(sftp, expand(settings.sync_dir), host.workdir,
                                    settings.sync_rules, writer)
@@ -305,8 +324,11 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
             "argv": list(process.argv), "pid_file": pid_file, "run_dir": placement.run_dir,
             "process_id": process.process_id, "watch_stdin": True})
         token = secrets.token_hex(16)  # the wrapper's control lines carry it; the worker never sees it
-        text = connection.shell_script(host.workdir, settings.setup,
-                                       {**process.env, wrapper.TOKEN_VAR: token}, argv)
+        first = process is plan.on_host(index)[0]
+        written = f"podlaunch-job-written {token}" if first else None
+        text = connection.shell_script(
+            host.workdir, settings.setup, {**process.env, wrapper.TOKEN_VAR: token}, argv,
+            ((placement.job_path, job_text, writer),) if first else (), written)
         on_exit, on_line = None, _trace_fetcher(host, process.process_id, placement.run_dir,
                                                 plan.run_dir, console)
         if process.process_id == 0:
@@ -323,7 +345,7 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
                 mirror.on_line(line)
                 fetch_traces(line)
         started.append(SshWorker(process, channels, states, text, settings.grace_s, token,
-                                 on_exit, on_line))
+                                 on_exit, on_line, written))
 
 
 def stop_started(workers: list) -> None:

@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from harness.runs import remote_run_dir
 from harness.helpers import NO_RESTARTS, PACED, REPO, PROGRAMS, Output, launch, pids_with_env, program_job, start_launch
 from launcher import plan as planning
 from launcher import spec as specs
+from launcher.backends.ssh import connection
 from launcher.backends.ssh import session as ssh_session
 from launcher.backends.ssh import transfer
 from launcher.errors import SpecError
@@ -276,7 +278,7 @@ def test_preflight_reports_version_and_import_problems(tmp_path, hosts):
 
 
 @pytest.mark.slow
-def test_sync_dir_and_the_job_file_copy_only_what_changed(tmp_path, hosts):
+def test_sync_dir_copies_only_what_changed_and_the_job_file_arrives_whole(tmp_path, hosts):
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "pkg" / "a.py").write_text("A = 1\n")
@@ -285,6 +287,7 @@ def test_sync_dir_and_the_job_file_copy_only_what_changed(tmp_path, hosts):
     (src / "__pycache__" / "x.pyc").write_text("skip me")
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), write_cluster(tmp_path, hosts), SHORT[1::2])
     host = ssh_session.SshSession(job, str(tmp_path / "run")).ssh.resolve()[0]
+    remote_job = tmp_path / "made" / "run" / "job.json"
     with host.open() as c:
         sftp = c.sftp()
         target = str(tmp_path / "synced")
@@ -292,18 +295,20 @@ def test_sync_dir_and_the_job_file_copy_only_what_changed(tmp_path, hosts):
         assert transfer.sync_dir(sftp, str(src), target) == 0
         (src / "pkg" / "a.py").write_text("A = 22\n")
         assert transfer.sync_dir(sftp, str(src), target) == 1
-        # the job file (transfer.put_if_changed, as start_host puts it): skipped when the host has
-        # the same bytes (same file, untouched), replaced when they differ
-        job_file, remote_job = tmp_path / "job.json", str(tmp_path / "remote-job.json")
-        job_file.write_text('{"a": 1}')
-        assert transfer.put_if_changed(sftp, str(job_file), remote_job, writer="w") is True
-        before = os.stat(remote_job)
-        assert transfer.put_if_changed(sftp, str(job_file), remote_job, writer="w") is False
-        after = os.stat(remote_job)
-        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-        job_file.write_text('{"a": 2}')
-        assert transfer.put_if_changed(sftp, str(job_file), remote_job, writer="w") is True
-    assert (tmp_path / "remote-job.json").read_text() == '{"a": 2}'
+        # the job file, as each worker's script writes it before its worker starts
+        # (connection.file_lines): the exact bytes, whatever the shell would make of them,
+        # owner-only in directories made owner-only, no temporary left; written again, it
+        # is replaced whole
+        text = '{\n "args": "$HOME `id` $(id) \\\\ \'q\' \\"d\\" PODLAUNCH_EOF_0"\n}\n'
+        for body in (text, text.replace("id", "whoami")):
+            script = connection.shell_script(str(tmp_path), (), {}, ["true"],
+                                             ((str(remote_job), body, "w-p0"),))
+            status, out = connection.run_script(c.transport, script)
+            assert status == 0, out
+            assert remote_job.read_text() == body
+    assert stat.S_IMODE(os.stat(remote_job).st_mode) == 0o600
+    assert [stat.S_IMODE(os.stat(d).st_mode) for d in (remote_job.parent, remote_job.parent.parent)] == [0o700] * 2
+    assert os.listdir(remote_job.parent) == ["job.json"]
     assert (tmp_path / "synced" / "pkg" / "a.py").read_text() == "A = 22\n"
     assert not (tmp_path / "synced" / "__pycache__").exists()
 

@@ -271,6 +271,8 @@ def test_a_start_that_fails_on_one_host_stops_every_started_worker(tmp_path, hos
     err = result.stderr
     assert result.returncode == 1, result.stdout + err
     assert "could not start on every host; stopped the 3 processes already started:" in err, err
+    assert re.search(r"127\.0\.0\.3: OSError: the start script of process 3 ended before its "
+                     r"files were written: \S+/job\.json: is a directory", err), err
     assert "127.0.0.3: " in err and "Traceback" not in err
     # stopped before the launcher returned: no wait for JAX's initialization timeout (600 s)
     assert not leftovers(tmp_path, run_dir, 2)
