@@ -105,6 +105,8 @@ def one_launch(cluster: str, count: int, program_job: str | None = None,
     reader.join()
     out = output[0]
     _, status, usage = os.wait4(proc.pid, 0)
+    if markers is not None and all_started is None:  # ended before a poll saw every marker
+        all_started = usage.ru_utime + usage.ru_stime
     wall = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
     done = f"OK: {count} process" if program_job else f"preflight ok on {count} host"

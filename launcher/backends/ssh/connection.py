@@ -228,8 +228,8 @@ def shell_script(workdir: str, setup: tuple, env: dict, argv: list, files: tuple
     lines = ["set -e", f"mkdir -p -- {where}", f"cd -- {where}"]
     for path, text, writer in files:
         lines += file_lines(path, text, writer)
-    if written_mark is not None:
-        lines.append(f"printf '%s\\n' {shlex.quote(written_mark)}")
+    if written_mark is not None:  # on a line of its own, whatever came before it
+        lines.append(f"printf '\\n%s\\n' {shlex.quote(written_mark)}")
     if setup:  # in this shell (what it exports stays), but never reading the script on stdin
         lines += ["{"] + list(setup) + ["} </dev/null"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
@@ -245,10 +245,13 @@ def file_lines(path: str, text: str, writer: str) -> list:
     task's secrets), then is renamed over ``path``: a reader never sees half of it, and
     hosts that share the directory (an NFS home) never rename each other's temporary
     (``writer`` differs). The text travels in a quoted here-document of the script,
-    which is fed on stdin: never in a command line, nothing in it expanded. A path that
-    is a directory is refused (``mv`` would put the file inside it). What a start writes
-    on each host this way costs no SFTP round trip (docs/ssh.md, "The launcher's own cost
-    per host").
+    which is fed on stdin: never in a command line, nothing in it expanded (bash, as
+    ``sh``, keeps a here-document larger than a pipe's buffer in an owner-only temporary
+    file of its own, removed at once). A file that already has these bytes is left as it
+    is (hosts that share the directory, a restart: its readers keep their file); a path
+    that is a directory is refused (``mv`` would put the file inside it). What a start
+    writes on each host this way costs no SFTP round trip (docs/ssh.md, "The launcher's
+    own cost per host").
 
     Raises:
       ValueError: ``text`` does not end with a newline (a here-document's last line does).
@@ -261,10 +264,12 @@ def file_lines(path: str, text: str, writer: str) -> list:
     temporary = remote_path(f"{path}.{writer}.tmp")
     target = remote_path(path)
     return ["(umask 077", f"mkdir -p -- {remote_path(os.path.dirname(path) or '.')}",
+            f"rm -f -- {temporary}",  # a leftover would keep its mode
             f"cat > {temporary} <<'{delimiter}'", text + delimiter, ")",
             f"if [ -d {target} ]; then rm -f -- {temporary}; echo {target}: is a directory >&2; "
             "exit 1; fi",
-            f"mv -f -- {temporary} {target}"]
+            f"if cmp -s -- {temporary} {target}; then rm -f -- {temporary}; "
+            f"else mv -f -- {temporary} {target}; fi"]
 
 
 def remote_path(path: str) -> str:
@@ -320,22 +325,30 @@ def run_on_channel(chan: paramiko.Channel, text: str, timeout_s: float = COMMAND
         chan.close()
 
 
+READ_PAST_MAX_BYTES = 1 << 20  # what a start script may print before its mark
+
+
 def read_past(chan: paramiko.Channel, mark: str, timeout_s: float) -> bytes:
-    """Read ``chan`` until the line ``mark``; returns what came before and after it, without it.
+    """Read ``chan`` until ``"\\n" + mark + "\\n"`` (``shell_script``'s ``written_mark``, which
+    holds a random token: it is taken wherever it comes, after a login shell's output without
+    a newline too); returns what came before and after it, without it.
 
     Raises:
-      OSError: the output ended first, or nothing came for ``timeout_s`` seconds (the
-        message quotes the end of what came: a shell's reason).
+      OSError: the output ended first, nothing came for ``timeout_s`` seconds, or more than
+        ``READ_PAST_MAX_BYTES`` came without it (the message quotes the end of what came: a
+        shell's reason).
     """
-    want, got = mark.encode() + b"\n", b""
+    want, got, looked = b"\n" + mark.encode() + b"\n", b"", 0
     chan.settimeout(timeout_s)
     while True:
-        at = got.find(want)
-        if at >= 0 and (at == 0 or got[at - 1:at] == b"\n"):
+        at = got.find(want, looked)
+        if at >= 0:
             chan.settimeout(None)
-            return got[:at] + got[at + len(want):]
+            before = got[:at]  # a line it cut short ends there
+            return before + (b"\n" if before and not before.endswith(b"\n") else b"") + got[at + len(want):]
+        looked = max(0, len(got) - len(want) + 1)  # each byte is looked at about once
         try:
-            data = chan.recv(65536)
+            data = chan.recv(65536) if len(got) <= READ_PAST_MAX_BYTES else b""
         except socket.timeout:
             data = None
         if not data:

@@ -300,17 +300,48 @@ def test_sync_dir_copies_only_what_changed_and_the_job_file_arrives_whole(tmp_pa
         # owner-only in directories made owner-only, no temporary left; written again, it
         # is replaced whole
         text = '{\n "args": "$HOME `id` $(id) \\\\ \'q\' \\"d\\" PODLAUNCH_EOF_0"\n}\n'
-        for body in (text, text.replace("id", "whoami")):
+        inodes = []
+        for body in (text, text, text.replace("id", "whoami")):
             script = connection.shell_script(str(tmp_path), (), {}, ["true"],
                                              ((str(remote_job), body, "w-p0"),))
             status, out = connection.run_script(c.transport, script)
             assert status == 0, out
             assert remote_job.read_text() == body
+            inodes.append(os.stat(remote_job).st_ino)
+        # the same bytes again: the file is left as it was (its readers keep it); new bytes
+        # replace it whole
+        assert inodes[0] == inodes[1] != inodes[2], inodes
     assert stat.S_IMODE(os.stat(remote_job).st_mode) == 0o600
     assert [stat.S_IMODE(os.stat(d).st_mode) for d in (remote_job.parent, remote_job.parent.parent)] == [0o700] * 2
     assert os.listdir(remote_job.parent) == ["job.json"]
     assert (tmp_path / "synced" / "pkg" / "a.py").read_text() == "A = 22\n"
     assert not (tmp_path / "synced" / "__pycache__").exists()
+
+
+class _Chunks:
+    """A channel's ``settimeout`` and ``recv`` over given chunks (then its end)."""
+
+    def __init__(self, *chunks: bytes):
+        self.chunks = list(chunks)
+
+    def settimeout(self, timeout_s) -> None:
+        pass
+
+    def recv(self, size: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+def test_the_written_mark_is_taken_wherever_it_comes_and_the_lines_around_it_kept():
+    mark = "podlaunch-job-written 0123abcd"
+    # a login shell's title escape without a newline, the mark split across two reads
+    got = connection.read_past(_Chunks(b"\x1b]0;host\x07\npodlaunch-job-wr",
+                                       b"itten 0123abcd\npodlaunch-pgid t 12\nstep 1\n"), mark, 5)
+    assert got == b"\x1b]0;host\x07\npodlaunch-pgid t 12\nstep 1\n"
+    assert connection.read_past(_Chunks(b"a\n\n" + mark.encode() + b"\nb"), mark, 5) == b"a\nb"
+    with pytest.raises(OSError, match="ended before its files were written: .*job.json: is a directory"):
+        connection.read_past(_Chunks(b"/w/job.json: is a directory\n"), mark, 5)
+    with pytest.raises(OSError, match="before its files were written"):  # never a mark: bounded
+        connection.read_past(_Chunks(*[b"x" * 65536] * 40), mark, 5)
 
 
 # ---- runs ----------------------------------------------------------------------
