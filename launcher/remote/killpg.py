@@ -5,12 +5,13 @@ disagree on ``--`` and negative pids (dash rejects both).
 
 Args (one JSON object): ``pgid`` (or ``pgids``, a list), and either
 ``signals`` (names such as "TERM", "CONT", "KILL", sent in order; none just
-asks; with ``"leader": true`` to the group's leader alone) or ``grace_s`` (the whole stop sequence here: TERM and CONT, up to
-``grace_s`` seconds, KILL, so a host reached over a fresh connection needs
-one call); optional ``wait_s`` (with ``signals`` to whole groups, not ``leader``: after
-every group is signalled, up to that many seconds in all for them to be gone, so a SIGKILLed worker no longer runs when the answer comes: under
-load a JAX process takes a moment to exit). A group that is gone is not an error.
-Prints ``MARK`` + JSON
+asks; with ``"leader": true`` to the group's leader alone) or ``grace_s`` (the
+whole stop sequence here: TERM and CONT, up to ``grace_s`` seconds, KILL, so a
+host reached over a fresh connection needs one call); optional ``wait_s`` (with
+``signals`` to whole groups, not ``leader``: after every group is signalled, up
+to that many seconds in all for them to be gone, so a SIGKILLed worker no longer
+runs when the answer comes: under load a JAX process takes a moment to exit). A
+group that is gone is not an error. Prints ``MARK`` + JSON
 ``{"alive": [pids left], "stopped": [pgids whose leader is stopped]}``
 (stopped: ``/proc/PGID/stat`` state T or t, SIGSTOP or a tracer, after the
 signals; what the stall watchdog asks of a host).

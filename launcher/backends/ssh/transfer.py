@@ -105,9 +105,9 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
     0700); files and directories an earlier sync of this source wrote and that are
     gone here, or changed in kind (a package ``helper/`` that became ``helper.py``),
     are removed. ``remote_dir/.podlaunch/synced.json`` (``MANIFEST``) records what
-    the syncs wrote (rewritten only when this sync changed what it records); a remote file that it does not list is never overwritten (unless
-    it already has the local size and mtime, then it is adopted as is), and nothing
-    is written through a symlink.
+    the syncs wrote (rewritten only when this sync changed what it records); a remote
+    file that it does not list is never overwritten (unless it already has the local
+    size and mtime, then it is adopted as is), and nothing is written through a symlink.
 
     Returns:
       The number of files copied or removed (0 when nothing changed).

@@ -281,9 +281,10 @@ def _trace_fetcher(host: Host, process_id: int, remote_run_dir: str, local_run_d
 
 
 def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: GroupStates,
-               settings: SshSettings, console, started: list,
+               settings: SshSettings, console, started: list, job_text: str,
                abort: threading.Event | None = None) -> None:
-    """Put the job (and ``sync_dir``) on a host and start its workers (placement ``index``).
+    """Put the job (``job_text``, job.json's) and ``sync_dir`` on a host and start its
+    workers (placement ``index``).
 
     Each worker is appended to ``started`` as soon as it runs, so a failure
     anywhere can stop it; ``abort`` set (another host failed) starts no more.
@@ -296,15 +297,11 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     host = channels.host
     placement = plan.placements[index]
     writer = f"{socket.gethostname()}-{os.getpid()}-{index}"
-    with open(plan.job_path, encoding="utf-8") as f:
-        job_text = f.read()
-    # The host's SFTP session: what a sync, the checkpoint mirror and the results use, and
-    # the session a stop frees as its last resort when every connection to the host is at
-    # sshd's MaxSessions and the host takes no new one (HostChannels._close_sftp).
+    # The host's SFTP session: for a sync, the checkpoint mirror, the results, and the session
+    # a stop frees when the host is at sshd's MaxSessions and takes no new connection.
     sftp = host.connection.sftp()
-    # The job file goes in the host's first worker's script (connection.file_lines), which
-    # says when it is written, before the host's other workers start: no SFTP round trips
-    # (9 a host), and no channel of its own.
+    # The job file goes in the host's first worker's script (connection.file_lines), which says
+    # when it is written, before the host's other workers start: no SFTP, no channel of its own.
     if settings.sync_dir:
         copied = transfer.sync_dir(sftp, expand(settings.sync_dir), host.workdir,
                                    settings.sync_rules, writer)
@@ -313,7 +310,8 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
         copied = transfer.sync_dir(sftp, plan.job.program.dir, host.workdir,
                                    plan.job.program.sync_rules, writer)
         console.say(f"{host.name}: synced {plan.job.program.dir} ({plural(copied, 'file')} changed)")
-    for process in plan.on_host(index):
+    processes = plan.on_host(index)
+    for process in processes:
         if abort is not None and abort.is_set():
             return
         # one file per run and process: launches of one job side by side keep their own
@@ -324,7 +322,7 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
             "argv": list(process.argv), "pid_file": pid_file, "run_dir": placement.run_dir,
             "process_id": process.process_id, "watch_stdin": True})
         token = secrets.token_hex(16)  # the wrapper's control lines carry it; the worker never sees it
-        first = process is plan.on_host(index)[0]
+        first = process is processes[0]
         written = f"podlaunch-job-written {token}" if first else None
         text = connection.shell_script(
             host.workdir, settings.setup, {**process.env, wrapper.TOKEN_VAR: token}, argv,
@@ -376,7 +374,10 @@ def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, consol
     started: list = []
     abort = threading.Event()
     pool = concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(channels)))
-    futures = {pool.submit(start_host, plan, i, c, states, settings, console, started, abort): c.host
+    with open(plan.job_path, encoding="utf-8") as f:
+        job_text = f.read()  # job.json as each host's first start script writes it
+    futures = {pool.submit(start_host, plan, i, c, states, settings, console, started,
+                           job_text, abort): c.host
                for i, c in channels.items()}
     try:
         done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
