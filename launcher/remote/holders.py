@@ -61,7 +61,10 @@ def main(args):
         elif args["dry_run"]:
             out["lockfile"] = "stale"
         else:
-            os.unlink(lock)
+            try:
+                os.unlink(lock)
+            except FileNotFoundError:  # another host sharing this path removed it first
+                pass
             out["lockfile"] = "removed"
     if args["port"] is not None:
         error = proctl.bind_error(args["port"])

@@ -202,6 +202,27 @@ def hosts(ssh_hosts):
     return ssh_hosts
 
 
+def test_a_stale_lockfile_another_host_removes_first_is_removed_not_a_crash(tmp_path, monkeypatch, capsys):
+    # hosts that share the lockfile's path (one machine's /tmp in the tests, a shared
+    # filesystem): two holder checks see it stale at once and both remove it
+    from launcher.remote import holders as remote_holders
+
+    lockfile = tmp_path / "libtpu_lockfile"
+    lockfile.write_text("")
+    real_unlink = os.unlink
+
+    def first_the_other_host(path):
+        real_unlink(path)
+        real_unlink(path)  # this host's own, after the other host's
+
+    monkeypatch.setattr(remote_holders.os, "unlink", first_the_other_host)
+    out = remote_holders.main({"globs": [], "lockfile": str(lockfile), "stop_others": False,
+                               "dry_run": False, "grace_s": 1, "port": None,
+                               "run_dir_env": "PODLAUNCH_RUN_DIR"})
+    assert out["lockfile"] == "removed" and not lockfile.exists()
+    capsys.readouterr()
+
+
 @pytest.mark.slow  # starts sshd
 def test_dry_run_shows_discovered_hosts_ids_and_megascale(tmp_path, hosts):
     install_two_slices(tmp_path / "bin")
