@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import yaml
 
-from harness.helpers import REPO, PROGRAMS, launch, launched, pids_with_env
+from harness.helpers import PACED, REPO, PROGRAMS, launch, launched, pids_with_env
 from harness.runs import remote_run_dir
 from launcher.run import runlock
 from launcher.spec import syncrules
@@ -116,7 +116,7 @@ def test_resume_of_a_run_whose_launcher_is_running_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     args = ("jobs/linear.yaml", "--set", "train.num_steps=1000000", "--set",
             "cluster.devices_per_process=1", "--set", "checkpoint.every_steps=20",
-            "--set", "logging.log_every_steps=20")
+            "--set", "logging.log_every_steps=20", *PACED)  # paced: it only has to be running
     with launched(*args, "--run-dir", str(run_dir)) as first:
         first.wait_for(r"checkpoint of step \d+ saved", 120)
         second = launch(*args, "--resume", str(run_dir), "--set", "cluster.env.API_TOKEN=s3cr3t")
