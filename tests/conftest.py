@@ -10,7 +10,8 @@ workers' PYTHONPATH).
 Shared session-scoped fixtures, one per pytest-xdist worker: ``sshd_hosts`` (five sshd
 hosts, restored after each test that takes ``ssh_hosts``, ``two_ssh_hosts`` or
 ``five_ssh_hosts``), ``slurm``
-(a Slurm cluster), ``reference_params`` (uninterrupted runs, each set of arguments run once).
+(a Slurm cluster), ``reference_run`` and ``reference_params`` (uninterrupted runs, each set of
+arguments run once).
 
 Markers by what a test starts, set from its fixtures (so no test can forget its marker):
 
@@ -139,27 +140,37 @@ def slurm():
 
 
 @pytest.fixture(scope="session")
-def reference_params(tmp_path_factory):
-    """``reference_params(*args)``: the final params of an uninterrupted
-    ``launch jobs/linear.yaml ARGS`` (a name -> array dict), each set of arguments run once in
-    the session, whichever pytest-xdist worker asks first: the others wait on its lock and
+def reference_run(tmp_path_factory):
+    """``reference_run(*args)``: the run directory of an uninterrupted, successful
+    ``launch jobs/linear.yaml ARGS`` (read it, never write it), each set of arguments run once
+    in the session, whichever pytest-xdist worker asks first: the others wait on its lock and
     read its run (each worker ran its own before, up to three runs of one reference)."""
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this session's
+
+    def get(*args: str):
+        key = hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]
+        run_dir = shared / f"reference-{key}" / "run"
+        with open(shared / f"reference-{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when its worker dies
+            passed = run_dir.parent / "passed"
+            if not passed.exists():
+                shutil.rmtree(run_dir, ignore_errors=True)  # a worker that failed or died
+                result = launch("jobs/linear.yaml", *args, "--run-dir", str(run_dir))
+                assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+                passed.touch()
+        return run_dir
+    return get
+
+
+@pytest.fixture(scope="session")
+def reference_params(reference_run):
+    """``reference_params(*args)``: the final params of ``reference_run(*args)`` (a name ->
+    array dict)."""
     done: dict = {}
 
     def get(*args: str) -> dict:
         if args not in done:
-            key = hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]
-            run_dir = shared / f"reference-{key}" / "run"
-            with open(shared / f"reference-{key}.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when its worker dies
-                passed = run_dir.parent / "passed"
-                if not passed.exists():
-                    shutil.rmtree(run_dir, ignore_errors=True)  # a worker that failed or died
-                    result = launch("jobs/linear.yaml", *args, "--run-dir", str(run_dir))
-                    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-                    passed.touch()
-                done[args] = params(run_dir)
+            done[args] = params(reference_run(*args))
         return done[args]
     return get
