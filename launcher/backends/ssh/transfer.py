@@ -44,13 +44,14 @@ class SyncRefused(Exception):
     symlink, into its own source); nothing of that host was changed by the refused step."""
 
 
-def _read_manifest(sftp: paramiko.SFTPClient, remote_dir: str) -> dict:
+def _read_manifest(sftp: paramiko.SFTPClient, remote_dir: str) -> dict | None:
+    """The manifest's ``files`` and ``dirs``; None where there is none (or it is unreadable)."""
     try:
         with sftp.open(f"{remote_dir}/{MANIFEST}", "rb") as f:
             manifest = json.loads(f.read().decode("utf-8"))
         return {"files": dict(manifest.get("files", {})), "dirs": dict(manifest.get("dirs", {}))}
     except (OSError, ValueError, AttributeError):
-        return {"files": {}, "dirs": {}}
+        return None
 
 
 def _write_manifest(sftp: paramiko.SFTPClient, remote_dir: str, manifest: dict, writer: str) -> None:
@@ -113,15 +114,27 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
       The number of files copied or removed (0 when nothing changed).
 
     Raises:
-      SyncRefused: the target is the source (or inside it), or a file or symlink that
+      SyncRefused: the target is the source (or inside it), checked before the first
+        write (a sync that changes nothing does not look), or a file or symlink that
         the sync did not write stands where it would write.
       OSError, paramiko.SSHException: SFTP failed.
     """
     files, dirs, _ = syncrules.walk(local_dir, rules)
     source = os.path.realpath(local_dir)
-    mkdirs(sftp, remote_dir)
-    _refuse_own_source(sftp, local_dir, remote_dir, writer)
-    manifest = _read_manifest(sftp, remote_dir)
+    probed = []
+
+    def before_writing() -> None:
+        # the own-source check (3 requests and a walk here) runs before the first change, so
+        # a relaunch that changes nothing costs 4 requests less; nothing is written unchecked
+        if not probed:
+            _refuse_own_source(sftp, local_dir, remote_dir, writer)
+            probed.append(True)
+
+    manifest = _read_manifest(sftp, remote_dir)  # where it reads, remote_dir is a directory
+    if manifest is None:
+        mkdirs(sftp, remote_dir)
+        before_writing()
+        manifest = {"files": {}, "dirs": {}}
     as_read = json.loads(json.dumps(manifest))  # written back only if this sync changes it
     owned_files, owned_dirs = manifest["files"], manifest["dirs"]
     changed = 0
@@ -131,11 +144,13 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
         if owned_files[rel].get("source") == source and rel not in files:
             have = _lstat(sftp, f"{remote_dir}/{rel}")
             if have is not None and stat.S_ISREG(have.st_mode):
+                before_writing()
                 sftp.remove(f"{remote_dir}/{rel}")
                 changed += 1
             del owned_files[rel]
     for rel in sorted(owned_dirs, key=lambda r: -r.count("/")):
         if owned_dirs[rel] == source and rel not in dirs:
+            before_writing()
             cache = f"{remote_dir}/{rel}/__pycache__"  # Python's, made from the files we wrote
             try:
                 for name in sftp.listdir(cache):
@@ -153,6 +168,7 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
         target = f"{remote_dir}/{rel}"
         have = _lstat(sftp, target)
         if have is None:
+            before_writing()
             sftp.mkdir(target, 0o700)
             owned_dirs[rel] = source
         elif not stat.S_ISDIR(have.st_mode):
@@ -176,6 +192,7 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
             owned_files[rel] = {"source": source, "size": entry.size, "mtime": entry.mtime}
             if same:
                 continue
+            before_writing()
             temporary = f"{target}.{writer}.tmp"
             sftp.put(entry.path, temporary)
             sftp.chmod(temporary, entry.mode & 0o700)
@@ -184,6 +201,7 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
             changed += 1
     finally:
         if manifest != as_read:  # a relaunch that changed nothing costs no 6 more requests
+            before_writing()
             _write_manifest(sftp, remote_dir, manifest, writer)
     return changed
 

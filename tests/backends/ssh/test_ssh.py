@@ -277,6 +277,21 @@ def test_preflight_reports_version_and_import_problems(tmp_path, hosts):
     assert re.search(r"127\.0\.0\.2\s+p0\s+not importable: ssh_task; ", err), err
 
 
+class _CountingSftp:
+    """An SFTP client that records each call made on it: (method, its positional args)."""
+
+    def __init__(self, sftp):
+        self._sftp, self.calls = sftp, []
+
+    def __getattr__(self, name):
+        method = getattr(self._sftp, name)
+
+        def call(*args, **kwargs):
+            self.calls.append((name, *args))
+            return method(*args, **kwargs)
+        return call
+
+
 @pytest.mark.slow
 def test_sync_dir_copies_only_what_changed_and_the_job_file_arrives_whole(tmp_path, hosts):
     src = tmp_path / "src"
@@ -292,7 +307,13 @@ def test_sync_dir_copies_only_what_changed_and_the_job_file_arrives_whole(tmp_pa
         sftp = c.sftp()
         target = str(tmp_path / "synced")
         assert transfer.sync_dir(sftp, str(src), target) == 2
-        assert transfer.sync_dir(sftp, str(src), target) == 0
+        # a relaunch that changes nothing only reads: the manifest, and an lstat per entry
+        # (no own-source probe: that one writes, and runs before a sync's first change)
+        counted = _CountingSftp(sftp)
+        assert transfer.sync_dir(counted, str(src), target) == 0
+        assert sorted(counted.calls) == [
+            ("lstat", f"{target}/b.txt"), ("lstat", f"{target}/pkg"),
+            ("lstat", f"{target}/pkg/a.py"), ("open", f"{target}/{transfer.MANIFEST}", "rb")]
         (src / "pkg" / "a.py").write_text("A = 22\n")
         assert transfer.sync_dir(sftp, str(src), target) == 1
         # the job file, as each worker's script writes it before its worker starts
