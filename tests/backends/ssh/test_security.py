@@ -250,6 +250,8 @@ def test_connections_prefer_aes_gcm_and_still_reach_a_host_that_lacks_it(tmp_pat
             transport = c.transport
             got.append((transport.local_cipher, transport.remote_cipher))
             assert c.run("true", hide=True, in_stream=False).ok
+            # and its thread, idle, wakes once a second, not paramiko's ten (hostkeys._Transport)
+            assert transport.sock.gettimeout() == 1.0
     assert got == [("aes128-gcm@openssh.com",) * 2, ("aes128-ctr",) * 2], got
     hosts.regenerate_host_key(1)  # the order of ciphers changed nothing in the key check
     host = ssh_session.SshSession(job, str(tmp_path / "run")).ssh.resolve()[1]
