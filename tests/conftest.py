@@ -79,36 +79,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, mark))
         if marks:
             item.add_marker(pytest.mark.slow)
-    items[:] = spread_out(items, lambda item: item.get_closest_marker("slurm") is not None)
-
-
-def spread_out(items: list, waits) -> list:
-    """``items`` with those for which ``waits(item)`` is true spread evenly among the rest,
-    each at the module boundary nearest its share, the order within each kind kept.
-
-    The Slurm tests mostly wait on slurmctld (its 30 s checks of time limits, a requeued
-    job's BeginTime): collected first, they were all in pytest-xdist's first worker's share
-    (worksteal hands each worker a contiguous third), one after another for about 450 s,
-    while two workers could not keep both cores busy (vmstat: 40 idle CPU-s then). Spread,
-    each worker waits a third of that between tests that compute. Modules stay whole
-    (their module-scoped fixtures are set up once)."""
-    slow = [item for item in items if waits(item)]
-    rest = [item for item in items if not waits(item)]
-    if not slow or not rest:
-        return items
-    # indexes into rest where a new module starts (0 and len(rest) included)
-    bounds = [0] + [i for i in range(1, len(rest)) if rest[i].module is not rest[i - 1].module]
-    bounds.append(len(rest))
-    out, taken = [], 0
-    for k, item in enumerate(slow):
-        want = (k + 0.5) * len(rest) / len(slow)  # where its even share would put it
-        at = min(bounds, key=lambda b: abs(b - want))
-        at = max(at, taken)
-        out.extend(rest[taken:at])
-        taken = at
-        out.append(item)
-    out.extend(rest[taken:])
-    return out
 
 
 # ---- shared, session-scoped ---------------------------------------------------------
