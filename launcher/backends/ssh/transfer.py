@@ -44,14 +44,34 @@ class SyncRefused(Exception):
     symlink, into its own source); nothing of that host was changed by the refused step."""
 
 
-def _read_manifest(sftp: paramiko.SFTPClient, remote_dir: str) -> dict | None:
-    """The manifest's ``files`` and ``dirs``; None where there is none (or it is unreadable)."""
+def _read_manifest(sftp: paramiko.SFTPClient, remote_dir: str) -> tuple:
+    """(the manifest's ``files`` and ``dirs``, its bytes); (None, None) where there is none
+    (or it is unreadable)."""
     try:
         with sftp.open(f"{remote_dir}/{MANIFEST}", "rb") as f:
-            manifest = json.loads(f.read().decode("utf-8"))
-        return {"files": dict(manifest.get("files", {})), "dirs": dict(manifest.get("dirs", {}))}
+            raw = f.read()
+        manifest = json.loads(raw.decode("utf-8"))
+        return ({"files": dict(manifest.get("files", {})), "dirs": dict(manifest.get("dirs", {}))},
+                raw)
     except (OSError, ValueError, AttributeError):
-        return None
+        return None, None
+
+
+def _may_be_here(raw: bytes, local_dir: str) -> bool:
+    """Whether the manifest read on the host (``raw``) could be the very file of the source
+    or of a directory above it, seen through a shared filesystem: one of those holds a
+    manifest with the same bytes (read here, no request)."""
+    here = os.path.realpath(local_dir)
+    while True:
+        try:
+            with open(os.path.join(here, MANIFEST), "rb") as f:
+                if f.read(len(raw) + 1) == raw:
+                    return True
+        except OSError:
+            pass
+        if here == os.path.dirname(here):
+            return False
+        here = os.path.dirname(here)
 
 
 def _write_manifest(sftp: paramiko.SFTPClient, remote_dir: str, manifest: dict, writer: str) -> None:
@@ -115,26 +135,33 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
 
     Raises:
       SyncRefused: the target is the source (or inside it), checked before the first
-        write (a sync that changes nothing does not look), or a file or symlink that
-        the sync did not write stands where it would write.
+        write, or at once where the host's manifest has the bytes of one in the source or
+        a directory above it (a sync that would change nothing does not look otherwise), or
+        a file or symlink that the sync did not write stands where it would write.
       OSError, paramiko.SSHException: SFTP failed.
     """
     files, dirs, _ = syncrules.walk(local_dir, rules)
     source = os.path.realpath(local_dir)
-    probed = []
+    probed: list = []  # [] not yet; [True] passed; [True, False] refused or failed
 
     def before_writing() -> None:
         # the own-source check (3 requests and a walk here) runs before the first change, so
         # a relaunch that changes nothing costs 4 requests less; nothing is written unchecked
         if not probed:
-            _refuse_own_source(sftp, local_dir, remote_dir, writer)
             probed.append(True)
+            try:
+                _refuse_own_source(sftp, local_dir, remote_dir, writer)
+            except BaseException:
+                probed.append(False)
+                raise
 
-    manifest = _read_manifest(sftp, remote_dir)  # where it reads, remote_dir is a directory
+    manifest, raw = _read_manifest(sftp, remote_dir)  # where it reads, remote_dir is a directory
     if manifest is None:
         mkdirs(sftp, remote_dir)
         before_writing()
         manifest = {"files": {}, "dirs": {}}
+    elif _may_be_here(raw, local_dir):
+        before_writing()  # the target may be the source: refused even if nothing would change
     as_read = json.loads(json.dumps(manifest))  # written back only if this sync changes it
     owned_files, owned_dirs = manifest["files"], manifest["dirs"]
     changed = 0
@@ -200,7 +227,8 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
             sftp.posix_rename(temporary, target)
             changed += 1
     finally:
-        if manifest != as_read:  # a relaunch that changed nothing costs no 6 more requests
+        # a relaunch that changed nothing costs no 6 more requests; a refused one writes none
+        if manifest != as_read and False not in probed:
             before_writing()
             _write_manifest(sftp, remote_dir, manifest, writer)
     return changed

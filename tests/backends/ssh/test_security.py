@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -309,6 +310,21 @@ def test_sync_mirrors_exactly_and_never_overwrites_what_it_did_not_write(tmp_pat
         transfer.sync_dir(sftp, str(src), str(src), rules)
     with pytest.raises(transfer.SyncRefused, match="shared filesystem"):
         transfer.sync_dir(sftp, str(src), str(tmp_path), rules)
+    # ... also where it already holds a manifest listing its own files as they are (it was
+    # a sync's target from another machine once): the sync would change nothing, and is
+    # refused all the same; nothing is written (the manifest neither)
+    shutil.copytree(home / ".podlaunch", src / ".podlaunch")
+    mine = json.loads(manifest.read_text())
+    mine["files"] = {rel: {"source": os.path.realpath(src), "size": os.stat(src / rel).st_size,
+                           "mtime": int(os.stat(src / rel).st_mtime)}
+                     for rel in ("data/x.csv", "helper.py", "main.py")}
+    mine["dirs"] = {"data": os.path.realpath(src)}
+    (src / transfer.MANIFEST).write_text(json.dumps(mine, sort_keys=True))
+    before = (src / transfer.MANIFEST).read_bytes()
+    with pytest.raises(transfer.SyncRefused, match="shared filesystem"):
+        transfer.sync_dir(sftp, str(src), str(src), rules)
+    assert (src / transfer.MANIFEST).read_bytes() == before
+    assert sorted(os.listdir(src)) == sorted([".podlaunch", ".ssh", "data", "helper.py", "main.py"])
 
 
 @pytest.mark.slow
