@@ -57,21 +57,29 @@ def _read_manifest(sftp: paramiko.SFTPClient, remote_dir: str) -> tuple:
         return None, None
 
 
+def _source_and_above(local_dir: str):
+    """The source directory (its real path), then each directory above it up to ``/``: the
+    directories a target on a shared filesystem must not be."""
+    here = os.path.realpath(local_dir)
+    while True:
+        yield here
+        if here == os.path.dirname(here):
+            return
+        here = os.path.dirname(here)
+
+
 def _may_be_here(raw: bytes, local_dir: str) -> bool:
     """Whether the manifest read on the host (``raw``) could be the very file of the source
     or of a directory above it, seen through a shared filesystem: one of those holds a
     manifest with the same bytes (read here, no request)."""
-    here = os.path.realpath(local_dir)
-    while True:
+    for here in _source_and_above(local_dir):
         try:
             with open(os.path.join(here, MANIFEST), "rb") as f:
                 if f.read(len(raw) + 1) == raw:
                     return True
         except OSError:
             pass
-        if here == os.path.dirname(here):
-            return False
-        here = os.path.dirname(here)
+    return False
 
 
 def _write_manifest(sftp: paramiko.SFTPClient, remote_dir: str, manifest: dict, writer: str) -> None:
@@ -99,16 +107,12 @@ def _refuse_own_source(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: st
     with sftp.open(probe, "wb") as f:
         f.write(b"")
     try:
-        here = os.path.realpath(local_dir)
-        while True:
+        for here in _source_and_above(local_dir):
             if os.path.exists(os.path.join(here, name)):
                 raise SyncRefused(f"{remote_dir} on the host is {here} here (a shared "
                                   f"filesystem), which is or contains the source {local_dir}: "
                                   "the sync would write over its own source; give the host a "
                                   "workdir outside it")
-            if here == os.path.dirname(here):
-                break
-            here = os.path.dirname(here)
     finally:
         try:
             sftp.remove(probe)
@@ -142,18 +146,16 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
     """
     files, dirs, _ = syncrules.walk(local_dir, rules)
     source = os.path.realpath(local_dir)
-    probed: list = []  # [] not yet; [True] passed; [True, False] refused or failed
+    probe = "not yet"  # then "passed", or "refused" (or failed): nothing more is written
 
     def before_writing() -> None:
         # the own-source check (3 requests and a walk here) runs before the first change, so
         # a relaunch that changes nothing costs 4 requests less; nothing is written unchecked
-        if not probed:
-            probed.append(True)
-            try:
-                _refuse_own_source(sftp, local_dir, remote_dir, writer)
-            except BaseException:
-                probed.append(False)
-                raise
+        nonlocal probe
+        if probe == "not yet":
+            probe = "refused"
+            _refuse_own_source(sftp, local_dir, remote_dir, writer)
+            probe = "passed"
 
     manifest, raw = _read_manifest(sftp, remote_dir)  # where it reads, remote_dir is a directory
     if manifest is None:
@@ -228,7 +230,7 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
             changed += 1
     finally:
         # a relaunch that changed nothing costs no 6 more requests; a refused one writes none
-        if manifest != as_read and False not in probed:
+        if manifest != as_read and probe != "refused":
             before_writing()
             _write_manifest(sftp, remote_dir, manifest, writer)
     return changed
