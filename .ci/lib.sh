@@ -1,6 +1,13 @@
 # Sourced by .ci/run and .ci/newest_end.sh (bash). The tested ends live in
 # launcher/versions.py; these helpers read them and find the interpreters.
 
+# Python may cache the bytecode it compiles (this machine's environment sets
+# PYTHONDONTWRITEBYTECODE=1): the venvs are then installed without compiling every module of
+# site-packages up front (the oldest end's venv 10 s of wall and 17 CPU-s -> 2.3 s and 1.6),
+# and each module the tests import is compiled once, at its first import (about 3 CPU-s more
+# for the first launch, none after); pytest's rewritten test modules are cached the same way.
+unset PYTHONDONTWRITEBYTECODE
+
 # tested NAME INDEX: TESTED_PYTHON or TESTED_JAX, 0 (oldest) or 1 (newest), read from
 # launcher/versions.py with any python3 (the module is stdlib only; runpy imports nothing
 # else of podlaunch).
@@ -53,8 +60,9 @@ uv_for_venvs() {
 # test extras and exactly jax/jaxlib JAX_VERSION; fails if the install resolves anything else
 # (for instance when pyproject.toml's range no longer admits that version).
 # uv installs it where it can: on this 2-core machine the oldest end's venv took 37 s of wall
-# and 34 CPU-s with pip, 10 s and 17 CPU-s with uv (most of which is compiling site-packages'
-# bytecode, on every core); both venvs are built while CI runs, one of them beside the suite.
+# and 34 CPU-s with pip, 10 s and 17 CPU-s with uv compiling site-packages' bytecode, 2.3 s
+# and 1.6 CPU-s without (see PYTHONDONTWRITEBYTECODE above); both venvs are built while CI
+# runs, one of them beside the suite.
 # uv reads PyPI (or UV_INDEX_URL), not pip.conf: where its install fails (say, only a pip
 # mirror is reachable), pip installs instead.
 make_venv() {
@@ -65,7 +73,7 @@ make_venv() {
   # the commands the docs give (`.venv/bin/pip install -e '.[profile]'`); uv's --seed would
   # add setuptools' distutils hook, another .pth imported by every process.
   if uv=$(uv_for_venvs) && "$uv" venv -q --clear --python "$py" "$dir" &&
-     VIRTUAL_ENV=$dir "$uv" pip install -q --compile-bytecode -C editable_mode=compat \
+     VIRTUAL_ENV=$dir "$uv" pip install -q -C editable_mode=compat \
        -e '.[test]' "jax==$jax" "jaxlib==$jax" pip; then
     :
   else
@@ -74,9 +82,10 @@ make_venv() {
     "$dir/bin/python" -m pip install -q --upgrade pip
     "$dir/bin/python" -m pip install -q -e '.[test]' "jax==$jax" "jaxlib==$jax"
   fi
-  # The project's own modules, compiled once for this interpreter: where the environment sets
-  # PYTHONDONTWRITEBYTECODE (this machine's does), every launcher and worker process the
-  # tests start compiled them from source again (a launcher process 0.45 -> 0.37 CPU-s).
+  # The project's own modules, compiled once for this interpreter, before the suite's three
+  # workers would each compile them at once (and for a shell that does not source this file
+  # with PYTHONDONTWRITEBYTECODE set, where every process compiled them from source again: a
+  # launcher process 0.45 -> 0.37 CPU-s).
   "$dir/bin/python" -m compileall -q -j 0 launcher worker tests examples bench >/dev/null
   "$dir/bin/python" - "$jax" <<'EOF'
 import platform, sys
