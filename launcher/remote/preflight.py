@@ -21,11 +21,16 @@ is free, 0 picks a free one; null: no check), ``kill_stale`` (bool: stop every s
 survivor), ``stop_own`` (bool: stop only this run's own),
 ``grace_s`` (seconds between TERM and KILL), ``state_dir`` (where the pid
 files are), ``run_dir_env`` (the env name holding a worker's run dir),
-``own_run_dir`` (this run's directory on the host).
+``own_run_dir`` (this run's directory on the host), ``synced`` (the sync manifest's path
+relative to the workdir, ``launcher.backends.ssh.transfer.MANIFEST``, or null: no sync).
 
 Prints ``MARK`` + JSON: ``python``, ``workdir`` (absolute), ``jax``, ``jaxlib``
 (None when not installed), ``missing_modules``, ``port`` or ``port_error``,
-``survivors`` (records with ``pids`` still alive and ``stopped`` when stopped).
+``survivors`` (records with ``pids`` still alive and ``stopped`` when stopped), and with
+``synced`` asked, ``synced``: ``{"manifest": its text or null, "lstat": {path: [kind, size,
+mtime]}}`` for each path the manifest lists (kind "f" a regular file, "d" a directory, "o"
+another; mtime in whole seconds, as SFTP gives it; a path that is not there is left out):
+what the launcher needs to see that a sync would change nothing without an SFTP request.
 """
 
 import glob
@@ -34,6 +39,7 @@ import json
 import os
 import platform
 import socket
+import stat
 import sys
 
 from launcher import proctl
@@ -111,6 +117,27 @@ def check_port(port):
     return {"port_error": error} if error else {"port": port}
 
 
+def synced(path):
+    """What the sync manifest at ``path`` (relative to the workdir, the sync's target and the
+    current directory) lists, and what stands at each of its paths there."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")
+        listed = json.loads(text)
+        paths = set(listed.get("files", {})) | set(listed.get("dirs", {}))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {"manifest": None, "lstat": {}}
+    found = {}
+    for rel in sorted(paths):
+        try:
+            st = os.lstat("./" + rel)  # as the sync's SFTP requests name it: "<workdir>/<rel>"
+        except (OSError, ValueError, TypeError):
+            continue
+        kind = "f" if stat.S_ISREG(st.st_mode) else "d" if stat.S_ISDIR(st.st_mode) else "o"
+        found[rel] = [kind, st.st_size, int(st.st_mtime)]
+    return {"manifest": text, "lstat": found}
+
+
 def main(args):
     out = {"python": platform.python_version(), "workdir": os.getcwd()}
     out.update(versions())
@@ -120,6 +147,8 @@ def main(args):
     own = os.path.abspath(args["own_run_dir"]) if args.get("own_run_dir") else None
     out["survivors"] = survivors(args["state_dir"], args["kill_stale"], args["grace_s"],
                                  args["run_dir_env"], own, args.get("stop_own", False))
+    if args.get("synced"):
+        out["synced"] = synced(args["synced"])
     print(MARK + json.dumps(out), flush=True)
     return out
 

@@ -70,6 +70,8 @@ class Host:
       also_known_hosts: more known_hosts files read (``hostkeys.KeyCheck.also_read``).
       hop_check: the ``hostkeys.KeyCheck`` for a ``ProxyJump`` hop's
         Connection (default: the host's own).
+      synced: what the last preflight read of the syncs' manifest there
+        (``transfer.unchanged``), until the start's sync uses it; None: not read.
     """
 
     index: int
@@ -85,6 +87,7 @@ class Host:
     also_known_hosts: tuple = ()
     hop_check: Callable[[fabric.Connection], hostkeys.KeyCheck] | None = None
     lost: str | None = None
+    synced: dict | None = None
     _pending_since: float | None = None
     _closed: bool = False
 

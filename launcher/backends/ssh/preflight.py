@@ -18,6 +18,7 @@ from typing import Sequence
 
 from launcher import plan as planning
 from launcher import remote
+from launcher.backends.ssh import transfer
 from launcher.backends.ssh.connection import Host, run_script, shell_script
 from launcher.backends.ssh.hosts import connect_error
 from launcher.backends.ssh.settings import SshSettings
@@ -67,7 +68,9 @@ def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: in
             "kill_stale": survivors == STOP, "stop_own": survivors == OWN,
             "grace_s": settings.grace_s,
             "state_dir": state_dir(".", job.name), "run_dir_env": contract.RUN_DIR,
-            "own_run_dir": os.path.join("runs", job.name, run_name)}  # relative to the workdir
+            "own_run_dir": os.path.join("runs", job.name, run_name),  # relative to the workdir
+            # what a start's sync needs to see that it would change nothing (no SFTP then)
+            "synced": transfer.MANIFEST if settings.sync_dir or job.is_program else None}
     text = shell_script(host.workdir, settings.setup, dict(settings.env),
                         remote.python_call(settings.python, "preflight", args))
     try:
@@ -198,6 +201,7 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
     for c in checks:
         if c.reason is None:
             c.host.workdir = c.facts["workdir"]
+            c.host.synced = c.facts.get("synced")
         else:
             c.host.close()
     return checks

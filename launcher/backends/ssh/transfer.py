@@ -120,6 +120,46 @@ def _refuse_own_source(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: st
             pass
 
 
+def unchanged(seen: dict | None, local_dir: str, rules: syncrules.Rules = syncrules.Rules()) -> bool:
+    """Whether ``sync_dir`` of ``local_dir`` would change nothing on the host and write
+    nothing, judged from what preflight read there (no SFTP request: a relaunch's sync of an
+    unchanged directory then costs a host no SFTP session; docs/ssh.md).
+
+    Args:
+      seen: ``launcher.remote.preflight``'s ``synced`` answer (the host's manifest text and
+        the lstat of each path it lists), or None.
+
+    Returns:
+      True only where every local directory stands there as a directory, every local file
+      is listed as this source's with its size and mtime and stands there with them, nothing
+      this source wrote is gone here, and the manifest is not one the source or a directory
+      above it holds (the own-source check must run: ``sync_dir``). Anything else, or any
+      doubt: False, and ``sync_dir`` does the work.
+    """
+    if not seen or not isinstance(seen.get("manifest"), str):
+        return False
+    raw = seen["manifest"].encode("utf-8")
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+        owned_files, owned_dirs = dict(manifest.get("files", {})), dict(manifest.get("dirs", {}))
+    except (ValueError, AttributeError, TypeError):
+        return False
+    if _may_be_here(raw, local_dir):
+        return False
+    files, dirs, _ = syncrules.walk(local_dir, rules)
+    source = os.path.realpath(local_dir)
+    there = seen.get("lstat", {})
+    if any(isinstance(e, dict) and e.get("source") == source and rel not in files
+           for rel, e in owned_files.items()):
+        return False
+    if any(s == source and rel not in dirs for rel, s in owned_dirs.items()):
+        return False
+    if any(there.get(rel, [None])[0] != "d" for rel in dirs):
+        return False
+    return all(owned_files.get(rel) == {"source": source, "size": e.size, "mtime": e.mtime}
+               and there.get(rel) == ["f", e.size, e.mtime] for rel, e in files.items())
+
+
 def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
              rules: syncrules.Rules = syncrules.Rules(), writer: str = "sync") -> int:
     """Mirror ``local_dir`` into ``remote_dir`` exactly, writing only what the sync owns.

@@ -297,19 +297,19 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     host = channels.host
     placement = plan.placements[index]
     writer = f"{socket.gethostname()}-{os.getpid()}-{index}"
-    # The host's SFTP session: for a sync, the checkpoint mirror, the results, and the session
-    # a stop frees when the host is at sshd's MaxSessions and takes no new connection.
-    sftp = host.connection.sftp()
-    # The job file goes in the host's first worker's script (connection.file_lines), which says
-    # when it is written, before the host's other workers start: no SFTP, no channel of its own.
-    if settings.sync_dir:
-        copied = transfer.sync_dir(sftp, expand(settings.sync_dir), host.workdir,
-                                   settings.sync_rules, writer)
-        console.say(f"{host.name}: synced {settings.sync_dir} ({plural(copied, 'file')} changed)")
+    # The job file goes in the first worker's script (connection.file_lines), and a sync that
+    # preflight saw would change nothing opens no SFTP session (docs/ssh.md, sync_dir).
+    seen, host.synced = host.synced, None  # read once: a later attempt's preflight reads again
+    syncs = [(expand(d), d, settings.sync_rules) for d in [settings.sync_dir] if d]
     if plan.job.is_program:  # the program runs in the workdir, from its synced directory
-        copied = transfer.sync_dir(sftp, plan.job.program.dir, host.workdir,
-                                   plan.job.program.sync_rules, writer)
-        console.say(f"{host.name}: synced {plan.job.program.dir} ({plural(copied, 'file')} changed)")
+        syncs.append((plan.job.program.dir, plan.job.program.dir, plan.job.program.sync_rules))
+    for local, said, rules in syncs:
+        if transfer.unchanged(seen, local, rules):
+            copied = 0
+        else:
+            copied = transfer.sync_dir(host.connection.sftp(), local, host.workdir, rules, writer)
+            seen = None  # it may have written the manifest: the next sync reads it over SFTP
+        console.say(f"{host.name}: synced {said} ({plural(copied, 'file')} changed)")
     processes = plan.on_host(index)
     for process in processes:
         if abort is not None and abort.is_set():
@@ -333,7 +333,7 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
             mirror = CheckpointMirror(host, plan.run_dir, placement.run_dir,
                                       plan.job.checkpoint.keep, console)
             if process.resume:  # host 0 may be a new machine
-                pushed = mirror.push(sftp)
+                pushed = mirror.push(host.connection.sftp())
                 if pushed:
                     console.say(f"{host.name}: put back {plural(len(pushed), 'checkpoint')} it lacked "
                                 f"(newest {pushed[-1]}) from {mirror.local}")

@@ -33,6 +33,8 @@ from launcher.backends.ssh import connection
 from launcher.backends.ssh import session as ssh_session
 from launcher.backends.ssh import transfer
 from launcher.errors import SpecError
+from launcher import remote
+from launcher.remote import preflight as remote_preflight
 
 NUM_HOSTS = 4
 SHORT = ("--set", "train.num_steps=20", "--set", "cluster.devices_per_process=1")
@@ -292,6 +294,17 @@ class _CountingSftp:
         return call
 
 
+def _preflight_saw(c, host, workdir: str) -> dict:
+    """The ``synced`` answer of the real preflight program, run on ``host`` in ``workdir``."""
+    args = {"modules": [], "port": None, "kill_stale": False, "grace_s": 1.0,
+            "state_dir": ".podlaunch/none", "run_dir_env": "PODLAUNCH_RUN_DIR", "own_run_dir": "",
+            "synced": transfer.MANIFEST}
+    status, out = connection.run_script(c.transport, connection.shell_script(
+        workdir, (), {}, remote.python_call(host.python, "preflight", args)))
+    assert status == 0, out
+    return remote.parse_marked(out, remote_preflight.MARK)["synced"]
+
+
 @pytest.mark.slow
 def test_sync_dir_copies_only_what_changed_and_the_job_file_arrives_whole(tmp_path, hosts):
     src = tmp_path / "src"
@@ -314,8 +327,30 @@ def test_sync_dir_copies_only_what_changed_and_the_job_file_arrives_whole(tmp_pa
         assert sorted(counted.calls) == [
             ("lstat", f"{target}/b.txt"), ("lstat", f"{target}/pkg"),
             ("lstat", f"{target}/pkg/a.py"), ("open", f"{target}/{transfer.MANIFEST}", "rb")]
+        # and preflight's program, run there, tells the launcher so without any SFTP request
+        assert transfer.unchanged(_preflight_saw(c, host, target), str(src))
         (src / "pkg" / "a.py").write_text("A = 22\n")
+        assert not transfer.unchanged(_preflight_saw(c, host, target), str(src))
         assert transfer.sync_dir(sftp, str(src), target) == 1
+        assert transfer.unchanged(_preflight_saw(c, host, target), str(src))
+        # each kind of change on either side is seen: a file changed, gone or added there or
+        # here, a directory gone there, a manifest that a directory above the source holds
+        (tmp_path / "synced" / "b.txt").write_text("bb\n")
+        assert not transfer.unchanged(_preflight_saw(c, host, target), str(src))
+        assert transfer.sync_dir(sftp, str(src), target) == 1
+        for change, undo in [
+                (lambda: (src / "c.txt").write_text("c\n"), lambda: (src / "c.txt").unlink()),
+                (lambda: (src / "b.txt").rename(tmp_path / "b"), lambda: (tmp_path / "b").rename(src / "b.txt")),
+                (lambda: (tmp_path / "synced" / "b.txt").rename(tmp_path / "b"),
+                 lambda: (tmp_path / "b").rename(tmp_path / "synced" / "b.txt")),
+                (lambda: shutil.move(tmp_path / "synced" / "pkg", tmp_path / "pkg"),
+                 lambda: shutil.move(tmp_path / "pkg", tmp_path / "synced" / "pkg")),
+                (lambda: shutil.copytree(tmp_path / "synced" / ".podlaunch", tmp_path / ".podlaunch"),
+                 lambda: shutil.rmtree(tmp_path / ".podlaunch"))]:
+            change()
+            assert not transfer.unchanged(_preflight_saw(c, host, target), str(src))
+            undo()
+            assert transfer.unchanged(_preflight_saw(c, host, target), str(src))
         # the job file, as each worker's script writes it before its worker starts
         # (connection.file_lines): the exact bytes, whatever the shell would make of them,
         # owner-only in directories made owner-only, no temporary left; written again, it
