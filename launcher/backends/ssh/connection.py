@@ -212,10 +212,11 @@ def kernel_silence(transport) -> float | None:
 
 
 def shell_script(workdir: str, setup: tuple, env: dict, argv: list, files: tuple = (),
-                 written_mark: str | None = None) -> str:
+                 written_mark: str | None = None, first: tuple = ()) -> str:
     """A POSIX sh script: enter ``workdir`` (created), write ``files`` (``(path, text,
     writer)``: ``file_lines``) and print the line ``written_mark`` once they are written,
-    run ``setup``, export ``env``, exec ``argv``.
+    run ``setup``, export ``env``, run each argv of ``first`` (the script ends with the
+    exit status of one that fails), exec ``argv``.
 
     Fed to ``sh -s`` on stdin rather than as the SSH command line, so env
     values (secrets included) never show in the host's process list, and it
@@ -236,6 +237,7 @@ def shell_script(workdir: str, setup: tuple, env: dict, argv: list, files: tuple
     if setup:  # in this shell (what it exports stays), but never reading the script on stdin
         lines += ["{"] + list(setup) + ["} </dev/null"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+    lines += [" ".join(shlex.quote(a) for a in command) for command in first]
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
     return "\n".join(lines) + "\n"
 

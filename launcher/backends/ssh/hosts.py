@@ -21,6 +21,7 @@ from typing import Sequence
 import fabric
 import paramiko
 
+from launcher import plan as planning
 from launcher.backends.ssh import sshconfig
 from launcher.backends.ssh.connection import Host, JumpHostError
 from launcher.backends.ssh.hostkeys import KeyCheck, RevokedHostKey, UnknownHostKey, known_hosts_name
@@ -177,3 +178,30 @@ def coordinator_ip(host: Host) -> str:
                                   socket.SOCK_STREAM)[0][4][0]
     except socket.gaierror:
         return host.connection.host  # only the hosts can resolve it (e.g. behind a jump host)
+
+
+def placements(job, settings: SshSettings, hosts: Sequence, run_dir: str,
+               extra_env: Sequence[dict] | None = None) -> tuple:
+    """One Placement per host, in host order.
+
+    Args:
+      job: the validated spec (name, devices per process, platform).
+      settings: the cluster's SSH settings (python, env).
+      hosts: resolved hosts (``name``, ``workdir``, ``num_processes``).
+      run_dir: the local run directory (``plan.remote_run_name`` names the remote one).
+      extra_env: per host, environment beyond ``settings.env`` (a TPU slice's).
+
+    The remote run directory is ``<workdir>/runs/<job>/<run>-<hash of the local path>``, and
+    the job JSON is in it (each run its own: launches of one job side by side keep theirs,
+    even when their local directories share a name).
+    """
+    out = []
+    for i, host in enumerate(hosts):
+        remote_run_dir = os.path.join(host.workdir, "runs", job.name, planning.remote_run_name(run_dir))
+        out.append(planning.Placement(
+            host=host.name, num_processes=host.num_processes,
+            local_device_count=job.local_device_count, platform=job.cluster.platform,
+            python=settings.python,
+            run_dir=remote_run_dir, job_path=os.path.join(remote_run_dir, "job.json"),
+            env={**settings.env, **(extra_env[i] if extra_env else {})}, label_host=True))
+    return tuple(out)

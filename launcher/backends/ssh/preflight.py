@@ -14,11 +14,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 from launcher import plan as planning
 from launcher import remote
-from launcher.backends.ssh import transfer
+from launcher.backends.ssh import reach, transfer
 from launcher.backends.ssh.connection import Host, run_script, shell_script
 from launcher.backends.ssh.hosts import connect_error
 from launcher.backends.ssh.settings import SshSettings
@@ -59,7 +59,7 @@ def modules(job) -> list:
 
 
 def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: int | None,
-                run_name: str) -> Check:
+                run_name: str, reach_argv: list | None = None) -> Check:
     try:
         host.open()
     except Exception as exc:  # noqa: BLE001  every failure becomes a table row
@@ -71,14 +71,20 @@ def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: in
             "own_run_dir": os.path.join("runs", job.name, run_name),  # relative to the workdir
             # what a start's sync needs to see that it would change nothing (no SFTP then)
             "synced": transfer.MANIFEST if settings.sync_dir or job.is_program else None}
-    text = shell_script(host.workdir, settings.setup, dict(settings.env),
-                        remote.python_call(settings.python, "preflight", args))
+    program = remote.python_call(settings.python, "preflight", args)
+    # with reach_argv: the coordinator reach check from this host, after the preflight, in
+    # its channel (reach.Listener)
+    text = (shell_script(host.workdir, settings.setup, dict(settings.env), reach_argv,
+                         first=(program,)) if reach_argv
+            else shell_script(host.workdir, settings.setup, dict(settings.env), program))
     try:
         status, output = run_script(host.connection.transport, text)
     except Exception as exc:  # noqa: BLE001
         return Check(host, f"preflight command failed: {exc}")
     facts = remote.parse_marked(output, remote_preflight.MARK)
     if facts is not None:
+        if reach_argv:
+            facts["reach"] = reach.answer(output)
         return Check(host, None, facts)
     tail = " | ".join(output.strip().splitlines()[-3:]) or "no output"
     if status == 127:
@@ -165,7 +171,8 @@ def refuse_unfit(checks: list, hosts: list, what: str, host_labels: Sequence[str
 
 def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str],
               survivors: str = REFUSE, port: int | None = None, run_name: str = "",
-              refuse: bool = True, reference: dict | None = None) -> list:
+              refuse: bool = True, reference: dict | None = None,
+              listen: Callable[[Check], reach.Listener | None] | None = None) -> list:
     """Check every host in parallel (at most ``max_parallel`` at once); connections stay open.
 
     Args:
@@ -182,6 +189,9 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
       refuse: raise when a host is unfit; False: return its Check with the reason, its
         connection closed (a restart that can put a spare in its place).
       reference: the versions every host must have (``judge``); None: the first host's.
+      listen: with two hosts or more, host 0 is checked first and ``listen(its Check)``
+        may start host 0's coordinator listener (``reach.Listener``): each other host's
+        preflight then tries it too, its answer in ``facts["reach"]``.
 
     Returns:
       One Check per host, in host order, with facts (``workdir`` absolute,
@@ -192,9 +202,17 @@ def preflight(hosts: list, job, settings: SshSettings, host_labels: Sequence[str
       LaunchError: any host is unfit; the message is a table of hosts and
         reasons, and every connection has been closed (nothing was started).
     """
+    def check(host: Host, listener: reach.Listener | None = None) -> Check:
+        return _check_host(host, job, settings, survivors, port, run_name,
+                           listener.connect_argv(host.python) if listener else None)
+
     with concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(hosts))) as pool:
-        checks = list(pool.map(lambda h: _check_host(h, job, settings, survivors, port, run_name),
-                               hosts))
+        if listen is None or len(hosts) < 2:
+            checks = list(pool.map(check, hosts))
+        else:  # host 0 first: its port, then its listener, which the others' checks try
+            first = check(hosts[0])
+            listener = listen(first)
+            checks = [first, *pool.map(lambda h: check(h, listener), hosts[1:])]
     judge(checks, job, settings.python, survivors, reference)
     if refuse:
         refuse_unfit(checks, hosts, "preflight", host_labels)

@@ -9,8 +9,12 @@ starts: host 0 listens on the coordinator port for a moment
 every host, host 0 included, connects to the exact address its workers will
 get and must read back a random token. A host that cannot is bad input (exit
 2, nothing started): the message names host 0, the address, the host that
-failed and why, and what to do. The cost is one more round trip per host, in
-parallel (docs/ssh.md, "The coordinator address").
+failed and why, and what to do (docs/ssh.md, "The coordinator address").
+
+Where the launch asks for it (``SshHosts.connect(listen=True)``), host 0 is
+preflighted first and its ``Listener`` started at once, so every other host's
+preflight script tries the address after its preflight, in the same channel:
+no channel of its own per host; only host 0's own try runs here.
 """
 
 from __future__ import annotations
@@ -60,8 +64,70 @@ def _read_mark(chan, timeout_s: float) -> dict | None:
     return remote.parse_marked(buffer.decode(errors="replace"), remote_reach.MARK)
 
 
+class Listener:
+    """Host 0's side of the check: it listens on the coordinator port for a moment, as JAX's
+    coordinator binds, and answers each connection with a random token.
+
+    ``SshHosts.connect`` starts one as soon as host 0's preflight has found the port, so that
+    every other host's preflight script tries ``connect_argv`` in the same channel (one
+    channel per host less than a check of its own; docs/ssh.md).
+
+    Args:
+      host: host 0 (``python`` runs the listener there).
+      address: ``coordinator_address`` as the workers will get it (``ip:port``).
+      count: the connections it answers before it ends by itself (every host's one).
+    """
+
+    def __init__(self, host, address: str, count: int):
+        self.host, self.address, self.count = host, address, count
+        self.token = secrets.token_hex(16)
+        self.error: str | None = None  # why it did not start listening
+        self.answers: dict = {}        # host index -> the connect answer its preflight gave
+        self._chan = None
+
+    def start(self, open_channel) -> bool:
+        """Start listening on a channel from ``open_channel(timeout_s)``; whether it listens."""
+        port = contract.split_host_port(self.address)[1]
+        argv = remote.python_call(self.host.python, "reach", {
+            "role": "listen", "port": port, "token": self.token, "count": self.count,
+            "timeout_s": LISTEN_TIMEOUT_S})
+        try:
+            self._chan = open_channel(REACH_TIMEOUT_S * 2)
+            self._chan.set_combine_stderr(True)
+            self._chan.exec_command("sh -s")
+            self._chan.sendall(command_line(argv).encode())  # stdin stays open: its end stops it
+            ready = _read_mark(self._chan, REACH_TIMEOUT_S * 4)
+        except Exception as exc:  # noqa: BLE001  said as the check that could not run
+            ready = {"error": f"the listener could not start ({exc})"}
+        if ready is None or "listening" not in ready:
+            self.error = (ready or {}).get("error", "the listener did not start")
+            self.close()
+            return False
+        return True
+
+    def connect_argv(self, python: str) -> list:
+        """argv of the check from a host: connect to ``address``, read the token back."""
+        return remote.python_call(python, "reach", {"role": "connect", "address": self.address,
+                                                     "token": self.token,
+                                                     "timeout_s": REACH_TIMEOUT_S})
+
+    def close(self) -> None:
+        """End the listener; returns once it has (the port is free again for the workers)."""
+        chan, self._chan = self._chan, None
+        if chan is None:
+            return
+        try:
+            chan.shutdown_write()
+            chan.status_event.wait(REACH_TIMEOUT_S)
+        except Exception:  # noqa: BLE001  the channel may be gone with its connection
+            pass
+        finally:
+            chan.close()
+
+
 def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str], where: tuple,
-          key: str, console, cpu_collectives: bool = False) -> None:
+          key: str, console, cpu_collectives: bool = False, listener: Listener | None = None
+          ) -> None:
     """Refuse a coordinator address that some host cannot reach, and a gloo address likewise.
 
     Args:
@@ -75,6 +141,10 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
       cpu_collectives: the processes will all-reduce over gloo (platform cpu, more than
         one process): each host's name must not resolve to loopback there unless every
         host is on one machine's network (``gloo_problems``).
+      listener: host 0's, started during preflight, with the answers the hosts' preflight
+        scripts gave (``Listener.answers``); the other hosts are asked here, each on a
+        channel of its own. None, or one for another address: a listener is started here.
+        Closed at the end either way.
 
     Raises:
       SpecError: some host cannot reach ``address``, or a host's peers could not
@@ -82,42 +152,31 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
     """
     hosts = [c.host for c in channels]
     host0 = hosts[0]
-    port = contract.split_host_port(address)[1]
-    token = secrets.token_hex(16)
-    listen = remote.python_call(host0.python, "reach", {
-        "role": "listen", "port": port, "token": token, "count": len(hosts),
-        "timeout_s": LISTEN_TIMEOUT_S})
-    chan = channels[0].open(REACH_TIMEOUT_S * 2)
+    if listener is None or listener.address != address:
+        if listener is not None:
+            listener.close()
+        listener = Listener(host0, address, len(hosts))
+        listener.start(channels[0].open)
     try:
-        chan.set_combine_stderr(True)
-        chan.exec_command("sh -s")
-        chan.sendall(command_line(listen).encode())  # stdin stays open: its end stops the listener
-        ready = _read_mark(chan, REACH_TIMEOUT_S * 4)
-        if ready is None or "listening" not in ready:
-            why = (ready or {}).get("error", "the listener did not start")
+        if listener.error is not None:
             console.say(f"could not check that every host reaches the coordinator {address}: "
-                        f"{host0.name}: {why}")
+                        f"{host0.name}: {listener.error}")
             return
-        connect = {"role": "connect", "address": address, "token": token,
-                   "timeout_s": REACH_TIMEOUT_S}
 
         def probe(host_channels: HostChannels) -> dict:
-            argv = remote.python_call(host_channels.host.python, "reach", connect)
+            argv = listener.connect_argv(host_channels.host.python)
             try:
                 _, output = host_channels.run(command_line(argv), REACH_TIMEOUT_S * 4)
             except Exception as exc:  # noqa: BLE001  said as that host's answer
                 return {"ok": False, "error": f"the check could not run there ({exc})"}
-            return remote.parse_marked(output, remote_reach.MARK) or {
-                "ok": False, "error": "no answer from the check: " + output.strip()[-200:]}
+            return answer(output)
 
-        with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
-            answers = list(pool.map(probe, channels))
+        asked = [c for c in channels if c.host.index not in listener.answers]
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(asked))) as pool:
+            found = dict(zip((c.host.index for c in asked), pool.map(probe, asked)))
+        answers = [listener.answers.get(h.index) or found[h.index] for h in hosts]
     finally:
-        try:
-            chan.shutdown_write()
-            chan.status_event.wait(REACH_TIMEOUT_S)  # the port is free again before workers bind it
-        finally:
-            chan.close()
+        listener.close()
     failed = [(h, ids, a) for h, ids, a in zip(hosts, labels, answers) if not a.get("ok")]
     if not failed:
         problems = gloo_problems(hosts, labels, answers) if cpu_collectives else []
@@ -137,6 +196,12 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
         message += ("Name host 0 by an address every host can reach, or open port "
                     f"{address.rpartition(':')[2]} (cluster.coordinator_port) between the hosts")
     raise SpecError([Problem(where[0], where[1], key, message)])
+
+
+def answer(output: str) -> dict:
+    """A host's answer to the check, read from what its script printed."""
+    return remote.parse_marked(output, remote_reach.MARK) or {
+        "ok": False, "error": "no answer from the check: " + output.strip()[-200:]}
 
 
 def gloo_problems(hosts: Sequence, labels: Sequence[str], answers: Sequence[dict]) -> list:

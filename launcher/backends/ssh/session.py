@@ -12,7 +12,6 @@ placement order (host order).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Sequence
 
@@ -28,33 +27,6 @@ from launcher.backends.ssh.takenout import TakenOut
 from launcher.backends.ssh.workers import start_all
 from launcher.console.words import plural
 from worker import contract
-
-
-def placements(job, settings: SshSettings, hosts: Sequence, run_dir: str,
-               extra_env: Sequence[dict] | None = None) -> tuple:
-    """One Placement per host, in host order.
-
-    Args:
-      job: the validated spec (name, devices per process, platform).
-      settings: the cluster's SSH settings (python, env).
-      hosts: resolved hosts (``name``, ``workdir``, ``num_processes``).
-      run_dir: the local run directory (``plan.remote_run_name`` names the remote one).
-      extra_env: per host, environment beyond ``settings.env`` (a TPU slice's).
-
-    The remote run directory is ``<workdir>/runs/<job>/<run>-<hash of the local path>``, and
-    the job JSON is in it (each run its own: launches of one job side by side keep theirs,
-    even when their local directories share a name).
-    """
-    out = []
-    for i, host in enumerate(hosts):
-        remote_run_dir = os.path.join(host.workdir, "runs", job.name, planning.remote_run_name(run_dir))
-        out.append(planning.Placement(
-            host=host.name, num_processes=host.num_processes,
-            local_device_count=job.local_device_count, platform=job.cluster.platform,
-            python=settings.python,
-            run_dir=remote_run_dir, job_path=os.path.join(remote_run_dir, "job.json"),
-            env={**settings.env, **(extra_env[i] if extra_env else {})}, label_host=True))
-    return tuple(out)
 
 
 class SshHosts:
@@ -76,6 +48,7 @@ class SshHosts:
         self.hosts: list = []
         self.channels: dict = {}  # host index -> HostChannels: the attempt's checks and workers
         self.preflight_s = 0.0    # the last connect's preflight, for ``report``
+        self.listener = None      # host 0's coordinator listener, from connect to the check
 
     def resolve(self) -> list:
         """The hosts with their settings by precedence; nothing is contacted.
@@ -90,7 +63,8 @@ class SshHosts:
         return checks.labels(self.job, self.placements(hosts))
 
     def connect(self, survivors: str = checks.REFUSE, port: int | None = None,
-                refuse: bool = True, reference: dict | None = None, say: bool = True) -> list:
+                refuse: bool = True, reference: dict | None = None, say: bool = True,
+                listen: bool = False) -> list:
         """Resolve, connect and preflight every host; connections stay open until ``close``.
 
         Args:
@@ -102,6 +76,9 @@ class SshHosts:
           reference: the versions every host must have (``preflight.judge``).
           say: report the preflight on the console now; False: the caller calls ``report``
             once (a restart that connects again after a quarantine says it once).
+          listen: start host 0's coordinator listener once its preflight found the port,
+            and let every other host's preflight try it (``check_coordinator`` then asks
+            only host 0 itself).
 
         Returns:
           One ``preflight.Check`` per host, in host order.
@@ -115,7 +92,9 @@ class SshHosts:
         started = time.monotonic()
         found = checks.preflight(hosts, self.job, self.settings, self.labels(hosts), survivors, port,
                                  planning.remote_run_name(self.run_dir), refuse=refuse,
-                                 reference=reference)
+                                 reference=reference, listen=self._listen if listen else None)
+        if self.listener is not None:
+            self.listener.answers = {c.host.index: c.facts["reach"] for c in found if "reach" in c.facts}
         if any(c.reason for c in found):
             for host in hosts:
                 host.close()
@@ -126,6 +105,15 @@ class SshHosts:
         if say:
             self.report(found, survivors)
         return found
+
+    def _listen(self, first: checks.Check) -> reach.Listener | None:
+        """Host 0's listener on the port its preflight found (None: no port, or it failed)."""
+        if first.reason is not None or first.facts.get("port") is None:
+            return None
+        address = contract.host_port(hostlib.coordinator_ip(first.host), first.facts["port"])
+        self.listener = reach.Listener(first.host, address, len(self.specs))
+        transport = first.host.connection.transport
+        return self.listener if self.listener.start(lambda t: transport.open_session(timeout=t)) else None
 
     def report(self, found: list, survivors: str) -> None:
         """Say what the last ``connect`` found: its time, versions, survivors stopped or left,
@@ -150,7 +138,7 @@ class SshHosts:
     def placements(self, hosts: Sequence | None = None, extra_env: Sequence[dict] | None = None
                    ) -> tuple:
         """The Placements of ``hosts`` (default: the connected ones, remote paths absolute)."""
-        return placements(self.job, self.settings, self.hosts if hosts is None else hosts,
+        return hostlib.placements(self.job, self.settings, self.hosts if hosts is None else hosts,
                           self.run_dir, extra_env)
 
     def coordinator_ip(self) -> str:
@@ -169,9 +157,10 @@ class SshHosts:
         """
         path = ".".join(str(k) for k in key[:2]) + "".join(f"[{k}]" for k in key[2:])
         cpu_collectives = self.job.cluster.platform == "cpu" and self.job.num_processes > 1
+        listener, self.listener = self.listener, None
         reach.check([self.channels[h.index] for h in self.hosts], address,
                     self.labels(self.hosts), self.job.where(key), path, self.console,
-                    cpu_collectives)
+                    cpu_collectives, listener)
 
     def start(self, plan: planning.Plan) -> list:
         """Start every worker of ``plan`` (placements in this object's host order)."""
@@ -179,6 +168,9 @@ class SshHosts:
 
     def close(self) -> None:
         """Close every connection of the current attempt (safe to call again)."""
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         close_all(self.channels)
         self.channels = {}
         for host in self.hosts:
@@ -238,7 +230,7 @@ class SshSession(Session):
         # a spare or a shrink only after a fault: a restart, or the first attempt of
         # --resume (a dry run and a new run refuse an unfit host: the spec is to be fixed)
         if not (restart or self.options.resume) or self.options.dry_run:
-            found = self.ssh.connect(survivors, port=port)
+            found = self.ssh.connect(survivors, port=port, listen=True)
             if self.reference is None:
                 self.reference = {k: found[0].facts.get(k) for k in checks.VERSION_KEYS}
             if not restart and self.spares:
@@ -287,7 +279,7 @@ class SshSession(Session):
                 h.close()
             if not any(c.reason for c in found):
                 found = self.ssh.connect(survivors, port=port, refuse=False,
-                                         reference=self.reference, say=False)
+                                         reference=self.reference, say=False, listen=True)
             if self.reference is None:  # --resume: the spec's hosts, before any spare, set it
                 fit = [c for c in found if c.reason is None and c.facts]
                 if fit:

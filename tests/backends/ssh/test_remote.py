@@ -215,7 +215,7 @@ def test_runs_whose_local_directories_share_a_name_get_their_own_on_the_hosts(tm
     from launcher.plan import remote_run_name
     from types import SimpleNamespace
 
-    from launcher.backends.ssh.session import placements
+    from launcher.backends.ssh.hosts import placements
 
     a, b = tmp_path / "a" / "run", tmp_path / "b" / "run"
     a.mkdir(parents=True)
