@@ -43,6 +43,7 @@ class HostChannels:
     def __init__(self, host: Host):
         self.host = host
         self.extra: list = []          # fabric Connections opened here, oldest first
+        self._reserve = None           # a session held for a stop's last resort (``reserve``)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -101,8 +102,8 @@ class HostChannels:
                 return
             except Exception:  # noqa: BLE001  no channel: free one, then a fresh connection
                 pass
-            if self._close_sftp():
-                deadline = time.monotonic() + 3.0  # sshd frees the session once sftp has ended
+            if self._free_session():
+                deadline = time.monotonic() + 3.0  # sshd frees the session once it has ended
                 while True:
                     try:
                         self.run(text, timeout_s)
@@ -117,8 +118,22 @@ class HostChannels:
         except Exception:  # noqa: BLE001
             pass
 
-    def _close_sftp(self) -> bool:
-        """Close the host connection's SFTP session, freeing one of its ``MaxSessions``.
+    def reserve(self) -> None:
+        """Hold one session on the host's connection, before its workers take theirs: a
+        session channel with no command (two packets), which a stop closes as its last
+        resort (``_free_session``). Nothing is held where sshd refuses it."""
+        try:
+            chan = self.open(COMMAND_TIMEOUT_S)
+        except Exception:  # noqa: BLE001  no session to spare now: the stop tries the rest
+            return
+        with self._lock:
+            self._reserve, old = chan, self._reserve
+        if old is not None:
+            old.close()
+
+    def _free_session(self) -> bool:
+        """Close the session held in reserve, else the host connection's SFTP session,
+        freeing one of its ``MaxSessions``.
 
         The last resort of a stop that found every connection full and no new one
         taken (the host's sshd stopped listening): a worker left running costs more
@@ -126,6 +141,11 @@ class HostChannels:
         client after this (it keeps the client in ``_sftp``, None until opened).
         Returns whether one was open.
         """
+        with self._lock:
+            chan, self._reserve = self._reserve, None
+        if chan is not None:
+            chan.close()
+            return True
         sftp = getattr(self.host.connection, "_sftp", None)
         if sftp is None:
             return False
@@ -141,6 +161,9 @@ class HostChannels:
         with self._lock:
             self._closed = True
             extra, self.extra = self.extra, []
+            reserve, self._reserve = self._reserve, None
+        if reserve is not None:
+            reserve.close()
         for connection in extra:
             try:
                 connection.close()

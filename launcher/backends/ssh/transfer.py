@@ -9,6 +9,7 @@ import stat
 
 import paramiko
 
+from launcher.console.words import plural
 from launcher.spec import syncrules
 
 
@@ -274,6 +275,25 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
             before_writing()
             _write_manifest(sftp, remote_dir, manifest, writer)
     return changed
+
+
+def sync_all(host, syncs: list, writer: str, say) -> None:
+    """Each of ``syncs`` (``(local_dir, its name as written, rules)``) into the host's
+    workdir, in order, each said (``say``): where ``unchanged`` finds that what the host's
+    preflight read (``host.synced``, used once: a later attempt's preflight reads again)
+    needs no change, no SFTP session is opened; else ``sync_dir`` over the host's SFTP.
+
+    Raises:
+      What ``sync_dir`` raises.
+    """
+    seen, host.synced = host.synced, None
+    for local, said, rules in syncs:
+        if unchanged(seen, local, rules):
+            copied = 0
+        else:
+            copied = sync_dir(host.connection.sftp(), local, host.workdir, rules, writer)
+            seen = None  # it may have written the manifest: the next sync reads it over SFTP
+        say(f"{host.name}: synced {said} ({plural(copied, 'file')} changed)")
 
 
 def get_tree(sftp: paramiko.SFTPClient, remote: str, local: str) -> int:

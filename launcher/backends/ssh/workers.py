@@ -297,19 +297,14 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     host = channels.host
     placement = plan.placements[index]
     writer = f"{socket.gethostname()}-{os.getpid()}-{index}"
-    # The job file goes in the first worker's script (connection.file_lines), and a sync that
-    # preflight saw would change nothing opens no SFTP session (docs/ssh.md, sync_dir).
-    seen, host.synced = host.synced, None  # read once: a later attempt's preflight reads again
+    # The job file goes in the first worker's script (connection.file_lines). One session is
+    # held back for a stop that finds every other taken: host 0's SFTP session (process 0's
+    # results, checkpoints put back), a bare one elsewhere (docs/ssh.md, MaxSessions).
+    host.connection.sftp() if index == 0 else channels.reserve()
     syncs = [(expand(d), d, settings.sync_rules) for d in [settings.sync_dir] if d]
     if plan.job.is_program:  # the program runs in the workdir, from its synced directory
         syncs.append((plan.job.program.dir, plan.job.program.dir, plan.job.program.sync_rules))
-    for local, said, rules in syncs:
-        if transfer.unchanged(seen, local, rules):
-            copied = 0
-        else:
-            copied = transfer.sync_dir(host.connection.sftp(), local, host.workdir, rules, writer)
-            seen = None  # it may have written the manifest: the next sync reads it over SFTP
-        console.say(f"{host.name}: synced {said} ({plural(copied, 'file')} changed)")
+    transfer.sync_all(host, syncs, writer, console.say)
     processes = plan.on_host(index)
     for process in processes:
         if abort is not None and abort.is_set():

@@ -281,8 +281,9 @@ def test_a_start_that_fails_on_one_host_stops_every_started_worker(tmp_path, hos
 @pytest.mark.slow
 def test_a_host_that_refuses_more_connections_mid_start_stops_every_started_worker(tmp_path, hosts):
     """Host 1 takes 2 sessions per connection and, from its preflight on, no new connection
-    (its listener is gone; open sessions carry on): its first worker starts, its second
-    cannot. Host 0's 3 workers and host 1's first are stopped."""
+    (its listener is gone; open sessions carry on): with one held back for a stop
+    (``HostChannels.reserve``), its first worker starts, its second cannot. Host 0's 3
+    workers and host 1's first are stopped, the held session freed for it."""
     hosts.limit_sessions(1, 2)
     listener = hosts._procs[1].pid
     where = tmp_path / "host1"
