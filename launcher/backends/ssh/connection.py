@@ -99,9 +99,8 @@ class Host:
     def fresh_connection(self) -> fabric.Connection:
         """A new, unopened Connection with the same settings (for teardown)."""
         c = self.connection
-        return fabric.Connection(self.name, user=c.user, port=c.port, config=c.config,
-                                 connect_timeout=c.connect_timeout,
-                                 connect_kwargs=dict(c.connect_kwargs))
+        return type(c)(self.name, user=c.user, port=c.port, config=c.config,
+                       connect_timeout=c.connect_timeout, connect_kwargs=dict(c.connect_kwargs))
 
     def open(self, connection: fabric.Connection | None = None) -> fabric.Connection:
         """Open ``connection`` (default: the host's own), checking the host key.
@@ -133,8 +132,8 @@ class Host:
         # not they exist); paramiko would fail the login on one.
         keys = [f for f in c.connect_kwargs.get("key_filename") or []
                 if os.path.exists(os.path.expanduser(f))]
-        c.connect_kwargs = dict(c.connect_kwargs, key_filename=keys, **hostkeys.prepare(
-            c.client, c.host, c.port, check))
+        c.connect_kwargs = dict(c.connect_kwargs, **hostkeys.identities(keys, c.connect_kwargs),
+                                **hostkeys.prepare(c.client, c.host, c.port, check))
         c.open()
 
     def start_keepalive(self) -> None:

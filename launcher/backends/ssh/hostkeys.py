@@ -25,12 +25,14 @@ of its own, so paramiko consults it for every key) and ``offer_known_types``
 orders the key types a transport offers (and its ciphers: AES-GCM first).
 ``connection.Host.open`` applies both to the target and to each ``ProxyJump``
 hop, with that hop's own known_hosts and policy: fabric opens jump connections
-with ``AutoAddPolicy``.
+with ``AutoAddPolicy``. It also hands paramiko the first identity file already
+loaded (``identities``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import threading
@@ -296,3 +298,33 @@ def prepare(client: paramiko.SSHClient, host: str, port: int, check: KeyCheck) -
     client.set_missing_host_key_policy(KnownHostsPolicy(check))
     types = {k.get_name() for k in check.keys_for(known_hosts_name(host, port))}
     return {"transport_factory": offer_known_types(types)}
+
+
+@functools.lru_cache(maxsize=16)
+def _loaded(path: str, mtime_ns: int, size: int) -> paramiko.PKey | None:
+    try:
+        return paramiko.PKey.from_path(path)  # its "-cert.pub" too, as paramiko's own load
+    except Exception:  # noqa: BLE001  encrypted, unknown, unreadable: paramiko's path says why
+        return None
+
+
+def identities(key_files: list, connect_kwargs: dict) -> dict:
+    """``connect_kwargs``' identity entries for paramiko with the first of ``key_files``
+    loaded once per launch (while the file is unchanged) and given as ``pkey``.
+
+    paramiko's ``SSHClient`` loads each ``key_filename`` on every connection, trying each
+    key class in turn (an ed25519 key is parsed as RSA and ECDSA first): about 0.4 ms of
+    the launcher's CPU per host (docs/ssh.md). paramiko tries ``pkey`` first, then the
+    other files, then the agent: the order is the same. A key it cannot load without a
+    passphrase (or any key, where one is given) is left to paramiko as before.
+    """
+    if not key_files or "pkey" in connect_kwargs or connect_kwargs.get("passphrase") or \
+            connect_kwargs.get("password") or not hasattr(paramiko.PKey, "from_path"):
+        return {"key_filename": key_files}
+    try:
+        st = os.stat(key_files[0])
+    except OSError:
+        return {"key_filename": key_files}
+    key = _loaded(os.path.abspath(key_files[0]), st.st_mtime_ns, st.st_size)
+    return {"key_filename": key_files} if key is None else {"pkey": key,
+                                                             "key_filename": key_files[1:]}

@@ -22,6 +22,7 @@ old way); a file that uses ``Include`` is then refused with what to do.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import glob
 import os
 import re
@@ -231,12 +232,19 @@ class ExactConfig(paramiko.SSHConfig):
     def __init__(self, per_name: dict):
         super().__init__()
         self._per_name = per_name  # name -> SSHConfig of its one block
+        self._answers: dict = {}   # name -> its lookup's answer
         # every block, as paramiko keeps them: fabric's Config.clone copies these alone
         self._config = [block for config in per_name.values() for block in config._config]
 
     def lookup(self, hostname):
+        # each name's answer computed once (the launcher and fabric's Connection both ask);
+        # a copy each time, as paramiko gives
         config = self._per_name.get(hostname)
-        return config.lookup(hostname) if config is not None else super().lookup(hostname)
+        if config is None:
+            return super().lookup(hostname)
+        if hostname not in self._answers:
+            self._answers[hostname] = config.lookup(hostname)
+        return paramiko.SSHConfigDict(copy.deepcopy(dict(self._answers[hostname])))
 
     def get_hostnames(self):
         return set(self._per_name)

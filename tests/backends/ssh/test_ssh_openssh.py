@@ -457,3 +457,47 @@ def test_the_kernel_tells_a_silent_host_from_a_launcher_behind_on_reading():
             ours.recv(6)
             assert kernel_silence(transport) == 0.0  # answered after our last data
     assert kernel_silence(types.SimpleNamespace(sock=object())) is None  # a ProxyJump channel
+
+
+def test_the_launchers_connection_is_fabrics_with_the_same_attributes_and_config():
+    """hosts.Connection only computes invoke's attribute decisions once (docs/ssh.md): every
+    attribute and config key fabric sets comes out as fabric's own class sets it."""
+    import fabric
+
+    from launcher.backends.ssh.hosts import Connection
+    config = fabric.Config(overrides={"run": {"echo": True}})
+    kwargs = dict(user="u", port=2222, config=config, connect_timeout=5,
+                  connect_kwargs={"key_filename": ["/k"], "allow_agent": True})
+    theirs, ours = fabric.Connection("h.example", **kwargs), Connection("h.example", **kwargs)
+    assert vars(ours).keys() == vars(theirs).keys()
+    for name in vars(theirs):
+        if name not in ("_config", "client"):
+            assert getattr(ours, name) == getattr(theirs, name), name
+    assert dict(ours.config) == dict(theirs.config) and ours.config.run.echo is True
+    ours.forward_agent = True          # a real attribute: on the object, not in its config
+    ours.some_key = 1                  # no attribute of that name: a config key, as invoke does
+    assert vars(ours)["forward_agent"] is True and ours.config["some_key"] == 1
+    assert "some_key" not in vars(ours)
+    with pytest.raises(AttributeError):
+        ours.no_such_name
+    assert ours.keys() == ours.config.keys()  # a dict method proxied to the config
+
+
+def test_the_first_identity_is_loaded_once_and_paramikos_order_kept(tmp_path):
+    """hostkeys.identities: the first identity file, parsed once while unchanged, goes first
+    as ``pkey`` (paramiko tries it before the files, then the agent); one that needs a
+    passphrase, or any where a passphrase is given, is left to paramiko's own load."""
+    from launcher.backends.ssh import hostkeys
+    plain, other, locked = (str(tmp_path / n) for n in ("id_a", "id_b", "id_locked"))
+    for path, words in ((plain, ""), (other, ""), (locked, "secret words")):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", words, "-f", path], check=True)
+    got = hostkeys.identities([plain, other], {})
+    assert got["key_filename"] == [other] and got["pkey"].get_name() == "ssh-ed25519"
+    assert got["pkey"].get_base64() == open(plain + ".pub").read().split()[1]
+    assert hostkeys.identities([plain, other], {})["pkey"] is got["pkey"]  # parsed once
+    assert hostkeys.identities([locked, plain], {}) == {"key_filename": [locked, plain]}
+    assert hostkeys.identities([plain], {"passphrase": "x"}) == {"key_filename": [plain]}
+    assert hostkeys.identities([], {}) == {"key_filename": []}
+    with open(plain, "a") as f:  # changed since: read again
+        f.write("\n")
+    assert hostkeys.identities([plain], {})["pkey"] is not got["pkey"]
