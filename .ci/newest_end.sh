@@ -26,7 +26,9 @@ echo "newest end: venv ready in $((SECONDS - started)) s"
 # The fast tests, then one real multi-process local run (2 processes x 2 devices, TensorBoard
 # read back) and one real run over sshd (4 hosts, parameters equal to single-host mode).
 # -rs lists skips; .ci/run (which sets CI=true) makes a test without its sshd fail, not skip.
-"$venv/bin/python" -m pytest -q -rs --timeout=300 -p no:cacheprovider -n 2 -m "not slow"
+# One process, no xdist: beside the oldest end's suite the cores are taken anyway, and each
+# xdist worker collects (imports) the whole suite again.
+"$venv/bin/python" -m pytest -q -rs --timeout=300 -p no:cacheprovider -m "not slow"
 # PYTEST_XDIST_WORKER=gw7: the sshd port range of a worker the oldest end (three workers,
 # gw0 to gw2, running at the same time) does not have (tests/harness/sshenv.py FIRST_PORT)
 PYTEST_XDIST_WORKER=gw7 "$venv/bin/python" -m pytest -q -rs --timeout=300 -p no:cacheprovider \
