@@ -76,10 +76,13 @@ class Listener:
       host: host 0 (``python`` runs the listener there).
       address: ``coordinator_address`` as the workers will get it (``ip:port``).
       count: the connections it answers before it ends by itself (every host's one).
+      timeout_s: it ends by itself after this at the latest (the launcher ends it at the
+        check: this only bounds a listener whose launcher vanished with the connection
+        still open). Started during preflight, it must outlast every host's preflight.
     """
 
-    def __init__(self, host, address: str, count: int):
-        self.host, self.address, self.count = host, address, count
+    def __init__(self, host, address: str, count: int, timeout_s: float = LISTEN_TIMEOUT_S):
+        self.host, self.address, self.count, self.timeout_s = host, address, count, timeout_s
         self.token = secrets.token_hex(16)
         self.error: str | None = None  # why it did not start listening
         self.answers: dict = {}        # host index -> the connect answer its preflight gave
@@ -90,7 +93,7 @@ class Listener:
         port = contract.split_host_port(self.address)[1]
         argv = remote.python_call(self.host.python, "reach", {
             "role": "listen", "port": port, "token": self.token, "count": self.count,
-            "timeout_s": LISTEN_TIMEOUT_S})
+            "timeout_s": self.timeout_s})
         try:
             self._chan = open_channel(REACH_TIMEOUT_S * 2)
             self._chan.set_combine_stderr(True)

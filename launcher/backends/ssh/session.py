@@ -22,6 +22,7 @@ from launcher.backends.ssh import hosts as hostlib
 from launcher.backends.ssh import preflight as checks
 from launcher.backends.ssh import reach, spares
 from launcher.backends.ssh.channels import HostChannels, close_all
+from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S
 from launcher.backends.ssh.settings import SshHost, SshSettings
 from launcher.backends.ssh.takenout import TakenOut
 from launcher.backends.ssh.workers import start_all
@@ -111,7 +112,11 @@ class SshHosts:
         if first.reason is not None or first.facts.get("port") is None:
             return None
         address = contract.host_port(hostlib.coordinator_ip(first.host), first.facts["port"])
-        self.listener = reach.Listener(first.host, address, len(self.specs))
+        # outlasting the other hosts' preflights: max_parallel at a time, each bounded
+        batches = -(-(len(self.specs) - 1) // self.settings.max_parallel)
+        timeout_s = reach.LISTEN_TIMEOUT_S + batches * (
+            COMMAND_TIMEOUT_S + (self.settings.connect_timeout_s or hostlib.DEFAULT_CONNECT_TIMEOUT_S))
+        self.listener = reach.Listener(first.host, address, len(self.specs), timeout_s)
         transport = first.host.connection.transport
         return self.listener if self.listener.start(lambda t: transport.open_session(timeout=t)) else None
 
