@@ -134,7 +134,7 @@ def synced(path):
         except (OSError, ValueError, TypeError):
             continue
         kind = "f" if stat.S_ISREG(st.st_mode) else "d" if stat.S_ISDIR(st.st_mode) else "o"
-        found[rel] = [kind, st.st_size, int(st.st_mtime)]
+        found[rel] = [kind, st.st_size, st[stat.ST_MTIME]]  # whole seconds, as sftp-server's
     return {"manifest": text, "lstat": found}
 
 

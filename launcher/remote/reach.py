@@ -10,7 +10,7 @@ first, one role per call:
 
 * ``listen`` (host 0): bind ``port`` as the coordinator will, print ``MARK`` +
   ``{"listening": port}`` (or ``{"error": why}``), answer each connection with
-  ``token``, and end after ``count`` connections, when stdin ends (the
+  ``token``, and end after ``count`` connections (null: no such end), when stdin ends (the
   launcher closed the channel), or after ``timeout_s``.
 * ``connect`` (every host): resolve ``address`` (``host:port``) here, connect
   within ``timeout_s``, read the token; print ``MARK`` + ``{"ok": bool,
@@ -77,7 +77,8 @@ def listen(args):
     answered = 0
     watch = [server, sys.stdin]
     try:
-        while answered < int(args["count"]):
+        limit = args.get("count")
+        while limit is None or answered < int(limit):
             left = deadline - time.monotonic()
             if left <= 0:
                 break

@@ -300,8 +300,16 @@ def prepare(client: paramiko.SSHClient, host: str, port: int, check: KeyCheck) -
     return {"transport_factory": offer_known_types(types)}
 
 
+def _stamp(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
 @functools.lru_cache(maxsize=16)
-def _loaded(path: str, mtime_ns: int, size: int) -> paramiko.PKey | None:
+def _loaded(path: str, key_stamp: tuple, cert_stamp: tuple | None) -> paramiko.PKey | None:
     try:
         return paramiko.PKey.from_path(path)  # its "-cert.pub" too, as paramiko's own load
     except Exception:  # noqa: BLE001  encrypted, unknown, unreadable: paramiko's path says why
@@ -310,7 +318,8 @@ def _loaded(path: str, mtime_ns: int, size: int) -> paramiko.PKey | None:
 
 def identities(key_files: list, connect_kwargs: dict) -> dict:
     """``connect_kwargs``' identity entries for paramiko with the first of ``key_files``
-    loaded once per launch (while the file is unchanged) and given as ``pkey``.
+    loaded once per launch (while it and its ``-cert.pub`` are unchanged) and given as
+    ``pkey``.
 
     paramiko's ``SSHClient`` loads each ``key_filename`` on every connection, trying each
     key class in turn (an ed25519 key is parsed as RSA and ECDSA first): about 0.4 ms of
@@ -321,10 +330,12 @@ def identities(key_files: list, connect_kwargs: dict) -> dict:
     if not key_files or "pkey" in connect_kwargs or connect_kwargs.get("passphrase") or \
             connect_kwargs.get("password") or not hasattr(paramiko.PKey, "from_path"):
         return {"key_filename": key_files}
-    try:
-        st = os.stat(key_files[0])
-    except OSError:
+    path = os.path.abspath(key_files[0])
+    key_path = path[:-len("-cert.pub")] if path.endswith("-cert.pub") else path
+    key_stamp = _stamp(key_path)
+    if key_stamp is None:
         return {"key_filename": key_files}
-    key = _loaded(os.path.abspath(key_files[0]), st.st_mtime_ns, st.st_size)
+    # loaded again when the key or its certificate changed (a renewed short-lived certificate)
+    key = _loaded(path, key_stamp, _stamp(key_path + "-cert.pub"))
     return {"key_filename": key_files} if key is None else {"pkey": key,
                                                              "key_filename": key_files[1:]}

@@ -75,13 +75,16 @@ class Listener:
     Args:
       host: host 0 (``python`` runs the listener there).
       address: ``coordinator_address`` as the workers will get it (``ip:port``).
-      count: the connections it answers before it ends by itself (every host's one).
+      count: the connections it answers before it ends by itself (every host's one); None:
+        any number (one started during preflight is up long enough that another program's
+        connection, say a failed attempt's JAX client retrying the port, could use a place).
       timeout_s: it ends by itself after this at the latest (the launcher ends it at the
         check: this only bounds a listener whose launcher vanished with the connection
         still open). Started during preflight, it must outlast every host's preflight.
     """
 
-    def __init__(self, host, address: str, count: int, timeout_s: float = LISTEN_TIMEOUT_S):
+    def __init__(self, host, address: str, count: int | None,
+                 timeout_s: float = LISTEN_TIMEOUT_S):
         self.host, self.address, self.count, self.timeout_s = host, address, count, timeout_s
         self.token = secrets.token_hex(16)
         self.error: str | None = None  # why it did not start listening

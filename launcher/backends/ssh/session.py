@@ -112,11 +112,12 @@ class SshHosts:
         if first.reason is not None or first.facts.get("port") is None:
             return None
         address = contract.host_port(hostlib.coordinator_ip(first.host), first.facts["port"])
-        # outlasting the other hosts' preflights: max_parallel at a time, each bounded
+        # outlasting the other hosts' preflights: max_parallel at a time, each bounded by the
+        # connect timeout, paramiko's banner and auth timeouts (15 and 30 s) and the command's
         batches = -(-(len(self.specs) - 1) // self.settings.max_parallel)
         timeout_s = reach.LISTEN_TIMEOUT_S + batches * (
-            COMMAND_TIMEOUT_S + (self.settings.connect_timeout_s or hostlib.DEFAULT_CONNECT_TIMEOUT_S))
-        self.listener = reach.Listener(first.host, address, len(self.specs), timeout_s)
+            COMMAND_TIMEOUT_S + 45 + (self.settings.connect_timeout_s or hostlib.DEFAULT_CONNECT_TIMEOUT_S))
+        self.listener = reach.Listener(first.host, address, None, timeout_s)  # ended at the check
         transport = first.host.connection.transport
         return self.listener if self.listener.start(lambda t: transport.open_session(timeout=t)) else None
 
@@ -234,16 +235,17 @@ class SshSession(Session):
         port = self.job.cluster.coordinator_port
         # a spare or a shrink only after a fault: a restart, or the first attempt of
         # --resume (a dry run and a new run refuse an unfit host: the spec is to be fixed)
-        if not (restart or self.options.resume) or self.options.dry_run:
+        first = not (restart or self.options.resume) or self.options.dry_run
+        if first:
             found = self.ssh.connect(survivors, port=port, listen=True)
             if self.reference is None:
                 self.reference = {k: found[0].facts.get(k) for k in checks.VERSION_KEYS}
-            if not restart and self.spares:
-                self._check_spares()
         else:
             found = self._connect_replacing(survivors, port, restart)
         address = contract.host_port(self.ssh.coordinator_ip(), found[0].facts['port'])
-        self.ssh.check_coordinator(address)
+        self.ssh.check_coordinator(address)  # ends host 0's listener, up since its preflight
+        if first and not restart and self.spares:
+            self._check_spares()
         return self.ssh.placements(), address
 
     def _connect_replacing(self, survivors: str, port: int, restart: bool) -> list:

@@ -130,6 +130,36 @@ def test_reach_token_from_the_listener_only_and_it_ends_on_stdin_eof(tmp_path):
         other.close()
 
 
+def test_a_listener_without_a_count_answers_any_number_until_stdin_ends(tmp_path):
+    """The listener started during preflight (``count`` null): connections of other programs
+    (a failed attempt's JAX client retrying the port) take no place of a host's check."""
+    port = proctl.free_port()
+    listener = subprocess.Popen(remote.python_call(SYSTEM_PYTHON, "reach", {
+        "role": "listen", "port": port, "token": "t0k3n", "count": None, "timeout_s": 30}),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert remote.parse_marked(listener.stdout.readline(), reach.MARK) == {"listening": port}
+        for _ in range(5):
+            got = reach.connect({"address": f"127.0.0.1:{port}", "token": "t0k3n", "timeout_s": 5})
+            assert got["ok"], got
+        assert listener.poll() is None
+        listener.stdin.close()
+        assert listener.wait(5) == 0
+    finally:
+        listener.kill()
+
+
+def test_preflight_reports_whole_second_mtimes_as_sftp_does(tmp_path, monkeypatch):
+    """An mtime in the last nanoseconds of a second is that second (sftp-server's st_mtime),
+    not the next one (a float rounded up): the sync's check compares the two."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".podlaunch").mkdir()
+    (tmp_path / "a.py").write_text("x")
+    os.utime(tmp_path / "a.py", ns=(1_700_000_000 * 10**9, 1_700_000_000 * 10**9 + 999_999_950))
+    (tmp_path / ".podlaunch" / "synced.json").write_text(json.dumps({"files": {"a.py": {}}}))
+    assert preflight.synced(".podlaunch/synced.json")["lstat"]["a.py"] == ["f", 1, 1_700_000_000]
+
+
 def test_reach_listener_says_why_it_cannot_listen(capsys):
     held = socket.socket()
     held.bind(("", 0))

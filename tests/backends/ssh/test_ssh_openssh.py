@@ -501,3 +501,18 @@ def test_the_first_identity_is_loaded_once_and_paramikos_order_kept(tmp_path):
     with open(plain, "a") as f:  # changed since: read again
         f.write("\n")
     assert hostkeys.identities([plain], {})["pkey"] is not got["pkey"]
+
+
+def test_a_renewed_certificate_is_loaded_again(tmp_path):
+    """A short-lived certificate renewed beside an unchanged key (``id-cert.pub``): the next
+    connection offers the new one, as paramiko's own load on every connection would."""
+    from launcher.backends.ssh import hostkeys
+    ca, key = str(tmp_path / "ca"), str(tmp_path / "id")
+    for path in (ca, key):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], check=True)
+    blobs = []
+    for identity, valid in (("one", "+1m"), ("renewed", "+1h")):
+        subprocess.run(["ssh-keygen", "-q", "-s", ca, "-I", identity, "-n", "root", "-V", valid,
+                        key + ".pub"], check=True)
+        blobs.append(hostkeys.identities([key], {})["pkey"].public_blob.key_blob)
+    assert blobs[0] != blobs[1]
