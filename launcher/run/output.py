@@ -8,7 +8,7 @@ once per poll (``Output.wait``).
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 import time
 from typing import Callable
@@ -28,7 +28,9 @@ class Output:
     """
 
     def __init__(self, console: Console, sleep: Callable[[float], None] | None = None):
-        self.queue: queue.Queue = queue.Queue()
+        # a deque, not a queue.Queue: appending and popping are atomic and nobody blocks on
+        # it, so each line costs no Condition's lock and notify (bench/bench_lines.py)
+        self._lines: collections.deque = collections.deque()
         self.console = console
         self.sleep = sleep
         self._ended: list = []  # processes whose output ended, until they are seen to end
@@ -47,7 +49,7 @@ class Output:
 
     def put(self, item: tuple) -> None:
         # (label, text) or (label, text, process_id): the id lets --show filter
-        self.queue.put(item)
+        self._lines.append(item)
 
     def wait(self, seconds: float) -> None:
         """Let ``seconds`` pass, then show every line that has arrived.
@@ -58,11 +60,8 @@ class Output:
         """
         if seconds:
             (self.sleep or time.sleep)(seconds)
-        try:
-            while True:
-                self.console.line(*self.queue.get_nowait())
-        except queue.Empty:
-            pass
+        while self._lines:  # one reader of it (supervision's loop): never empty on the pop
+            self.console.line(*self._lines.popleft())
 
 
 def pump(tracked: Tracked, out: Output, clock: Callable[[], float], logs: list) -> None:
