@@ -74,9 +74,8 @@ def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: in
     program = remote.python_call(settings.python, "preflight", args)
     # with reach_argv: the coordinator reach check from this host, after the preflight, in
     # its channel (reach.Listener)
-    text = (shell_script(host.workdir, settings.setup, dict(settings.env), reach_argv,
-                         first=(program,)) if reach_argv
-            else shell_script(host.workdir, settings.setup, dict(settings.env), program))
+    argv, first = (reach_argv, (program,)) if reach_argv else (program, ())
+    text = shell_script(host.workdir, settings.setup, dict(settings.env), argv, first=first)
     try:
         status, output = run_script(host.connection.transport, text)
     except Exception as exc:  # noqa: BLE001

@@ -66,7 +66,9 @@ def _read_mark(chan, timeout_s: float) -> dict | None:
 
 class Listener:
     """Host 0's side of the check: it listens on the coordinator port for a moment, as JAX's
-    coordinator binds, and answers each connection with a random token.
+    coordinator binds, and answers each connection with a random token, however many come
+    (another program's, say a failed attempt's JAX client retrying the port, takes no host's
+    place), until ``close``.
 
     ``SshHosts.connect`` starts one as soon as host 0's preflight has found the port, so that
     every other host's preflight script tries ``connect_argv`` in the same channel (one
@@ -75,17 +77,13 @@ class Listener:
     Args:
       host: host 0 (``python`` runs the listener there).
       address: ``coordinator_address`` as the workers will get it (``ip:port``).
-      count: the connections it answers before it ends by itself (every host's one); None:
-        any number (one started during preflight is up long enough that another program's
-        connection, say a failed attempt's JAX client retrying the port, could use a place).
       timeout_s: it ends by itself after this at the latest (the launcher ends it at the
         check: this only bounds a listener whose launcher vanished with the connection
         still open). Started during preflight, it must outlast every host's preflight.
     """
 
-    def __init__(self, host, address: str, count: int | None,
-                 timeout_s: float = LISTEN_TIMEOUT_S):
-        self.host, self.address, self.count, self.timeout_s = host, address, count, timeout_s
+    def __init__(self, host, address: str, timeout_s: float = LISTEN_TIMEOUT_S):
+        self.host, self.address, self.timeout_s = host, address, timeout_s
         self.token = secrets.token_hex(16)
         self.error: str | None = None  # why it did not start listening
         self.answers: dict = {}        # host index -> the connect answer its preflight gave
@@ -95,7 +93,7 @@ class Listener:
         """Start listening on a channel from ``open_channel(timeout_s)``; whether it listens."""
         port = contract.split_host_port(self.address)[1]
         argv = remote.python_call(self.host.python, "reach", {
-            "role": "listen", "port": port, "token": self.token, "count": self.count,
+            "role": "listen", "port": port, "token": self.token, "count": None,
             "timeout_s": self.timeout_s})
         try:
             self._chan = open_channel(REACH_TIMEOUT_S * 2)
@@ -161,7 +159,7 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
     if listener is None or listener.address != address:
         if listener is not None:
             listener.close()
-        listener = Listener(host0, address, len(hosts))
+        listener = Listener(host0, address)
         listener.start(channels[0].open)
     try:
         if listener.error is not None:

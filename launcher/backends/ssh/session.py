@@ -117,7 +117,7 @@ class SshHosts:
         batches = -(-(len(self.specs) - 1) // self.settings.max_parallel)
         timeout_s = reach.LISTEN_TIMEOUT_S + batches * (
             COMMAND_TIMEOUT_S + 45 + (self.settings.connect_timeout_s or hostlib.DEFAULT_CONNECT_TIMEOUT_S))
-        self.listener = reach.Listener(first.host, address, None, timeout_s)  # ended at the check
+        self.listener = reach.Listener(first.host, address, timeout_s)  # ended at the check
         transport = first.host.connection.transport
         return self.listener if self.listener.start(lambda t: transport.open_session(timeout=t)) else None
 

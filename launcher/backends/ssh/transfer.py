@@ -45,17 +45,25 @@ class SyncRefused(Exception):
     symlink, into its own source); nothing of that host was changed by the refused step."""
 
 
+def _parse_manifest(raw: bytes) -> dict | None:
+    """The manifest's ``files`` and ``dirs``; None where ``raw`` is not one."""
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+        return {"files": dict(manifest.get("files", {})), "dirs": dict(manifest.get("dirs", {}))}
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
 def _read_manifest(sftp: paramiko.SFTPClient, remote_dir: str) -> tuple:
     """(the manifest's ``files`` and ``dirs``, its bytes); (None, None) where there is none
     (or it is unreadable)."""
     try:
         with sftp.open(f"{remote_dir}/{MANIFEST}", "rb") as f:
             raw = f.read()
-        manifest = json.loads(raw.decode("utf-8"))
-        return ({"files": dict(manifest.get("files", {})), "dirs": dict(manifest.get("dirs", {}))},
-                raw)
-    except (OSError, ValueError, AttributeError):
+    except OSError:
         return None, None
+    manifest = _parse_manifest(raw)
+    return (manifest, raw) if manifest is not None else (None, None)
 
 
 def _source_and_above(local_dir: str):
@@ -121,7 +129,8 @@ def _refuse_own_source(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: st
             pass
 
 
-def unchanged(seen: dict | None, local_dir: str, rules: syncrules.Rules = syncrules.Rules()) -> bool:
+def unchanged(seen: dict | None, local_dir: str, rules: syncrules.Rules = syncrules.Rules(),
+              tree: tuple | None = None) -> bool:
     """Whether ``sync_dir`` of ``local_dir`` would change nothing on the host and write
     nothing, judged from what preflight read there (no SFTP request: a relaunch's sync of an
     unchanged directory then costs a host no SFTP session; docs/ssh.md).
@@ -129,6 +138,7 @@ def unchanged(seen: dict | None, local_dir: str, rules: syncrules.Rules = syncru
     Args:
       seen: ``launcher.remote.preflight``'s ``synced`` answer (the host's manifest text and
         the lstat of each path it lists), or None.
+      tree: ``syncrules.walk``'s ``(files, dirs)`` of ``local_dir`` (``walked``); None: walked here.
 
     Returns:
       True only where every local directory stands there as a directory, every local file
@@ -140,14 +150,11 @@ def unchanged(seen: dict | None, local_dir: str, rules: syncrules.Rules = syncru
     if not seen or not isinstance(seen.get("manifest"), str):
         return False
     raw = seen["manifest"].encode("utf-8")
-    try:
-        manifest = json.loads(raw.decode("utf-8"))
-        owned_files, owned_dirs = dict(manifest.get("files", {})), dict(manifest.get("dirs", {}))
-    except (ValueError, AttributeError, TypeError):
+    manifest = _parse_manifest(raw)
+    if manifest is None or _may_be_here(raw, local_dir):
         return False
-    if _may_be_here(raw, local_dir):
-        return False
-    files, dirs, _ = syncrules.walk(local_dir, rules)
+    owned_files, owned_dirs = manifest["files"], manifest["dirs"]
+    files, dirs = tree or syncrules.walk(local_dir, rules)[:2]
     source = os.path.realpath(local_dir)
     there = seen.get("lstat", {})
     if any(isinstance(e, dict) and e.get("source") == source and rel not in files
@@ -162,7 +169,8 @@ def unchanged(seen: dict | None, local_dir: str, rules: syncrules.Rules = syncru
 
 
 def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
-             rules: syncrules.Rules = syncrules.Rules(), writer: str = "sync") -> int:
+             rules: syncrules.Rules = syncrules.Rules(), writer: str = "sync",
+             tree: tuple | None = None) -> int:
     """Mirror ``local_dir`` into ``remote_dir`` exactly, writing only what the sync owns.
 
     What is copied is ``syncrules.walk``'s list (skipped names, secrets and symlinks
@@ -175,6 +183,9 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
     file that it does not list is never overwritten (unless it already has the local
     size and mtime, then it is adopted as is), and nothing is written through a symlink.
 
+    ``tree``: ``syncrules.walk``'s ``(files, dirs)`` of ``local_dir`` (``walked``); None:
+    walked here.
+
     Returns:
       The number of files copied or removed (0 when nothing changed).
 
@@ -185,7 +196,7 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
         a file or symlink that the sync did not write stands where it would write.
       OSError, paramiko.SSHException: SFTP failed.
     """
-    files, dirs, _ = syncrules.walk(local_dir, rules)
+    files, dirs = tree or syncrules.walk(local_dir, rules)[:2]
     source = os.path.realpath(local_dir)
     probe = "not yet"  # then "passed", or "refused" (or failed): nothing more is written
 
@@ -277,21 +288,27 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
     return changed
 
 
+def walked(syncs: list) -> list:
+    """Each ``(local_dir, its name as written, rules)`` of ``syncs`` with its ``tree``
+    (``syncrules.walk``'s files and dirs): a start walks each directory once for all hosts."""
+    return [(local, said, rules, syncrules.walk(local, rules)[:2]) for local, said, rules in syncs]
+
+
 def sync_all(host, syncs: list, writer: str, say) -> None:
-    """Each of ``syncs`` (``(local_dir, its name as written, rules)``) into the host's
-    workdir, in order, each said (``say``): where ``unchanged`` finds that what the host's
-    preflight read (``host.synced``, used once: a later attempt's preflight reads again)
-    needs no change, no SFTP session is opened; else ``sync_dir`` over the host's SFTP.
+    """Each of ``syncs`` (``walked``'s) into the host's workdir, in order, each said
+    (``say``): where ``unchanged`` finds that what the host's preflight read
+    (``host.synced``, used once: a later attempt's preflight reads again) needs no change,
+    no SFTP session is opened; else ``sync_dir`` over the host's SFTP.
 
     Raises:
       What ``sync_dir`` raises.
     """
     seen, host.synced = host.synced, None
-    for local, said, rules in syncs:
-        if unchanged(seen, local, rules):
+    for local, said, rules, tree in syncs:
+        if unchanged(seen, local, rules, tree):
             copied = 0
         else:
-            copied = sync_dir(host.connection.sftp(), local, host.workdir, rules, writer)
+            copied = sync_dir(host.connection.sftp(), local, host.workdir, rules, writer, tree)
             seen = None  # it may have written the manifest: the next sync reads it over SFTP
         say(f"{host.name}: synced {said} ({plural(copied, 'file')} changed)")
 

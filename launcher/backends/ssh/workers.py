@@ -282,9 +282,9 @@ def _trace_fetcher(host: Host, process_id: int, remote_run_dir: str, local_run_d
 
 def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: GroupStates,
                settings: SshSettings, console, started: list, job_text: str,
-               abort: threading.Event | None = None) -> None:
-    """Put the job (``job_text``, job.json's) and ``sync_dir`` on a host and start its
-    workers (placement ``index``).
+               abort: threading.Event | None = None, syncs: tuple = ()) -> None:
+    """Put the job (``job_text``, job.json's) and the directories of ``syncs``
+    (``transfer.walked``'s) on a host and start its workers (placement ``index``).
 
     Each worker is appended to ``started`` as soon as it runs, so a failure
     anywhere can stop it; ``abort`` set (another host failed) starts no more.
@@ -301,9 +301,6 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     # held back for a stop that finds every other taken: host 0's SFTP session (process 0's
     # results, checkpoints put back), a bare one elsewhere (docs/ssh.md, MaxSessions).
     host.connection.sftp() if index == 0 else channels.reserve()
-    syncs = [(expand(d), d, settings.sync_rules) for d in [settings.sync_dir] if d]
-    if plan.job.is_program:  # the program runs in the workdir, from its synced directory
-        syncs.append((plan.job.program.dir, plan.job.program.dir, plan.job.program.sync_rules))
     transfer.sync_all(host, syncs, writer, console.say)
     processes = plan.on_host(index)
     for process in processes:
@@ -371,8 +368,12 @@ def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, consol
     pool = concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(channels)))
     with open(plan.job_path, encoding="utf-8") as f:
         job_text = f.read()  # job.json as each host's first start script writes it
+    syncs = [(expand(d), d, settings.sync_rules) for d in [settings.sync_dir] if d]
+    if plan.job.is_program:  # the program runs in the workdir, from its synced directory
+        syncs.append((plan.job.program.dir, plan.job.program.dir, plan.job.program.sync_rules))
+    syncs = transfer.walked(syncs)
     futures = {pool.submit(start_host, plan, i, c, states, settings, console, started,
-                           job_text, abort): c.host
+                           job_text, abort, syncs): c.host
                for i, c in channels.items()}
     try:
         done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
