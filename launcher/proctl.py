@@ -35,11 +35,6 @@ def pids():
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
 
 
-def private_opener(path, flags):
-    """An ``open(..., opener=)`` that creates files with mode 0600 (owner only)."""
-    return os.open(path, flags, 0o600)
-
-
 def stat_fields(pid):
     """``(state, ppid, pgrp)`` of ``pid`` from ``/proc/PID/stat``, or None if it is gone.
 

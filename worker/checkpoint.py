@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from worker import contract, nodefacts
+from worker import contract, nodefacts, runfiles
 
 STATE_FILE = "state.npz"
 MANIFEST_FILE = "manifest.json"
@@ -112,7 +112,7 @@ def _fsync(path: str) -> None:
 
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(path, "rb", opener=runfiles.opener) as f:  # never through a planted link
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -149,7 +149,7 @@ def _save(ckpt_dir: str, ckpt: Checkpoint, keep: int, final: str, tmp: str) -> s
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     state = os.path.join(tmp, STATE_FILE)
-    with open(state, "wb") as f:
+    with open(state, "wb", opener=runfiles.opener) as f:
         np.savez(f, **{f"leaf_{i:05d}": np.asarray(a) for i, a in enumerate(ckpt.leaves)})
         f.flush()
         os.fsync(f.fileno())
@@ -161,7 +161,7 @@ def _save(ckpt_dir: str, ckpt: Checkpoint, keep: int, final: str, tmp: str) -> s
         "leaves": [{"shape": list(np.shape(a)), "dtype": str(np.asarray(a).dtype)} for a in ckpt.leaves],
         "state_file": {"name": STATE_FILE, "size_bytes": os.path.getsize(state), "sha256": _sha256(state)},
     }
-    with open(os.path.join(tmp, MANIFEST_FILE), "w", encoding="utf-8") as f:
+    with open(os.path.join(tmp, MANIFEST_FILE), "w", encoding="utf-8", opener=runfiles.opener) as f:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
@@ -204,7 +204,7 @@ def load(path: str, template: list, num_batches: int, order: dict | None = None)
       IncompatibleCheckpoint: complete, but other shapes, dtypes or data than this job.
     """
     try:
-        with open(os.path.join(path, MANIFEST_FILE), "r", encoding="utf-8") as f:
+        with open(os.path.join(path, MANIFEST_FILE), "r", encoding="utf-8", opener=runfiles.opener) as f:
             manifest = json.load(f)
         fmt = manifest.get("format")
         state = os.path.join(path, manifest["state_file"]["name"])

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any
 
-from worker import sections
+from worker import runfiles, sections
 from worker.fields import (ContractError, allowed_types, describe_value, expected_type, hints_of,
                            literal_values, type_ok)
 
@@ -69,11 +68,13 @@ class _JobFile(_Section):
         return cls.from_dict(_pick(cls, resolved))
 
     def to_json(self, path: str) -> None:
-        """Write ``to_dict()`` as JSON to ``path``, mode 0600 (it may hold the task's secrets)."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1)
-            f.write("\n")
+        """Write ``to_dict()`` as JSON to ``path``, mode 0600 (it may hold the task's secrets),
+        replaced whole: a link at ``path`` is replaced, never written through (``runfiles``).
+
+        Raises:
+          OSError: it cannot be written.
+        """
+        runfiles.write_whole(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def from_json(cls, path: str) -> "WorkerJob":
@@ -83,7 +84,7 @@ class _JobFile(_Section):
           OSError: the file cannot be read.
           ContractError: it is not JSON, or not a job (see ``from_dict``).
         """
-        with open(path, "r", encoding="utf-8") as f:
+        with open(path, "r", encoding="utf-8", opener=runfiles.opener) as f:
             text = f.read()
         try:
             d = json.loads(text)

@@ -34,9 +34,10 @@ import json
 import os
 import re
 import shutil
-import stat
 import time
 from contextlib import nullcontext
+
+from worker import runfiles
 
 PLUGIN_DIR = os.path.join("tensorboard", "plugins", "profile")  # under the run directory
 STEPS_FILE = "profile-steps.json"  # the launcher's request, in each process's run directory
@@ -87,21 +88,6 @@ def _whole(value) -> bool:
     return type(value) is int and 1 <= value <= 2**31 - 1
 
 
-def read_regular(path: str, limit: int = 4096) -> str:
-    """The first ``limit`` bytes of the regular file ``path``, as text.
-
-    Raises:
-      OSError: it is not a regular file (a directory, a FIFO: never waited on), or cannot be read.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        return os.read(fd, limit).decode("utf-8", errors="replace")
-    finally:
-        os.close(fd)
-
-
 def _mtime(path: str) -> float | None:
     try:
         return os.stat(path).st_mtime_ns
@@ -110,18 +96,14 @@ def _mtime(path: str) -> float | None:
 
 
 def write_request(run_dir: str, text: str) -> None:
-    """Write ``text`` as ``STEPS_FILE`` in ``run_dir`` whole (a temporary file renamed), so a
-    process polling it never reads half of it (the launcher's side, on this machine or a
-    shared filesystem).
+    """Write ``text`` as ``STEPS_FILE`` in ``run_dir`` whole (``runfiles.write_whole``: never
+    through a link), so a process polling it never reads half of it (the launcher's side, on
+    this machine or a shared filesystem).
 
     Raises:
       OSError: it cannot be written.
     """
-    target = os.path.join(run_dir, STEPS_FILE)
-    temporary = f"{target}.tmp-{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as f:
-        f.write(text + "\n")
-    os.replace(temporary, target)
+    runfiles.write_whole(os.path.join(run_dir, STEPS_FILE), text + "\n", mode=0o644)
 
 
 def session_name(first: int, last: int) -> str:
@@ -224,7 +206,7 @@ class Profiler:
             return
         self.request_mtime = mtime
         try:
-            asked = json.loads(read_regular(path))
+            asked = json.loads(runfiles.read_regular(path, 4096))
             start, count, session = asked["start_step"], asked["num_steps"], asked["session"]
             if not (_whole(start) and _whole(count) and count >= 1 and isinstance(session, str)
                     and SESSION_RE.fullmatch(session)):

@@ -11,6 +11,8 @@ import math
 import os
 import sys
 
+from worker import runfiles
+
 METRICS_FILE = "metrics.jsonl"
 
 # Clients tensorboardX imports when installed, for gs:// and s3:// log directories, which
@@ -124,7 +126,7 @@ class JsonlTracker(NullTracker):
 
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = open(path, "a", encoding="utf-8", opener=runfiles.opener)
 
     def scalars(self, step: int, values: dict) -> None:
         record = {"step": step}

@@ -20,12 +20,12 @@ import time
 
 from launcher import interrupts
 from launcher.commands import runs
-from launcher.commands.stacks_cmd import answers, live_launcher, print_answer
+from launcher.commands.stacks_cmd import answers, ask, live_launcher, print_answer
 from launcher.console.words import plural
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import profiles
 from launcher.spec import schema
-from worker import sections
+from worker import runfiles, sections
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,9 +41,9 @@ def _parser() -> argparse.ArgumentParser:
 def _num_steps(run_dir: str, steps: int | None) -> int:
     if steps is None:
         try:
-            with open(os.path.join(run_dir, "job.json"), encoding="utf-8") as f:  # its profile section
-                steps = int(json.load(f)["profile"]["num_steps"])
-        except (OSError, ValueError, KeyError, TypeError):
+            job = json.loads(runfiles.read_regular(os.path.join(run_dir, "job.json")))
+            steps = int(job["profile"]["num_steps"])  # its profile section
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             steps = sections.Profile().num_steps
     problem = schema.in_range(1, 10000)(steps)
     if problem:
@@ -65,13 +65,16 @@ def main(argv: list) -> int:
     if not 0 < args.timeout_s < float("inf"):
         raise SpecError([Problem("--timeout-s", None, "", f"expected a number of seconds > 0, "
                                  f"got {args.timeout_s:g}")])
-    launcher = live_launcher(run_dir, "launch profile")
+    launcher, proven = live_launcher(run_dir, "launch profile")
     asked_at = time.time()
     request = os.path.join(run_dir, f"{profiles.REQUEST_PREFIX}{time.time_ns()}-{os.getpid()}.json")
-    with open(request + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"num_steps": num_steps, "at": asked_at}, f)
-    os.replace(request + ".tmp", request)
-    os.kill(launcher["pid"], interrupts.PROFILE_REQUEST_SIGNAL)
+    try:
+        runfiles.write_whole(request, json.dumps({"num_steps": num_steps, "at": asked_at}))
+    except OSError as exc:
+        proven.close()
+        raise SpecError([Problem("RUN_DIR", None, "", f"cannot write the request into {run_dir} "
+                                 f"({exc.strerror}); nothing was asked")]) from None
+    ask(proven, interrupts.PROFILE_REQUEST_SIGNAL)
     print(f"launch profile: asked the launcher (pid {launcher['pid']}) for "
           f"{plural(num_steps, 'step')} of every process; waiting up to {args.timeout_s:g} s",
           flush=True)

@@ -40,6 +40,7 @@ from launcher.errors import Problem, SpecError
 from launcher.state import HOST_CHANGE_FIELDS
 from launcher.console.lines import printable as lines_printable
 from launcher.console.words import duration
+from worker import runfiles
 
 RUN_FILE = "run.json"
 
@@ -59,17 +60,17 @@ def spec_of(run_dir: str) -> dict:
     import yaml  # the launcher's own dependency; ``launch runs`` alone does not need it
 
     try:
-        with open(os.path.join(run_dir, "spec.yaml"), "r", encoding="utf-8") as f:
-            return flat(yaml.safe_load(f) or {})
+        return flat(yaml.safe_load(runfiles.read_regular(os.path.join(run_dir, "spec.yaml"))) or {})
     except (OSError, yaml.YAMLError):
         return {}
 STAMP = "%Y%m%d-%H%M%S-%f"  # the default run directory's name, as cli._run_dir makes it
 
 
 def read_record(path: str) -> dict | None:
+    """``run.json`` at ``path`` as a dict, or None: unreadable, not a dict, or a symbolic link
+    (``worker.runfiles``: a run directory's files are never read through one)."""
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(runfiles.read_regular(path))
         return data if isinstance(data, dict) else None
     except (OSError, ValueError, RecursionError):  # RecursionError: a deeply nested file
         return None
@@ -88,19 +89,13 @@ def _write(run_dir: str, data: dict) -> None:
     path = os.path.join(run_dir, RUN_FILE)
     text = json.dumps(data, indent=1) + "\n"
     padded = text + " " * max(RESERVED_BYTES - len(text) - 1, 0) + "\n"  # JSON allows the spaces
-    partial = path + ".partial"
-    try:
-        with open(partial, "w", encoding="utf-8") as f:
-            f.write(padded)
-        os.replace(partial, path)
+    try:  # a temporary of its own, renamed: a link planted in the run directory is replaced
+        runfiles.write_whole(path, padded, mode=0o644)
     except OSError:
-        try:
-            os.unlink(partial)
-        except OSError:
-            pass
-        if len(padded.encode()) > os.path.getsize(path):
+        if len(padded.encode()) > os.lstat(path).st_size:
             raise
-        with open(path, "r+b") as f:  # the blocks are already the file's: no allocation
+        # the blocks are already the file's: no allocation (never through a link)
+        with open(path, "r+b", opener=runfiles.opener) as f:
             f.write(padded.encode())
             f.flush()
             os.fsync(f.fileno())
@@ -237,7 +232,7 @@ def _last_metrics(run_dir: str) -> dict:
     """The last record of ``tensorboard/metrics.jsonl``, or {}."""
     path = os.path.join(run_dir, "tensorboard", "metrics.jsonl")
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb", opener=runfiles.opener) as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(f.tell() - 65536, 0))
             tail = f.read().decode("utf-8", "replace").splitlines()

@@ -1,6 +1,7 @@
 """``launch stacks RUN_DIR``: every process's stacks of a live run, now.
 
-Asks the run's launcher (``run.json``'s ``launcher`` pid, on this machine) with
+Asks the run's launcher (``run.json``'s ``launcher`` pid, on this machine, signalled only once
+proven to hold the run's lock: ``launcher.run.runlock.prove``) with
 ``launcher.interrupts.STACKS_REQUEST_SIGNAL``; the launcher reads every process's
 stacks through its backend's transport (``launcher.run.stacks``), writes them beside the
 attempt's logs and its answer, ``stacks.json``, which this command waits for (at most
@@ -19,8 +20,8 @@ import time
 from launcher import interrupts
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.run import stacks
-from worker import profiling
+from launcher.run import runlock, stacks
+from worker import runfiles
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +37,7 @@ def answers(run_dir: str, name: str) -> list:
     found = []
     for path in glob.glob(os.path.join(run_dir, "logs", "**", name), recursive=True):
         try:  # a regular file only: a FIFO in its place must not hold the command
-            found.append(json.loads(profiling.read_regular(path, 1 << 24)))
+            found.append(json.loads(runfiles.read_regular(path)))
         except (OSError, ValueError, RecursionError):
             continue
     return sorted((a for a in found if isinstance(a, dict) and isinstance(a.get("at"), (int, float))),
@@ -52,12 +53,22 @@ def print_answer(answer: dict) -> None:
         print(f"process {process_id}: {files[process_id]}")
 
 
-def live_launcher(run_dir: str, command: str) -> dict:
-    """The live run's launcher (run.json's ``launcher``: pid and host), on this machine.
+def live_launcher(run_dir: str, command: str) -> tuple:
+    """The live run's launcher, on this machine: run.json's ``launcher`` (pid and host: a
+    claim) and the process proven to be it (``runlock.prove``), which alone is signalled.
+
+    Returns:
+      (run.json's ``launcher`` dict, ``runlock.Launcher``): close the latter when done.
 
     Raises:
-      SpecError: RUN_DIR is not a run with a live launcher on this machine (exit 2).
+      SpecError: RUN_DIR is not a run with a live launcher on this machine, not this user's
+        to read, or the process it names is not provably its launcher (exit 2).
     """
+    if os.path.isdir(run_dir) and not os.access(run_dir, os.R_OK | os.X_OK):
+        owner = os.stat(run_dir).st_uid
+        raise SpecError([Problem("RUN_DIR", None, "", f"{run_dir} is not yours to read (it "
+                                 f"belongs to {runlock.user_name(owner)}): {command} asks "
+                                 "only your own runs; run it as its owner")])
     record = runs.read_record(os.path.join(run_dir, runs.RUN_FILE)) if os.path.isdir(run_dir) else None
     if record is None:
         raise SpecError([Problem("RUN_DIR", None, "", f"{run_dir} holds no run.json: give the "
@@ -70,7 +81,22 @@ def live_launcher(run_dir: str, command: str) -> dict:
     if launcher.get("host") != socket.gethostname():
         raise SpecError([Problem("RUN_DIR", None, "", f"its launcher runs on {launcher.get('host')} "
                                  f"(pid {launcher['pid']}): run `{command}` there")])
-    return launcher
+    return launcher, runlock.prove(run_dir, launcher["pid"], command)
+
+
+def ask(proven, sig: int) -> None:
+    """Signal the proven launcher, then let it go.
+
+    Raises:
+      LaunchError: it ended between the proof and the signal (exit 1).
+    """
+    try:
+        proven.send(sig)
+    except ProcessLookupError:
+        raise LaunchError(f"the run's launcher (pid {proven.pid}) ended before it was asked "
+                          "(the run is over)") from None
+    finally:
+        proven.close()
 
 
 def main(argv: list) -> int:
@@ -82,9 +108,9 @@ def main(argv: list) -> int:
     """
     args = _parser().parse_args(argv)
     run_dir = args.run_dir
-    launcher = live_launcher(run_dir, "launch stacks")
+    launcher, proven = live_launcher(run_dir, "launch stacks")
     asked_at = time.time()
-    os.kill(launcher["pid"], interrupts.STACKS_REQUEST_SIGNAL)
+    ask(proven, interrupts.STACKS_REQUEST_SIGNAL)
     deadline = time.monotonic() + args.timeout_s
     while time.monotonic() < deadline:
         fresh = [a for a in answers(run_dir, stacks.ANSWER_FILE) if a["at"] >= asked_at]

@@ -33,10 +33,10 @@ import time
 from typing import Callable, TextIO
 
 from launcher.console import lines as kinds
-from launcher import proctl
 from launcher.state import State
 from launcher.console.status import status_text
 from launcher.console.words import plural
+from worker import runfiles
 
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
 HIDDEN_TAIL = 5  # a failed process's last lines kept, to show once it failed
@@ -72,7 +72,7 @@ class Console:
     def log_to(self, path: str) -> None:
         """Also append launcher messages and the summary to ``path`` (the run's launcher.log)."""
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self.log = open(path, "a", encoding="utf-8", errors="replace", opener=proctl.private_opener)
+        self.log = open(path, "a", encoding="utf-8", errors="replace", opener=runfiles.opener)
         if self.live.lost is not None:
             self._log_text(f"podlaunch: {self.live.lost}\n")
 

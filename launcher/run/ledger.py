@@ -45,7 +45,7 @@ import dataclasses
 import json
 import os
 
-from launcher import proctl
+from worker import runfiles
 from launcher.console.words import plural
 from launcher.state import HOST_CHANGE_FIELDS
 
@@ -207,9 +207,8 @@ def summary_line(run: dict) -> str | None:
 def read(run_dir: str) -> list:
     """The attempts' entries of ``<run_dir>/ledger.json`` ([] when absent or unreadable)."""
     try:
-        with open(os.path.join(run_dir, LEDGER_FILE), encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        data = json.loads(runfiles.read_regular(os.path.join(run_dir, LEDGER_FILE)))
+    except (OSError, ValueError, RecursionError):  # a link among them: never read through
         return []
     attempts = data.get("attempts") if isinstance(data, dict) else None
     return [a for a in attempts if isinstance(a, dict) and isinstance(a.get("buckets_s"), dict)] \
@@ -218,18 +217,15 @@ def read(run_dir: str) -> list:
 
 def write(run_dir: str, entries: list) -> dict:
     """Write ``<run_dir>/ledger.json``: ``{"run": totals, "attempts": entries}``, replaced
-    whole (``os.replace``); returns the run's totals.
+    whole through a temporary of its own (``worker.runfiles``: a link planted in the run
+    directory is replaced, never written through); returns the run's totals.
 
     Raises:
       OSError: the file could not be written.
     """
     run = totals(entries)
-    path = os.path.join(run_dir, LEDGER_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8", opener=proctl.private_opener) as f:
-        json.dump({"run": run, "attempts": entries}, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    runfiles.write_whole(os.path.join(run_dir, LEDGER_FILE),
+                         json.dumps({"run": run, "attempts": entries}, indent=1) + "\n")
     return run
 
 

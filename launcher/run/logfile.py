@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Callable
 
-from launcher import proctl
+from worker import runfiles
 
 
 class LogFile:
@@ -24,7 +24,7 @@ class LogFile:
     def __init__(self, path: str, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
         self.path, self.say, self.clock = path, say, clock
         # mode 0600: a worker's output may hold secrets (a printed environment, a URL)
-        self.file = open(path, "a", encoding="utf-8", errors="replace", opener=proctl.private_opener)
+        self.file = open(path, "a", encoding="utf-8", errors="replace", opener=runfiles.opener)
         self.failed = False
         self.lock = threading.Lock()  # the reader writes, the supervision loop flushes
         self.pending = False

@@ -28,7 +28,7 @@ from typing import Callable
 from launcher import interrupts
 from launcher.console.words import plural
 from launcher.run import stacks
-from worker import profiling
+from worker import profiling, runfiles
 
 REQUEST_PREFIX = "profile-request-"  # launch profile -> the launcher: one file per request
 # (<prefix><time ns>-<pid>.json in the run directory, so two at once are two requests)
@@ -141,7 +141,7 @@ class Answers:
     def ask(self, path: str) -> None:
         """Take the request in ``path`` and hand its window to every running process."""
         try:
-            request = json.loads(profiling.read_regular(path))
+            request = json.loads(runfiles.read_regular(path, 4096))
             num_steps, asked_at = request["num_steps"], request.get("at")
             if type(num_steps) is not int or not 1 <= num_steps <= 10000:
                 raise ValueError(f"num_steps {num_steps!r:.40}: expected 1 to 10000")
@@ -226,10 +226,9 @@ class Answers:
         folder = os.path.dirname(self.tracked[0].plan.log_path)
         files = {str(p): os.path.join(self.run_dir, t.path) for p, t in traces.items() if t.path}
         try:
-            with open(os.path.join(folder, ANSWER_FILE), "w", encoding="utf-8") as f:
-                json.dump({"at": time.time(), "asked_at": request_at, "session": session,
-                           "lines": text, "files": files, "asked": asked,
-                           "traced": len(traces)}, f, indent=1)
+            runfiles.write_whole(os.path.join(folder, ANSWER_FILE), json.dumps(
+                {"at": time.time(), "asked_at": request_at, "session": session, "lines": text,
+                 "files": files, "asked": asked, "traced": len(traces)}, indent=1))
         except OSError:
             pass
 

@@ -16,12 +16,16 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pwd
+import signal
 import socket
+import stat
 import sys
 import time
 
+from launcher import proctl
 from launcher.errors import Problem, SpecError
-from worker import redact
+from worker import redact, runfiles
 
 LOCK_FILE = "launcher.lock"
 
@@ -41,10 +45,10 @@ class RunLock:
 def holder(path: str) -> dict:
     """What ``path`` (a lock file) says of its holder ({} if unreadable)."""
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        found = json.loads(runfiles.read_regular(path, 1 << 16))
+    except (OSError, ValueError, RecursionError):
         return {}
+    return found if isinstance(found, dict) else {}
 
 
 def acquire(run_dir: str, flag: str) -> RunLock:
@@ -55,12 +59,20 @@ def acquire(run_dir: str, flag: str) -> RunLock:
       flag: the command-line flag that named it, for the error.
 
     Raises:
-      SpecError: another live launcher holds it (its pid, host and start time named);
-        nothing was started.
+      SpecError: another live launcher holds it (its pid, host and start time named), or
+        a symbolic link stands in the run directory (the lock file or any other: refused,
+        never followed); nothing was started.
     """
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    links = runfiles.links_in(run_dir)
+    if links:  # each file is opened without following links too; this says so before anything
+        raise SpecError([Problem(flag, None, "", runfiles.refused(path).strerror)
+                         for path in links])
     path = os.path.join(run_dir, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = runfiles.opener(path, os.O_RDWR | os.O_CREAT)
+    except runfiles.LinkRefused as exc:
+        raise SpecError([Problem(flag, None, "", exc.strerror)]) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -90,8 +102,8 @@ def held(run_dir: str) -> bool | None:
       (not a run directory of this version, or unreadable), so nothing is known.
     """
     try:
-        fd = os.open(os.path.join(run_dir, LOCK_FILE), os.O_RDONLY)
-    except OSError:
+        fd = runfiles.opener(os.path.join(run_dir, LOCK_FILE), os.O_RDONLY)
+    except OSError:  # a link too: it proves nothing
         return None
     try:
         # shared: conflicts with the holder's exclusive lock, and needs only a read-only
@@ -104,3 +116,105 @@ def held(run_dir: str) -> bool | None:
     finally:
         os.close(fd)
     return False
+
+
+class Launcher:
+    """A process proven to be a run directory's launcher (``prove``); ``send`` signals it.
+
+    Held through a pidfd where the kernel has them (Linux 5.3+): a pid reused between the
+    proof and the signal is another process, which the pidfd does not reach.
+    """
+
+    def __init__(self, pid: int, pidfd: int | None):
+        self.pid, self._pidfd = pid, pidfd
+
+    def send(self, sig: int) -> None:
+        """Send ``sig`` to the proven launcher.
+
+        Raises:
+          ProcessLookupError: it has ended since the proof.
+        """
+        if self._pidfd is None:
+            os.kill(self.pid, sig)
+        else:
+            signal.pidfd_send_signal(self._pidfd, sig)
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def prove(run_dir: str, pid: int, command: str) -> Launcher:
+    """``pid`` as ``run_dir``'s launcher, proven from what the kernel says, not what a file says:
+    a process of this user that holds ``RUN_DIR/LOCK_FILE`` open while that lock is held (the
+    launcher takes it before its first write and keeps it to its exit; a worker does not
+    inherit it).
+
+    Args:
+      run_dir: the run directory.
+      pid: the launcher's pid as the run's files name it (a claim, checked here).
+      command: the command asking (``launch stacks``), for the messages.
+
+    Raises:
+      SpecError: it is not provably the launcher (gone, another user's, not holding the
+        lock, or no lock held at all); nothing was signalled.
+    """
+    def refuse(why: str) -> SpecError:
+        return SpecError([Problem("RUN_DIR", None, "", f"{why}; {command} signalled nothing")])
+
+    path = os.path.join(run_dir, LOCK_FILE)
+    try:
+        lock = os.lstat(path)
+    except OSError:
+        lock = None
+    if lock is None or not stat.S_ISREG(lock.st_mode) or held(run_dir) is not True:
+        raise refuse(f"no launcher holds {path} (the run is over, or {run_dir} is not a run "
+                     "directory of this version)")
+    try:
+        pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    except OSError:  # ProcessLookupError: gone
+        raise refuse(f"the launcher the run names (pid {pid}) is gone") from None
+    try:
+        owner = os.stat(f"/proc/{pid}").st_uid
+        if owner != os.getuid():
+            raise refuse(f"the run's launcher (pid {pid}) belongs to user {user_name(owner)}, not to "
+                         f"you ({user_name(os.getuid())}): ask it as {user_name(owner)}")
+        if not _holds(pid, (lock.st_dev, lock.st_ino)):
+            raise refuse(f"pid {pid} ({proctl.cmdline(pid, 80)}), named in the run's files as its "
+                         f"launcher, does not hold {path}: it is not this run's launcher")
+    except PermissionError:
+        raise refuse(f"the process the run names (pid {pid}) is not yours to ask") from None
+    except BaseException:
+        if pidfd is not None:
+            os.close(pidfd)
+        raise
+    return Launcher(pid, pidfd)
+
+
+def _holds(pid: int, file_id: tuple) -> bool:
+    """Whether ``pid`` has the file ``file_id`` (st_dev, st_ino) open (``/proc/PID/fd``).
+
+    Raises:
+      PermissionError: its descriptors are not this user's to read.
+    """
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return False
+    for name in names:
+        try:
+            found = os.stat(f"/proc/{pid}/fd/{name}")
+        except FileNotFoundError:
+            continue
+        if (found.st_dev, found.st_ino) == file_id:
+            return True
+    return False
+
+
+def user_name(uid: int) -> str:
+    """The name of the user ``uid`` (``uid N`` where it has none)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"

@@ -29,7 +29,7 @@ import time
 from typing import Callable
 
 from launcher.console.words import plural
-from worker import contract, interrupts
+from worker import contract, interrupts, runfiles
 
 DEADLINE_S = 3.0  # the most a capture waits for every process's answer
 # On Ctrl-C, a run looks hung (its stacks are read before the teardown) when some process
@@ -195,9 +195,8 @@ def capture(tracked: list, wait: Callable[[float], None], clock: Callable[[], fl
             continue
         path = os.path.splitext(t.plan.log_path)[0] + ".stacks.txt"
         try:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(f"# {t.plan.label}: {plural(len(found), 'thread')}, innermost frame "
-                        "first (faulthandler)\n" + "\n".join(lines) + "\n")
+            runfiles.write_whole(path, f"# {t.plan.label}: {plural(len(found), 'thread')}, "
+                                 "innermost frame first (faulthandler)\n" + "\n".join(lines) + "\n")
             result.files[process_id] = path
         except OSError as exc:
             result.unread[process_id] = f"read, but {path} could not be written ({exc.strerror})"
@@ -233,10 +232,10 @@ def read_before(tracked: list, wait: Callable[[float], None], console, clock: Ca
     folder = os.path.dirname(tracked[0].plan.log_path) if tracked else None
     if folder is not None:
         try:
-            with open(os.path.join(folder, ANSWER_FILE), "w", encoding="utf-8") as f:
-                json.dump({"at": time.time(), "why": why, "lines": text,
-                           "files": {str(k): v for k, v in got.files.items()},
-                           "unread": {str(k): v for k, v in got.unread.items()}}, f, indent=1)
+            runfiles.write_whole(os.path.join(folder, ANSWER_FILE), json.dumps(
+                {"at": time.time(), "why": why, "lines": text,
+                 "files": {str(k): v for k, v in got.files.items()},
+                 "unread": {str(k): v for k, v in got.unread.items()}}, indent=1))
         except OSError:
             pass
     return text

@@ -1,0 +1,155 @@
+"""A run directory is untrusted input: no file in it is written or read through a planted
+symbolic link, and ``launch stacks`` / ``launch profile`` signal only a process proven to be
+the run's launcher (it holds the run's lock), never one a file names. Real files, real links,
+real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness.helpers import LAUNCH, REPO, env_for_tests
+from launcher.commands import runs
+from launcher.errors import SpecError
+from launcher.run import ledger, runlock
+from launcher.run.logfile import LogFile
+from worker import runfiles
+
+VICTIM_TEXT = "a file of the user's own\n"
+
+
+@pytest.fixture
+def victim(tmp_path):
+    path = tmp_path / "victim.txt"
+    path.write_text(VICTIM_TEXT)
+    yield path
+    assert path.read_text() == VICTIM_TEXT  # never written through a link
+
+
+def plant(run_dir, names, target) -> None:
+    for name in names:
+        os.makedirs(os.path.dirname(run_dir / name), exist_ok=True)
+        os.symlink(target, run_dir / name)
+
+
+def test_resume_refuses_links_planted_in_the_run_directory_and_writes_through_none(tmp_path, victim):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.yaml").write_text("name: linear\n")
+    plant(run_dir, ["launcher.lock", "run.json.partial", "ledger.json.tmp"], victim)
+    done = subprocess.run(LAUNCH + ["jobs/linear.yaml", "--resume", str(run_dir)], cwd=REPO,
+                          env=env_for_tests(), capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    for name in ("launcher.lock", "run.json.partial", "ledger.json.tmp"):
+        assert f"{run_dir / name} is a symbolic link; podlaunch follows no link" in done.stderr
+    assert "nothing was started" in done.stderr
+
+
+def test_each_writer_replaces_a_link_at_its_name_and_never_writes_through_it(tmp_path, victim):
+    """A link planted after the lock was taken (or where a check cannot look) is still never
+    followed: whole files are renamed over it, appended ones and the lock refuse it."""
+    names = ["run.json", "run.json.partial", "ledger.json", "ledger.json.tmp"]
+    plant(tmp_path, names, victim)
+    runs.Record(str(tmp_path), "linear", 10).start()
+    ledger.write(str(tmp_path), [{"attempt": 0, "buckets_s": {"productive": 1.0}, "wall_s": 1.0}])
+    assert not os.path.islink(tmp_path / "run.json") and not os.path.islink(tmp_path / "ledger.json")
+    assert json.loads((tmp_path / "run.json").read_text())["job"] == "linear"
+    os.symlink(victim, tmp_path / "process-000.log")
+    with pytest.raises(runfiles.LinkRefused, match="is a symbolic link"):
+        LogFile(str(tmp_path / "process-000.log"), say=print)
+    lock_dir = tmp_path / "locked"
+    plant(lock_dir, ["launcher.lock"], victim)
+    with pytest.raises(SpecError, match="launcher.lock is a symbolic link"):
+        runlock.acquire(str(lock_dir), "--resume")
+
+
+def test_readers_of_a_run_directory_follow_no_link(tmp_path, victim):
+    (tmp_path / "real.json").write_text(json.dumps({"job": "x", "state": "running"}))
+    os.symlink(tmp_path / "real.json", tmp_path / "run.json")
+    assert runs.read_record(str(tmp_path / "run.json")) is None
+    assert ledger.read(str(tmp_path)) == []
+
+
+def run_json(run_dir, pid: int) -> None:
+    """A run.json naming ``pid`` as its live launcher, as a live run's looks."""
+    (run_dir / "run.json").write_text(json.dumps({
+        "job": "linear", "state": "running", "attempts": 0,
+        "launcher": {"pid": pid, "host": socket.gethostname(), "since": runs._start_ticks(pid)}}))
+
+
+def ask(command: str, run_dir) -> subprocess.CompletedProcess:
+    return subprocess.run(LAUNCH + [command, str(run_dir), "--timeout-s", "3"], cwd=REPO,
+                          env=env_for_tests(), capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("command", ["stacks", "profile"])
+def test_a_process_run_json_names_is_not_signalled_unless_it_holds_the_runs_lock(tmp_path, command):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    sleeper = subprocess.Popen(["sleep", "300"])
+    holder = None
+    try:
+        run_json(run_dir, sleeper.pid)
+        done = ask(command, run_dir)  # no lock held at all
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"no launcher holds {run_dir / 'launcher.lock'}" in done.stderr
+        assert f"launch {command} signalled nothing" in done.stderr
+        holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+            import sys, time
+            sys.path.insert(0, {REPO!r})
+            from launcher.run import runlock
+            runlock.acquire({str(run_dir)!r}, "--run-dir")
+            print("held", flush=True)
+            time.sleep(300)
+        """)], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline() == "held\n"
+        done = ask(command, run_dir)  # a lock held, by another process than the one named
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert (f"pid {sleeper.pid} (sleep 300), named in the run's files as its launcher, "
+                f"does not hold {run_dir / 'launcher.lock'}") in done.stderr
+        assert "Traceback" not in done.stderr
+        assert sleeper.poll() is None and holder.poll() is None  # neither was signalled
+        assert not list(run_dir.glob("profile-request-*"))  # nothing was asked
+    finally:
+        for proc in (sleeper, holder):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="starts a process as user nobody (needs root)")
+@pytest.mark.parametrize("command", ["stacks", "profile"])
+def test_another_users_live_launcher_is_refused_in_a_sentence(tmp_path, command):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    fd = os.open(run_dir / "launcher.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:  # the other user's launcher: it holds the run's lock, as a real one does
+        other = subprocess.Popen(
+            ["/usr/bin/python3", "-c", f"import fcntl, time; fcntl.flock({fd}, fcntl.LOCK_EX); "
+             "print('held', flush=True); time.sleep(300)"],
+            pass_fds=(fd,), user="nobody", cwd="/", stdout=subprocess.PIPE, text=True)
+    finally:
+        os.close(fd)
+    try:
+        assert other.stdout.readline() == "held\n"
+        run_json(run_dir, other.pid)
+        done = ask(command, run_dir)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert (f"the run's launcher (pid {other.pid}) belongs to user nobody, not to you (root): "
+                f"ask it as nobody; launch {command} signalled nothing") in done.stderr
+        assert "Traceback" not in done.stderr
+        assert other.poll() is None
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait()
