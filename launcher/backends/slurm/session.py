@@ -33,7 +33,7 @@ from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
 from launcher.state import Exit, Lost
 from launcher.console.words import plural
-from worker import contract, redact
+from worker import contract, redact, runfiles
 
 TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")
 
@@ -204,8 +204,7 @@ class SlurmSession(Session):
     def _submit(self) -> None:
         os.makedirs(os.path.join(self.run_dir, "slurm"), exist_ok=True)
         path = os.path.join(self.run_dir, "slurm", "job.sbatch")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(script.script_text(self.job, self.run_dir, self.exclusions.excluded))
+        runfiles.write_whole(path, script.script_text(self.job, self.run_dir, self.exclusions.excluded))
         self._heartbeat()
         out = self.slurm.run(["sbatch", "--parsable", path]).stdout.strip()
         self.job_id = out.split(";")[0]
@@ -215,7 +214,7 @@ class SlurmSession(Session):
     def _heartbeat(self) -> None:
         """Renew the file the batch script watches (it ends the job when the launcher is gone)."""
         path = script.heartbeat_path(self.run_dir)
-        with open(path, "a", encoding="utf-8"):
+        with open(path, "a", encoding="utf-8", opener=runfiles.opener):
             os.utime(path)
         if self._beat is None:
             def beat():

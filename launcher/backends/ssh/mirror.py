@@ -9,7 +9,7 @@ import threading
 import paramiko
 
 from launcher.backends.ssh.connection import Host
-from launcher.backends.ssh.transfer import mkdirs
+from launcher.backends.ssh.transfer import get_file, mkdirs
 from launcher.console import NullConsole
 from worker import contract
 
@@ -93,7 +93,7 @@ class CheckpointMirror:
         os.makedirs(tmp)
         try:
             for entry in sftp.listdir(f"{self.remote}/{name}"):
-                sftp.get(f"{self.remote}/{name}/{entry}", os.path.join(tmp, entry))
+                get_file(sftp, f"{self.remote}/{name}/{entry}", os.path.join(tmp, entry))
         except BaseException:  # host 0 pruned it meanwhile, or the connection went: no half copy left
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -11,6 +11,7 @@ import paramiko
 
 from launcher.console.words import plural
 from launcher.spec import syncrules
+from worker import runfiles
 
 
 def mkdirs(sftp: paramiko.SFTPClient, path: str, mode: int = 0o700) -> None:
@@ -325,9 +326,20 @@ def get_tree(sftp: paramiko.SFTPClient, remote: str, local: str) -> int:
         if stat.S_ISDIR(a.st_mode):
             count += get_tree(sftp, f"{remote}/{a.filename}", os.path.join(local, a.filename))
         else:
-            sftp.get(f"{remote}/{a.filename}", os.path.join(local, a.filename))
+            get_file(sftp, f"{remote}/{a.filename}", os.path.join(local, a.filename))
             count += 1
     return count
+
+
+def get_file(sftp: paramiko.SFTPClient, remote: str, local: str) -> None:
+    """Copy the remote file ``remote`` to ``local``, never through a link standing there (a
+    run directory is input: ``worker.runfiles``).
+
+    Raises:
+      OSError: it cannot be read or written (``runfiles.LinkRefused``: ``local`` is a link).
+    """
+    with open(local, "wb", opener=runfiles.opener) as f:
+        sftp.getfo(remote, f)
 
 
 def fetch_results(sftp: paramiko.SFTPClient, remote_run_dir: str, local_run_dir: str) -> int:
@@ -338,7 +350,7 @@ def fetch_results(sftp: paramiko.SFTPClient, remote_run_dir: str, local_run_dir:
     """
     count = get_tree(sftp, f"{remote_run_dir}/tensorboard", os.path.join(local_run_dir, "tensorboard"))
     try:
-        sftp.get(f"{remote_run_dir}/params.npz", os.path.join(local_run_dir, "params.npz"))
+        get_file(sftp, f"{remote_run_dir}/params.npz", os.path.join(local_run_dir, "params.npz"))
         count += 1
     except OSError:
         pass

@@ -363,3 +363,23 @@ def test_revoked_host_keys_are_refused_and_ca_lines_said_to_be_unchecked(tmp_pat
     done = launch("jobs/linear.yaml", "--cluster", str(cluster), "--dry-run")
     assert done.returncode == 1
     assert "only @cert-authority lines match it" in done.stderr, done.stderr
+
+
+def test_results_brought_back_are_never_written_through_a_link_in_the_run_directory(tmp_path, sftp):
+    """The local run directory is input too: a link planted where process 0's tensorboard
+    files or params land is refused, and what it points at is untouched."""
+    remote = tmp_path / "remote-run"
+    (remote / "tensorboard").mkdir(parents=True)
+    (remote / "tensorboard" / "metrics.jsonl").write_text('{"step": 1}\n')
+    (remote / "params.npz").write_bytes(b"params")
+    local, victim = tmp_path / "local-run", tmp_path / "victim.txt"
+    (local / "tensorboard").mkdir(parents=True)
+    victim.write_text("the user's own\n")
+    os.symlink(victim, local / "tensorboard" / "metrics.jsonl")
+    with pytest.raises(OSError, match="is a symbolic link; podlaunch follows no link"):
+        transfer.fetch_results(sftp, str(remote), str(local))
+    os.remove(local / "tensorboard" / "metrics.jsonl")
+    os.symlink(victim, local / "params.npz")
+    assert transfer.fetch_results(sftp, str(remote), str(local)) == 1  # the params refused
+    assert (local / "tensorboard" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert victim.read_text() == "the user's own\n"
