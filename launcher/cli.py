@@ -22,7 +22,7 @@ import yaml
 
 from launcher import backends
 from launcher import plan as planning
-from launcher import interrupts
+from launcher import flags, interrupts
 from launcher.commands import runs
 from launcher.console import lines
 from launcher.run import ledger, restarts, runlock
@@ -248,6 +248,8 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
 def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     launched_at = time.monotonic()  # the ledger's and run.json's duration count from here
     args = _parser().parse_args(argv)
+    flags.check(("--status-every", args.status_every, flags.seconds_or_never,
+                 "how often to print the progress line when stdout is not a terminal"))
     show = parse_show(args.show)
     console = console or Console(show=show, status_every_s=args.status_every,
                                  others=show != frozenset())

@@ -18,7 +18,7 @@ import json
 import os
 import time
 
-from launcher import interrupts
+from launcher import flags, interrupts
 from launcher.commands import runs
 from launcher.commands.stacks_cmd import answers, ask, live_launcher, print_answer
 from launcher.console.words import plural
@@ -55,16 +55,15 @@ def main(argv: list) -> int:
     """Ask, wait, print; returns the exit code.
 
     Raises:
-      SpecError: RUN_DIR is not a run with a live launcher on this machine, or ``--steps``
-        is not 1 to 10000 (exit 2).
+      SpecError: ``--timeout-s`` is not a number of seconds > 0, ``--steps`` is not 1 to
+        10000, or RUN_DIR is not a run with a live launcher on this machine (exit 2);
+        nothing was asked.
       LaunchError: not every trace came within ``--timeout-s`` (exit 1).
     """
     args = _parser().parse_args(argv)
+    flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for every trace"))
     run_dir = args.run_dir
     num_steps = _num_steps(run_dir, args.steps)
-    if not 0 < args.timeout_s < float("inf"):
-        raise SpecError([Problem("--timeout-s", None, "", f"expected a number of seconds > 0, "
-                                 f"got {args.timeout_s:g}")])
     launcher, proven = live_launcher(run_dir, "launch profile")
     asked_at = time.time()
     request = os.path.join(run_dir, f"{profiles.REQUEST_PREFIX}{time.time_ns()}-{os.getpid()}.json")

@@ -17,7 +17,7 @@ import os
 import socket
 import time
 
-from launcher import interrupts
+from launcher import flags, interrupts
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import runlock, stacks
@@ -103,10 +103,12 @@ def main(argv: list) -> int:
     """Ask, wait, print; returns the exit code.
 
     Raises:
-      SpecError: RUN_DIR is not a run with a live launcher on this machine (exit 2).
+      SpecError: ``--timeout-s`` is not a number of seconds > 0, or RUN_DIR is not a run
+        with a live launcher on this machine (exit 2); nothing was asked.
       LaunchError: the launcher did not answer within ``--timeout-s`` (exit 1).
     """
     args = _parser().parse_args(argv)
+    flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for the answer"))
     run_dir = args.run_dir
     launcher, proven = live_launcher(run_dir, "launch stacks")
     asked_at = time.time()

@@ -27,7 +27,7 @@ import tempfile
 import time
 import urllib.request
 
-from launcher import interrupts, proctl
+from launcher import flags, interrupts, proctl
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.console.words import plural
@@ -204,10 +204,13 @@ def main(argv: list[str]) -> int:
     """Serve until Ctrl-C; returns the exit code (0 after Ctrl-C, 1 if the server died).
 
     Raises:
-      SpecError: bad RUN_DIR (exit 2).
+      SpecError: bad RUN_DIR, ``--port`` or ``--startup-timeout-s`` (exit 2); nothing served.
       LaunchError: TensorBoard is not installed, or did not start (exit 1).
     """
     args = _parser().parse_args(argv)
+    flags.check(("--port", args.port, flags.port, "the port to serve on"),
+                ("--startup-timeout-s", args.startup_timeout_s, flags.seconds,
+                 "how long to wait for the server to answer"))
     run_dirs, logdir, what = served_runs(args.run_dir, args.root)
     if not tensorboard_installed():
         raise LaunchError(f"TensorBoard is not installed in {sys.executable}; install it with: "

@@ -94,10 +94,15 @@ class SshCluster(SshSettings, ClusterSettings):
         return host.num_processes or self.processes_per_host
 
     def problems(self) -> list:
-        """Cross-field problems as (key, message) pairs: a spare that is also a host, or
-        named twice (a host is its name and port)."""
-        seen = {(h.host, h.port): f"cluster.hosts[{i}]" for i, h in enumerate(self.hosts)}
-        out = []
+        """Cross-field problems as (key, message) pairs: a host or spare named twice, or a
+        spare that is also a host (a host is its name and port)."""
+        seen, out = {}, []
+        for i, host in enumerate(self.hosts):
+            where = seen.setdefault((host.host, host.port), f"cluster.hosts[{i}]")
+            if where != f"cluster.hosts[{i}]":  # two places would be one machine run as two
+                out.append((("hosts", i), f"{host.host!r} is listed twice ({where} and "
+                            f"cluster.hosts[{i}]); list each host once (num_processes: N runs "
+                            "more processes on it)"))
         for i, spare in enumerate(self.spares):
             where = seen.get((spare.host, spare.port))
             if where is not None:

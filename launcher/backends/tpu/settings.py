@@ -81,8 +81,12 @@ class TpuCluster(SshSettings, ClusterSettings):
         if self.num_slices is not None and not self.queued_resource:
             out.append(("num_slices", f"only used with queued_resource; the slice count is "
                         f"{max(1, len(self.slices))} here; remove it"))
-        if len(set(self.slices)) != len(self.slices):
-            out.append(("slices", f"names a slice twice: {list(self.slices)}"))
+        first: dict = {}
+        for i, name in enumerate(self.slices):
+            j = first.setdefault(name, i)
+            if j != i:  # one slice's hosts would be placed twice
+                out.append((("slices", i), f"{name!r} is listed twice (cluster.slices[{j}] and "
+                            f"cluster.slices[{i}]); list each slice once"))
         return out
 
     @property
