@@ -8,11 +8,17 @@ A value is masked when:
   * its key (at any depth: ``cluster.env``, ``task.args``, ...) has a name part
     in ``SECRET_PARTS``; parts are split at ``_``, ``-``, ``.`` and camelCase
     boundaries, so ``DB_PASS``, ``apiToken``, ``WANDB_API_KEY`` and
-    ``aws-secret`` are secrets and ``PASSAGE`` or ``KEYBOARD`` are not;
+    ``aws-secret`` are secrets and ``PASSAGE`` or ``KEYBOARD`` are not; a part
+    written without separators is a secret when it holds an unambiguous secret
+    word (``GLUED``: ``DBPASSWORD``, ``AUTHTOKEN``, ``SECRETKEY``, ``SESSIONID``)
+    or ends in ``PASS``/``PWD`` (``DBPASS``; not ``BYPASS`` or ``COMPASS``);
   * its key is listed in the spec's ``secrets:`` (exact names, any depth);
   * or, inside any string, it is the password of a URL
     (``postgres://user:pw@db/x`` -> ``postgres://user:****@db/x``, RFC 3986
-    userinfo);
+    userinfo; ``user:pw@host`` without a scheme too), or the value of a secret
+    keyword in a connection string or query (``password=pw dbname=x``,
+    ``Server=x;Pwd=pw;``, ``?token=t&y=1``: the keyword is a secret by the rules
+    above);
   * or, in a list of strings (a command line: ``program.argv``, list values of
     ``task.args``), it is the value of a flag or assignment whose name is a
     secret by the rules above: ``--api-token=X`` -> ``--api-token=****``,
@@ -29,6 +35,16 @@ SECRET_PARTS = frozenset({
     "CREDS", "PRIVATE", "AUTH", "AUTHORIZATION", "COOKIE", "SESSION", "SIGNATURE", "DSN", "PAT",
 })
 _PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z]|[^A-Za-z]|$)|[A-Z]?[a-z]+|[0-9]+")
+# secret words inside a part written without separators; TOKEN not in TOKENIZER
+GLUED = re.compile(r"SECRET|TOKEN(?!IZ)|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|APIKEY|ACCESSKEY|"
+                   r"PRIVATEKEY|SIGNINGKEY|MASTERKEY|AUTHKEY|SESSION|COOKIE|AUTHORIZATION")
+_GLUED_END = re.compile(r".+(?:PASS|PWD)$")
+NOT_GLUED = frozenset({"BYPASS", "COMPASS", "SURPASS", "TRESPASS", "OVERPASS", "UNDERPASS"})
+# user:password@host without a scheme (a proxy setting, an scp-like address)
+_BARE_PASSWORD = re.compile(r"(?P<head>(?<![\w/:@.-])[A-Za-z_][A-Za-z0-9_.+-]*:)(?P<pw>[^\s:@/]+)(?=@[A-Za-z0-9.-]+)")
+# name=value in a connection string or a query: the value ends at whitespace, ; & or ,
+_KEYWORD = re.compile(r"(?P<head>(?:^|(?<=[\s;&?,]))(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)\s*=\s*)"
+                      r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s;&,]+)")
 # scheme://user:password@ : the password ends at the last '@' before the host
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)(?P<pw>[^\s]*?)(?=@[^@\s]*$|@[^@\s/]*[/?#\s])")
 
@@ -47,13 +63,21 @@ def is_secret(name: str, explicit=()) -> bool:
     """
     if name in explicit:
         return True
-    parts = name_parts(name)
-    return any(p in SECRET_PARTS for p in parts)
+    return any(p in SECRET_PARTS or (p not in NOT_GLUED and (GLUED.search(p) or _GLUED_END.match(p)))
+               for p in name_parts(name))
 
 
-def mask_text(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``MASK``."""
-    return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text) if "://" in text else text
+def mask_text(text: str, explicit=()) -> str:
+    """``text`` with every password of a URL (``scheme://user:pw@``, ``user:pw@host``) and
+    every value of a secret keyword (``password=pw``) replaced by ``MASK``."""
+    if "://" in text:
+        text = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
+    if "@" in text:
+        text = _BARE_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
+    if "=" in text:
+        text = _KEYWORD.sub(lambda m: m.group("head") + MASK if is_secret(m.group("name"), explicit)
+                            else m.group(0), text)
+    return text
 
 
 def masked(value, explicit=(), name=None):
@@ -72,7 +96,7 @@ def masked(value, explicit=(), name=None):
         items = masked_argv(value, explicit) if any(isinstance(v, str) for v in value) else value
         return type(value)(masked(v, explicit) for v in items)
     if isinstance(value, str):
-        return mask_text(value)
+        return mask_text(value, explicit)
     return value
 
 
@@ -86,7 +110,8 @@ def masked_argv(argv, explicit=()) -> list:
     ``--name=value``, ``-name=value`` and ``name=value`` items whose name is a secret
     (``is_secret``, dashes stripped) keep the name and lose the value; a secret
     ``--name`` or ``-name`` item masks the item after it, unless that one is a flag
-    itself. Items that are not strings are kept as they are.
+    itself. Any other string item is ``mask_text``'d. Items that are not strings are kept
+    as they are.
     """
     out = list(argv)
     for i, item in enumerate(out):
@@ -100,4 +125,6 @@ def masked_argv(argv, explicit=()) -> list:
         if (flag and is_secret(flag.group("name"), explicit) and i + 1 < len(out)
                 and isinstance(out[i + 1], str) and not out[i + 1].startswith("-")):
             out[i + 1] = MASK
+        elif out[i] is item:  # not masked whole: a URL's password or a keyword's value inside
+            out[i] = mask_text(item, explicit)
     return out

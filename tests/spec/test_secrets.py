@@ -1,0 +1,75 @@
+"""Secrets in the spellings users write: names without separators (``DBPASSWORD``) and
+credentials inside values (``password=`` in a connection string, ``user:pw@`` in an address),
+in ``cluster.env`` and a program's ``argv``, masked in ``--dry-run`` and in spec.yaml."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from harness.helpers import launch
+from launcher import backends
+from launcher import spec as specs
+from worker import redact
+
+SECRETS = {"DBPASSWORD": "pw-glued-1", "AUTHTOKEN": "pw-glued-2", "SECRETKEY": "pw-glued-3",
+           "SESSIONID": "pw-glued-4", "DBPASS": "pw-glued-5",
+           "PG_CONN": "host=db user=me password=pw-conn-1 dbname=x",
+           "ODBC": "Server=db;Uid=sa;Pwd=pw-conn-2;Database=x",
+           "HTTPS_PROXY": "svc:pw-bare-1@proxy.corp:3128",
+           "FEED": "https://h.example/x?token=pw-query-1&page=2"}
+VISIBLE = {"TOKENIZER": "bert-base", "KEYBOARD": "us", "BYPASS_CACHE": "yes", "COMPASS": "north",
+           "CLOCK": "10:30@site"}
+ARGV = ["python", "p.py", "--db", "host=h password=pw-argv-1", "--mirror",
+        "https://u:pw-argv-2@h/x", "svc:pw-argv-3@host.example", "AUTHTOKEN=pw-argv-4", "--lr", "0.1"]
+
+
+@pytest.fixture
+def job_file(tmp_path):
+    prog = tmp_path / "prog"
+    prog.mkdir()
+    (prog / "p.py").write_text("print('hi')\n")
+    spec = {"name": "creds", "program": {"argv": ARGV, "dir": str(prog)},
+            "cluster": {"backend": "local", "num_processes": 1, "devices_per_process": 1,
+                        "env": {**SECRETS, **VISIBLE}}}
+    (tmp_path / "j.yaml").write_text(yaml.safe_dump(spec))
+    return str(tmp_path / "j.yaml")
+
+
+def _no_secret_in(text: str) -> None:
+    """Every secret value above is spelled pw-KIND-N."""
+    assert not re.findall(r"pw-[a-z]+-\d", text), text
+
+
+def test_glued_names_and_credentials_in_values_are_masked_by_dry_run(job_file):
+    done = launch(job_file, "--dry-run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _no_secret_in(done.stdout + done.stderr)
+    for name, value in VISIBLE.items():
+        assert f"{name}={value}" in done.stdout, done.stdout
+    assert "password=**** dbname=x" in done.stdout and "svc:****@proxy.corp:3128" in done.stdout
+
+
+def test_glued_names_and_credentials_in_values_are_masked_in_spec_yaml(job_file):
+    job = specs.load(job_file, None, (), registry=backends)
+    kept = yaml.safe_dump(job.to_masked_dict())  # what spec.yaml holds (cli._write_run_files)
+    _no_secret_in(kept)
+    assert "Pwd=****;Database=x" in kept and "token=****&page=2" in kept
+    assert "bert-base" in kept and "10:30@site" in kept
+    command = " ".join(redact.masked_argv(["--set", "cluster.env.DBPASSWORD=pw-set-1",
+                                           "--set", "cluster.env.URL=redis://:pw-set-2@h:6379"]))
+    assert "pw-set" not in command, command  # the run lock's record of the command line
+
+
+@pytest.mark.parametrize("name", ["DBPASSWORD", "AUTHTOKEN", "SECRETKEY", "SESSIONID", "DBPASS",
+                                  "ACCESSKEY", "HFTOKEN", "myDbpassword", "x.PRIVATEKEY"])
+def test_a_secret_name_without_separators_is_a_secret(name):
+    assert redact.is_secret(name)
+
+
+@pytest.mark.parametrize("name", ["TOKENIZER", "KEYBOARD", "PASSAGE", "BYPASS", "COMPASS_DIR",
+                                  "MONKEY", "PATH", "HOME"])
+def test_ordinary_words_stay_visible(name):
+    assert not redact.is_secret(name)
