@@ -173,10 +173,16 @@ def _resume_dir(job: specs.JobSpec, run_dir: str) -> str:
     run_dir = os.path.abspath(run_dir)
     spec_file = os.path.join(run_dir, "spec.yaml")
     try:
-        earlier = yaml.safe_load(runfiles.read_regular(spec_file)) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        earlier = yaml.safe_load(runfiles.read_regular(spec_file))
+        why = None if isinstance(earlier, dict) else "not a mapping of settings"
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    except (yaml.YAMLError, RecursionError) as exc:  # PyYAML's own text is not for the console
+        mark = getattr(exc, "problem_mark", None)
+        why = "not valid YAML" + (f" at line {mark.line + 1}" if mark is not None else "")
+    if why is not None:
         raise SpecError([Problem("--resume", None, "", f"{run_dir} is not a run directory (cannot "
-                                 f"read {spec_file}: {exc}); pass the directory a launch printed")]) from None
+                                 f"read {spec_file}: {why}); pass the directory a launch printed")])
     if earlier.get("name") != job.name:
         raise SpecError([Problem("--resume", None, "", f"{run_dir} holds a run of job "
                                  f"{earlier.get('name')!r}, not {job.name!r}; pass that job's spec")])

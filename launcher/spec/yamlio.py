@@ -17,7 +17,9 @@ duplicate keys      last one wins         an error naming both lines
 ==================  ====================  ===================================
 
 Merge keys (``<<: *defaults``) work as in PyYAML and YAML tools: the mapping's
-own keys win over merged ones. What a document may expand to is bounded, so a
+own keys win over merged ones, and a merged mapping may merge others itself
+(layered defaults). A tag other than the plain ones (``!foo``, ``!!timestamp``,
+``!!int abc``) is an error line, never a traceback. What a document may expand to is bounded, so a
 hostile spec is one error line, not a hang or a traceback: at most
 ``MAX_CHARS`` characters, at most ``MAX_NODES`` nodes as written (counted while
 PyYAML composes them: a list of 12 million items once took 4.2 GB and minutes
@@ -39,6 +41,10 @@ _BOOL = "tag:yaml.org,2002:bool"
 _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
 _NULL = "tag:yaml.org,2002:null"
+_MERGE = "tag:yaml.org,2002:merge"
+_PLAIN = frozenset({"tag:yaml.org,2002:str", _BOOL, _INT, _FLOAT, _NULL})  # what a spec holds
+_WORDS = {_INT: "a whole number", _FLOAT: "a number", _BOOL: "true or false", _NULL: "null"}
+_BAD = object()  # a scalar that could not be read (the problem is said)
 
 
 class _Loader(yaml.SafeLoader):
@@ -214,27 +220,66 @@ class _Builder:
                 return items
             finally:
                 self.open.discard(id(node))
-        value = self.loader.construct_object(node, deep=True)
+        value = self._scalar(node, path)
+        if value is _BAD:
+            return None  # said in problems
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             self.lines.texts[path] = node.value
         return value
+
+    def _scalar(self, node, path: tuple):
+        """A scalar's value; a tag this loader does not read (``!foo``, ``!!timestamp``, ``!!int
+        abc``) is a problem with its line, not PyYAML's or int()'s traceback (``_BAD`` then)."""
+        shown = node.tag.replace("tag:yaml.org,2002:", "!!")
+        if node.tag not in _PLAIN:
+            why = f"the tag {shown} is not read here"
+        else:
+            try:
+                return self.loader.construct_object(node, deep=True)
+            except (yaml.YAMLError, ValueError, TypeError, AttributeError):
+                why = f"{node.value!r:.60} is not {_WORDS.get(node.tag, shown)}"
+        self.problems.append(Problem(self.source, node.start_mark.line + 1, dotted(path),
+                                     f"{why}; write the value without a tag (a spec holds "
+                                     "strings, numbers, true/false, null, lists and mappings)"))
+        return _BAD
+
+    def _merged(self, key_node, value_node, path: tuple) -> list:
+        """The (key, value node) pairs a ``<<`` brings, in the order they win: each source's
+        own keys before those it merges itself (``x-cpu: &cpu {<<: *base, ...}``, then
+        ``train: {<<: *cpu}``), an earlier source before a later one."""
+        sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+        pairs: list = []
+        for source in sources:
+            if not isinstance(source, yaml.MappingNode) or id(source) in self.open:
+                self.problems.append(Problem(
+                    self.source, key_node.start_mark.line + 1, dotted(path),
+                    "'<<' merges mappings only; give it an alias of a mapping"
+                    if not isinstance(source, yaml.MappingNode) else
+                    "'<<' merges a mapping into itself (a recursive alias); write the keys out"))
+                continue
+            self.open.add(id(source))
+            try:
+                own = [(k, v) for k, v in source.value if k.tag != _MERGE]
+                for k, v in source.value:
+                    if k.tag == _MERGE:
+                        own += self._merged(k, v, path)
+            finally:
+                self.open.discard(id(source))
+            pairs += own
+        return pairs
 
     def _mapping(self, node, path: tuple) -> dict:
         out: dict = {}
         merged: list = []  # (key, value node) from "<<" merges: the mapping's own keys win
         for key_node, value_node in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
-                for source in sources:
-                    if not isinstance(source, yaml.MappingNode):
-                        self.problems.append(Problem(
-                            self.source, key_node.start_mark.line + 1, dotted(path),
-                            "'<<' merges mappings only; give it an alias of a mapping"))
-                        continue
-                    merged += [(k, v) for k, v in source.value]
+            if key_node.tag == _MERGE:
+                merged += self._merged(key_node, value_node, path)
                 continue
-            key = self.loader.construct_object(key_node, deep=True)
+            key = self._scalar(key_node, path) if isinstance(key_node, yaml.ScalarNode) \
+                else self.loader.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if key is _BAD:
+                continue
             if not isinstance(key, str):
                 self.problems.append(Problem(self.source, line, dotted(path),
                                              f"key {key!r} is not a string; quote it"))
@@ -247,7 +292,8 @@ class _Builder:
             self.lines[path + (key,)] = line
             out[key] = self.build(value_node, path + (key,))
         for key_node, value_node in merged:  # earlier merge sources win over later ones
-            key = self.loader.construct_object(key_node, deep=True)
+            key = self._scalar(key_node, path) if isinstance(key_node, yaml.ScalarNode) \
+                else self.loader.construct_object(key_node, deep=True)
             if isinstance(key, str) and key not in out:
                 self.lines[path + (key,)] = key_node.start_mark.line + 1
                 out[key] = self.build(value_node, path + (key,))
