@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -25,7 +24,7 @@ from launcher import plan as planning
 from launcher import flags, interrupts
 from launcher.commands import runs
 from launcher.console import lines
-from launcher.run import ledger, restarts, runlock
+from launcher.run import ledger, restarts, resumes, runlock
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
@@ -168,7 +167,8 @@ def _resume_dir(job: specs.JobSpec, run_dir: str) -> str:
     """Check that ``--resume RUN_DIR`` names a run of this job.
 
     Raises:
-      SpecError: no such run directory, or it holds another job's run.
+      SpecError: no such run directory, it holds another job's run, or the spec changes
+        what the run trains (``launcher.run.resumes``).
     """
     run_dir = os.path.abspath(run_dir)
     spec_file = os.path.join(run_dir, "spec.yaml")
@@ -186,18 +186,14 @@ def _resume_dir(job: specs.JobSpec, run_dir: str) -> str:
     if earlier.get("name") != job.name:
         raise SpecError([Problem("--resume", None, "", f"{run_dir} holds a run of job "
                                  f"{earlier.get('name')!r}, not {job.name!r}; pass that job's spec")])
+    resumes.check(run_dir, job.to_masked_dict())
     return run_dir
 
 
 def _spec_changes(run_dir: str, masked: dict) -> list:
     """``key: old -> new`` for every setting in which ``masked`` (the spec about to run, secrets
     masked) differs from the run's ``spec.yaml`` (what its earlier attempts ran)."""
-    earlier = runs.spec_of(run_dir)
-    if not earlier:
-        return []
-    now = runs.flat(json.loads(json.dumps(masked)))  # tuples as lists, as YAML read them back
-    return [f"{key}: {earlier.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
-            for key in sorted(set(earlier) | set(now)) if earlier.get(key) != now.get(key)]
+    return [f"{key}: {before!r} -> {now!r}" for key, before, now in resumes.changes(run_dir, masked)]
 
 
 def _write_run_files(plan: planning.Plan, first_attempt: int = 0, job=None) -> list:

@@ -94,11 +94,12 @@ def test_killed_and_resumed_shuffled_run_sees_the_same_batches(tmp_path, uninter
     manifest = json.loads((run_dir / "checkpoints" / "step-0000040" / "manifest.json").read_text())
     assert manifest["data"] == {"next_batch": 0, "num_batches": 4, "epoch": 10, "shuffle": True,
                                 "shuffle_seed": 11}, manifest
-    # and --resume of the finished run with more steps goes on from the same order
+    # and --resume with another order is refused before anything starts (the checkpoint
+    # refuses it too: tests/trainer/test_checkpoint.py)
     again = launch("jobs/linear.yaml", *COMMON, "--resume", str(run_dir),
                    "--set", "data.shuffle_seed=12")
-    assert again.returncode == 1, again.stdout[-3000:]
-    assert "differs from this job's (shuffled, seed 12)" in again.stdout, again.stdout[-3000:]
+    assert again.returncode == 2, again.stdout[-3000:] + again.stderr
+    assert "--resume: data.shuffle_seed: 11 -> 12 changes what is trained" in again.stderr, again.stderr
 
 
 def test_killed_and_resumed_shuffled_run_over_ssh(tmp_path, two_ssh_hosts, uninterrupted):

@@ -1,0 +1,64 @@
+"""What a ``--resume`` may change, and what it may not: settings that decide which examples
+form each step's batch, or what the task is, are the run's; changing one mid-run would train
+every later step on other batches than the run's checkpoints were made with, without a word.
+
+A checkpoint refuses what it can see (its leaves' shapes, the batches per epoch, the data
+order), but ``train.global_batch_size`` from 128 to 150 over 300 rows keeps 2 batches per
+epoch while every batch after the resume holds other rows. Those keys are compared here,
+from the run's ``spec.yaml`` (what its attempts ran), before anything is written or started;
+anything else that changed (``num_steps``, the optimizer's rate, the cluster) is said by the
+launch and goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from launcher.commands import runs
+from launcher.errors import Problem, SpecError
+
+# which examples form each batch, and what is trained on them (prefixes end with '.')
+TRAINED = ("train.global_batch_size", "data.", "task.")
+NOT_TRAINED = ("data.prefetch", "data.resident")  # how batches are read, not which
+UNSET = "(unset)"
+
+
+def changes(run_dir: str, masked: dict) -> list:
+    """``(key, before, now)`` for every setting in which ``masked`` (the spec about to run,
+    secrets masked) differs from the run's ``spec.yaml``; ``UNSET`` for a key one lacks."""
+    earlier = runs.spec_of(run_dir)
+    if not earlier:
+        return []
+    now = runs.flat(json.loads(json.dumps(masked)))  # tuples as lists, as YAML read them back
+    return [(key, earlier.get(key, UNSET), now.get(key, UNSET))
+            for key in sorted(set(earlier) | set(now)) if earlier.get(key) != now.get(key)]
+
+
+def trained(key: str) -> bool:
+    """Whether ``key`` (dotted) decides which examples form each batch or what is trained."""
+    return key not in NOT_TRAINED and any(key == t or (t.endswith(".") and key.startswith(t))
+                                          for t in TRAINED)
+
+
+def check(run_dir: str, masked: dict) -> None:
+    """Refuse a resume that changes what is trained.
+
+    Raises:
+      SpecError: one problem per such key (its value before and now, and what to do); nothing
+        was written or started.
+    """
+    refused = [(key, before, now) for key, before, now in changes(run_dir, masked)
+               if trained(key) and UNSET not in (before, now)]  # a key another version lacked
+    if refused:
+        raise SpecError([Problem("--resume", None, key, (
+            f"{before!r} -> {now!r} changes what is trained (which examples form each step's "
+            f"batch, or the task), so every step after the resume would differ from the run's; "
+            f"resume with the run's value ({_set_flag(key, before)}) or start a new run with "
+            f"--run-dir")) for key, before, now in refused])
+
+
+def _set_flag(key: str, value) -> str:
+    """``--set KEY=VALUE`` that gives ``key`` back ``value``, as a shell would take it."""
+    text = value if isinstance(value, str) else json.dumps(value)  # false, null, [1, 2]
+    return f"--set {shlex.quote(f'{key}={text}')}"

@@ -1,0 +1,52 @@
+"""A resume that would change what is trained is refused before anything starts: the batch
+size (128 -> 150 keeps 150 batches per epoch over 19,200 rows, where the checkpoint cannot see
+it), the data and the task; other settings are said and go on. Real spec.yaml files, the
+real CLI."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from harness.helpers import REPO, launch
+from launcher import backends
+from launcher import spec as specs
+from launcher.run import resumes
+
+JOB = f"{REPO}/jobs/linear.yaml"
+
+
+def _run_dir_of(tmp_path, *overrides) -> str:
+    """A run directory whose spec.yaml is what a launch of JOB with ``overrides`` keeps."""
+    job = specs.load(JOB, None, overrides, registry=backends)
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(job.to_masked_dict(), sort_keys=False))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("key, before, now", [
+    ("train.global_batch_size", "128", "148"),  # 300 rows: 2 batches per epoch either way
+    ("data.num_examples", "300", "301"),
+    ("data.shuffle", "false", "true"),
+    ("task.name", "linear_regression", "faulty_task:make"),
+])
+def test_a_resume_that_changes_what_is_trained_is_refused_before_anything_starts(tmp_path, key,
+                                                                                 before, now):
+    base = ("data.num_examples=300", "train.global_batch_size=128")
+    run_dir = _run_dir_of(tmp_path, *base, f"{key}={before}")
+    done = launch(JOB, "--resume", run_dir, *[a for b in base for a in ("--set", b)],
+                  "--set", f"{key}={now}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"--resume: {key}: " in done.stderr and "changes what is trained" in done.stderr, done.stderr
+    assert f"--set {key}={before}" in done.stderr and "nothing was started" in done.stderr
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "run.json").exists()
+
+
+def test_settings_that_do_not_change_the_batches_are_not_refused(tmp_path):
+    run_dir = _run_dir_of(tmp_path)
+    now = specs.load(JOB, None, ("train.num_steps=99", "optimizer.learning_rate=0.5",
+                                 "data.prefetch=4", "logging.log_every_steps=3"), registry=backends)
+    resumes.check(run_dir, now.to_masked_dict())  # no SpecError
+    changed = [key for key, _, _ in resumes.changes(run_dir, now.to_masked_dict())]
+    assert changed == ["data.prefetch", "logging.log_every_steps", "optimizer.learning_rate",
+                       "train.num_steps"]
