@@ -22,9 +22,9 @@ import yaml
 from launcher import backends
 from launcher import plan as planning
 from launcher import flags, interrupts
-from launcher.commands import runs
+from launcher.commands import resumes, runs
 from launcher.console import lines
-from launcher.run import ledger, restarts, resumes, runlock
+from launcher.run import ledger, restarts, runlock
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
@@ -168,7 +168,7 @@ def _resume_dir(job: specs.JobSpec, run_dir: str) -> str:
 
     Raises:
       SpecError: no such run directory, it holds another job's run, or the spec changes
-        what the run trains (``launcher.run.resumes``).
+        what the run trains (``launcher.commands.resumes``).
     """
     run_dir = os.path.abspath(run_dir)
     spec_file = os.path.join(run_dir, "spec.yaml")

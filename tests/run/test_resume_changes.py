@@ -11,7 +11,7 @@ import yaml
 from harness.helpers import REPO, launch
 from launcher import backends
 from launcher import spec as specs
-from launcher.run import resumes
+from launcher.commands import resumes
 
 JOB = f"{REPO}/jobs/linear.yaml"
 
