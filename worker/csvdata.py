@@ -2,7 +2,9 @@
 
 Standard library only (the launcher imports it without numpy). A data file is
 comma-separated numbers, one row per line; the first non-empty line may be a
-header (any cell that is not a number). A cell is a decimal number as
+header (a cell that is neither a number nor a missing-value mark: a first row
+``1.5,NA,3`` as spreadsheets and databases export it is data, refused for its
+missing cell, never skipped as a header). A cell is a decimal number as
 ``NUMBER`` writes it, with optional surrounding spaces: ``1_000`` (which
 Python's ``float`` accepts and numpy's parser rejects), ``0x10`` and empty
 cells are refused, and so are ``nan`` and ``inf`` in any spelling: a
@@ -15,6 +17,8 @@ import re
 NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 _NON_FINITE = re.compile(r"[-+]?(?:nan|inf|infinity)", re.IGNORECASE)
+# how spreadsheets, R, pandas, SQL dumps and Stata write a missing value
+_MISSING = re.compile(r"|na|n/a|#n/a|null|\\n|none|nil|-|\?|\.", re.IGNORECASE)
 
 
 class CsvError(ValueError):
@@ -26,7 +30,8 @@ def _cells(line):
 
 
 def _is_header(cells):
-    return any(not NUMBER.fullmatch(c) and not _NON_FINITE.fullmatch(c) for c in cells)
+    return any(not NUMBER.fullmatch(c) and not _NON_FINITE.fullmatch(c) and not _MISSING.fullmatch(c)
+               for c in cells)
 
 
 def parse_row(cells, number, columns):
@@ -49,6 +54,9 @@ def parse_row(cells, number, columns):
             if _NON_FINITE.fullmatch(cell):
                 raise CsvError("line %d, column %d: %r is not a finite number; data must be "
                                "finite (fix or drop the row)" % (number, index + 1, cell))
+            if _MISSING.fullmatch(cell):
+                raise CsvError("line %d, column %d: %r marks a missing value; every cell must "
+                               "hold a number (fill it in or drop the row)" % (number, index + 1, cell))
             raise CsvError("line %d, column %d: %r is not a number (write plain decimals, "
                            "e.g. 1000 or 1.5e-3)" % (number, index + 1, cell))
         value = float(cell)

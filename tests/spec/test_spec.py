@@ -244,7 +244,11 @@ def test_dry_run_prints_the_plan_masks_secrets_and_starts_nothing(tmp_path):
     ("nan.csv", "a,b,c\n1,2,3\n4,5,nan\n", "nan.csv: line 3, column 3: 'nan' is not a finite number"),
     ("inf.csv", "1,2,3\n-Infinity,5,6\n", "inf.csv: line 2, column 1: '-Infinity' is not a finite number"),
     ("huge.csv", "1,2,3\n4,1e999,6\n", "huge.csv: line 2, column 2: '1e999' is beyond float range"),
-    ("blank-cell.csv", "1,2,3\n4,,6\n", "blank-cell.csv: line 2, column 2: '' is not a number"),
+    ("blank-cell.csv", "1,2,3\n4,,6\n", "blank-cell.csv: line 2, column 2: '' marks a missing value"),
+    # a headerless export whose first row has a missing value: that row, never taken for a header
+    ("na-first.csv", "1.5,NA,3\n4,5,6\n", "na-first.csv: line 1, column 2: 'NA' marks a missing value"),
+    ("null-first.csv", "NULL,2,3\n4,5,6\n", "null-first.csv: line 1, column 1: 'NULL' marks a missing"),
+    ("blank-first.csv", "1,,3\n4,5,6\n", "blank-first.csv: line 1, column 2: '' marks a missing value"),
 ])
 def test_bad_data_file_content_is_reported_before_launch(tmp_path, name, content, expected):
     (tmp_path / name).write_text(content)
