@@ -16,11 +16,12 @@ import fcntl
 import functools
 import hashlib
 import os
+import tempfile
 import zipfile
 
 import numpy as np
 
-from worker import csvdata
+from worker import csvdata, runfiles
 from worker import job as jobs
 
 CACHE_DIR = "data-cache"  # under the run directory
@@ -323,8 +324,11 @@ def csv_cache(path: str, cache_dir: str) -> str:
     key = hashlib.sha256(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
     os.makedirs(cache_dir, exist_ok=True)
     final = os.path.join(cache_dir, f"{os.path.basename(path)}-{key[:16]}.npy")
-    with open(final + ".lock", "w") as lock:
+    # the run directory is input: its lock, cache and temporary are never reached through a link
+    with open(final + ".lock", "a", opener=runfiles.opener) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.islink(final):
+            raise DataError(runfiles.refused(final).strerror)
         if os.path.exists(final):
             return final
         count, columns = 0, None
@@ -333,7 +337,8 @@ def csv_cache(path: str, cache_dir: str) -> str:
             count += 1
         if columns is None:
             raise DataError(f"{path}: the file has no data rows")
-        tmp = f"{final}.tmp-{os.getpid()}"
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(final) + ".", suffix=".tmp", dir=cache_dir)
+        os.close(fd)  # made here (O_EXCL): open_memmap opens it by name
         table = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float64, shape=(count, columns))
         for index, (number, cells) in enumerate(_lines(path)):
             try:

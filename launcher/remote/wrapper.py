@@ -103,11 +103,17 @@ def parse_exit_report(payload):
 
 
 def _write_record(path, record):
-    """The pid file, replaced whole (a reader never sees half of it)."""
+    """The pid file, replaced whole (a reader never sees half of it), through a temporary made
+    here (O_EXCL, O_NOFOLLOW): a link planted in the run directory is never written through."""
     if not path:
         return
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    try:
+        os.unlink(tmp)  # one left by a process of this pid before: removed, never followed
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
         json.dump(record, f)
     os.replace(tmp, path)
 

@@ -153,3 +153,19 @@ def test_another_users_live_launcher_is_refused_in_a_sentence(tmp_path, command)
     finally:
         other.send_signal(signal.SIGKILL)
         other.wait()
+
+
+def test_the_csv_cache_in_the_run_directory_follows_no_link(tmp_path, victim):
+    from worker import sources
+
+    data = tmp_path / "data.csv"
+    data.write_text("1,2\n3,4\n")
+    name = os.path.basename(sources.csv_cache(str(data), str(tmp_path / "first")))
+    cache = tmp_path / "run" / "data-cache"
+    plant(cache, [name + ".lock"], victim)
+    with pytest.raises(runfiles.LinkRefused, match="is a symbolic link"):
+        sources.csv_cache(str(data), str(cache))
+    os.remove(cache / (name + ".lock"))
+    plant(cache, [name], victim)  # a planted "cache": read as the data, it would train on it
+    with pytest.raises(sources.DataError, match="is a symbolic link"):
+        sources.csv_cache(str(data), str(cache))

@@ -268,7 +268,8 @@ def file_lines(path: str, text: str, writer: str) -> list:
     temporary = remote_path(f"{path}.{writer}.tmp")
     target = remote_path(path)
     return ["(umask 077", f"mkdir -p -- {remote_path(os.path.dirname(path) or '.')}",
-            f"rm -f -- {temporary}",  # a leftover would keep its mode
+            f"rm -f -- {temporary}",  # a leftover would keep its mode; a link is removed
+            "set -C",  # noclobber: '>' makes the file (O_EXCL), never writes through a link
             f"cat > {temporary} <<'{delimiter}'", text + delimiter, ")",
             f"if [ -d {target} ]; then rm -f -- {temporary}; echo {target}: is a directory >&2; "
             "exit 1; fi",

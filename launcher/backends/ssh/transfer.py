@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 
 import paramiko
@@ -95,10 +96,24 @@ def _may_be_here(raw: bytes, local_dir: str) -> bool:
 def _write_manifest(sftp: paramiko.SFTPClient, remote_dir: str, manifest: dict, writer: str) -> None:
     mkdirs(sftp, f"{remote_dir}/{os.path.dirname(MANIFEST)}")
     temporary = f"{remote_dir}/{MANIFEST}.{writer}.tmp"
-    with sftp.open(temporary, "wb") as f:
+    with new_file(sftp, temporary) as f:
         f.chmod(0o600)
         f.write(json.dumps(manifest, sort_keys=True).encode("utf-8"))
     sftp.posix_rename(temporary, f"{remote_dir}/{MANIFEST}")
+
+
+def new_file(sftp: paramiko.SFTPClient, path: str):
+    """``path`` on the host opened for writing as a file made now (SFTP's EXCL flag): a
+    leftover or a link planted there is removed first, never written through.
+
+    Raises:
+      OSError: it cannot be made (another writer made it meanwhile).
+    """
+    try:
+        sftp.remove(path)
+    except FileNotFoundError:
+        pass
+    return sftp.open(path, "wxb")  # w: writable; x: EXCL (with CREAT: never through a link)
 
 
 def _lstat(sftp: paramiko.SFTPClient, path: str):
@@ -276,7 +291,9 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
                 continue
             before_writing()
             temporary = f"{target}.{writer}.tmp"
-            sftp.put(entry.path, temporary)
+            with open(entry.path, "rb") as source_file, new_file(sftp, temporary) as f:
+                f.set_pipelined(True)
+                shutil.copyfileobj(source_file, f, 32768)
             sftp.chmod(temporary, entry.mode & 0o700)
             sftp.utime(temporary, (entry.mtime, entry.mtime))
             sftp.posix_rename(temporary, target)

@@ -199,7 +199,9 @@ class SshWorker:
         # over the host's channels, in the background like a stacks request; every value quoted
         target = f"{self.plan.run_dir}/{profiling.STEPS_FILE}"
         temporary = f"{target}.tmp-{self.plan.process_id}"
-        script = (f"umask 077 && printf '%s\\n' {shlex.quote(text)} > {shlex.quote(temporary)} "
+        # noclobber: '>' makes the temporary (O_EXCL), never writes through a planted link
+        script = (f"umask 077 && rm -f {shlex.quote(temporary)} && set -C && printf '%s\\n' "
+                  f"{shlex.quote(text)} > {shlex.quote(temporary)} "
                   f"&& mv -f {shlex.quote(temporary)} {shlex.quote(target)}")
 
         def send():

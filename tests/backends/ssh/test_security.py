@@ -383,3 +383,17 @@ def test_results_brought_back_are_never_written_through_a_link_in_the_run_direct
     assert transfer.fetch_results(sftp, str(remote), str(local)) == 1  # the params refused
     assert (local / "tensorboard" / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert victim.read_text() == "the user's own\n"
+
+
+def test_the_syncs_temporaries_on_a_host_are_made_never_written_through_a_link(tmp_path, sftp):
+    src, home, victim = tmp_path / "src", tmp_path / "home", tmp_path / "victim.txt"
+    src.mkdir()
+    (src / "main.py").write_text("print(1)\n")
+    home.mkdir()
+    victim.write_text("the host's own\n")
+    os.symlink(victim, home / "main.py.sync.tmp")  # where the copy goes before its rename
+    (home / ".podlaunch").mkdir()
+    os.symlink(victim, home / ".podlaunch" / "synced.json.sync.tmp")
+    assert transfer.sync_dir(sftp, str(src), str(home)) == 1
+    assert (home / "main.py").read_text() == "print(1)\n" and not os.path.islink(home / "main.py")
+    assert victim.read_text() == "the host's own\n"
