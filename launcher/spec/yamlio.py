@@ -153,7 +153,10 @@ def load(text: str, source: str) -> tuple[Any, Lines]:
         raise SpecError([Problem(source, None, "", f"is {len(text) / (1 << 20):.1f} MiB; a spec "
                                  f"is at most {MAX_CHARS >> 20} MiB (it names its data, it does "
                                  "not hold it): move the values to a file")])
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # its reader refuses control characters here, before parsing
+    except yaml.reader.ReaderError as exc:
+        raise SpecError([_unreadable(source, text, exc)]) from None
     try:
         node = loader.get_single_node()
     except _TooBig as exc:
@@ -182,6 +185,15 @@ def load(text: str, source: str) -> tuple[Any, Lines]:
     if problems:
         raise SpecError(problems)
     return value, lines
+
+
+def _unreadable(source: str, text: str, exc: "yaml.reader.ReaderError") -> Problem:
+    """A character YAML does not allow (a control character), by line and column."""
+    before = text[:exc.position]
+    line, column = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
+    return Problem(source, line, "", f"column {column}: the character U+{exc.character if isinstance(exc.character, int) else ord(exc.character):04X} "
+                   "is not allowed in YAML (control characters other than tab and newline "
+                   "are not); remove it, or write it as an escape inside double quotes")
 
 
 class _Builder:

@@ -54,3 +54,12 @@ def test_a_resumed_runs_spec_yaml_that_is_not_a_spec_is_one_line(tmp_path, text,
     done = launch(f"{REPO}/jobs/linear.yaml", "--resume", str(tmp_path))
     _refused(done, f"--resume: {tmp_path} is not a run directory (cannot read "
              f"{tmp_path / 'spec.yaml'}: {needle})")
+
+
+def test_a_control_character_is_named_by_line_and_column_in_a_file_and_in_set(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: t\ntrain: {num_steps: 2,\n  global_batch_size: 8}\x01\n")
+    _refused(launch(str(path), "--dry-run"), "job.yaml:3: column 24: the character U+0001 is not "
+             "allowed in YAML")
+    _refused(launch(f"{REPO}/jobs/linear.yaml", "--dry-run", "--set", "name=a\x07"),
+             "--set: name: column 2: the character U+0007 is not allowed in YAML")
