@@ -168,6 +168,9 @@ def prove(run_dir: str, pid: int, command: str) -> Launcher:
         lock = os.lstat(path)
     except OSError:
         lock = None
+    if lock is not None and lock.st_uid != os.getuid():
+        raise refuse(f"the run belongs to user {user_name(lock.st_uid)} ({path} is theirs), not to "
+                     f"you ({user_name(os.getuid())}): ask it as {user_name(lock.st_uid)}")
     if lock is None or not stat.S_ISREG(lock.st_mode) or held(run_dir) is not True:
         raise refuse(f"no launcher holds {path} (the run is over, or {run_dir} is not a run "
                      "directory of this version)")

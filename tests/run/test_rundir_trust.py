@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -169,3 +171,45 @@ def test_the_csv_cache_in_the_run_directory_follows_no_link(tmp_path, victim):
     plant(cache, [name], victim)  # a planted "cache": read as the data, it would train on it
     with pytest.raises(sources.DataError, match="is a symbolic link"):
         sources.csv_cache(str(data), str(cache))
+
+
+def _as_nobody(command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["su", "nobody", "-s", "/bin/sh", "-c",
+                           f"cd {REPO} && PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 {command}"],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("command", ["stacks", "profile"])
+def test_asking_another_users_live_run_is_a_sentence_not_a_permission_error(command):
+    """As user nobody, ``launch stacks`` of a live run of root's: refused by whose it is."""
+    if os.geteuid() != 0 or _as_nobody("-c 'import launcher.cli'").returncode != 0:
+        pytest.skip("runs the CLI as user nobody: needs root, /usr/bin/python3 with PyYAML and "
+                    "a checkout that user can read")
+    top = tempfile.mkdtemp(prefix="podlaunch-other-user-", dir="/tmp")
+    try:
+        os.chmod(top, 0o755)
+        run_dir = os.path.join(top, "run")
+        holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+            import os, sys, time
+            sys.path.insert(0, {REPO!r})
+            from launcher.commands import runs
+            from launcher.run import runlock
+            runlock.acquire({run_dir!r}, "--run-dir")
+            os.chmod({run_dir!r}, 0o755)
+            runs.Record({run_dir!r}, "linear", 10).start()
+            print("held", flush=True)
+            time.sleep(300)
+        """)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline() == "held\n"
+            done = _as_nobody(f"-m launcher.cli {command} {run_dir} --timeout-s 3")
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert "Traceback" not in done.stderr and "PermissionError" not in done.stderr
+            assert (f"the run belongs to user root ({run_dir}/launcher.lock is theirs), not to you "
+                    f"(nobody): ask it as root; launch {command} signalled nothing") in done.stderr
+            assert holder.poll() is None
+        finally:
+            holder.kill()
+            holder.wait()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
