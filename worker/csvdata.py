@@ -4,7 +4,9 @@ Standard library only (the launcher imports it without numpy). A data file is
 comma-separated numbers, one row per line; the first non-empty line may be a
 header (a cell that is neither a number nor a missing-value mark: a first row
 ``1.5,NA,3`` as spreadsheets and databases export it is data, refused for its
-missing cell, never skipped as a header). A cell is a decimal number as
+missing cell, never skipped as a header). As spreadsheets write them, a
+byte-order mark before the first line is dropped and a cell in double quotes
+is read without them (``"1.5"``). A cell is a decimal number as
 ``NUMBER`` writes it, with optional surrounding spaces: ``1_000`` (which
 Python's ``float`` accepts and numpy's parser rejects), ``0x10`` and empty
 cells are refused, and so are ``nan`` and ``inf`` in any spelling: a
@@ -25,8 +27,16 @@ class CsvError(ValueError):
     """A cell or row that is not data; the message names the line and column (1-based)."""
 
 
+def _cell(text):
+    """A cell, stripped, and unquoted as spreadsheets quote every cell (``"1.5"``)."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1].replace('""', '"').strip()
+    return text
+
+
 def _cells(line):
-    return [cell.strip() for cell in line.rstrip("\r\n").split(",")]
+    return [_cell(cell) for cell in line.rstrip("\r\n").split(",")]
 
 
 def _is_header(cells):
@@ -77,6 +87,8 @@ def data_lines(stream):
     """
     first = True
     for number, line in enumerate(stream, start=1):
+        if number == 1:
+            line = line.lstrip("\ufeff")  # the byte-order mark Excel's "CSV UTF-8" starts with
         if not line.strip():
             continue
         cells = _cells(line)

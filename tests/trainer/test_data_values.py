@@ -42,3 +42,15 @@ def test_labels_outside_the_tasks_classes_are_a_data_error(tmp_path):
     source.num_classes = 3
     with pytest.raises(sources.DataError, match=r"label -1.0 is outside 0..2"):
         source.read(np.arange(6))
+
+
+@pytest.mark.parametrize("text", [
+    "\ufeff1.5,2,3\n4,5,6\n",            # Excel's "CSV UTF-8": a byte-order mark, no header
+    '"1.5","2","3"\n"4","5","6"\n',      # every cell quoted, no header
+    '\ufeff"a","b","c"\n1.5,2,3\n4,5,6\n',  # both, with a header: only the header goes
+])
+def test_a_spreadsheets_csv_keeps_its_first_row(tmp_path, text):
+    path = tmp_path / "export.csv"
+    path.write_text(text, encoding="utf-8")
+    assert csvdata.shape(str(path)) == (2, 3)
+    assert csvdata.read_rows(str(path), [(0, 2)]) == [[1.5, 2.0, 3.0], [4.0, 5.0, 6.0]]
