@@ -241,18 +241,26 @@ class _Builder:
 
     def _scalar(self, node, path: tuple):
         """A scalar's value; a tag this loader does not read (``!foo``, ``!!timestamp``, ``!!int
-        abc``) is a problem with its line, not PyYAML's or int()'s traceback (``_BAD`` then)."""
+        abc``) or a string that is not text (a lone surrogate) is a problem with its line, not
+        a traceback later (``_BAD`` then)."""
+        untagged = ("; write the value without a tag (a spec holds strings, numbers, true/false, "
+                    "null, lists and mappings)")
         shown = node.tag.replace("tag:yaml.org,2002:", "!!")
         if node.tag not in _PLAIN:
-            why = f"the tag {shown} is not read here"
+            why = f"the tag {shown} is not read here{untagged}"
         else:
             try:
-                return self.loader.construct_object(node, deep=True)
+                value = self.loader.construct_object(node, deep=True)
+                if isinstance(value, str):
+                    value.encode("utf-8")  # "\uD800": half a UTF-16 pair, no text to write back
+                return value
+            except UnicodeEncodeError as exc:
+                why = (f"{node.value!r:.60} holds {exc.object[exc.start]!r}, half of a UTF-16 "
+                       "surrogate pair, which is not text; write the character itself, or its "
+                       "\\U00XXXXXX escape")
             except (yaml.YAMLError, ValueError, TypeError, AttributeError):
-                why = f"{node.value!r:.60} is not {_WORDS.get(node.tag, shown)}"
-        self.problems.append(Problem(self.source, node.start_mark.line + 1, dotted(path),
-                                     f"{why}; write the value without a tag (a spec holds "
-                                     "strings, numbers, true/false, null, lists and mappings)"))
+                why = f"{node.value!r:.60} is not {_WORDS.get(node.tag, shown)}{untagged}"
+        self.problems.append(Problem(self.source, node.start_mark.line + 1, dotted(path), why))
         return _BAD
 
     def _merged(self, key_node, value_node, path: tuple) -> list:

@@ -63,3 +63,15 @@ def test_a_control_character_is_named_by_line_and_column_in_a_file_and_in_set(tm
              "allowed in YAML")
     _refused(launch(f"{REPO}/jobs/linear.yaml", "--dry-run", "--set", "name=a\x07"),
              "--set: name: column 2: the character U+0007 is not allowed in YAML")
+
+
+def test_half_a_surrogate_pair_is_refused_at_its_line_not_when_spec_yaml_is_written(tmp_path):
+    """YAML's "\\uD800" escape makes a string UTF-8 cannot hold: it used to pass every check
+    and end the launch in a UnicodeEncodeError traceback while spec.yaml was written."""
+    path = tmp_path / "job.yaml"
+    path.write_text('name: t\ntask: {args: {a: "x\\uDC00"}}\n')
+    _refused(launch(str(path), "--dry-run"), "job.yaml:2: task.args.a: 'x\\udc00' holds '\\udc00', "
+             "half of a UTF-16 surrogate pair")
+    _refused(launch(f"{REPO}/jobs/linear.yaml", "--set", 'cluster.env.X="\\uD800"',
+                    "--run-dir", str(tmp_path / "run")), "--set: cluster.env.X: ")
+    assert not (tmp_path / "run").exists()
