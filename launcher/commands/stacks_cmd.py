@@ -11,7 +11,6 @@ attempt's logs and its answer, ``stacks.json``, which this command waits for (at
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import socket
@@ -33,11 +32,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def answers(run_dir: str, name: str) -> list:
-    """Every answer file ``name`` under the run's logs, newest answer first."""
+    """Every answer file ``name`` under the run's logs, newest answer first (no link followed:
+    a directory link planted there, even one to the run itself, is not walked)."""
     found = []
-    for path in glob.glob(os.path.join(run_dir, "logs", "**", name), recursive=True):
+    for top, _, files in os.walk(os.path.join(run_dir, "logs")):  # followlinks=False
+        if name not in files:
+            continue
         try:  # a regular file only: a FIFO in its place must not hold the command
-            found.append(json.loads(runfiles.read_regular(path)))
+            found.append(json.loads(runfiles.read_regular(os.path.join(top, name))))
         except (OSError, ValueError, RecursionError):
             continue
     return sorted((a for a in found if isinstance(a, dict) and isinstance(a.get("at"), (int, float))),
