@@ -18,7 +18,7 @@ A value is masked when:
     userinfo; ``user:pw@host`` without a scheme too), or the value of a secret
     keyword in a connection string or query (``password=pw dbname=x``,
     ``Server=x;Pwd=pw;``, ``?token=t&y=1``: the keyword is a secret by the rules
-    above);
+    above), or an HTTP credential (``Bearer T``, ``Authorization: Basic B``);
   * or, in a list of strings (a command line: ``program.argv``, list values of
     ``task.args``), it is the value of a flag or assignment whose name is a
     secret by the rules above: ``--api-token=X`` -> ``--api-token=****``,
@@ -42,6 +42,9 @@ _GLUED_END = re.compile(r".+(?:PASS|PWD)$")
 NOT_GLUED = frozenset({"BYPASS", "COMPASS", "SURPASS", "TRESPASS", "OVERPASS", "UNDERPASS"})
 # user:password@host without a scheme (a proxy setting, an scp-like address)
 _BARE_PASSWORD = re.compile(r"(?P<head>(?<![\w/:@.-])[A-Za-z_][A-Za-z0-9_.+-]*:)(?P<pw>[^\s:@/]+)(?=@[A-Za-z0-9.-]+)")
+# an HTTP credential: "Bearer T" anywhere, any scheme after "Authorization:" (curl -H, a header env)
+_HTTP_AUTH = re.compile(r"(?P<head>\bBearer\s+|\bAuthorization:\s*[A-Za-z-]+\s+)(?P<pw>[^\s'\"]+)",
+                        re.IGNORECASE)
 # name=value in a connection string or a query: the value ends at whitespace, ; & or ,
 _KEYWORD = re.compile(r"(?P<head>(?:^|(?<=[\s;&?,]))(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)\s*=\s*)"
                       r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s;&,]+)")
@@ -68,12 +71,14 @@ def is_secret(name: str, explicit=()) -> bool:
 
 
 def mask_text(text: str, explicit=()) -> str:
-    """``text`` with every password of a URL (``scheme://user:pw@``, ``user:pw@host``) and
-    every value of a secret keyword (``password=pw``) replaced by ``MASK``."""
+    """``text`` with every password of a URL (``scheme://user:pw@``, ``user:pw@host``), every
+    HTTP credential (``Bearer T``) and every value of a secret keyword (``password=pw``)
+    replaced by ``MASK``."""
     if "://" in text:
         text = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
     if "@" in text:
         text = _BARE_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
+    text = _HTTP_AUTH.sub(lambda m: m.group("head") + MASK, text)
     if "=" in text:
         text = _KEYWORD.sub(lambda m: m.group("head") + MASK if is_secret(m.group("name"), explicit)
                             else m.group(0), text)

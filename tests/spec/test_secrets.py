@@ -1,6 +1,7 @@
 """Secrets in the spellings users write: names without separators (``DBPASSWORD``) and
-credentials inside values (``password=`` in a connection string, ``user:pw@`` in an address),
-in ``cluster.env`` and a program's ``argv``, masked in ``--dry-run`` and in spec.yaml."""
+credentials inside values (``password=`` in a connection string, ``user:pw@`` in an address,
+``Bearer T`` in a header), in ``cluster.env`` and a program's ``argv``, masked in
+``--dry-run`` and in spec.yaml."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ SECRETS = {"DBPASSWORD": "pw-glued-1", "AUTHTOKEN": "pw-glued-2", "SECRETKEY": "
            "PG_CONN": "host=db user=me password=pw-conn-1 dbname=x",
            "ODBC": "Server=db;Uid=sa;Pwd=pw-conn-2;Database=x",
            "HTTPS_PROXY": "svc:pw-bare-1@proxy.corp:3128",
-           "FEED": "https://h.example/x?token=pw-query-1&page=2"}
+           "FEED": "https://h.example/x?token=pw-query-1&page=2",
+           "HEADERS": "Authorization: Bearer pw-http-1"}
 VISIBLE = {"TOKENIZER": "bert-base", "KEYBOARD": "us", "BYPASS_CACHE": "yes", "COMPASS": "north",
            "CLOCK": "10:30@site"}
 ARGV = ["python", "p.py", "--db", "host=h password=pw-argv-1", "--mirror",
-        "https://u:pw-argv-2@h/x", "svc:pw-argv-3@host.example", "AUTHTOKEN=pw-argv-4", "--lr", "0.1"]
+        "https://u:pw-argv-2@h/x", "svc:pw-argv-3@host.example", "AUTHTOKEN=pw-argv-4", "-H", "Authorization: Basic pw-argv-5", "--lr", "0.1"]
 
 
 @pytest.fixture
