@@ -8,7 +8,6 @@ command runs: ``launch --help`` imports none of them.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 
@@ -49,5 +48,7 @@ def mistyped(word: str) -> str | None:
     if (word.startswith("-") or os.path.exists(word) or os.sep in word
             or word.endswith((".yaml", ".yml"))):
         return None
+    import difflib  # only for a word that is neither a command nor a job
+
     close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
     return close[0] if close else None

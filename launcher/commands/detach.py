@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 
 PIPE_VAR = "PODLAUNCH_DETACH_FD"  # the supervisor's end of the pipe; never a worker's
@@ -22,6 +21,8 @@ CONSOLE_FILE = "console.log"
 
 def spawn(argv: list) -> int:
     """Start the supervisor (``argv`` without ``--detach``); returns this command's exit code."""
+    import subprocess  # here: launch --help pays for no import it does not use
+
     read_fd, write_fd = os.pipe()
     try:
         child = subprocess.Popen([sys.executable, "-m", "launcher.cli", *argv],
