@@ -94,7 +94,11 @@ def main(argv: list) -> int:
     run_dir = runref.resolve(args.run, args.root)
     path = log_file(run_dir, args.process)
     if args.follow:
-        return follow(run_dir, path, args.run)
+        try:
+            return follow(run_dir, path, args.run)
+        except KeyboardInterrupt:
+            print(f"launch logs: interrupted; the run in {run_dir} goes on")
+            return 130
     with open(path, "r", encoding="utf-8", errors="replace") as f:
         _show(f.read())
     return 0

@@ -67,14 +67,20 @@ def main(argv: list) -> int:
     print(f"launch stop: stopping the run in {run_dir} (its supervisor, pid {pid}, stops every "
           "process in order; an agreed step is saved)", flush=True)
     deadline = time.monotonic() + args.timeout
-    while True:
-        left = [p for p, since in watched if _alive(p, since)]
-        if not left:
-            break
-        if time.monotonic() >= deadline:
-            raise LaunchError(f"after {args.timeout:g} s these processes of the run in {run_dir} "
-                              "are still alive on this machine: " + "; ".join(map(_named, left)))
-        time.sleep(POLL_S)
+    try:
+        while True:
+            left = [p for p, since in watched if _alive(p, since)]
+            if not left:
+                break
+            if time.monotonic() >= deadline:
+                raise LaunchError(f"after {args.timeout:g} s these processes of the run in "
+                                  f"{run_dir} are still alive on this machine: "
+                                  + "; ".join(map(_named, left)))
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:  # the stop goes on without this command
+        print(f"launch stop: interrupted while waiting; the run's supervisor is stopping it "
+              f"(`launch wait {run_dir}` waits for its end)")
+        return 130
     print(f"launch stop: every process is gone (state {runref.state(run_dir)[0]}); continue it "
           f"with `launch JOB.yaml --resume {run_dir}`")
     return 0

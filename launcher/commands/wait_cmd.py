@@ -33,9 +33,13 @@ def main(argv: list) -> int:
     args = _parser().parse_args(argv)
     run_dir = runref.resolve(args.run, args.root)
     deadline = None if args.timeout is None else time.monotonic() + max(0.0, args.timeout)
-    while runref.state(run_dir)[1]:
-        if deadline is not None and time.monotonic() >= deadline:
-            print(f"launch wait: {run_dir} still running after {args.timeout:g} s")
-            return EXIT_TIMEOUT
-        time.sleep(POLL_S)
+    try:
+        while runref.state(run_dir)[1]:
+            if deadline is not None and time.monotonic() >= deadline:
+                print(f"launch wait: {run_dir} still running after {args.timeout:g} s")
+                return EXIT_TIMEOUT
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        print(f"launch wait: interrupted; the run in {run_dir} goes on")
+        return 130
     return runref.final_code(run_dir, args.run)
