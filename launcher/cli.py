@@ -21,8 +21,8 @@ import yaml
 
 from launcher import backends
 from launcher import plan as planning
-from launcher import flags, interrupts
-from launcher.commands import resumes, runs
+from launcher import commands, flags, interrupts
+from launcher.commands import detach, resumes, runs
 from launcher.console import lines
 from launcher.run import ledger, restarts, runlock
 from launcher import spec as specs
@@ -39,13 +39,10 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="launch", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="launch", usage="launch JOB.yaml [options]\n       launch COMMAND [args]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run one JAX data-parallel training job on the cluster its spec names.",
-        epilog="also: `launch runs [JOB]` lists past runs, newest first;\n"
-               "      `launch tensorboard [JOB | RUN_DIR]` serves the TensorBoard of every run of a job\n"
-               "      (default: the newest run's job), or of one run, and prints its URL;\n"
-               "      `launch stacks RUN_DIR` prints every process's stacks of a live run;\n"
-               "      `launch profile RUN_DIR [--steps N]` traces N steps of every process of a live run.\n"
+        epilog="commands (`launch COMMAND --help` for each):\n" + commands.listing() + "\n"
                "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted "
                "(Ctrl-C, SIGTERM, SIGHUP)")
     parser.add_argument("--version", action=_Version, help="print podlaunch's version and exit")
@@ -73,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kill-stale", action="store_true",
                         help="ssh: stop processes of an earlier run of this job still alive on the "
                              "hosts (recorded by pid, never matched by name) instead of refusing")
+    parser.add_argument("--detach", action="store_true",
+                        help="once every process started, leave the run to a supervisor of its "
+                             "own (no terminal; its console in RUN_DIR/console.log) and exit 0; "
+                             "`launch logs|attach|wait|stop RUN` reach it")
     parser.add_argument("--rehearse", action="store_true",
                         help="tpu: run the pod's exact topology (hosts x chips per host, slices) as "
                              "local processes with CPU devices, before paying for the pod")
@@ -249,12 +250,19 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
 
 def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     launched_at = time.monotonic()  # the ledger's and run.json's duration count from here
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     flags.check(("--status-every", args.status_every, flags.seconds_or_never,
                  "how often to print the progress line when stdout is not a terminal"))
+    handoff = detach.Handoff()  # this launch is a detached run's supervisor
+    if args.detach and args.dry_run:
+        raise SpecError([Problem("--detach", None, "", "a dry run starts nothing to detach; "
+                                 "drop one of --detach and --dry-run")])
+    if args.detach and not handoff.detached:
+        return detach.spawn([a for a in argv if a != "--detach"])
     show = parse_show(args.show)
     console = console or Console(show=show, status_every_s=args.status_every,
-                                 others=show != frozenset())
+                                 others=show != frozenset(), tty=False if handoff.detached else None)
     job = specs.load(args.job, args.cluster, tuple(args.overrides), registry=backends)
     check_show(show, job.num_processes)
     backend = backends.for_job(job)
@@ -292,6 +300,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         record = runs.Record(run_dir, job.name, job.program.num_steps if job.is_program
                              else job.train.num_steps, launched_at=launched_at)
         record.start()
+        console.watchers.append(record.progress)  # launch runs: a running run's step and ETA
+        handoff.run_dir_is(run_dir, console)
         console.say(f"run directory {run_dir}"
                     + (f" (resuming; attempt {first_attempt})" if args.resume else ""))
         if changes:
@@ -355,17 +365,12 @@ def _write_ledger(run_dir: str, attempts, console: Console) -> tuple:
 def main(argv: list[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else argv
-        if argv[:1] == ["tensorboard"]:  # a subcommand beside the positional JOB.yaml
-            from launcher.commands import tensorboard_cmd
-            code = tensorboard_cmd.main(argv[1:])
-        elif argv[:1] == ["runs"]:
-            code = runs.main(argv[1:])
-        elif argv[:1] == ["stacks"]:
-            from launcher.commands import stacks_cmd
-            code = stacks_cmd.main(argv[1:])
-        elif argv[:1] == ["profile"]:
-            from launcher.commands import profile_cmd
-            code = profile_cmd.main(argv[1:])
+        if argv[:1] and argv[0] in commands.COMMANDS:
+            code = commands.run(argv[0], argv[1:])
+        elif argv[:1] and commands.mistyped(argv[0]):
+            raise SpecError([Problem("COMMAND", None, "", (
+                f"{argv[0]!r} is neither a command nor a job file; did you mean "
+                f"`launch {commands.mistyped(argv[0])}`? (commands: {', '.join(commands.COMMANDS)})"))])
         else:
             code = run(argv)
     except SpecError as exc:

@@ -1,1 +1,54 @@
-"""The commands beside ``launch SPEC``: ``launch runs`` and ``launch tensorboard``."""
+"""The commands beside ``launch JOB.yaml``, written once: ``COMMANDS``.
+
+Each entry names the module whose ``main(argv) -> int`` runs the command and the line
+``launch --help`` shows for it; ``launcher.cli.main`` dispatches on this table alone
+(torchx's ``cli/main.py`` keeps its subcommands so). A module is imported only when its
+command runs: ``launch --help`` imports none of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+# name -> (module under launcher.commands, its arguments, what --help says of it)
+COMMANDS = {
+    "runs": ("runs", "[JOB]", "past and running runs, newest first (a running one's step, "
+                              "loss, ETA and whether its supervisor is alive)"),
+    "logs": ("logs_cmd", "RUN [-f] [--process N]", "a run's console log (or one process's), "
+                                                   "with -f followed to the run's end"),
+    "attach": ("logs_cmd", "RUN", "the live console view of a running run again (Ctrl-C "
+                                  "leaves the run running)"),
+    "wait": ("wait_cmd", "RUN [--timeout S]", "wait for a run to end: its exit code, 124 "
+                                              "at the timeout"),
+    "stop": ("stop_cmd", "RUN", "stop a running run as Ctrl-C does (an agreed step saved) and "
+                                "return once every process is gone"),
+    "tensorboard": ("tensorboard_cmd", "[JOB | RUN_DIR]", "serve the TensorBoard of every run "
+                                       "of a job (default: the newest run's), or of one run"),
+    "stacks": ("stacks_cmd", "RUN_DIR", "every process's stacks of a live run"),
+    "profile": ("profile_cmd", "RUN_DIR [--steps N]", "trace N steps of every process of a live run"),
+}
+
+
+def listing() -> str:
+    """The commands as ``launch --help`` lists them, one a line."""
+    return "\n".join(f"  launch {name} {args}\n      {text}" for name, (_, args, text) in COMMANDS.items())
+
+
+def run(name: str, argv: list) -> int:
+    """Run command ``name`` with ``argv`` (what follows its name); returns its exit code."""
+    module = importlib.import_module(f"launcher.commands.{COMMANDS[name][0]}")
+    main = getattr(module, f"{name}_main", None) or module.main
+    return main(argv)
+
+
+def mistyped(word: str) -> str | None:
+    """The command ``word`` was probably meant as, or None when it is a job (a path that
+    exists, one with a directory or a YAML suffix) or resembles no command."""
+    if (word.startswith("-") or os.path.exists(word) or os.sep in word
+            or word.endswith((".yaml", ".yml"))):
+        return None
+    import difflib  # only for a word that is neither a command nor a job
+
+    close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+    return close[0] if close else None

@@ -76,6 +76,7 @@ def read_record(path: str) -> dict | None:
         return None
 
 
+PROGRESS_EVERY_S = 5.0  # run.json's step, loss and ETA while the run goes on
 RESERVED_BYTES = 4096  # run.json's size on disk from the start: its last word needs no new block
 
 
@@ -134,6 +135,27 @@ class Record:
         }
         self._before_s = self.data["duration_s"]
         self._launched = clock() if launched_at is None else launched_at
+        self._progress_at = -float("inf")
+
+    def progress(self, tracked: list, now: float) -> None:
+        """While the run goes on (a console watcher): the furthest step, its loss and the ETA
+        (``eta_s``, from ``progress_at``, wall time) into run.json, every ``PROGRESS_EVERY_S``."""
+        if now - self._progress_at < PROGRESS_EVERY_S:
+            return
+        self._progress_at = now
+        from launcher.console.status import eta_s  # the supervising launch has it loaded
+
+        reported = [t for t in tracked if t.stats.progress is not None]
+        if not reported:
+            return
+        lead = max(reported, key=lambda t: t.stats.progress.step)
+        eta = eta_s(lead, now)
+        self.data.update(step=lead.stats.progress.step, final_loss=_finite(lead.stats.progress.loss),
+                         eta_s=None if eta is None else round(eta, 1), progress_at=time.time())
+        try:
+            _write(self.run_dir, self.data)
+        except OSError:
+            pass  # the next one may pass; the end is written regardless
 
     def start(self) -> None:
         _write(self.run_dir, self.data)
@@ -152,6 +174,7 @@ class Record:
         """
         data = self.data
         data["state"] = state
+        data.pop("eta_s", None)
         if made is not None:
             data["attempts"] = made
         elif attempts:
@@ -205,6 +228,7 @@ class PastRun:
     run_dir: str
     failures: dict = dataclasses.field(default_factory=dict)  # class name -> failed attempts
     goodput: float | None = None  # productive seconds / wall seconds (launcher.run.ledger)
+    eta_s: float | None = None  # a running run's: seconds left as of now
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -255,13 +279,17 @@ def read(run_dir: str) -> PastRun:
         # any file may be found here (hand-edited, another version's, damaged): each value
         # is taken only if it has its type, so the table never fails on one run
         state = _text(data.get("state")) or "-"
+        eta = _number(data.get("eta_s"))
         if state == "running" and not launcher_alive(data.get("launcher")):
-            state = "unfinished"
+            state, eta = "unfinished", None
+        elif eta is not None and _number(data.get("progress_at")) is not None:
+            eta = max(0.0, eta - max(0.0, time.time() - data["progress_at"]))
         return PastRun(_text(data.get("job")) or os.path.basename(os.path.dirname(run_dir)),
                        _text(data.get("started")), state, _count(data.get("attempts")),
                        _count(data.get("step")), _count(data.get("num_steps")),
                        _number(data.get("final_loss")), _number(data.get("duration_s")), run_dir,
-                       _failures(data.get("failures")), _number(data.get("goodput")))
+                       _failures(data.get("failures")), _number(data.get("goodput")),
+                       eta if state == "running" else None)
     try:  # a run directory from before run.json
         started = datetime.datetime.strptime(os.path.basename(run_dir), STAMP).isoformat(timespec="seconds")
     except ValueError:
@@ -325,7 +353,8 @@ def table(found: list) -> str:
     rows = []
     for r in found:
         steps = "-" if r.step is None else str(r.step) + ("" if r.num_steps is None else f"/{r.num_steps}")
-        rows.append((r.job, r.started.replace("T", " ") or "-", r.state,
+        state = r.state if r.eta_s is None else f"{r.state} (ETA {duration(r.eta_s)})"
+        rows.append((r.job, r.started.replace("T", " ") or "-", state,
                      "-" if r.attempts is None else str(r.attempts), steps,
                      "-" if r.final_loss is None else f"{r.final_loss:.6g}",
                      "-" if r.duration_s is None else duration(r.duration_s),
@@ -367,4 +396,7 @@ def main(argv: list) -> int:
         raise SpecError([Problem("JOB", None, "", f"no runs of job {args.job!r} under {root}"
                                  + (f"; jobs with runs: {', '.join(others)}" if others else ""))])
     print(table(found))
+    if any(r.state == "unfinished" for r in found):
+        print("unfinished: its supervisor (the launch) is gone while its state says running "
+              "(killed, or its machine went away); workers may still run")
     return 0

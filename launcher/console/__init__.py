@@ -25,6 +25,7 @@ which; every line is in the process's log file regardless):
 from __future__ import annotations
 
 import collections
+import datetime
 import os
 import shutil
 import sys
@@ -40,6 +41,14 @@ from worker import runfiles
 
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
 HIDDEN_TAIL = 5  # a failed process's last lines kept, to show once it failed
+LOG_STATUS_EVERY_S = 10.0  # the progress line in launcher.log: when did the run stop moving
+
+
+def stamped(text: str) -> str:
+    """``text``'s every line led by the UTC time now, to the millisecond
+    (``2026-12-06T01:15:00.123Z``): a log read after the fact says when each line came."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z "
+    return "".join(now + line for line in text.splitlines(keepends=True))
 
 
 class Console:
@@ -68,6 +77,10 @@ class Console:
         self._hidden: dict = {}     # process_id -> deque of its last lines not shown
         self.log = None          # the run directory's launcher.log, once ``log_to`` opened it
         self._log_lock = threading.Lock()
+        self._logged_status_at = -float("inf")
+        # called with (tracked, now) at every status refresh, each rate-limiting itself:
+        # run.json's progress (launch runs), a detached launch's hand-off
+        self.watchers: list = []
 
     def log_to(self, path: str) -> None:
         """Also append launcher messages and the summary to ``path`` (the run's launcher.log)."""
@@ -81,7 +94,7 @@ class Console:
             if self.log is None:
                 return
             try:
-                self.log.write(text)
+                self.log.write(stamped(text))
                 self.log.flush()
             except (OSError, ValueError):  # a full disk must not end supervision either
                 pass
@@ -101,6 +114,8 @@ class Console:
             return
         if kinds.is_noise(text):
             return
+        if process_id == 0:  # launcher.log keeps process 0's lines: a detached run's log
+            self._log_text(f"[{label}] {text}\n")
         notable = self._attention.setdefault(process_id, kinds.Attention())(text)
         if self.show is None or process_id in self.show or (self.others and notable):
             self.live.write(f"[{label}] {text}\n")
@@ -127,10 +142,17 @@ class Console:
 
     def status(self, tracked: list) -> None:
         """Refresh the status line from the tracked processes (rate-limited)."""
-        if not self.live.due():  # the text walks every process: only when it may be drawn
-            return
         now = self.clock()
-        self.live.update(status_text(tracked, now=now, elapsed_s=now - self.started))
+        for watcher in list(self.watchers):
+            watcher(tracked, now)
+        to_log = self.log is not None and now - self._logged_status_at >= LOG_STATUS_EVERY_S
+        if not self.live.due() and not to_log:  # the text walks every process: only when shown
+            return
+        text = status_text(tracked, now=now, elapsed_s=now - self.started)
+        self.live.update(text)
+        if to_log:
+            self._logged_status_at = now
+            self._log_text(f"podlaunch: {text}\n")
 
     def end_status(self) -> None:
         """Take the status line off the terminal."""

@@ -1,0 +1,101 @@
+"""``launch JOB.yaml --detach``: a supervisor that leaves the terminal once the run started.
+
+The command starts itself again without ``--detach`` as the supervisor (``spawn``): its
+own session (no terminal's SIGHUP or Ctrl-C reaches it), stdin from /dev/null, and a pipe
+back to this command. The supervisor checks and starts exactly as a foreground launch,
+its messages on this terminal, then (``Handoff``, once every process started) points its
+stdout and stderr at ``RUN_DIR/console.log`` and says so down the pipe; this command
+prints the run directory and the commands that reach the run, and exits 0. A start that
+fails ends the supervisor before that: this command exits with its exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+PIPE_VAR = "PODLAUNCH_DETACH_FD"  # the supervisor's end of the pipe; never a worker's
+CONSOLE_FILE = "console.log"
+
+
+def spawn(argv: list) -> int:
+    """Start the supervisor (``argv`` without ``--detach``); returns this command's exit code."""
+    import subprocess  # here: launch --help pays for no import it does not use
+
+    read_fd, write_fd = os.pipe()
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "launcher.cli", *argv],
+                                 stdin=subprocess.DEVNULL, start_new_session=True,
+                                 pass_fds=(write_fd,), env={**os.environ, PIPE_VAR: str(write_fd)})
+    finally:
+        os.close(write_fd)
+    run_dir, started = None, False
+    try:
+        with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as pipe:
+            for line in pipe:
+                word, _, rest = line.rstrip("\n").partition(" ")
+                if word == "run_dir":
+                    run_dir = rest
+                elif word == "started":
+                    started = True
+        if not started:
+            return child.wait()
+    except KeyboardInterrupt:  # Ctrl-C before the hand-off: the start is stopped in order
+        child.send_signal(signal.SIGTERM)
+        child.wait()
+        raise
+    print(f"podlaunch: detached: the supervisor (pid {child.pid}) goes on without this terminal; "
+          f"its console: {os.path.join(run_dir, CONSOLE_FILE)}\n"
+          f"run directory {run_dir}\n"
+          f"  launch logs {run_dir} -f    follow it (exits with the run's exit code)\n"
+          f"  launch attach {run_dir}     its live console view\n"
+          f"  launch wait {run_dir}       wait for its end (its exit code; --timeout S: 124)\n"
+          f"  launch stop {run_dir}       stop it in order (an agreed step saved)\n"
+          f"  launch runs                 its step, loss and ETA", flush=True)
+    return 0
+
+
+class Handoff:
+    """The supervisor's side, when ``PIPE_VAR`` is set: ``run_dir`` once the run directory is
+    known, then (a console watcher) the hand-off at the first status refresh, which comes
+    once every process started."""
+
+    def __init__(self):
+        fd = os.environ.pop(PIPE_VAR, None)
+        self.fd = int(fd) if fd and fd.isdigit() else None
+        self.run_dir = None
+
+    @property
+    def detached(self) -> bool:
+        return self.fd is not None
+
+    def _say(self, text: str) -> None:
+        try:
+            os.write(self.fd, (text + "\n").encode())
+        except OSError:  # the command was killed: the run goes on regardless
+            pass
+
+    def run_dir_is(self, run_dir: str, console) -> None:
+        if self.fd is None:
+            return
+        self.run_dir, self.console = run_dir, console
+        self._say(f"run_dir {run_dir}")
+        console.watchers.append(self)
+
+    def __call__(self, tracked, now) -> None:
+        """Every process started: the console now goes to ``console.log``."""
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        try:  # O_NOFOLLOW: a link planted in the run directory is not written through
+            out = os.open(os.path.join(self.run_dir, CONSOLE_FILE),
+                          os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        except OSError:  # launcher.log keeps the messages and the summary regardless
+            out = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        self._say("started")
+        os.close(self.fd)
+        self.fd = None
+        self.console.watchers.remove(self)

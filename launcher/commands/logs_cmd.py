@@ -1,0 +1,126 @@
+"""``launch logs RUN [-f] [--process N]`` and ``launch attach RUN``: a run's log, live.
+
+``logs`` prints the run's ``launcher.log`` (what the console showed: the launcher's
+messages, process 0's lines, the progress line every few seconds and the summary, each
+line with its UTC time), or with ``--process N`` that process's own log of its latest
+attempt; with ``-f`` it follows the file until the run ends and exits with the run's
+exit code. ``attach`` is the console view of a running run again: the last lines, then
+everything as it comes, until the run ends (its exit code) or Ctrl-C (the run goes on).
+Worker text is shown escaped (``lines.printable``): a log's bytes never drive the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import sys
+import time
+
+from launcher.commands import runref
+from launcher.console.lines import printable
+from launcher.errors import Problem, SpecError
+
+POLL_S = 0.2
+ATTACH_TAIL = 20  # lines of the past that attach shows first
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"launch {prog}", description=__doc__.splitlines()[0])
+    parser.add_argument("run", metavar="RUN", help="a run directory, or a name `launch runs` lists")
+    if prog == "logs":
+        parser.add_argument("-f", "--follow", action="store_true",
+                            help="follow the log until the run ends; exit with its exit code")
+        parser.add_argument("--process", type=int, metavar="N",
+                            help="process N's own log (its latest attempt's) instead")
+    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
+    return parser
+
+
+def log_file(run_dir: str, process: int | None) -> str:
+    """``launcher.log``, or process ``process``'s log of the latest attempt that has one.
+
+    Raises:
+      SpecError: no such log (exit 2).
+    """
+    if process is None:
+        path = os.path.join(run_dir, "launcher.log")
+    else:
+        name = f"process-{process:03d}.log"
+        found = glob.glob(os.path.join(run_dir, "logs", "attempt-*", name))
+        attempt = lambda p: int(re.search(r"attempt-(\d+)", p).group(1))  # noqa: E731
+        path = (max(found, key=attempt) if found else os.path.join(run_dir, "logs", name))
+    if not os.path.isfile(path):
+        raise SpecError([Problem("RUN", None, "", f"{path} is not there (yet)"
+                                 + ("" if process is None else ": is --process a process_id of "
+                                    "the run?"))])
+    return path
+
+
+def _show(text: str) -> None:
+    for line in text.splitlines():
+        print(printable(line), flush=False)
+    sys.stdout.flush()
+
+
+def follow(run_dir: str, path: str, name: str, tail: int | None = None) -> int:
+    """Print ``path`` (its last ``tail`` lines when given), then what comes, until no
+    supervisor holds the run; returns the run's exit code."""
+    with open(path, "r", encoding="utf-8", errors="replace") as f:
+        text = f.read()
+        _show(text if tail is None else "\n".join(text.splitlines()[-tail:]))
+        pending = ""
+        while True:
+            alive = runref.state(run_dir)[1]  # read before the file: its last lines come first
+            chunk = f.read()
+            if chunk:
+                whole, _, pending = (pending + chunk).rpartition("\n")
+                _show(whole)
+            if not alive:
+                _show(pending + f.read())
+                return runref.final_code(run_dir, name)
+            if not chunk:
+                time.sleep(POLL_S)
+
+
+def main(argv: list) -> int:
+    """``launch logs``: 0 once printed; with ``-f`` the run's exit code.
+
+    Raises:
+      SpecError: no such run or log (exit 2), at once.
+    """
+    args = _parser("logs").parse_args(argv)
+    run_dir = runref.resolve(args.run, args.root)
+    path = log_file(run_dir, args.process)
+    if args.follow:
+        try:
+            return follow(run_dir, path, args.run)
+        except KeyboardInterrupt:
+            print(f"launch logs: interrupted; the run in {run_dir} goes on")
+            return 130
+    with open(path, "r", encoding="utf-8", errors="replace") as f:
+        _show(f.read())
+    return 0
+
+
+def attach_main(argv: list) -> int:
+    """``launch attach``: the run's exit code, or 0 after Ctrl-C (the run goes on).
+
+    Raises:
+      SpecError: no such run, or no live supervisor holds it (exit 2), at once.
+    """
+    args = _parser("attach").parse_args(argv)
+    run_dir = runref.resolve(args.run, args.root)
+    value, alive = runref.state(run_dir)
+    if not alive:
+        why = (f"has ended (state {value}): `launch logs {args.run}` shows it" if value
+               in runref.EXIT_CODES else "has no live supervisor (killed): taking its processes "
+               f"back is not built yet; `launch JOB.yaml --resume {run_dir}` continues it from "
+               "its last checkpoint once its processes are gone")
+        raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} {why}")])
+    try:
+        return follow(run_dir, log_file(run_dir, None), args.run, tail=ATTACH_TAIL)
+    except KeyboardInterrupt:
+        print(f"launch attach: left; the run goes on (`launch attach {args.run}` again)")
+        return 0

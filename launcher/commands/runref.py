@@ -1,0 +1,102 @@
+"""A run named on the command line (``launch logs|stop|wait|attach RUN``), and its supervisor.
+
+RUN is a run directory, or a short name: ``JOB/STAMP`` or ``STAMP`` under ``runs/`` (what
+``launch runs`` lists). Nothing in a run directory is trusted: run.json is read defensively
+(``runs.read_record``) and its pid is only a first guess. The supervisor is the process
+that holds the run's lock (``launcher.run.runlock``): this user's, with the lock file open
+for writing per ``/proc/PID/fd`` and ``fdinfo``; only such a process is ever signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from launcher import proctl
+from launcher.commands import runs
+from launcher.errors import Problem, SpecError
+from launcher.run import runlock
+
+EXIT_CODES = {"succeeded": 0, "failed": 1, "interrupted": 130}  # as launcher.cli exits
+
+
+def resolve(name: str, root: str = "runs") -> str:
+    """The run directory ``name`` means (absolute).
+
+    Raises:
+      SpecError: no such run (exit 2), at once.
+    """
+    candidates = [name, os.path.join(root, name)]
+    try:
+        candidates += [os.path.join(root, job, name) for job in sorted(os.listdir(root))]
+    except OSError:
+        pass
+    found = [os.path.abspath(c) for c in candidates if os.path.isdir(c) and runs.is_run_dir(c)]
+    if not found:
+        raise SpecError([Problem("RUN", None, "", f"no run {name!r}: give a run directory or a "
+                                 f"name `launch runs` lists (under {os.path.abspath(root)})")])
+    if len(set(found)) > 1 and not os.path.isdir(name):
+        raise SpecError([Problem("RUN", None, "", f"{name!r} names several runs ("
+                                 + ", ".join(sorted(set(found))) + "): give its directory")])
+    return found[0]
+
+
+def state(run_dir: str) -> tuple:
+    """``(state, alive)``: run.json's state ("running", "succeeded", ...; "" when none yet)
+    and whether a supervisor holds the run now."""
+    record = runs.read_record(os.path.join(run_dir, runs.RUN_FILE)) or {}
+    value = record.get("state")
+    return (value if isinstance(value, str) else ""), runlock.held(run_dir) is True
+
+
+def _holds_lock(pid: int, lock: os.stat_result) -> bool:
+    """Whether ``pid`` is this user's and has the lock file open for writing (a reader
+    such as ``launch wait`` opens it read-only, and is never taken for the supervisor)."""
+    try:
+        with open(f"/proc/{pid}/status", "r", encoding="ascii", errors="replace") as f:
+            uids = next((line.split()[1:] for line in f if line.startswith("Uid:")), [])
+        if not uids or int(uids[0]) != os.getuid():
+            return False
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (OSError, ValueError):
+        return False
+    for fd in fds:
+        try:
+            target = os.stat(f"/proc/{pid}/fd/{fd}")
+            if (target.st_dev, target.st_ino) != (lock.st_dev, lock.st_ino):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}", "r", encoding="ascii") as f:
+                flags = next((int(line.split()[1], 8) for line in f if line.startswith("flags:")), 0)
+        except (OSError, ValueError):
+            continue
+        if flags & os.O_ACCMODE == os.O_RDWR:
+            return True
+    return False
+
+
+def supervisor(run_dir: str) -> int | None:
+    """The pid of the run's live supervisor on this machine, proven as the module says, or None."""
+    try:  # a regular file of the run's own, not a link planted to point elsewhere
+        lock = os.lstat(os.path.join(run_dir, runlock.LOCK_FILE))
+    except OSError:
+        return None
+    if not stat.S_ISREG(lock.st_mode) or runlock.held(run_dir) is not True:
+        return None
+    record = runs.read_record(os.path.join(run_dir, runs.RUN_FILE)) or {}
+    guess = (record.get("launcher") or {}).get("pid") if isinstance(record.get("launcher"), dict) else None
+    others = [p for p in proctl.pids() if p not in (guess, os.getpid())]
+    for pid in ([guess] if isinstance(guess, int) and guess > 0 else []) + others:
+        if _holds_lock(pid, lock):
+            return pid
+    return None
+
+
+def final_code(run_dir: str, name: str) -> int:
+    """The exit code of a run that is not held by a supervisor any more: its own (run.json),
+    or 1, said, when its supervisor ended without writing one (killed)."""
+    value, _ = state(run_dir)
+    if value in EXIT_CODES:
+        return EXIT_CODES[value]
+    print(f"launch: the run {name} did not end by itself: its supervisor is gone (killed, or its "
+          "machine went away) while its state says running; see `launch runs`")
+    return 1

@@ -1,0 +1,86 @@
+"""``launch stop RUN``: the ordered stop Ctrl-C makes, from any terminal.
+
+SIGTERM to the run's supervisor, and only to a process proven to be it
+(``runref.supervisor``: this user's, holding the run's lock file open for writing):
+it tears down as on Ctrl-C (every worker told; a run that is not hung agrees a step
+and saves it; ``--resume`` continues from there). Returns once the supervisor and every
+process below it on this machine are gone (the ssh, tpu and slurm backends' remote
+processes are gone before their supervisor ends: its teardown waits for them), or names
+those still alive at the timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+
+from launcher import proctl
+from launcher.commands import runref, runs
+from launcher.errors import LaunchError, Problem, SpecError
+from worker import contract
+
+POLL_S = 0.1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="launch stop", description=__doc__.splitlines()[0])
+    parser.add_argument("run", metavar="RUN", help="a run directory, or a name `launch runs` lists")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="how long to wait for every process to be gone (default 300: the "
+                             "agreed step's save included)")
+    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
+    return parser
+
+
+def _alive(pid: int, since) -> bool:
+    """Whether ``pid`` is still the process first seen (``since``: its start ticks)."""
+    return proctl.state(pid) not in (None, "Z") and runs._start_ticks(pid) == since
+
+
+def _named(pid: int) -> str:
+    """A process still alive, as the user can find it: its process_id where it has one."""
+    ident = [item for item in proctl.environ(pid) if item.startswith(contract.PROCESS_ID.encode() + b"=")]
+    who = f"process_id {ident[0].split(b'=', 1)[1].decode(errors='replace')}, " if ident else ""
+    return f"pid {pid} ({who}{proctl.cmdline(pid, 80)})"
+
+
+def main(argv: list) -> int:
+    """Stop the run; returns 0 once everything is gone.
+
+    Raises:
+      SpecError: no such run, or it is not running (exit 2), at once.
+      LaunchError: processes still alive at the timeout, named (exit 1).
+    """
+    args = _parser().parse_args(argv)
+    run_dir = runref.resolve(args.run, args.root)
+    value, alive = runref.state(run_dir)
+    pid = runref.supervisor(run_dir) if alive else None
+    if pid is None:
+        why = (f"has ended (state {value})" if value in runref.EXIT_CODES else
+               "has no live supervisor on this machine (it was killed, or runs elsewhere: stop "
+               "it there)" if value == "running" else "is not running")
+        raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} {why}; nothing to stop")])
+    watched = [(p, runs._start_ticks(p)) for p in [pid] + proctl.descendants(pid)]
+    os.kill(pid, signal.SIGTERM)
+    print(f"launch stop: stopping the run in {run_dir} (its supervisor, pid {pid}, stops every "
+          "process in order; an agreed step is saved)", flush=True)
+    deadline = time.monotonic() + args.timeout
+    try:
+        while True:
+            left = [p for p, since in watched if _alive(p, since)]
+            if not left:
+                break
+            if time.monotonic() >= deadline:
+                raise LaunchError(f"after {args.timeout:g} s these processes of the run in "
+                                  f"{run_dir} are still alive on this machine: "
+                                  + "; ".join(map(_named, left)))
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:  # the stop goes on without this command
+        print(f"launch stop: interrupted while waiting; the run's supervisor is stopping it "
+              f"(`launch wait {run_dir}` waits for its end)")
+        return 130
+    print(f"launch stop: every process is gone (state {runref.state(run_dir)[0]}); continue it "
+          f"with `launch JOB.yaml --resume {run_dir}`")
+    return 0

@@ -1,0 +1,45 @@
+"""``launch wait RUN [--timeout S]``: wait for a run to end; its exit code, 124 at the timeout.
+
+The run has ended once no supervisor holds its lock (``launcher.run.runlock``: the kernel
+drops it however the supervisor ends); its exit code is then its run.json state's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from launcher.commands import runref
+
+EXIT_TIMEOUT = 124  # as timeout(1), xpk and Ray say it
+POLL_S = 0.2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="launch wait", description=__doc__.splitlines()[0])
+    parser.add_argument("run", metavar="RUN", help="a run directory, or a name `launch runs` lists")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="give up after S seconds with exit code 124 (default: no limit)")
+    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
+    return parser
+
+
+def main(argv: list) -> int:
+    """Returns the run's exit code (0, 1, 130), or 124 when ``--timeout`` passed first.
+
+    Raises:
+      SpecError: no such run (exit 2), at once.
+    """
+    args = _parser().parse_args(argv)
+    run_dir = runref.resolve(args.run, args.root)
+    deadline = None if args.timeout is None else time.monotonic() + max(0.0, args.timeout)
+    try:
+        while runref.state(run_dir)[1]:
+            if deadline is not None and time.monotonic() >= deadline:
+                print(f"launch wait: {run_dir} still running after {args.timeout:g} s")
+                return EXIT_TIMEOUT
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        print(f"launch wait: interrupted; the run in {run_dir} goes on")
+        return 130
+    return runref.final_code(run_dir, args.run)
