@@ -1,0 +1,194 @@
+"""A launch's entry in ``<run dir>/run.json`` (``Record``), and reading one back.
+
+The keys and what ``launch runs`` makes of them: ``launcher.commands.runs``. Every write
+replaces the file whole, never through a link planted in the run directory
+(``worker.runfiles``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import time
+
+from launcher.console.lines import printable as lines_printable
+from launcher.state import HOST_CHANGE_FIELDS
+from worker import runfiles
+
+RUN_FILE = "run.json"
+
+
+
+def read_record(path: str) -> dict | None:
+    """``run.json`` at ``path`` as a dict, or None: unreadable, not a dict, or a symbolic link
+    (``worker.runfiles``: a run directory's files are never read through one)."""
+    try:
+        data = json.loads(runfiles.read_regular(path))
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError, RecursionError):  # RecursionError: a deeply nested file
+        return None
+
+
+PROGRESS_EVERY_S = 5.0  # run.json's step, loss and ETA while the run goes on
+RESERVED_BYTES = 4096  # run.json's size on disk from the start: its last word needs no new block
+
+
+def _write(run_dir: str, data: dict) -> None:
+    """Replace ``run.json`` whole (a reader never sees half a file); on a full disk, where a
+    new file cannot be made, overwrite the old one in place, within the bytes it holds.
+
+    Raises:
+      OSError: neither worked (the record is then as it was).
+    """
+    path = os.path.join(run_dir, RUN_FILE)
+    text = json.dumps(data, indent=1) + "\n"
+    padded = text + " " * max(RESERVED_BYTES - len(text) - 1, 0) + "\n"  # JSON allows the spaces
+    try:  # a temporary of its own, renamed: a link planted in the run directory is replaced
+        runfiles.write_whole(path, padded, mode=0o644)
+    except OSError:
+        if len(padded.encode()) > os.lstat(path).st_size:
+            raise
+        # the blocks are already the file's: no allocation (never through a link)
+        with open(path, "r+b", opener=runfiles.opener) as f:
+            f.write(padded.encode())
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class Record:
+    """This launch's entry in ``<run dir>/run.json``: ``start`` it, then ``end`` it once.
+
+    Args:
+      run_dir: the run directory (it exists).
+      job: the job's name.
+      num_steps: the steps the job asks for.
+      clock: seconds, monotonic (the launch's duration).
+    """
+
+    def __init__(self, run_dir: str, job: str, num_steps: int, clock=time.monotonic,
+                 launched_at: float | None = None):
+        self.run_dir, self.clock = run_dir, clock
+        earlier = read_record(os.path.join(run_dir, RUN_FILE)) or {}
+        self.data = {
+            "job": job,
+            "started": earlier.get("started") or datetime.datetime.now().isoformat(timespec="seconds"),
+            "state": "running",
+            "attempts": earlier.get("attempts") or 0,
+            "step": earlier.get("step"),
+            "num_steps": num_steps,
+            "final_loss": earlier.get("final_loss"),
+            "duration_s": float(earlier.get("duration_s") or 0.0),
+            "failures": _failures(earlier.get("failures")),
+            "last_failure": earlier.get("last_failure") if isinstance(earlier.get("last_failure"),
+                                                                       dict) else None,
+            "goodput": _number(earlier.get("goodput")),
+            "host_changes": [c for c in earlier.get("host_changes") or () if isinstance(c, dict)],
+            "launcher": {"pid": os.getpid(), "host": socket.gethostname(),
+                         "since": _start_ticks(os.getpid())},
+        }
+        self._before_s = self.data["duration_s"]
+        self._launched = clock() if launched_at is None else launched_at
+        self._progress_at = -float("inf")
+
+    def progress(self, tracked: list, now: float) -> None:
+        """While the run goes on (a console watcher): the furthest step, its loss and the ETA
+        (``eta_s``, from ``progress_at``, wall time) into run.json, every ``PROGRESS_EVERY_S``."""
+        if now - self._progress_at < PROGRESS_EVERY_S:
+            return
+        self._progress_at = now
+        from launcher.console.status import eta_s  # the supervising launch has it loaded
+
+        reported = [t for t in tracked if t.stats.progress is not None]
+        if not reported:
+            return
+        lead = max(reported, key=lambda t: t.stats.progress.step)
+        eta = eta_s(lead, now)
+        self.data.update(step=lead.stats.progress.step, final_loss=_finite(lead.stats.progress.loss),
+                         eta_s=None if eta is None else round(eta, 1), progress_at=time.time())
+        try:
+            _write(self.run_dir, self.data)
+        except OSError:
+            pass  # the next one may pass; the end is written regardless
+
+    def start(self) -> None:
+        _write(self.run_dir, self.data)
+
+    def end(self, state: str, result=None, attempts: list = (), made: int | None = None,
+            goodput: float | None = None) -> None:
+        """The run ended: ``state``, and what the last attempt's ``state.Result`` reached.
+
+        Args:
+          state: succeeded, failed or interrupted.
+          result: the last attempt's Result, if there is one.
+          attempts: every ``restarts.Attempt`` of this launch.
+          made: attempts made in the run directory so far, when ``attempts`` is not known
+            (the launch ended by an exception).
+          goodput: the run's goodput so far (``launcher.run.ledger``), when known.
+        """
+        data = self.data
+        data["state"] = state
+        data.pop("eta_s", None)
+        if made is not None:
+            data["attempts"] = made
+        elif attempts:
+            data["attempts"] = attempts[-1].number + 1
+        for attempt in attempts:
+            for change in getattr(attempt, "host_changes", ()):
+                data.setdefault("host_changes", []).append(
+                    {k: change.get(k) for k in ("attempt",) + HOST_CHANGE_FIELDS})
+            failure = getattr(attempt, "failure", None)
+            if failure is not None:
+                name = failure.failure_class.value
+                data["failures"][name] = data["failures"].get(name, 0) + 1
+                data["last_failure"] = {"attempt": attempt.number, "class": name,
+                                        "process_id": failure.process_id,
+                                        "why": failure.why[:500]}
+        if result is not None:
+            reported = [t.stats.progress for t in result.processes if t.stats.progress is not None]
+            if reported:
+                furthest = max(reported, key=lambda p: p.step)
+                data["step"], data["final_loss"] = furthest.step, _finite(furthest.loss)
+        if goodput is not None:
+            data["goodput"] = goodput
+        data["duration_s"] = round(self._before_s + self.clock() - self._launched, 3)
+        try:
+            _write(self.run_dir, data)
+        except OSError:
+            pass  # the run's outcome is printed anyway; the table then shows it unfinished
+
+
+def _failures(value) -> dict:
+    """run.json's ``failures`` as read back: class name -> count, anything else dropped."""
+    if not isinstance(value, dict):
+        return {}
+    return {_text(k)[:40]: v for k, v in value.items() if isinstance(k, str) and _count(v)}
+
+
+def _finite(value: float) -> float | None:
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/PID/stat``), or None if it is gone:
+    with the pid, it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _text(value) -> str:
+    return lines_printable(value)[:200] if isinstance(value, str) else ""
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return _finite(float(value))
