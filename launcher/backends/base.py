@@ -54,6 +54,12 @@ class ClusterSettings:
         """Cross-field problems as ``(key under cluster, message)`` pairs; none by default."""
         return []
 
+    @property
+    def resolved_devices_per_process(self) -> int:
+        """Devices each process sees: ``devices_per_process``, unless a backend derives it
+        from the machine (local: a TPU VM's chips shared among the processes)."""
+        return self.devices_per_process
+
 
 @dataclasses.dataclass(frozen=True)
 class Options:
@@ -174,8 +180,9 @@ class Backend(abc.ABC):
         Raises:
           SpecError: this backend has no rehearsal.
         """
-        raise SpecError([Problem("--rehearse", None, "", "only applies to cluster.backend: tpu "
-                                 f"(this job's is {self.name}); remove the flag")])
+        raise SpecError([Problem("--rehearse", None, "", "only applies to cluster.backend: tpu, "
+                                 "or local with cluster.platform tpu or gpu (this job's is "
+                                 f"{self.name} on the CPU); remove the flag")])
 
     @abc.abstractmethod
     def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:

@@ -11,7 +11,6 @@ launcher leaves no worker, and no helper a worker started, behind.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import secrets
@@ -19,44 +18,21 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Iterator, Literal
+from typing import Iterator
 
 from launcher import proctl, remote
-from launcher.spec import checks, schema
-from launcher.backends.base import Backend, ClusterSettings, Options, Session
+from launcher.backends import localdevices
+from launcher.backends.localdevices import LocalCluster
+from launcher.spec import checks
+from launcher.backends.base import Backend, Options, Session
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan, ProcessPlan
-from launcher.spec.schema import non_negative, port_or_zero, setting
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of
 from launcher.console.words import plural
 from worker import interrupts, profiling
 
 HOST = "127.0.0.1"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LocalCluster(ClusterSettings):
-    """Single-host debug mode: every process on this machine, CPU devices."""
-
-    backend: Literal["local"] = setting("local", doc="local, ssh or tpu")
-    num_processes: int = setting(2, check=schema.in_range(1, 256), doc="worker processes to start")
-    devices_per_process: int = setting(2, check=schema.in_range(1, 256),
-                                       doc="CPU devices each process sees (JAX_NUM_CPU_DEVICES)")
-    coordinator_port: int = setting(0, check=port_or_zero,
-                                    doc="JAX coordinator port on 127.0.0.1; 0 picks a free one")
-    grace_s: float = setting(3.0, check=non_negative,
-                             doc="after SIGTERM, wait this long before SIGKILL")
-    env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names,
-                                              doc="extra environment for every worker")
-
-    @property
-    def platform(self) -> str:
-        return "cpu"
-
-    @property
-    def num_processes_total(self) -> int:
-        return self.num_processes
 
 
 class LocalWorker:
@@ -203,40 +179,147 @@ def coordinator_port(job) -> int:
 
     Raises:
       SpecError: the spec's fixed port is in use.
+      LaunchError: no TCP socket can be opened here (a sandbox, a locked-down host).
     """
     port = job.cluster.coordinator_port or 0
-    if port == 0:
-        return proctl.free_port(HOST)
-    error = proctl.bind_error(port, HOST)
+    try:
+        if port == 0:
+            return proctl.free_port(HOST)
+        error = proctl.bind_error(port, HOST)
+    except OSError as exc:
+        raise LaunchError(no_socket("the JAX coordinator of a job of "
+                                    f"{plural(job.num_processes, 'process')}", exc)) from None
     if error is not None:
         raise SpecError([Problem(job.source, None, "cluster.coordinator_port",
                                  f"{error} on {HOST}; pick another or use 0")])
     return port
 
 
+def no_socket(what: str, exc: OSError) -> str:
+    """The sentence for a TCP socket that cannot be opened at all (``exc``), for ``what``."""
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    return (f"{what} needs a TCP port on {HOST}, and this machine allows no TCP socket "
+            f"({why}, errno {exc.errno}): a sandbox or locked-down host; a job of one process "
+            "needs none (cluster.num_processes: 1)")
+
+
+def coordinator_address(job) -> str:
+    """``host:port`` of the coordinator, or ``127.0.0.1:0`` for a trainer job of one process,
+    which joins no ``jax.distributed`` (``worker.joining.single_process``) and so opens no
+    socket: nothing is picked, nothing listens, a machine without TCP runs it."""
+    if job.num_processes == 1 and not job.is_program and not job.cluster.coordinator_port:
+        return f"{HOST}:0"
+    return f"{HOST}:{coordinator_port(job)}"
+
+
 def local_placement(job, run_dir: str, python: str, num_processes: int,
-                    local_device_count: int, env: dict) -> Placement:
-    """All ``num_processes`` on this machine, with CPU devices."""
+                    local_device_count: int, env: dict, platform: str = "cpu") -> Placement:
+    """``num_processes`` on this machine with ``local_device_count`` devices of ``platform``."""
     return Placement(host="localhost", num_processes=num_processes,
-                     local_device_count=local_device_count, platform="cpu", python=python,
+                     local_device_count=local_device_count, platform=platform, python=python,
                      run_dir=run_dir, job_path=os.path.join(run_dir, "job.json"), env=env,
                      label_host=False, cwd=job.program.dir if job.is_program else None)
+
+
+def placements(job, run_dir: str, python: str, platform: str) -> tuple:
+    """Every process's placement on this machine: one for all of them on the CPU or on every
+    chip, one per process where each gets its own TPU chips (libtpu's variables) or GPUs.
+
+    Raises:
+      LaunchError: a TPU split needs a port per process and no TCP socket can be opened.
+    """
+    cluster, n, devices = job.cluster, job.num_processes, job.local_device_count
+    env = dict(cluster.env)
+    if platform == "tpu":  # a JAX_PLATFORMS=cpu this shell exported must not hide the chips
+        env = {"JAX_PLATFORMS": "tpu", **env}
+    if platform == "cpu" or n == 1:
+        return (local_placement(job, run_dir, python, n, devices, env, platform),)
+    if platform == "tpu":
+        try:
+            ports = tuple(proctl.free_port(HOST) for _ in range(n))
+        except OSError as exc:
+            raise LaunchError(no_socket("libtpu, to split the chips among processes,", exc)) \
+                from None
+        chips = len(cluster.chips)
+        return tuple(local_placement(job, run_dir, python, 1, devices,
+                                     {**localdevices.tpu_env(chips, n, i, ports), **env}, platform)
+                     for i in range(n))
+    return tuple(local_placement(job, run_dir, python, 1, devices,
+                                 {**localdevices.gpu_env(devices, i), **env}, platform)
+                 for i in range(n))
+
+
+def check_chips_free(job) -> None:
+    """Refuse to start while another process holds this machine's TPU chips or GPUs.
+
+    Raises:
+      LaunchError: a holder lives (its pid, command and the files it holds are named;
+        nothing is stopped or removed: libtpu's lock file goes with its holder).
+    """
+    cluster = job.cluster
+    if not cluster.chips:
+        return
+    lockfile = cluster.libtpu_lockfile if cluster.resolved_platform == "tpu" else None
+    found, _ = localdevices.holders(cluster.chips, lockfile)
+    if found:
+        raise LaunchError(f"the {cluster.resolved_platform.upper()} is in use: "
+                          f"{localdevices.describe_holders(found)}; wait for it to end, or stop it "
+                          f"(kill {' '.join(str(pid) for pid, _, _ in found)}), then launch again")
 
 
 class LocalSession(Session):
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:
         job = self.job
-        placement = local_placement(job, self.run_dir, self.options.python, job.num_processes,
-                                    job.local_device_count, dict(job.cluster.env))
-        return (placement,), f"{HOST}:{coordinator_port(job)}"
+        platform = self.platform()
+        if platform != "cpu":  # the dry run names a holder too: the run would be refused
+            check_chips_free(job)
+        return placements(job, self.run_dir, self.options.python, platform), \
+            coordinator_address(job)
+
+    def platform(self) -> str:
+        return self.job.cluster.resolved_platform
+
+    def describe(self, plan: Plan) -> str:
+        """The plan, after a line on the devices: which and how many chips this machine has
+        (read from their device files, JAX not started) and what each process gets."""
+        return self.devices_text(plan) + "\n" + super().describe(plan)
+
+    def devices_text(self, plan: Plan) -> str:
+        cluster, platform = self.job.cluster, self.platform()
+        each = plural(self.job.local_device_count, "device")
+        if cluster.resolved_platform == "cpu":
+            return f"devices: CPU, {each} per process (JAX_NUM_CPU_DEVICES)"
+        name = "TPU chip" if cluster.resolved_platform == "tpu" else "GPU"
+        found = (f"{plural(len(cluster.chips), name)} found on this machine "
+                 f"({', '.join(cluster.chips)})")
+        if platform == "cpu":
+            return f"devices: {found}; rehearsed on CPU devices, {each} per process"
+        if self.job.num_processes == 1:
+            return f"devices: {found}; one process gets every one"
+        return f"devices: {found}; {plural(self.job.local_device_count, name)} per process"
 
     def describe_start(self, plan: Plan) -> str:
-        devices = plural(plan.job.local_device_count, "CPU device")
-        return (f"starting {plural(plan.num_processes, 'process')} x {devices} "
-                f"(single-host debug mode), coordinator {plan.coordinator_address}")
+        cluster, platform = self.job.cluster, self.platform()
+        each = plural(plan.job.local_device_count, f"{platform.upper()} device"
+                      if platform != "cpu" else "CPU device")
+        mode = ("single-host debug mode" if platform == "cpu" else
+                f"{plural(len(cluster.chips), 'TPU chip' if platform == 'tpu' else 'GPU')} "
+                "found on this machine")
+        if plan.job.num_processes == 1 and plan.coordinator_address.endswith(":0"):
+            where = "no coordinator (one process)"
+        else:
+            where = f"coordinator {plan.coordinator_address}"
+        return f"starting {plural(plan.num_processes, 'process')} x {each} ({mode}), {where}"
 
     def start(self, plan: Plan) -> list:
         return start_all(plan, self.job.cluster.grace_s)
+
+
+class RehearsalSession(LocalSession):
+    """``--rehearse`` of a tpu or gpu split: the same processes and devices, on CPU devices."""
+
+    def platform(self) -> str:
+        return "cpu"
 
 
 class LocalBackend(Backend):
@@ -249,3 +332,20 @@ class LocalBackend(Backend):
 
     def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:
         return LocalSession(job, run_dir, console, options)
+
+    def rehearsal(self, job) -> Backend:
+        """A tpu or gpu split's processes and devices, on CPU devices (``--rehearse``).
+
+        Raises:
+          SpecError: the job already runs on the CPU.
+        """
+        if job.cluster.resolved_platform == "cpu":
+            return super().rehearsal(job)
+        return LocalRehearsal()
+
+
+class LocalRehearsal(LocalBackend):
+    name = "local-rehearsal"
+
+    def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:
+        return RehearsalSession(job, run_dir, console, options)

@@ -122,7 +122,7 @@ class JobSpec:
 
     @property
     def local_device_count(self) -> int:
-        return self.cluster.devices_per_process
+        return self.cluster.resolved_devices_per_process
 
     @property
     def device_count(self) -> int:

@@ -1,0 +1,334 @@
+"""The TPU check: ``launch`` end to end on this machine's TPU chip, every item in one go.
+
+Run on a TPU VM (or the TPU test machine, ../shared/tpu/README.md) from the project's root:
+
+    python bench/tpu_check.py --out OUT_DIR            # every check, then the benchmark
+    python bench/tpu_check.py --out OUT_DIR --only train_linear holder
+    python bench/tpu_check.py --out OUT_DIR --platform cpu   # the same checks on CPU devices
+
+Each check runs ``launch`` as a user does (``python -m launcher.cli``) with
+``cluster.platform`` set, and prints ``PASS name: detail`` or ``FAIL name: detail``:
+
+* ``train_linear``: jobs/linear.yaml trains on the chip; the start line, process 0's log and
+  ``launch runs`` name the platform; TensorBoard event files are written.
+* ``train_large``: a 65,536 x 256 job trains on the chip.
+* ``compile_cache``: a second run of the same job loads its programs from the compilation cache.
+* ``notice_restart``: SIGTERM to the worker mid-run stops it after a step the run agrees on,
+  which is saved; the launcher restarts from it and the run ends at the params of the same
+  job run without interruption (rtol 1e-6).
+* ``resume``: SIGINT to the launcher (Ctrl-C) stops the run at a saved agreed step;
+  ``launch --resume RUN_DIR`` continues it to the uninterrupted params.
+* ``local_tier``: SIGKILL to the worker mid-run; the restart takes the newest local copy and
+  the run ends at the uninterrupted params.
+* ``profile``: a ``profile:`` section's trace holds the chip's plane (its ``.xplane.pb``
+  names the TPU device).
+* ``holder``: a second ``launch`` while the first holds the chip names the holder (pid and
+  command) and starts nothing.
+* ``bench``: steps/s of ``launch`` (the job's defaults, ``steps_per_call`` 1 and 100), of the
+  seed as written (bench/seed_loop.py), and of the step's limit (bench/step_limit.py: K steps
+  in one jitted fori_loop over resident data) for 256 x 4 and 65,536 x 256, with the ratios.
+
+Run directories are kept under OUT_DIR/runs (for TensorBoard, read back elsewhere), and every
+result goes to OUT_DIR/tpu_check.json. Exit 0 when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from launcher import proctl  # noqa: E402  (after the path is set)
+from launcher.state import ProcessStats  # noqa: E402
+
+SHAPES = {"seed": (256, 4), "large": (65536, 256)}
+
+
+class Check:
+    def __init__(self, out: str, platform: str):
+        self.out, self.platform = out, platform
+        self.runs = os.path.join(out, "runs")
+        os.makedirs(self.runs, exist_ok=True)
+        self.results: dict = {}
+
+    # ---- launching ------------------------------------------------------------------------
+    def args(self, name: str, *sets: str, shape: str = "seed", job: str = "jobs/linear.yaml",
+             extra=()) -> list:
+        batch, features = SHAPES[shape]
+        args = [sys.executable, "-m", "launcher.cli", job, "--run-dir",
+                os.path.join(self.runs, name), "--status-every", "0",
+                "--set", f"cluster.platform={self.platform}",
+                "--set", "cluster.num_processes=1",
+                "--set", f"cluster.devices_per_process={'null' if self.platform != 'cpu' else 1}",
+                "--set", f"train.global_batch_size={batch}",
+                "--set", f"data.num_examples={batch}", "--set", f"data.in_features={features}"]
+        for item in sets:
+            args += ["--set", item]
+        return args + list(extra)
+
+    def launch(self, args: list, timeout_s: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+                              env=_env())
+
+    def start(self, args: list) -> subprocess.Popen:
+        return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=_env())
+
+    def record(self, name: str, ok: bool, detail: str, **facts) -> None:
+        self.results[name] = {"pass": bool(ok), "detail": detail, **facts}
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+
+    # ---- the checks -----------------------------------------------------------------------
+    def train_linear(self) -> None:
+        run = os.path.join(self.runs, "linear")
+        done = self.launch(self.args("linear"))
+        log = _read(os.path.join(run, "logs", "process-000.log"))
+        runs = self.launch([sys.executable, "-m", "launcher.cli", "runs", "--root", self.runs])
+        events = glob.glob(os.path.join(run, "tensorboard", "**", "events.out.tfevents.*"),
+                           recursive=True)
+        device = re.search(r"on (\d+ \w+ devices?)", log)
+        ok = (done.returncode == 0 and device is not None and self.platform in device.group(1)
+              and events != [] and self.platform.upper() in done.stdout + done.stderr)
+        self.record("train_linear", ok, f"exit {done.returncode}; process 0: "
+                    f"{device.group(1) if device else '?'}; {len(events)} event file(s); "
+                    f"start line: {_line(done.stdout, 'starting')}",
+                    runs=runs.stdout[-2000:], tail=_tail(done))
+
+    def train_large(self) -> None:
+        done = self.launch(self.args("large", "train.num_steps=200", "logging.log_every_steps=100",
+                                     shape="large"))
+        self.record("train_large", done.returncode == 0 and self.platform in _read(
+            os.path.join(self.runs, "large", "logs", "process-000.log")),
+            f"exit {done.returncode}; {_line(done.stdout, 'steps/s')}", tail=_tail(done))
+
+    def compile_cache(self) -> None:
+        # a run directory beside another of the same job shares runs/<job>/compilation-cache
+        args = [a for a in self.args("unused")]
+        first = args.index("--run-dir")
+        results = []
+        for i in (1, 2):
+            args[first + 1] = os.path.join(self.runs, "cache", "linear", f"run{i}")
+            results.append(self.launch(args))
+        line = _line(_read(os.path.join(self.runs, "cache", "linear", "run2", "logs", "process-000.log")),
+                     "compilation cache")
+        hits = re.search(r"(\d+) hits", line or "")
+        self.record("compile_cache", all(r.returncode == 0 for r in results) and hits is not None
+                    and int(hits.group(1)) > 0, f"second run: {line}")
+
+    def _interrupted(self, name: str, how: str) -> None:
+        """``how``: term-worker, kill-worker or int-launcher, sent once step 2,000 is logged."""
+        sets = ("train.num_steps=20000", "train.steps_per_call=1", "logging.log_every_steps=100",
+                "checkpoint.every_steps=5000", "checkpoint.local_every_steps=1000",
+                "restarts.backoff_s=0")
+        reference = self.launch(self.args(f"{name}-reference", *sets, shape="large"), 600)
+        proc = self.start(self.args(name, *sets, shape="large"))
+        run = os.path.join(self.runs, name)
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            step = re.match(r"\S*\s*step (\d+)/", line.split("| ")[-1] if "| " in line else line)
+            if step is None:
+                step = re.search(r"\bstep (\d+)/20000", line)
+            if step and int(step.group(1)) >= 2000:
+                break
+        if how == "int-launcher":
+            proc.send_signal(signal.SIGINT)
+        else:
+            for pid in _workers(run):
+                os.kill(pid, signal.SIGTERM if how == "term-worker" else signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=600)
+        text = "".join(lines) + rest
+        if how == "int-launcher":
+            resumed = self.launch([sys.executable, "-m", "launcher.cli", "--resume", run], 600)
+            text += resumed.stdout + resumed.stderr
+            code = resumed.returncode
+        else:
+            code = proc.returncode
+        same, detail = _same_params(os.path.join(self.runs, f"{name}-reference"), run)
+        said = [_line(text, w) for w in ("agreed", "local copy", "resumed from", "restart")]
+        self.record(name, reference.returncode == 0 and code == 0 and same,
+                    f"exit {code}; params {detail}; " + " / ".join(s for s in said if s),
+                    tail=text[-3000:])
+
+    def notice_restart(self) -> None:
+        self._interrupted("notice_restart", "term-worker")
+
+    def resume(self) -> None:
+        self._interrupted("resume", "int-launcher")
+
+    def local_tier(self) -> None:
+        self._interrupted("local_tier", "kill-worker")
+
+    def profile(self) -> None:
+        done = self.launch(self.args("profile", "train.num_steps=300", "profile.start_step=100", "profile.num_steps=10",
+                                     "logging.log_every_steps=10"))
+        planes = glob.glob(os.path.join(self.runs, "profile", "**", "*.xplane.pb"), recursive=True)
+        device = self.platform.upper() if self.platform != "cpu" else "/host:CPU"
+        held = [p for p in planes if device.encode() in _read_bytes(p)]
+        self.record("profile", done.returncode == 0 and held != [],
+                    f"exit {done.returncode}; {len(planes)} trace(s), {len(held)} with a "
+                    f"{device} plane", tail=_tail(done))
+
+    def holder(self) -> None:
+        first = self.start(self.args("holder-first", "train.num_steps=2000000",
+                                     "train.steps_per_call=1", "logging.log_every_steps=1000"))
+        for line in first.stdout:  # process 0 names its devices once it holds them
+            if " device" in line and "batch" in line:
+                break
+        started = time.monotonic()
+        second = self.launch(self.args("holder-second"), 120)
+        seconds = time.monotonic() - started
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=120)
+        text = second.stdout + second.stderr
+        named = re.search(r"in use: pid (\d+) \(([^)]*)\)", text)
+        self.record("holder", second.returncode != 0 and named is not None and not os.path.exists(
+            os.path.join(self.runs, "holder-second", "logs", "process-000.log")),
+            f"exit {second.returncode} in {seconds:.1f} s: {_line(text, 'in use')}")
+
+    def bench(self, rounds: int) -> None:
+        facts = {}
+        for shape, steps in (("seed", 30000), ("large", 3000)):
+            batch, features = SHAPES[shape]
+            limit = _rates([sys.executable, os.path.join(REPO, "bench", "step_limit.py"),
+                            "--batch", str(batch), "--features", str(features),
+                            "--steps", str(steps)])
+            seed = _seed_rate(batch, features, steps)
+            sides = {"default": (), "k1": ("train.steps_per_call=1",),
+                     "k100": ("train.steps_per_call=100",)}
+            rates: dict = {name: [] for name in sides}
+            for index in range(rounds):
+                for name, sets in sides.items():
+                    tag = f"bench-{shape}-{name}-{index}"
+                    rates[name].append(self._steps_per_s(tag, shape, steps, sets))
+            best = max(limit.values())
+            row = {"limit": limit, "seed": seed, **{n: max(r) for n, r in rates.items()},
+                   "default/limit": max(rates["default"]) / best,
+                   "k1/limit_k1": max(rates["k1"]) / limit[1],
+                   "k100/limit_k100": max(rates["k100"]) / limit[100],
+                   "default/seed": max(rates["default"]) / seed}
+            facts[shape] = row
+            print(f"{batch} x {features}, {steps} steps: limit " + ", ".join(
+                f"K={k} {v:,.0f}" for k, v in limit.items()) + f"; seed {seed:,.0f}; launch "
+                + ", ".join(f"{n} {max(r):,.0f}" for n, r in rates.items())
+                + f" steps/s; default/best limit {row['default/limit']:.2f}, k1/K=1 "
+                f"{row['k1/limit_k1']:.2f}, k100/K=100 {row['k100/limit_k100']:.2f}", flush=True)
+        self.results["bench"] = facts
+
+    def _steps_per_s(self, tag: str, shape: str, steps: int, sets) -> float:
+        args = self.args(tag, f"train.num_steps={steps}", "logging.log_every_steps=100",
+                         "checkpoint.every_steps=0", "logging.tensorboard=false",
+                         *sets, shape=shape)
+        done = self.launch(args, 600)
+        if done.returncode != 0:
+            raise SystemExit(f"{tag} failed:\n{_tail(done)}")
+        stats = ProcessStats()
+        for line in _read(os.path.join(self.runs, tag, "logs", "process-000.log")).splitlines():
+            stats.observe(line)
+        shutil.rmtree(os.path.join(self.runs, tag), ignore_errors=True)
+        return 1.0 / stats.mean_step_time_s
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_PLATFORMS", "PODLAUNCH_"))}
+    return env
+
+
+def _rates(args: list) -> dict:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600, env=_env())
+    if done.returncode != 0:
+        raise SystemExit(f"{args[1]} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return {int(k): float(v) for k, v in re.findall(r"^RATE (\d+) ([\d.]+)$", done.stdout, re.M)}
+
+
+def _seed_rate(batch: int, features: int, steps: int) -> float:
+    env = {**_env(), "JAX_PLATFORMS": ""}  # the seed sets cpu unless told otherwise
+    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "seed_loop.py"), "--steps",
+                           str(steps), "--batch", str(batch), "--features", str(features)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    match = re.search(r"^RATE ([\d.]+)", done.stdout, re.M)
+    return float(match.group(1)) if match else float("nan")
+
+
+def _workers(run_dir: str) -> list:
+    want = f"PODLAUNCH_RUN_DIR={run_dir}".encode()
+    return [pid for pid in proctl.pids() if want in proctl.environ(pid)
+            and "worker" in proctl.cmdline(pid)]
+
+
+def _same_params(a: str, b: str) -> tuple:
+    import numpy as np
+
+    try:
+        pa, pb = np.load(os.path.join(a, "params.npz")), np.load(os.path.join(b, "params.npz"))
+    except OSError as exc:
+        return False, f"missing ({exc})"
+    worst = max(float(np.max(np.abs(pa[k] - pb[k]) / (np.abs(pa[k]) + 1e-30))) for k in pa.files)
+    same = sorted(pa.files) == sorted(pb.files) and all(
+        np.allclose(pa[k], pb[k], rtol=1e-6, atol=0) for k in pa.files)
+    return same, f"{'equal' if same else 'DIFFER'} (largest relative difference {worst:.2e})"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _line(text: str, word: str) -> str | None:
+    return next((line.strip() for line in text.splitlines() if word in line), None)
+
+
+def _tail(done) -> str:
+    return (done.stdout + done.stderr)[-3000:]
+
+
+CHECKS = ("train_linear", "train_large", "compile_cache", "notice_restart", "resume",
+          "local_tier", "profile", "holder", "bench")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--platform", default="tpu", choices=("tpu", "gpu", "cpu"))
+    parser.add_argument("--only", nargs="+", choices=CHECKS, default=list(CHECKS))
+    parser.add_argument("--rounds", type=int, default=2, help="benchmark rounds")
+    args = parser.parse_args()
+    check = Check(os.path.abspath(args.out), args.platform)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {', '.join(args.only)} on "
+          f"{args.platform}", flush=True)
+    for name in args.only:
+        started = time.monotonic()
+        try:
+            if name == "bench":
+                check.bench(args.rounds)
+            else:
+                getattr(check, name)()
+        except Exception as exc:  # noqa: BLE001  one check's failure is reported, the rest run
+            check.record(name, False, f"{type(exc).__name__}: {exc}")
+        print(f"  ({name}: {time.monotonic() - started:.1f} s)", flush=True)
+    with open(os.path.join(check.out, "tpu_check.json"), "w") as f:
+        json.dump(check.results, f, indent=1)
+    sys.exit(0 if all(r.get("pass", True) for r in check.results.values()
+                      if isinstance(r, dict)) else 1)
+
+
+if __name__ == "__main__":
+    main()

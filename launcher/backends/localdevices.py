@@ -1,0 +1,233 @@
+"""This machine's accelerators for single-host mode: which chips, how they are split, who holds them.
+
+Nothing here starts JAX: chips are counted from their device files, as libtpu and the
+NVIDIA driver create them (a TPU VM's chips are ``/dev/accel0``... or, on newer VMs, numeric
+entries of ``/dev/vfio/``; GPUs are ``/dev/nvidia0``...), so ``--dry-run`` can say what a
+run would get without taking a chip.
+
+A TPU VM's chips are split among processes with libtpu's own variables, the way JAX's
+multi-process tests and torch_xla's single-host runner do it (``TPU_VISIBLE_CHIPS``,
+``TPU_CHIPS_PER_PROCESS_BOUNDS``, ``TPU_PROCESS_BOUNDS``, ``TPU_PROCESS_ADDRESSES``,
+``TPU_PROCESS_PORT``, ``CLOUD_TPU_TASK_ID``, ``ALLOW_MULTIPLE_LIBTPU_LOAD``), and only for the
+shapes known to work (``TPU_SPLITS``): 4 chips (a 2 x 2 host: v4-8, v5p-8, v5e-4) 1, 2 or 4 per
+process, 8 chips (a 2 x 4 host: v5e-8, v6e-8) 1, 4 or 8. One process always gets every chip,
+with none of these set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import os
+import re
+from typing import Literal
+
+from launcher import proctl
+from launcher.backends.base import ClusterSettings
+from launcher.console.words import plural
+from launcher.spec import schema
+from launcher.spec.schema import non_negative, port_or_zero, setting
+
+TPU_DEVICE_PATHS = ("/dev/accel*", "/dev/vfio/*")
+GPU_DEVICE_PATHS = ("/dev/nvidia*",)
+LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
+
+# chips on the host -> {chips per process: (TPU_CHIPS_PER_PROCESS_BOUNDS, TPU_PROCESS_BOUNDS)}
+# Bounds are x,y,z chip grids: 4 chips are 2 x 2, 8 chips 2 x 4 (chip i at x = i % 2).
+TPU_SPLITS = {
+    4: {1: ("1,1,1", "2,2,1"), 2: ("2,1,1", "1,2,1")},
+    8: {1: ("1,1,1", "2,4,1"), 4: ("2,2,1", "1,2,1")},
+}
+
+_NUMBERED = re.compile(r"(accel|nvidia|)(\d+)$")
+
+
+def device_files(patterns) -> tuple:
+    """The chip device files matching ``patterns`` (globs), one per chip, in chip order.
+
+    Only numbered entries count (``/dev/accel3``, ``/dev/vfio/12``, ``/dev/nvidia0``):
+    ``/dev/vfio/vfio`` and ``/dev/nvidiactl`` are the drivers' control files, not chips.
+    """
+    found = {}
+    for pattern in patterns:
+        for path in glob.glob(pattern):
+            match = _NUMBERED.match(os.path.basename(path))
+            if match:
+                found[path] = (os.path.dirname(path), int(match.group(2)))
+    return tuple(sorted(found, key=found.get))
+
+
+def tpu_split(chips: int, num_processes: int) -> str | None:
+    """None when ``num_processes`` processes can share ``chips`` TPU chips, else why not and
+    what would work (a sentence for the user)."""
+    if num_processes == 1:
+        return None
+    works = [chips // per for per in sorted(TPU_SPLITS.get(chips, {}), reverse=True)]
+    if num_processes > chips:
+        why = f"more processes than the {plural(chips, 'TPU chip')} found"
+    elif chips % num_processes or chips // num_processes not in TPU_SPLITS.get(chips, {}):
+        why = (f"{plural(chips, 'TPU chip')} cannot be split among "
+               f"{plural(num_processes, 'process')} (libtpu splits a host's chips only in known "
+               "shapes)")
+    else:
+        return None
+    options = ", ".join(str(n) for n in [1] + works)
+    return f"{why}; use num_processes {options}"
+
+
+def tpu_env(chips: int, num_processes: int, process_id: int, ports: tuple) -> dict:
+    """libtpu's variables for ``process_id`` of ``num_processes`` sharing ``chips`` chips.
+
+    Args:
+      chips: TPU chips on this host (``device_files``'s count).
+      num_processes: processes sharing them; ``tpu_split`` must have accepted the pair.
+      process_id: this process's index, 0-based.
+      ports: one free TCP port per process, for libtpu's own traffic between them
+        (``TPU_PROCESS_ADDRESSES``); unused (may be empty) for one process.
+
+    Returns:
+      The variables to add to the worker's environment; empty for one process, which
+      gets every chip as libtpu does by default.
+    """
+    if num_processes == 1:
+        return {}
+    per = chips // num_processes
+    chip_bounds, process_bounds = TPU_SPLITS[chips][per]
+    first = process_id * per
+    return {
+        "TPU_VISIBLE_CHIPS": ",".join(str(c) for c in range(first, first + per)),
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": chip_bounds,
+        "TPU_PROCESS_BOUNDS": process_bounds,
+        "TPU_PROCESS_ADDRESSES": ",".join(f"localhost:{p}" for p in ports),
+        "TPU_PROCESS_PORT": str(ports[process_id]),
+        "CLOUD_TPU_TASK_ID": str(process_id),
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    }
+
+
+def gpu_env(devices_per_process: int, process_id: int) -> dict:
+    """``CUDA_VISIBLE_DEVICES`` for ``process_id``: its own ``devices_per_process`` GPUs."""
+    first = process_id * devices_per_process
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(first,
+                                                                   first + devices_per_process))}
+
+
+def holders(paths, lockfile: str | None = None) -> tuple:
+    """Processes that hold any of ``paths`` (device files) or ``lockfile`` open.
+
+    Found by reading ``/proc/*/fd`` (never by name), as the tpu backend does on its hosts
+    (``launcher.remote.holders``); this process is never one.
+
+    Returns:
+      ``(holders, unreadable)``: ``[(pid, command line, [paths held])]`` by pid, and how
+      many processes' open files could not be read (another user's, without root).
+    """
+    real = {os.path.realpath(p) for p in paths}
+    if lockfile:
+        real.add(os.path.realpath(lockfile))
+    found, unreadable = proctl.open_files(real, skip_pid=os.getpid())
+    return [(pid, proctl.cmdline(pid), sorted(held)) for pid, held in sorted(found.items())], \
+        unreadable
+
+
+def describe_holders(found: list) -> str:
+    """``holders``' list as one sentence's worth: pid, command and the files it holds."""
+    return "; ".join(f"pid {pid} ({cmd or '?'}) holds {', '.join(paths)}"
+                     for pid, cmd, paths in found)
+
+
+PLATFORMS = ("cpu", "tpu", "gpu")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalCluster(ClusterSettings):
+    """Single-host mode: every process on this machine, on its CPU (the default, for debugging),
+    its TPU chips or its GPUs (``platform``; ``launcher.backends.localdevices``)."""
+
+    backend: Literal["local"] = setting("local", doc="local, ssh, tpu or slurm")
+    platform: Literal["cpu", "tpu", "gpu", "auto"] = setting(
+        "cpu", doc="the devices the processes train on: cpu (CPU devices, the debug mode), tpu "
+        "(this machine's TPU chips), gpu (its GPUs) or auto (what JAX would pick: TPU chips if "
+        "any, else GPUs, else the CPU)")
+    num_processes: int | None = setting(
+        None, check=schema.in_range(1, 256),
+        doc="worker processes to start; unset: 2 on cpu, 1 on tpu (every chip), one per GPU")
+    devices_per_process: int | None = setting(
+        None, check=schema.in_range(1, 256),
+        doc="devices each process sees; unset: 2 on cpu (JAX_NUM_CPU_DEVICES), the chips or "
+        "GPUs divided evenly among the processes")
+    coordinator_port: int = setting(0, check=port_or_zero,
+                                    doc="JAX coordinator port on 127.0.0.1; 0 picks a free one")
+    grace_s: float = setting(3.0, check=non_negative,
+                             doc="after SIGTERM, wait this long before SIGKILL")
+    env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names,
+                                              doc="extra environment for every worker")
+    tpu_device_paths: tuple[str, ...] = setting(
+        TPU_DEVICE_PATHS, doc="globs of this machine's TPU chip files (numbered "
+        "entries only), counted and checked for holders before a tpu run")
+    gpu_device_paths: tuple[str, ...] = setting(
+        GPU_DEVICE_PATHS, doc="globs of this machine's GPU files (numbered entries "
+        "only), counted for a gpu run")
+    libtpu_lockfile: str = setting(LIBTPU_LOCKFILE,
+                                   doc="libtpu's lock file; its holder holds the chips")
+
+    @functools.cached_property
+    def chips(self) -> tuple:
+        """The device files of the chips ``platform`` uses (none on cpu), in chip order."""
+        if self.resolved_platform == "tpu":
+            return device_files(self.tpu_device_paths)
+        if self.resolved_platform == "gpu":
+            return device_files(self.gpu_device_paths)
+        return ()
+
+    @functools.cached_property
+    def resolved_platform(self) -> str:
+        """``platform`` with ``auto`` answered from this machine's device files."""
+        if self.platform != "auto":
+            return self.platform
+        if device_files(self.tpu_device_paths):
+            return "tpu"
+        return "gpu" if device_files(self.gpu_device_paths) else "cpu"
+
+    @property
+    def num_processes_total(self) -> int:
+        if self.num_processes is not None:
+            return self.num_processes
+        if self.resolved_platform == "gpu":
+            return max(1, len(self.chips))
+        return 2 if self.resolved_platform == "cpu" else 1
+
+    @property
+    def resolved_devices_per_process(self) -> int:
+        """Devices each process sees: the setting, or the chips shared evenly (at least 1)."""
+        if self.devices_per_process is not None:
+            return self.devices_per_process
+        if self.resolved_platform == "cpu":
+            return 2
+        return max(1, len(self.chips) // self.num_processes_total)
+
+    def problems(self) -> list:
+        """This machine's chips against the split asked for: none found, too few, or a TPU
+        split libtpu does not make (``tpu_split``)."""
+        platform, n = self.resolved_platform, self.num_processes_total
+        if platform == "cpu":
+            return []
+        paths = self.tpu_device_paths if platform == "tpu" else self.gpu_device_paths
+        name = "TPU chip" if platform == "tpu" else "GPU"
+        if not self.chips:
+            return [("platform", f"{platform}, but no {name} was found on this machine (looked "
+                     f"for {', '.join(paths)}); run on a machine that has them, or use cpu")]
+        if platform == "tpu":
+            if self.devices_per_process is not None and \
+                    self.devices_per_process * n != len(self.chips):
+                return [("devices_per_process", f"{self.devices_per_process} x {plural(n, 'process')} "
+                         f"does not use this machine's {plural(len(self.chips), name)}; leave it "
+                         "unset (each process gets its share)")]
+            why = tpu_split(len(self.chips), n)
+            return [] if why is None else [("num_processes", why)]
+        if n * self.resolved_devices_per_process > len(self.chips):
+            return [("num_processes", f"{plural(n, 'process')} x {plural(self.resolved_devices_per_process, name)} "
+                     f"need more than the {plural(len(self.chips), name)} found; use at most "
+                     f"{len(self.chips)} in all")]
+        return []
