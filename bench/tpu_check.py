@@ -117,9 +117,9 @@ class Check:
         first = args.index("--run-dir")
         results = []
         for i in (1, 2):
-            args[first + 1] = os.path.join(self.runs, "cache", "linear", f"run{i}")
+            args[first + 1] = os.path.join(self.runs, "cache", "runs", "linear", f"run{i}")
             results.append(self.launch(args))
-        line = _line(_read(os.path.join(self.runs, "cache", "linear", "run2", "logs", "process-000.log")),
+        line = _line(_read(os.path.join(self.runs, "cache", "runs", "linear", "run2", "logs", "process-000.log")),
                      "compilation cache")
         hits = re.search(r"(\d+) hits", line or "")
         self.record("compile_cache", all(r.returncode == 0 for r in results) and hits is not None
@@ -149,7 +149,9 @@ class Check:
         rest, _ = proc.communicate(timeout=600)
         text = "".join(lines) + rest
         if how == "int-launcher":
-            resumed = self.launch([sys.executable, "-m", "launcher.cli", "--resume", run], 600)
+            again = self.args(name, *sets, shape="large")
+            again[again.index("--run-dir")] = "--resume"  # launch JOB.yaml --resume RUN_DIR
+            resumed = self.launch(again, 600)
             text += resumed.stdout + resumed.stderr
             code = resumed.returncode
         else:
@@ -300,8 +302,8 @@ def _tail(done) -> str:
     return (done.stdout + done.stderr)[-3000:]
 
 
-CHECKS = ("train_linear", "train_large", "compile_cache", "notice_restart", "resume",
-          "local_tier", "profile", "holder", "bench")
+CHECKS = ("train_linear", "holder", "train_large", "compile_cache", "profile", "bench",
+          "notice_restart", "resume", "local_tier")
 
 
 def main() -> None:
@@ -324,8 +326,8 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001  one check's failure is reported, the rest run
             check.record(name, False, f"{type(exc).__name__}: {exc}")
         print(f"  ({name}: {time.monotonic() - started:.1f} s)", flush=True)
-    with open(os.path.join(check.out, "tpu_check.json"), "w") as f:
-        json.dump(check.results, f, indent=1)
+        with open(os.path.join(check.out, "tpu_check.json"), "w") as f:  # after each: kept
+            json.dump(check.results, f, indent=1)                         # if the run is cut
     sys.exit(0 if all(r.get("pass", True) for r in check.results.values()
                       if isinstance(r, dict)) else 1)
 

@@ -311,6 +311,10 @@ def bind_error(port, host=""):
     Checked as gRPC binds it: ``[::]:port`` dual-stack with SO_REUSEADDR
     (connections of an earlier run left in TIME_WAIT do not count as in use),
     or ``host:port`` over IPv4 on a machine without IPv6.
+
+    Raises:
+      OSError: no TCP socket can be opened here at all (EAFNOSUPPORT for IPv4 too: a
+        sandbox, a locked-down host): nothing could listen on any port.
     """
     try:
         if socket.has_ipv6:
@@ -322,6 +326,8 @@ def bind_error(port, host=""):
                     raise
         _try_bind(socket.AF_INET, (host, port))
     except OSError as exc:
+        if exc.errno == errno.EAFNOSUPPORT:
+            raise
         return "port %d is in use (%s)" % (port, exc.strerror)
     return None
 
