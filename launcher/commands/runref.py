@@ -50,28 +50,15 @@ def state(run_dir: str) -> tuple:
 
 
 def _holds_lock(pid: int, lock: os.stat_result) -> bool:
-    """Whether ``pid`` is this user's and has the lock file open for writing (a reader
-    such as ``launch wait`` opens it read-only, and is never taken for the supervisor)."""
+    """Whether ``pid`` is this user's and has the lock file open for writing
+    (``runlock.holds_for_writing``: a reader such as ``launch wait`` is never taken for the
+    supervisor)."""
     try:
-        with open(f"/proc/{pid}/status", "r", encoding="ascii", errors="replace") as f:
-            uids = next((line.split()[1:] for line in f if line.startswith("Uid:")), [])
-        if not uids or int(uids[0]) != os.getuid():
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
             return False
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except (OSError, ValueError):
+        return runlock.holds_for_writing(pid, (lock.st_dev, lock.st_ino))
+    except OSError:  # gone, or not this user's to read
         return False
-    for fd in fds:
-        try:
-            target = os.stat(f"/proc/{pid}/fd/{fd}")
-            if (target.st_dev, target.st_ino) != (lock.st_dev, lock.st_ino):
-                continue
-            with open(f"/proc/{pid}/fdinfo/{fd}", "r", encoding="ascii") as f:
-                flags = next((int(line.split()[1], 8) for line in f if line.startswith("flags:")), 0)
-        except (OSError, ValueError):
-            continue
-        if flags & os.O_ACCMODE == os.O_RDWR:
-            return True
-    return False
 
 
 def supervisor(run_dir: str) -> int | None:

@@ -183,7 +183,7 @@ def prove(run_dir: str, pid: int, command: str) -> Launcher:
         if owner != os.getuid():
             raise refuse(f"the run's launcher (pid {pid}) belongs to user {user_name(owner)}, not to "
                          f"you ({user_name(os.getuid())}): ask it as {user_name(owner)}")
-        if not _holds(pid, (lock.st_dev, lock.st_ino)):
+        if not holds_for_writing(pid, (lock.st_dev, lock.st_ino)):
             raise refuse(f"pid {pid} ({proctl.cmdline(pid, 80)}), named in the run's files as its "
                          f"launcher, does not hold {path}: it is not this run's launcher")
     except PermissionError:
@@ -195,8 +195,11 @@ def prove(run_dir: str, pid: int, command: str) -> Launcher:
     return Launcher(pid, pidfd)
 
 
-def _holds(pid: int, file_id: tuple) -> bool:
-    """Whether ``pid`` has the file ``file_id`` (st_dev, st_ino) open (``/proc/PID/fd``).
+def holds_for_writing(pid: int, file_id: tuple) -> bool:
+    """Whether ``pid`` has the file ``file_id`` (st_dev, st_ino) open for writing
+    (``/proc/PID/fd`` and its ``fdinfo`` flags): the launcher opens its lock read-write, and a
+    reader that only asks whether the lock is held (``held``, ``launch wait``) opens it
+    read-only, so it is never taken for the launcher.
 
     Raises:
       PermissionError: its descriptors are not this user's to read.
@@ -208,9 +211,13 @@ def _holds(pid: int, file_id: tuple) -> bool:
     for name in names:
         try:
             found = os.stat(f"/proc/{pid}/fd/{name}")
-        except FileNotFoundError:
+            if (found.st_dev, found.st_ino) != file_id:
+                continue
+            with open(f"/proc/{pid}/fdinfo/{name}", encoding="ascii") as f:
+                flags = next((int(line.split()[1], 8) for line in f if line.startswith("flags:")), 0)
+        except (FileNotFoundError, ValueError):
             continue
-        if (found.st_dev, found.st_ino) == file_id:
+        if flags & os.O_ACCMODE in (os.O_RDWR, os.O_WRONLY):
             return True
     return False
 
