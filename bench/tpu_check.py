@@ -24,7 +24,8 @@ Each check runs ``launch`` as a user does (``python -m launcher.cli``) with
   names the TPU device).
 * ``holder``: a second ``launch`` while the first holds the chip names the holder (pid and
   command) and starts nothing.
-* ``bench``: steps/s of ``launch`` (the job's defaults, ``steps_per_call`` 1 and 100), of the
+* ``bench``: steps/s of ``launch`` (the job's defaults, ``steps_per_call`` 1 and 100, and 1,000
+  with ``train.parallelism: jit``), of the
   seed as written (bench/seed_loop.py), and of the step's limit (bench/step_limit.py: K steps
   in one jitted fori_loop over resident data) for 256 x 4 and 65,536 x 256, with the ratios.
 
@@ -198,16 +199,23 @@ class Check:
             os.path.join(self.runs, "holder-second", "logs", "process-000.log")),
             f"exit {second.returncode} in {seconds:.1f} s: {_line(text, 'in use')}")
 
-    def bench(self, rounds: int) -> None:
+    def bench(self, rounds: int, shapes=tuple(SHAPES)) -> None:
         facts = {}
-        for shape, steps in (("seed", 30000), ("large", 3000)):
+        for shape, steps in (("seed", 30000), ("large", 3000)):  # multiples of 1,000
+            if shape not in shapes:
+                continue
             batch, features = SHAPES[shape]
             limit = _rates([sys.executable, os.path.join(REPO, "bench", "step_limit.py"),
                             "--batch", str(batch), "--features", str(features),
                             "--steps", str(steps)])
             seed = _seed_rate(batch, features, steps)
+            # the job's defaults; steps_per_call 1 and 100 (pmap, the default); 1,000 with
+            # parallelism jit (on CPU devices a fused pmap call runs 4-7x slower than the same
+            # steps under jit: docs/tpu.md)
             sides = {"default": (), "k1": ("train.steps_per_call=1",),
-                     "k100": ("train.steps_per_call=100",)}
+                     "k100": ("train.steps_per_call=100",),
+                     "k1000-jit": ("train.steps_per_call=1000", "logging.log_every_steps=1000",
+                                   "train.parallelism=jit")}
             rates: dict = {name: [] for name in sides}
             for index in range(rounds):
                 for name, sets in sides.items():
@@ -218,19 +226,20 @@ class Check:
                    "default/limit": max(rates["default"]) / best,
                    "k1/limit_k1": max(rates["k1"]) / limit[1],
                    "k100/limit_k100": max(rates["k100"]) / limit[100],
+                   "k1000-jit/limit_k1000": max(rates["k1000-jit"]) / limit[1000],
                    "default/seed": max(rates["default"]) / seed}
             facts[shape] = row
             print(f"{batch} x {features}, {steps} steps: limit " + ", ".join(
                 f"K={k} {v:,.0f}" for k, v in limit.items()) + f"; seed {seed:,.0f}; launch "
                 + ", ".join(f"{n} {max(r):,.0f}" for n, r in rates.items())
                 + f" steps/s; default/best limit {row['default/limit']:.2f}, k1/K=1 "
-                f"{row['k1/limit_k1']:.2f}, k100/K=100 {row['k100/limit_k100']:.2f}", flush=True)
+                f"{row['k1/limit_k1']:.2f}, k100/K=100 {row['k100/limit_k100']:.2f}, k1000-jit/K=1000 "
+                f"{row['k1000-jit/limit_k1000']:.2f}", flush=True)
         self.results["bench"] = facts
 
     def _steps_per_s(self, tag: str, shape: str, steps: int, sets) -> float:
         args = self.args(tag, f"train.num_steps={steps}", "logging.log_every_steps=100",
-                         "checkpoint.every_steps=0", "logging.tensorboard=false",
-                         *sets, shape=shape)
+                         "checkpoint.every_steps=0", *sets, shape=shape)
         done = self.launch(args, 600)
         if done.returncode != 0:
             raise SystemExit(f"{tag} failed:\n{_tail(done)}")
@@ -312,6 +321,8 @@ def main() -> None:
     parser.add_argument("--platform", default="tpu", choices=("tpu", "gpu", "cpu"))
     parser.add_argument("--only", nargs="+", choices=CHECKS, default=list(CHECKS))
     parser.add_argument("--rounds", type=int, default=2, help="benchmark rounds")
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES),
+                        help="the benchmark's jobs: seed (256 x 4), large (65,536 x 256)")
     args = parser.parse_args()
     check = Check(os.path.abspath(args.out), args.platform)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {', '.join(args.only)} on "
@@ -320,7 +331,7 @@ def main() -> None:
         started = time.monotonic()
         try:
             if name == "bench":
-                check.bench(args.rounds)
+                check.bench(args.rounds, args.shapes)
             else:
                 getattr(check, name)()
         except Exception as exc:  # noqa: BLE001  one check's failure is reported, the rest run
