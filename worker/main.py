@@ -37,7 +37,8 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     from worker.tracker import make_tracker
     from worker.train import InFlight, make_optimizer
 
-    parallel = parallelism.of(job.train.parallelism)
+    parallel = parallelism.of(job.train.parallelism, job.train.steps_per_call,
+                              identity.num_processes, identity.local_device_count)
 
     process_id = identity.process_id
     run_dir = identity.run_dir

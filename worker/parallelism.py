@@ -1,4 +1,4 @@
-"""How the step is spread over the devices, as a value: ``of("pmap")`` or ``of("jit")``.
+"""How the step is spread over the devices, as a value: ``of("pmap")`` or ``of("jit")`` (``auto``: one of them).
 
 Both implementations run the seed's per-device step (``value_and_grad`` and a mean of
 gradients and loss over every device) and end at the same params; they differ in how
@@ -39,12 +39,22 @@ class Parallelism:
     placer: Callable[[int], Callable[[Any], Any]]
 
 
-def of(name: str) -> Parallelism:
+def of(name: str, steps_per_call: int = 1, num_processes: int = 1,
+       local_device_count: int = 1) -> Parallelism:
     """The ``Parallelism`` named by ``train.parallelism``.
 
+    ``auto`` is pmap (the seed's step) except for fused calls (``steps_per_call`` > 1) in one
+    process or with one device per process, where it is jit: there a ``lax.scan`` inside
+    ``pmap`` ran 1.05-16 times slower than under jit on CPU devices (16x at 1 x 1 and
+    k = 1,000, 1.9x at 1 x 4 and k = 100), while with several processes of several devices
+    each pmap was ahead (2 x 2, k = 100: jit 0.70x; docs/benchmarks.md).
+
     Raises:
-      ValueError: not ``pmap`` or ``jit`` (the spec and job.json refuse others first).
+      ValueError: not ``auto``, ``pmap`` or ``jit`` (the spec and job.json refuse others first).
     """
+    if name == "auto":
+        fused_alone = steps_per_call > 1 and (num_processes == 1 or local_device_count == 1)
+        name = "jit" if fused_alone else "pmap"
     if name == "pmap":
         from worker import train as module
         description = ""
@@ -52,6 +62,6 @@ def of(name: str) -> Parallelism:
         from worker import sharded as module
         description = "jax.jit over a global mesh"
     else:
-        raise ValueError(f"train.parallelism {name!r}: expected 'pmap' or 'jit'")
+        raise ValueError(f"train.parallelism {name!r}: expected 'auto', 'pmap' or 'jit'")
     return Parallelism(name, description, module.make_train_step, module.replicate,
                        module.unreplicate, module.placer)

@@ -196,11 +196,12 @@ class Train(_Section):
     allreduce: Literal["packed", "per_leaf"] = setting(
         "packed", doc="packed: gradients and loss averaged in one flat buffer per dtype, one "
         "collective per step (faster across processes); per_leaf: one pmean per array, as the seed")
-    parallelism: Literal["pmap", "jit"] = setting(
-        "pmap", doc="pmap: jax.pmap over the local devices, params replicated per device (the "
-        "seed's step; the default while jit is not measured faster: README, Benchmarks); jit: "
-        "jax.jit over a global Mesh of every device, the batch sharded with NamedSharding, params "
-        "replicated, the same per-device step inside (same params)")
+    parallelism: Literal["auto", "pmap", "jit"] = setting(
+        "auto", doc="pmap: jax.pmap over the local devices, params replicated per device (the "
+        "seed's step); jit: jax.jit over a global Mesh of every device, the batch sharded with "
+        "NamedSharding, params replicated, the same per-device step inside (same params); auto: "
+        "pmap, except jit for fused calls (steps_per_call > 1) in one process or with one device "
+        "per process, where a lax.scan inside pmap ran up to 16 times slower (docs/benchmarks.md)")
     compilation_cache: bool = setting(
         True, doc="JAX's persistent compilation cache, shared by every process and attempt of "
         "the run, so a restart loads what was compiled: runs/<job>/compilation-cache for a run in "

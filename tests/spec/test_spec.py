@@ -345,16 +345,17 @@ def test_steps_per_call_must_divide_the_steps_that_land_on_call_boundaries():
     assert job.train.steps_per_call == 5 and job.train.allreduce == "packed"
 
 
-def test_parallelism_is_pmap_or_jit_and_pmap_by_default(tmp_path):
+def test_parallelism_is_auto_pmap_or_jit_and_auto_by_default(tmp_path):
     path = os.path.join(REPO, "jobs", "linear.yaml")
-    assert spec.load(path).train.parallelism == "pmap"
+    assert spec.load(path).train.parallelism == "auto"
+    assert spec.load(path, overrides=("train.parallelism=pmap",)).train.parallelism == "pmap"
     assert spec.load(path, overrides=("train.parallelism=jit",)).train.parallelism == "jit"
-    with pytest.raises(SpecError, match=r"--set: train\.parallelism: expected one of pmap, jit, "
+    with pytest.raises(SpecError, match=r"--set: train\.parallelism: expected one of auto, pmap, jit, "
                        r"got 'pjit' \(a string\); did you mean 'jit'\?"):
         spec.load(path, overrides=("train.parallelism=pjit",))
     bad = tmp_path / "bad.yaml"
     bad.write_text(open(path).read().replace("train:\n", "train:\n  parallelism: shard_map\n", 1))
-    with pytest.raises(SpecError, match=r"bad\.yaml:\d+: train\.parallelism: expected one of pmap, jit"):
+    with pytest.raises(SpecError, match=r"bad\.yaml:\d+: train\.parallelism: expected one of auto, pmap, jit"):
         spec.load(str(bad))
 
 

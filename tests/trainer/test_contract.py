@@ -142,7 +142,7 @@ def test_a_real_spec_round_trips_through_job_json(tmp_path):
     assert job.name == "linear"
     assert job.train == jobs.TrainConfig(num_steps=100, global_batch_size=256, seed=0,
                                             steps_per_call=1, allreduce="packed",
-                                            parallelism="pmap", compilation_cache=True)
+                                            parallelism="auto", compilation_cache=True)
     assert job.optimizer.learning_rate == 0.1 and job.optimizer.momentum is None
     assert job.data.noise_std == 0.1 and job.data.path is None
     path = str(tmp_path / "job.json")
@@ -245,7 +245,7 @@ def test_an_unknown_key_is_named_by_its_dotted_key():
     ("logging", "tensorboard", "yes", "logging.tensorboard: expected bool, got 'yes' (str)"),
     ("task", "args", [], "task.args: expected dict, got [] (list)"),
     ("data", "source", "ftp", "data.source: expected 'synthetic' or 'file', got 'ftp' (str)"),
-    ("train", "parallelism", "pjit", "train.parallelism: expected 'pmap' or 'jit', got 'pjit'"),
+    ("train", "parallelism", "pjit", "train.parallelism: expected 'auto' or 'pmap' or 'jit', got 'pjit'"),
 ])
 def test_a_value_of_the_wrong_type_is_named_by_its_dotted_key(section, key, value, message):
     d = linear_job().to_dict()
@@ -304,8 +304,13 @@ def test_the_parallelism_is_a_value_named_by_train_parallelism():
     pmap, jit = parallelism.of("pmap"), parallelism.of("jit")
     assert (pmap.name, pmap.description, pmap.make_train_step) == ("pmap", "", train.make_train_step)
     assert (jit.name, jit.replicate) == ("jit", sharded.replicate) and "jax.jit" in jit.description
-    with pytest.raises(ValueError, match="expected 'pmap' or 'jit'"):
+    with pytest.raises(ValueError, match="expected 'auto', 'pmap' or 'jit'"):
         parallelism.of("pjit")
+    # auto: the seed's pmap, but jit for fused calls in one process or one device per process
+    assert parallelism.of("auto").name == "pmap"
+    assert parallelism.of("auto", steps_per_call=100, num_processes=1, local_device_count=4).name == "jit"
+    assert parallelism.of("auto", steps_per_call=100, num_processes=4, local_device_count=1).name == "jit"
+    assert parallelism.of("auto", steps_per_call=100, num_processes=2, local_device_count=2).name == "pmap"
 
 
 def test_the_refusal_tables_process_ids_are_the_plans():
