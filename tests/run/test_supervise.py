@@ -188,6 +188,29 @@ def test_a_cause_seen_after_its_cascade_still_leads(tmp_path):
     assert run.states() == [State.FAILED, State.FAILED, State.STOPPED]
 
 
+def test_a_peer_cut_off_at_a_coordination_barrier_waits_for_the_cause(tmp_path):
+    """Issue 51.10 (a CI flake, in fake time): process 0 exits with a data error while
+    process 1 waits at a coordination barrier; process 1's traceback ends in the coordination
+    service's "Failed to send RPC ... Socket closed", which has no gloo or peer-loss marker,
+    and its end is seen first. The cause search reads consequences as the verdict does, so
+    process 0 still leads the summary (it named process 1 first under load)."""
+    run = Run(tmp_path)
+    barrier = ["Traceback (most recent call last):",
+               "  File \"/w/worker/localtier.py\", line 83, in writes_copies",
+               "jax.errors.JaxRuntimeError: UNAVAILABLE: Failed to send RPC to coordination "
+               "service. Either the leader task was preempted/died/restarted unexpectedly or "
+               "this task is experiencing network issues.",
+               ":UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\"Socket closed\"}"]
+    run.worker(lines=[(1.7, "worker: data error: d.npy: row 11 (0-based), column 3: nan is "
+                            "not a finite number [data]")],
+               exit=Exited(contract.EXIT_DATA), exit_at=1.8)        # the cause, seen late
+    run.worker(lines=[(0.95, line) for line in barrier], exit=Exited(1), exit_at=1.0)
+    result = run.supervise()
+    assert result.first_failure is result.processes[0]
+    assert summary(result).startswith("FAILED: process_id 0 on localhost (exit code 5)")
+    assert classes.classify(result).process_id == 0
+
+
 def test_a_cascade_without_a_cause_in_sight_is_stopped_after_cause_wait_s(tmp_path):
     run = Run(tmp_path)
     gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
