@@ -120,7 +120,7 @@ def initialize(num_steps: int | None = None):
         job = _job()
         jax = joining.join(me, job)
     except contract.ContractError as exc:
-        print(f"worker: {exc}", flush=True)
+        print(causes.line(causes.MISMATCH, str(exc)), flush=True)
         _exit_now(contract.EXIT_MISMATCH)
     # jax.distributed.initialize installs a SIGTERM handler that swallows the launcher's TERM
     interrupts.install(on_signal=_terminated)

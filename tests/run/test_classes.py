@@ -13,7 +13,7 @@ from launcher.run import classes, restarts
 from launcher.run.classes import FailureClass
 from launcher.state import (EndedEarly, Exited, Final, Killed, Lost, Preempted, Result, Stalled,
                             State, Tracked)
-from worker import contract
+from worker import causes, contract
 
 # The last lines each cascade leaves, as jax 0.9 prints them (seen in this project's runs)
 GLOO_RESET = ("jax.errors.JaxRuntimeError: FAILED_PRECONDITION: [Gloo] Connection closed by "
@@ -48,7 +48,7 @@ def result(*processes: Tracked) -> Result:
     (Stalled("no step progress for 3.0 s"), FailureClass.STALL, "stalled (no step progress"),
     (Exited(1), FailureClass.PROGRAM, "exited with code 1: a Python error in the job"),
     (Exited(7), FailureClass.PROGRAM, "exited with code 7"),
-    (Exited(contract.EXIT_MISMATCH), FailureClass.PROGRAM, "a configuration problem"),
+    (Exited(contract.EXIT_MISMATCH), FailureClass.PROGRAM, "exited with code 3"),
     (EndedEarly("after step 3 of 10"), FailureClass.PROGRAM, "exited with code 0 after step 3"),
     (Final("Slurm job 4 reached its time limit"), FailureClass.FINAL,
      "ended: Slurm job 4 reached its time limit"),
@@ -189,3 +189,44 @@ def test_a_bad_budget_is_a_spec_error_naming_its_key(tmp_path):
     text = str(refused.value)
     assert "restarts.preemptions: expected 0 to 10000, got -1" in text
     assert "restarts.program_error: unknown key; did you mean 'program_errors'?" in text
+
+
+def test_a_programs_own_exit_3_is_no_disagreement_with_the_plan():
+    # issue 51.2: sys.exit(3) in a program was "JAX disagrees with the plan"
+    verdict = classes.classify(result(tracked(0, Exited(3), ["my_program: nothing to do"])))
+    assert verdict.failure_class is FailureClass.PROGRAM
+    assert verdict.why == "process_id 0 on h0 exited with code 3", verdict.why
+
+
+def test_the_workers_explanation_decides_the_class_and_the_advice():
+    said = causes.line(causes.MISMATCH, "JAX disagrees with the launcher's plan: "
+                                        "local_device_count is 3, the plan says 2")
+    verdict = classes.classify(result(tracked(0, Exited(contract.EXIT_MISMATCH), [said])))
+    assert verdict.failure_class is FailureClass.PROGRAM
+    assert "a configuration problem that a restart repeats: JAX disagrees" in verdict.why
+    said = causes.line(causes.DATA, "data error: d.npy: row 3 (0-based), column 1: nan")
+    verdict = classes.classify(result(tracked(1, Exited(contract.EXIT_DATA), [said])))
+    assert verdict.failure_class is FailureClass.PROGRAM and "bad data" in verdict.why
+
+
+def test_a_full_disk_the_worker_explained_is_final_with_its_advice_not_a_program_error():
+    # issue 51.2: the disk filled during a save; the worker said so, and the attempt was
+    # "a Python error in the job [program error]" with the hint to retry program errors
+    full = causes.line(causes.DISK_FULL, "the disk is full (No space left on device) writing "
+                       "/r/checkpoints: free space there (df shows it), or lower "
+                       "checkpoint.keep, then continue with launch --resume RUN_DIR")
+    tail = ["Traceback (most recent call last):", "OSError: [Errno 28] No space left on device",
+            full]
+    verdict = classes.classify(result(tracked(0, Exited(1), tail)), (1,))
+    assert verdict.failure_class is FailureClass.FINAL, verdict
+    assert "Python error" not in verdict.why and "free space there" in verdict.why
+    assert "launch --resume" in verdict.why
+    budgets = restarts.Budgets(specs.RestartSpec(program_errors=5, infrastructure=5))
+    assert budgets.refusal(verdict.failure_class) == "a restart would end the same way"
+
+
+def test_an_explanation_line_printed_by_the_program_earlier_is_not_read_from_a_signal():
+    # a death by a signal is the machine's, whatever the lines before it said
+    full = causes.line(causes.DISK_FULL, "the disk is full")
+    verdict = classes.classify(result(tracked(0, Killed(signal.SIGKILL), [full])))
+    assert verdict.failure_class is FailureClass.INFRASTRUCTURE
