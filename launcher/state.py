@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import math
 import signal
 import threading
 import time
@@ -329,6 +330,17 @@ class Result:
             return 130
         return 1 if self.first_failure is not None or any(
             t.state is not State.SUCCEEDED for t in self.processes) else 0
+
+    @property
+    def diverged_loss(self) -> float | None:
+        """The loss of the furthest logged step when it is nan or inf, else None: a run
+        that ran every step to such a loss diverged; it did not succeed (the launch
+        exits 1, run.json says ``diverged``)."""
+        reported = [t.stats.progress for t in self.processes if t.stats.progress is not None]
+        if not reported:
+            return None
+        loss = max(reported, key=lambda p: p.step).loss
+        return None if loss is None or math.isfinite(loss) else loss
 
 
 @dataclasses.dataclass(frozen=True)
