@@ -174,6 +174,7 @@ class Tracked:
     finished: bool = False            # it said its training is complete (done, or step N/N)
     joining: str | None = None        # the coordinator address it was joining (JOINING line)
     joining_timeout_s: float | None = None  # the initialization_timeout_s that line named
+    joining_at: float | None = None   # when its JOINING line arrived (who was late to join)
     joined: bool = False              # jax.distributed.initialize returned
     joined_at: float | None = None    # when its JOINED line arrived (the ledger's join bucket)
     tail: collections.deque = dataclasses.field(
@@ -213,7 +214,7 @@ class Tracked:
         if contract.is_finished(line, progress):
             self.finished = True
         if self.joining is None and (joining := contract.JOINING_RE.match(line)):
-            self.joining = joining.group("address")
+            self.joining, self.joining_at = joining.group("address"), now
             self.joining_timeout_s = float(joining.group("timeout_s"))
         elif not self.joined and contract.JOINED_RE.match(line):
             self.joined, self.joined_at = True, now

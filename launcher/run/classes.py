@@ -99,6 +99,9 @@ def classify(result: Result, retry_exit_codes: tuple = ()) -> Verdict:
     if first is None or first.exit is None:
         return Verdict(FailureClass.PROGRAM, -1, "no process failed, yet not every process "
                        "succeeded")
+    late = late_to_join(first, result.processes) if first.failed_to_join else []
+    if late:
+        return _waited_for(first, late[0])
     cause = first
     if follows_from_another(first) and not first.failed_to_join:  # no join: the cause is ours
         failed = [t for t in result.processes if t is not first and t.exit is not None
@@ -119,6 +122,32 @@ def classify(result: Result, retry_exit_codes: tuple = ()) -> Verdict:
                "first, but its last lines say it stopped because another process did")
         return dataclasses.replace(verdict, why=why)
     return verdict
+
+
+def late_to_join(first: Tracked, processes: list) -> list:
+    """The processes that ``first``, failed to join, waited for: those that never joined
+    and began joining late: no JOINING line, or one that came after half of ``first``'s
+    initialization_timeout_s had passed (a host slow to start at a restart); never-began
+    first. Empty when every process began in time (then the coordinator's address, the
+    network, is what to check)."""
+    began_by = (None if first.joining_at is None or first.joining_timeout_s is None
+                else first.joining_at + first.joining_timeout_s / 2)
+    late = [t for t in processes if t is not first and not t.joined
+            and (t.joining_at is None or began_by is not None and t.joining_at > began_by)]
+    return sorted(late, key=lambda t: (t.joining_at is not None, t.joining_at or 0.0))
+
+
+def _waited_for(first: Tracked, late: Tracked) -> Verdict:
+    """The verdict of a join that failed waiting for a late process: the late one is named."""
+    timeout = "" if first.joining_timeout_s is None else f" {first.joining_timeout_s:g} s"
+    when = ("never began joining" if late.joining_at is None else
+            f"began joining {late.joining_at - first.joining_at:.1f} s after it")
+    return Verdict(FailureClass.PROGRAM, late.plan.process_id, (
+        f"process_id {late.plan.process_id} on {late.plan.host} {when}, and process_id "
+        f"{first.plan.process_id} on {first.plan.host} gave up waiting for it to join "
+        f"({first.exit}) after distributed.initialization_timeout_s{timeout}: a late start, "
+        f"not the network; raise distributed.initialization_timeout_s above the slowest "
+        f"host's start, or find what delays process_id {late.plan.process_id} (its log)"))
 
 
 def follows_from_another(t: Tracked) -> bool:

@@ -230,3 +230,33 @@ def test_an_explanation_line_printed_by_the_program_earlier_is_not_read_from_a_s
     full = causes.line(causes.DISK_FULL, "the disk is full")
     verdict = classes.classify(result(tracked(0, Killed(signal.SIGKILL), [full])))
     assert verdict.failure_class is FailureClass.INFRASTRUCTURE
+
+
+def _joining(process_id: int, at: float | None, ended=None, state=State.FAILED) -> Tracked:
+    t = tracked(process_id, ended, ["UNAVAILABLE: failed to connect to all addresses"], state)
+    if at is not None:
+        t.joining, t.joining_at, t.joining_timeout_s = "10.0.0.1:8476", at, 10.0
+    return t
+
+
+@pytest.mark.parametrize("late_at, words", [(None, "never began joining"),
+                                            (12.0, "began joining 12.0 s after it")])
+def test_a_host_late_to_join_is_named_not_the_coordinators_network(late_at, words):
+    # issue 51.2: at a restart one host starts 12 s late; process 0 gives up after
+    # initialization_timeout_s 10: the message blamed process 0 and firewalls
+    waited = _joining(0, 0.0, Killed(signal.SIGABRT))
+    late = _joining(2, late_at, Killed(signal.SIGTERM), State.STOPPED)
+    on_time = _joining(1, 0.4, Killed(signal.SIGABRT))
+    verdict = classes.classify(Result([waited, on_time, late], waited, False, 11.0))
+    assert verdict.process_id == 2 and verdict.failure_class is FailureClass.PROGRAM
+    assert verdict.why.startswith(f"process_id 2 on h2 {words}, and process_id 0 on h0 gave up "
+                                  "waiting for it"), verdict.why
+    assert "distributed.initialization_timeout_s 10 s" in verdict.why
+    assert "firewall" not in verdict.why
+
+
+def test_a_join_that_fails_with_every_process_in_time_points_at_the_network():
+    waited = _joining(0, 0.0, Killed(signal.SIGABRT))
+    other = _joining(1, 1.5, Killed(signal.SIGABRT))
+    verdict = classes.classify(Result([waited, other], waited, False, 11.0))
+    assert verdict.process_id == 0 and "firewalls" in verdict.why
