@@ -260,3 +260,15 @@ def test_a_join_that_fails_with_every_process_in_time_points_at_the_network():
     other = _joining(1, 1.5, Killed(signal.SIGABRT))
     verdict = classes.classify(Result([waited, other], waited, False, 11.0))
     assert verdict.process_id == 0 and "firewalls" in verdict.why
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (1, 0, 2), (2, 0, 1), (1, 2, 0)])
+def test_a_cascade_of_three_is_read_from_its_cause_not_from_a_consequence(order):
+    # issue 51.9: with two processes the other one is the cause whether or not the search
+    # skips consequences; with three, the one that failed by itself must be found
+    ends = [tracked(0, Exited(1), [GLOO_RESET]),                          # a consequence
+            tracked(1, Killed(signal.SIGABRT), [COORDINATION_ABORT]),     # a consequence
+            tracked(2, Killed(signal.SIGKILL))]                           # the cause
+    arrived = [ends[i] for i in order]
+    verdict = classes.classify(Result(arrived, arrived[0], False, 1.0))
+    assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 2, verdict

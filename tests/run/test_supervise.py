@@ -518,3 +518,40 @@ def test_with_many_processes_an_ended_one_is_seen_at_once_and_the_rest_are_walke
     told_many, polls_many = run_of(many, tmp_path)
     assert told_many == pytest.approx(told_two), (told_many, told_two)
     assert polls_many <= polls_two / 2 + 2, (polls_many, polls_two)
+
+
+WARNING = "W1206 02:00:00.000000 1 pjrt.cc:9] slow collective; retrying"
+
+
+@pytest.mark.parametrize("stepped", [False, True])
+def test_a_worker_that_prints_warnings_but_never_steps_is_stalled(tmp_path, stepped):
+    """Issue 51.9: only a step line or a heartbeat is progress. A worker that prints a
+    warning every 0.2 s and never steps (again) is stalled at its limit; a watchdog that
+    took any line for progress never would be."""
+    run = Run(tmp_path)
+    lines = [(0.1 + 0.2 * i, WARNING) for i in range(100)]  # to 20 s: past every limit below
+    if stepped:
+        lines = [(0.05, progress(1))] + lines
+    w = run.worker(lines=lines, on_term="exit", term_exit=Killed(signal.SIGKILL))
+    result = run.supervise(watchdog=Watchdog(stall_timeout_s=2.0, first_step_timeout_s=3.0))
+    first = result.first_failure
+    assert first is result.processes[0] and isinstance(first.exit, Stalled), result.processes
+    # killed once past its limit (and the stacks' read), long before its warnings end at 20 s
+    [kill] = w.called("kill")
+    assert (2.05 if stepped else 3.0) <= kill < 12.0, kill
+
+
+def test_the_cause_of_a_cascade_of_three_leads_though_two_consequences_came_first(tmp_path):
+    """Issue 51.9: two peers report losing it (gloo's reset, the coordination abort) before
+    the SIGKILLed process's end is seen; the summary leads with the SIGKILL, not a victim."""
+    run = Run(tmp_path)
+    gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
+    abort = ("F1201 18:32:21.922875 client.h:80] Terminating process because the JAX "
+             "distributed service detected fatal errors.")
+    run.worker(lines=[(0.95, gloo)], exit=Exited(1), exit_at=1.0)
+    run.worker(lines=[(1.0, abort)], exit=Killed(signal.SIGABRT), exit_at=1.05)
+    run.worker(exit=Killed(signal.SIGKILL), exit_at=1.8)           # the cause, seen late
+    result = run.supervise()
+    assert result.first_failure is result.processes[2]
+    assert summary(result).startswith("FAILED: process_id 2 on localhost (killed by SIGKILL)")
+    assert classes.classify(result).failure_class is FailureClass.INFRASTRUCTURE
