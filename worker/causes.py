@@ -10,6 +10,7 @@ A line without the bracketed cause is a line like any other.
 
 from __future__ import annotations
 
+import errno
 import re
 
 MISMATCH = "mismatch"    # the identity or JAX's devices disagree with the plan: configuration
@@ -36,3 +37,12 @@ def said(tail) -> tuple | None:
         if match:
             return match.group("cause"), match.group("text")
     return None
+
+
+def disk_full(exc: OSError, run_dir: str | None = None) -> str | None:
+    """What a full disk (or quota) means to the user, or None for any other OSError."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    where = exc.filename or (f"into {run_dir}" if run_dir else "the run directory")
+    return (f"the disk is full ({exc.strerror}) writing {where}: free space there (df shows "
+            "it), or lower checkpoint.keep, then continue with launch --resume RUN_DIR")

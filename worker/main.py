@@ -7,7 +7,6 @@ Order matters: the environment is read and checked before jax is imported
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import sys
@@ -183,15 +182,6 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
             tracker.close()
 
 
-def disk_full(exc: OSError, run_dir: str | None = None) -> str | None:
-    """What a full disk (or quota) means to the user, or None for any other OSError."""
-    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-        return None
-    where = exc.filename or (f"into {run_dir}" if run_dir else "the run directory")
-    return (f"the disk is full ({exc.strerror}) writing {where}: free space there (df shows "
-            "it), or lower checkpoint.keep, then continue with launch --resume RUN_DIR")
-
-
 def _exit_now(code: int) -> None:
     """Exit without Python's atexit hooks.
 
@@ -240,7 +230,7 @@ def main() -> None:
         _exit_now(exc.code if isinstance(exc.code, int) else 1)
     except OSError as exc:
         traceback.print_exc()  # kept in the log; the cause comes last, where the summary looks
-        said = disk_full(exc, identity.run_dir if identity is not None else None)
+        said = causes.disk_full(exc, identity.run_dir if identity is not None else None)
         print(causes.line(causes.DISK_FULL, said) if said else
               f"worker: {type(exc).__name__}: {exc}", flush=True)
         _exit_now(1)
