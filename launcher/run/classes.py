@@ -17,7 +17,8 @@ by default and not on user errors (xpk PR #308).
   reports it), a Slurm job being preempted or requeued (``Preempted``).
 * ``STALL``: the watchdog's verdict (alive, no progress).
 * ``FINAL``: a restart would end the same way until someone acts: the scheduler's time
-  limit, a full disk the worker explained (free space, then ``--resume``); never retried. Bad input never starts, so it has no class here (exit 2 before any attempt).
+  limit, a full disk the worker explained (free space, then ``--resume``); never retried.
+  Bad input never starts, so it has no class here (exit 2 before any attempt).
 
 The cause: a process whose last lines say it stopped because *another* did (gloo's
 "Connection closed by peer", the coordination service's "Socket closed" and its abort,
