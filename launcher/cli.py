@@ -345,7 +345,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         console.say(f"view: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')} "
                     "--samples_per_plugin scalars=10000000")  # every point, not a 1,000-point sample
     console.close()
-    return result.exit_code
+    return 1 if result.exit_code == 0 and result.diverged_loss is not None else result.exit_code
 
 
 def _write_ledger(run_dir: str, attempts, console: Console) -> tuple:

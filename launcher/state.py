@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import math
 import signal
 import threading
 import time
@@ -173,6 +174,7 @@ class Tracked:
     finished: bool = False            # it said its training is complete (done, or step N/N)
     joining: str | None = None        # the coordinator address it was joining (JOINING line)
     joining_timeout_s: float | None = None  # the initialization_timeout_s that line named
+    joining_at: float | None = None   # when its JOINING line arrived (who was late to join)
     joined: bool = False              # jax.distributed.initialize returned
     joined_at: float | None = None    # when its JOINED line arrived (the ledger's join bucket)
     tail: collections.deque = dataclasses.field(
@@ -212,7 +214,7 @@ class Tracked:
         if contract.is_finished(line, progress):
             self.finished = True
         if self.joining is None and (joining := contract.JOINING_RE.match(line)):
-            self.joining = joining.group("address")
+            self.joining, self.joining_at = joining.group("address"), now
             self.joining_timeout_s = float(joining.group("timeout_s"))
         elif not self.joined and contract.JOINED_RE.match(line):
             self.joined, self.joined_at = True, now
@@ -329,6 +331,17 @@ class Result:
             return 130
         return 1 if self.first_failure is not None or any(
             t.state is not State.SUCCEEDED for t in self.processes) else 0
+
+    @property
+    def diverged_loss(self) -> float | None:
+        """The loss of the furthest logged step when it is nan or inf, else None: a run
+        that ran every step to such a loss diverged; it did not succeed (the launch
+        exits 1, run.json says ``diverged``)."""
+        reported = [t.stats.progress for t in self.processes if t.stats.progress is not None]
+        if not reported:
+            return None
+        loss = max(reported, key=lambda p: p.step).loss
+        return None if loss is None or math.isfinite(loss) else loss
 
 
 @dataclasses.dataclass(frozen=True)

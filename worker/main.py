@@ -7,14 +7,13 @@ Order matters: the environment is read and checked before jax is imported
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import sys
 import time
 import traceback
 
-from worker import contract, interrupts, recovery
+from worker import causes, contract, interrupts, recovery
 from worker import job as jobs
 from worker.compilecache import CompilationCache
 from worker.joining import client_of, join, rendezvous, single_process
@@ -184,15 +183,6 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
             tracker.close()
 
 
-def disk_full(exc: OSError, run_dir: str | None = None) -> str | None:
-    """What a full disk (or quota) means to the user, or None for any other OSError."""
-    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-        return None
-    where = exc.filename or (f"into {run_dir}" if run_dir else "the run directory")
-    return (f"the disk is full ({exc.strerror}) writing {where}: free space there (df shows "
-            "it), or lower checkpoint.keep, then continue with launch --resume RUN_DIR")
-
-
 def _exit_now(code: int) -> None:
     """Exit without Python's atexit hooks.
 
@@ -229,18 +219,21 @@ def main() -> None:
             print(f"process {jax.process_index()}/{jax.process_count()} joined "
                   f"{identity.coordinator_address}", flush=True)
         train(identity, job, out=lambda text: print(text, flush=True))
+    # the last line explains the end where the worker knows its cause (worker.causes): the
+    # launcher's class is read from it, never from an exit code a program could also use
     except contract.ContractError as exc:  # Mismatch too: a configuration problem, not retried
-        print(f"worker: {exc}", flush=True)
+        print(causes.line(causes.MISMATCH, str(exc)), flush=True)
         _exit_now(contract.EXIT_MISMATCH)
     except DataError as exc:  # bad rows: the same on a retry, so a code no restart retries
-        print(f"worker: data error: {exc}", flush=True)
+        print(causes.line(causes.DATA, f"data error: {exc}"), flush=True)
         _exit_now(contract.EXIT_DATA)
     except SystemExit as exc:  # SIGTERM from the launcher
         _exit_now(exc.code if isinstance(exc.code, int) else 1)
     except OSError as exc:
         traceback.print_exc()  # kept in the log; the cause comes last, where the summary looks
-        said = disk_full(exc, identity.run_dir if identity is not None else None)
-        print(f"worker: {said or f'{type(exc).__name__}: {exc}'}", flush=True)
+        said = causes.disk_full(exc, identity.run_dir if identity is not None else None)
+        print(causes.line(causes.DISK_FULL, said) if said else
+              f"worker: {type(exc).__name__}: {exc}", flush=True)
         _exit_now(1)
     except BaseException:
         traceback.print_exc()

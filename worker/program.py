@@ -47,7 +47,7 @@ import signal
 import sys
 import time
 
-from worker import contract, interrupts
+from worker import causes, contract, interrupts
 from worker import job as jobs
 
 _state: dict = {}
@@ -120,7 +120,7 @@ def initialize(num_steps: int | None = None):
         job = _job()
         jax = joining.join(me, job)
     except contract.ContractError as exc:
-        print(f"worker: {exc}", flush=True)
+        print(causes.line(causes.MISMATCH, str(exc)), flush=True)
         _exit_now(contract.EXIT_MISMATCH)
     # jax.distributed.initialize installs a SIGTERM handler that swallows the launcher's TERM
     interrupts.install(on_signal=_terminated)
@@ -172,6 +172,9 @@ def _on_uncaught(kind, exc, tb) -> None:
     print(contract.FAILED_TIME_FORMAT.format(at=time.time()), flush=True)
     print(contract.FAILED_FORMAT.format(step=reporter.last_step if reporter else 0,
                                         error=f"{kind.__name__}: {exc}"), flush=True)
+    full = causes.disk_full(exc) if isinstance(exc, OSError) else None
+    if full:  # the class and the advice come from this line (worker.causes), not exit 1
+        print(causes.line(causes.DISK_FULL, full), flush=True)
     _close(wait_s=0.5)
     _exit_now(1)
 

@@ -328,6 +328,7 @@ class LocalBackend(Backend):
 
     def check(self, job, options: Options) -> None:
         checks.check_task_importable(job)
+        checks.check_worker_is_podlaunchs(job)
         checks.check_fits_in_memory(job)
 
     def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:

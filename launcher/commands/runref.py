@@ -17,7 +17,8 @@ from launcher.commands import runs
 from launcher.errors import Problem, SpecError
 from launcher.run import runlock
 
-EXIT_CODES = {"succeeded": 0, "failed": 1, "interrupted": 130}  # as launcher.cli exits
+EXIT_CODES = {"succeeded": 0, "diverged": 1, "failed": 1,
+              "interrupted": 130}  # as launcher.cli exits
 
 
 def resolve(name: str, root: str = "runs") -> str:

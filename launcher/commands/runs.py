@@ -6,7 +6,8 @@ included); ``--resume`` updates the same file. Its keys::
 
     job          the job's name
     started      when the run directory's first launch started (local time, ISO 8601)
-    state        running, succeeded, failed or interrupted
+    state        running, succeeded, diverged (it ran every step, and its final loss is
+                 nan or inf: launch exits 1), failed or interrupted
     attempts     attempts made in this run directory (restarts and resumes included)
     step         the furthest step reached, or null
     num_steps    the steps the job asks for

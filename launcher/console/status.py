@@ -191,7 +191,12 @@ def summary(result: Result) -> str:
     if compiled is not None:
         lines.append(compiled)
     if first is None and not result.interrupted and result.exit_code == 0:
-        lines.append(f"OK: {plural(len(result.processes), 'process')} succeeded in {result.elapsed_s:.1f}s.")
+        lost = result.diverged_loss
+        lines.append(f"OK: {plural(len(result.processes), 'process')} succeeded in "
+                     f"{result.elapsed_s:.1f}s." if lost is None else
+                     f"DIVERGED: every step ran, but the final loss is {lost}: the training "
+                     "diverged (lower train.learning_rate, or look for extreme values in the "
+                     "data); launch runs lists the run as diverged.")
     return "\n".join(lines)
 
 

@@ -25,7 +25,9 @@ files are), ``run_dir_env`` (the env name holding a worker's run dir),
 relative to the workdir, ``launcher.backends.ssh.transfer.MANIFEST``, or null: no sync).
 
 Prints ``MARK`` + JSON: ``python``, ``workdir`` (absolute), ``jax``, ``jaxlib``
-(None when not installed), ``missing_modules``, ``port`` or ``port_error``,
+(None when not installed), ``missing_modules``, ``foreign_worker`` (where a module
+named ``worker`` that is not podlaunch's is found first, when ``worker.main`` is asked:
+a user's package on ``PYTHONPATH`` that would run instead; else null), ``port`` or ``port_error``,
 ``survivors`` (records with ``pids`` still alive and ``stopped`` when stopped), and with
 ``synced`` asked, ``synced``: ``{"manifest": its text or null, "lstat": {path: [kind, size,
 mtime]}}`` for each path the manifest lists (kind "f" a regular file, "d" a directory, "o"
@@ -109,6 +111,28 @@ def missing(modules):
     return out
 
 
+# Files of podlaunch's worker package that a user's own ``worker`` would hardly have
+WORKER_FILES = ("contract.py", "joining.py", "main.py")
+
+
+def foreign_worker():
+    """Where the ``worker`` found first lies when it is not podlaunch's (a package without
+    ``WORKER_FILES``, or a ``worker.py``), else None; nothing is imported."""
+    try:
+        found = importlib.util.find_spec("worker")
+    except (ImportError, ValueError):
+        return None
+    if found is None:
+        return None
+    places = found.submodule_search_locations
+    if places is None:
+        return found.origin
+    place = list(places)[0]
+    if all(os.path.isfile(os.path.join(place, name)) for name in WORKER_FILES):
+        return None
+    return place
+
+
 def check_port(port):
     """``{"port": p}`` when ``port`` is free here (0: a free one), else ``{"port_error": why}``."""
     if port == 0:
@@ -142,6 +166,7 @@ def main(args):
     out = {"python": platform.python_version(), "workdir": os.getcwd()}
     out.update(versions())
     out["missing_modules"] = missing(args["modules"])
+    out["foreign_worker"] = foreign_worker() if "worker.main" in args["modules"] else None
     if args["port"] is not None:
         out.update(check_port(args["port"]))
     own = os.path.abspath(args["own_run_dir"]) if args.get("own_run_dir") else None

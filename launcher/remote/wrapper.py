@@ -26,7 +26,8 @@ group or session, or its parent dies; once the worker has ended, the wrapper
 SIGKILLs its group and every descendant (``proctl.kill_descendants``).
 
 SIGTERM, SIGHUP or SIGINT to the wrapper stops the worker in order: TERM and
-CONT to its group, ``grace_s``, then KILL. With ``parent_pid`` (the local
+CONT to its group, ``grace_s``, then KILL. A wrapper that dies (SIGKILL) takes its
+worker with it (PR_SET_PDEATHSIG): no worker trains on unsupervised. With ``parent_pid`` (the local
 backend) the wrapper gets SIGTERM when that parent dies (PR_SET_PDEATHSIG),
 so even a SIGKILLed launcher leaves nothing behind.
 
@@ -172,7 +173,7 @@ def main(args):
     try:
         p = subprocess.Popen(args["argv"], start_new_session=True, stdin=subprocess.DEVNULL,
                              stderr=subprocess.STDOUT, env=env, cwd=args.get("cwd"),
-                             preexec_fn=proctl.die_with_parent if parent_pid is not None else None)
+                             preexec_fn=_die_with_wrapper(os.getpid()))
         worker["p"] = p
         if own_process:  # each orphan that ends is collected at once (SIGCHLD), not per tick
             previous[signal.SIGCHLD] = signal.signal(
@@ -221,6 +222,18 @@ def main(args):
             pass
     _say(marks[EXIT_MARK] + exit_report(code, ended_at))
     return 128 - code if code < 0 else code
+
+
+def _die_with_wrapper(wrapper_pid):
+    """The worker's ``preexec_fn``: SIGKILL when the wrapper dies (PR_SET_PDEATHSIG), on
+    every backend. Its own session outlives the connection; without this, a wrapper
+    killed on one host (the OOM killer, a user's kill) left its worker training on
+    unsupervised to the end, then the run was recorded as failed and restarted."""
+    def preexec():
+        proctl.die_with_parent(signal.SIGKILL)
+        if os.getppid() != wrapper_pid:  # the wrapper died before the line above
+            os._exit(1)
+    return preexec
 
 
 def _reap_ended_orphans(worker_pid):

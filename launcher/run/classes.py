@@ -8,15 +8,17 @@ by default and not on user errors (xpk PR #308).
 
 * ``PROGRAM``: an error of the job itself, which a restart repeats: a Python error
   (exit 1), any exit code not listed in ``restarts.retry_exit_codes``, an exit 0 before the
-  last step, JAX disagreeing with the plan, a join that never happens.
+  last step, JAX disagreeing with the plan or bad data (as the worker explained them,
+  ``worker.causes``), a join that never happens.
 * ``INFRASTRUCTURE``: the machine, not the job: a death by a signal with no notice
   (SIGKILL, the kernel's OOM killer, SIGSEGV), a lost host or connection, a node failure,
   and the exit codes in ``restarts.retry_exit_codes`` (137: SIGKILL as a shell reports it).
 * ``PREEMPTION``: a notice came first: SIGTERM from the system (exit 143 as a shell
   reports it), a Slurm job being preempted or requeued (``Preempted``).
 * ``STALL``: the watchdog's verdict (alive, no progress).
-* ``FINAL``: the scheduler ended it as a restart would end again (a time limit); never
-  retried. Bad input never starts, so it has no class here (exit 2 before any attempt).
+* ``FINAL``: a restart would end the same way until someone acts: the scheduler's time
+  limit, a full disk the worker explained (free space, then ``--resume``); never retried.
+  Bad input never starts, so it has no class here (exit 2 before any attempt).
 
 The cause: a process whose last lines say it stopped because *another* did (gloo's
 "Connection closed by peer", the coordination service's "Socket closed" and its abort,
@@ -36,7 +38,7 @@ import signal
 from launcher.console import explain
 from launcher.state import (EndedEarly, Exit, Exited, Final, Killed, Lost, Preempted, Result,
                             Stalled, State, Tracked)
-from worker import contract, notice
+from worker import causes, contract, notice
 
 
 class FailureClass(enum.Enum):
@@ -98,6 +100,9 @@ def classify(result: Result, retry_exit_codes: tuple = ()) -> Verdict:
     if first is None or first.exit is None:
         return Verdict(FailureClass.PROGRAM, -1, "no process failed, yet not every process "
                        "succeeded")
+    late = late_to_join(first, result.processes) if first.failed_to_join else []
+    if late:
+        return _waited_for(first, late[0])
     cause = first
     if follows_from_another(first) and not first.failed_to_join:  # no join: the cause is ours
         failed = [t for t in result.processes if t is not first and t.exit is not None
@@ -118,6 +123,32 @@ def classify(result: Result, retry_exit_codes: tuple = ()) -> Verdict:
                "first, but its last lines say it stopped because another process did")
         return dataclasses.replace(verdict, why=why)
     return verdict
+
+
+def late_to_join(first: Tracked, processes: list) -> list:
+    """The processes that ``first``, failed to join, waited for: those that never joined
+    and began joining late: no JOINING line, or one that came after half of ``first``'s
+    initialization_timeout_s had passed (a host slow to start at a restart); never-began
+    first. Empty when every process began in time (then the coordinator's address, the
+    network, is what to check)."""
+    began_by = (None if first.joining_at is None or first.joining_timeout_s is None
+                else first.joining_at + first.joining_timeout_s / 2)
+    late = [t for t in processes if t is not first and not t.joined
+            and (t.joining_at is None or began_by is not None and t.joining_at > began_by)]
+    return sorted(late, key=lambda t: (t.joining_at is not None, t.joining_at or 0.0))
+
+
+def _waited_for(first: Tracked, late: Tracked) -> Verdict:
+    """The verdict of a join that failed waiting for a late process: the late one is named."""
+    timeout = "" if first.joining_timeout_s is None else f" {first.joining_timeout_s:g} s"
+    when = ("never began joining" if late.joining_at is None else
+            f"began joining {late.joining_at - first.joining_at:.1f} s after it")
+    return Verdict(FailureClass.PROGRAM, late.plan.process_id, (
+        f"process_id {late.plan.process_id} on {late.plan.host} {when}, and process_id "
+        f"{first.plan.process_id} on {first.plan.host} gave up waiting for it to join "
+        f"({first.exit}) after distributed.initialization_timeout_s{timeout}: a late start, "
+        f"not the network; raise distributed.initialization_timeout_s above the slowest "
+        f"host's start, or find what delays process_id {late.plan.process_id} (its log)"))
 
 
 def follows_from_another(t: Tracked) -> bool:
@@ -143,11 +174,31 @@ def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
             f"{host[-1]} (firewalls, security groups), that host 0 started (its log), and that "
             "no proxy is forced on the workers (podlaunch adds the coordinator to no_proxy; a "
             "setup line that resets it undoes that)"))
-    failure_class, what = _class_of(ended, retry_exit_codes)
+    explained = causes.said(t.tail) if isinstance(ended, Exited) else None
+    if explained is not None:  # the worker's own words decide (worker.causes)
+        failure_class, what = _explained(ended, *explained)
+    else:
+        failure_class, what = _class_of(ended, retry_exit_codes)
     said = [line for line in t.tail if line.startswith(notice.PREFIX)]
     if failure_class is FailureClass.PREEMPTION and said:  # worker.notice: one agreed step
         what = f"{what}, after a {said[-1].removeprefix('preemption ')}"
     return Verdict(failure_class, pid, f"{where} {what}")
+
+
+# Each cause a worker explains: its class and what it is, before the worker's own text
+# (which says what to do). A full disk stays full on a restart: a final failure, which
+# the user ends by freeing space and resuming, never a program error to retry.
+_EXPLAINED = {
+    causes.MISMATCH: (FailureClass.PROGRAM, "a configuration problem that a restart repeats"),
+    causes.DATA: (FailureClass.PROGRAM, "bad data that a restart reads again"),
+    causes.DISK_FULL: (FailureClass.FINAL, "a full disk that a restart finds full again"),
+}
+
+
+def _explained(ended: Exited, cause: str, text: str) -> tuple:
+    """(class, words) of an end the worker explained (``worker.causes``)."""
+    failure_class, kind = _EXPLAINED[cause]
+    return failure_class, f"exited with code {ended.code}, {kind}: {text}"
 
 
 def _class_of(ended: Exit, retry_exit_codes: tuple) -> tuple:
@@ -179,9 +230,6 @@ def _class_of(ended: Exit, retry_exit_codes: tuple) -> tuple:
                                                  "restarts.retry_exit_codes)")
         case Exited(code=1):
             return FailureClass.PROGRAM, "exited with code 1: a Python error in the job"
-        case Exited(code=contract.EXIT_MISMATCH):
-            return FailureClass.PROGRAM, (f"exited with code {contract.EXIT_MISMATCH}: JAX "
-                                          "disagrees with the plan (a configuration problem)")
         case Exited(code=code):
             return FailureClass.PROGRAM, f"exited with code {code}"
     return FailureClass.PROGRAM, f"ended ({ended})"

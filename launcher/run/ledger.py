@@ -17,9 +17,13 @@ two attempts:
 ``launch``          spec, plan, preflight, and starting every process (a
                     restart's planning again)
 ``start_and_join``  interpreters, imports, ``jax.distributed.initialize``: to
-                    the last process's ``joined`` line
-``compilation``     data, parameters, tracing and compilation: to the last
-                    process's first step (its compilation-cache line)
+                    the last process's ``joined`` line (a process that never
+                    joined keeps it open to the failure)
+``setup``           data, parameters, the task's setup: from the join to the
+                    first step's compilation
+``compilation``     the first step's trace, compile and dispatch, as measured:
+                    the slowest process's own seconds (its compilation-cache
+                    line), ending at the last process's first step
 ``restore``         the checkpoint restore (process 0's seconds), taken out of
                     the stretch its line arrived in
 ``productive``      steps that moved the run beyond any step it had reached
@@ -50,11 +54,12 @@ from launcher.console.words import plural
 from launcher.state import HOST_CHANGE_FIELDS
 
 LEDGER_FILE = "ledger.json"
-BUCKETS = ("launch", "start_and_join", "compilation", "restore", "productive", "checkpoint",
-           "retrained", "teardown", "shutdown", "restart_wait")
+BUCKETS = ("launch", "start_and_join", "setup", "compilation", "restore", "productive",
+           "checkpoint", "retrained", "teardown", "shutdown", "restart_wait")
 # the ledger's words for each bucket (the summary, docs/recovery.md)
 WORDS = {"launch": "launch and preflight", "start_and_join": "process start and join",
-         "compilation": "compilation up to the first step", "restore": "checkpoint restore",
+         "setup": "data and parameters before the first step",
+         "compilation": "compiling the first step", "restore": "checkpoint restore",
          "productive": "productive steps", "checkpoint": "checkpoint saves",
          "retrained": "steps trained again", "teardown": "failure detection and teardown",
          "shutdown": "shutdown", "restart_wait": "waiting before a restart"}
@@ -119,18 +124,27 @@ def attempt_entry(number: int, times: Times, result, reached_before: int | None)
         return min(max(max(values), floor), max(cut, floor))
 
     start = min(max(times.started_at, times.began_at), end)
-    joined_at = [t.joined_at for t in processes]
-    joined = start if all(v is None for v in joined_at) else latest(joined_at, start)
+    # A join is a stage when a process began one (its JOINING line): to the last JOINED line,
+    # held open to the failure by a process that never joined (a host late at a restart:
+    # the wait is joining, not compilation); one process never joins.
+    joins = any(t.joining is not None or t.joined for t in processes)
+    joined = latest([t.joined_at for t in processes], start) if joins else start
     first_step = latest([s.first_step_at for s in stats], joined)
+    # Compilation as measured: the slowest first step's own seconds (trace, compile,
+    # dispatch), which end at the first step; the rest since the join is setup (the data,
+    # the parameters), never compilation by inference.
+    compiled_s = max([s.first_step_s for s in stats if s.first_step_s is not None], default=0.0)
+    compiling = first_step - min(compiled_s, first_step - joined)
     last_progress = max([s.progress_at for s in stats if s.progress_at is not None],
                         default=first_step)
     last_progress = min(max(last_progress, first_step), max(cut, first_step))
     spans = {"launch": start - times.began_at, "start_and_join": joined - start,
-             "compilation": first_step - joined, "productive": last_progress - first_step}
+             "setup": compiling - joined, "compilation": first_step - compiling,
+             "productive": last_progress - first_step}
     ended_clean = result.exit_code == 0
     spans["shutdown" if ended_clean else "teardown"] = end - last_progress
     buckets.update(spans)
-    edges = [(joined, "start_and_join"), (first_step, "compilation"),
+    edges = [(joined, "start_and_join"), (compiling, "setup"), (first_step, "compilation"),
              (last_progress, "productive"), (end, "shutdown" if ended_clean else "teardown")]
 
     def take(at: float | None, seconds: float, into: str) -> None:
@@ -190,8 +204,8 @@ def totals(entries: list) -> dict:
 
 
 def summary_line(run: dict) -> str | None:
-    """``goodput 0.83 (41.2 s of 49.6 s trained forward); largest badput: compilation up to
-    the first step 3.1 s`` for a run's ``totals``, or None when there is no time."""
+    """``goodput 0.83 (41.2 s of 49.6 s trained forward); largest badput: compiling the
+    first step 3.1 s`` for a run's ``totals``, or None when there is no time."""
     if run.get("goodput") is None:
         return None
     productive, wall = run["buckets_s"]["productive"], run["wall_s"]

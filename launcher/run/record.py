@@ -120,7 +120,8 @@ class Record:
         """The run ended: ``state``, and what the last attempt's ``state.Result`` reached.
 
         Args:
-          state: succeeded, failed or interrupted.
+          state: succeeded, diverged (every step ran, the final loss is nan or inf),
+            failed or interrupted.
           result: the last attempt's Result, if there is one.
           attempts: every ``restarts.Attempt`` of this launch.
           made: attempts made in the run directory so far, when ``attempts`` is not known
@@ -128,6 +129,8 @@ class Record:
           goodput: the run's goodput so far (``launcher.run.ledger``), when known.
         """
         data = self.data
+        if state == "succeeded" and result is not None and result.diverged_loss is not None:
+            state = "diverged"  # every step ran to a nan loss: no success (launch exits 1)
         data["state"] = state
         data.pop("eta_s", None)
         if made is not None:

@@ -38,7 +38,7 @@ from typing import Callable, Iterable
 
 from launcher import interrupts, proctl
 from launcher.interrupts import Interrupted
-from launcher.run import profiles, stacks
+from launcher.run import classes, profiles, stacks
 from launcher.run.output import Output, pump
 from launcher.run.pauses import Pauses
 from launcher.console import Console
@@ -251,8 +251,9 @@ def _root_cause(tracked: list, output: Output, clock: Callable[[], float],
     too), often within one poll; so wait a short window (``window_s``) for the
     cascade to show, or until every process has ended (nothing more can show:
     the window was 0.3 s of every restart's teardown when all ended at once).
-    Then: a process whose last lines say it lost a peer (``contract.is_peer_loss``:
-    a collective or the coordination service failed under it) is a consequence,
+    Then: a process whose last lines say it lost a peer (``classes.follows_from_another``,
+    as the attempt's class reads it: a collective or the coordination service failed
+    under it, and no error of its own) is a consequence,
     not a cause, so the others come first;
     while every failure seen is such a consequence and some process still
     runs, wait up to ``cause_wait_s`` more for the cause to be seen (its end
@@ -283,7 +284,11 @@ def _root_cause(tracked: list, output: Output, clock: Callable[[], float],
         for t in failed:
             if t.reader is not None:
                 t.reader.join(timeout=max(0.0, joined_by - time.monotonic()))
-        causes = [t for t in failed if not any(contract.is_peer_loss(line) for line in t.tail)]
+        # the verdict's own reading of a consequence (classes.follows_from_another): the
+        # peer-loss markers alone missed the coordination service's "Failed to send RPC ...
+        # Socket closed", the words of a peer that was waiting at a barrier when process 0
+        # died (a loaded machine's timing): the victim was named first, the cause second
+        causes = [t for t in failed if not classes.follows_from_another(t)]
         if causes or not any(t.running for t in tracked) or clock() >= last_chance:
             break
         settle(min(clock() + 0.1, last_chance))

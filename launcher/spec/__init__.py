@@ -342,4 +342,5 @@ def _build_cluster(raw: Any, ctx: schema.Context, registry) -> Any:
 
 
 # Keys checked after loading, for one backend only (task importable, memory).
-LATE_CHECKED = (("task", "name"), ("data", "num_examples"), ("cluster", "hosts", 0))
+LATE_CHECKED = (("task", "name"), ("data", "num_examples"), ("cluster", "hosts", 0),
+                ("cluster", "env", "PYTHONPATH"))

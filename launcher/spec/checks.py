@@ -14,6 +14,7 @@ import sys
 from launcher.errors import Problem, SpecError
 from launcher.spec import syncrules
 from launcher.console.words import plural
+import worker as worker_package  # where podlaunch's own worker is
 from worker.sections import BUILTIN_TASKS  # the tasks worker.tasks builds in
 
 
@@ -110,6 +111,44 @@ def check_task_importable(spec, pythonpath: str | None = None) -> None:
                                  "this directory, the workers' PYTHONPATH and site-packages); "
                                  "install it, run from its directory, or add its directory to "
                                  "cluster.env.PYTHONPATH")])
+
+
+def check_worker_is_podlaunchs(spec, pythonpath: str | None = None) -> None:
+    """For workers on this machine's filesystem (local, Slurm): the first module named
+    ``worker`` on the workers' ``PYTHONPATH`` must be podlaunch's, or none (then podlaunch's
+    installed one is found after it): a user's package named ``worker`` there replaced
+    podlaunch's worker in every process (``python -m worker`` ran the user's).
+
+    Args:
+      spec: the job.
+      pythonpath: the workers' PYTHONPATH (default: cluster.env's, else this environment's).
+
+    Raises:
+      SpecError: another ``worker`` comes first, at ``cluster.env.PYTHONPATH``.
+    """
+    if spec.is_program:  # a program imports podlaunch.program, never ``worker`` by name
+        return
+    said = "cluster.env.PYTHONPATH" if "PYTHONPATH" in spec.cluster.env else "PYTHONPATH"
+    if pythonpath is None:
+        pythonpath = spec.cluster.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+    ours = os.path.realpath(os.path.dirname(worker_package.__file__))
+    for entry in (pythonpath or "").split(os.pathsep):
+        try:
+            found = importlib.machinery.PathFinder.find_spec("worker", [os.path.abspath(entry)]) \
+                if entry else None
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            continue
+        where = (found.submodule_search_locations or [os.path.dirname(found.origin or entry)])[0]
+        if os.path.realpath(where) == ours:
+            return
+        shown = found.origin if found.submodule_search_locations is None else where
+        raise SpecError([Problem(*spec.where(("cluster", "env", "PYTHONPATH")), said,
+                                 f"{shown} is a module named worker on the workers' "
+                                 f"{said} (in {entry}), before podlaunch's: every process "
+                                 "would run it instead of podlaunch's worker; rename it, or "
+                                 f"take {entry} off {said}")])
 
 
 def check_syncs(spec) -> None:

@@ -12,6 +12,11 @@ Stdlib only: the launcher checks a sync's source before anything starts, and
   ``*.pem``, ...) that neither ``exclude`` nor ``include`` names. A secret is copied
   only when ``include`` names it explicitly.
 * ``include`` also brings back what ``SKIP`` leaves out (``build``, say).
+* **Never copied, whatever ``include`` says**: a directory that is a sync's target
+  (it holds ``MANIFEST``: a host's workdir seen through a shared filesystem, when the
+  workdirs lie inside ``program.dir``) and the directories the launch names in ``avoid``
+  (its local run directory): copied, each launch would nest every host's copy one level
+  deeper in every host.
 
 Patterns are ``fnmatch`` globs matched against a path relative to the source
 (``data/*.csv``) and against each of its names (``*.log`` anywhere).
@@ -35,6 +40,9 @@ SECRET_NAMES = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".netrc"
                 "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk", "credentials", "credentials.json", ".bash_history", ".python_history")
 SECRET_SUFFIXES = (".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".ppk", ".gpg",
                    ".asc", ".kdbx")
+
+
+MANIFEST = ".podlaunch/synced.json"  # in a sync's target directory: what the syncs wrote there
 
 
 class Rules(NamedTuple):
@@ -82,8 +90,13 @@ def homes() -> set:
     return found
 
 
-def walk(source: str, rules: Rules) -> tuple[dict, set, list]:
+def walk(source: str, rules: Rules, avoid: tuple = ()) -> tuple[dict, set, list]:
     """What a sync of ``source`` copies.
+
+    Args:
+      source: the directory synced.
+      rules: its include and exclude patterns.
+      avoid: directories never copied (the local run directory), wherever they lie.
 
     Returns:
       ``(files, dirs, secrets)``: ``files`` maps a relative path (``/``-separated) to its
@@ -95,6 +108,20 @@ def walk(source: str, rules: Rules) -> tuple[dict, set, list]:
     files: dict = {}
     dirs: set = set()
     secrets: list = []
+    avoided = set()
+    for path in avoid:
+        try:
+            st = os.stat(path)
+            avoided.add((st.st_dev, st.st_ino))
+        except OSError:
+            pass
+
+    def is_output(entry: os.DirEntry) -> bool:
+        """A sync's target or a directory to avoid: the launch's output, never its input."""
+        if os.path.exists(os.path.join(entry.path, MANIFEST)):
+            return True
+        st = entry.stat(follow_symlinks=False)
+        return (st.st_dev, st.st_ino) in avoided
 
     def visit(path: str, rel: str) -> None:
         try:
@@ -114,6 +141,8 @@ def walk(source: str, rules: Rules) -> tuple[dict, set, list]:
             if _matches(SKIP, sub) and not included:
                 continue
             if entry.is_dir(follow_symlinks=False):
+                if is_output(entry):
+                    continue
                 dirs.add(sub)
                 visit(entry.path, sub)
             elif entry.is_file(follow_symlinks=False):

@@ -13,7 +13,7 @@ from launcher.run import classes, restarts
 from launcher.run.classes import FailureClass
 from launcher.state import (EndedEarly, Exited, Final, Killed, Lost, Preempted, Result, Stalled,
                             State, Tracked)
-from worker import contract
+from worker import causes, contract
 
 # The last lines each cascade leaves, as jax 0.9 prints them (seen in this project's runs)
 GLOO_RESET = ("jax.errors.JaxRuntimeError: FAILED_PRECONDITION: [Gloo] Connection closed by "
@@ -48,7 +48,7 @@ def result(*processes: Tracked) -> Result:
     (Stalled("no step progress for 3.0 s"), FailureClass.STALL, "stalled (no step progress"),
     (Exited(1), FailureClass.PROGRAM, "exited with code 1: a Python error in the job"),
     (Exited(7), FailureClass.PROGRAM, "exited with code 7"),
-    (Exited(contract.EXIT_MISMATCH), FailureClass.PROGRAM, "a configuration problem"),
+    (Exited(contract.EXIT_MISMATCH), FailureClass.PROGRAM, "exited with code 3"),
     (EndedEarly("after step 3 of 10"), FailureClass.PROGRAM, "exited with code 0 after step 3"),
     (Final("Slurm job 4 reached its time limit"), FailureClass.FINAL,
      "ended: Slurm job 4 reached its time limit"),
@@ -189,3 +189,86 @@ def test_a_bad_budget_is_a_spec_error_naming_its_key(tmp_path):
     text = str(refused.value)
     assert "restarts.preemptions: expected 0 to 10000, got -1" in text
     assert "restarts.program_error: unknown key; did you mean 'program_errors'?" in text
+
+
+def test_a_programs_own_exit_3_is_no_disagreement_with_the_plan():
+    # issue 51.2: sys.exit(3) in a program was "JAX disagrees with the plan"
+    verdict = classes.classify(result(tracked(0, Exited(3), ["my_program: nothing to do"])))
+    assert verdict.failure_class is FailureClass.PROGRAM
+    assert verdict.why == "process_id 0 on h0 exited with code 3", verdict.why
+
+
+def test_the_workers_explanation_decides_the_class_and_the_advice():
+    said = causes.line(causes.MISMATCH, "JAX disagrees with the launcher's plan: "
+                                        "local_device_count is 3, the plan says 2")
+    verdict = classes.classify(result(tracked(0, Exited(contract.EXIT_MISMATCH), [said])))
+    assert verdict.failure_class is FailureClass.PROGRAM
+    assert "a configuration problem that a restart repeats: JAX disagrees" in verdict.why
+    said = causes.line(causes.DATA, "data error: d.npy: row 3 (0-based), column 1: nan")
+    verdict = classes.classify(result(tracked(1, Exited(contract.EXIT_DATA), [said])))
+    assert verdict.failure_class is FailureClass.PROGRAM and "bad data" in verdict.why
+
+
+def test_a_full_disk_the_worker_explained_is_final_with_its_advice_not_a_program_error():
+    # issue 51.2: the disk filled during a save; the worker said so, and the attempt was
+    # "a Python error in the job [program error]" with the hint to retry program errors
+    full = causes.line(causes.DISK_FULL, "the disk is full (No space left on device) writing "
+                       "/r/checkpoints: free space there (df shows it), or lower "
+                       "checkpoint.keep, then continue with launch --resume RUN_DIR")
+    tail = ["Traceback (most recent call last):", "OSError: [Errno 28] No space left on device",
+            full]
+    verdict = classes.classify(result(tracked(0, Exited(1), tail)), (1,))
+    assert verdict.failure_class is FailureClass.FINAL, verdict
+    assert "Python error" not in verdict.why and "free space there" in verdict.why
+    assert "launch --resume" in verdict.why
+    budgets = restarts.Budgets(specs.RestartSpec(program_errors=5, infrastructure=5))
+    assert budgets.refusal(verdict.failure_class) == "a restart would end the same way"
+
+
+def test_an_explanation_line_printed_by_the_program_earlier_is_not_read_from_a_signal():
+    # a death by a signal is the machine's, whatever the lines before it said
+    full = causes.line(causes.DISK_FULL, "the disk is full")
+    verdict = classes.classify(result(tracked(0, Killed(signal.SIGKILL), [full])))
+    assert verdict.failure_class is FailureClass.INFRASTRUCTURE
+
+
+def _joining(process_id: int, at: float | None, ended=None, state=State.FAILED) -> Tracked:
+    t = tracked(process_id, ended, ["UNAVAILABLE: failed to connect to all addresses"], state)
+    if at is not None:
+        t.joining, t.joining_at, t.joining_timeout_s = "10.0.0.1:8476", at, 10.0
+    return t
+
+
+@pytest.mark.parametrize("late_at, words", [(None, "never began joining"),
+                                            (12.0, "began joining 12.0 s after it")])
+def test_a_host_late_to_join_is_named_not_the_coordinators_network(late_at, words):
+    # issue 51.2: at a restart one host starts 12 s late; process 0 gives up after
+    # initialization_timeout_s 10: the message blamed process 0 and firewalls
+    waited = _joining(0, 0.0, Killed(signal.SIGABRT))
+    late = _joining(2, late_at, Killed(signal.SIGTERM), State.STOPPED)
+    on_time = _joining(1, 0.4, Killed(signal.SIGABRT))
+    verdict = classes.classify(Result([waited, on_time, late], waited, False, 11.0))
+    assert verdict.process_id == 2 and verdict.failure_class is FailureClass.PROGRAM
+    assert verdict.why.startswith(f"process_id 2 on h2 {words}, and process_id 0 on h0 gave up "
+                                  "waiting for it"), verdict.why
+    assert "distributed.initialization_timeout_s 10 s" in verdict.why
+    assert "firewall" not in verdict.why
+
+
+def test_a_join_that_fails_with_every_process_in_time_points_at_the_network():
+    waited = _joining(0, 0.0, Killed(signal.SIGABRT))
+    other = _joining(1, 1.5, Killed(signal.SIGABRT))
+    verdict = classes.classify(Result([waited, other], waited, False, 11.0))
+    assert verdict.process_id == 0 and "firewalls" in verdict.why
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (1, 0, 2), (2, 0, 1), (1, 2, 0)])
+def test_a_cascade_of_three_is_read_from_its_cause_not_from_a_consequence(order):
+    # issue 51.9: with two processes the other one is the cause whether or not the search
+    # skips consequences; with three, the one that failed by itself must be found
+    ends = [tracked(0, Exited(1), [GLOO_RESET]),                          # a consequence
+            tracked(1, Killed(signal.SIGABRT), [COORDINATION_ABORT]),     # a consequence
+            tracked(2, Killed(signal.SIGKILL))]                           # the cause
+    arrived = [ends[i] for i in order]
+    verdict = classes.classify(Result(arrived, arrived[0], False, 1.0))
+    assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 2, verdict

@@ -30,7 +30,7 @@ from launcher.run import supervise as supervision
 from launcher.console import Console
 from launcher.errors import SpecError
 from launcher.run.classes import FailureClass, Verdict
-from launcher.state import Exited, State
+from launcher.state import Exited, Result, State
 from launcher.console.status import status_text
 from launcher.console.words import duration, plural
 from worker import contract
@@ -254,7 +254,7 @@ def _result(steps_and_losses, exit_code_states):
     for (step, loss), state in zip(steps_and_losses, exit_code_states):
         stats = types.SimpleNamespace(progress=contract.parse_progress(progress(step, 50, loss)))
         processes.append(types.SimpleNamespace(stats=stats, state=state))
-    return types.SimpleNamespace(processes=processes)
+    return Result(processes, None, False, 1.0)
 
 
 def test_run_json_is_written_at_start_and_end_and_a_resume_adds_to_it(tmp_path):

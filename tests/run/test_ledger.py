@@ -116,7 +116,8 @@ def test_a_clean_run_splits_into_launch_join_compilation_steps_saves_and_shutdow
     b = entry["buckets_s"]
     assert b["launch"] == pytest.approx(0.25, **POLL)            # FakeSession.start's time
     assert b["start_and_join"] == pytest.approx(0.7, **POLL)     # to the last process's joined line
-    assert b["compilation"] == pytest.approx(0.8, **POLL)        # to the last first step
+    assert b["compilation"] == pytest.approx(0.4, **POLL)        # the CACHE line's own seconds
+    assert b["setup"] == pytest.approx(0.8 - 0.4, **POLL)        # the rest to the last first step
     assert b["productive"] == pytest.approx(2.0 - 0.2, **POLL)   # first step to last progress, less the save
     assert b["checkpoint"] == pytest.approx(0.2 + 0.3, **POLL)   # process 0's own seconds
     assert b["shutdown"] == pytest.approx(r.attempts[0].times.ended_at - 0.25 - 3.5 - 0.3, **POLL)
@@ -126,7 +127,7 @@ def test_a_clean_run_splits_into_launch_join_compilation_steps_saves_and_shutdow
     assert run["goodput"] == pytest.approx(b["productive"] / entry["wall_s"], abs=1e-3)
     assert ledger.summary_line(run) == (
         f"goodput {run['goodput']:.2f} ({b['productive']:.1f} s of {entry['wall_s']:.1f} s trained "
-        f"forward); largest badput: compilation up to the first step {b['compilation']:.1f} s")
+        f"forward); largest badput: process start and join {b['start_and_join']:.1f} s")
 
 
 def test_a_crash_and_restart_counts_teardown_wait_restore_and_the_steps_trained_again(
@@ -135,9 +136,9 @@ def test_a_crash_and_restart_counts_teardown_wait_restore_and_the_steps_trained_
                           (3.5, progress(20))]},                       # runs until stopped
                {"lines": [(0.5, joined(1)), (1.5, CACHE), (2.5, progress(10)), (3.5, progress(20))],
                 "exit": Killed(signal.SIGKILL), "exit_at": 4.0}]
-    again = [{"lines": [(0.3, joined(0)), (0.6, resumed(10, 0.3)), (1.0, CACHE), (2.0, progress(20)),
+    again = [{"lines": [(0.3, joined(0)), (0.5, resumed(10, 0.3)), (1.0, CACHE), (2.0, progress(20)),
                         (3.0, progress(30)), (3.1, "done")], "exit": Exited(0), "exit_at": 3.2},
-             {"lines": [(0.3, joined(1)), (0.6, resumed(10, 0.1)), (1.0, CACHE), (2.0, progress(20)),
+             {"lines": [(0.3, joined(1)), (0.5, resumed(10, 0.1)), (1.0, CACHE), (2.0, progress(20)),
                         (3.0, progress(30)), (3.1, "done")], "exit": Exited(0), "exit_at": 3.2}]
     r = Ledgered(tmp_path, monkeypatch, _job(), crashed, again)
     first, second = r.run()
@@ -150,7 +151,8 @@ def test_a_crash_and_restart_counts_teardown_wait_restore_and_the_steps_trained_
     # attempt 1: resumed at step 10 after attempt 0 logged step 20: 10 steps trained again
     assert second["resumed_step"] == 10 and second["steps_again"] == 10
     assert b["restore"] == pytest.approx(0.3, **POLL)            # process 0's restore
-    assert b["compilation"] == pytest.approx(0.7 - 0.3, **POLL)  # joined 0.3, first step 1.0, less restore
+    assert b["compilation"] == pytest.approx(0.4, **POLL)        # the CACHE line's seconds
+    assert b["setup"] == pytest.approx(0.7 - 0.4 - 0.3, **POLL)  # joined 0.3, first step 1.0, less restore
     assert b["retrained"] == pytest.approx(10 * STEP_TIME_S, **POLL)
     assert b["productive"] == pytest.approx(2.0 - 10 * STEP_TIME_S, **POLL)
     run = ledger.totals(r.entries)
@@ -159,7 +161,7 @@ def test_a_crash_and_restart_counts_teardown_wait_restore_and_the_steps_trained_
     assert "10 steps trained again" in ledger.summary_line(run)
 
 
-def test_a_crash_before_the_first_step_is_compilation_then_teardown(tmp_path, monkeypatch):
+def test_a_crash_before_the_first_step_is_setup_then_teardown(tmp_path, monkeypatch):
     r = Ledgered(tmp_path, monkeypatch, _job(),
                  [{"lines": [(0.5, joined(0))]},
                   {"lines": [(0.5, joined(1)), (1.2, "Traceback: boom")], "exit": Exited(1),
@@ -168,22 +170,56 @@ def test_a_crash_before_the_first_step_is_compilation_then_teardown(tmp_path, mo
     _adds_up(r.entries, r.attempts)
     b = entry["buckets_s"]
     failure = r.result.first_failure
-    assert b["compilation"] == pytest.approx(failure.ended_at - 0.25 - 0.5, **POLL)  # joined to detection
+    assert b["setup"] == pytest.approx(failure.ended_at - 0.25 - 0.5, **POLL)  # joined to detection
+    assert b["compilation"] == 0  # nothing measured it: no first step
     assert b["teardown"] == pytest.approx(r.attempts[0].times.ended_at - failure.ended_at, **POLL)
     assert b["productive"] == 0 and entry["reached_step"] is None
 
 
+def test_a_host_late_to_join_is_join_time_not_compilation(tmp_path, monkeypatch):
+    # issue 51.2: process 1 starts joining 12 s late at a restart; process 0 gives up after
+    # initialization_timeout_s 10 (JAX's abort): its 10.6 s of waiting were filed as compilation
+    joining = contract.JOINING_FORMAT.format(address="127.0.0.1:1", timeout_s=10)
+    r = Ledgered(tmp_path, monkeypatch, _job(),
+                 [{"lines": [(0.5, joining)], "exit": Killed(signal.SIGABRT), "exit_at": 10.6},
+                  {"lines": []}])
+    (entry,) = r.run()
+    _adds_up(r.entries, r.attempts)
+    b = entry["buckets_s"]
+    assert b["start_and_join"] == pytest.approx(r.result.first_failure.ended_at - 0.25, **POLL)
+    assert b["compilation"] == b["setup"] == 0, b
+
+
+def test_compilation_is_the_first_steps_measured_seconds_not_the_data_before_it(tmp_path,
+                                                                                monkeypatch):
+    # issue 51.2: one process making a 65,536 x 256 table for 7.7 s, then its first step
+    # (trace, compile, dispatch) in 1.5 s: compilation was 9.2 s
+    one = [{"lines": [(0.2, "process 0/1: one process, in-process collectives (no jax.distributed)"),
+                      (9.4, contract.CACHE_FORMAT.format(hits=0, misses=3, seconds="1.5",
+                                                         path="/cache")),
+                      (9.6, progress(30)), (9.7, "done")], "exit": Exited(0), "exit_at": 9.8}]
+    r = Ledgered(tmp_path, monkeypatch, _job(), one)
+    (entry,) = r.run()
+    _adds_up(r.entries, r.attempts)
+    b = entry["buckets_s"]
+    assert b["compilation"] == pytest.approx(1.5, abs=1e-6)
+    assert b["setup"] == pytest.approx(9.4 - 1.5, **POLL) and b["start_and_join"] == 0
+
+
 def test_the_ledger_file_keeps_every_launch_and_counts_steps_again_across_them(tmp_path):
-    first = {"attempt": 0, "buckets_s": dict.fromkeys(ledger.BUCKETS, 1.0), "resumed_step": 0,
+    first = {"attempt": 0, "buckets_s": dict.fromkeys(ledger.BUCKETS, 10.0 / len(ledger.BUCKETS)),
+             "resumed_step": 0,
              "reached_step": 40, "steps_again": 0, "wall_s": 10.0}
     ledger.write(str(tmp_path), [first])
     earlier = ledger.read(str(tmp_path))
     assert earlier == [first]
     times = ledger.Times(began_at=0.0, started_at=1.0, ended_at=5.0)
-    stats = types.SimpleNamespace(first_step_at=2.0, progress_at=4.0, saves=[], restores=[],
+    stats = types.SimpleNamespace(first_step_at=2.0, first_step_s=None, progress_at=4.0,
+                                  saves=[], restores=[],
                                   resumed_at=30, mean_step_time_s=0.05,
                                   progress=types.SimpleNamespace(step=50))
-    process = types.SimpleNamespace(joined_at=1.5, stats=stats, last_step=51, failed_at_step=False)
+    process = types.SimpleNamespace(joined_at=1.5, joining="h:1", joined=True, stats=stats,
+                                    last_step=51, failed_at_step=False)
     result = types.SimpleNamespace(processes=[process], first_failure=None, exit_code=0)
     attempt = types.SimpleNamespace(number=1, times=times, result=result)
     entries = ledger.add_attempts(earlier, [attempt])

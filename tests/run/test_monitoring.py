@@ -329,9 +329,12 @@ def test_a_non_finite_loss_names_its_step_and_stops_or_warns(tmp_path, mode, par
         assert f"({'exit code 1'}) at step {first_bad}; it failed first." in out
         assert [r["step"] for r in records][-1] == first_bad
     else:
-        assert result.returncode == 0, out[-3000:]
+        # warn goes on to the last step; a run that ends there at nan diverged (issue 51.2)
+        assert result.returncode == 1, out[-3000:]
         assert re.search(rf"warning: loss is (nan|inf) at step {first_bad}; continuing", out)
         assert [r["step"] for r in records][-1] == 40
+        assert re.search(r"DIVERGED: every step ran, but the final loss is (nan|inf)", out)
+        assert json.loads((run_dir / "run.json").read_text())["state"] == "diverged"
 
 
 @pytest.mark.slow

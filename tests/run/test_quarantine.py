@@ -7,9 +7,14 @@ process shares in the all-reduce."""
 from __future__ import annotations
 
 import collections
+import textwrap
+import types
 
+from launcher import spec as specs
 from launcher.backends.ssh import spares
+from launcher.backends.ssh.session import SshSession
 from launcher.backends.ssh.settings import SshHost
+from launcher.run.classes import FailureClass, Verdict
 from launcher.state import Exited, Result, State, Tracked
 from launcher.stats import ProcessStats
 
@@ -162,3 +167,45 @@ def test_a_host_the_run_took_out_does_not_come_back_as_a_spare_of_another_name()
               "does not come back under another name)"]
     hosts = [resolved("h0", "10.1.1.1:22"), resolved("s1", "10.1.1.3:22")]
     assert spares.address_taken(hosts, [h0, s1], {h0}, taken_out.reason) == [None, None]
+
+
+# ---- restarts.quarantine_after, in the ssh session itself (issue 51.9: only sshd tests) ----
+def _session(tmp_path, quarantine_after: int = 2):
+    (tmp_path / "job.yaml").write_text(textwrap.dedent(f"""\
+        name: q
+        train: {{num_steps: 4, global_batch_size: 8}}
+        restarts: {{infrastructure: 5, stalls: 5, program_errors: 5,
+                    quarantine_after: {quarantine_after}}}
+        cluster: {{backend: ssh, hosts: [127.0.0.2, 127.0.0.3], spares: [127.0.0.4]}}
+        """))
+    job = specs.load(str(tmp_path / "job.yaml"), None, ())
+    return SshSession(job, str(tmp_path / "run"))
+
+
+def _plan(counts=(1, 1)):
+    return types.SimpleNamespace(placements=[types.SimpleNamespace(num_processes=n) for n in counts])
+
+
+def test_a_host_is_quarantined_at_its_quarantine_after_th_fault_and_not_before(tmp_path):
+    session = _session(tmp_path)
+    second = session.ssh.specs[1]
+    killed = Verdict(FailureClass.INFRASTRUCTURE, 1, "process_id 1 on 127.0.0.3 was killed")
+    session.failed(_plan(), killed)
+    assert session.quarantine == {} and session.failures == {second: 1}
+    # a program error or a preemption is no fault of the host's: not counted
+    session.failed(_plan(), Verdict(FailureClass.PROGRAM, 1, "exited with code 1"))
+    session.failed(_plan(), Verdict(FailureClass.PREEMPTION, 1, "SIGTERM"))
+    assert session.quarantine == {}
+    session.failed(_plan(), Verdict(FailureClass.STALL, 1, "process_id 1 stalled"))
+    assert list(session.quarantine) == [second]
+    assert session.quarantine[second].startswith(
+        "quarantined: its processes failed 2 times in this run (restarts.quarantine_after 2; "
+        "last: process_id 1 stalled)")
+    assert session.ssh.specs[0] not in session.failures
+
+
+def test_the_fault_counts_against_the_host_of_its_process(tmp_path):
+    session = _session(tmp_path, quarantine_after=1)
+    # two processes on the first host, one on the second: process 2 is the second host's
+    session.failed(_plan((2, 1)), Verdict(FailureClass.INFRASTRUCTURE, 2, "lost"))
+    assert list(session.quarantine) == [session.ssh.specs[1]]

@@ -53,5 +53,9 @@ def test_a_disk_that_fills_during_a_save_ends_the_run_with_its_cause_and_a_true_
         summary = text[text.index("FAILED: process_id"):]
         assert re.search(r"\| worker: the disk is full \(No space left on device\) writing (into )?\S+: "
                          r"free space there", summary), text[-3000:]
-        assert json.loads((run_dir / "run.json").read_text())["state"] == "failed"
+        record = json.loads((run_dir / "run.json").read_text())
+        assert record["state"] == "failed"
+        # issue 51.2: the worker's explanation decides: a full disk is no program error to retry
+        assert record["last_failure"]["class"] == "final", record["last_failure"]
+        assert "program errors" not in text[text.index("attempt 0 failed"):], text[-3000:]
         assert not list((run_dir / "checkpoints").glob(".tmp-step-*"))  # the half-save is gone

@@ -188,6 +188,29 @@ def test_a_cause_seen_after_its_cascade_still_leads(tmp_path):
     assert run.states() == [State.FAILED, State.FAILED, State.STOPPED]
 
 
+def test_a_peer_cut_off_at_a_coordination_barrier_waits_for_the_cause(tmp_path):
+    """Issue 51.10 (a CI flake, in fake time): process 0 exits with a data error while
+    process 1 waits at a coordination barrier; process 1's traceback ends in the coordination
+    service's "Failed to send RPC ... Socket closed", which has no gloo or peer-loss marker,
+    and its end is seen first. The cause search reads consequences as the verdict does, so
+    process 0 still leads the summary (it named process 1 first under load)."""
+    run = Run(tmp_path)
+    barrier = ["Traceback (most recent call last):",
+               "  File \"/w/worker/localtier.py\", line 83, in writes_copies",
+               "jax.errors.JaxRuntimeError: UNAVAILABLE: Failed to send RPC to coordination "
+               "service. Either the leader task was preempted/died/restarted unexpectedly or "
+               "this task is experiencing network issues.",
+               ":UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\"Socket closed\"}"]
+    run.worker(lines=[(1.7, "worker: data error: d.npy: row 11 (0-based), column 3: nan is "
+                            "not a finite number [data]")],
+               exit=Exited(contract.EXIT_DATA), exit_at=1.8)        # the cause, seen late
+    run.worker(lines=[(0.95, line) for line in barrier], exit=Exited(1), exit_at=1.0)
+    result = run.supervise()
+    assert result.first_failure is result.processes[0]
+    assert summary(result).startswith("FAILED: process_id 0 on localhost (exit code 5)")
+    assert classes.classify(result).process_id == 0
+
+
 def test_a_cascade_without_a_cause_in_sight_is_stopped_after_cause_wait_s(tmp_path):
     run = Run(tmp_path)
     gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
@@ -495,3 +518,40 @@ def test_with_many_processes_an_ended_one_is_seen_at_once_and_the_rest_are_walke
     told_many, polls_many = run_of(many, tmp_path)
     assert told_many == pytest.approx(told_two), (told_many, told_two)
     assert polls_many <= polls_two / 2 + 2, (polls_many, polls_two)
+
+
+WARNING = "W1206 02:00:00.000000 1 pjrt.cc:9] slow collective; retrying"
+
+
+@pytest.mark.parametrize("stepped", [False, True])
+def test_a_worker_that_prints_warnings_but_never_steps_is_stalled(tmp_path, stepped):
+    """Issue 51.9: only a step line or a heartbeat is progress. A worker that prints a
+    warning every 0.2 s and never steps (again) is stalled at its limit; a watchdog that
+    took any line for progress never would be."""
+    run = Run(tmp_path)
+    lines = [(0.1 + 0.2 * i, WARNING) for i in range(100)]  # to 20 s: past every limit below
+    if stepped:
+        lines = [(0.05, progress(1))] + lines
+    w = run.worker(lines=lines, on_term="exit", term_exit=Killed(signal.SIGKILL))
+    result = run.supervise(watchdog=Watchdog(stall_timeout_s=2.0, first_step_timeout_s=3.0))
+    first = result.first_failure
+    assert first is result.processes[0] and isinstance(first.exit, Stalled), result.processes
+    # killed once past its limit (and the stacks' read), long before its warnings end at 20 s
+    [kill] = w.called("kill")
+    assert (2.05 if stepped else 3.0) <= kill < 12.0, kill
+
+
+def test_the_cause_of_a_cascade_of_three_leads_though_two_consequences_came_first(tmp_path):
+    """Issue 51.9: two peers report losing it (gloo's reset, the coordination abort) before
+    the SIGKILLed process's end is seen; the summary leads with the SIGKILL, not a victim."""
+    run = Run(tmp_path)
+    gloo = "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer"
+    abort = ("F1201 18:32:21.922875 client.h:80] Terminating process because the JAX "
+             "distributed service detected fatal errors.")
+    run.worker(lines=[(0.95, gloo)], exit=Exited(1), exit_at=1.0)
+    run.worker(lines=[(1.0, abort)], exit=Killed(signal.SIGABRT), exit_at=1.05)
+    run.worker(exit=Killed(signal.SIGKILL), exit_at=1.8)           # the cause, seen late
+    result = run.supervise()
+    assert result.first_failure is result.processes[2]
+    assert summary(result).startswith("FAILED: process_id 2 on localhost (killed by SIGKILL)")
+    assert classes.classify(result).failure_class is FailureClass.INFRASTRUCTURE

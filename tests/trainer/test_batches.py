@@ -92,7 +92,7 @@ def test_a_non_finite_value_in_an_npy_file_names_its_row(tmp_path):
     # rows 8..11 are process 0's share of batch 1
     assert f"{tmp_path / 'data.npy'}: row 11 (0-based), column 3: nan is not a finite number" \
         in result.stdout, result.stdout[-3000:]
-    assert "FAILED: process_id 0" in result.stdout
+    assert "FAILED: process_id 0" in result.stdout, result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("fmt", ["npy", "npz"])

@@ -22,6 +22,7 @@ class SlurmBackend(Backend):
     def check(self, job, options: Options) -> None:
         # the nodes share this filesystem (workers run `python -m worker` from it)
         checks.check_task_importable(job)
+        checks.check_worker_is_podlaunchs(job)
 
     def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:
         from launcher.backends.slurm.session import SlurmSession

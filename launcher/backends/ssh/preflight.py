@@ -122,7 +122,12 @@ def judge(checks: list, job, python: str, survivors: str, reference: dict | None
             continue
         # a survivor whose launcher is still connected is a launch beside this one, not stale
         live = [r for r in c.facts.get("survivors", ()) if r["pids"] and not r.get("live_launch")]
-        if c.facts.get("missing_modules"):
+        if c.facts.get("foreign_worker"):
+            c.reason = (f"{c.facts['foreign_worker']} is a module named worker found before "
+                        "podlaunch's (on cluster.env.PYTHONPATH or in the workdir): every "
+                        "process would run it instead; rename it, or take its directory off "
+                        "cluster.env.PYTHONPATH")
+        elif c.facts.get("missing_modules"):
             c.reason = (f"not importable: {', '.join(c.facts['missing_modules'])}; install podlaunch "
                         "there, set cluster.env.PYTHONPATH, or use cluster.sync_dir")
         elif c.facts.get("port_error"):

@@ -39,7 +39,7 @@ def mkdirs(sftp: paramiko.SFTPClient, path: str, mode: int = 0o700) -> None:
             raise
 
 
-MANIFEST = ".podlaunch/synced.json"  # in the target directory: what the syncs wrote there
+MANIFEST = syncrules.MANIFEST  # in the target directory: what the syncs wrote there
 
 
 class SyncRefused(Exception):
@@ -306,10 +306,13 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
     return changed
 
 
-def walked(syncs: list) -> list:
+def walked(syncs: list, avoid: tuple = ()) -> list:
     """Each ``(local_dir, its name as written, rules)`` of ``syncs`` with its ``tree``
-    (``syncrules.walk``'s files and dirs): a start walks each directory once for all hosts."""
-    return [(local, said, rules, syncrules.walk(local, rules)[:2]) for local, said, rules in syncs]
+    (``syncrules.walk``'s files and dirs): a start walks each directory once for all hosts.
+    ``avoid``: the local run directory, never copied even where it lies inside a source
+    (as the hosts' workdirs are not: ``syncrules``)."""
+    return [(local, said, rules, syncrules.walk(local, rules, avoid)[:2])
+            for local, said, rules in syncs]
 
 
 def sync_all(host, syncs: list, writer: str, say) -> None:

@@ -373,7 +373,7 @@ def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, consol
     syncs = [(expand(d), d, settings.sync_rules) for d in [settings.sync_dir] if d]
     if plan.job.is_program:  # the program runs in the workdir, from its synced directory
         syncs.append((plan.job.program.dir, plan.job.program.dir, plan.job.program.sync_rules))
-    syncs = transfer.walked(syncs)
+    syncs = transfer.walked(syncs, avoid=(plan.run_dir,))
     futures = {pool.submit(start_host, plan, i, c, states, settings, console, started,
                            job_text, abort, syncs): c.host
                for i, c in channels.items()}

@@ -52,6 +52,7 @@ class RehearsalBackend(Backend):
     def check(self, job, options: Options) -> None:
         # the hosts' PYTHONPATH names their directories: the rehearsal drops it
         checks.check_task_importable(job, os.environ.get("PYTHONPATH"))
+        checks.check_worker_is_podlaunchs(job, os.environ.get("PYTHONPATH"))
         checks.check_fits_in_memory(job)  # the whole pod's data, on this one machine
 
     def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:

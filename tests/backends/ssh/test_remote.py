@@ -413,6 +413,43 @@ def test_shipped_programs_run_under_python3_c(tmp_path):
     assert wrapper.parse_exit_report(lines[-1][len(wrapper.EXIT_MARK):])[:2] == (4, None)
 
 
+def test_a_wrapper_killed_takes_its_worker_with_it(tmp_path):
+    # issue 51.2: the wrapper SIGKILLed on one host left its worker (its own session)
+    # training on unsupervised to the end
+    argv = remote.python_call(SYSTEM_PYTHON, "wrapper", {
+        "argv": [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)"],
+        "pid_file": None, "run_dir": "run", "process_id": 0})
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                            env={"PATH": os.environ["PATH"]})
+    worker_pid = None
+    try:
+        for line in proc.stdout:  # the pgid line, then the worker's: both before the kill
+            if line.startswith(wrapper.PGID_MARK):
+                worker_pid = int(line.split()[-1])
+            elif line.strip() == "ready":
+                break
+        assert worker_pid is not None
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + 30  # generous: only a loaded machine takes long
+        while _alive(worker_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker_pid), "the worker outlived its wrapper"
+    finally:
+        proc.kill()
+        if worker_pid is not None and _alive(worker_pid):
+            os.kill(worker_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper is no longer running)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_source_refuses_a_program_that_imports_more_of_launcher(tmp_path, monkeypatch):
     (tmp_path / "killpg.py").write_text("from launcher import proctl\nfrom launcher import plan\n")
     monkeypatch.setattr(remote, "_HERE", str(tmp_path))

@@ -1,0 +1,81 @@
+"""What a program or directory sync copies (launcher.spec.syncrules), without hosts: the
+include rule names what it brings back, and a launch's own output is never its input."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from launcher.backends.ssh import transfer
+from launcher.spec import syncrules
+
+
+def _program(root):
+    """A program directory with a key in it, as a user's project may have one."""
+    (root / "main.py").write_text("print(1)\n")
+    (root / ".ssh").mkdir()
+    (root / ".ssh" / "id_ed25519").write_text("KEY")
+    (root / "id_ed25519").write_text("KEY")
+    (root / "build").mkdir()
+    (root / "build" / "gen.py").write_text("x = 1\n")
+    return root
+
+
+@pytest.mark.parametrize("include", [("*",), ("**",), ("*/*",), ("*", "*/*", "build")])
+def test_include_star_brings_back_skipped_names_but_never_a_key(tmp_path, include):
+    # issue 51.9: matched by pattern instead of by name, include: ["*"] copied ~/.ssh's key
+    src = _program(tmp_path)
+    files, _, secrets = syncrules.walk(str(src), syncrules.Rules(include=include))
+    assert not any("id_ed25519" in rel for rel in files), sorted(files)
+    assert sorted(secrets) == [".ssh/", "id_ed25519"]
+    why = syncrules.check_source(str(src), syncrules.Rules(include=include))
+    assert why and ".ssh/" in why and "id_ed25519" in why, why
+
+
+def test_a_key_named_under_include_is_copied_on_purpose(tmp_path):
+    src = _program(tmp_path)
+    files, _, secrets = syncrules.walk(str(src), syncrules.Rules(include=(".ssh", "build")))
+    assert sorted(files) == [".ssh/id_ed25519", "build/gen.py", "main.py"]
+    assert secrets == ["id_ed25519"]  # the other key is not named: still refused
+
+
+def _shared(tmp_path):
+    """program.dir holding the hosts' workdirs (a shared filesystem) after one launch: each
+    workdir holds the synced program and its manifest; and the local run directory."""
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "main.py").write_text("print(1)\n")
+    for host in ("h1", "h2"):
+        workdir = src / "hosts" / host
+        (workdir / ".podlaunch").mkdir(parents=True)
+        (workdir / "main.py").write_text("print(1)\n")
+        (workdir / transfer.MANIFEST).write_text(json.dumps({"files": {}, "dirs": {}}))
+    run_dir = src / "out" / "run-1"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "run.json").write_text("{}")
+    (src / "out" / "notes.txt").write_text("kept\n")
+    return src, run_dir
+
+
+@pytest.mark.parametrize("include", [(), ("hosts", "out")])
+def test_the_hosts_workdirs_and_the_run_directory_inside_the_program_are_never_copied(
+        tmp_path, include):
+    # issue 51.7: with the workdirs inside program.dir, every launch copied every host's
+    # workdir and the local run directory into every host, one level deeper each time
+    src, run_dir = _shared(tmp_path)
+    [(_, _, _, (files, dirs))] = transfer.walked(
+        [(str(src), "proj", syncrules.Rules(include=include))], avoid=(str(run_dir),))
+    assert sorted(files) == ["main.py", "out/notes.txt"], sorted(files)
+    assert sorted(dirs) == ["hosts", "out"]  # made, empty: the workdirs in it are not copied
+    # the walk itself, as check_source uses it: the copies hold no secrets of their own
+    files, _, _ = syncrules.walk(str(src), syncrules.Rules(), avoid=(str(run_dir),))
+    assert sorted(files) == ["main.py", "out/notes.txt"]
+
+
+def test_a_run_directory_reached_through_another_spelling_is_still_avoided(tmp_path):
+    src, run_dir = _shared(tmp_path)
+    spelled = os.path.join(str(src), "out", "..", "out", "run-1")
+    files, _, _ = syncrules.walk(str(src), syncrules.Rules(), avoid=(spelled,))
+    assert "out/run-1/run.json" not in files
