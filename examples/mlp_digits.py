@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from worker import program
+from podlaunch import program
 
 jax = program.initialize()  # jax.distributed.initialize(...) + the topology check
 import jax.numpy as jnp  # noqa: E402

@@ -15,7 +15,7 @@ import argparse
 
 import numpy as np
 
-from worker import program
+from podlaunch import program
 
 jax = program.initialize()  # jax.distributed.initialize(...) + the topology check
 import jax.numpy as jnp  # noqa: E402

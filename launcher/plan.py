@@ -219,6 +219,15 @@ def program_argv(job, placement: Placement) -> tuple:
     return argv
 
 
+def worker_argv(job, placement: Placement, run_dir: str, process_id: int) -> tuple:
+    """The built-in worker's argv: ``-P`` keeps a user's ``worker.py`` or ``launcher.py`` in
+    the working directory from standing in for podlaunch's packages (``worker/__main__.py``
+    searches that directory last, for the user's task); the job, run and process id name
+    the process in ``ps``."""
+    return (placement.python, "-P", "-m", "worker", "--job", job.name,
+            "--run", os.path.basename(os.path.normpath(run_dir)), "--process-id", str(process_id))
+
+
 def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
     """Lay out every process: ids in placement order, each with its env, command and log.
 
@@ -249,7 +258,7 @@ def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
                 env=worker_env(job, placement, coordinator_address, process_id,
                                compilation_cache_dir(job, run_dir, placement)),
                 argv=program_argv(job, placement) if job.is_program
-                else (placement.python, "-m", "worker"),
+                else worker_argv(job, placement, run_dir, process_id),
                 log_path=log_path(run_dir, process_id), label=label, python=placement.python,
                 cwd=placement.cwd, program=job.is_program,
                 program_num_steps=job.program.num_steps if job.is_program else None,

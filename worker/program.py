@@ -6,7 +6,7 @@ reads ``JAX_COORDINATOR_ADDRESS``) and never reports still gets prefixed logs,
 fail-fast, teardown and exit-code-based restarts. With these helpers it gets
 the rest of what the built-in trainer has::
 
-    from worker import program
+    from podlaunch import program
 
     jax = program.initialize()           # join with every value explicit, check the topology
     for step in range(1, num_steps + 1):

@@ -25,7 +25,7 @@ def spawn(argv: list) -> int:
 
     read_fd, write_fd = os.pipe()
     try:
-        child = subprocess.Popen([sys.executable, "-m", "launcher.cli", *argv],
+        child = subprocess.Popen([sys.executable, "-P", "-m", "launcher.cli", *argv],
                                  stdin=subprocess.DEVNULL, start_new_session=True,
                                  pass_fds=(write_fd,), env={**os.environ, PIPE_VAR: str(write_fd)})
     finally:

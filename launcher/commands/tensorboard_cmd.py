@@ -233,7 +233,7 @@ def _serve(args, logdir: str, what: str) -> int:
     url = f"http://{shown_host}:{port}/"
     # Its own process group (TensorBoard starts a data server child) that dies
     # with us; Ctrl-C, SIGTERM and SIGHUP (a closed terminal) all stop it.
-    proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", logdir,
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "tensorboard.main", "--logdir", logdir,
                              "--host", args.host, "--port", str(port), *KEEP_EVERY_SCALAR],
                             stdin=subprocess.DEVNULL, start_new_session=True,
                             preexec_fn=proctl.die_with_parent)

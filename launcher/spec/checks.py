@@ -64,16 +64,17 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
 
 
 def worker_search_path(pythonpath: str | None) -> list:
-    """The module search path of a local worker (``python -m worker`` in this directory).
+    """The module search path of a local worker (``python -P -m worker`` in this directory).
 
-    ``-m`` puts the current directory first; then the worker's ``PYTHONPATH``
-    (``pythonpath``: cluster.env's, else this environment's); then this
-    interpreter's own path (site-packages), without the launcher script's directory.
+    The worker's ``PYTHONPATH`` (``pythonpath``: cluster.env's, else this environment's);
+    then this interpreter's own path (site-packages), without the launcher script's
+    directory; then the current directory, which ``worker/__main__.py`` appends last so a
+    user's ``worker.py`` there cannot hide podlaunch's package.
     """
-    paths = [os.getcwd()]
+    paths = []
     if pythonpath:
         paths += [os.path.abspath(p) for p in pythonpath.split(os.pathsep) if p]
-    return paths + [p for p in sys.path[1:] if p]
+    return paths + [p for p in sys.path[1:] if p] + [os.getcwd()]
 
 
 def find_module(module: str, paths: list) -> bool:

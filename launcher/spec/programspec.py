@@ -62,8 +62,9 @@ IGNORED_BY_PROGRAMS = (
     ("logging", "on_nonfinite_loss", "the program decides what a NaN loss means (worker.program."
      "report logs the values it is given)"),
 )
-# How a program imports podlaunch's helper; a worker.py (or worker/) of its own beside it
-# comes first on sys.path (the script's directory) and hides the package.
+# How a program imports podlaunch's helper by its old name; a worker.py (or worker/) of its
+# own beside it comes first on sys.path (the script's directory) and hides the package.
+# `from podlaunch import program` cannot clash that way.
 _USES_HELPER = re.compile(r"^\s*(from\s+worker(\.program)?\s+import\b|import\s+worker\.program\b)",
                           re.M)
 
@@ -88,7 +89,8 @@ def _shadowing_worker(directory: str) -> str | None:
         return None
     return (f"{os.path.join(directory, own[0])} hides podlaunch's worker package from "
             f"{', '.join(users)} (the script's directory comes first on sys.path, so "
-            "'from worker import program' would fail); rename it")
+            "'from worker import program' would fail); write 'from podlaunch import program', "
+            "podlaunch's own name for the helper, or rename it")
 
 
 def job_type(raw: dict, ctx: schema.Context, trainer, program):

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from worker import program
+from podlaunch import program
 
 target, at = int(sys.argv[1]), int(sys.argv[2])
 jax = program.initialize()

@@ -277,7 +277,8 @@ def test_a_worker_module_of_the_program_s_own_is_refused_before_it_hides_podlaun
     assert done.returncode == 2, done.stdout + done.stderr
     assert (f"program.dir: {tmp_path}/worker.py hides podlaunch's worker package from train.py "
             "(the script's directory comes first on sys.path, so 'from worker import program' "
-            "would fail); rename it") in done.stderr, done.stderr
+            "would fail); write 'from podlaunch import program', podlaunch's own name for the helper, "
+            "or rename it") in done.stderr, done.stderr
     (tmp_path / "train.py").write_text("import worker\nworker.work()\n")  # its own, on purpose
     assert spec.load(str(path)).program.dir == str(tmp_path)
 

@@ -55,7 +55,8 @@ def test_make_plan_assigns_dense_ids_in_placement_order(tmp_path):
         assert p.env[contract.JOB] == f"/remote/{p.host}/job.json"
         assert p.log_path == f"/local/run/logs/process-{p.process_id:03d}.log"
         assert ("ONLY_B" in p.env) == (p.host == "b")
-        assert p.argv == ("py", "-m", "worker")
+        assert p.argv == ("py", "-P", "-m", "worker", "--job", job.name, "--run", "run",
+                          "--process-id", str(p.process_id))
     assert [p.process_id for p in plan.on_host(1)] == [1, 2, 3]
     assert [p.process_id for p in plan.on_host(2)] == [4, 5]
 

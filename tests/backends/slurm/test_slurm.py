@@ -250,7 +250,7 @@ def test_kill_9_of_one_task_fails_fast_naming_it(slurm, cluster_file, tmp_path):
     lines: list = []
     read_until(proc, r"^\[p1 n2\] step \d+/", lines)
     victims = [p for p in pids_with_env("PODLAUNCH_PROCESS_ID", "1") if p in run_pids(str(run_dir))
-               and cmdline(p)[-2:] == ["-m", "worker"] and "srun" not in cmdline(p)[0]]
+               and cmdline(p)[1:4] == ["-P", "-m", "worker"] and "srun" not in cmdline(p)[0]]
     assert len(victims) == 1, victims
     os.kill(victims[0], signal.SIGKILL)
     killed_at = time.monotonic()
