@@ -23,7 +23,7 @@ from launcher import backends
 from launcher import plan as planning
 from launcher import commands, flags, interrupts
 from launcher.commands import detach, resumes, runs
-from launcher.console import lines
+from launcher.console import lines, nextsteps
 from launcher.run import ledger, restarts, runlock
 from launcher import spec as specs
 from launcher.backends.base import Options
@@ -340,10 +340,10 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
             console.say(f"podlaunch: cannot write the ledger's TensorBoard scalars ({exc})")
     if len(attempts) > 1 or attempts[-1].number > 0:
         console.block(restarts.attempts_table(attempts))
-    console.say(f"logs: {os.path.join(run_dir, 'logs')}")
-    if job.logging.tensorboard:
-        console.say(f"view: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')} "
-                    "--samples_per_plugin scalars=10000000")  # every point, not a 1,000-point sample
+    for line in nextsteps.closing(args.job, run_dir, result.exit_code, job.logging.tensorboard,
+                                  cluster=args.cluster, overrides=tuple(args.overrides),
+                                  default_dir=not (args.run_dir or args.resume)):
+        console.say(line)
     console.close()
     return 1 if result.exit_code == 0 and result.diverged_loss is not None else result.exit_code
 

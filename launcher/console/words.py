@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 
+# where the words podlaunch's messages use are explained (goodput, badput, attempt, ...)
+GLOSSARY = "docs/glossary.md"
+
+
 def plural(count: int, word: str, words: str | None = None) -> str:
     """``1 process``, ``2 processes``: the count and the word that agrees with it."""
     if count == 1:

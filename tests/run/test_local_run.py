@@ -32,7 +32,8 @@ def test_main_job_trains_and_logs_to_tensorboard(tmp_path):
     assert re.search(r"^\[p0\] step 100/100 loss", out, re.M)
     assert not re.search(r"^\[p1\]", out, re.M) and "Gloo" not in out
     assert len(re.findall(r"step 100/100 loss", out)) == 1
-    assert f"tensorboard --logdir {run_dir}/tensorboard" in out
+    assert f"podlaunch: view: launch tensorboard {run_dir}" in out  # what the README installed
+    assert "tensorboard --logdir" not in out
     assert "OK: 2 processes succeeded" in out
     # one event file of the job, process 0's, with the loss at every logged step (and the
     # launcher's of the goodput ledger, a TensorBoard run of its own: tensorboard/goodput)

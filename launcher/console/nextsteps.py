@@ -1,0 +1,68 @@
+"""The lines that end a run: where its files are, and the next commands that work with what
+the README installed (``launch tensorboard``, not a ``tensorboard`` the install may lack; a
+stopped or failed run's exact ``--resume`` command; after a first success, where to go next).
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import shlex
+
+from launcher.console.words import GLOSSARY
+
+TENSORBOARD_INSTALL = "pip install -e '.[tensorboard]'"
+CLUSTER_EXAMPLE = "jobs/clusters/ssh-example.yaml"
+
+
+def resume_command(job_path: str, run_dir: str, cluster: str | None = None,
+                   overrides: tuple = ()) -> str:
+    """The command that continues the run in ``run_dir``: the same job, cluster and ``--set``s
+    (a resume refuses a spec that trains something else), ``--resume RUN_DIR``."""
+    argv = ["launch", job_path, *(["--cluster", cluster] if cluster else []),
+            *[part for kv in overrides for part in ("--set", kv)], "--resume", run_dir]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def first_run(runs_root: str, run_dir: str) -> bool:
+    """Whether ``runs_root`` (``runs/``, the default's) holds no run but ``run_dir``."""
+    others = [os.path.dirname(p) for p in glob.glob(os.path.join(runs_root, "*", "*", "run.json"))]
+    return all(os.path.samefile(p, run_dir) for p in others if os.path.exists(p))
+
+
+def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
+            cluster: str | None = None, overrides: tuple = (), default_dir: bool = False) -> list:
+    """The run's last lines, each a thing to do and how.
+
+    Args:
+      job_path: the job file as the user named it.
+      run_dir: the run directory.
+      exit_code: the launch's exit code (0 succeeded, 130 interrupted, else failed).
+      tensorboard: whether the job writes TensorBoard events.
+      cluster, overrides: the launch's ``--cluster`` and ``--set``s, repeated in a resume.
+      default_dir: the run is in the default place (``runs/JOB/TIME``, no ``--run-dir`` or
+        ``--resume``): a success that is the only run under ``runs/`` is the user's first,
+        and the lines point to what comes next.
+
+    Returns:
+      Lines without a prefix; the console adds its own.
+    """
+    lines = [f"logs: {os.path.join(run_dir, 'logs')}"]
+    if tensorboard:
+        missing = importlib.util.find_spec("tensorboard") is None
+        lines.append(f"view: launch tensorboard {shlex.quote(run_dir)}"
+                     + (f"  (TensorBoard first: {TENSORBOARD_INSTALL})" if missing else ""))
+    if exit_code != 0:
+        what = "stopped" if exit_code == 130 else "failed"
+        lines.append(f"continue this {what} run from its last checkpoint: "
+                     + resume_command(job_path, run_dir, cluster, overrides))
+    elif default_dir and first_run(os.path.dirname(os.path.dirname(run_dir)), run_dir):
+        job = shlex.quote(job_path)
+        lines += ["next steps:",
+                  "  launch runs                      your runs, newest first",
+                  f"  launch {job} --set cluster.num_processes=4   the same job on 4 processes",
+                  f"  launch {job} --cluster {CLUSTER_EXAMPLE}   on your own SSH hosts "
+                  "(docs/ssh.md; TPU: docs/tpu.md, Slurm: docs/slurm.md)",
+                  f"  words such as goodput and attempt: {GLOSSARY}"]
+    return lines

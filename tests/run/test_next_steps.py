@@ -1,0 +1,98 @@
+"""Every run ends with next steps that work with what the README installed (issue 50, item 2):
+``launch tensorboard RUN`` (never a ``tensorboard`` the install may lack), the exact command
+that continues a failed or stopped run, and after a first success where to go next. The
+commands a run prints are run here as printed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+
+import pytest
+
+from harness.helpers import NO_RESTARTS, REPO, Output, launch, start_launch
+from harness.runs import fault
+
+
+def _printed(out: str, prefix: str) -> str:
+    """The command after ``prefix`` on the console's line that holds it."""
+    found = re.search(rf"^podlaunch: {re.escape(prefix)}(.+)$", out, re.M)
+    assert found, out
+    return found.group(1).strip()
+
+
+def _run_printed(command: str, cwd: str = REPO):
+    argv = shlex.split(command)
+    assert argv[0] == "launch", command
+    return launch(*argv[1:], cwd=cwd)
+
+
+def _last_lines(out: str, count: int) -> list:
+    return [line for line in out.splitlines() if line.strip()][-count:]
+
+
+@pytest.mark.slow
+def test_a_failed_run_ends_with_the_command_that_continues_it_and_that_command_does(tmp_path):
+    run_dir = str(tmp_path / "run")
+    args = ("jobs/linear.yaml", "--set", "train.num_steps=40", "--set", "checkpoint.every_steps=10",
+            *fault("raise", 25), *NO_RESTARTS)
+    failed = launch(*args, "--run-dir", run_dir)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "tensorboard --logdir" not in failed.stdout
+    assert _last_lines(failed.stdout, 2)[0] == f"podlaunch: view: launch tensorboard {run_dir}" \
+        or f"podlaunch: view: launch tensorboard {run_dir}  (TensorBoard first: " \
+        in _last_lines(failed.stdout, 2)[0], failed.stdout
+    command = _printed(failed.stdout, "continue this failed run from its last checkpoint: ")
+    assert command == " ".join(shlex.quote(a) for a in (
+        "launch", *args, "--resume", run_dir)), command
+    resumed = _run_printed(command)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "(resuming; attempt 1)" in resumed.stdout
+    assert "continue this" not in resumed.stdout  # a success ends without one
+
+
+@pytest.mark.slow
+def test_a_stopped_run_ends_with_the_resume_command(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = start_launch("jobs/linear.yaml", "--set", "train.num_steps=1000000",
+                        "--set", "cluster.devices_per_process=1", "--set", "task.name=faulty_task:make",
+                        "--set", "task.args.sleep_s=0.05", "--set", "task.args.slow_process_id=0",
+                        "--run-dir", run_dir)
+    out = Output.of(proc)
+    out.wait_for(r"^\[p0\] step 20/", 120)
+    proc.send_signal(signal.SIGINT)
+    code, text = out.finish(60)
+    assert code == 130, text
+    command = _printed(text, "continue this stopped run from its last checkpoint: ")
+    assert command.startswith("launch jobs/linear.yaml --set train.num_steps=1000000 ")
+    assert command.endswith(f"--resume {run_dir}")
+
+
+@pytest.mark.slow
+def test_a_first_success_points_to_runs_more_processes_and_another_cluster(tmp_path):
+    shutil.copytree(os.path.join(REPO, "jobs"), tmp_path / "jobs")
+    first = launch("jobs/linear.yaml", "--set", "train.num_steps=20", cwd=str(tmp_path))
+    assert first.returncode == 0, first.stdout + first.stderr
+    out = first.stdout
+    assert "podlaunch: next steps:" in out, out
+    lines = out[out.index("podlaunch: next steps:"):].splitlines()[1:]
+    commands = [line.split("podlaunch:   ", 1)[1].split("   ")[0].strip() for line in lines
+                if line.startswith("podlaunch:   launch ")]
+    assert commands == ["launch runs", "launch jobs/linear.yaml --set cluster.num_processes=4",
+                        "launch jobs/linear.yaml --cluster jobs/clusters/ssh-example.yaml"], lines
+    assert "docs/glossary.md" in out and os.path.isfile(os.path.join(REPO, "docs", "glossary.md"))
+    assert "your runs" in lines[0]
+    listed = _run_printed(commands[0], cwd=str(tmp_path))
+    assert listed.returncode == 0 and "linear" in listed.stdout, listed.stdout + listed.stderr
+    more = _run_printed(commands[1] + " --set train.num_steps=20", cwd=str(tmp_path))
+    assert more.returncode == 0, more.stdout + more.stderr
+    assert "OK: 4 processes succeeded" in more.stdout
+    assert "next steps:" not in more.stdout  # the pointer is for the first run only
+    # another cluster needs its hosts; the file and the pages it names are there to edit
+    cluster = commands[2].split("--cluster ", 1)[1]
+    assert os.path.isfile(os.path.join(REPO, cluster)), cluster
+    for page in re.findall(r"docs/\w+\.md", lines[2]):
+        assert os.path.isfile(os.path.join(REPO, page)), page
