@@ -54,7 +54,7 @@ class LocalWorker:
         self._reported: str | None = None
         self._eof = threading.Event()
         self._token = secrets.token_hex(16)
-        argv = remote.python_call(plan.python or plan.argv[0], "wrapper", {
+        argv = remote.module_call(plan.python or plan.argv[0], "wrapper", {
             "argv": list(plan.argv), "cwd": plan.cwd, "pid_file": None, "run_dir": plan.run_dir or ".",
             "process_id": plan.process_id, "grace_s": grace_s, "parent_pid": os.getpid(),
             "env_from_stdin": True})

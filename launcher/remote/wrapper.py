@@ -63,6 +63,7 @@ EXIT_MARK = "podlaunch-exit "
 # The environment variable that hands the wrapper its control token (removed before
 # the worker starts, so the worker never sees it).
 TOKEN_VAR = "PODLAUNCH_WRAPPER_TOKEN"
+ARGS_VAR = "PODLAUNCH_WRAPPER_ARGS"  # its JSON argument, when not on the command line
 
 
 def control(line, token):
@@ -267,4 +268,6 @@ def _reap_orphans():
 
 
 if __name__ == "__main__":
-    sys.exit(main(json.loads(sys.argv[1])))
+    # over SSH the arguments come in the environment (ARGS_VAR), popped before the worker's
+    # environment is made from it: a short command line in the host's ps
+    sys.exit(main(json.loads(sys.argv[1] if len(sys.argv) > 1 else os.environ.pop(ARGS_VAR))))

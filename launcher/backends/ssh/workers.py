@@ -14,6 +14,7 @@ fails anywhere stops every worker already started, on every host, before
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import secrets
 import shlex
@@ -308,19 +309,19 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     for process in processes:
         if abort is not None and abort.is_set():
             return
-        # one file per run and process: launches of one job side by side keep their own
-        run_name = os.path.basename(placement.run_dir)
-        pid_file = os.path.join(state_dir(host.workdir, plan.job.name),
-                                f"{run_name}.process-{process.process_id:03d}.pid")
-        argv = remote.python_call(placement.python, "wrapper", {
-            "argv": list(process.argv), "pid_file": pid_file, "run_dir": placement.run_dir,
-            "process_id": process.process_id, "watch_stdin": True})
+        # a pid file per run and process; the wrapper as a file, its args in env: a short ps line
+        states_dir = state_dir(host.workdir, plan.job.name)
+        pid_file = os.path.join(states_dir, f"{os.path.basename(placement.run_dir)}"
+                                            f".process-{process.process_id:03d}.pid")
+        argv, script = remote.script_call(placement.python, states_dir, "wrapper")
+        args = json.dumps({"argv": list(process.argv), "pid_file": pid_file, "process_id":
+                           process.process_id, "run_dir": placement.run_dir, "watch_stdin": True})
         token = secrets.token_hex(16)  # the wrapper's control lines carry it; the worker never sees it
-        first = process is processes[0]
-        written = f"podlaunch-job-written {token}" if first else None
-        text = connection.shell_script(
-            host.workdir, settings.setup, {**process.env, wrapper.TOKEN_VAR: token}, argv,
-            ((placement.job_path, job_text, writer),) if first else (), written)
+        written = f"podlaunch-job-written {token}" if process is processes[0] else None
+        files = ((placement.job_path, job_text, writer),) if written else ()
+        env = {**process.env, wrapper.TOKEN_VAR: token, wrapper.ARGS_VAR: args}
+        text = connection.shell_script(host.workdir, settings.setup, env, argv,
+                                       files + (script + (writer,),), written)
         on_exit, on_line = None, _trace_fetcher(host, process.process_id, placement.run_dir,
                                                 plan.run_dir, console)
         if process.process_id == 0:
