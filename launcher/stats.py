@@ -33,6 +33,7 @@ class ProcessStats:
     first_step_at: float | None = None
     progress_at: float | None = None
     saves: list = dataclasses.field(default_factory=list)      # [(at, seconds)]
+    saved_step: int | None = None  # the newest checkpoint's step: every process has done it
     restores: list = dataclasses.field(default_factory=list)   # [(at, seconds)]
     profiles: list = dataclasses.field(default_factory=list)   # [worker.profiling.Trace]
 
@@ -55,6 +56,7 @@ class ProcessStats:
                 self.profiles.append(trace)
             if (saved := contract.parse_seconds(contract.CHECKPOINT_RE, line)) is not None:
                 self.saves.append((now, saved[1]))
+                self.saved_step = max(saved[0], self.saved_step or 0)
             resumed = contract.parse_seconds(contract.RESUMED_RE, line)
             if resumed is not None:
                 self.restores.append((now, resumed[1]))

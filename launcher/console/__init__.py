@@ -37,7 +37,7 @@ from launcher.console import lines as kinds
 from launcher.state import State
 from launcher.console.status import status_text
 from launcher.console.words import plural
-from worker import runfiles
+from worker import notice, runfiles
 
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
 HIDDEN_TAIL = 5  # a failed process's last lines kept, to show once it failed
@@ -75,6 +75,7 @@ class Console:
                                on_lost=self._lost)
         self._attention: dict = {}  # process_id -> lines.Attention
         self._hidden: dict = {}     # process_id -> deque of its last lines not shown
+        self._interrupt: str | None = None  # how the launcher itself stops the run (interrupted)
         self.log = None          # the run directory's launcher.log, once ``log_to`` opened it
         self._log_lock = threading.Lock()
         self._logged_status_at = -float("inf")
@@ -107,8 +108,16 @@ class Console:
         """Why the console stream went away (log-only mode), or None while it works."""
         return self.live.lost
 
+    def interrupted(self, how: str) -> None:
+        """The launcher itself stops the run (``how``: ``Ctrl-C``, ``SIGTERM``, ...): its SIGTERM
+        reaches the workers as a preemption notice, and their lines about it are shown as the
+        interrupt it is (their log files keep the worker's words)."""
+        self._interrupt = how
+
     def line(self, label: str, text: str, process_id: int | None = None) -> None:
         text = kinds.printable(text)  # a worker's bytes never drive the terminal
+        if self._interrupt and text.startswith(notice.PREFIX):
+            text = f"interrupt ({self._interrupt}):" + text.split(":", 1)[1]
         if process_id is None:  # the launcher's own line about a process
             self.live.write(f"[{label}] {text}\n")
             return

@@ -215,13 +215,18 @@ def _table(processes: list, first: Tracked | None) -> list:
     step's seconds (trace, compile, dispatch) and the compilation cache's hits/misses."""
     header = ("process", "host", "state", "exit", "steps", "mean step ms", "first step s",
               "cache hits/misses")
+    # a checkpoint of step N is saved once every process has done step N (its all-reduce):
+    # a run stopped at an agreed step reports that step, not its last logged one
+    saved = max((t.stats.saved_step for t in processes if t.stats.saved_step is not None),
+                default=None)
     rows = []
     for t in processes:
         stats = t.stats
         mean_s = stats.mean_step_time_s
+        done = max((s for s in (t.last_step, saved) if s is not None), default=None)
         rows.append((f"p{t.plan.process_id}", t.plan.host,
                      t.state.value + (" (first)" if t is first else ""), str(t.exit or "-"),
-                     "-" if t.last_step is None else str(t.last_step),
+                     "-" if done is None else str(done),
                      "-" if mean_s is None else f"{mean_s * 1e3:.3f}",
                      "-" if stats.first_step_s is None else f"{stats.first_step_s:.3f}",
                      "-" if stats.cache_hits is None else f"{stats.cache_hits}/{stats.cache_misses}"))

@@ -144,6 +144,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                     break
         except (KeyboardInterrupt, Interrupted) as exc:
             interrupted = True
+            console.interrupted({"": "Ctrl-C", "SIGINT": "Ctrl-C"}.get(str(exc), str(exc)))
             hung = stacks.looks_hung(tracked, started, clock)
             if hung is not None:
                 console.say(f"interrupted ({str(exc) or 'SIGINT'}); the run looks hung ({hung})")

@@ -55,7 +55,11 @@ def test_a_failed_run_ends_with_the_command_that_continues_it_and_that_command_d
 
 
 @pytest.mark.slow
-def test_a_stopped_run_ends_with_the_resume_command(tmp_path):
+def test_a_stopped_run_says_interrupt_reports_the_saved_step_and_ends_with_the_resume_command(
+        tmp_path):
+    """Also issue 50, item 3: Ctrl-C is an interrupt on the console (the worker's log keeps its
+    "preemption notice" words), and the summary's steps are the step saved, not the last
+    logged one."""
     run_dir = str(tmp_path / "run")
     proc = start_launch("jobs/linear.yaml", "--set", "train.num_steps=1000000",
                         "--set", "cluster.devices_per_process=1", "--set", "task.name=faulty_task:make",
@@ -66,6 +70,14 @@ def test_a_stopped_run_ends_with_the_resume_command(tmp_path):
     proc.send_signal(signal.SIGINT)
     code, text = out.finish(60)
     assert code == 130, text
+    assert "preemption notice" not in text, text
+    agreed = int(re.search(r"^\[p0\] interrupt \(Ctrl-C\): every process stops after step (\d+); "
+                           r"process 0 saves it$", text, re.M).group(1))
+    assert f"checkpoint of step {agreed} saved" in text
+    with open(os.path.join(run_dir, "logs", "process-000.log"), encoding="utf-8") as f:
+        assert f"preemption notice from process 0: every process stops after step {agreed}" in f.read()
+    rows = re.findall(r"^p\d+\s+localhost\s+stopped\s+exit code \d+\s+(\d+) ", text, re.M)
+    assert rows == [str(agreed)] * 2, text
     command = _printed(text, "continue this stopped run from its last checkpoint: ")
     assert command.startswith("launch jobs/linear.yaml --set train.num_steps=1000000 ")
     assert command.endswith(f"--resume {run_dir}")
