@@ -1,8 +1,8 @@
-"""The seed (pmap + value_and_grad + pmean + SGD) as a plain script run by podlaunch.
+"""A plain JAX data-parallel script (pmap + value_and_grad + pmean + SGD) run by podlaunch.
 
     launch jobs/seed_program.yaml
 
-The seed's own lines, with three changes for many hosts: ``program.initialize()``
+A single-host script's lines, with three changes for many hosts: ``program.initialize()``
 joins JAX (every value explicit, the topology checked), each process takes its
 own contiguous share of the global batch and replicates the params on its
 *local* devices, and ``program.report`` feeds the launcher's status line,

@@ -50,7 +50,7 @@ import json
 import os
 
 from worker import runfiles
-from launcher.console.words import plural
+from launcher.console.words import GLOSSARY, plural
 from launcher.state import HOST_CHANGE_FIELDS
 
 LEDGER_FILE = "ledger.json"
@@ -203,19 +203,28 @@ def totals(entries: list) -> dict:
             "steps_again": sum(e.get("steps_again", 0) for e in entries)}
 
 
+ONE_OFF = ("launch", "start_and_join", "setup", "compilation", "shutdown")  # paid once, however long
+
+
 def summary_line(run: dict) -> str | None:
-    """``goodput 0.83 (41.2 s of 49.6 s trained forward); largest badput: compiling the
-    first step 3.1 s`` for a run's ``totals``, or None when there is no time."""
+    """``goodput 0.83: 41.2 s of the run's 49.6 s went into training steps that count; largest
+    loss of time (badput): compiling the first step 3.1 s`` for a run's ``totals``, or
+    None when there is no time. A one-off start-up or shutdown cost as the largest loss is said
+    to be one (a short first run's low goodput is no fault), and the glossary is named."""
     if run.get("goodput") is None:
         return None
     productive, wall = run["buckets_s"]["productive"], run["wall_s"]
-    text = f"goodput {run['goodput']:.2f} ({productive:.1f} s of {wall:.1f} s trained forward)"
+    text = (f"goodput {run['goodput']:.2f}: {productive:.1f} s of the run's {wall:.1f} s went into "
+            "training steps that count")
     largest = run.get("largest_badput")
     if largest is not None:
-        text += f"; largest badput: {WORDS[largest]} {run['buckets_s'][largest]:.1f} s"
+        text += (f"; largest loss of time (badput): {WORDS[largest]} "
+                 f"{run['buckets_s'][largest]:.1f} s")
+        if largest in ONE_OFF:
+            text += ", paid once however long the run"
     if run.get("steps_again"):
         text += f"; {plural(run['steps_again'], 'step')} trained again"
-    return text
+    return text + f" ({GLOSSARY})"
 
 
 def read(run_dir: str) -> list:

@@ -125,9 +125,12 @@ def test_a_clean_run_splits_into_launch_join_compilation_steps_saves_and_shutdow
     assert entry["resumed_step"] == 0 and entry["reached_step"] == 30 and entry["steps_again"] == 0
     run = ledger.totals(r.entries)
     assert run["goodput"] == pytest.approx(b["productive"] / entry["wall_s"], abs=1e-3)
+    # issue 50, item 3: the words say what goodput means, that a start-up cost is paid once,
+    # and where the words are explained
     assert ledger.summary_line(run) == (
-        f"goodput {run['goodput']:.2f} ({b['productive']:.1f} s of {entry['wall_s']:.1f} s trained "
-        f"forward); largest badput: process start and join {b['start_and_join']:.1f} s")
+        f"goodput {run['goodput']:.2f}: {b['productive']:.1f} s of the run's {entry['wall_s']:.1f} s "
+        "went into training steps that count; largest loss of time (badput): process start and "
+        f"join {b['start_and_join']:.1f} s, paid once however long the run (docs/glossary.md)")
 
 
 def test_a_crash_and_restart_counts_teardown_wait_restore_and_the_steps_trained_again(

@@ -65,8 +65,9 @@ def test_main_job_trains_and_logs_to_tensorboard(tmp_path):
     assert buckets["productive"] > 0 and buckets["checkpoint"] > 0 and buckets["start_and_join"] > 0
     assert buckets["teardown"] == buckets["retrained"] == buckets["restart_wait"] == 0
     assert (attempt["resumed_step"], attempt["reached_step"], attempt["steps_again"]) == (0, 100, 0)
-    assert re.search(rf"^podlaunch: goodput {ledger['run']['goodput']:.2f} \([\d.]+ s of [\d.]+ s "
-                     r"trained forward\); largest badput: ", out, re.M), out
+    assert re.search(rf"^podlaunch: goodput {ledger['run']['goodput']:.2f}: [\d.]+ s of the run's "
+                     r"[\d.]+ s went into training steps that count; largest loss of time "
+                     r"\(badput\): ", out, re.M), out
     goodput = read_scalars(str(run_dir / "tensorboard" / "goodput"))
     assert goodput["goodput/goodput"] == [(100, pytest.approx(ledger["run"]["goodput"], abs=1e-4))]
     assert goodput["goodput/productive_s"][0][1] == pytest.approx(buckets["productive"], abs=1e-3)
