@@ -30,6 +30,13 @@ COMMANDS = {
 }
 
 
+def described(name: str) -> str:
+    """What ``launch NAME --help`` says the command does: the table's words as a sentence,
+    plain text (a module's docstring is reStructuredText, ``launch stacks`` shown raw)."""
+    text = COMMANDS[name][2]
+    return f"launch {name} {COMMANDS[name][1]}: {text[0].upper()}{text[1:]}."
+
+
 def listing() -> str:
     """The commands as ``launch --help`` lists them, one a line."""
     return "\n".join(f"  launch {name} {args}\n      {text}" for name, (_, args, text) in COMMANDS.items())

@@ -18,6 +18,7 @@ import re
 import sys
 import time
 
+from launcher import commands
 from launcher.commands import runref
 from launcher.console.lines import printable
 from launcher.errors import Problem, SpecError
@@ -27,7 +28,7 @@ ATTACH_TAIL = 20  # lines of the past that attach shows first
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"launch {prog}", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"launch {prog}", description=commands.described(prog))
     parser.add_argument("run", metavar="RUN", help="a run directory, or a name `launch runs` lists")
     if prog == "logs":
         parser.add_argument("-f", "--follow", action="store_true",

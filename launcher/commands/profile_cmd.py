@@ -18,6 +18,7 @@ import json
 import os
 import time
 
+from launcher import commands
 from launcher import flags, interrupts
 from launcher.commands import runs
 from launcher.commands.stacks_cmd import answers, ask, live_launcher, print_answer
@@ -29,7 +30,7 @@ from worker import runfiles, sections
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="launch profile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="launch profile", description=commands.described("profile"))
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the live run's directory")
     parser.add_argument("--steps", type=int, default=None,
                         help="steps to trace (default: the job's profile.num_steps, 5 unless set)")

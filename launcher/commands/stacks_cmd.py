@@ -16,6 +16,7 @@ import os
 import socket
 import time
 
+from launcher import commands
 from launcher import flags, interrupts
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
@@ -24,7 +25,7 @@ from worker import runfiles
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="launch stacks", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="launch stacks", description=commands.described("stacks"))
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the live run's directory")
     parser.add_argument("--timeout-s", type=float, default=15.0,
                         help="how long to wait for the launcher's answer (default 15)")

@@ -16,6 +16,7 @@ import os
 import signal
 import time
 
+from launcher import commands
 from launcher import proctl
 from launcher.commands import runref, runs
 from launcher.errors import LaunchError, Problem, SpecError
@@ -25,7 +26,7 @@ POLL_S = 0.1
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="launch stop", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="launch stop", description=commands.described("stop"))
     parser.add_argument("run", metavar="RUN", help="a run directory, or a name `launch runs` lists")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="how long to wait for every process to be gone (default 300: the "

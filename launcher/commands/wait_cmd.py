@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from launcher import commands
 from launcher.commands import runref
 
 EXIT_TIMEOUT = 124  # as timeout(1), xpk and Ray say it
@@ -16,7 +17,7 @@ POLL_S = 0.2
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="launch wait", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="launch wait", description=commands.described("wait"))
     parser.add_argument("run", metavar="RUN", help="a run directory, or a name `launch runs` lists")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="give up after S seconds with exit code 124 (default: no limit)")
