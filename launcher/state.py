@@ -187,6 +187,7 @@ class Tracked:
     stacks_at: float | None = None
     in_stacks: bool = False
     stacks_asked: bool = False
+    in_detail: bool = False  # inside an expected failure's traceback (contract.DETAIL_BEGIN)
     stats: ProcessStats = dataclasses.field(default_factory=ProcessStats)  # for status and summary
 
     @property
@@ -231,6 +232,16 @@ class Tracked:
         self.tail.append(line)
         self.stats.observe(line, now, progress)
         return True
+
+    def detail(self, line: str) -> bool:
+        """Whether ``line`` is for the log file only: an expected failure's traceback, between
+        ``contract.DETAIL_BEGIN`` and ``DETAIL_END`` (its sentence is on the console)."""
+        if line == contract.DETAIL_BEGIN:
+            self.in_detail = True
+        elif self.in_detail:
+            self.in_detail = line != contract.DETAIL_END
+            return True
+        return self.in_detail
 
     def stacks_begin(self) -> None:
         """A stacks request is about to be sent: forget any earlier answer, take the next."""

@@ -88,6 +88,7 @@ FAILED_FORMAT = FAILED_PREFIX + "{step}: {error}"
 # cascade's victims catch theirs after the cause died, so the launcher leads with the earliest.
 FAILED_TIME_FORMAT = "podlaunch-failed-at {at:.6f}"
 FAILED_TIME_RE = re.compile(r"^podlaunch-failed-at (?P<at>\d+(?:\.\d+)?)$")
+DETAIL_BEGIN, DETAIL_END = "traceback of the failure above:", "end of the traceback"  # log only
 HEARTBEAT_PREFIX = "podlaunch-heartbeat step "
 HEARTBEAT_FORMAT = HEARTBEAT_PREFIX + "{step}"
 # Every process of a resumed attempt, before its first step: the steps before N + 1 were done
@@ -108,7 +109,6 @@ CHECKPOINT_RE = re.compile(r"^checkpoint of step (?P<step>\d+) saved(?: in (?P<s
 STEP_RE = re.compile(rf"^(?:step (?P<done>\d+)/\d+ |{re.escape(FAILED_PREFIX)}(?P<failed>\d+):"
                      rf"|{re.escape(HEARTBEAT_PREFIX)}(?P<beat>\d+)$)")
 _STEP_HEADS = ("step ", FAILED_PREFIX, HEARTBEAT_PREFIX)
-
 EXIT_MISMATCH = 3  # the exit code of a worker whose own checks (identity, devices) failed
 
 # The slurm backend starts every process at once, without a probe step before them

@@ -183,6 +183,21 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
             tracker.close()
 
 
+def _unusable_checkpoint(exc: BaseException) -> bool:
+    """Whether ``exc`` is a checkpoint that cannot be used (corrupt, of another model): its
+    text says which and why. (Looked up, not imported: worker.checkpoint imports numpy.)"""
+    checkpoint = sys.modules.get("worker.checkpoint")
+    return checkpoint is not None and isinstance(exc, checkpoint.CheckpointError)
+
+
+def _traceback_for_the_log() -> None:
+    """The traceback of an expected failure (its sentence already said), between the marks
+    that keep it in the process's log file only: off the console and the summary."""
+    print(contract.DETAIL_BEGIN, flush=True)
+    traceback.print_exc(file=sys.stdout)
+    print(contract.DETAIL_END, flush=True)
+
+
 def _exit_now(code: int) -> None:
     """Exit without Python's atexit hooks.
 
@@ -230,13 +245,22 @@ def main() -> None:
     except SystemExit as exc:  # SIGTERM from the launcher
         _exit_now(exc.code if isinstance(exc.code, int) else 1)
     except OSError as exc:
-        traceback.print_exc()  # kept in the log; the cause comes last, where the summary looks
         said = causes.disk_full(exc, identity.run_dir if identity is not None else None)
+        if said is None:
+            traceback.print_exc()  # kept in the log; the cause comes last, where the summary looks
+        else:
+            _traceback_for_the_log()
         print(causes.line(causes.DISK_FULL, said) if said else
               f"worker: {type(exc).__name__}: {exc}", flush=True)
         _exit_now(1)
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as exc:
+        if isinstance(exc, FloatingPointError):  # a non-finite loss: train said "failed at step N"
+            _traceback_for_the_log()
+        elif _unusable_checkpoint(exc):  # found before the first step: the sentence is ours
+            _traceback_for_the_log()
+            print(f"worker: {exc}", flush=True)
+        else:
+            traceback.print_exc()
         _exit_now(1)
     if not single_process(identity):
         jax.distributed.shutdown()

@@ -37,7 +37,7 @@ from launcher.console import lines as kinds
 from launcher.state import State
 from launcher.console.status import status_text
 from launcher.console.words import plural
-from worker import notice, runfiles
+from worker import contract, notice, runfiles
 
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
 HIDDEN_TAIL = 5  # a failed process's last lines kept, to show once it failed
@@ -49,6 +49,11 @@ def stamped(text: str) -> str:
     (``2026-12-06T01:15:00.123Z``): a log read after the fact says when each line came."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z "
     return "".join(now + line for line in text.splitlines(keepends=True))
+
+
+# How a worker's failure sentence starts: the loop's "failed at step N: ..." and worker/main.py's
+# "worker: ..." (a contract error, bad data, a full disk, a checkpoint that cannot be used)
+FAILURE_HEADS = (contract.FAILED_PREFIX, "worker: ")
 
 
 class Console:
@@ -76,6 +81,8 @@ class Console:
         self._attention: dict = {}  # process_id -> lines.Attention
         self._hidden: dict = {}     # process_id -> deque of its last lines not shown
         self._interrupt: str | None = None  # how the launcher itself stops the run (interrupted)
+        self._notable_shown: dict = {}  # a notable line -> the process that said it first
+        self._same_failure: set = set()  # processes whose failure line repeated another's
         self.log = None          # the run directory's launcher.log, once ``log_to`` opened it
         self._log_lock = threading.Lock()
         self._logged_status_at = -float("inf")
@@ -126,7 +133,19 @@ class Console:
         if process_id == 0:  # launcher.log keeps process 0's lines: a detached run's log
             self._log_text(f"[{label}] {text}\n")
         notable = self._attention.setdefault(process_id, kinds.Attention())(text)
-        if self.show is None or process_id in self.show or (self.others and notable):
+        shown, failure = True, text.startswith(FAILURE_HEADS)
+        if notable or failure:  # a copy of a line another process said (every process's
+            # "failed at step 9: loss is inf") is said once
+            repeated = self._notable_shown.get(text, process_id) != process_id
+            if len(self._notable_shown) < 10_000:
+                self._notable_shown.setdefault(text, process_id)
+            notable = notable and not (repeated and self.show is not None
+                                       and process_id not in self.show)
+            shown = not (repeated and failure)
+            if not shown:
+                self._same_failure.add(process_id)
+                return
+        if shown and (self.show is None or process_id in self.show or (self.others and notable)):
             self.live.write(f"[{label}] {text}\n")
         else:
             self._hidden.setdefault(process_id, collections.deque(maxlen=HIDDEN_TAIL)).append(
@@ -146,7 +165,10 @@ class Console:
     def close(self) -> None:
         with self._log_lock:
             if self.log is not None:
-                self.log.close()
+                try:
+                    self.log.close()
+                except OSError:  # its last lines met a full disk: said when they were written
+                    pass
                 self.log = None
 
     def status(self, tracked: list) -> None:
@@ -175,12 +197,17 @@ class Console:
             kept = self._hidden.get(t.plan.process_id)
             if t.state is not State.FAILED or t is result.first_failure or not kept:
                 continue
+            if t.plan.process_id in self._same_failure:  # its sentence was said for another
+                self.say(f"{t.plan.label} failed too ({t.exit}), with the same words (its log: "
+                         f"{t.plan.log_path})")
+                continue
             self.say(f"{t.plan.label} failed too ({t.exit}); its last "
                      f"{plural(len(kept), 'line')} not shown above (all in {t.plan.log_path}):")
             for label, text in kept:
                 self.live.write(f"[{label}] {text}\n")
         self._hidden.clear()
         self._attention.clear()
+        self._same_failure.clear()
 
 
 class NullConsole(Console):

@@ -32,6 +32,7 @@ import statistics
 from typing import Sequence
 
 from launcher.console import explain
+from launcher.console import lines as kinds
 from launcher.console.words import duration, plural
 from launcher.errors import Problem, SpecError
 from launcher.run import profiles
@@ -171,7 +172,9 @@ def summary(result: Result) -> str:
         lines.append(f"FAILED: process_id {first.plan.process_id} on {first.plan.host} "
                      f"({first.exit}) {step}; it failed first.")
         lines.append(f"last lines of {first.plan.log_path}:")
-        lines += [f"  | {line}" for line in first.tail] or ["  | (no output)"]
+        # library chatter (gloo's start-up lines) is in the log; the tail is the worker's words
+        lines += [f"  | {line}" for line in first.tail if not kinds.is_noise(line)] \
+            or ["  | (no output)"]
         said = explain.meaning(first.tail)
         if said:
             lines.append(f"  what it usually means: {said}")

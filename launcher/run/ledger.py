@@ -292,4 +292,20 @@ def write_scalars(logdir: str, entries: list, new: int) -> None:
             for name, seconds in run["buckets_s"].items():
                 writer.add_scalar(f"goodput/{name}_s", seconds, step)
     finally:
-        writer.close()
+        try:
+            writer.close()
+        except OSError:  # a full disk: tensorboardX's writer thread and its atexit hook
+            for file_writer in (getattr(writer, "all_writers", None) or {}).values():
+                _abandon(file_writer.event_writer)  # would raise again at exit, a traceback
+            raise
+
+
+def _abandon(event_writer) -> None:
+    """Stop a tensorboardX event writer whose file cannot be written (a full disk): its thread
+    ends, its file is closed, and its atexit hook finds it closed. Best effort."""
+    for stop in (lambda: event_writer._worker.stop(), lambda: event_writer._ev_writer.close()):
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - the disk is full: nothing more to save
+            pass
+    event_writer._closed = True

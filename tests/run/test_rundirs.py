@@ -58,4 +58,5 @@ def test_a_disk_that_fills_during_a_save_ends_the_run_with_its_cause_and_a_true_
         # issue 51.2: the worker's explanation decides: a full disk is no program error to retry
         assert record["last_failure"]["class"] == "final", record["last_failure"]
         assert "program errors" not in text[text.index("attempt 0 failed"):], text[-3000:]
+        assert "Traceback" not in text  # issue 50, item 4: the sentence, not the traceback
         assert not list((run_dir / "checkpoints").glob(".tmp-step-*"))  # the half-save is gone
