@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from harness.helpers import env_for_tests
+from harness.helpers import REPO, env_for_tests
 
 LAUNCH_SCRIPT = os.path.join(os.path.dirname(sys.executable), "launch")
 CLASH = "raise SystemExit('the own {name}.py of a user ran instead of podlaunch')\n"
@@ -81,3 +81,19 @@ def test_the_old_helper_name_beside_a_user_s_worker_py_is_refused_naming_the_new
     assert done.returncode == 2, done.stdout + done.stderr
     assert "write 'from podlaunch import program'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_the_bring_your_own_model_page_s_task_runs_as_written(tmp_path):
+    """docs/your-model.md: its task module and job file, written beside each other as the
+    page says, run with the real launch from that directory."""
+    with open(os.path.join(REPO, "docs", "your-model.md"), encoding="utf-8") as f:
+        page = f.read()
+    python = page.split("```python\n", 1)[1].split("```", 1)[0]
+    job = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    directory = _clashing_dir(tmp_path)  # the page promises a worker.py there is no problem
+    (directory / "mymodel.py").write_text(python)
+    (directory / "mymodel.yaml").write_text(job)
+    done = _launch(directory, "mymodel.yaml", "--run-dir", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK: 2 processes succeeded" in done.stdout
