@@ -334,7 +334,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         console.say(f"{run_ledger} (ledger: {os.path.join(run_dir, ledger.LEDGER_FILE)})")
     if entries and job.logging.tensorboard:
         try:  # after session.close: over ssh, process 0's tensorboard/ has been brought back
-            ledger.write_scalars(os.path.join(run_dir, "tensorboard", "goodput"), entries,
+            ledger.write_scalars(os.path.join(run_dir, "tensorboard"), entries,
                                  sum(a.times is not None for a in attempts))
         except OSError as exc:
             console.say(f"podlaunch: cannot write the ledger's TensorBoard scalars ({exc})")

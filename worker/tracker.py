@@ -88,6 +88,10 @@ class TensorBoardTracker(NullTracker):
         self._writer = SummaryWriter(logdir=logdir, flush_secs=flush_s, max_queue=max_queue,
                                      filename_suffix=f".process-{process_id:03d}")
         self._summary = Summary
+        # the Custom Scalars tab: the loss first, then one chart of every process's own step
+        # time (the Scalars tab gives each process a card and a y-scale of its own, so "which
+        # host is slow" cannot be read there), then the launcher's goodput ledger
+        self._writer.add_custom_scalars(LAYOUT)
 
     def scalars(self, step: int, values: dict) -> None:
         # One event holding every value: what add_scalar writes per tag (a
@@ -166,6 +170,14 @@ class Trackers(NullTracker):
     def close(self) -> None:
         for tracker in self._trackers:
             tracker.close()
+
+
+LAYOUT = {"podlaunch": {
+    "loss": ["Multiline", ["^loss$"]],
+    "own step time of each process (s)": ["Multiline", [r"^step_time_s/process_\d+$"]],
+    "step time (s)": ["Multiline", ["^step_time_s$"]],
+    "goodput": ["Multiline", ["^goodput/goodput$"]],
+}}
 
 
 def make_tracker(run_dir: str, process_id: int, enabled: bool):

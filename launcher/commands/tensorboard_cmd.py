@@ -17,6 +17,7 @@ child process, so ``launch --help`` stays instant.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import importlib.util
 import os
@@ -190,7 +191,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LaunchError(f"tensorboard exited with code {proc.returncode} before serving {url}; "
-                              "its output is above")
+                              "its last lines are above")
         try:
             with urllib.request.urlopen(url, timeout=1.0):
                 return
@@ -233,25 +234,51 @@ def _serve(args, logdir: str, what: str) -> int:
     url = f"http://{shown_host}:{port}/"
     # Its own process group (TensorBoard starts a data server child) that dies
     # with us; Ctrl-C, SIGTERM and SIGHUP (a closed terminal) all stop it.
+    # Its output (start-up chatter, the profile plugin's access log: a line per request) goes
+    # to a file, shown only when TensorBoard fails: the console stays quiet otherwise.
+    output = tempfile.NamedTemporaryFile(prefix="podlaunch-tensorboard-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-P", "-m", "tensorboard.main", "--logdir", logdir,
                              "--host", args.host, "--port", str(port), *KEEP_EVERY_SCALAR],
-                            stdin=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=proctl.die_with_parent)
+                            stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=proctl.die_with_parent)
+    output.close()
     # SIGINT too: a launcher started from a background job inherits SIGINT ignored,
     # and Python then never raises KeyboardInterrupt.
     previous = interrupts.install(interrupts.raise_keyboard_interrupt)
+    failed = True
     try:
         _wait_ready(f"http://{args.host}:{port}/", proc, args.startup_timeout_s)
-        print(f"podlaunch: TensorBoard of {what} at {url} (Ctrl-C stops it)", flush=True)
+        print(f"podlaunch: TensorBoard of {what} at {url} (Ctrl-C stops it; its own messages: "
+              f"{output.name})", flush=True)
         note = profile_note(args.profiled, profile_plugin_installed())
         if note is not None:
             print(note, flush=True)
-        return 0 if proc.wait() == 0 else 1
+        failed = proc.wait() != 0
+        return 1 if failed else 0
     except KeyboardInterrupt:
+        failed = False
         return 0
     finally:
         interrupts.restore(previous)
         _stop_group(proc)
+        _end_output(output.name, failed)
+
+
+def _end_output(path: str, failed: bool, lines: int = 20) -> None:
+    """TensorBoard's output file: its last ``lines`` printed when it failed (the file kept),
+    else removed."""
+    if not failed:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            tail = f.read().splitlines()[-lines:]
+    except OSError:
+        return
+    print(f"podlaunch: TensorBoard's last lines (all in {path}):", file=sys.stderr)
+    for line in tail:
+        print(f"  | {line}", file=sys.stderr, flush=True)
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

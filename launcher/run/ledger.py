@@ -271,9 +271,10 @@ def add_attempts(earlier: list, attempts: list) -> list:
 
 
 def write_scalars(logdir: str, entries: list, new: int) -> None:
-    """TensorBoard scalars of the run's ledger in ``logdir`` (``<run>/tensorboard/goodput``:
-    beside the loss, as a run of its own): for each of the last ``new`` entries, at its
-    furthest step, the run's ``goodput/goodput`` so far and ``goodput/<bucket>_s``.
+    """TensorBoard scalars of the run's ledger in ``logdir`` (``<run>/tensorboard``: an event
+    file of its own, ``*.goodput``, in the job's run, so TensorBoard lists one run, not a
+    second one for the ledger): for each of the last ``new`` entries, at its furthest step,
+    the run's ``goodput/goodput`` so far and ``goodput/<bucket>_s``.
 
     Raises:
       OSError: the event file could not be written.
@@ -282,7 +283,7 @@ def write_scalars(logdir: str, entries: list, new: int) -> None:
 
     SummaryWriter = tensorboardx().SummaryWriter  # the launcher pays for it at the end only
 
-    writer = SummaryWriter(logdir=logdir, flush_secs=1)
+    writer = SummaryWriter(logdir=logdir, flush_secs=1, filename_suffix=".goodput")
     try:
         for i in range(len(entries) - new, len(entries)):
             run = totals(entries[:i + 1])

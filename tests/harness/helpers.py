@@ -291,6 +291,20 @@ def read_scalars(logdir: str) -> dict:
             out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
     return {tag: sorted(values) for tag, values in out.items()}
 
+def custom_scalars_layout(logdir: str):
+    """The Custom Scalars plugin's layout in ``logdir``'s event files, read with TensorBoard's
+    own reader and proto."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+        acc = EventAccumulator(path, size_guidance={"tensors": 0})
+        acc.Reload()
+        if "custom_scalars__config__" in acc.Tags()["tensors"]:
+            proto = acc.Tensors("custom_scalars__config__")[0].tensor_proto
+            return layout_pb2.Layout.FromString(proto.string_val[0])
+    raise AssertionError(f"no custom scalars layout in {logdir}")
+
 
 def event_files(run_dir: str) -> list[str]:
     return glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"), recursive=True)
@@ -364,8 +378,10 @@ def read_plugin_data(logdir: str):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    # one file, process 0's: a second writer would have a file of its own (named by process)
-    (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    # one file of the job's, process 0's: a second writer would have a file of its own (named
+    # by process); the launcher's goodput ledger is its own file in the run, "*.goodput"
+    (path,) = [p for p in glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+               if not p.endswith(".goodput")]
     assert path.endswith(".process-000"), path
     acc = EventAccumulator(path, size_guidance={"tensors": 0})
     acc.Reload()

@@ -35,11 +35,11 @@ def test_main_job_trains_and_logs_to_tensorboard(tmp_path):
     assert f"podlaunch: view: launch tensorboard {run_dir}" in out  # what the README installed
     assert "tensorboard --logdir" not in out
     assert "OK: 2 processes succeeded" in out
-    # one event file of the job, process 0's, with the loss at every logged step (and the
-    # launcher's of the goodput ledger, a TensorBoard run of its own: tensorboard/goodput)
+    # one event file of the job, process 0's, with the loss at every logged step, and the
+    # launcher's of the goodput ledger beside it: one TensorBoard run, not two (issue 50)
     files = sorted(event_files(str(run_dir)))
-    assert sorted(os.path.dirname(f) for f in files) == [str(run_dir / "tensorboard"),
-                                                         str(run_dir / "tensorboard" / "goodput")]
+    assert [os.path.dirname(f) for f in files] == [str(run_dir / "tensorboard")] * 2
+    assert sorted(f.rsplit(".", 1)[1] for f in files) == ["goodput", "process-000"]
     scalars = read_scalars(str(run_dir / "tensorboard"))
     steps = [step for step, _ in scalars["loss"]]
     assert steps == list(range(10, 101, 10))
@@ -68,7 +68,7 @@ def test_main_job_trains_and_logs_to_tensorboard(tmp_path):
     assert re.search(rf"^podlaunch: goodput {ledger['run']['goodput']:.2f}: [\d.]+ s of the run's "
                      r"[\d.]+ s went into training steps that count; largest loss of time "
                      r"\(badput\): ", out, re.M), out
-    goodput = read_scalars(str(run_dir / "tensorboard" / "goodput"))
+    goodput = read_scalars(str(run_dir / "tensorboard"))
     assert goodput["goodput/goodput"] == [(100, pytest.approx(ledger["run"]["goodput"], abs=1e-4))]
     assert goodput["goodput/productive_s"][0][1] == pytest.approx(buckets["productive"], abs=1e-3)
 

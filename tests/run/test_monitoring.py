@@ -25,8 +25,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from harness.helpers import (LAUNCH, REPO, Output, env_for_tests, event_files, launch,
-                             read_plugin_data, read_scalars)
+from harness.helpers import (LAUNCH, REPO, Output, custom_scalars_layout, env_for_tests, event_files,
+                             launch, read_plugin_data, read_scalars)
 from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
 from launcher.console import CLEAR_LINE, StatusLine
@@ -222,12 +222,18 @@ def test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jso
                     r"[1-9]\d* misses over 2 processes$", table[3]), table
 
     logdir = str(run_dir / "tensorboard")
-    # process 0 alone writes the job's; the launcher, the goodput ledger's (tensorboard/goodput)
-    assert sorted(os.path.basename(os.path.dirname(f)) for f in event_files(str(run_dir))) \
-        == ["goodput", "tensorboard"], event_files(str(run_dir))
+    # process 0 alone writes the job's; the launcher, the goodput ledger's, in the same run
+    assert sorted(os.path.basename(f).rsplit(".", 1)[1] for f in event_files(str(run_dir))
+                  if os.path.dirname(f) == logdir) == ["goodput", "process-000"], \
+        event_files(str(run_dir))
+    assert len(event_files(str(run_dir))) == 2
     scalars = read_scalars(logdir)
     steps = [5, 10, 15, 20]
     per_process = ["step_time_s/process_000", "step_time_s/process_001"]
+    # the Custom Scalars tab: the loss first, every process's own step time on one chart
+    charts = [chart for category in custom_scalars_layout(logdir).category for chart in category.chart]
+    assert [chart.title for chart in charts][:2] == ["loss", "own step time of each process (s)"]
+    assert all(re.match(charts[1].multiline.tag[0], tag) for tag in per_process)
     for tag in LOGGED + tuple(per_process):
         assert [s for s, _ in scalars[tag]] == steps, tag
     assert [s for s, _ in scalars["compile_time_s"]] == [5] and scalars["compile_time_s"][0][1] > 0
@@ -255,7 +261,7 @@ def test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jso
         for tag, value in record.items():
             if tag != "step":
                 assert dict(scalars[tag])[record["step"]] == pytest.approx(value, rel=1e-6), tag
-    # the job's tags (the launcher's goodput ledger, tensorboard/goodput, has its own)
+    # the job's tags (the launcher's goodput ledger, its own file in the run, has its own)
     assert {tag for r in records for tag in r} - {"step"} == {
         tag for tag in scalars if not tag.startswith("goodput/")}
 
@@ -348,10 +354,11 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
         tracker.scalars(step, {"loss": 1.0 / step})
     tracker.close()
     proc = subprocess.Popen(LAUNCH + ["tensorboard", str(run_dir)], cwd=REPO, env=env_for_tests(),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL)
+    out = Output.of(proc)
     try:
-        line = Output.of(proc).wait_for(r"^podlaunch: TensorBoard of ", 120)
+        line = out.wait_for(r"^podlaunch: TensorBoard of ", 120)
         match = re.match(r"podlaunch: TensorBoard of (\S+) at (http://localhost:\d+/) ", line)
         assert match and match.group(1) == str(run_dir / "tensorboard"), line
         with urllib.request.urlopen(match.group(2) + "data/plugin/scalars/tags", timeout=30) as reply:
@@ -367,7 +374,9 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
         assert [p[1] for p in points] == list(range(1, 3001))
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        code, text = out.finish(30)
+    # a quiet console (issue 50): TensorBoard's start-up lines and access log are in its file
+    assert code == 0 and all(line.startswith("podlaunch: ") for line in text.splitlines()), text
 
 
 def test_tensorboardx_is_imported_without_the_cloud_clients_it_would_load():
