@@ -117,7 +117,8 @@ WORKER_FILES = ("contract.py", "joining.py", "main.py")
 
 def foreign_worker():
     """Where the ``worker`` found first lies when it is not podlaunch's (a package without
-    ``WORKER_FILES``, or a ``worker.py``), else None; nothing is imported."""
+    ``WORKER_FILES``, or a ``worker.py``), else None; nothing is imported. Searched as the
+    workers search (``workdir_last``)."""
     try:
         found = importlib.util.find_spec("worker")
     except (ImportError, ValueError):
@@ -162,7 +163,16 @@ def synced(path):
     return {"manifest": text, "lstat": found}
 
 
+def workdir_last():
+    """``sys.path`` as a worker has it: workers start with ``python -P`` and search the
+    working directory last (``worker/__main__.py``), so a user's ``worker.py`` there hides
+    nothing and is never imported by the checks here; their task's module is still found."""
+    here = ("", ".", os.getcwd())
+    sys.path[:] = [p for p in sys.path if p not in here] + [os.getcwd()]
+
+
 def main(args):
+    workdir_last()
     out = {"python": platform.python_version(), "workdir": os.getcwd()}
     out.update(versions())
     out["missing_modules"] = missing(args["modules"])

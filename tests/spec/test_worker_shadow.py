@@ -71,3 +71,12 @@ def test_a_hosts_preflight_names_a_worker_that_is_not_podlaunchs(tmp_path, shado
     ssh_preflight.judge([check], job, "python3", ssh_preflight.REFUSE)
     assert check.reason.startswith(f"{shadow}/worker is a module named worker found before "
                                    "podlaunch's"), check.reason
+
+
+def test_a_worker_py_in_the_hosts_workdir_is_no_foreign_worker(tmp_path):
+    # issue 50, item 1: workers start with python -P and search the working directory last,
+    # so a user's worker.py synced there hides nothing and the host stays fit
+    here = tmp_path / "workdir"
+    here.mkdir()
+    (here / "worker.py").write_text("raise SystemExit('the user own worker.py')\n")
+    assert _preflight_facts(here, REPO)["foreign_worker"] is None
