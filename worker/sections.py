@@ -195,11 +195,12 @@ class Train(_Section):
         "checkpoint.every_steps and logging.log_every_steps must be multiples of it")
     allreduce: Literal["packed", "per_leaf"] = setting(
         "packed", doc="packed: gradients and loss averaged in one flat buffer per dtype, one "
-        "collective per step (faster across processes); per_leaf: one pmean per array, as a plain pmap script does")
+        "collective per step (faster across processes); per_leaf: one pmean per array, as a "
+        "plain pmap script does")
     parallelism: Literal["auto", "pmap", "jit"] = setting(
         "auto", doc="pmap: jax.pmap over the local devices, params replicated per device (the "
-        "classic data-parallel step); jit: jax.jit over a global Mesh of every device, the batch sharded with "
-        "NamedSharding, params replicated, the same per-device step inside (same params); auto: "
+        "classic data-parallel step); jit: jax.jit over a global Mesh of every device, the batch "
+        "sharded with NamedSharding, params replicated, the same per-device step inside (same params); auto: "
         "pmap, except jit for fused calls (steps_per_call > 1) in one process or with one device "
         "per process, where a lax.scan inside pmap ran up to 16 times slower (docs/benchmarks.md)")
     compilation_cache: bool = setting(

@@ -6,7 +6,6 @@ start-up lines) stays out of the summary's last lines. Real runs of the local ba
 from __future__ import annotations
 
 import glob
-import os
 import re
 import shutil
 

@@ -12,21 +12,18 @@ import io
 import json
 import os
 import re
-import signal
 import struct
 import subprocess
 import sys
 import termios
 import time
 import types
-import urllib.parse
-import urllib.request
 
 import numpy as np
 import pytest
 
-from harness.helpers import (LAUNCH, REPO, Output, custom_scalars_layout, env_for_tests, event_files,
-                             launch, read_plugin_data, read_scalars)
+from harness.helpers import (LAUNCH, REPO, custom_scalars_layout, env_for_tests, event_files, launch,
+                             read_plugin_data, read_scalars)
 from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
 from launcher.console import CLEAR_LINE, StatusLine
@@ -341,42 +338,6 @@ def test_a_non_finite_loss_names_its_step_and_stops_or_warns(tmp_path, mode, par
         assert [r["step"] for r in records][-1] == 40
         assert re.search(r"DIVERGED: every step ran, but the final loss is (nan|inf)", out)
         assert json.loads((run_dir / "run.json").read_text())["state"] == "diverged"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
-    from worker.tracker import make_tracker
-
-    run_dir = tmp_path / "run"
-    tracker = make_tracker(str(run_dir), 0, True)
-    for step in range(1, 3001):  # more than TensorBoard's 1,000-point reservoir keeps by default
-        tracker.scalars(step, {"loss": 1.0 / step})
-    tracker.close()
-    proc = subprocess.Popen(LAUNCH + ["tensorboard", str(run_dir)], cwd=REPO, env=env_for_tests(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL)
-    out = Output.of(proc)
-    try:
-        line = out.wait_for(r"^podlaunch: TensorBoard of ", 120)
-        match = re.match(r"podlaunch: TensorBoard of (\S+) at (http://localhost:\d+/) ", line)
-        assert match and match.group(1) == str(run_dir / "tensorboard"), line
-        with urllib.request.urlopen(match.group(2) + "data/plugin/scalars/tags", timeout=30) as reply:
-            tags = json.load(reply)
-        (name,) = tags  # one run, under a readable name (when it started), not "."
-        assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$", name), tags
-        assert "loss" in tags[name]
-        # every logged point is served: a loss spike cannot vanish into the sampling
-        query = urllib.parse.urlencode({"tag": "loss", "run": name})
-        with urllib.request.urlopen(match.group(2) + "data/plugin/scalars/scalars?" + query,
-                                    timeout=30) as reply:
-            points = json.load(reply)
-        assert [p[1] for p in points] == list(range(1, 3001))
-    finally:
-        proc.send_signal(signal.SIGINT)
-        code, text = out.finish(30)
-    # a quiet console (issue 50): TensorBoard's start-up lines and access log are in its file
-    assert code == 0 and all(line.startswith("podlaunch: ") for line in text.splitlines()), text
 
 
 def test_tensorboardx_is_imported_without_the_cloud_clients_it_would_load():
