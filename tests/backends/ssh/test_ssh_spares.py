@@ -227,11 +227,16 @@ def test_a_spare_of_other_versions_is_not_the_reference_and_the_fit_hosts_stay(
     """Host 0 gone; the spare's jax says 0.0.1 (package metadata in its workdir). The run's
     hosts set the versions, not the first host that answers: the spare is unfit and
     dropped in turn (``min_processes`` 2), the two fit hosts go on, the params are exact."""
-    metadata = tmp_path / "host3" / "jax-0.0.1.dist-info"
+    # on the hosts' PYTHONPATH as a relative folder, which the spare's workdir alone holds
+    # (the workdir itself is searched last, as the workers search it: python -P)
+    metadata = tmp_path / "host3" / "jaxmeta" / "jax-0.0.1.dist-info"
     metadata.mkdir(parents=True)
     (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: jax\nVersion: 0.0.1\n")
-    code, out = lose_host_mid_run(tmp_path, five_ssh_hosts, 0,
-                                  cluster_file(tmp_path, five_ssh_hosts, 3, spares=1),
+    cluster = cluster_file(tmp_path, five_ssh_hosts, 3, spares=1)
+    settings = yaml.safe_load(open(cluster))
+    settings["env"]["PYTHONPATH"] = os.pathsep.join(["jaxmeta", PROGRAMS, REPO])
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(settings))
+    code, out = lose_host_mid_run(tmp_path, five_ssh_hosts, 0, cluster,
                                   "--set", "restarts.min_processes=2",
                                   "--set", "train.global_batch_size=240")
     assert code == 0, out[-5000:]
