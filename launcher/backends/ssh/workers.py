@@ -321,7 +321,8 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
         files = ((placement.job_path, job_text, writer),) if written else ()
         env = {**process.env, wrapper.TOKEN_VAR: token, wrapper.ARGS_VAR: args}
         text = connection.shell_script(host.workdir, settings.setup, env, argv,
-                                       files + (script + (writer,),), written)
+                                       files + (script + (f"{writer}-p{process.process_id}",),),
+                                       written)  # a temporary per process: they start at once
         on_exit, on_line = None, _trace_fetcher(host, process.process_id, placement.run_dir,
                                                 plan.run_dir, console)
         if process.process_id == 0:
