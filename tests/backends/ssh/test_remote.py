@@ -421,12 +421,14 @@ def test_a_wrapper_killed_takes_its_worker_with_it(tmp_path):
         "pid_file": None, "run_dir": "run", "process_id": 0})
     proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, text=True,
                             env={"PATH": os.environ["PATH"]})
-    worker_pid = None
+    worker_pid, ready = None, False
     try:
-        for line in proc.stdout:  # the pgid line, then the worker's: both before the kill
+        for line in proc.stdout:  # the pgid line and the worker's, in either order (two writers)
             if line.startswith(wrapper.PGID_MARK):
                 worker_pid = int(line.split()[-1])
             elif line.strip() == "ready":
+                ready = True
+            if ready and worker_pid is not None:
                 break
         assert worker_pid is not None
         proc.kill()
