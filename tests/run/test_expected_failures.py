@@ -76,5 +76,9 @@ def test_a_checkpoint_that_cannot_be_used_is_its_sentence_once_without_gloo_chat
     logs = glob.glob(str(run_dir / "logs" / "attempt-1" / "process-*.log"))
     assert any("[Gloo]" in open(log, encoding="utf-8").read() for log in logs)  # in the logs only
     assert "Gloo" not in summary, summary
-    for log in logs:
+    # the process that failed first holds its traceback, between the markers; another may
+    # have been stopped before it met the same checkpoint (under load it was)
+    held = [log for log in logs if "Traceback" in open(log, encoding="utf-8").read()]
+    assert held, logs
+    for log in held:
         _log_holds_the_traceback(log)
