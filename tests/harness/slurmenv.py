@@ -38,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import ports
 from harness.sshenv import proc_table
 
 MUNGE_DIR = Path("/run/munge")
@@ -58,9 +59,9 @@ def _free_ports(count: int, start: int) -> list[int]:
     """``count`` consecutive TCP ports free on every address, from ``start``."""
     port = start
     while port < 60000:
-        ports = list(range(port, port + count))
-        if all(_free(p) for p in ports):
-            return ports
+        candidate = list(range(port, port + count))
+        if all(_free(p) for p in candidate):
+            return candidate
         port += count
     raise RuntimeError("no free ports for the test Slurm cluster")
 
@@ -105,10 +106,10 @@ class SlurmTestEnv:
         return env
 
     def _write_conf(self) -> None:
-        # each pytest-xdist worker its own range (as sshenv's), so two clusters starting at
+        # each checkout and pytest-xdist worker its own range (3000-15999, as sshenv's), and
+        # start() holds ports.claiming() until the daemons listen: two clusters starting at
         # once never pick the same free port
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
-        ctld_port, = _free_ports(1, 16817 + 400 * (int(worker) if worker.isdigit() else 0))
+        ctld_port, = _free_ports(1, ports.first_port(3000, 1800, 400))
         node_ports = _free_ports(self.num_nodes, ctld_port + 100)
         b = self.base
         lines = [
@@ -161,12 +162,14 @@ class SlurmTestEnv:
         if why:
             raise RuntimeError(f"SlurmTestEnv: {why}")
         try:
-            self._write_conf()
-            self._start_munge()
-            self._spawn("slurmctld", [f"{SBIN}/slurmctld", "-D", "-c", "-i", "-f", str(self.conf)])
-            for node in self.nodes:
-                self._spawn(node, [f"{SBIN}/slurmd", "-D", "-N", node, "-f", str(self.conf)])
-            self.wait_idle(timeout_s)
+            with ports.claiming():
+                self._write_conf()
+                self._start_munge()
+                self._spawn("slurmctld",
+                            [f"{SBIN}/slurmctld", "-D", "-c", "-i", "-f", str(self.conf)])
+                for node in self.nodes:
+                    self._spawn(node, [f"{SBIN}/slurmd", "-D", "-N", node, "-f", str(self.conf)])
+                self.wait_idle(timeout_s)
         except BaseException:
             self.stop()
             raise

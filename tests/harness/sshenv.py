@@ -37,11 +37,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from harness import ports
+
 SSHD = "/usr/sbin/sshd"
-# Each pytest-xdist worker (gw0, gw1, ...) looks for its sshd port in its own range, so
-# workers starting sshds at once never race for one port on the same loopback addresses.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-FIRST_PORT = 22022 + 600 * (int(_WORKER[2:]) if _WORKER[2:].isdigit() else 0)
+# Each checkout and pytest-xdist worker (gw0, gw1, ...) looks for its sshd port in its own
+# range (16000-31999), so runs starting sshds at once never race for one port on the same
+# loopback addresses (tests.harness.ports).
+FIRST_PORT = ports.first_port(16000, 2000, 500)
 # The ports of the sshds this test process started: what a test may count as its own.
 STARTED_PORTS: set = set()
 
@@ -150,12 +152,17 @@ class SshTestEnv:
         if os.geteuid() != 0:
             raise RuntimeError("SshTestEnv needs root (sshd privilege separation)")
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-        self.port = next((p for p in range(FIRST_PORT, FIRST_PORT + 500)
-                          if all(_port_free(h, p) for i, h in enumerate(self.hosts)
-                                 if i not in self.namespaces)), None)
-        if self.port is None:
-            raise RuntimeError("no port free on all loopback test addresses")
-        STARTED_PORTS.add(self.port)
+        with ports.claiming():  # until the sshds listen: no other run takes the port meanwhile
+            self.port = next((p for p in range(FIRST_PORT, FIRST_PORT + 480)
+                              if all(_port_free(h, p) for i, h in enumerate(self.hosts)
+                                     if i not in self.namespaces)), None)
+            if self.port is None:
+                raise RuntimeError("no port free on all loopback test addresses")
+            STARTED_PORTS.add(self.port)
+            self._start_all(timeout_s)
+        return self
+
+    def _start_all(self, timeout_s: float) -> None:
         pub = _keygen(Path(self.identity_file), "podlaunch-test-client")
         Path(self.authorized_keys).write_text(pub + "\n")
         for i in range(len(self.hosts)):
@@ -172,7 +179,6 @@ class SshTestEnv:
         for i in range(len(self.hosts)):
             self.start_host(i, wait=False)
         self.wait_ready(timeout_s)
-        return self
 
     def write_known_hosts(self) -> None:
         """(Re)write known_hosts from the hosts' current keys."""
