@@ -41,9 +41,9 @@ from harness import ports
 
 SSHD = "/usr/sbin/sshd"
 # Each checkout and pytest-xdist worker (gw0, gw1, ...) looks for its sshd port in its own
-# range (16000-31999), so runs starting sshds at once never race for one port on the same
+# range (16000-31359, 160 ports a worker, 4 workers a checkout), so runs starting sshds at once never race for one port on the same
 # loopback addresses (tests.harness.ports).
-FIRST_PORT = ports.first_port(16000, 2000, 500)
+FIRST_PORT = ports.first_port(16000, 640, 160)
 # The ports of the sshds this test process started: what a test may count as its own.
 STARTED_PORTS: set = set()
 
@@ -153,7 +153,7 @@ class SshTestEnv:
             raise RuntimeError("SshTestEnv needs root (sshd privilege separation)")
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         with ports.claiming():  # until the sshds listen: no other run takes the port meanwhile
-            self.port = next((p for p in range(FIRST_PORT, FIRST_PORT + 480)
+            self.port = next((p for p in range(FIRST_PORT, FIRST_PORT + 150)
                               if all(_port_free(h, p) for i, h in enumerate(self.hosts)
                                      if i not in self.namespaces)), None)
             if self.port is None:
