@@ -50,6 +50,22 @@ def literal_values(hint) -> tuple | None:
     return tuple(literals) if literals else None
 
 
+def admits(hint, value: Any) -> bool:
+    """Whether a field annotated ``hint`` may hold ``value``: its type is admitted and, where
+    only a ``Literal`` admits that type (``int | Literal["auto"]``: a string), it is one of
+    the literal's values."""
+    if not type_ok(value, allowed_types(hint)):
+        return False
+    literals = literal_values(hint)
+    if literals is None or value in literals:
+        return True
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    others = tuple(t for o in (typing.get_args(hint) if union else (hint,))
+                   if typing.get_origin(o) is not typing.Literal
+                   for t in allowed_types(o))
+    return type_ok(value, others)
+
+
 def type_ok(value: Any, allowed: tuple) -> bool:
     if isinstance(value, bool) and bool not in allowed:
         return False
@@ -58,8 +74,11 @@ def type_ok(value: Any, allowed: tuple) -> bool:
 
 def expected_type(hint) -> str:
     literals = literal_values(hint)
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    others = [o for o in (typing.get_args(hint) if union else (hint,))
+              if typing.get_origin(o) is not typing.Literal]
     if literals is not None:
-        return " or ".join(repr(v) for v in literals)
+        return " or ".join([expected_type(o) for o in others] + [repr(v) for v in literals])
     allowed = allowed_types(hint)
     return " or ".join("null" if t is type(None) else t.__name__
                        for t in allowed if t is not int or float not in allowed)
@@ -79,7 +98,6 @@ def check_fields(obj) -> None:
                 raise ContractError(f"{field.name}: expected {hint.__name__}, "
                                     f"got {describe_value(value)}")
             continue
-        literals = literal_values(hint)
-        if not type_ok(value, allowed_types(hint)) or (literals is not None and value not in literals):
+        if not admits(hint, value):
             raise ContractError(f"{field.name}: expected {expected_type(hint)}, "
                                 f"got {describe_value(value)}")

@@ -18,8 +18,7 @@ import json
 from typing import Any
 
 from worker import runfiles, sections
-from worker.fields import (ContractError, allowed_types, describe_value, expected_type, hints_of,
-                           literal_values, type_ok)
+from worker.fields import ContractError, admits, describe_value, expected_type, hints_of
 
 
 # ---- the job: job.json -----------------------------------------------------------------------
@@ -179,8 +178,7 @@ def _build(cls, d: Any, prefix: str, problems: list):
         elif dataclasses.is_dataclass(hints[name]):
             values[name] = _build(hints[name], d[name], key + ".", problems)
             ok = ok and values[name] is not None
-        elif not type_ok(d[name], allowed_types(hints[name])) or (
-                literal_values(hints[name]) is not None and d[name] not in literal_values(hints[name])):
+        elif not admits(hints[name], d[name]):
             problems.append(f"{key}: expected {expected_type(hints[name])}, got {describe_value(d[name])}")
             ok = False
         else:

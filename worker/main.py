@@ -30,19 +30,15 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     import jax
     import numpy as np
 
+    from worker import calls, metrics, parallelism
     from worker import data as datasets
-    from worker import metrics, parallelism
     from worker import tasks
     from worker.tracker import make_tracker
     from worker.train import InFlight, make_optimizer
 
-    parallel = parallelism.of(job.train.parallelism, job.train.steps_per_call,
-                              identity.num_processes, identity.local_device_count)
-
     process_id = identity.process_id
     run_dir = identity.run_dir
     num_steps, global_batch = job.train.num_steps, job.train.global_batch_size
-    k = job.train.steps_per_call
 
     cache = CompilationCache(identity.compilation_cache_dir, run_dir, job.train.compilation_cache)
     source = datasets.open_source(job.data, run_dir)
@@ -53,7 +49,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         source.num_classes = task.num_classes
     local_devices = jax.local_device_count()
     batches = datasets.Batches(source, order, process_id, identity.num_processes, local_devices,
-                               parallel.placer(k), steps_per_call=k, prefetch=job.data.prefetch)
+                               place=None, prefetch=job.data.prefetch)
     sample = batches.host_batch(0)  # shapes and dtypes (and an early check of the first rows)
     batches.close()
     weights = sample.pop(datasets.WEIGHT, None)  # padded rows: devices that do not divide the batch
@@ -68,6 +64,12 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
 
     (params, opt_state), first_step = recovery.resume(identity, job, initial_state,
                                                       order.num_batches, out, order_key)
+    k = calls.steps_per_call(job.train.steps_per_call, jax.devices()[0].platform, num_steps,
+                             first_step - 1, job.checkpoint.every_steps,
+                             calls.step_bytes(sample, params))
+    every = calls.metrics_every(k, job.logging.log_every_steps)
+    parallel = parallelism.of(job.train.parallelism, k, identity.num_processes,
+                              identity.local_device_count)
     if (first_step - 1) % k:
         raise ValueError(f"the checkpoint is at step {first_step - 1}, not a multiple of "
                          f"train.steps_per_call {k}; resume with the steps_per_call that saved it")
@@ -78,7 +80,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                                              {n: a[0] for n, a in sample.items()}))
     step_fn = parallel.make_train_step(task.batch_loss(), optimizer, with_metrics=True,
                                        steps_per_call=k, allreduce=job.train.allreduce,
-                                       metrics_fn=task.metrics_fn)
+                                       metrics_fn=task.metrics_fn, metrics_every=every)
     batches = datasets.Batches(source, order, process_id, identity.num_processes, local_devices,
                                parallel.placer(k), steps_per_call=k, prefetch=job.data.prefetch,
                                first_step=first_step - 1, num_steps=num_steps,
@@ -107,7 +109,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         in_flight = InFlight()
         logger = metrics.StepLogger(job, process_id, identity.num_processes, tracker, out,
                                     lag=in_flight.max_steps * k, steps_per_call=k,
-                                    metric_names=metric_names)
+                                    metric_names=metric_names, metrics_every=every)
 
         def dispatch(*args):
             outputs = step_fn(*args)

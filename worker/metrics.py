@@ -123,15 +123,17 @@ class StepLogger:
       gather_timeout_s: seconds process 0 waits at the end for the other
         processes' last values.
       steps_per_call: optimizer steps each call of the timed step runs
-        (``train.steps_per_call``); log steps are call boundaries, and ``lag``
-        is counted in steps.
+        (``train.steps_per_call``); ``lag`` is counted in steps.
+      metrics_every: the call's rows of metrics (``worker.train.make_train_step``), every
+        log step among them (``worker.calls.metrics_every``); default ``steps_per_call``.
     """
 
     def __init__(self, job: jobs.WorkerJob, process_id: int, num_processes: int, tracker,
                  out=print,
                  clock: Callable[[], float] = time.perf_counter, lag: int = 2,
                  read_every_s: float = 0.25, gather=None, gather_timeout_s: float = 60.0,
-                 steps_per_call: int = 1, metric_names: tuple = STEP_METRICS):
+                 steps_per_call: int = 1, metric_names: tuple = STEP_METRICS,
+                 metrics_every: int | None = None):
         logging = job.logging
         self.metric_names = tuple(metric_names)  # the step's metrics columns (a task's added)
         self.log_every = logging.log_every_steps
@@ -155,8 +157,12 @@ class StepLogger:
                                flatten(redact.masked(job.to_dict(), job.secrets)), out, clock)
         self.last_loss: float | None = None
         self.timer = StepTimer(clock, steps_per_call)
-        # Log steps dispatched, not read yet: [step, calls, times or None, step_metrics].
+        self.steps_per_call = steps_per_call
+        self.metrics_every = metrics_every or steps_per_call
+        # Log steps dispatched, not read yet: [step, calls, times or None, step_metrics, row
+        # of step_metrics, last step of its call].
         self._kept: collections.deque = collections.deque()
+        self._taken: tuple | None = None   # (calls, times) of the call timed last
         self._last_read = -float("inf")
         self._finished = 0                 # the first this many kept steps have finished (timed)
         self._stopped = False              # a non-finite loss stopped the run: log nothing after it
@@ -193,9 +199,12 @@ class StepLogger:
         Raises:
           FloatingPointError: see ``read``.
         """
-        if self.is_log_step(step):
-            self._kept.append([step, self.timer.calls, None, step_metrics])
-        while self._finished < len(self._kept) and self._kept[self._finished][0] <= step - self.lag:
+        first = step - self.steps_per_call  # the call runs steps first + 1 .. step
+        for logged in range(first + self.metrics_every, step + 1, self.metrics_every):
+            if self.is_log_step(logged):
+                row = (logged - first) // self.metrics_every - 1
+                self._kept.append([logged, self.timer.calls, None, step_metrics, row, step])
+        while self._finished < len(self._kept) and self._kept[self._finished][5] <= step - self.lag:
             self._time(self._kept[self._finished])
             self._finished += 1
         now = self.clock()
@@ -213,8 +222,11 @@ class StepLogger:
         self.timer.wait(array)
 
     def _time(self, entry: list) -> None:
-        """Set ``entry``'s (step_time_s, own_step_time_s) from the interval since the mark."""
-        entry[2] = self.timer.take(entry[1])
+        """Set ``entry``'s (step_time_s, own_step_time_s) from the interval since the mark; the
+        log steps of one call share its times (it is timed as a whole)."""
+        if self._taken is None or self._taken[0] != entry[1]:
+            self._taken = (entry[1], self.timer.take(entry[1]))
+        entry[2] = self._taken[1]
 
     def flush(self) -> None:
         """Read every kept log step, waiting for it (before a checkpoint, a task's hook)."""
@@ -282,12 +294,13 @@ class StepLogger:
                 self.wait(entry[3])  # waiting for the device: not host work
                 self._time(entry)
         start = self.clock()
-        fetched = jax.device_get([step_metrics for _, _, _, step_metrics in kept])
+        arrays = {id(entry[3]): entry[3] for entry in kept}  # a call's log steps share one
+        fetched = dict(zip(arrays, jax.device_get(list(arrays.values()))))
         records, lines, error = [], [], None
-        for (step, _, (step_time_s, own_step_time_s), _), rows in zip(kept, fetched):
-            # device 0's row (of a fused call: its last step's)
+        for step, _, (step_time_s, own_step_time_s), step_metrics, row, _ in kept:
+            rows = fetched[id(step_metrics)]  # device 0's rows (of a fused call: log steps')
             values = dict(zip(self.metric_names,
-                              map(float, rows[0].reshape(-1, len(self.metric_names))[-1])))
+                              map(float, rows[0].reshape(-1, len(self.metric_names))[row])))
             loss_value = values["loss"]
             self.last_loss = loss_value
             lines.append(contract.PROGRESS_FORMAT.format(

@@ -188,11 +188,14 @@ class Train(_Section):
     global_batch_size: int = setting(check=positive,
                                      doc="examples per step over all devices; must divide by device_count")
     seed: int = setting(0, check=_seed, doc="seed of the parameter initialisation")
-    steps_per_call: int = setting(
-        1, check=in_range(1, 100000),
-        doc="optimizer steps per device call (a lax.scan inside the mapped step): small steps "
-        "are dispatch-bound, so k > 1 runs faster with the same params; num_steps, "
-        "checkpoint.every_steps and logging.log_every_steps must be multiples of it")
+    steps_per_call: int | Literal["auto"] = setting(
+        "auto", check=lambda v: None if v == "auto" else in_range(1, 100000)(v),
+        doc="optimizer steps per device call (a loop on the device, traced once): small steps "
+        "are dispatch-bound, so k > 1 runs faster with the same params; num_steps and "
+        "checkpoint.every_steps must be multiples of it; log steps may fall inside a call. "
+        "auto: 1 on CPU devices (every step its own call, for debugging), else the largest "
+        "divisor of num_steps and checkpoint.every_steps up to 1,000 whose call is estimated "
+        "at under 0.1 s (worker/calls.py)")
     allreduce: Literal["packed", "per_leaf"] = setting(
         "packed", doc="packed: gradients and loss averaged in one flat buffer per dtype, one "
         "collective per step (faster across processes); per_leaf: one pmean per array, as a "

@@ -54,7 +54,8 @@ def batch_sharded(axis: int = 0) -> NamedSharding:
 
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
                     with_metrics: bool = False, steps_per_call: int = 1,
-                    allreduce: str = "packed", metrics_fn: Callable | None = None) -> Callable:
+                    allreduce: str = "packed", metrics_fn: Callable | None = None,
+                    metrics_every: int | None = None) -> Callable:
     """Build the jitted step; arguments and results as ``worker.train.make_train_step``'s,
     with global arrays in place of per-device stacks.
 
@@ -69,8 +70,8 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
     equal on every device).
 
     Args:
-      loss_fn, optimizer, with_metrics, steps_per_call, allreduce, metrics_fn: as
-        ``worker.train.make_train_step``.
+      loss_fn, optimizer, with_metrics, steps_per_call, allreduce, metrics_fn, metrics_every:
+        as ``worker.train.make_train_step``.
 
     Args (of the returned function, k = 1), global arrays:
       params, opt_state: replicated pytrees (``replicate``), donated.
@@ -82,9 +83,10 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
 
     Returns:
       New params and opt_state (replicated), loss (a replicated float32 scalar;
-      ``[k]`` for k > 1) and, with ``with_metrics``, this process's first
-      device's copy of the metrics, ``[1, 3 + M]`` float32 (``[1, k, 3 + M]``
-      for k > 1, columns ``worker.metrics.STEP_METRICS`` then ``metrics_fn``'s):
+      ``[R]`` for k > 1) and, with ``with_metrics``, this process's first
+      device's copy of the metrics, ``[1, 3 + M]`` float32 (``[1, R, 3 + M]``
+      for k > 1, R = k / metrics_every; columns ``worker.metrics.STEP_METRICS``
+      then ``metrics_fn``'s):
       the layout ``pmap`` gives with one local device, so ``worker.metrics``
       reads either with one transfer (a global array spanning other processes
       cannot be fetched).
@@ -93,7 +95,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
       ValueError: ``allreduce`` is neither ``per_leaf`` nor ``packed``.
     """
     per_device = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics,
-                               steps_per_call, metrics_fn)
+                               steps_per_call, metrics_fn, metrics_every)
     devices = mesh().size
     rows = 0 if steps_per_call == 1 else 1  # the batch rows' axis (1: after the window's)
 

@@ -71,7 +71,8 @@ def packed_pmean(tree: Any, axis_name: str = AXIS) -> Any:
 
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
                     with_metrics: bool = False, steps_per_call: int = 1,
-                    allreduce: str = "per_leaf", metrics_fn: Callable | None = None) -> Callable:
+                    allreduce: str = "per_leaf", metrics_fn: Callable | None = None,
+                    metrics_every: int | None = None) -> Callable:
     """Build the pmapped step ``(params, opt_state, batch) -> (params, opt_state, loss[, metrics])``.
 
     Args:
@@ -89,6 +90,9 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
         ``metrics_fn``, e.g. accuracy) on the params before the update,
         averaged over every device like the loss; appended to ``metrics`` in
         the dict's order.
+      metrics_every: with k > 1, the call's steps whose loss and metrics are returned:
+        every ``metrics_every``-th (a divisor of k; default k, the last step only).
+        Nothing is kept of the steps between (``worker.calls.metrics_every``).
 
     Args (of the returned function, k = 1), each with a leading ``[local_device_count]`` axis:
       params, opt_state: replicated pytrees (float32).
@@ -107,14 +111,15 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
       ``optax.global_norm``, of the averaged gradient and of the updated params)
       then the M values of ``metrics_fn``; equal on every device. One array, so
       a log step is read back with one device-to-host transfer.
-      With k > 1, loss is ``[local_device_count, k]`` and metrics
-      ``[local_device_count, k, 3 + M]``: every step's values, in step order.
+      With k > 1, loss is ``[local_device_count, R]`` and metrics
+      ``[local_device_count, R, 3 + M]``, R = k / metrics_every: the values of steps
+      ``metrics_every``, ``2 * metrics_every``, ..., k of the call, in step order.
 
     Raises:
       ValueError: ``allreduce`` is neither ``per_leaf`` nor ``packed``.
     """
     step = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics, steps_per_call,
-                         metrics_fn)
+                         metrics_fn, metrics_every)
     return jax.pmap(step, axis_name=AXIS, donate_argnums=(0, 1))
 
 
@@ -139,21 +144,26 @@ def averaging(allreduce: str) -> Callable[[tuple], tuple]:
 
 def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
                   average: Callable[[tuple], tuple], with_metrics: bool = False,
-                  steps_per_call: int = 1, metrics_fn: Callable | None = None) -> Callable:
+                  steps_per_call: int = 1, metrics_fn: Callable | None = None,
+                  metrics_every: int | None = None) -> Callable:
     """The step before it is mapped: ``make_train_step``'s (pmap) and ``worker.sharded``'s (jit).
 
     Args:
-      loss_fn, optimizer, with_metrics, steps_per_call, metrics_fn: as ``make_train_step``.
+      loss_fn, optimizer, with_metrics, steps_per_call, metrics_fn, metrics_every: as
+        ``make_train_step``.
       average: ``(grads, loss, extra) -> the same`` averaged over every device
         (``averaging``: ``pmean`` over ``AXIS``, which ``pmap`` and
         ``worker.sharded``'s ``vmap`` both name).
 
     Returns:
       ``(params, opt_state, batch) -> (params, opt_state, loss[, metrics])`` for
-      k = 1, or ``(params, opt_state, window, first)`` running k steps in one
-      ``lax.scan`` (window: batches along axis 0 of every array; ``first``: an
-      int32 scalar), whose loss and metrics gain a leading ``[k]`` axis; shapes
-      are one device's.
+      k = 1, or ``(params, opt_state, window, first)`` running k steps on the device
+      (window: batches along axis 0 of every array; ``first``: an int32 scalar), whose
+      loss and metrics gain a leading ``[k / metrics_every]`` axis, a row for every
+      ``metrics_every``-th step of the call; shapes are one device's.
+
+    Raises:
+      ValueError: ``metrics_every`` does not divide ``steps_per_call``.
     """
     def train_step(params, opt_state, batch):
         if WEIGHT in batch:
@@ -176,21 +186,35 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
 
     if steps_per_call == 1:
         return train_step
+    every = metrics_every or steps_per_call
+    if steps_per_call % every:
+        raise ValueError(f"metrics_every {every} does not divide steps_per_call {steps_per_call}")
+    # The steps between two rows return nothing: on a TPU v5e any value kept per step (a
+    # loss in the scan's output) cost the 256 x 4 step 15-60% of its rate (docs/tpu.md)
+    bare_step = step_function(loss_fn, optimizer, average) if with_metrics else train_step
 
     def fused_steps(params, opt_state, window, first):
         size = jax.tree_util.tree_leaves(window)[0].shape[0]
 
-        def body(carry, i):
+        def batch_at(i):
+            if size == 1:  # resident data of one batch: no index, no copy of it
+                return jax.tree.map(lambda a: a[0], window)
             index = (first + i) % size
-            batch = jax.tree.map(
+            return jax.tree.map(
                 lambda a: jax.lax.dynamic_index_in_dim(a, index, axis=0, keepdims=False), window)
-            params, opt_state = carry
-            params, opt_state, *per_step = train_step(params, opt_state, batch)
-            return (params, opt_state), tuple(per_step)
 
-        (params, opt_state), per_step = jax.lax.scan(
-            body, (params, opt_state), jnp.arange(steps_per_call, dtype=jnp.int32))
-        return (params, opt_state, *per_step)
+        def bare(i, carry):
+            return bare_step(*carry, batch_at(i))[:2]
+
+        def row(carry, r):
+            last = (r + 1) * every - 1  # the row's step, 0-based within the call
+            carry = jax.lax.fori_loop(last - every + 1, last, bare, carry)
+            params, opt_state, *per_row = train_step(*carry, batch_at(last))
+            return (params, opt_state), tuple(per_row)
+
+        (params, opt_state), per_row = jax.lax.scan(
+            row, (params, opt_state), jnp.arange(steps_per_call // every, dtype=jnp.int32))
+        return (params, opt_state, *per_row)
 
     return fused_steps
 

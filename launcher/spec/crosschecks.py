@@ -30,14 +30,13 @@ def check_job(spec, raw: dict, ctx: schema.Context):
                   f"{train.global_batch_size} does not divide evenly over device_count "
                   f"{spec.device_count} ({plural(spec.num_processes, 'process')} x "
                   f"{plural(spec.local_device_count, 'device')}); use a multiple of {spec.device_count}")
-    k = train.steps_per_call
+    k = train.steps_per_call  # auto: the worker picks a divisor of both (worker.calls)
     for key, value in ((("train", "num_steps"), train.num_steps),
-                       (("checkpoint", "every_steps"), spec.checkpoint.every_steps),
-                       (("logging", "log_every_steps"), spec.logging.log_every_steps)):
-        if value % k:
+                       (("checkpoint", "every_steps"), spec.checkpoint.every_steps)):
+        if k != "auto" and value % k:
             ctx.error(key, f"{value} is not a multiple of train.steps_per_call {k} (steps run "
-                      f"{k} to a device call, and are logged, saved and ended at call "
-                      f"boundaries); use a multiple of {k}")
+                      f"{k} to a device call, and are saved and ended at call boundaries); use "
+                      f"a multiple of {k}, or train.steps_per_call: auto")
     raw_data = raw.get("data") or {}
     if data.resident and data.shuffle:
         ctx.error(("data", "resident"), "cannot be used with data.shuffle: true (every epoch's "

@@ -148,6 +148,16 @@ def convert(tp: Any, value: Any, path: tuple, ctx: Context) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        literal = next((a for a in inner if typing.get_origin(a) is Literal), None)
+        if literal is not None and len(inner) > 1:  # int | Literal["auto"]: a word, or the other
+            if isinstance(value, str):
+                if value in typing.get_args(literal):
+                    return value
+                others = " or ".join(_expected(a) for a in inner if a is not literal)
+                ctx.error(path, f"expected {others} or one of "
+                          f"{', '.join(map(str, typing.get_args(literal)))}, got {describe(value)}")
+                return MISSING
+            inner = [a for a in inner if a is not literal]
         return convert(inner[0], value, path, ctx)
     if value is None:
         ctx.error(path, f"expected {_expected(tp)}, got null; remove the key to use the default")

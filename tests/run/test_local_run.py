@@ -369,3 +369,30 @@ def test_fused_steps_the_packed_all_reduce_and_jit_give_the_same_params(tmp_path
     for variant, params in finals.items():
         for got, want in zip(params, finals[(1, "per_leaf", "pmap")]):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, err_msg=str(variant))
+
+
+def test_log_steps_inside_a_fused_call_are_logged_with_their_own_values(tmp_path):
+    # log steps need not be call boundaries: a call of 10 steps keeps a row of metrics every
+    # gcd(10, 4) = 2 steps, and each log step (4, 8, ..., 28, and the last, 30) is logged from
+    # its own row, with k=1's values; params and checkpoints as k=1's
+    logged, finals = {}, {}
+    for k, parallelism in [(1, "pmap"), (10, "pmap"), (10, "jit")]:
+        run_dir = tmp_path / f"k{k}-{parallelism}"
+        result = launch("jobs/linear.yaml", "--run-dir", str(run_dir),
+                        "--set", "train.num_steps=30", "--set", "data.num_examples=1024",
+                        "--set", f"train.steps_per_call={k}", "--set", f"train.parallelism={parallelism}",
+                        "--set", "logging.log_every_steps=4", "--set", "checkpoint.every_steps=10")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        scalars = read_scalars(str(run_dir / "tensorboard"))
+        assert [s for s, _ in scalars["loss"]] == [4, 8, 12, 16, 20, 24, 28, 30]
+        assert [s for s, _ in scalars["step_time_s/process_001"]] == [4, 8, 12, 16, 20, 24, 28, 30]
+        assert all(v > 0 for _, v in scalars["step_time_s/process_000"])
+        logged[k, parallelism] = {n: [v for _, v in scalars[n]] for n in ("loss", "grad_norm", "param_norm")}
+        finals[k, parallelism] = read_params(run_dir)
+        assert sorted(os.listdir(run_dir / "checkpoints")) == ["step-0000010", "step-0000020",
+                                                               "step-0000030"]
+    for variant in [(10, "pmap"), (10, "jit")]:
+        for name, values in logged[variant].items():
+            np.testing.assert_allclose(values, logged[1, "pmap"][name], rtol=1e-5, err_msg=name)
+        for got, want in zip(finals[variant], finals[1, "pmap"]):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, err_msg=str(variant))

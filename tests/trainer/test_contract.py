@@ -141,7 +141,7 @@ def test_a_real_spec_round_trips_through_job_json(tmp_path):
     job = linear_job()
     assert job.name == "linear"
     assert job.train == jobs.TrainConfig(num_steps=100, global_batch_size=256, seed=0,
-                                            steps_per_call=1, allreduce="packed",
+                                            steps_per_call="auto", allreduce="packed",
                                             parallelism="auto", compilation_cache=True)
     assert job.optimizer.learning_rate == 0.1 and job.optimizer.momentum is None
     assert job.data.noise_std == 0.1 and job.data.path is None

@@ -1,0 +1,51 @@
+"""``train.steps_per_call: auto`` (worker.calls): how many steps a device call runs."""
+
+import math
+
+import numpy as np
+import pytest
+
+from worker import calls
+
+
+def test_auto_is_one_step_a_call_on_cpu_devices_and_a_number_is_used_as_given():
+    assert calls.steps_per_call("auto", "cpu", 30000, 0, 0, 1024) == 1
+    assert calls.steps_per_call(7, "tpu", 70, 0, 0, 10**9) == 7
+
+
+@pytest.mark.parametrize("num_steps, done, every, want", [
+    (30000, 0, 0, 1000),      # the linear job on a chip: the cap
+    (100, 0, 1000, 100),      # jobs/linear.yaml: the whole run, one call
+    (30000, 5000, 0, 1000),   # resumed at a boundary of the same choice
+    (30000, 1234, 0, 2),      # resumed elsewhere: calls still end on the checkpoint step
+    (997, 0, 0, 997),         # a prime number of steps under the cap
+    (1009, 0, 0, 1),          # a prime above it: one step a call
+    (3000, 0, 250, 250),
+])
+def test_auto_on_a_chip_is_the_largest_common_divisor_under_the_cap(num_steps, done, every, want):
+    k = calls.steps_per_call("auto", "tpu", num_steps, done, every, 4096)
+    assert k == want
+    assert num_steps % k == 0 and done % k == 0 and (every == 0 or every % k == 0)
+
+
+def test_auto_keeps_a_large_step_call_short():
+    # 65,536 x 256 float32 rows a step (64 MiB): estimated at 0.84 ms, so at most 119 steps
+    step = calls.step_bytes({"x": np.zeros((65536, 256), np.float32),
+                             "y": np.zeros((65536, 1), np.float32)},
+                            (np.zeros((256, 1), np.float32), np.zeros((1,), np.float32)))
+    assert step == 65536 * 257 * 4 + 3 * 257 * 4
+    k = calls.steps_per_call("auto", "tpu", 3000, 0, 0, step)
+    assert k == 100  # the largest divisor of 3000 under the cap
+    estimate_s = calls.STEP_OVERHEAD_S + step / calls.ASSUMED_BYTES_PER_S
+    assert k * estimate_s <= calls.CALL_TARGET_S < (k + 20) * estimate_s * 1.2
+    # a step estimated above the target: one step a call
+    assert calls.steps_per_call("auto", "gpu", 3000, 0, 0, 10**10) == 1
+
+
+def test_log_steps_are_rows_of_the_call():
+    assert calls.metrics_every(10, 4) == 2
+    assert calls.metrics_every(1000, 100) == 100
+    assert calls.metrics_every(100, 1000) == 100
+    for k, log_every in [(10, 4), (12, 8), (1000, 7)]:
+        every = calls.metrics_every(k, log_every)
+        assert k % every == 0 and math.lcm(every, log_every) == log_every
