@@ -17,7 +17,7 @@ import hashlib
 import os
 from pathlib import Path
 
-CHECKOUT_SLOTS = 24  # checkouts whose ranges differ; two may share one (the lock still holds)
+CHECKOUT_SLOTS = 32  # checkouts whose ranges differ; two may share one (the lock still holds)
 LOCK_PATH = Path("/tmp/podlaunch-test-ports.lock")
 
 
@@ -28,7 +28,8 @@ def checkout_slot() -> int:
 
 
 def xdist_worker() -> int:
-    """This pytest-xdist worker's number (gw3 -> 3), 0 without xdist."""
+    """This pytest-xdist worker's number (gw3 -> 3), 0 without xdist; at most 9 (.ci/run
+    runs gw0-gw2, and gw5 and gw7 for its Slurm and newest-end sessions)."""
     name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
     return int(name) if name.isdigit() else 0
 

@@ -106,10 +106,10 @@ class SlurmTestEnv:
         return env
 
     def _write_conf(self) -> None:
-        # each checkout and pytest-xdist worker its own range (3000-15479, 130 ports a worker, 4 workers a checkout, as sshenv's), and
+        # each checkout its own range (3000-15799, 400 ports, shared by its workers), and
         # start() holds ports.claiming() until the daemons listen: two clusters starting at
         # once never pick the same free port
-        ctld_port, = _free_ports(1, ports.first_port(3000, 520, 130))
+        ctld_port, = _free_ports(1, ports.first_port(3000, 400, 0))
         node_ports = _free_ports(self.num_nodes, ctld_port + 100)
         b = self.base
         lines = [

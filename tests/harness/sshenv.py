@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import signal
 import socket
@@ -41,9 +42,9 @@ from harness import ports
 
 SSHD = "/usr/sbin/sshd"
 # Each checkout and pytest-xdist worker (gw0, gw1, ...) looks for its sshd port in its own
-# range (16000-31359, 160 ports a worker, 4 workers a checkout), so runs starting sshds at once never race for one port on the same
+# range (16000-31999: 50 ports a worker, 10 workers a checkout), so runs starting sshds at once never race for one port on the same
 # loopback addresses (tests.harness.ports).
-FIRST_PORT = ports.first_port(16000, 640, 160)
+FIRST_PORT = ports.first_port(16000, 500, 50)
 # The ports of the sshds this test process started: what a test may count as its own.
 STARTED_PORTS: set = set()
 
@@ -153,7 +154,8 @@ class SshTestEnv:
             raise RuntimeError("SshTestEnv needs root (sshd privilege separation)")
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         with ports.claiming():  # until the sshds listen: no other run takes the port meanwhile
-            self.port = next((p for p in range(FIRST_PORT, FIRST_PORT + 150)
+            self.port = next((p for p in itertools.chain(range(FIRST_PORT, FIRST_PORT + 50),
+                                                         range(16000, 32000))
                               if all(_port_free(h, p) for i, h in enumerate(self.hosts)
                                      if i not in self.namespaces)), None)
             if self.port is None:
