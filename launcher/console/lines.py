@@ -99,6 +99,18 @@ def is_noise(line: str) -> bool:
     return match is not None and not (line[:match.start()] + line[match.end():]).strip()
 
 
+# A C++ library's own log line (glog/absl format: F1206 05:04:52.109590  12747 client.h:80] ...;
+# any severity) and the RPC line JAX's coordination client prints after its fatal one
+_LIBRARY_LOG_RE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?:\s+\d+)?\s+[\w.\-/]+:\d+\] "
+                             r"|^RPC: /tensorflow\.")
+
+
+def is_library_log(line: str) -> bool:
+    """Whether ``line`` is a C++ library's own log line (XLA, TSL, JAX's coordination
+    client): what a summary leaves in the log where the launcher says the cause itself."""
+    return _LIBRARY_LOG_RE.match(line) is not None
+
+
 def split_glued(line: str) -> list:
     """``line`` split back into the lines two threads wrote into it (usually ``[line]``).
 

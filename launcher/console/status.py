@@ -172,10 +172,17 @@ def summary(result: Result) -> str:
         lines.append(f"FAILED: process_id {first.plan.process_id} on {first.plan.host} "
                      f"({first.exit}) {step}; it failed first.")
         lines.append(f"last lines of {first.plan.log_path}:")
-        # library chatter (gloo's start-up lines) is in the log; the tail is the worker's words
-        lines += [f"  | {line}" for line in first.tail if not kinds.is_noise(line)] \
-            or ["  | (no output)"]
-        said = explain.meaning(first.tail)
+        # library chatter (gloo's start-up lines) is in the log; the tail is the worker's words.
+        # A join that timed out waiting for a process that never began joining is said below
+        # in our words: JAX's own fatal lines on it stay in the log too.
+        late = _never_joined(result.processes, first.joining_timeout_s) \
+            if first.failed_to_join else []
+        shown = [line for line in first.tail
+                 if not kinds.is_noise(line) and not (late and kinds.is_library_log(line))]
+        lines += [f"  | {line}" for line in shown] or ["  | (no output)"]
+        if late and len(shown) < len(first.tail):
+            lines.append("  | (JAX's own lines on the timed-out join are in the log)")
+        said = None if late else explain.meaning(first.tail)
         if said:
             lines.append(f"  what it usually means: {said}")
         for t in result.processes:  # the others' library texts, read once each
@@ -183,8 +190,7 @@ def summary(result: Result) -> str:
                 other = explain.meaning(t.tail)
                 if other:
                     lines.append(f"p{t.plan.process_id} on {t.plan.host} ({t.exit}): {other}")
-        if first.failed_to_join:
-            lines += _never_joined(result.processes, first.joining_timeout_s)
+        lines += late
     elif result.interrupted:
         lines.append("INTERRUPTED: every process was stopped.")
     lines += result.stacks  # read before the teardown (launcher.run.stacks)

@@ -272,3 +272,28 @@ def test_a_cascade_of_three_is_read_from_its_cause_not_from_a_consequence(order)
     arrived = [ends[i] for i in order]
     verdict = classes.classify(Result(arrived, arrived[0], False, 1.0))
     assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 2, verdict
+
+
+def test_a_join_timed_out_on_a_late_process_shows_our_sentence_not_jaxs_fatal_lines():
+    # issue 50.5: the summary's last lines held JAX's fatal line and its RPC line; where a
+    # process never began joining the launcher says the cause itself, and JAX's lines stay in
+    # the log. A join that fails with every process in time keeps them (they are the cause).
+    from launcher.console import status
+
+    def waited():
+        t = _joining(0, 0.0, Killed(signal.SIGABRT))
+        t.tail = collections.deque(["joining the coordinator at 10.0.0.1:8476 (initialization_timeout_s 10)",
+                                    COORDINATION_ABORT, "RPC: /tensorflow.CoordinationService/RegisterTask"])
+        return t
+
+    first = waited()
+    text = status.summary(Result([first, _joining(1, None, Killed(signal.SIGTERM), State.STOPPED)],
+                                 first, False, 11.0))
+    block = text[text.index("FAILED: "):text.index("process  host")]
+    assert "Terminating process" not in block and "RPC: /tensorflow" not in block, block
+    assert "  | joining the coordinator at 10.0.0.1:8476" in block
+    assert "(JAX's own lines on the timed-out join are in the log)" in block
+    assert "process_id 1 on h1 never began joining the coordinator" in block
+    first = waited()
+    text = status.summary(Result([first, _joining(1, 0.5, Killed(signal.SIGABRT))], first, False, 11.0))
+    assert "Terminating process" in text[text.index("FAILED: "):text.index("process  host")]
