@@ -133,6 +133,9 @@ class Console:
         if process_id == 0:  # launcher.log keeps process 0's lines: a detached run's log
             self._log_text(f"[{label}] {text}\n")
         notable = self._attention.setdefault(process_id, kinds.Attention())(text)
+        hidden_process = self.show is not None and process_id not in self.show
+        if notable and hidden_process and kinds.is_consequence_chatter(text):
+            notable = False  # another process's failure, retold by JAX in every other process
         shown, failure = True, text.startswith(FAILURE_HEADS)
         if notable or failure:  # a copy of a line another process said (every process's
             # "failed at step 9: loss is inf") is said once
@@ -200,6 +203,9 @@ class Console:
             if t.plan.process_id in self._same_failure:  # its sentence was said for another
                 self.say(f"{t.plan.label} failed too ({t.exit}), with the same words (its log: "
                          f"{t.plan.log_path})")
+                continue
+            kept = [(label, text) for label, text in kept if not kinds.is_consequence_chatter(text)]
+            if not kept:
                 continue
             self.say(f"{t.plan.label} failed too ({t.exit}); its last "
                      f"{plural(len(kept), 'line')} not shown above (all in {t.plan.log_path}):")

@@ -111,6 +111,22 @@ def is_library_log(line: str) -> bool:
     return _LIBRARY_LOG_RE.match(line) is not None
 
 
+_CONSEQUENCE_WORDS = ("coordination service", "CoordinationService", "preemption",
+                      "Socket closed", "another task died", "Polled an error")
+_GRPC_CONTINUATION = ("Additional GRPC error information", ":UNKNOWN:Error received from peer")
+
+
+def is_consequence_chatter(line: str) -> bool:
+    """Whether ``line`` is JAX's coordination client saying, in its own log format, that a
+    peer or the coordination service went away (the glog line and the gRPC lines after it):
+    what every other process prints when one fails. The console shows it only for the
+    processes ``--show`` names (the log keeps it; a process that fails of it is summarised
+    as a consequence: ``launcher.console.explain``)."""
+    if line.startswith(_GRPC_CONTINUATION):
+        return True
+    return is_library_log(line) and any(word in line for word in _CONSEQUENCE_WORDS)
+
+
 def split_glued(line: str) -> list:
     """``line`` split back into the lines two threads wrote into it (usually ``[line]``).
 

@@ -179,6 +179,45 @@ def test_the_default_view_shows_each_step_once_no_noise_and_every_process_s_warn
     assert [t.last_step for t in result.processes] == [20, 20, 20]
 
 
+JAX_RETELLS = [  # what JAX 0.9's coordination client prints in every other process when one ends
+    "W1206 05:10:06.045743     643 preemption_sync_manager.cc:149] Failed to retrieve preemption "
+    "notice from coordination service: UNAVAILABLE: Socket closed",
+    "Additional GRPC error information from remote target coordination_service while calling "
+    "/tensorflow.CoordinationService/GetKeyValue:",
+    ':UNKNOWN:Error received from peer  {grpc_message:"Socket closed", grpc_status:14}. This is '
+    "only expected if one of the tasks is unhealthy.",
+    "E1206 05:10:06.045816     643 coordination_service_agent.cc:286] Polled an error from "
+    "coordination service (this can be an error from this or another task).",
+    "F1206 05:10:06.045821     643 client.h:80] Terminating process because the JAX distributed "
+    "service detected fatal errors. This most likely indicates that another task died"]
+
+
+def test_jax_retelling_another_process_s_failure_is_left_in_the_log(tmp_path):
+    # issue 50.5: bad data in p0 printed its one sentence, then p1's 9 lines of JAX's
+    # coordination client saying p0 went away; those stay in p1's log (and in the view of a
+    # process --show names), while p1's own warnings still show
+    assert all(kinds.is_consequence_chatter(line) for line in JAX_RETELLS)
+    assert not kinds.is_consequence_chatter("E1206 05:10:06.045816   643 gpu.cc:1] out of memory")
+    assert not kinds.is_consequence_chatter("warning: the coordination service is slow")
+    run = Run(tmp_path)
+    run.worker(lines=[(0.1, "worker: data error: /d.npy: row 37 (0-based), column 3: nan is not a "
+                            "finite number; data must be finite (fix or drop the row) [data]")],
+               exit=Exited(5), exit_at=0.2)
+    run.worker(lines=[(0.05, "warning: p1's own warning")]
+               + [(0.21 + i / 100, line) for i, line in enumerate(JAX_RETELLS)],
+               exit=Exited(1), exit_at=0.4)
+    run.supervise()
+    shown = run.out.getvalue()
+    assert "[p1] warning: p1's own warning" in shown
+    assert not any(line[:40] in shown for line in JAX_RETELLS), shown
+    assert run.log(1)[1:] == JAX_RETELLS  # every line still in the log
+    (tmp_path / "all").mkdir()
+    everything = Run(tmp_path / "all", show=None)
+    everything.worker(lines=[(0.21, line) for line in JAX_RETELLS], exit=Exited(1), exit_at=0.4)
+    everything.supervise()
+    assert JAX_RETELLS[0] in everything.out.getvalue()
+
+
 def test_a_hidden_process_that_fails_shows_its_traceback_and_the_others_their_last_lines(tmp_path):
     run = Run(tmp_path)
     run.worker(lines=[(0.1, progress(10))], on_term="exit")
