@@ -607,8 +607,10 @@ def test_launch_profile_reaches_every_task_through_the_shared_run_directory(slur
                                                                             tmp_path, reference_params):
     # the request is a file in the run directory the nodes share (SlurmWorker.request_profile)
     run_dir = tmp_path / "run"
+    # 0.2 s a step: the request must land before the run ends (at 0.05 s, 90 steps left were
+    # 4.5 s, less than `launch profile` took under two CI runs at once: steps 97-100, too late)
     proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),
-                 *PROFILED, *SLOW_PROCESS_0)
+                 *PROFILED, *SLOW_PROCESS_0, "--set", "task.args.sleep_s=0.2")
     lines: list = []
     read_until(proc, r"\[p0 n1\] step 10/100", lines, timeout_s=120)
     asked = subprocess.run(LAUNCH + ["profile", str(run_dir), "--steps", "4"], cwd=REPO,

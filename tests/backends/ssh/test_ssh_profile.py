@@ -17,6 +17,9 @@ from harness.served import check_served
 from worker import profiling
 
 SLOW = (*SLOW_PROCESS_0, "--set", "checkpoint.local_every_steps=0")  # reference_params()'s params
+# a live request must land before the run ends: `launch profile` itself took more than the 70
+# steps' 3.5 s left at 0.05 s a step under two CI runs at once (asked steps 98-100, too late)
+SLOWER = ("--set", "task.args.sleep_s=0.2")
 
 
 @pytest.mark.slow
@@ -24,7 +27,7 @@ def test_traces_from_every_host_come_back_and_a_live_request_reaches_each(tmp_pa
                                                                           reference_params):
     run_dir = tmp_path / "run"
     with launched("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, two_ssh_hosts), *SLOW,
-                  "--set", "profile.start_step=20", "--set", "profile.num_steps=6",
+                  *SLOWER, "--set", "profile.start_step=20", "--set", "profile.num_steps=6",
                   "--run-dir", str(run_dir)) as out:
         out.wait_for(r"profile steps_20-25: 2 traces in ", 120)
         out.wait_for(r"\[p0 [^]]+\] step 30/100", 120)
