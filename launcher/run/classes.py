@@ -175,8 +175,14 @@ def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
             "no proxy is forced on the workers (podlaunch adds the coordinator to no_proxy; a "
             "setup line that resets it undoes that)"))
     explained = causes.said(t.tail) if isinstance(ended, Exited) else None
+    diverged = _nonfinite_loss(t.tail) if isinstance(ended, Exited) else None
     if explained is not None:  # the worker's own words decide (worker.causes)
         failure_class, what = _explained(ended, *explained)
+    elif diverged is not None:  # the worker's own words too: its loss stopped the run
+        failure_class, what = FailureClass.PROGRAM, (
+            f"exited with code {ended.code}, a loss that is no longer a number, which a restart "
+            f"from the last checkpoint repeats: {diverged}; lower optimizer.learning_rate or "
+            "look at the data of the steps before it")
     else:
         failure_class, what = _class_of(ended, retry_exit_codes)
     said = [line for line in t.tail if line.startswith(notice.PREFIX)]
@@ -193,6 +199,15 @@ _EXPLAINED = {
     causes.DATA: (FailureClass.PROGRAM, "bad data that a restart reads again"),
     causes.DISK_FULL: (FailureClass.FINAL, "a full disk that a restart finds full again"),
 }
+
+
+def _nonfinite_loss(tail) -> str | None:
+    """The worker's words when a non-finite loss stopped it (``worker.metrics``: a
+    ``FloatingPointError`` in its ``failed at step N`` line), or None."""
+    for line in reversed(list(tail)):
+        if line.startswith(contract.FAILED_PREFIX) and ": FloatingPointError: " in line:
+            return line.split(": FloatingPointError: ", 1)[1].split(" (logging.", 1)[0]
+    return None
 
 
 def _explained(ended: Exited, cause: str, text: str) -> tuple:

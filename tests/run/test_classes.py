@@ -297,3 +297,15 @@ def test_a_join_timed_out_on_a_late_process_shows_our_sentence_not_jaxs_fatal_li
     first = waited()
     text = status.summary(Result([first, _joining(1, 0.5, Killed(signal.SIGABRT))], first, False, 11.0))
     assert "Terminating process" in text[text.index("FAILED: "):text.index("process  host")]
+
+
+def test_a_loss_that_stopped_the_run_is_said_in_its_own_words_not_as_a_python_error():
+    # issue 50.4: a non-finite loss was filed as "a Python error in the job"
+    stopped = ("failed at step 10: FloatingPointError: loss is nan at step 10 "
+               "(logging.on_nonfinite_loss: stop; set it to warn to keep going)")
+    verdict = classes.classify(result(tracked(1, Exited(1), ["step 10/100 loss nan", stopped])))
+    assert verdict.failure_class is FailureClass.PROGRAM and verdict.process_id == 1
+    assert "loss is nan at step 10" in verdict.why and "optimizer.learning_rate" in verdict.why
+    assert "Python error" not in verdict.why
+    other = classes.classify(result(tracked(1, Exited(1), ["failed at step 3: RuntimeError: x"])))
+    assert "a Python error in the job" in other.why
