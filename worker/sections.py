@@ -57,6 +57,17 @@ def non_negative(value) -> str | None:
         else _too_big(value)
 
 
+def positive_value(value) -> str | None:
+    """> 0, any size: a value of the model's arithmetic (a float32 there), which no int32
+    argument or timer receives."""
+    return None if value > 0 else f"expected a number > 0, got {value!r}"
+
+
+def non_negative_value(value) -> str | None:
+    """>= 0, any size (as ``positive_value``)."""
+    return None if value >= 0 else f"expected a number >= 0, got {value!r}"
+
+
 def seed(value) -> str | None:
     """A random seed: 0 to 2**32-1, what numpy's and JAX's 32-bit seeds take."""
     if 0 <= value <= SEED_MAX:
@@ -145,7 +156,7 @@ class Data(_Section):
     num_examples: int = setting(256, check=positive, doc="synthetic: rows in the dataset")
     in_features: int = setting(4, check=positive, doc="synthetic: features per row")
     out_features: int = setting(1, check=positive, doc="synthetic: targets per row")
-    noise_std: float = setting(0.1, check=non_negative,
+    noise_std: float = setting(0.1, check=non_negative_value,
                                doc="synthetic: std of the Gaussian noise added to x @ w_true + b_true")
     seed: int = setting(1, check=_seed, doc="synthetic: seed of the data and of w_true")
     path: str | None = setting(None, check=LOCAL_PATH,
@@ -174,10 +185,10 @@ class Optimizer(_Section):
     """``optimizer``: the optax optimizer (``worker.train.make_optimizer``)."""
 
     name: Literal["sgd", "adam", "adamw"] = setting("sgd", doc="optax optimizer")
-    learning_rate: float = setting(0.01, check=positive, doc="step size")
+    learning_rate: float = setting(0.01, check=positive_value, doc="step size")
     momentum: float | None = setting(None, check=in_range(0.0, 1.0),
                                      doc="sgd only: heavy-ball momentum (None = plain SGD)")
-    weight_decay: float = setting(1e-4, check=non_negative, doc="adamw only")
+    weight_decay: float = setting(1e-4, check=non_negative_value, doc="adamw only")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -410,3 +410,14 @@ def test_every_setting_is_in_the_docs_settings_reference():
             if name not in documented and f"cluster.{name}" not in documented:
                 missing.append(f"{doc}: cluster.{name}")
     assert not missing, missing
+
+
+def test_a_large_learning_rate_is_no_int32_overflow():
+    # the model's own numbers (learning_rate, weight_decay, noise_std) reach no int32 argument or
+    # timer: 1e20 was refused with "larger values overflow the int32 and timer arguments"
+    path = os.path.join(REPO, "jobs", "linear.yaml")
+    assert spec.load(path, overrides=("optimizer.learning_rate=1e20",)).optimizer.learning_rate == 1e20
+    with pytest.raises(SpecError, match=r"optimizer.learning_rate: expected a number > 0, got -1.0"):
+        spec.load(path, overrides=("optimizer.learning_rate=-1",))
+    with pytest.raises(SpecError, match=r"distributed.initialization_timeout_s: expected at most"):
+        spec.load(path, overrides=("distributed.initialization_timeout_s=1e20",))
