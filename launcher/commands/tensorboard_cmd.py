@@ -31,11 +31,11 @@ import urllib.request
 from launcher import flags, interrupts, proctl
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.console.words import plural
+from launcher.console.words import pip_install, plural
 from worker import profiling
 
-INSTALL = "pip install -e '.[tensorboard]'"  # the extra in pyproject.toml, from a checkout
-PROFILE_INSTALL = "pip install -e '.[profile]'"  # TensorBoard's profile plugin (xprof)
+INSTALL = pip_install("tensorboard")  # the extra in pyproject.toml, from a checkout
+PROFILE_INSTALL = pip_install("profile")  # TensorBoard's profile plugin (xprof)
 PROFILES_SUFFIX = "profiles"  # "<run name> profiles": where the plugin finds a run's traces
 NAME_KEYS = 3  # differing settings named in a run's name, at most
 

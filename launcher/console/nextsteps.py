@@ -10,9 +10,8 @@ import importlib.util
 import os
 import shlex
 
-from launcher.console.words import GLOSSARY
+from launcher.console.words import GLOSSARY, pip_install
 
-TENSORBOARD_INSTALL = "pip install -e '.[tensorboard]'"
 CLUSTER_EXAMPLE = "jobs/clusters/ssh-example.yaml"
 
 
@@ -52,7 +51,7 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
     if tensorboard:
         missing = importlib.util.find_spec("tensorboard") is None
         lines.append(f"view: launch tensorboard {shlex.quote(run_dir)}"
-                     + (f"  (TensorBoard first: {TENSORBOARD_INSTALL})" if missing else ""))
+                     + (f"  (TensorBoard first: {pip_install('tensorboard')})" if missing else ""))
     if exit_code != 0:
         what = "stopped" if exit_code == 130 else "failed"
         lines.append(f"continue this {what} run from its last checkpoint: "

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 
 # where the words podlaunch's messages use are explained (goodput, badput, attempt, ...)
 GLOSSARY = "docs/glossary.md"
+
+
+def pip_install(extra: str) -> str:
+    """The command that installs podlaunch's ``extra`` (``tensorboard``, ``profile``) from its
+    checkout into the Python running this launcher: its own ``-m pip``, so it lands in the
+    venv whether or not the venv is activated (a plain ``pip`` may be the system's)."""
+    return f"{shlex.quote(sys.executable)} -m pip install -e '.[{extra}]'"
 
 
 def plural(count: int, word: str, words: str | None = None) -> str:

@@ -172,7 +172,9 @@ def test_launch_tensorboard_names_the_install_command_when_it_is_missing(tmp_pat
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "TensorBoard is not installed" in result.stderr
-    assert "pip install -e '.[tensorboard]'" in result.stderr
+    # the launcher's own Python's pip: a plain `pip` may be the system's when the venv is not
+    # activated (a new user installed into the wrong Python)
+    assert f"{LAUNCH[0]} -m pip install -e '.[tensorboard]'" in result.stderr, result.stderr
 
 
 # ---- slow: real runs ----------------------------------------------------------
