@@ -153,6 +153,11 @@ class Record:
             if reported:
                 furthest = max(reported, key=lambda p: p.step)
                 data["step"], data["final_loss"] = furthest.step, _finite(furthest.loss)
+            # a run stopped at an agreed step saved it after its last logged one (the summary's
+            # table says the same): the step a --resume continues from
+            saved = [t.stats.saved_step for t in result.processes if t.stats.saved_step is not None]
+            if saved and max(saved) > (data.get("step") or 0):
+                data["step"] = max(saved)
         if goodput is not None:
             data["goodput"] = goodput
         data["duration_s"] = round(self._before_s + self.clock() - self._launched, 3)

@@ -5,6 +5,7 @@ commands a run prints are run here as printed."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -78,6 +79,8 @@ def test_a_stopped_run_says_interrupt_reports_the_saved_step_and_ends_with_the_r
         assert f"preemption notice from process 0: every process stops after step {agreed}" in f.read()
     rows = re.findall(r"^p\d+\s+localhost\s+stopped\s+exit code \d+\s+(\d+) ", text, re.M)
     assert rows == [str(agreed)] * 2, text
+    with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+        assert json.load(f)["step"] == agreed  # launch runs says the saved step too
     command = _printed(text, "continue this stopped run from its last checkpoint: ")
     assert command.startswith("launch jobs/linear.yaml --set train.num_steps=1000000 ")
     assert command.endswith(f"--resume {run_dir}")
