@@ -255,7 +255,10 @@ def _wait(sleep: Callable[[float], None], wait_s: float) -> None:
 
 def attempts_table(attempts: list) -> str:
     """One line per attempt for the final summary (only worth printing after a restart)."""
-    lines = [f"attempts: {len(attempts)} ({plural(len(attempts) - 1, 'restart')})"]
+    earlier = attempts[0].number if attempts else 0  # a resumed run's attempts before this launch
+    lines = [f"attempts: {len(attempts)} ({plural(len(attempts) - 1, 'restart')})"
+             + (f" in this launch; {plural(earlier + len(attempts), 'attempt')} in the run"
+                if earlier else "")]
     for a in attempts:
         first = a.result.first_failure
         step = max((t.last_step for t in a.result.processes if t.last_step is not None), default=None)

@@ -363,3 +363,16 @@ def test_tensorboardx_is_imported_without_the_cloud_clients_it_would_load():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["False False []", "importable"], done.stdout
+
+
+def test_a_resumed_launch_s_attempts_table_counts_the_run_s_attempts_too():
+    # a new user resumed a stopped run: the summary said "attempts: 1 (0 restarts)" and listed
+    # attempt 1, while `launch runs` said 2 attempts
+    from launcher.run import restarts
+
+    done = ["step 10/10 loss 0.5 | 20.0 steps/s | step_time_s 0.05 (own 0.01)", "done"]
+    ok = Result([_tracked(0, lines=done, state=State.SUCCEEDED, exit=Exited(0))], None, False, 1.0)
+    table = restarts.attempts_table([restarts.Attempt(1, "/r/logs/attempt-1", ok)])
+    assert table.splitlines()[0] == "attempts: 1 (0 restarts) in this launch; 2 attempts in the run"
+    fresh = restarts.attempts_table([restarts.Attempt(0, "/r/logs", ok)])
+    assert fresh.splitlines()[0] == "attempts: 1 (0 restarts)"
