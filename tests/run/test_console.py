@@ -291,7 +291,8 @@ def test_plural_and_duration():
 def _result(steps_and_losses, exit_code_states):
     processes = []
     for (step, loss), state in zip(steps_and_losses, exit_code_states):
-        stats = types.SimpleNamespace(progress=contract.parse_progress(progress(step, 50, loss)))
+        stats = types.SimpleNamespace(progress=contract.parse_progress(progress(step, 50, loss)),
+                                      saved_step=None)  # launcher.stats.ProcessStats's fields
         processes.append(types.SimpleNamespace(stats=stats, state=state))
     return Result(processes, None, False, 1.0)
 
