@@ -47,7 +47,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from worker import contract  # noqa: E402  (after the path is set)
+from launcher import logtimes  # noqa: E402  (after the path is set)
+from worker import contract  # noqa: E402
 
 
 def deep_mlp(layers: int = 12, width: int = 32, crash_at_step: int = 0,
@@ -134,8 +135,8 @@ def run(cache: bool, args, workdir: str, tag: str) -> dict:
     for process_id in range(processes):
         log = os.path.join(run_dir, "logs", "" if args.rerun else "attempt-1",
                            f"process-{process_id:03d}.log")
-        with open(log, encoding="utf-8") as f:
-            lines[process_id] = next(m for m in map(contract.CACHE_RE.match, f) if m)
+        lines[process_id] = next(m for m in map(contract.CACHE_RE.match,
+                                                logtimes.read_text(log).splitlines()) if m)
     return {"restart_s": first_at - restart_at,
             "first_step_s": {p: float(m["seconds"]) for p, m in lines.items()},
             "hits": {p: (int(m["hits"]), int(m["misses"])) for p, m in lines.items()}}

@@ -29,6 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.bench_step import _env  # noqa: E402  (after the path is set)
+from launcher import logtimes  # noqa: E402
 from launcher.stats import ProcessStats  # noqa: E402
 from worker import contract, profiling  # noqa: E402
 
@@ -47,14 +48,12 @@ def run_once(side: str, steps: int, processes: int, devices: int, workdir: str, 
     if done.returncode != 0:
         raise SystemExit(f"{side} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
     stats, traced = ProcessStats(), None
-    with open(os.path.join(run_dir, "logs", "process-000.log"), encoding="utf-8") as log:
-        for line in log:
-            line = line.rstrip("\n")
-            progress = contract.parse_progress(line)
-            if progress is not None and progress.step <= steps - TRACED:
-                stats.observe(line)
-            if (trace := profiling.parse(line)) is not None:
-                traced = trace.ms_per_step
+    for line in logtimes.read_text(os.path.join(run_dir, "logs", "process-000.log")).splitlines():
+        progress = contract.parse_progress(line)
+        if progress is not None and progress.step <= steps - TRACED:
+            stats.observe(line)
+        if (trace := profiling.parse(line)) is not None:
+            traced = trace.ms_per_step
     if stats.timed_steps != steps - TRACED:
         raise SystemExit(f"{side}: timed {stats.timed_steps} of {steps - TRACED} steps")
     if side == "on" and traced is None:

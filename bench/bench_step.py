@@ -46,7 +46,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from launcher.proctl import free_port  # noqa: E402  (after the path is set)
+from launcher import logtimes  # noqa: E402  (after the path is set)
+from launcher.proctl import free_port  # noqa: E402
 from launcher.state import ProcessStats  # noqa: E402
 
 SHAPES = {  # name: (global batch = rows, features)
@@ -85,9 +86,8 @@ def process0_steps_per_s(args: list, cwd: str, run_dir: str, steps: int, tag: st
     if done.returncode != 0:
         raise SystemExit(f"{tag} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
     stats = ProcessStats()
-    with open(os.path.join(run_dir, "logs", "process-000.log"), encoding="utf-8") as log:
-        for line in log:
-            stats.observe(line.rstrip("\n"))
+    for line in logtimes.read_text(os.path.join(run_dir, "logs", "process-000.log")).splitlines():
+        stats.observe(line)
     if stats.timed_steps != steps:
         raise SystemExit(f"{tag}: timed {stats.timed_steps} of {steps} steps")
     return 1.0 / stats.mean_step_time_s

@@ -15,8 +15,9 @@ import os
 COMMANDS = {
     "runs": ("runs", "[JOB]", "past and running runs, newest first (a running one's step, "
                               "loss, ETA and whether its supervisor is alive)"),
-    "logs": ("logs_cmd", "RUN [-f] [--process N]", "a run's console log (or one process's), "
-                                                   "with -f followed to the run's end"),
+    "logs": ("logs_cmd", "RUN [-f] [--process N] [-t]", "a run's console log (or one process's), "
+                                                        "with -f followed to the run's end, "
+                                                        "with -t each line's time"),
     "attach": ("logs_cmd", "RUN", "the live console view of a running run again (Ctrl-C "
                                   "leaves the run running)"),
     "wait": ("wait_cmd", "RUN [--timeout S]", "wait for a run to end: its exit code, 124 "

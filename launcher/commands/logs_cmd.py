@@ -1,12 +1,13 @@
 """``launch logs RUN [-f] [--process N]`` and ``launch attach RUN``: a run's log, live.
 
 ``logs`` prints the run's ``launcher.log`` (what the console showed: the launcher's
-messages, process 0's lines, the progress line every few seconds and the summary, each
-line with its UTC time), or with ``--process N`` that process's own log of its latest
-attempt; with ``-f`` it follows the file until the run ends and exits with the run's
-exit code. ``attach`` is the console view of a running run again: the last lines, then
-everything as it comes, until the run ends (its exit code) or Ctrl-C (the run goes on).
-Worker text is shown escaped (``lines.printable``): a log's bytes never drive the terminal.
+messages, process 0's lines, the progress line every few seconds and the summary), or with
+``--process N`` that process's own log of its latest attempt; with ``-f`` it follows the
+file until the run ends and exits with the run's exit code. Each line of the file carries
+the UTC time it was written (``launcher.logtimes``): shown with ``-t/--timestamps``, taken
+off otherwise, so the lines read as the console showed them. ``attach`` is the console view
+of a running run again (no times): the last lines, then everything as it comes, until the
+run ends (its exit code) or Ctrl-C (the run goes on). Worker text is shown escaped (``lines.printable``): a log's bytes never drive the terminal.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 import sys
 import time
 
-from launcher import commands
+from launcher import commands, logtimes
 from launcher.commands import runref
 from launcher.console.lines import printable
 from launcher.errors import Problem, SpecError
@@ -35,6 +36,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                             help="follow the log until the run ends; exit with its exit code")
         parser.add_argument("--process", type=int, metavar="N",
                             help="process N's own log (its latest attempt's) instead")
+        parser.add_argument("-t", "--timestamps", action="store_true",
+                            help="lead each line with the UTC time it was written "
+                                 "(2026-12-06T07:30:01.123Z)")
     parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
     return parser
 
@@ -59,27 +63,31 @@ def log_file(run_dir: str, process: int | None) -> str:
     return path
 
 
-def _show(text: str) -> None:
+def _show(text: str, timestamps: bool = False) -> None:
+    """Print whole lines of a log, each without its time unless ``timestamps``."""
+    if not timestamps:
+        text = logtimes.unstamped(text)
     for line in text.splitlines():
         print(printable(line), flush=False)
     sys.stdout.flush()
 
 
-def follow(run_dir: str, path: str, name: str, tail: int | None = None) -> int:
+def follow(run_dir: str, path: str, name: str, tail: int | None = None,
+           timestamps: bool = False) -> int:
     """Print ``path`` (its last ``tail`` lines when given), then what comes, until no
     supervisor holds the run; returns the run's exit code."""
     with open(path, "r", encoding="utf-8", errors="replace") as f:
-        text = f.read()
-        _show(text if tail is None else "\n".join(text.splitlines()[-tail:]))
-        pending = ""
+        # a line still being written waits for its end (its time is not cut in two)
+        whole, _, pending = f.read().rpartition("\n")
+        _show(whole if tail is None else "\n".join(whole.splitlines()[-tail:]), timestamps)
         while True:
             alive = runref.state(run_dir)[1]  # read before the file: its last lines come first
             chunk = f.read()
             if chunk:
                 whole, _, pending = (pending + chunk).rpartition("\n")
-                _show(whole)
+                _show(whole, timestamps)
             if not alive:
-                _show(pending + f.read())
+                _show(pending + f.read(), timestamps)
                 return runref.final_code(run_dir, name)
             if not chunk:
                 time.sleep(POLL_S)
@@ -96,12 +104,12 @@ def main(argv: list) -> int:
     path = log_file(run_dir, args.process)
     if args.follow:
         try:
-            return follow(run_dir, path, args.run)
+            return follow(run_dir, path, args.run, timestamps=args.timestamps)
         except KeyboardInterrupt:
             print(f"launch logs: interrupted; the run in {run_dir} goes on")
             return 130
     with open(path, "r", encoding="utf-8", errors="replace") as f:
-        _show(f.read())
+        _show(f.read(), args.timestamps)
     return 0
 
 

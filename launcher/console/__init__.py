@@ -25,7 +25,6 @@ which; every line is in the process's log file regardless):
 from __future__ import annotations
 
 import collections
-import datetime
 import os
 import shutil
 import sys
@@ -33,6 +32,7 @@ import threading
 import time
 from typing import Callable, TextIO
 
+from launcher import logtimes
 from launcher.console import lines as kinds
 from launcher.state import State
 from launcher.console.status import status_text
@@ -42,13 +42,6 @@ from worker import contract, notice, runfiles
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
 HIDDEN_TAIL = 5  # a failed process's last lines kept, to show once it failed
 LOG_STATUS_EVERY_S = 10.0  # the progress line in launcher.log: when did the run stop moving
-
-
-def stamped(text: str) -> str:
-    """``text``'s every line led by the UTC time now, to the millisecond
-    (``2026-12-06T01:15:00.123Z``): a log read after the fact says when each line came."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z "
-    return "".join(now + line for line in text.splitlines(keepends=True))
 
 
 # How a worker's failure sentence starts: the loop's "failed at step N: ..." and worker/main.py's
@@ -102,7 +95,7 @@ class Console:
             if self.log is None:
                 return
             try:
-                self.log.write(stamped(text))
+                self.log.write(logtimes.stamped(text))  # every line led by its UTC time
                 self.log.flush()
             except (OSError, ValueError):  # a full disk must not end supervision either
                 pass

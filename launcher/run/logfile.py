@@ -6,6 +6,7 @@ import threading
 import time
 from typing import Callable
 
+from launcher import logtimes
 from worker import runfiles
 
 
@@ -29,13 +30,16 @@ class LogFile:
         self.lock = threading.Lock()  # the reader writes, the supervision loop flushes
         self.pending = False
         self.flushed_at = -float("inf")
+        self.at_line_start = True  # the next text begins a line (it gets a time)
 
     def write(self, text: str, flush: bool = True) -> None:
         if self.failed:
             return
         with self.lock:
             try:
-                self.file.write(text)
+                self.file.write(logtimes.stamped(text, self.at_line_start))
+                if text:
+                    self.at_line_start = text.endswith("\n")
                 now = self.clock()
                 if flush and now - self.flushed_at >= self.FLUSH_S:
                     self.file.flush()

@@ -35,12 +35,16 @@ def test_a_detached_run_is_reached_by_logs_runs_wait_attach_and_stopped_in_order
     table = launch("runs", "--root", str(tmp_path / "runs"), cwd=str(tmp_path))
     row = table.stdout.splitlines()[1]
     assert re.search(r" running \(ETA \S+\) +0 +\d+/1000000 +0\.00\d+ ", row), table.stdout
-    # every line of launcher.log has its time; process 0's lines and the progress are there
-    logs = launch("logs", "linear/r1", "--root", str(tmp_path / "runs"))
+    # every line of launcher.log has its time (launch logs -t shows it, launch logs the lines
+    # as the console showed them); process 0's lines and the progress are there
+    logs = launch("logs", "linear/r1", "--root", str(tmp_path / "runs"), "--timestamps")
     assert logs.returncode == 0, logs.stderr
     lines = logs.stdout.splitlines()
     assert lines and all(STAMP.match(line) for line in lines), lines[:5]
     assert any("[p0] step " in line for line in lines)
+    plain = launch("logs", "linear/r1", "--root", str(tmp_path / "runs")).stdout.splitlines()
+    assert plain and not any(STAMP.match(line) for line in plain), plain[:5]
+    assert plain[0].startswith("podlaunch: ") and any(line.startswith("[p0] step ") for line in plain)
     until(lambda: "running | step" in (run_dir / "launcher.log").read_text(), "a progress line")
     one = launch("logs", str(run_dir), "--process", "1")
     assert one.returncode == 0 and "step " in one.stdout, one.stderr

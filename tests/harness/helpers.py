@@ -367,9 +367,10 @@ def checked_ledger(run_dir) -> dict:
 
 def logged_steps(log_path) -> int | None:
     """The furthest step a process's log shows (its progress lines and its own failure line)."""
-    with open(log_path, errors="replace") as f:
-        steps = [int(m.group(1) or m.group(2)) for m in
-                 re.finditer(r"^(?:step (\d+)/\d+ |failed at step (\d+):)", f.read(), re.M)]
+    from launcher import logtimes
+
+    steps = [int(m.group(1) or m.group(2)) for m in
+             re.finditer(r"^(?:step (\d+)/\d+ |failed at step (\d+):)", logtimes.read_text(log_path), re.M)]
     return max(steps, default=None)
 
 

@@ -65,11 +65,13 @@ def agreed_step(run_dir, num_processes: int, saying: str = "") -> int:
     it once (``worker.notice``), with ``saying`` after it when given, and all say the same."""
     import re
 
+    from launcher import logtimes
+
     stops = []
     for i in range(num_processes):
-        with open(os.path.join(run_dir, "logs", f"process-{i:03d}.log"), errors="replace") as f:
-            stops.append(re.findall(r"^preemption notice from process \d+: every process stops "
-                                    rf"after step (\d+){re.escape(saying)}{'$' if saying else ''}", f.read(), re.M))
+        text = logtimes.read_text(os.path.join(run_dir, "logs", f"process-{i:03d}.log"))
+        stops.append(re.findall(r"^preemption notice from process \d+: every process stops "
+                                rf"after step (\d+){re.escape(saying)}{'$' if saying else ''}", text, re.M))
     assert all(len(found) == 1 for found in stops) and len({s[0] for s in stops}) == 1, stops
     return int(stops[0][0])
 
@@ -83,13 +85,15 @@ def assert_one_agreed_stop(run_dir, num_processes: int, noticed_at: int) -> int:
     import json
     import re
 
+    from launcher import logtimes
+
     logs = os.path.join(run_dir, "logs")
     step = agreed_step(run_dir, num_processes)
     assert step >= noticed_at, (step, noticed_at)
-    text = open(os.path.join(logs, "process-000.log"), errors="replace").read()
+    text = logtimes.read_text(os.path.join(logs, "process-000.log"))
     assert re.search(rf"^checkpoint of step {step} saved in [0-9.]+ s: ", text, re.M), text[-3000:]
     for i in range(num_processes):
-        again = open(os.path.join(logs, "attempt-1", f"process-{i:03d}.log"), errors="replace").read()
+        again = logtimes.read_text(os.path.join(logs, "attempt-1", f"process-{i:03d}.log"))
         assert re.search(rf"^resumed from the checkpoint of step {step} \(attempt 1\)", again, re.M), again[-2000:]
     with open(os.path.join(run_dir, "ledger.json")) as f:
         ledger = json.load(f)

@@ -23,6 +23,7 @@ import pytest
 
 from harness.fakes import FakeClock, FakeWorker, process_plan
 from harness.helpers import LAUNCH, REPO, env_for_tests, fill, full_disk_ready
+from launcher import logtimes
 from launcher.console import lines as kinds
 from launcher.commands import runs, tensorboard_cmd
 from launcher.run import logfile
@@ -154,8 +155,8 @@ class Run:
         return result
 
     def log(self, process_id: int) -> list:
-        with open(os.path.join(self.log_dir, f"process-{process_id:03d}.log")) as f:
-            return f.read().splitlines()
+        """Process ``process_id``'s log lines, each without its time."""
+        return logtimes.read_text(os.path.join(self.log_dir, f"process-{process_id:03d}.log")).splitlines()
 
 
 def test_the_default_view_shows_each_step_once_no_noise_and_every_process_s_warnings(tmp_path):

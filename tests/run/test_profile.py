@@ -19,7 +19,7 @@ from harness.fakes import FakeClock, FakeWorker, process_plan
 from harness.served import check_served
 from harness.helpers import LAUNCH, REPO, env_for_tests, launch, launched, program_job
 from harness.runs import SLOW_PROCESS_0, assert_same_params, params
-from launcher import interrupts as launcher_interrupts
+from launcher import interrupts as launcher_interrupts, logtimes
 from launcher.commands import profile_cmd, tensorboard_cmd
 from launcher.console import Console
 from launcher.console.status import summary
@@ -287,7 +287,7 @@ def test_a_spec_profile_traces_every_process_and_tensorboard_shows_each(tmp_path
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     for p in (0, 1):
         assert os.path.getsize(profiling.trace_path(str(run_dir), "steps_20-25", p)) > 10000
-        log = (run_dir / "logs" / f"process-{p:03d}.log").read_text()
+        log = logtimes.read_text(run_dir / "logs" / f"process-{p:03d}.log")
         assert re.search(r"^profile of steps 20-25 \(steps_20-25\): ", log, re.M), log
     # processes in lockstep may tie at the printed precision: then "all at", not "slowest"
     assert re.search(r"profile steps_20-25: steps 20-25 traced by 2 processes; "
@@ -332,7 +332,7 @@ def test_a_program_job_profiles_through_the_program_api_and_keeps_the_slowest(tm
                     "--set", "profile.processes=slowest", "--run-dir", str(run_dir))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     lines = [profiling.parse(line) for p in (0, 1)
-             for line in (run_dir / "logs" / f"process-{p:03d}.log").read_text().splitlines()
+             for line in logtimes.read_text(run_dir / "logs" / f"process-{p:03d}.log").splitlines()
              if profiling.parse(line) is not None]
     assert [(t.first, t.last) for t in lines] == [(6, 9), (6, 9)], lines
     kept = [t for t in lines if t.path is not None]

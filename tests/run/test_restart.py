@@ -24,6 +24,7 @@ from harness.helpers import (KINDS, PROGRAMS, REPO, checked_ledger, launch, laun
                              pids_with_env, program_job, read_scalars)
 from harness.runs import (agreed_step, assert_one_agreed_stop, assert_same_params, fault, params,
                           remote_run_dir, ssh_cluster)
+from launcher import logtimes
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +74,7 @@ def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_
     assert sorted(os.listdir(logs)) == ["attempt-1", "process-000.log", "process-001.log"]
     assert sorted(os.listdir(logs / "attempt-1")) == ["process-000.log", "process-001.log"]
     assert "injecting sigkill at step 17" in (logs / "process-001.log").read_text()
-    second = (logs / "attempt-1" / "process-001.log").read_text()
+    second = logtimes.read_text(logs / "attempt-1" / "process-001.log")
     # the ledger: the crash's teardown, the restore, and the steps trained again as the logs
     # show them (attempt 0 logged up to its last step line; attempt 1 resumed from step 15)
     ledger = checked_ledger(run_dir)
@@ -87,9 +88,10 @@ def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_
     # the restart's process 0 loads what attempt 0 compiled (the run's compilation cache;
     # JAX writes from process 0 only, and process 1's executables, on other devices, have
     # other keys: it compiles again), and every process says what it found
-    assert re.search(r"^compilation cache: 0 hits, [1-9]\d* misses", (logs / "process-000.log").read_text(), re.M)
+    assert re.search(r"^compilation cache: 0 hits, [1-9]\d* misses", logtimes.read_text(logs / "process-000.log"),
+                     re.M)
     assert re.search(r"^compilation cache: [1-9]\d* hits, \d+ misses",
-                     (logs / "attempt-1" / "process-000.log").read_text(), re.M)
+                     logtimes.read_text(logs / "attempt-1" / "process-000.log"), re.M)
     assert re.search(r"^compilation cache: \d+ hits, \d+ misses", second, re.M)
     assert "step 40/40" in second and "step 10/40" not in second and "heartbeat" not in second
     # ... and in the final summary
@@ -399,7 +401,7 @@ def test_restart_over_ssh_broadcasts_process_0s_checkpoint(tmp_path, two_ssh_hos
     # coordinator or in TIME_WAIT
     assert len(ports) == 2 and ports[0] != ports[1], ports
     assert re.search(r"^resumed from the checkpoint of step 15 \(attempt 1\) in [0-9.]+ s$",
-                     (run_dir / "logs" / "attempt-1" / "process-001.log").read_text(), re.M)
+                     logtimes.read_text(run_dir / "logs" / "attempt-1" / "process-001.log"), re.M)
     assert_same_params(params(run_dir), uninterrupted)
     # the ledger over ssh: from the lines the launcher read off each host's channel
     first, again = checked_ledger(run_dir)["attempts"]

@@ -20,7 +20,7 @@ import pytest
 
 from harness.fakes import FakeClock, FakeSession, FakeWorker, process_plan
 from launcher.console import lines
-from launcher import spec as specs
+from launcher import logtimes, spec as specs
 from launcher.run import classes, restarts, stacks
 from launcher.run.classes import FailureClass
 from launcher.run import supervise as supervision
@@ -90,8 +90,9 @@ def test_every_worker_succeeds_and_each_line_reaches_its_log_and_the_console(tmp
     shown = run.out.getvalue().splitlines()
     assert shown == [f"[p0] {progress(10, 20)}", f"[p1] {progress(10, 20)}", f"[p0] {progress(20, 20)}",
                      "[p1] done"]
-    with open(result.processes[0].plan.log_path) as f:  # heartbeats are neither logged nor shown
-        assert f.read().splitlines() == [progress(10, 20), progress(20, 20)]
+    # heartbeats are neither logged nor shown
+    assert logtimes.read_text(result.processes[0].plan.log_path).splitlines() == [
+        progress(10, 20), progress(20, 20)]
     assert all(not w.called("terminate") and not w.called("kill") for w in run.workers)
     assert "OK: 2 processes succeeded" in summary(result)
 
@@ -129,8 +130,7 @@ def test_a_long_line_is_logged_whole_and_shown_and_summarised_shortened(tmp_path
     run.worker(lines=[(0.05, progress(1)), *pieces, (0.3, "z"), (0.4, "y" * 50_000),
                       (0.5, progress(2))], exit=Exited(1), exit_at=0.6)
     result = run.supervise()
-    with open(result.processes[0].plan.log_path) as f:
-        logged = f.read().splitlines()
+    logged = logtimes.read_text(result.processes[0].plan.log_path).splitlines()
     whole = "".join(p for _, p in pieces) + "z"
     assert logged == [progress(1), whole, "y" * 50_000, progress(2)]
     shown = run.out.getvalue()

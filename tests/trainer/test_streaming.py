@@ -20,6 +20,7 @@ import pytest
 
 from harness.helpers import REPO, launch, launched
 from harness.runs import assert_same_params, fault, params, ssh_cluster
+from launcher import logtimes
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +110,7 @@ def test_killed_and_resumed_shuffled_run_over_ssh(tmp_path, two_ssh_hosts, unint
                     "--run-dir", str(run_dir))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     assert re.search(r"^resumed from the checkpoint of step 15 \(attempt 1\) in [0-9.]+ s$",
-                     (run_dir / "logs" / "attempt-1" / "process-001.log").read_text(), re.M)
+                     logtimes.read_text(run_dir / "logs" / "attempt-1" / "process-001.log"), re.M)
     assert_same_params(params(run_dir), uninterrupted)
 
 
