@@ -297,8 +297,9 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
                                      f"cannot write into {run_dir}: {exc.strerror}; "
                                      "choose another directory")]) from None
         console.log_to(os.path.join(run_dir, "launcher.log"))
+        running = ledger.Running(ledger.read(run_dir))  # launch runs: the goodput so far
         record = runs.Record(run_dir, job.name, job.program.num_steps if job.is_program
-                             else job.train.num_steps, launched_at=launched_at)
+                             else job.train.num_steps, launched_at=launched_at, running=running)
         record.start()
         console.watchers.append(record.progress)  # launch runs: a running run's step and ETA
         handoff.run_dir_is(run_dir, console)
@@ -312,7 +313,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
             console.say(job.epoch_text())
         try:
             result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
-                                            resume=bool(args.resume), began_at=launched_at)
+                                            resume=bool(args.resume), began_at=launched_at, running=running)
         except BaseException as exc:
             done = getattr(exc, "attempts", ())
             if isinstance(exc, LaunchError) and done:  # a restart that could not be prepared

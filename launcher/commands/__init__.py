@@ -14,7 +14,7 @@ import os
 # name -> (module under launcher.commands, its arguments, what --help says of it)
 COMMANDS = {
     "runs": ("runs", "[JOB]", "past and running runs, newest first (a running one's step, "
-                              "loss, ETA and whether its supervisor is alive)"),
+                              "loss, ETA, goodput so far and whether its supervisor is alive)"),
     "logs": ("logs_cmd", "RUN [-f] [--process N] [-t]", "a run's console log (or one process's), "
                                                         "with -f followed to the run's end, "
                                                         "with -t each line's time"),

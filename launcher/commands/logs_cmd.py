@@ -1,4 +1,4 @@
-"""``launch logs RUN [-f] [--process N]`` and ``launch attach RUN``: a run's log, live.
+"""``launch logs RUN [-f] [--process N] [-t]`` and ``launch attach RUN``: a run's log, live.
 
 ``logs`` prints the run's ``launcher.log`` (what the console showed: the launcher's
 messages, process 0's lines, the progress line every few seconds and the summary), or with
@@ -7,7 +7,8 @@ file until the run ends and exits with the run's exit code. Each line of the fil
 the UTC time it was written (``launcher.logtimes``): shown with ``-t/--timestamps``, taken
 off otherwise, so the lines read as the console showed them. ``attach`` is the console view
 of a running run again (no times): the last lines, then everything as it comes, until the
-run ends (its exit code) or Ctrl-C (the run goes on). Worker text is shown escaped (``lines.printable``): a log's bytes never drive the terminal.
+run ends (its exit code) or Ctrl-C (the run goes on). Worker text is shown escaped
+(``lines.printable``): a log's bytes never drive the terminal.
 """
 
 from __future__ import annotations

@@ -12,14 +12,17 @@ included); ``--resume`` updates the same file. Its keys::
     step         the furthest step reached, or null
     num_steps    the steps the job asks for
     final_loss   the last loss logged, or null
-    duration_s   seconds the launcher ran, over every launch of this run directory
+    duration_s   seconds the launcher ran, over every launch of this run directory (while
+                 running: so far, written with the step)
     launcher     {"pid", "host"} of the launch that is running or ran last
     failures     failed attempts by class (launcher.run.classes): {"preemption": 2, ...},
                  over every launch of this run directory
     last_failure {"attempt", "class", "process_id", "why"} of the newest failed attempt,
                  or null
     goodput      productive seconds / wall seconds over every launch (ledger.json,
-                 launcher.run.ledger), or null
+                 launcher.run.ledger), or null; while running, so far (every 5 s with the
+                 step: the attempt under way counted as if it ended then)
+    eta_s, progress_at  while running: seconds left as of progress_at (time.time())
 
 A run still ``running`` whose launcher is gone (killed with SIGKILL, a
 machine that rebooted) is listed as ``unfinished``. Run directories from
@@ -210,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch runs",
         description="List past runs (job, started, state, attempts, steps, final loss, duration, "
-                    "failed attempts by class, run dir), newest first.")
+                    "goodput, failed attempts by class, run dir), newest first.")
     parser.add_argument("job", metavar="JOB", nargs="?", help="only this job's runs (its name)")
     parser.add_argument("--root", default="runs",
                         help="where runs are (default runs/, as launch makes them: runs/<job>/<time>)")

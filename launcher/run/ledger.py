@@ -51,7 +51,7 @@ import os
 
 from worker import runfiles
 from launcher.console.words import GLOSSARY, plural
-from launcher.state import HOST_CHANGE_FIELDS
+from launcher.state import HOST_CHANGE_FIELDS, Result
 
 LEDGER_FILE = "ledger.json"
 BUCKETS = ("launch", "start_and_join", "setup", "compilation", "restore", "productive",
@@ -268,6 +268,37 @@ def add_attempts(earlier: list, attempts: list) -> list:
                                      for c in attempt.host_changes]
         entries.append(entry)
     return entries
+
+
+class Running:
+    """The ledger's figures while a launch goes on, for ``launch runs``' goodput so far
+    (``launcher.run.record``): the entries of the run's earlier launches (``ledger.json``),
+    this launch's ended attempts, and the attempt under way as if it ended now.
+
+    ``restarts.run`` keeps ``attempts`` (this launch's ended ones, ``restarts.Attempt``) and
+    ``current`` (the number and ``Times`` of the attempt whose processes run now, or None)
+    up to date; nothing is written here (``ledger.json`` is written once, at the end).
+    """
+
+    def __init__(self, earlier: list):
+        self.earlier = earlier
+        self.attempts: list = []
+        self.current: tuple | None = None  # (attempt number, Times) while its processes run
+
+    def goodput(self, tracked: list, now: float) -> float | None:
+        """Productive seconds / wall seconds of the run so far, ``now`` on the clock of
+        ``Times`` (the attempt under way is cut there: its time since its last progress line is
+        not productive yet), with ``tracked`` its processes; None for no time at all."""
+        entries = add_attempts(self.earlier, self.attempts)
+        if self.current is not None:
+            number, times = self.current
+            if times.started_at is not None:
+                before = max((e["reached_step"] for e in entries
+                              if isinstance(e.get("reached_step"), int)), default=None)
+                live = dataclasses.replace(times, ended_at=max(now, times.started_at))
+                result = Result(list(tracked), first_failure=None, interrupted=False, elapsed_s=0.0)
+                entries.append(attempt_entry(number, live, result, before))
+        return totals(entries)["goodput"] if entries else None
 
 
 def write_scalars(logdir: str, entries: list, new: int) -> None:

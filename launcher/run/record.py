@@ -65,11 +65,15 @@ class Record:
       job: the job's name.
       num_steps: the steps the job asks for.
       clock: seconds, monotonic (the launch's duration).
+      launched_at: when (``clock``) the launch began (default: now).
+      running: the ledger's figures while the run goes on (``ledger.Running``), whose goodput
+        so far ``progress`` writes; None: run.json keeps the earlier launches' goodput until
+        the end.
     """
 
     def __init__(self, run_dir: str, job: str, num_steps: int, clock=time.monotonic,
-                 launched_at: float | None = None):
-        self.run_dir, self.clock = run_dir, clock
+                 launched_at: float | None = None, running=None):
+        self.run_dir, self.clock, self.running = run_dir, clock, running
         earlier = read_record(os.path.join(run_dir, RUN_FILE)) or {}
         self.data = {
             "job": job,
@@ -93,8 +97,10 @@ class Record:
         self._progress_at = -float("inf")
 
     def progress(self, tracked: list, now: float) -> None:
-        """While the run goes on (a console watcher): the furthest step, its loss and the ETA
-        (``eta_s``, from ``progress_at``, wall time) into run.json, every ``PROGRESS_EVERY_S``."""
+        """While the run goes on (a console watcher): the furthest step, its loss, the ETA
+        (``eta_s``, from ``progress_at``, wall time), the goodput so far (over every launch of
+        the run, as the ledger will count it at the end, the attempt under way cut at this moment)
+        and the duration so far into run.json, every ``PROGRESS_EVERY_S``."""
         if now - self._progress_at < PROGRESS_EVERY_S:
             return
         self._progress_at = now
@@ -106,7 +112,12 @@ class Record:
         lead = max(reported, key=lambda t: t.stats.progress.step)
         eta = eta_s(lead, now)
         self.data.update(step=lead.stats.progress.step, final_loss=_finite(lead.stats.progress.loss),
-                         eta_s=None if eta is None else round(eta, 1), progress_at=time.time())
+                         eta_s=None if eta is None else round(eta, 1), progress_at=time.time(),
+                         duration_s=round(self._before_s + self.clock() - self._launched, 3))
+        if self.running is not None:
+            goodput = self.running.goodput(tracked, self.clock())  # the ledger's clock
+            if goodput is not None:
+                self.data["goodput"] = goodput
         try:
             _write(self.run_dir, self.data)
         except OSError:

@@ -133,7 +133,8 @@ def next_attempt(run_dir: str) -> int:
 def run(session: Session, plan: planning.Plan, console: Console, first_attempt: int = 0,
         resume: bool = False, sleep: Callable[[float], None] = time.sleep,
         began_at: float | None = None,
-        clock: Callable[[], float] = time.monotonic) -> tuple[Result, list]:
+        clock: Callable[[], float] = time.monotonic,
+        running: ledger.Running | None = None) -> tuple[Result, list]:
     """Run attempts of ``plan`` until success, a failure not retried, or its class's budget spent.
 
     Args:
@@ -147,6 +148,8 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
       began_at: when (``clock``) the launch began: the first attempt's ledger counts from
         there (default: now).
       clock: seconds, monotonic, for each attempt's ``ledger.Times``.
+      running: kept up to date with the attempts (``ledger.Running``: the goodput so far that
+        run.json shows while the run goes on).
 
     Returns:
       (the last attempt's Result, every Attempt in order; each failed one with its class).
@@ -170,12 +173,16 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
         workers, pending = _start(session, plan, console)
         times.started_at = clock()
+        if running is not None:
+            running.attempts, running.current = attempts, (attempt, times)
         result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog,
                            interrupted_by=pending,
                            notice_grace_s=job.checkpoint.notice_grace_s)
         times.ended_at = clock()
         console.attempt_over(result)
         attempts.append(Attempt(attempt, log_dir, result, times=times, host_changes=changes))
+        if running is not None:
+            running.current = None  # among the attempts now
         if result.exit_code == 0:
             attempts[-1].verdict = "succeeded"
             return result, attempts

@@ -3,6 +3,7 @@ real JAX workers, the local backend. Every wait polls against a generous deadlin
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -35,6 +36,13 @@ def test_a_detached_run_is_reached_by_logs_runs_wait_attach_and_stopped_in_order
     table = launch("runs", "--root", str(tmp_path / "runs"), cwd=str(tmp_path))
     row = table.stdout.splitlines()[1]
     assert re.search(r" running \(ETA \S+\) +0 +\d+/1000000 +0\.00\d+ ", row), table.stdout
+    # ... and its goodput so far: the ledger's productive / wall seconds, which the live
+    # supervisor writes into run.json with the step (ledger.json is written at the end)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "running" and 0 < record["goodput"] < 1, record
+    assert not (run_dir / "ledger.json").exists()
+    shown = re.search(r" running \(ETA \S+\) +0 +\d+/1000000 +\S+ +\S+ +(\d\.\d\d) ", row)
+    assert shown and abs(float(shown.group(1)) - record["goodput"]) <= 0.2, (row, record)
     # every line of launcher.log has its time (launch logs -t shows it, launch logs the lines
     # as the console showed them); process 0's lines and the progress are there
     logs = launch("logs", "linear/r1", "--root", str(tmp_path / "runs"), "--timestamps")

@@ -81,11 +81,11 @@ class Ledgered:
                            exit=s.get("exit"), exit_at=None if "exit" not in s else t0 + s["exit_at"])
                 for p, s in zip(plan.processes, scripts)]
 
-    def run(self):
+    def run(self, running: ledger.Running | None = None):
         plan = self.session.plan()
         self.result, self.attempts = restarts.run(self.session, plan, self.console,
                                                   sleep=self.clock.sleep, began_at=0.0,
-                                                  clock=self.clock)
+                                                  clock=self.clock, running=running)
         self.entries = ledger.add_attempts([], self.attempts)
         return self.entries
 
@@ -133,17 +133,21 @@ def test_a_clean_run_splits_into_launch_join_compilation_steps_saves_and_shutdow
         f"join {b['start_and_join']:.1f} s, paid once however long the run (docs/glossary.md)")
 
 
+# two attempts: process 1 killed at 4.0 after step 20 (process 0 runs until stopped), then a
+# restart resumed from step 10 that runs to step 30
+CRASHED = [{"lines": [(0.5, joined(0)), (1.5, CACHE), (2.5, progress(10)), (2.6, saved(10, 0.2)),
+                      (3.5, progress(20))]},
+           {"lines": [(0.5, joined(1)), (1.5, CACHE), (2.5, progress(10)), (3.5, progress(20))],
+            "exit": Killed(signal.SIGKILL), "exit_at": 4.0}]
+AGAIN = [{"lines": [(0.3, joined(0)), (0.5, resumed(10, 0.3)), (1.0, CACHE), (2.0, progress(20)),
+                    (3.0, progress(30)), (3.1, "done")], "exit": Exited(0), "exit_at": 3.2},
+         {"lines": [(0.3, joined(1)), (0.5, resumed(10, 0.1)), (1.0, CACHE), (2.0, progress(20)),
+                    (3.0, progress(30)), (3.1, "done")], "exit": Exited(0), "exit_at": 3.2}]
+
+
 def test_a_crash_and_restart_counts_teardown_wait_restore_and_the_steps_trained_again(
         tmp_path, monkeypatch):
-    crashed = [{"lines": [(0.5, joined(0)), (1.5, CACHE), (2.5, progress(10)), (2.6, saved(10, 0.2)),
-                          (3.5, progress(20))]},                       # runs until stopped
-               {"lines": [(0.5, joined(1)), (1.5, CACHE), (2.5, progress(10)), (3.5, progress(20))],
-                "exit": Killed(signal.SIGKILL), "exit_at": 4.0}]
-    again = [{"lines": [(0.3, joined(0)), (0.5, resumed(10, 0.3)), (1.0, CACHE), (2.0, progress(20)),
-                        (3.0, progress(30)), (3.1, "done")], "exit": Exited(0), "exit_at": 3.2},
-             {"lines": [(0.3, joined(1)), (0.5, resumed(10, 0.1)), (1.0, CACHE), (2.0, progress(20)),
-                        (3.0, progress(30)), (3.1, "done")], "exit": Exited(0), "exit_at": 3.2}]
-    r = Ledgered(tmp_path, monkeypatch, _job(), crashed, again)
+    r = Ledgered(tmp_path, monkeypatch, _job(), CRASHED, AGAIN)
     first, second = r.run()
     _adds_up(r.entries, r.attempts)
     a, b = first["buckets_s"], second["buckets_s"]
@@ -162,6 +166,34 @@ def test_a_crash_and_restart_counts_teardown_wait_restore_and_the_steps_trained_
     assert run["steps_again"] == 10
     assert run["wall_s"] == pytest.approx(r.attempts[1].times.ended_at, abs=0.01)  # from 0 to the end
     assert "10 steps trained again" in ledger.summary_line(run)
+
+
+def test_the_goodput_so_far_of_a_running_run_is_the_ledgers_at_each_moment(tmp_path, monkeypatch):
+    """``ledger.Running``, what run.json's goodput says while a run goes on (``launch runs``):
+    at each status refresh, productive seconds so far over the wall seconds since the launch,
+    the attempt under way cut there, earlier attempts and earlier launches counted."""
+    r = Ledgered(tmp_path, monkeypatch, _job(), CRASHED, AGAIN)
+    earlier = [{"attempt": 0, "wall_s": 10.0, "reached_step": None, "steps_again": 0,
+                "buckets_s": dict(dict.fromkeys(ledger.BUCKETS, 0.0), productive=4.0, launch=6.0)}]
+    running = ledger.Running(earlier)  # a resumed run: an earlier launch's 4 s of 10 productive
+    seen = []  # (now, goodput so far, the attempt under way)
+    r.console.watchers.append(lambda tracked, _: seen.append(  # at each poll, on the fake clock
+        (r.clock.now, running.goodput(tracked, r.clock.now), running.current and running.current[0])))
+    r.run(running)
+    t0 = 0.25  # attempt 0's processes start (FakeSession.start's time)
+    # attempt 0, between its last progress line (read at 3.5) and the crash: 1.8 productive
+    # seconds (2.5 - 1.5 of steps, 1.0 more, less the 0.2 s save) over the wall so far
+    # (each line's time to a poll, 0.05 s)
+    late = [(now, g) for now, g, attempt in seen if attempt == 0 and t0 + 3.56 <= now < t0 + 4.0]
+    assert late and all(g == pytest.approx((4.0 + 1.8) / (10.0 + now), abs=0.06 / 14)
+                        for now, g in late), late
+    early = [(now, g) for now, g, attempt in seen if now < t0 + 1.5]  # before any step: none
+    assert early and all(g == pytest.approx(4.0 / (10.0 + now), abs=1e-4) for now, g in early), early
+    # the last figure of the run is the ledger's at the end, but for the last moments
+    final = ledger.totals(earlier + r.entries)["goodput"]
+    last_now, last, _ = [x for x in seen if x[2] == 1][-1]
+    assert last == pytest.approx(final, abs=0.02) and last_now <= r.attempts[1].times.ended_at
+    assert running.current is None and running.attempts == r.attempts
 
 
 def test_a_crash_before_the_first_step_is_setup_then_teardown(tmp_path, monkeypatch):
