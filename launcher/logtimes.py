@@ -20,22 +20,29 @@ STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
 STAMP_CHARS = len("2026-12-06T07:30:01.123Z ")
 
 _LINE_STAMP = re.compile("^" + STAMP.pattern, re.M)  # ^ after "\n" only, not "\r"
+_last: tuple = (None, "")  # the millisecond (since the epoch) last stamped, and its stamp
 _second: tuple = (None, "")  # the whole UTC second last stamped, its text up to the seconds
 
 
 def stamp(now_s: float | None = None) -> str:
     """The prefix of a line written at ``now_s`` (seconds since the epoch; default: now).
 
-    The date and time up to the second are formatted once a second: this is called for every
-    line a worker prints (bench/bench_lines.py measures the reader's cost per line).
+    Made once a millisecond, its date and time up to the second once a second: this is called
+    for every line a worker prints (bench/bench_lines.py measures the reader's cost per line;
+    lines that come in a burst share their millisecond).
     """
-    global _second
-    now_s = time.time() if now_s is None else now_s
-    second, ms = divmod(int(now_s * 1000), 1000)
-    cached = _second  # a tuple, replaced whole: a reader thread per process calls this
+    global _last, _second
+    ms_since_epoch = int((time.time() if now_s is None else now_s) * 1000)
+    last = _last  # tuples, replaced whole: a reader thread per process calls this
+    if last[0] == ms_since_epoch:
+        return last[1]
+    second, ms = divmod(ms_since_epoch, 1000)
+    cached = _second
     if cached[0] != second:
         cached = _second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
-    return f"{cached[1]}.{ms:03d}Z "
+    text = f"{cached[1]}.{ms:03d}Z "
+    _last = (ms_since_epoch, text)
+    return text
 
 
 def stamped(text: str, at_line_start: bool = True, now_s: float | None = None) -> str:
