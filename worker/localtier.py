@@ -106,7 +106,14 @@ class LocalTier:
         self.path, self.every_steps = path, every_steps
         self.num_batches, self.order, self.unreplicate, self.warn = num_batches, order, unreplicate, warn
         self.last_step = 0
+        # One writer thread for the attempt, started at the first copy and handed each copy
+        # (a thread started per copy cost the step's path its start-up handshake: about 5%
+        # of a 1-device CPU run's loop at a copy every 100 steps)
         self._thread: threading.Thread | None = None
+        self._wake = threading.Condition()
+        self._pending: tuple | None = None  # (step, copies) handed to the writer
+        self._busy = False                  # a copy handed over and not written yet
+        self._closing = False
         self._failed = False
         self._warning = ""  # the writer thread's, said by after_step
 
@@ -120,7 +127,7 @@ class LocalTier:
         if step // self.every_steps <= self.last_step // self.every_steps or self._failed:
             return
         self.last_step = step
-        if self._thread is not None and self._thread.is_alive():
+        if self._busy:
             return  # the previous copy is still being written: this interval has that one
         import jax
         import jax.numpy as jnp
@@ -129,9 +136,31 @@ class LocalTier:
         # donates its inputs, so the next step would take these buffers); the thread waits
         # for it, copies it off the devices and writes it.
         copies = jax.tree.map(jnp.copy, (params, opt_state))
-        self._thread = threading.Thread(target=self._write, args=(step, copies), daemon=True,
-                                        name="local-tier")
-        self._thread.start()
+        with self._wake:
+            self._busy, self._pending = True, (step, copies)
+            self._wake.notify()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, daemon=True, name="local-tier")
+            self._thread.start()
+
+    def _serve(self) -> None:
+        """The writer thread: writes each copy handed to it, until ``close``."""
+        while True:
+            with self._wake:
+                while self._pending is None and not self._closing:
+                    self._wake.wait()
+                if self._pending is None:
+                    return
+                (step, copies), self._pending = self._pending, None
+            try:
+                self._write(step, copies)
+            except Exception as exc:  # noqa: BLE001 - said on the loop's thread; no more copies
+                self._failed = True
+                self._warning = (f"warning: the local tier's copy of step {step} failed "
+                                 f"({type(exc).__name__}: {exc}); no more local copies this attempt")
+            finally:
+                del copies
+                self._busy = False
 
     def _write(self, step: int, copies) -> None:
         import jax
@@ -148,7 +177,11 @@ class LocalTier:
                              f"({exc.strerror or exc}); no more local copies this attempt")
 
     def close(self, wait_s: float = 30.0) -> None:
-        """Let a write in progress finish (a restart may need it), up to ``wait_s``."""
+        """Let a write in progress (or handed over) finish (a restart may need it), up to
+        ``wait_s``; the writer thread then ends."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
         if self._thread is not None:
             self._thread.join(wait_s)
 
