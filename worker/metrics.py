@@ -11,9 +11,9 @@ every process's own step time is in) ``worker.records.Records``', each of its ow
   clock reads and no device sync.
 * ``after_dispatch(step, step_metrics)``: at a log step, takes its times (below)
   and keeps its output arrays. Log steps are read in batches: once the
-  oldest kept one has finished (at most ``lag`` = ``InFlight.max_steps``
-  steps are in flight, so step s has finished once step s + lag has been
-  dispatched) and ``read_every_s`` has passed since the last read. A batch is
+  oldest kept one has finished (``worker.calls.InFlight`` says which steps
+  have: on CPU at most 2 calls are in flight, so step s has finished once the
+  call 2 after it has been dispatched) and ``read_every_s`` has passed since the last read. A batch is
   one ``device_get``, one write of its progress lines, one post of this
   process's own step times to process 0 (``worker.gather``: the coordination
   service's key-value store, no device collective), then process 0 writes the
@@ -116,7 +116,7 @@ class StepLogger:
       out: prints text (progress lines go to the launcher); called once per
         batch with its lines joined by newlines.
       clock: seconds, monotonic (``time.perf_counter``).
-      lag: steps after which a dispatched step has finished (``InFlight.max_steps``).
+      lag: steps after which a dispatched step has finished, without ``finished_step``.
       read_every_s: seconds between reads of finished log steps (see the module).
       gather: a ``worker.gather.KeyValueGather``-like object, or None to make
         one when TensorBoard is on and there are several processes.
@@ -126,6 +126,8 @@ class StepLogger:
         (``train.steps_per_call``); ``lag`` is counted in steps.
       metrics_every: the call's rows of metrics (``worker.train.make_train_step``), every
         log step among them (``worker.calls.metrics_every``); default ``steps_per_call``.
+      finished_step: returns the last step known to have finished (``worker.calls.InFlight``'s
+        ``finished_step``); default: the step ``lag`` steps before the one dispatched.
     """
 
     def __init__(self, job: jobs.WorkerJob, process_id: int, num_processes: int, tracker,
@@ -133,7 +135,8 @@ class StepLogger:
                  clock: Callable[[], float] = time.perf_counter, lag: int = 2,
                  read_every_s: float = 0.25, gather=None, gather_timeout_s: float = 60.0,
                  steps_per_call: int = 1, metric_names: tuple = STEP_METRICS,
-                 metrics_every: int | None = None):
+                 metrics_every: int | None = None,
+                 finished_step: Callable[[], int] | None = None):
         logging = job.logging
         self.metric_names = tuple(metric_names)  # the step's metrics columns (a task's added)
         self.log_every = logging.log_every_steps
@@ -146,6 +149,7 @@ class StepLogger:
         self.learning_rate = job.optimizer.learning_rate
         self.process_id, self.num_processes = process_id, num_processes
         self.tracker, self.out, self.clock, self.lag = tracker, out, clock, lag
+        self.finished_step = finished_step
         self.read_every_s, self.gather_timeout_s = read_every_s, gather_timeout_s
         # Every process takes the same branch (the spec is shared): all post
         # their own step times to process 0 or none do.
@@ -204,7 +208,8 @@ class StepLogger:
             if self.is_log_step(logged):
                 row = (logged - first) // self.metrics_every - 1
                 self._kept.append([logged, self.timer.calls, None, step_metrics, row, step])
-        while self._finished < len(self._kept) and self._kept[self._finished][5] <= step - self.lag:
+        done = self.finished_step() if self.finished_step is not None else step - self.lag
+        while self._finished < len(self._kept) and self._kept[self._finished][5] <= done:
             self._time(self._kept[self._finished])
             self._finished += 1
         now = self.clock()

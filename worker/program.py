@@ -185,7 +185,7 @@ class _Reporter:
     def __init__(self, me: contract.Identity, job: jobs.ProgramJob, num_steps: int):
         from worker.records import Records
         from worker.tracker import make_tracker
-        from worker.train import InFlight
+        from worker.calls import InFlight
 
         self.me, self.num_steps = me, num_steps
         self.log_every = job.logging.log_every_steps
@@ -201,7 +201,7 @@ class _Reporter:
                                num_steps, {"num_steps": num_steps})
         # at most 2 reported steps queued on the devices, as the trainer: unbounded, steps of
         # a 2 x 2 CPU run interleave on XLA's thread pool and deadlock in gloo's all-reduce
-        self.in_flight = InFlight(max_steps=2)
+        self.in_flight = InFlight(max_calls=2)
         self.mark = time.perf_counter()
         self.mark_step = 0
         self.last_beat = -math.inf
@@ -273,7 +273,7 @@ def report(step: int, **scalars) -> None:
     for the step's scalars and writes the trace (``worker.profiling``).
     It keeps at most two reported steps queued on the devices: it waits for the scalars
     of step ``step - 2`` (``jax.block_until_ready``), as the trainer does
-    (``worker.train.InFlight``), since unbounded asynchronous dispatch deadlocks
+    (``worker.calls.InFlight``), since unbounded asynchronous dispatch deadlocks
     multi-device CPU runs in gloo's all-reduce. Pass the step's outputs (``loss=...``) so
     that waiting for them means the step finished.
 

@@ -30,6 +30,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from worker.calls import compiled_at_first_call
 from worker.train import averaging, step_function
 
 AXIS = "batch"  # the mesh's one axis: data parallelism over every device
@@ -110,7 +111,8 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
             return outputs
         return (*outputs[:-1], outputs[-1][None])
 
-    jitted = jax.jit(step, out_shardings=replicated(), donate_argnums=(0, 1))
+    jitted = compiled_at_first_call(jax.jit(step, out_shardings=replicated(),
+                                            donate_argnums=(0, 1)))
     if not with_metrics:
         return jitted
 

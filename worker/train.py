@@ -18,6 +18,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from worker import job as jobs
+from worker.calls import compiled_at_first_call
 from worker.metrics import STEP_METRICS
 from worker.order import WEIGHT
 from worker.sources import aligned
@@ -120,7 +121,9 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
     """
     step = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics, steps_per_call,
                          metrics_fn, metrics_every)
-    return jax.pmap(step, axis_name=AXIS, donate_argnums=(0, 1))
+    mapped = jax.pmap(step, axis_name=AXIS, donate_argnums=(0, 1))
+    # pmap's lowering takes this process's arrays as the whole: ahead of time only alone
+    return compiled_at_first_call(mapped) if jax.process_count() == 1 else mapped
 
 
 def averaging(allreduce: str) -> Callable[[tuple], tuple]:
@@ -296,33 +299,6 @@ def placer(steps_per_call: int = 1) -> Callable[[Any], Any]:
     """The function ``worker.data.Batches`` puts batches on the devices with: ``place``
     (pmap's layout is the same for a batch, a window of batches and a call's first index)."""
     return place
-
-
-class InFlight:
-    """Bounds how many dispatched steps may be queued ahead of the devices.
-
-    JAX dispatches asynchronously: without a sync, the host enqueues steps
-    as fast as it can. With several CPU devices per process, executions of
-    different steps then interleave on XLA's thread pool, and a device blocked
-    in step s's cross-process all-reduce (gloo) can wait forever for a peer
-    device busy with step s+1: seen as a deadlock after step 1 with 2 processes
-    x 2 devices and 50 steps between logs, every time. Waiting for step
-    s - max_steps + 1 before dispatching more keeps the devices fed (a step is
-    always queued) without a sync on the step just dispatched.
-
-    So once step s + max_steps has been dispatched, step s has finished and its
-    outputs can be read without waiting (``worker.metrics`` reads log steps then).
-    """
-
-    def __init__(self, max_steps: int = 2):
-        self.max_steps = max_steps
-        self._pending: list = []
-
-    def add(self, output: Any) -> None:
-        """Record a dispatched step's output; block on the oldest beyond the bound."""
-        self._pending.append(output)
-        if len(self._pending) > self.max_steps:
-            jax.block_until_ready(self._pending.pop(0))
 
 
 def unreplicate(tree: Any) -> Any:
