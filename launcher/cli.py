@@ -30,7 +30,7 @@ from launcher.backends.base import Options
 from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.console.status import check_show, parse_show, summary
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import job as jobs
 from worker import runfiles
 

@@ -16,6 +16,7 @@ import hashlib
 import os
 import shlex
 
+from launcher.words import plural
 from worker import contract, redact
 
 MASK = redact.MASK
@@ -296,8 +297,6 @@ def restarts_text(policy) -> str:
 
 def describe(plan: Plan) -> str:
     """The ``--dry-run`` text: per process its host, id, env (secrets masked) and command."""
-    from launcher.console.words import plural  # here: the console package imports the plan
-
     job = plan.job
     batch = ("" if job.is_program else f"; global_batch_size {job.train.global_batch_size} "
              f"= {job.per_device_batch_size} per device")

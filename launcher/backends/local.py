@@ -29,7 +29,7 @@ from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan, ProcessPlan
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import interrupts, profiling
 
 HOST = "127.0.0.1"

@@ -25,7 +25,7 @@ from typing import Literal
 
 from launcher import proctl
 from launcher.backends.base import ClusterSettings
-from launcher.console.words import plural
+from launcher.words import plural
 from launcher.spec import schema
 from launcher.spec.schema import non_negative, port_or_zero, setting
 

@@ -22,7 +22,7 @@ from launcher import commands
 from launcher import flags, interrupts
 from launcher.commands import runs
 from launcher.commands.stacks_cmd import answers, ask, live_launcher, print_answer
-from launcher.console.words import plural
+from launcher.words import plural
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import profiles
 from launcher.spec import schema

@@ -42,7 +42,7 @@ import time
 
 from launcher.errors import Problem, SpecError
 from launcher.console.lines import printable as lines_printable
-from launcher.console.words import duration
+from launcher.words import duration
 from launcher.run.record import (  # noqa: F401  (re-exported: run.json's writer)
     RUN_FILE, Record, _count, _failures, _number, _start_ticks, _text, read_record)
 from worker import runfiles

@@ -31,7 +31,7 @@ import urllib.request
 from launcher import flags, interrupts, proctl
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.console.words import pip_install, plural
+from launcher.words import pip_install, plural
 from worker import profiling
 
 INSTALL = pip_install("tensorboard")  # the extra in pyproject.toml, from a checkout

@@ -36,7 +36,7 @@ from launcher import logtimes
 from launcher.console import lines as kinds
 from launcher.state import State
 from launcher.console.status import status_text
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import contract, notice, runfiles
 
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)

@@ -10,7 +10,7 @@ import importlib.util
 import os
 import shlex
 
-from launcher.console.words import GLOSSARY, pip_install
+from launcher.words import GLOSSARY, pip_install
 
 CLUSTER_EXAMPLE = "jobs/clusters/ssh-example.yaml"
 

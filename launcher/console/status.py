@@ -33,7 +33,7 @@ from typing import Sequence
 
 from launcher.console import explain
 from launcher.console import lines as kinds
-from launcher.console.words import duration, plural
+from launcher.words import duration, plural
 from launcher.errors import Problem, SpecError
 from launcher.run import profiles
 from launcher.state import Result, State, Tracked

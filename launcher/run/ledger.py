@@ -50,7 +50,7 @@ import json
 import os
 
 from worker import runfiles
-from launcher.console.words import GLOSSARY, plural
+from launcher.words import GLOSSARY, plural
 from launcher.state import HOST_CHANGE_FIELDS, Result
 
 LEDGER_FILE = "ledger.json"

@@ -26,7 +26,7 @@ import time
 from typing import Callable
 
 from launcher import interrupts
-from launcher.console.words import plural
+from launcher.words import plural
 from launcher.run import stacks
 from worker import profiling, runfiles
 

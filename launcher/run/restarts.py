@@ -32,7 +32,7 @@ from launcher.run import classes, ledger
 from launcher.run.classes import FailureClass, Verdict
 from launcher.state import Result, Watchdog
 from launcher.console.status import compile_text, summary
-from launcher.console.words import plural
+from launcher.words import plural
 from launcher import interrupts
 from launcher.interrupts import Interrupted
 from launcher.run.supervise import supervise

@@ -28,7 +28,7 @@ import re
 import time
 from typing import Callable
 
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import contract, interrupts, runfiles
 
 DEADLINE_S = 3.0  # the most a capture waits for every process's answer

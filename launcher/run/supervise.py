@@ -43,7 +43,7 @@ from launcher.run.output import Output, pump
 from launcher.run.pauses import Pauses
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import contract, notice
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped

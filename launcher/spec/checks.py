@@ -13,7 +13,7 @@ import sys
 
 from launcher.errors import Problem, SpecError
 from launcher.spec import syncrules
-from launcher.console.words import plural
+from launcher.words import plural
 import worker as worker_package  # where podlaunch's own worker is
 from worker.sections import BUILTIN_TASKS  # the tasks worker.tasks builds in
 

@@ -13,7 +13,7 @@ import os
 from launcher.spec import datafiles, schema
 from launcher.spec.checks import BUILTIN_TASKS
 from launcher.spec.programspec import check_program
-from launcher.console.words import plural
+from launcher.words import plural
 
 
 def check_job(spec, raw: dict, ctx: schema.Context):

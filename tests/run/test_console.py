@@ -33,7 +33,7 @@ from launcher.errors import SpecError
 from launcher.run.classes import FailureClass, Verdict
 from launcher.state import Exited, Result, State
 from launcher.console.status import status_text
-from launcher.console.words import duration, plural
+from launcher.words import duration, plural
 from worker import contract
 
 GLOO = "[Gloo] Rank {} is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"

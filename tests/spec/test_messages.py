@@ -109,7 +109,7 @@ def test_yaml_slips_name_their_line_and_what_usually_causes_them(tmp_path, text,
 
 def test_no_message_counts_with_a_fixed_plural():
     """issue 29: "preflight ok on 1 hosts". A count of things the run has (hosts, files,
-    checkpoints, processes) goes through ``console.words.plural``: no f-string in the
+    checkpoints, processes) goes through ``launcher.words.plural``: no f-string in the
     launcher puts a ``len(...)`` or a counted variable before a fixed plural noun."""
     import glob
     import os

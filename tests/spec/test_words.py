@@ -9,7 +9,7 @@ import re
 
 from harness.helpers import REPO
 
-from launcher.console.words import GLOSSARY
+from launcher.words import GLOSSARY
 from launcher.run import ledger
 
 # what a user reads: the shipped jobs (their comments), the docs, the README, the examples;

@@ -14,7 +14,7 @@ which excludes a failing node from the next launch inside the allocation.
 from __future__ import annotations
 
 from launcher.backends.slurm import script
-from launcher.console.words import plural
+from launcher.words import plural
 
 
 class NodeExclusions:

@@ -32,7 +32,7 @@ from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
 from launcher.state import Exit, Lost
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import contract, redact, runfiles
 
 TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")

@@ -25,7 +25,7 @@ from launcher.backends.ssh.settings import SshSettings
 from launcher.spec.checks import BUILTIN_TASKS
 from launcher.errors import LaunchError
 from launcher.remote import preflight as remote_preflight
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import contract
 
 # What preflight does with survivors of an earlier run of the job found on a host: REFUSE

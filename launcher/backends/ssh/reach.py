@@ -30,7 +30,7 @@ from launcher.backends.ssh.channels import HostChannels
 from launcher.backends.ssh.connection import command_line
 from launcher.errors import Problem, SpecError
 from launcher.remote import reach as remote_reach
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import contract
 
 REACH_TIMEOUT_S = 5.0   # each host's connect; a firewall that drops shows as this timeout

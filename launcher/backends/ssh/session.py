@@ -26,7 +26,7 @@ from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S
 from launcher.backends.ssh.settings import SshHost, SshSettings
 from launcher.backends.ssh.takenout import TakenOut
 from launcher.backends.ssh.workers import start_all
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import contract
 
 

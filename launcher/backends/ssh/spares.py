@@ -18,7 +18,7 @@ import dataclasses
 from typing import Sequence
 
 from launcher.backends.ssh import preflight as checks
-from launcher.console.words import plural
+from launcher.words import plural
 from launcher.errors import LaunchError
 
 SLOW_MARGIN_S = 0.010  # a slow host is this much slower per step too: no verdict on noise

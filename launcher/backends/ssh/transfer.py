@@ -10,7 +10,7 @@ import stat
 
 import paramiko
 
-from launcher.console.words import plural
+from launcher.words import plural
 from launcher.spec import syncrules
 from worker import runfiles
 

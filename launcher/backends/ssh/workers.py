@@ -37,7 +37,7 @@ from launcher.backends.ssh.settings import SshSettings
 from launcher.errors import LaunchError
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of, Exited, Lost
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import interrupts, profiling
 
 

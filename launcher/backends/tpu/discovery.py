@@ -16,7 +16,7 @@ import subprocess
 
 from launcher.backends.tpu.settings import TpuCluster
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.console.words import plural
+from launcher.words import plural
 
 # What to do about a slice that is not READY (TPU API Node.State values).
 _STATE_HINTS = {

@@ -20,7 +20,7 @@ from launcher.backends import local
 from launcher.backends.base import Backend, Options, Session
 from launcher.backends.tpu.settings import TpuCluster, slice_env
 from launcher.plan import Plan
-from launcher.console.words import plural
+from launcher.words import plural
 
 
 class RehearsalSession(Session):

@@ -24,7 +24,7 @@ from launcher.backends.ssh.settings import SshHost
 from launcher.backends.tpu import discovery as discovering
 from launcher.backends.tpu import holders
 from launcher.backends.tpu.settings import DEFAULT_IDENTITY_FILE, TpuCluster, slice_env
-from launcher.console.words import plural
+from launcher.words import plural
 from worker import contract
 
 
