@@ -21,10 +21,10 @@ import yaml
 
 from launcher import backends
 from launcher import plan as planning
-from launcher import commands, flags, interrupts
+from launcher import commands, flags, interrupts, runlock
 from launcher.commands import detach, resumes, runs
 from launcher.console import lines, nextsteps
-from launcher.run import ledger, restarts, runlock
+from launcher.run import ledger, restarts
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console

@@ -3,7 +3,7 @@
 RUN is a run directory, or a short name: ``JOB/STAMP`` or ``STAMP`` under ``runs/`` (what
 ``launch runs`` lists). Nothing in a run directory is trusted: run.json is read defensively
 (``runs.read_record``) and its pid is only a first guess. The supervisor is the process
-that holds the run's lock (``launcher.run.runlock``): this user's, with the lock file open
+that holds the run's lock (``launcher.runlock``): this user's, with the lock file open
 for writing per ``/proc/PID/fd`` and ``fdinfo``; only such a process is ever signalled.
 """
 
@@ -12,10 +12,9 @@ from __future__ import annotations
 import os
 import stat
 
-from launcher import proctl
+from launcher import proctl, runlock
 from launcher.commands import runs
 from launcher.errors import Problem, SpecError
-from launcher.run import runlock
 
 EXIT_CODES = {"succeeded": 0, "diverged": 1, "failed": 1,
               "interrupted": 130}  # as launcher.cli exits

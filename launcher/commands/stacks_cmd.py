@@ -1,7 +1,7 @@
 """``launch stacks RUN_DIR``: every process's stacks of a live run, now.
 
 Asks the run's launcher (``run.json``'s ``launcher`` pid, on this machine, signalled only once
-proven to hold the run's lock: ``launcher.run.runlock.prove``) with
+proven to hold the run's lock: ``launcher.runlock.prove``) with
 ``launcher.interrupts.STACKS_REQUEST_SIGNAL``; the launcher reads every process's
 stacks through its backend's transport (``launcher.run.stacks``), writes them beside the
 attempt's logs and its answer, ``stacks.json``, which this command waits for (at most
@@ -17,10 +17,10 @@ import socket
 import time
 
 from launcher import commands
-from launcher import flags, interrupts
+from launcher import flags, interrupts, runlock
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.run import runlock, stacks
+from launcher.run import stacks
 from worker import runfiles
 
 

@@ -1,6 +1,6 @@
 """``launch wait RUN [--timeout S]``: wait for a run to end; its exit code, 124 at the timeout.
 
-The run has ended once no supervisor holds its lock (``launcher.run.runlock``: the kernel
+The run has ended once no supervisor holds its lock (``launcher.runlock``: the kernel
 drops it however the supervisor ends); its exit code is then its run.json state's.
 """
 

@@ -1,2 +1,1 @@
-"""The run stage: supervision of one attempt, restarts, the launcher's own pauses, the run
-directory's lock."""
+"""The run stage: supervision of one attempt, restarts, the launcher's own pauses."""

@@ -13,7 +13,8 @@ import pytest
 
 from launcher.console import Console
 from launcher.remote import wrapper
-from launcher.run import logfile, runlock
+from launcher import runlock
+from launcher.run import logfile
 from launcher import remote
 from worker import runfiles
 

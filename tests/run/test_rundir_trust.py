@@ -20,7 +20,8 @@ import pytest
 from harness.helpers import LAUNCH, REPO, env_for_tests
 from launcher.commands import runs
 from launcher.errors import SpecError
-from launcher.run import ledger, runlock
+from launcher import runlock
+from launcher.run import ledger
 from launcher.run.logfile import LogFile
 from worker import runfiles
 
@@ -109,7 +110,7 @@ def test_a_process_run_json_names_is_not_signalled_unless_it_holds_the_runs_lock
         holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
             import sys, time
             sys.path.insert(0, {REPO!r})
-            from launcher.run import runlock
+            from launcher import runlock
             runlock.acquire({str(run_dir)!r}, "--run-dir")
             print("held", flush=True)
             time.sleep(300)
@@ -193,7 +194,7 @@ def test_asking_another_users_live_run_is_a_sentence_not_a_permission_error(comm
             import os, sys, time
             sys.path.insert(0, {REPO!r})
             from launcher.commands import runs
-            from launcher.run import runlock
+            from launcher import runlock
             runlock.acquire({run_dir!r}, "--run-dir")
             os.chmod({run_dir!r}, 0o755)
             runs.Record({run_dir!r}, "linear", 10).start()
