@@ -32,10 +32,9 @@ import statistics
 from typing import Sequence
 
 from launcher.console import explain
-from launcher.console import lines as kinds
+from launcher.console import lines as kinds, traced
 from launcher.words import duration, plural
 from launcher.errors import Problem, SpecError
-from launcher.run import profiles
 from launcher.state import Result, State, Tracked
 
 def parse_show(text: str) -> frozenset | None:
@@ -195,7 +194,7 @@ def summary(result: Result) -> str:
         lines.append("INTERRUPTED: every process was stopped.")
     lines += result.stacks  # read before the teardown (launcher.run.stacks)
     lines += _table(result.processes, first)
-    lines += profiles.summary_lines(result.processes)  # where the traces are, the slowest
+    lines += traced.summary_lines(result.processes)  # where the traces are, the slowest
     compiled = compile_text(result.processes)
     if compiled is not None:
         lines.append(compiled)

@@ -1,4 +1,5 @@
-"""Profiles of a run's processes: asked of a live run, copied back, told on the console and in the summary.
+"""Profiles of a run's processes: asked of a live run, copied back, told on the console (in
+the words of ``launcher.console.traced``, which the summary says them in too).
 
 Each worker traces the steps the spec's ``profile`` section names, or those this launcher
 asks, and prints ``worker.profiling.LINE_FORMAT`` when its trace is written (the layout
@@ -26,6 +27,7 @@ import time
 from typing import Callable
 
 from launcher import interrupts
+from launcher.console.traced import by_session, run_dir_of, session_lines
 from launcher.words import plural
 from launcher.run import stacks
 from worker import profiling, runfiles
@@ -35,58 +37,6 @@ REQUEST_PREFIX = "profile-request-"  # launch profile -> the launcher: one file 
 ANSWER_FILE = "profile.json"           # beside the attempt's logs: the newest session said
 LEAD_S = 3.0          # the asked window starts this far ahead of the furthest process
 ANSWER_WAIT_S = 120.0  # a session is said with what came once this long passed since it was asked
-
-
-def run_dir_of(log_path: str) -> str:
-    """The run directory of a process's log (``<run>/logs[/attempt-N]/process-NNN.log``)."""
-    folder = os.path.dirname(log_path)
-    while os.path.basename(folder) != "logs" and os.path.dirname(folder) != folder:
-        folder = os.path.dirname(folder)
-    return os.path.dirname(folder)
-
-
-def session_lines(session: str, traces: dict, labels: dict, run_dir: str) -> list:
-    """What the console and the summary say of one session: where its traces are, and the
-    slowest process over its steps (``traces``: process_id -> Trace)."""
-    kept = {p: t for p, t in traces.items() if t.path is not None}
-    slowest = max(sorted(traces), key=lambda p: traces[p].ms_per_step)
-    fastest = min(sorted(traces), key=lambda p: traces[p].ms_per_step)
-    steps = sorted({(t.first, t.last) for t in traces.values()})
-    where = os.path.join(run_dir, profiling.PLUGIN_DIR, session)
-    said = f"{plural(len(traces), 'process')}; "
-    if len(traces) > 1 and traces[slowest].ms_per_step == traces[fastest].ms_per_step:
-        said += f"all at {traces[slowest].ms_per_step:.2f} ms per step"
-    else:
-        said += (f"slowest {labels.get(slowest, f'p{slowest}')} ({traces[slowest].ms_per_step:.2f} "
-                 "ms per step" + (f"; fastest {labels.get(fastest, f'p{fastest}')} "
-                                  f"{traces[fastest].ms_per_step:.2f}" if len(traces) > 1 else "")
-                 + ")")
-    out = [f"profile {session}: steps {', '.join(f'{a}-{b}' for a, b in steps)} traced by {said}"]
-    if kept:
-        out.append(f"profile {session}: {plural(len(kept), 'trace')} in {where}/ "
-                   f"({', '.join(os.path.basename(t.path) for t in list(kept.values())[:4])}"
-                   f"{', ...' if len(kept) > 4 else ''}); see {'it' if len(kept) == 1 else 'them'} "
-                   f"with: launch tensorboard {run_dir} (the Profile tab)")
-    return out
-
-
-def by_session(processes: list) -> dict:
-    """{session: {process_id: Trace}} of the traces the processes' lines said."""
-    sessions: dict = {}
-    for t in processes:
-        for trace in t.stats.profiles:
-            sessions.setdefault(trace.session, {})[t.plan.process_id] = trace
-    return sessions
-
-
-def summary_lines(processes: list) -> list:
-    """The summary's lines for every session this attempt's processes traced."""
-    if not processes:
-        return []
-    labels = {t.plan.process_id: t.plan.label for t in processes}
-    run_dir = run_dir_of(processes[0].plan.log_path)
-    return [line for session, traces in by_session(processes).items()
-            for line in session_lines(session, traces, labels, run_dir)]
 
 
 class Answers:

@@ -23,6 +23,7 @@ from launcher import interrupts as launcher_interrupts, logtimes
 from launcher.commands import profile_cmd, tensorboard_cmd
 from launcher.console import Console
 from launcher.console.status import summary
+from launcher.console.traced import session_lines
 from launcher.errors import SpecError
 from launcher.run import profiles
 from launcher.backends.ssh import workers as ssh_workers
@@ -240,7 +241,7 @@ def test_a_request_at_the_runs_last_step_says_nothing_is_left_and_ties_are_named
     answer = json.loads((logs / profiles.ANSWER_FILE).read_text())
     assert (answer["asked_at"], answer["asked"], answer["traced"]) == (7.0, 2, 0)
     tie = {p: profiling.Trace(5, 9, "steps_5-9", 0.04, 7.81, None) for p in (0, 1)}
-    assert "traced by 2 processes; all at 7.81 ms per step" in profiles.session_lines(
+    assert "traced by 2 processes; all at 7.81 ms per step" in session_lines(
         "steps_5-9", tie, {0: "p0", 1: "p1"}, "/r")[0]
 
 
