@@ -234,8 +234,8 @@ def parse_override(text: str) -> tuple[tuple, Any]:
     return tuple(key.strip().split(".")), value
 
 
-def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] = (),
-         registry=None) -> JobSpec:
+def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] = (), *,
+         registry) -> JobSpec:
     """Read, merge, validate and freeze a job spec.
 
     Args:
@@ -244,8 +244,8 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
         Its top level is the cluster mapping itself (a ``cluster:`` wrapper is accepted).
       overrides: ``KEY=VALUE`` strings from ``--set``, applied last, in order.
       registry: the backends, by ``cluster.backend`` (``names()`` and ``cluster_type(name)``:
-        ``launcher.backends``, which the CLI hands in; None: that one). Spec loading knows
-        no backend of its own.
+        ``launcher.backends``, which the CLI hands in). Spec loading knows no backend of its
+        own and imports none: the registry stands on a floor above it.
 
     Returns:
       The frozen JobSpec, with ``data.path`` made absolute.
@@ -297,8 +297,6 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
     cluster_raw = raw.pop("cluster", None)
     kind = programspec.job_type(raw, ctx, TrainerJobSpec, ProgramJobSpec)
     spec = MISSING if kind is None else schema.build(kind, raw, (), ctx)
-    if registry is None:
-        from launcher import backends as registry
     cluster = _build_cluster(cluster_raw, ctx, registry)
     if spec is not MISSING and cluster is not MISSING:
         spec = dataclasses.replace(spec, cluster=cluster, source=path,

@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from launcher import backends
 from launcher import spec as specs
 from launcher.run import classes, restarts
 from launcher.run.classes import FailureClass
@@ -185,7 +186,7 @@ def test_a_bad_budget_is_a_spec_error_naming_its_key(tmp_path):
 
     with pytest.raises(SpecError) as refused:
         specs.load("jobs/linear.yaml", overrides=("restarts.preemptions=-1",
-                                                  "restarts.program_error=1"))
+                                                  "restarts.program_error=1"), registry=backends)
     text = str(refused.value)
     assert "restarts.preemptions: expected 0 to 10000, got -1" in text
     assert "restarts.program_error: unknown key; did you mean 'program_errors'?" in text

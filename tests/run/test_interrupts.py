@@ -13,6 +13,7 @@ import signal
 import numpy as np
 import pytest
 
+from launcher import backends
 from launcher import spec as specs
 from harness.helpers import REPO
 from worker import checkpoint, contract, interrupts, program
@@ -34,7 +35,7 @@ def _term_self() -> None:
 
 
 def _job(name: str):
-    return jobs.for_spec_dict(specs.load(os.path.join(REPO, "jobs", name)).to_dict())
+    return jobs.for_spec_dict(specs.load(os.path.join(REPO, "jobs", name), registry=backends).to_dict())
 
 
 def _identity(run_dir) -> contract.Identity:

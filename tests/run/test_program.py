@@ -15,6 +15,7 @@ import yaml
 from harness.helpers import NO_RESTARTS, REPO, checked_ledger, launch, program_job, run_pids
 from harness.runs import agreed_step
 
+from launcher import backends
 from launcher import spec
 from launcher.errors import SpecError
 
@@ -24,7 +25,7 @@ def test_program_with_a_trainer_section_is_a_spec_error_naming_both(tmp_path):
     path.write_text("name: mixed\nprogram: {argv: [python, x.py]}\n"
                     "train: {num_steps: 5, global_batch_size: 4}\n")
     with pytest.raises(SpecError) as err:
-        spec.load(str(path))
+        spec.load(str(path), registry=backends)
     assert [str(p) for p in err.value.problems] == [
         f"{path}:3: train: cannot be combined with program: a program job runs its own "
         "training; remove train (or program)"]
@@ -36,7 +37,7 @@ def test_neither_program_nor_train_names_both(tmp_path):
     path = tmp_path / "empty.yaml"
     path.write_text("name: empty\n")
     with pytest.raises(SpecError, match="train: missing; .* or a program: section"):
-        spec.load(str(path))
+        spec.load(str(path), registry=backends)
 
 
 def test_program_dry_run_and_set(tmp_path):
@@ -48,7 +49,7 @@ def test_program_dry_run_and_set(tmp_path):
     assert out.count("/python examples/seed_program.py --steps 100 --lr 0.1") == 4  # the cluster python
     assert "JAX_COORDINATOR_ADDRESS=127.0.0.1:" in out and f", in {REPO}" in out
     job = spec.load(os.path.join(REPO, "jobs", "seed_program.yaml"), None,
-                    ("program.num_steps=7",))
+                    ("program.num_steps=7",), registry=backends)
     assert job.program.num_steps == 7 and isinstance(job, spec.ProgramJobSpec)
     assert not hasattr(job, "task") and not hasattr(job, "train")  # a program job has none
     assert job.watchdog.first_step_timeout_s is None  # not set: a program may never report
@@ -256,7 +257,7 @@ def test_trainer_settings_a_program_job_would_ignore_are_refused(tmp_path):
     path.write_text("name: p\nprogram: {argv: [python, x.py]}\n"
                     "checkpoint: {every_steps: 50, keep: 2}\nlogging: {on_nonfinite_loss: warn}\n")
     with pytest.raises(SpecError) as err:
-        spec.load(str(path))
+        spec.load(str(path), registry=backends)
     said = [str(p) for p in err.value.problems]
     assert said[0].startswith(f"{path}:3: checkpoint.every_steps: does not apply to a program job: "
                               "the program saves its own checkpoints"), said
@@ -280,7 +281,7 @@ def test_a_worker_module_of_the_program_s_own_is_refused_before_it_hides_podlaun
             "would fail); write 'from podlaunch import program', podlaunch's own name for the helper, "
             "or rename it") in done.stderr, done.stderr
     (tmp_path / "train.py").write_text("import worker\nworker.work()\n")  # its own, on purpose
-    assert spec.load(str(path)).program.dir == str(tmp_path)
+    assert spec.load(str(path), registry=backends).program.dir == str(tmp_path)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import collections
 import textwrap
 import types
 
+from launcher import backends
 from launcher import spec as specs
 from launcher.backends.ssh import spares
 from launcher.backends.ssh.session import SshSession
@@ -178,7 +179,7 @@ def _session(tmp_path, quarantine_after: int = 2):
                     quarantine_after: {quarantine_after}}}
         cluster: {{backend: ssh, hosts: [127.0.0.2, 127.0.0.3], spares: [127.0.0.4]}}
         """))
-    job = specs.load(str(tmp_path / "job.yaml"), None, ())
+    job = specs.load(str(tmp_path / "job.yaml"), None, (), registry=backends)
     return SshSession(job, str(tmp_path / "run"))
 
 

@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from launcher import backends
 from launcher import cli
 from launcher import spec as specs
 from harness.helpers import REPO, fill, full_disk_ready, launched
@@ -25,7 +26,7 @@ class _Frozen(datetime.datetime):
 def test_two_launches_in_one_millisecond_get_two_run_directories(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli.datetime, "datetime", _Frozen)
-    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), None, ())
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), None, (), registry=backends)
     named = cli._run_dir(job, None)  # a dry run: named, not made
     assert not os.path.exists(named)
     first = cli._run_dir(job, None, create=True)

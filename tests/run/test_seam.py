@@ -28,7 +28,7 @@ def _job(tmp_path, cluster: str = "", extra: str = "") -> specs.JobSpec:
     path = tmp_path / "job.yaml"
     path.write_text("name: seam\ntrain: {num_steps: 2, global_batch_size: 24}\n" + extra
                     + (f"cluster:\n{cluster}" if cluster else ""))
-    return specs.load(str(path))
+    return specs.load(str(path), registry=backends)
 
 
 def _placement(host: str, num_processes: int, **kw) -> planning.Placement:

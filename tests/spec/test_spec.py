@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from harness.helpers import REPO, launch
+from launcher import backends
 from launcher import spec
 from launcher.spec import yamlio
 from launcher.errors import SpecError
@@ -156,7 +157,7 @@ def test_every_mistake_in_a_file_is_reported_at_once_each_at_its_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(SpecError) as err:
-        spec.load(str(path))
+        spec.load(str(path), registry=backends)
     lines = [line for line in str(err.value).splitlines() if line.startswith(str(path))]
     got = [(int(line.split(":")[1]), line) for line in lines]
     want = [(9, "optimizer.learning_rate: expected a number, got null"),
@@ -179,23 +180,26 @@ def test_yaml_reads_what_the_user_sees():
 def test_overrides_are_typed_and_validated_like_the_file():
     job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"),
                     overrides=("train.num_steps=7", "optimizer.learning_rate=1e-2",
-                               "cluster.env.GREETING=hello world", "cluster.env.N=007"))
+                               "cluster.env.GREETING=hello world", "cluster.env.N=007"),
+                    registry=backends)
     assert job.train.num_steps == 7 and job.optimizer.learning_rate == 0.01
     assert job.cluster.env == {"GREETING": "hello world", "N": "007"}
     with pytest.raises(SpecError) as info:
-        spec.load(os.path.join(REPO, "jobs", "linear.yaml"), overrides=("cluster.num_processes=3",))
+        spec.load(os.path.join(REPO, "jobs", "linear.yaml"), overrides=("cluster.num_processes=3",),
+                  registry=backends)
     assert "does not divide evenly over device_count 6" in str(info.value)
 
 
 def test_derived_values_are_computed():
     job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"),
-                    overrides=("cluster.num_processes=4", "cluster.devices_per_process=2"))
+                    overrides=("cluster.num_processes=4", "cluster.devices_per_process=2"),
+                    registry=backends)
     assert (job.num_processes, job.device_count, job.per_device_batch_size) == (4, 8, 32)
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "jobs", "*.yaml"))))
 def test_every_shipped_job_loads(path):
-    job = spec.load(path)
+    job = spec.load(path, registry=backends)
     assert job.is_program or job.train.global_batch_size % job.device_count == 0
 
 
@@ -207,7 +211,7 @@ def test_every_shipped_cluster_loads(path, tmp_path):
             (tmp_path / f"accel{i}").write_text("")
         overrides = (f"cluster.tpu_device_paths=[{str(tmp_path / 'accel*')!r}]",)
     job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"), cluster_path=path,
-                    overrides=overrides)
+                    overrides=overrides, registry=backends)
     # what the launcher writes for the workers (cli: job.json) reads back as the same job there
     from worker.job import WorkerJob
 
@@ -221,7 +225,7 @@ def test_file_data_rows_are_checked_before_launch(tmp_path):
     (tmp_path / "job.yaml").write_text(GOOD.replace(
         "source: synthetic\n  num_examples: 64", "source: file\n  path: d.npy"))
     with pytest.raises(SpecError) as info:
-        spec.load(str(tmp_path / "job.yaml"))
+        spec.load(str(tmp_path / "job.yaml"), registry=backends)
     assert "train.global_batch_size: 64 is more than the 10 rows" in str(info.value)
 
 
@@ -328,44 +332,49 @@ def test_steps_per_call_must_divide_the_steps_that_land_on_call_boundaries():
     path = os.path.join(REPO, "jobs", "linear.yaml")
     with pytest.raises(SpecError) as info:
         spec.load(path, overrides=("train.steps_per_call=4", "train.num_steps=10",
-                                   "logging.log_every_steps=6", "checkpoint.every_steps=1000"))
+                                   "logging.log_every_steps=6", "checkpoint.every_steps=1000"),
+                  registry=backends)
     text = str(info.value)
     assert "train.num_steps: 10 is not a multiple of train.steps_per_call 4" in text
     assert "log_every_steps" not in text  # log steps may fall inside a call
     assert "checkpoint.every_steps" not in text  # 1000 is a multiple of 4
     with pytest.raises(SpecError, match="checkpoint.every_steps: 10 is not a multiple"):
         spec.load(path, overrides=("train.steps_per_call=4", "train.num_steps=40",
-                                   "logging.log_every_steps=4", "checkpoint.every_steps=10"))
+                                   "logging.log_every_steps=4", "checkpoint.every_steps=10"),
+                  registry=backends)
     with pytest.raises(SpecError, match="train.steps_per_call: expected 1 to 100000, got 0"):
-        spec.load(path, overrides=("train.steps_per_call=0",))
+        spec.load(path, overrides=("train.steps_per_call=0",), registry=backends)
     with pytest.raises(SpecError, match="train.allreduce"):
-        spec.load(path, overrides=("train.allreduce=ring",))
+        spec.load(path, overrides=("train.allreduce=ring",), registry=backends)
     job = spec.load(path, overrides=("train.steps_per_call=5", "train.num_steps=100",
-                                     "checkpoint.every_steps=0"))
+                                     "checkpoint.every_steps=0"), registry=backends)
     assert job.train.steps_per_call == 5 and job.train.allreduce == "packed"
     # auto (the default): the worker picks a divisor of both, so nothing to refuse
-    job = spec.load(path, overrides=("train.num_steps=7", "checkpoint.every_steps=3"))
+    job = spec.load(path, overrides=("train.num_steps=7", "checkpoint.every_steps=3"), registry=backends)
     assert job.train.steps_per_call == "auto"
-    assert spec.load(path, overrides=("train.steps_per_call=auto",)).train.steps_per_call == "auto"
+    assert spec.load(path, overrides=("train.steps_per_call=auto",),
+                     registry=backends).train.steps_per_call == "auto"
     with pytest.raises(SpecError, match=r"train.steps_per_call: expected an integer or one of "
                                         r"auto, got 'fast'"):
-        spec.load(path, overrides=("train.steps_per_call=fast",))
+        spec.load(path, overrides=("train.steps_per_call=fast",), registry=backends)
     with pytest.raises(SpecError, match=r"train.steps_per_call: expected an integer, got 2.5"):
-        spec.load(path, overrides=("train.steps_per_call=2.5",))
+        spec.load(path, overrides=("train.steps_per_call=2.5",), registry=backends)
 
 
 def test_parallelism_is_auto_pmap_or_jit_and_auto_by_default(tmp_path):
     path = os.path.join(REPO, "jobs", "linear.yaml")
-    assert spec.load(path).train.parallelism == "auto"
-    assert spec.load(path, overrides=("train.parallelism=pmap",)).train.parallelism == "pmap"
-    assert spec.load(path, overrides=("train.parallelism=jit",)).train.parallelism == "jit"
+    assert spec.load(path, registry=backends).train.parallelism == "auto"
+    assert spec.load(path, overrides=("train.parallelism=pmap",),
+                     registry=backends).train.parallelism == "pmap"
+    assert spec.load(path, overrides=("train.parallelism=jit",),
+                     registry=backends).train.parallelism == "jit"
     with pytest.raises(SpecError, match=r"--set: train\.parallelism: expected one of auto, pmap, jit, "
                        r"got 'pjit' \(a string\); did you mean 'jit'\?"):
-        spec.load(path, overrides=("train.parallelism=pjit",))
+        spec.load(path, overrides=("train.parallelism=pjit",), registry=backends)
     bad = tmp_path / "bad.yaml"
     bad.write_text(open(path).read().replace("train:\n", "train:\n  parallelism: shard_map\n", 1))
     with pytest.raises(SpecError, match=r"bad\.yaml:\d+: train\.parallelism: expected one of auto, pmap, jit"):
-        spec.load(str(bad))
+        spec.load(str(bad), registry=backends)
 
 
 def _documented(path: str) -> set:
@@ -416,8 +425,10 @@ def test_a_large_learning_rate_is_no_int32_overflow():
     # the model's own numbers (learning_rate, weight_decay, noise_std) reach no int32 argument or
     # timer: 1e20 was refused with "larger values overflow the int32 and timer arguments"
     path = os.path.join(REPO, "jobs", "linear.yaml")
-    assert spec.load(path, overrides=("optimizer.learning_rate=1e20",)).optimizer.learning_rate == 1e20
+    assert spec.load(path, overrides=("optimizer.learning_rate=1e20",),
+                     registry=backends).optimizer.learning_rate == 1e20
     with pytest.raises(SpecError, match=r"optimizer.learning_rate: expected a number > 0, got -1.0"):
-        spec.load(path, overrides=("optimizer.learning_rate=-1",))
+        spec.load(path, overrides=("optimizer.learning_rate=-1",), registry=backends)
     with pytest.raises(SpecError, match=r"distributed.initialization_timeout_s: expected at most"):
-        spec.load(path, overrides=("distributed.initialization_timeout_s=100000000000",))
+        spec.load(path, overrides=("distributed.initialization_timeout_s=100000000000",),
+                  registry=backends)

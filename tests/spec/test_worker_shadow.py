@@ -12,6 +12,7 @@ import types
 import pytest
 
 from harness.helpers import LAUNCH, REPO, env_for_tests
+from launcher import backends
 from launcher import remote
 from launcher.backends.ssh import preflight as ssh_preflight
 from launcher.remote import preflight
@@ -46,7 +47,7 @@ def test_podlaunch_first_on_the_pythonpath_is_fine(tmp_path, shadow):
     from launcher.spec import checks
 
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), None,
-                     (f"cluster.env.PYTHONPATH={REPO}{os.pathsep}{shadow}",))
+                     (f"cluster.env.PYTHONPATH={REPO}{os.pathsep}{shadow}",), registry=backends)
     checks.check_worker_is_podlaunchs(job)  # podlaunch's comes first: nothing to refuse
 
 

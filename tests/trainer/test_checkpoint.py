@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from harness.helpers import env_for_tests, launch
+from launcher import backends
 from launcher.run import restarts
 from launcher import spec as specs
 from launcher.errors import SpecError
@@ -223,14 +224,14 @@ def test_recovery_settings_are_validated_together():
     with pytest.raises(SpecError) as err:
         specs.load("jobs/linear.yaml", overrides=(
             "checkpoint.keep=0", "restarts.retry_exit_codes=[1,300]", "restarts.max_restart=1",
-            "watchdog.stall_timeout_s=-1", "restarts.backoff_s=soon"))
+            "watchdog.stall_timeout_s=-1", "restarts.backoff_s=soon"), registry=backends)
     text = str(err.value)
     assert "--set: checkpoint.keep: expected 1 to 1000, got 0" in text
     assert "restarts.retry_exit_codes: expected exit codes 1 to 255, got [300]" in text
     assert "restarts.max_restart: unknown key; did you mean 'max_restarts'?" in text
     assert "watchdog.stall_timeout_s: expected a number > 0, got -1" in text
     assert "restarts.backoff_s: expected a number, got 'soon'" in text
-    job = specs.load("jobs/linear.yaml", overrides=("watchdog.stall_timeout_s=null",))
+    job = specs.load("jobs/linear.yaml", overrides=("watchdog.stall_timeout_s=null",), registry=backends)
     assert job.watchdog.stall_timeout_s is None and job.watchdog.first_step_timeout_s == 900
 
 

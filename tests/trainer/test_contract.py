@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from harness.helpers import REPO, env_for_tests
+from launcher import backends
 from launcher import cli
 from launcher import plan as planning
 from launcher import spec as specs
@@ -33,7 +34,7 @@ def identity(**changes) -> Identity:
 
 
 def linear_job() -> WorkerJob:
-    return WorkerJob.from_spec_dict(specs.load(LINEAR).to_dict())
+    return WorkerJob.from_spec_dict(specs.load(LINEAR, registry=backends).to_dict())
 
 
 # ---- identity ---------------------------------------------------------------------------------
@@ -66,7 +67,7 @@ def test_every_identity_field_is_typed_when_read(name, value, said):
 
 
 def test_the_plans_environment_is_the_identity_of_each_process(tmp_path):
-    job = specs.load(LINEAR)
+    job = specs.load(LINEAR, registry=backends)
     placement = planning.Placement(host="localhost", num_processes=2, local_device_count=2,
                                    platform="cpu", python=sys.executable, run_dir=str(tmp_path),
                                    job_path=os.path.join(str(tmp_path), "job.json"))
@@ -80,7 +81,7 @@ def test_the_plans_environment_is_the_identity_of_each_process(tmp_path):
 
 
 def _cache_dirs(local_run_dir: str, host_run_dir: str, *overrides: str) -> list:
-    job = specs.load(LINEAR, overrides=list(overrides))
+    job = specs.load(LINEAR, overrides=list(overrides), registry=backends)
     placement = planning.Placement(host="h", num_processes=2, local_device_count=2,
                                    platform="cpu", python="python3", run_dir=host_run_dir,
                                    job_path=host_run_dir + "/job.json")
@@ -152,7 +153,7 @@ def test_a_real_spec_round_trips_through_job_json(tmp_path):
 
 
 def test_job_json_holds_exactly_the_workers_keys():
-    resolved = specs.load(LINEAR).to_dict()
+    resolved = specs.load(LINEAR, registry=backends).to_dict()
     sent = linear_job().to_dict()
     assert list(sent) == ["name", "secrets", "task", "data", "optimizer", "train", "logging", "distributed",
                           "checkpoint", "watchdog", "profile"]
@@ -191,7 +192,8 @@ def test_the_launcher_writes_job_json_through_the_contract(tmp_path):
     placement = planning.Placement(host="localhost", num_processes=2, local_device_count=2,
                                    platform="cpu", python=sys.executable, run_dir=str(tmp_path),
                                    job_path=os.path.join(str(tmp_path), "job.json"))
-    plan = planning.make_plan(specs.load(LINEAR), [placement], str(tmp_path), "127.0.0.1:1")
+    plan = planning.make_plan(specs.load(LINEAR,
+                                         registry=backends), [placement], str(tmp_path), "127.0.0.1:1")
     cli._write_run_files(plan)
     assert os.stat(plan.job_path).st_mode & 0o777 == 0o600  # it may hold the task's secrets
     with open(plan.job_path, encoding="utf-8") as f:
@@ -207,7 +209,7 @@ def test_the_spec_defaults_reach_the_worker(tmp_path):
           num_steps: 5
           global_batch_size: 64
         """))
-    job = WorkerJob.from_spec_dict(specs.load(str(path)).to_dict())
+    job = WorkerJob.from_spec_dict(specs.load(str(path), registry=backends).to_dict())
     # the spec's defaults (launcher/spec/__init__.py), not the worker's old fallbacks (every 0, keep 1)
     assert job.checkpoint == jobs.CheckpointConfig(every_steps=1000, keep=3)
     assert job.watchdog.stall_timeout_s == 300.0
@@ -278,7 +280,7 @@ def test_a_section_that_is_not_a_mapping_and_a_file_that_is_not_json(tmp_path):
 
 
 def test_a_spec_dict_without_a_worker_key_is_a_contract_error():
-    resolved = specs.load(LINEAR).to_dict()
+    resolved = specs.load(LINEAR, registry=backends).to_dict()
     del resolved["distributed"]["heartbeat_timeout_s"]
     with pytest.raises(ContractError, match="distributed.heartbeat_timeout_s: missing"):
         WorkerJob.from_spec_dict(resolved)
@@ -319,7 +321,7 @@ def test_the_refusal_tables_process_ids_are_the_plans():
     from launcher.backends.ssh import preflight
 
     job = specs.load(LINEAR, overrides=["cluster.num_processes=6", "cluster.devices_per_process=1",
-                                          "train.global_batch_size=252"])
+                                          "train.global_batch_size=252"], registry=backends)
     placements = [planning.Placement(host=f"h{i}", num_processes=n, local_device_count=1,
                                      platform="cpu", python="python3", run_dir="/r",
                                      job_path="/r/job.json") for i, n in enumerate((1, 3, 2))]

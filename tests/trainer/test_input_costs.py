@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from harness.helpers import REPO, launch
+from launcher import backends
 from launcher.spec import checks
 from launcher import spec as specs
 from launcher.errors import SpecError
@@ -42,7 +43,7 @@ def test_eight_examples_of_two_million_features_train_without_a_huge_allocation(
 
 def test_a_model_too_big_for_this_machine_is_refused_before_launch():
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), None,
-                     ("data.in_features=100000", "data.out_features=100000"))
+                     ("data.in_features=100000", "data.out_features=100000"), registry=backends)
     with pytest.raises(SpecError) as err:
         checks.check_fits_in_memory(job, memory_bytes=64 << 30)
     said = str(err.value.problems[0])
@@ -51,4 +52,5 @@ def test_a_model_too_big_for_this_machine_is_refused_before_launch():
     result = launch("jobs/linear.yaml", "--set", "data.in_features=1000000",
                     "--set", "data.out_features=100000", "--dry-run")
     assert result.returncode == 2 and "data.in_features: a linear_regression model" in result.stderr
-    checks.check_fits_in_memory(specs.load(os.path.join(REPO, "jobs/linear.yaml")), 64 << 30)
+    checks.check_fits_in_memory(specs.load(os.path.join(REPO, "jobs/linear.yaml"),
+                                           registry=backends), 64 << 30)

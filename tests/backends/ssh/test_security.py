@@ -18,6 +18,7 @@ import yaml
 
 from harness.helpers import PACED, REPO, PROGRAMS, launch, launched, pids_with_env
 from harness.runs import remote_run_dir
+from launcher import backends
 from launcher import runlock
 from launcher.spec import syncrules
 from launcher.backends.ssh import transfer
@@ -226,7 +227,7 @@ def sftp(hosts, tmp_path):
 
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(_cluster(tmp_path, hosts)))
-    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(cluster), ())
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(cluster), (), registry=backends)
     host = ssh_session.SshSession(job, str(tmp_path / "run")).ssh.resolve()[0]
     with host.open() as c:
         yield c.sftp()
@@ -244,7 +245,7 @@ def test_connections_prefer_aes_gcm_and_still_reach_a_host_that_lacks_it(tmp_pat
     hosts.set_ciphers(1, "aes128-ctr")
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(_cluster(tmp_path, hosts)))
-    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(cluster), ())
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(cluster), (), registry=backends)
     got = []
     for host in ssh_session.SshSession(job, str(tmp_path / "run")).ssh.resolve():
         with host.open() as c:

@@ -27,6 +27,7 @@ from harness import helpers
 from harness import sshenv
 from harness.runs import remote_run_dir
 from harness.helpers import NO_RESTARTS, PACED, REPO, PROGRAMS, Output, launch, pids_with_env, program_job, start_launch
+from launcher import backends
 from launcher import plan as planning
 from launcher import spec as specs
 from launcher.backends.ssh import connection
@@ -134,7 +135,7 @@ def wait_for(proc, pattern: str, count: int, timeout_s: float = 90) -> Output:
 # ---- no sshd needed ----------------------------------------------------------
 def test_example_cluster_file_loads():
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"),
-                     os.path.join(REPO, "jobs/clusters/ssh-example.yaml"))
+                     os.path.join(REPO, "jobs/clusters/ssh-example.yaml"), registry=backends)
     cluster = job.cluster
     assert cluster.backend == "ssh" and job.num_processes == 4
     assert [h.host for h in cluster.hosts] == ["trainer-a", "trainer-b", "10.0.0.12", "10.0.0.13"]
@@ -166,7 +167,8 @@ def test_precedence_spec_over_ssh_config_over_defaults(tmp_path):
         {"host": "alias-a", "user": "bob", "port": 2202},        # per-host spec wins
         "127.0.0.9"]}))                                          # defaults
     three = ("train.global_batch_size=24", "data.num_examples=24")
-    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(file), three + ("cluster.port=2299",))
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(file), three + ("cluster.port=2299",),
+                     registry=backends)
     session = ssh_session.SshSession(job, str(tmp_path / "run"))
     a, b, c = session.ssh.resolve()
     assert (a.connection.host, a.connection.user, a.connection.port) == ("127.0.0.2", "alice", 2299)
@@ -180,7 +182,7 @@ def test_precedence_spec_over_ssh_config_over_defaults(tmp_path):
     assert [[p.process_id for p in plan.on_host(i)] for i in range(3)] == [[0], [1], [2]]
     assert [p.host for p in plan.processes] == ["alias-a", "alias-a", "127.0.0.9"]
     missing = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(file),
-                         three + ("cluster.ssh_config_file=/nonexistent/config",))
+                         three + ("cluster.ssh_config_file=/nonexistent/config",), registry=backends)
     with pytest.raises(SpecError, match="no such file: /nonexistent/config"):
         ssh_session.SshSession(missing, str(tmp_path / "run")).ssh.resolve()
 
@@ -313,7 +315,8 @@ def test_sync_dir_copies_only_what_changed_and_the_job_file_arrives_whole(tmp_pa
     (src / "b.txt").write_text("b\n")
     (src / "__pycache__").mkdir()
     (src / "__pycache__" / "x.pyc").write_text("skip me")
-    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), write_cluster(tmp_path, hosts), SHORT[1::2])
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), write_cluster(tmp_path, hosts), SHORT[1::2],
+                     registry=backends)
     host = ssh_session.SshSession(job, str(tmp_path / "run")).ssh.resolve()[0]
     remote_job = tmp_path / "made" / "run" / "job.json"
     with host.open() as c:

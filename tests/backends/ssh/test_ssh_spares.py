@@ -21,6 +21,7 @@ import yaml
 from harness.helpers import (PROGRAMS, REPO, checked_ledger, launch, launched, pids_with_env,
                              program_job)
 from harness.runs import assert_same_params, params, remote_run_dir
+from launcher import backends
 
 pytestmark = pytest.mark.slow
 
@@ -297,7 +298,7 @@ def test_a_host_taken_out_does_not_come_back_as_a_spare_under_an_alias(tmp_path,
         "hosts": entry[:2], "spares": [entry[2], {"host": "again", "workdir": str(tmp_path / "again")}],
         "env": {"PYTHONPATH": os.pathsep.join([PROGRAMS, REPO])}}))
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), str(tmp_path / "cluster.yaml"),
-                     ("train.global_batch_size=32",))
+                     ("train.global_batch_size=32",), registry=backends)
     said: list = []
     console = Console()
     console.say = said.append

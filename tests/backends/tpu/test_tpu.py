@@ -18,6 +18,7 @@ import yaml
 
 from harness import fake_gcloud
 from harness.helpers import LAUNCH, REPO, PROGRAMS, env_for_tests
+from launcher import backends
 from launcher import plan as planning
 from launcher import spec as specs
 from launcher import tpu_topology
@@ -82,7 +83,7 @@ def test_ids_are_unique_and_megascale_env_per_slice(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"),
                      write_cluster(tmp_path, slices=list(ips), accelerator_type="v4-32"),
-                     ("train.global_batch_size=240",))
+                     ("train.global_batch_size=240",), registry=backends)
     found = discovery.discover(job)
     assert [(h.slice_index, h.worker_index) for h in found.hosts] == \
         [(s, w) for s in range(3) for w in range(4)]
@@ -116,7 +117,8 @@ def test_queued_resource_names_its_slices(tmp_path, monkeypatch, prefix, names):
     raw = yaml.safe_load(open(cluster))
     del raw["slices"]
     open(cluster, "w").write(yaml.safe_dump(raw))
-    found = discovery.discover(specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster))
+    found = discovery.discover(specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster,
+                                          registry=backends))
     assert [s[0] for s in found.slices] == names
     assert [h.address for h in found.hosts] == TWO_SLICES["slice-a"] + TWO_SLICES["slice-b"]
 
@@ -125,7 +127,8 @@ def test_queued_resource_names_its_slices(tmp_path, monkeypatch, prefix, names):
 def test_ip_picks_the_internal_or_the_external_address(tmp_path, monkeypatch, ip):
     install_two_slices(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), write_cluster(tmp_path, ip=ip))
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), write_cluster(tmp_path, ip=ip),
+                     registry=backends)
     internal = sum(TWO_SLICES.values(), [])
     want = internal if ip == "internal" else [fake_gcloud.external_ip(a) for a in internal]
     assert [h.address for h in discovery.discover(job).hosts] == want
@@ -144,7 +147,8 @@ def test_external_ip_asked_of_a_slice_without_one_is_bad_input(tmp_path):
 
 @pytest.mark.parametrize("name", ["tpu-v4-32.yaml", "tpu-multislice.yaml"])
 def test_shipped_tpu_examples_load(name):
-    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), os.path.join(REPO, "jobs/clusters", name))
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), os.path.join(REPO, "jobs/clusters", name),
+                     registry=backends)
     # derived from the accelerator type (v4-32: 4 hosts of 4 chips; v4-16: 2 hosts) and the slice
     # count, not written in the files
     assert (job.num_processes, job.local_device_count) == {"tpu-v4-32.yaml": (4, 4),
@@ -301,7 +305,7 @@ def test_stale_holders_ours_always_others_only_when_asked(tmp_path, hosts, monke
     device.write_text("")
     cluster = write_cluster(tmp_path, hosts, libtpu_lockfile=str(lockfile),
                             tpu_device_paths=[str(tmp_path / "accel*")], coordinator_port=0)
-    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster)
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster, registry=backends)
     # an earlier run of ours, recorded in a pid file as the ssh backend records workers
     stale_run = str(tmp_path / "remote" / "h-127.0.0.2" / "runs" / "linear" / "old")
     ours = _holder(tmp_path, str(lockfile), {"PODLAUNCH_RUN_DIR": stale_run})
@@ -325,7 +329,7 @@ def test_stale_holders_ours_always_others_only_when_asked(tmp_path, hosts, monke
         assert other.poll() is None and any("stopped 1 stale process group" in l for l in lines)
 
         job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster,
-                         ("cluster.stop_other_tpu_holders=true",))
+                         ("cluster.stop_other_tpu_holders=true",), registry=backends)
         lockfile.write_text("")  # left behind by a holder that is gone
         lines.clear()
         dry = TpuSession(job, str(tmp_path / "dry"), console,
