@@ -41,7 +41,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 from harness import slurmenv  # noqa: E402
-from launcher import spec as specs  # noqa: E402
+from launcher import backends, spec as specs  # noqa: E402
 from launcher.proctl import free_port  # noqa: E402
 from worker import contract  # noqa: E402
 from worker.job import WorkerJob  # noqa: E402
@@ -130,7 +130,7 @@ def main() -> None:
         with open(cluster, "w", encoding="utf-8") as f:
             f.write("backend: slurm\nmode: allocation\nnodes: 3\nprocesses_per_node: 1\n"
                     "devices_per_process: 1\npoll_s: 0.2\n")
-        job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster, ARGS[1::2])
+        job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster, ARGS[1::2], registry=backends)
         job_path = os.path.join(base, "job.json")
         WorkerJob.from_spec_dict(job.to_dict()).to_json(job_path)
         ratios, ours, hands = [], [], []

@@ -36,7 +36,7 @@ import yaml  # noqa: E402
 
 from harness import sshenv  # noqa: E402
 from launcher import plan as planning  # noqa: E402
-from launcher import spec as specs  # noqa: E402
+from launcher import backends, spec as specs  # noqa: E402
 from launcher.backends.ssh import connection as ssh_connection  # noqa: E402
 from launcher.backends.ssh.session import SshSession  # noqa: E402
 from worker.job import WorkerJob  # noqa: E402
@@ -60,7 +60,8 @@ def job_args() -> list:
 
 
 def fanout_podlaunch(cluster: str, command: str = "true") -> float:
-    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster, ("train.num_steps=1",))
+    job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster, ("train.num_steps=1",),
+                     registry=backends)
     start = time.perf_counter()
     hosts = SshSession(job, os.path.join(tempfile.gettempdir(), "bench-run")).ssh.resolve()
 
@@ -102,7 +103,7 @@ def first_step_podlaunch(base: str, cluster: str, run: int) -> float:
 def first_step_serial(base: str, env: sshenv.SshTestEnv, hosts: list, run: int) -> float:
     """What a home-made script does: one ssh per host, in turn, each starting a worker with nohup."""
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster_file(base, env, hosts),
-                     tuple(a for a in job_args() if a != "--set"))
+                     tuple(a for a in job_args() if a != "--set"), registry=backends)
     run_dir = os.path.join(base, f"serial-{run}")
     os.makedirs(run_dir)
     job_path = os.path.join(run_dir, "job.json")
