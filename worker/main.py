@@ -31,6 +31,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     import jax
     import numpy as np
 
+    from worker import actions as steps
     from worker import calls, metrics, parallelism
     from worker import data as datasets
     from worker import tasks
@@ -128,14 +129,19 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         local = recovery.local_tier(identity, job, order.num_batches, order_key,
                                     parallel.unreplicate, out, first_step - 1)
         notice = recovery.notice(identity, job, out)
+        loop = [steps.Profile(profiler, logger.wait), steps.CacheLine(cache, logger, out),
+                steps.Log(logger), steps.Save(checkpoints, logger)]
+        loop += [steps.LocalCopy(local, num_steps)] if local is not None else []
+        loop += [steps.Hook(task.on_step_end, logger, process_id)] if task.on_step_end else []
+        before = [action for action in loop if hasattr(action, "before")]
         stopped = False
-        # ``step``: the last step of each call (k steps; log, checkpoint and last steps
-        # are multiples of k, so they are call boundaries)
         # Everything made so far lives as long as the loop: kept out of the garbage
         # collector's full passes, which otherwise stop the loop for up to 0.17 s at a time
         # (the 256 x 4 job at 100 steps a call on CPU: 219-227k steps/s, 250-257k frozen)
         gc.freeze()
         with interrupts.notices(notice.signalled if notice is not None else None):
+            # ``step``: the last step of each call (k steps; log, checkpoint and last steps
+            # are multiples of k, so they are call boundaries)
             for step in range(first_step + k - 1, num_steps + 1, k):
                 if notice is not None and not notice.may_dispatch(step):
                     if notice.stop_step is None:  # no agreement (a peer gone): stop at once,
@@ -143,24 +149,14 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
                         raise SystemExit(interrupts.exit_code(signal.SIGTERM))
                     stopped = True  # every process stops after the agreed step
                     break
-                profiler.before(step - k + 1, step)
+                for action in before:
+                    action.before(step - k + 1, step)
                 inputs = batches.get(step - k)  # the call's batches, from its first step (0-based)
                 with profiler.annotate(step):
                     params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
-                profiler.after(step, logger.wait, loss)
-                if cache is not None:  # after the first call: everything this loop compiles
-                    out(cache.line(logger.compile_time_s))
-                    cache = None
-                logger.after_dispatch(step, step_metrics)  # logs finished log steps: no sync
-                if checkpoints.saves(step):  # the save waits for this step anyway: check its loss first
-                    logger.flush()
-                checkpoints.after_step(step, params, opt_state, loss, wait=logger.wait)
-                if local is not None and step < num_steps:  # the last step: the run is done
-                    local.after_step(step, params, opt_state)
-                if task.on_step_end is not None:
-                    logger.flush()  # a hook (which may end the process) runs after its step is logged
-                    for done in range(step - k + 1, step + 1):  # a fused call's steps, in order
-                        task.on_step_end(done, process_id)
+                call = steps.Call(step - k + 1, step, params, opt_state, loss, step_metrics)
+                for action in loop:  # worker.actions: the contract each keeps
+                    action.after(call)
             logger.finish()  # the only device sync for logging: the last log steps, after the loop
             if stopped:  # a SIGTERM now (the launcher's, seeing a peer end) cuts no save short
                 checkpoints.after_notice(notice, step - k, params, opt_state)

@@ -43,8 +43,8 @@ FLOORS = (
     ("worker trainer", ("worker.calls", "worker.train", "worker.sharded", "worker.parallelism",
                         "worker.tasks")),
     ("worker recovery", ("worker.checkpoint", "worker.localtier", "worker.recovery")),
-    ("worker entry points", ("worker.main", "worker.__main__", "worker.program", "podlaunch",
-                             "podlaunch.program")),
+    ("worker entry points", ("worker.main", "worker.actions", "worker.__main__", "worker.program",
+                             "podlaunch", "podlaunch.program")),
     # the launcher, over the worker's contract (and the few worker parts it reads)
     ("launcher shared words", ("launcher.words", "launcher.errors",
                                "launcher.flags", "launcher.proctl", "launcher.logtimes",
