@@ -158,6 +158,43 @@ class State(enum.Enum):
 
 
 @dataclasses.dataclass
+class StacksCapture:
+    """One worker's answer to a stacks request (``launcher.run.stacks``), kept out of the
+    console and the tail while one is asked; a dump nobody asked for (Python's own on a fatal
+    error) is output like any other."""
+
+    lines: list = dataclasses.field(default_factory=list)  # the answer's lines so far
+    at: float | None = None  # when the last of them came
+    in_dump: bool = False    # the previous line was one of them
+    asked: bool = False      # a request is out
+
+    def begin(self) -> None:
+        """A stacks request is about to be sent: forget any earlier answer, take the next."""
+        self.lines, self.at, self.in_dump = [], None, False
+        self.asked = True
+
+    def end(self) -> None:
+        """The capture is over: dump lines are output again."""
+        self.asked = self.in_dump = False
+
+    def take(self, line: str, now: float) -> bool:
+        """Whether ``line``, read at ``now``, is part of the answer asked (then it is kept
+        here, not output)."""
+        if self.asked and interrupts.is_stacks_line(line, self.in_dump):
+            self.in_dump = True
+            self.lines.append(line)
+            self.at = now
+            return True
+        self.in_dump = False
+        return False
+
+    def complete(self, now: float, quiet_s: float, output_closed: bool) -> bool:
+        """Whether the answer has come and nothing more of it for ``quiet_s`` seconds (or the
+        worker's output closed)."""
+        return self.at is not None and (now - self.at >= quiet_s or output_closed)
+
+
+@dataclasses.dataclass
 class Tracked:
     """One worker as the launcher sees it: its state, its exit, and what its lines said."""
 
@@ -180,13 +217,7 @@ class Tracked:
     tail: collections.deque = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
-    # the lines of its answer to a stacks request (launcher.run.stacks), kept out of the
-    # console and the tail while one is asked (a dump nobody asked for, Python's own on a
-    # fatal error, is output like any other); when the last came; whether one is being read
-    stacks_lines: list = dataclasses.field(default_factory=list)
-    stacks_at: float | None = None
-    in_stacks: bool = False
-    stacks_asked: bool = False
+    stacks: StacksCapture = dataclasses.field(default_factory=StacksCapture)  # launch stacks, a kill
     in_detail: bool = False  # inside an expected failure's traceback (contract.DETAIL_BEGIN)
     stats: ProcessStats = dataclasses.field(default_factory=ProcessStats)  # for status and summary
 
@@ -205,12 +236,8 @@ class Tracked:
           Whether the line is for the log and the console (heartbeats are for
           the watchdog only).
         """
-        if self.stacks_asked and interrupts.is_stacks_line(line, self.in_stacks):
-            self.in_stacks = True
-            self.stacks_lines.append(line)
-            self.stacks_at = now
+        if self.stacks.take(line, now):
             return False
-        self.in_stacks = False
         progress = contract.parse_progress(line)  # parsed once: finished, stats
         if contract.is_finished(line, progress):
             self.finished = True
@@ -242,20 +269,6 @@ class Tracked:
             self.in_detail = line != contract.DETAIL_END
             return True
         return self.in_detail
-
-    def stacks_begin(self) -> None:
-        """A stacks request is about to be sent: forget any earlier answer, take the next."""
-        self.stacks_lines, self.stacks_at, self.in_stacks = [], None, False
-        self.stacks_asked = True
-
-    def stacks_end(self) -> None:
-        """The capture is over: dump lines are output again."""
-        self.stacks_asked = self.in_stacks = False
-
-    def stacks_complete(self, now: float, quiet_s: float) -> bool:
-        """Whether its answer has come and nothing more of it for ``quiet_s`` seconds (or its
-        output closed)."""
-        return self.stacks_at is not None and (now - self.stacks_at >= quiet_s or self.eof_at is not None)
 
     def output_closed(self, now: float) -> None:
         """Its output ended at ``now``: the closest the launcher sees to its death."""

@@ -170,24 +170,24 @@ def capture(tracked: list, wait: Callable[[float], None], clock: Callable[[], fl
             result.unread[t.plan.process_id] = ("it is stopped (SIGSTOP or a tracer), so it "
                                                 "cannot answer")
             continue
-        t.stacks_begin()
+        t.stacks.begin()
         try:
             t.worker.dump_stacks()
         except Exception as exc:  # noqa: BLE001  one process's transport must not stop the rest
-            t.stacks_end()
+            t.stacks.end()
             result.unread[t.plan.process_id] = f"the request failed: {exc}"
             continue
         asked.append(t)
     began = clock()
     while asked:
-        pending = [t for t in asked if not t.stacks_complete(clock(), QUIET_S)]
+        pending = [t for t in asked if not t.stacks.complete(clock(), QUIET_S, t.eof_at is not None)]
         if not pending or clock() - began >= deadline_s:
             break
         wait(0.05)
     for t in asked:
-        t.stacks_end()
+        t.stacks.end()
         process_id = t.plan.process_id
-        lines = list(t.stacks_lines)
+        lines = list(t.stacks.lines)
         found = threads(lines)
         if not found:
             result.unread[process_id] = (f"no answer within {deadline_s:g} s (busy in code that "

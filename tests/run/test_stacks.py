@@ -60,7 +60,7 @@ def real_dump(tmp_path) -> list:
         time.sleep(0.2)  # into the sleep
         os.kill(proc.pid, interrupts.STACKS_SIGNAL)
         tracked = Tracked(worker=None)
-        tracked.stacks_begin()  # asked: its lines are the answer, not output
+        tracked.stacks.begin()  # asked: its lines are the answer, not output
         got = []
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -70,7 +70,7 @@ def real_dump(tmp_path) -> list:
             if line.startswith("  File") and "<module>" in line and len(stacks.threads(got)) == 2:
                 break
         assert proc.poll() is None  # the request did not end it
-        return tracked.stacks_lines
+        return tracked.stacks.lines
     finally:
         proc.kill()
         proc.wait()
@@ -250,4 +250,4 @@ def test_a_dump_nobody_asked_for_is_output_like_any_other():
     for line in ["Fatal Python error: Segmentation fault", ""] + dump_text("f", "/x/task.py", 3):
         assert tracked.observe(line, 0.0), line
     assert "Current thread 0x00007f0000000002 (most recent call first):" in tracked.tail
-    assert tracked.stacks_lines == []
+    assert tracked.stacks.lines == []
