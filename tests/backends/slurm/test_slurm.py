@@ -628,3 +628,36 @@ def test_launch_profile_reaches_every_task_through_the_shared_run_directory(slur
                             "--set", "cluster.devices_per_process=1")
     for got, expected in zip(params(run_dir), [want[k] for k in sorted(want)]):
         np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+# ---- detached ------------------------------------------------------------------------
+def test_a_detached_slurm_run_is_followed_by_name_and_stopped_with_nothing_left(slurm, cluster_file,
+                                                                                tmp_path):
+    # the supervisor leaves the terminal; `launch wait`, `launch logs` and `launch stop` reach
+    # it by its run directory; the stop returns once no task of the job is left and the queue
+    # is empty
+    run_dir = tmp_path / "run"
+    started = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),
+                  *LONG, "--detach", timeout_s=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    pid = json.loads((run_dir / "run.json").read_text())["launcher"]["pid"]
+    try:
+        deadline = time.monotonic() + 180
+        while (json.loads((run_dir / "run.json").read_text()).get("step") or 0) < 40:
+            assert time.monotonic() < deadline, "run.json's step did not reach 40"
+            time.sleep(0.2)
+        assert run_pids(str(run_dir)), "no task of the job trains"
+        assert [j.split()[1:] for j in slurm.jobs()] == [["RUNNING", "podlaunch.linear"]]
+        assert run(slurm, "wait", str(run_dir), "--timeout", "0.5").returncode == 124
+        stopped = run(slurm, "stop", str(run_dir), timeout_s=300)
+        left = run_pids(str(run_dir))  # at once: no waiting
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert not left, left
+        assert not slurm.wait_queue_empty(5)
+        assert run(slurm, "wait", str(run_dir)).returncode == 130
+        assert "interrupted" in run(slurm, "logs", str(run_dir)).stdout
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

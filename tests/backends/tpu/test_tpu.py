@@ -8,9 +8,11 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -374,3 +376,54 @@ def test_rehearsal_of_v4_32_matches_one_process_with_16_devices(tmp_path, parall
         assert sorted(got.files) == sorted(want)
         for key in want:
             np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_a_detached_tpu_run_is_stopped_by_name_with_nothing_left_on_any_host(tmp_path, hosts):
+    # two slices of two hosts (fake gcloud, real sshd): the supervisor leaves the terminal;
+    # `launch wait` and `launch stop` reach it by its run directory, and the stop returns once
+    # no process of the run is left on any host
+    from harness.helpers import PACED
+    from launcher.plan import remote_run_name
+
+    install_two_slices(tmp_path / "bin")
+    run_dir = tmp_path / "run"
+    started = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster",
+                         write_cluster(tmp_path, hosts), "--set", "train.num_steps=1000000",
+                         "--set", "logging.log_every_steps=20", *PACED, "--run-dir", str(run_dir),
+                         "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    record = run_dir / "run.json"
+    pid = json.loads(record.read_text())["launcher"]["pid"]
+    name = remote_run_name(str(run_dir)).encode()
+
+    def on_hosts() -> list:
+        """Pids of the run's processes on the hosts (their PODLAUNCH_RUN_DIR ends in its name)."""
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except OSError:
+                continue
+            if any(v.startswith(b"PODLAUNCH_RUN_DIR=") and v.endswith(name) for v in environ):
+                found.append(int(entry))
+        return found
+
+    try:
+        deadline = time.monotonic() + 180
+        while (json.loads(record.read_text()).get("step") or 0) < 40:
+            assert time.monotonic() < deadline, "run.json's step did not reach 40"
+            time.sleep(0.2)
+        assert len(on_hosts()) >= 4  # training on every host
+        assert run_launch(tmp_path / "bin", "wait", str(run_dir), "--timeout", "0.5").returncode == 124
+        stopped = run_launch(tmp_path / "bin", "stop", str(run_dir), timeout_s=300)
+        left = on_hosts()  # at once: no waiting
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert not left, left
+        assert run_launch(tmp_path / "bin", "wait", str(run_dir)).returncode == 130
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
