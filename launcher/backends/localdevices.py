@@ -145,27 +145,34 @@ class LocalCluster(ClusterSettings):
     """Single-host mode: every process on this machine, on its CPU (the default, for debugging),
     its TPU chips or its GPUs (``platform``; ``launcher.backends.localdevices``)."""
 
-    backend: Literal["local"] = setting("local", doc="local, ssh, tpu or slurm")
+    backend: Literal["local"] = setting(
+        "local", doc="local (this machine), ssh (docs/ssh.md: hosts, users, keys, known_hosts, "
+        "workdir, python, setup, sync), tpu (docs/tpu.md: TPU name or slices, zone, project) or "
+        "slurm (docs/slurm.md: in an allocation or by submission; nodes, partition, time limit)")
     platform: Literal["cpu", "tpu", "gpu", "auto"] = setting(
         "cpu", doc="the devices the processes train on: cpu (CPU devices, the debug mode), tpu "
         "(this machine's TPU chips), gpu (its GPUs) or auto (what JAX would pick: TPU chips if "
-        "any, else GPUs, else the CPU)")
+        "any, else GPUs, else the CPU; docs/tpu.md#on-one-tpu-vm)")
     num_processes: int | None = setting(
         None, check=schema.in_range(1, 256),
-        doc="worker processes to start; unset: 2 on cpu, 1 on tpu (every chip), one per GPU")
+        doc="worker processes to start; null: 2 on cpu, 1 on tpu (every chip), one per GPU on "
+        "gpu. On a TPU VM several processes split the chips only in the shapes libtpu knows: 4 "
+        "chips 1, 2 or 4 processes, 8 chips 1, 2 or 8")
     devices_per_process: int | None = setting(
         None, check=schema.in_range(1, 256),
-        doc="devices each process sees; unset: 2 on cpu (JAX_NUM_CPU_DEVICES), the chips or "
+        doc="devices each process sees; null: 2 on cpu (JAX_NUM_CPU_DEVICES), the chips or "
         "GPUs divided evenly among the processes")
     coordinator_port: int = setting(0, check=port_or_zero,
                                     doc="JAX coordinator port on 127.0.0.1; 0 picks a free one")
     grace_s: float = setting(3.0, check=non_negative,
                              doc="after SIGTERM, wait this long before SIGKILL")
     env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names,
-                                              doc="extra environment for every worker")
+                                              doc="extra environment for every worker (strings or "
+                                              "integers, passed exactly as written; secrets masked "
+                                              "wherever printed)")
     tpu_device_paths: tuple[str, ...] = setting(
         TPU_DEVICE_PATHS, doc="globs of this machine's TPU chip files (numbered "
-        "entries only), counted and checked for holders before a tpu run")
+        "entries only), counted for a tpu run; a process holding one refuses the launch, named")
     gpu_device_paths: tuple[str, ...] = setting(
         GPU_DEVICE_PATHS, doc="globs of this machine's GPU files (numbered entries "
         "only), counted for a gpu run")

@@ -53,7 +53,8 @@ class RestartSpec:
     program_errors: int = setting(0, check=schema.in_range(0, 1000),
                                   doc="restarts after an error of the job itself (a Python error, "
                                   "an exit code not in retry_exit_codes, an early exit 0, a join "
-                                  "that never happens): a restart usually repeats it")
+                                  "that never happens): a restart usually repeats it "
+                                  "(docs/recovery.md#failure-classes-and-their-budgets)")
     infrastructure: int = setting(10, check=schema.in_range(0, 1000),
                                   doc="restarts after a fault of the machines: a death by a signal "
                                   "without notice (SIGKILL, the OOM killer), a lost host or "
@@ -73,16 +74,20 @@ class RestartSpec:
     quarantine_after: int = setting(2, check=schema.in_range(1, 1000),
                                     doc="a host whose processes failed this many times in a run "
                                     "(infrastructure faults and stalls) is not used again while "
-                                    "a spare (cluster.spares) or shrinking can take its place")
+                                    "a spare (cluster.spares, ssh) or shrinking can take its "
+                                    "place (docs/recovery.md#keep-going-without-a-host-spares-"
+                                    "shrinking-quarantine)")
     quarantine_slower_than: float | None = setting(
         None, check=schema.in_range(1.0, 1000.0),
         doc="also quarantine, at the next restart, a host whose processes' own time per step "
-        "(outside JAX) was more than this many times the median of the other hosts' "
+        "(outside JAX: the own of the progress lines) was more than this many times the median "
+        "of the other hosts' "
         "processes, and 10 ms more; null: never for slowness")
     min_processes: int | None = setting(None, check=schema.in_range(1, 100000),
-                                        doc="shrink onto the hosts left, down to this many "
+                                        doc="ssh: shrink onto the hosts left, down to this many "
                                         "processes, when a host is gone or quarantined and no "
-                                        "spare is left (the global batch stays, the step exact); "
+                                        "spare is left; the global batch stays and the step stays "
+                                        "exact (padded rows of weight 0, a weighted mean); "
                                         "null: never shrink")
     retry_exit_codes: tuple[int, ...] = setting(
         (), check=_exit_codes,
@@ -185,7 +190,8 @@ class TrainerJobSpec(JobSpec):
 class ProgramJobSpec(JobSpec):
     """A job of the user's own program as every process's worker (``launcher.spec.programspec``)."""
 
-    program: ProgramSpec = setting(doc="run your own program instead of the trainer")
+    program: ProgramSpec = setting(doc="run your own program instead of the trainer: "
+                                   "docs/programs.md")
 
 
 SECTION_ORDER = ("name", "task", "data", "optimizer", "train", "program", "logging", "distributed",

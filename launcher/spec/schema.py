@@ -20,10 +20,12 @@ from launcher.errors import Problem
 from launcher.spec.yamlio import dotted
 # the job's sections and their checks are the worker's too (worker.sections): declared once
 from worker.sections import (LOCAL_PATH, MISSING, NUMBER_MAX, SEED_MAX, Check,  # noqa: F401
-                             identifier, in_range, index, non_negative, positive, seed, setting)
+                             allows, identifier, in_range, index, non_negative, positive, seed,
+                             setting)
 
 
 # ---- checks: return None when fine, else "expected ..." -------------------
+@allows("0 to 65535")
 def port_or_zero(value) -> str | None:
     if 0 <= value <= 65535:
         return None
