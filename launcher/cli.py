@@ -31,7 +31,6 @@ from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.console.status import check_show, parse_show, summary
 from launcher.words import plural
-from worker import job as jobs
 from worker import runfiles
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -210,7 +209,6 @@ def _write_run_files(plan: planning.Plan, first_attempt: int = 0, job=None) -> l
     """
     job = job or plan.job  # the user's spec: hosts a spare or a shrink changed are not its
     os.makedirs(os.path.join(plan.run_dir, "logs"), exist_ok=True)
-    resolved = job.to_dict()
     spec_file = os.path.join(plan.run_dir, "spec.yaml")
     changes = _spec_changes(plan.run_dir, job.to_masked_dict()) if first_attempt else []
     if changes:
@@ -222,7 +220,7 @@ def _write_run_files(plan: planning.Plan, first_attempt: int = 0, job=None) -> l
                                      Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper)),
                          mode=0o644)
     # the worker's keys only (its contract, no defaults); secrets in clear: mode 0600
-    jobs.for_spec_dict(resolved).to_json(plan.job_path)
+    job.job_file().to_json(plan.job_path)
     return changes
 
 
@@ -298,8 +296,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
                                      "choose another directory")]) from None
         console.log_to(os.path.join(run_dir, "launcher.log"))
         running = ledger.Running(ledger.read(run_dir))  # launch runs: the goodput so far
-        record = runs.Record(run_dir, job.name, job.program.num_steps if job.is_program
-                             else job.train.num_steps, launched_at=launched_at, running=running)
+        record = runs.Record(run_dir, job.name, job.num_steps, launched_at=launched_at,
+                             running=running)
         record.start()
         console.watchers.append(record.progress)  # launch runs: a running run's step and ETA
         handoff.run_dir_is(run_dir, console)
@@ -309,7 +307,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
             console.say(f"resuming with {plural(len(changes), 'changed setting')} (the earlier "
                         f"attempts' spec is kept as spec.before-attempt-{first_attempt}.yaml): "
                         + "; ".join(changes))
-        if not job.is_program:  # a program reads its own data
+        if job.reads_data:  # a program reads its own
             console.say(job.epoch_text())
         try:
             result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,

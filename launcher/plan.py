@@ -70,9 +70,9 @@ class ProcessPlan:
       label: the console prefix, ``p3`` or ``p3 host-c``.
       python: the host's interpreter (it runs the wrapper; argv[0] for the built-in worker).
       cwd: where the process starts (None: the backend's default directory).
-      program: argv is the user's program (``job.program``), not the built-in worker:
-        an exit 0 without a last step counts as success unless it reported steps or
-        ``program_num_steps`` is set.
+      program: argv is the user's program (``job.program``; the kind's ``user_command``), not
+        the built-in worker: an exit 0 without a last step counts as success unless it
+        reported steps or ``program_num_steps`` is set.
       program_num_steps: ``program.num_steps``, the steps the program says it will report
         (None: it did not say); then an exit 0 before the last one is a failure, even
         before its first report (a process that left before joining).
@@ -171,7 +171,7 @@ def compilation_cache_dir(job, run_dir: str, placement: Placement) -> str | None
     attempt of the run shares. None for a program job (it runs its own JAX) and
     for ``train.compilation_cache: false``.
     """
-    if job.is_program or not job.train.compilation_cache:
+    if not job.uses_compilation_cache:
         return None
     home = (os.path.dirname(os.path.normpath(placement.run_dir))
             if in_job_directory(job.name, run_dir) else placement.run_dir)
@@ -201,32 +201,8 @@ def worker_env(job, placement: Placement, coordinator_address: str, process_id: 
         run_dir=placement.run_dir, compilation_cache_dir=cache_dir,
         local_device_ids=placement.local_device_ids).to_env())
     env.update(placement.env)
-    if job.is_program:
-        # jax.distributed.initialize() with no arguments reads it (and worker.program passes it)
-        env["JAX_COORDINATOR_ADDRESS"] = coordinator_address
-        env.update(job.program.env)
+    env.update(job.environment(coordinator_address))  # a program's JAX_COORDINATOR_ADDRESS, env
     return env
-
-
-PYTHON_NAMES = ("python", "python3")
-
-
-def program_argv(job, placement: Placement) -> tuple:
-    """The program's argv on ``placement``'s host: a leading ``python``/``python3`` is the
-    host's interpreter (the cluster's ``python``), as for the built-in worker."""
-    argv = tuple(job.program.argv)
-    if argv[0] in PYTHON_NAMES:
-        argv = (placement.python,) + argv[1:]
-    return argv
-
-
-def worker_argv(job, placement: Placement, run_dir: str, process_id: int) -> tuple:
-    """The built-in worker's argv: ``-P`` keeps a user's ``worker.py`` or ``launcher.py`` in
-    the working directory from standing in for podlaunch's packages (``worker/__main__.py``
-    searches that directory last, for the user's task); the job, run and process id name
-    the process in ``ps``."""
-    return (placement.python, "-P", "-m", "worker", "--job", job.name,
-            "--run", os.path.basename(os.path.normpath(run_dir)), "--process-id", str(process_id))
 
 
 def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
@@ -258,11 +234,10 @@ def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
                 local_device_count=placement.local_device_count,
                 env=worker_env(job, placement, coordinator_address, process_id,
                                compilation_cache_dir(job, run_dir, placement)),
-                argv=program_argv(job, placement) if job.is_program
-                else worker_argv(job, placement, run_dir, process_id),
+                argv=job.command(placement.python, run_dir, process_id),
                 log_path=log_path(run_dir, process_id), label=label, python=placement.python,
-                cwd=placement.cwd, program=job.is_program,
-                program_num_steps=job.program.num_steps if job.is_program else None,
+                cwd=placement.cwd, program=job.user_command,
+                program_num_steps=job.num_steps if job.user_command else None,
                 local_device_ids=placement.local_device_ids, run_dir=placement.run_dir))
     return Plan(job=job, run_dir=run_dir, coordinator_address=coordinator_address,
                 processes=tuple(processes), placements=placements)
@@ -298,13 +273,13 @@ def restarts_text(policy) -> str:
 def describe(plan: Plan) -> str:
     """The ``--dry-run`` text: per process its host, id, env (secrets masked) and command."""
     job = plan.job
-    batch = ("" if job.is_program else f"; global_batch_size {job.train.global_batch_size} "
-             f"= {job.per_device_batch_size} per device")
+    batch = (f"; global_batch_size {job.train.global_batch_size} "
+             f"= {job.per_device_batch_size} per device" if job.reads_data else "")
     lines = [
         f"job {job.name}: {plural(plan.num_processes, 'process')} x "
         f"{plural(job.local_device_count, 'device')} "
         f"= device_count {job.device_count}{batch}",
-        *([] if job.is_program else [job.epoch_text()]),
+        *([job.epoch_text()] if job.reads_data else []),
         f"coordinator_address {plan.coordinator_address}",
         f"run directory {plan.run_dir}",
         restarts_text(job.restarts),

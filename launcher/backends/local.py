@@ -207,7 +207,7 @@ def coordinator_address(job) -> str:
     """``host:port`` of the coordinator, or ``127.0.0.1:0`` for a trainer job of one process,
     which joins no ``jax.distributed`` (``worker.joining.single_process``) and so opens no
     socket: nothing is picked, nothing listens, a machine without TCP runs it."""
-    if job.num_processes == 1 and not job.is_program and not job.cluster.coordinator_port:
+    if not job.needs_coordinator and not job.cluster.coordinator_port:
         return f"{HOST}:0"
     return f"{HOST}:{coordinator_port(job)}"
 
@@ -218,7 +218,7 @@ def local_placement(job, run_dir: str, python: str, num_processes: int,
     return Placement(host="localhost", num_processes=num_processes,
                      local_device_count=local_device_count, platform=platform, python=python,
                      run_dir=run_dir, job_path=os.path.join(run_dir, "job.json"), env=env,
-                     label_host=False, cwd=job.program.dir if job.is_program else None)
+                     label_host=False, cwd=job.working_directory)
 
 
 def placements(job, run_dir: str, python: str, platform: str) -> tuple:

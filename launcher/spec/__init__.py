@@ -17,7 +17,7 @@ import dataclasses
 import re
 from typing import Any, Literal
 
-from launcher.spec import crosschecks, schema, yamlio
+from launcher.spec import crosschecks, kinds, schema, yamlio
 from launcher.errors import Problem, SpecError
 from launcher.spec import programspec
 from launcher.spec.programspec import ProgramSpec
@@ -100,7 +100,9 @@ class RestartSpec:
 class JobSpec:
     """A validated job: a ``TrainerJobSpec`` (the built-in trainer) or a ``ProgramJobSpec``
     (the user's own program), over this base of what every job has. ``source`` is the
-    spec file it came from. Code tells the two apart by type (``is_program``)."""
+    spec file it came from. Each kind answers for itself what the launcher asks of a job
+    (its steps, command, working directory, whether it reads data: ``launcher.spec.kinds``);
+    which kind a job is, is decided once, by ``programspec.job_type`` as the spec is built."""
 
     name: str = setting(check=_job_name, doc="job name; names the run directory")
     logging: LoggingSpec = setting(LoggingSpec())
@@ -137,18 +139,13 @@ class JobSpec:
     def per_device_batch_size(self) -> int:
         return self.train.global_batch_size // self.device_count
 
-    @property
-    def is_program(self) -> bool:  # the user's own command runs as each process's worker
-        return isinstance(self, ProgramJobSpec)
-
     def where(self, key: tuple) -> tuple:
         """(file or ``--set``, line or None) that set ``key`` (one of ``LATE_CHECKED``)."""
         return self.locations.get(key, (self.source, None))
 
     def epoch_text(self) -> str:
-        """How many rows each epoch uses, and what happens to the rest, in words."""
-        if self.is_program:
-            return f"program: {' '.join(self.program.argv)} (from {self.program.dir})"
+        """How many rows each epoch uses, and what happens to the rest, in words (a job that
+        ``reads_data``: the trainer's)."""
         rows, batch = self.data_rows, self.train.global_batch_size
         whole, rest = divmod(rows, batch)
         text = f"data: {rows} rows, global_batch_size {batch}: "
@@ -177,7 +174,7 @@ class JobSpec:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainerJobSpec(JobSpec):
+class TrainerJobSpec(kinds.Trainer, JobSpec):
     """A job of the built-in trainer: the task, its data, the optimizer and the schedule."""
 
     task: TaskSpec = setting(TaskSpec())
@@ -187,7 +184,7 @@ class TrainerJobSpec(JobSpec):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ProgramJobSpec(JobSpec):
+class ProgramJobSpec(kinds.Program, JobSpec):
     """A job of the user's own program as every process's worker (``launcher.spec.programspec``)."""
 
     program: ProgramSpec = setting(doc="run your own program instead of the trainer: "

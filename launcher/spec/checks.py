@@ -32,7 +32,7 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
       SpecError: that exceeds 80% of the machine's memory (``memory_bytes``,
         default the physical memory from ``sysconf``).
     """
-    if spec.is_program:  # its memory is the program's business
+    if not spec.reads_data:  # a program's memory is its own business
         return
     data = spec.data
     if data.source != "synthetic":
@@ -101,9 +101,9 @@ def check_task_importable(spec, pythonpath: str | None = None) -> None:
     Raises:
       SpecError: the module is not on the workers' search path (``worker_search_path``).
     """
-    if spec.is_program or spec.task.name in BUILTIN_TASKS:
+    module = spec.task_module  # None: a built-in task, or a program's own imports
+    if module is None:
         return
-    module = spec.task.name.split(":")[0]
     if pythonpath is None:
         pythonpath = spec.cluster.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
     if not find_module(module, worker_search_path(pythonpath)):
@@ -127,7 +127,7 @@ def check_worker_is_podlaunchs(spec, pythonpath: str | None = None) -> None:
     Raises:
       SpecError: another ``worker`` comes first, at ``cluster.env.PYTHONPATH``.
     """
-    if spec.is_program:  # a program imports podlaunch.program, never ``worker`` by name
+    if not spec.worker_modules:  # a program imports podlaunch.program, never ``worker`` by name
         return
     said = "cluster.env.PYTHONPATH" if "PYTHONPATH" in spec.cluster.env else "PYTHONPATH"
     if pythonpath is None:
@@ -168,11 +168,12 @@ def check_syncs(spec) -> None:
             problems.append(Problem(*spec.where(("cluster", "sync_dir")), "cluster.sync_dir",
                                     why.replace("under include", "under cluster.sync_include")
                                     .replace("under exclude", "under cluster.sync_exclude")))
-    if spec.is_program:
-        why = syncrules.check_source(spec.program.dir, spec.program.sync_rules)
+    for key, directory, rules in spec.synced_dirs:  # program.dir
+        why = syncrules.check_source(directory, rules)
         if why:
-            problems.append(Problem(*spec.where(("program", "dir")), "program.dir",
-                                    why.replace("under include", "under program.include")
-                                    .replace("under exclude", "under program.exclude")))
+            section = key.split(".")[0]
+            problems.append(Problem(*spec.where(tuple(key.split("."))), key,
+                                    why.replace("under include", f"under {section}.include")
+                                    .replace("under exclude", f"under {section}.exclude")))
     if problems:
         raise SpecError(problems)

@@ -12,18 +12,23 @@ import os
 
 from launcher.spec import datafiles, schema
 from launcher.spec.checks import BUILTIN_TASKS
-from launcher.spec.programspec import check_program
 from launcher.words import plural
 
 
 def check_job(spec, raw: dict, ctx: schema.Context):
-    """Cross-field checks of a loaded ``launcher.spec.JobSpec``: the batch over devices, fused
-    steps, data source settings, data files. Problems go to ``ctx``; returns the spec (with
-    ``data.path`` made absolute and ``data_rows`` counted)."""
+    """Cross-field checks of a loaded ``launcher.spec.JobSpec``: the profile window and
+    shrinking, then the kind's own (``spec.checked``: the trainer's ``check_trainer``, a
+    program's ``programspec.check_program``). Problems go to ``ctx``; returns the spec as the
+    kind's checks leave it (paths made absolute, ``data_rows`` counted)."""
     _check_profile(spec, ctx)
     _check_shrink(spec, ctx)
-    if spec.is_program:
-        return check_program(spec, raw, ctx)
+    return spec.checked(raw, ctx)
+
+
+def check_trainer(spec, raw: dict, ctx: schema.Context):
+    """Cross-field checks of a ``launcher.spec.TrainerJobSpec``: the batch over devices, fused
+    steps, data source settings, data files. Problems go to ``ctx``; returns the spec (with
+    ``data.path`` made absolute and ``data_rows`` counted)."""
     train, data = spec.train, spec.data
     if train.global_batch_size % spec.device_count:
         ctx.error(("train", "global_batch_size"),
@@ -109,12 +114,11 @@ def _check_profile(spec, ctx: schema.Context) -> None:
     profile = spec.profile
     if profile.start_step is None:
         return
-    total, key = ((spec.program.num_steps, "program.num_steps") if spec.is_program
-                  else (spec.train.num_steps, "train.num_steps"))
+    total, key = spec.num_steps, spec.num_steps_key
     last = profile.start_step + profile.num_steps - 1
-    if spec.is_program and profile.start_step == 1:
-        ctx.error(("profile", "start_step"), "a program's trace starts at one of its "
-                  "worker.program.report calls, so the first step it can trace is 2; set 2 or later")
+    why = spec.profile_start_problem(profile.start_step)
+    if why:
+        ctx.error(("profile", "start_step"), why)
     elif total is not None and last > total:
         ctx.error(("profile", "start_step"),
                   f"steps {profile.start_step}-{last} (profile.num_steps {profile.num_steps}) run "

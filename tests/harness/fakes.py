@@ -16,10 +16,12 @@ import os
 import signal
 import threading
 import time
+import types
 
 from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.plan import Placement, ProcessPlan
+from launcher.spec import kinds
 from launcher.state import Exit, Killed
 from worker import profiling
 
@@ -224,6 +226,11 @@ class FakeWorker:
 
     def _output_closed(self) -> bool:
         return (self.eof_at is not None and self.eof_at <= self.clock.now) or self._ended() is not None
+
+
+class FakeTrainerJob(kinds.Trainer, types.SimpleNamespace):
+    """A trainer job of only the fields a test gives, answering as ``TrainerJobSpec`` does
+    (``launcher.spec.kinds.Trainer``: its command, environment, compilation cache)."""
 
 
 class FakeSession(Session):

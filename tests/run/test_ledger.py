@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from harness.fakes import FakeClock, FakeSession, FakeWorker
+from harness.fakes import FakeClock, FakeSession, FakeTrainerJob, FakeWorker
 from launcher import spec as specs
 from launcher.console import Console
 from launcher.run import ledger, restarts
@@ -52,8 +52,8 @@ def resumed(step: int, seconds: float) -> str:
 
 
 def _job(**budgets):
-    return types.SimpleNamespace(
-        name="fake", num_processes=2, is_program=False,
+    return FakeTrainerJob(
+        name="fake", num_processes=2,
         train=types.SimpleNamespace(compilation_cache=True),
         restarts=specs.RestartSpec(backoff_s=1.0, **budgets),
         watchdog=types.SimpleNamespace(stall_timeout_s=None, first_step_timeout_s=None),

@@ -18,7 +18,7 @@ import types
 
 import pytest
 
-from harness.fakes import FakeClock, FakeSession, FakeWorker, process_plan
+from harness.fakes import FakeClock, FakeSession, FakeTrainerJob, FakeWorker, process_plan
 from launcher.console import lines
 from launcher import logtimes, spec as specs
 from launcher.run import classes, restarts, stacks
@@ -381,8 +381,8 @@ def test_a_second_interrupt_during_teardown_kills_at_once(tmp_path):
 
 # ---- restarts.run with a fake session ---------------------------------------------------
 def _job(backoff_s: float = 1.5, **budgets):
-    return types.SimpleNamespace(
-        name="fake", num_processes=2, is_program=False,
+    return FakeTrainerJob(
+        name="fake", num_processes=2,
         train=types.SimpleNamespace(compilation_cache=True),
         restarts=specs.RestartSpec(backoff_s=backoff_s, **budgets),
         watchdog=types.SimpleNamespace(stall_timeout_s=None, first_step_timeout_s=None),

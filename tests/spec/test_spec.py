@@ -200,7 +200,7 @@ def test_derived_values_are_computed():
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "jobs", "*.yaml"))))
 def test_every_shipped_job_loads(path):
     job = spec.load(path, registry=backends)
-    assert job.is_program or job.train.global_batch_size % job.device_count == 0
+    assert isinstance(job, spec.ProgramJobSpec) or job.train.global_batch_size % job.device_count == 0
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "jobs", "clusters", "*.yaml"))))

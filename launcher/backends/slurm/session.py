@@ -95,7 +95,7 @@ class SlurmSession(Session):
                                 "or lower cluster.nodes")
         before, self.nodes = self.nodes, nodes[:cluster.nodes]
         self.exclusions.placed(before, self.nodes)
-        if self.options.dry_run or not self.job.is_program:  # the workers say their facts
+        if self.options.dry_run or self.job.rendezvous:  # the workers say their facts
             return self._placements(self.nodes, port=cluster.coordinator_port)
         return self._placements(self.nodes, port=self._probe())
 
@@ -104,7 +104,7 @@ class SlurmSession(Session):
         python = cluster.python or self.options.python
         job_path = os.path.join(self.run_dir, "job.json")  # a shared filesystem: the same path
         # a program runs from its own directory, the same path on every node (shared, not synced)
-        cwd = job.program.dir if job.is_program else None
+        cwd = job.working_directory
         placements = []
         for node in nodes:
             env = dict(cluster.env)
@@ -340,8 +340,8 @@ class SlurmSession(Session):
                 argv = srun_argv(self.job_id, process.host, name, cluster, process.argv,
                                  process.cwd or cluster.workdir)
                 workers.append(SrunWorker(process, self.job_id, name, argv, self.slurm,
-                                          judge=self.judge, rendezvous=not plan.job.is_program))
-            if not plan.job.is_program:
+                                          judge=self.judge, rendezvous=plan.job.rendezvous))
+            if plan.job.rendezvous:
                 self._rendezvous(plan, workers)
         except BaseException:
             for w in workers:

@@ -22,7 +22,6 @@ from launcher.backends.ssh import reach, transfer
 from launcher.backends.ssh.connection import Host, run_script, shell_script
 from launcher.backends.ssh.hosts import connect_error
 from launcher.backends.ssh.settings import SshSettings
-from launcher.spec.checks import BUILTIN_TASKS
 from launcher.errors import LaunchError
 from launcher.remote import preflight as remote_preflight
 from launcher.words import plural
@@ -48,29 +47,20 @@ def state_dir(workdir: str, job_name: str) -> str:
     return os.path.join(workdir, ".podlaunch", job_name)
 
 
-def modules(job) -> list:
-    """The modules a worker of ``job`` imports first: ``worker.main`` and a user task's module."""
-    if job.is_program:  # the user's program: what it imports is its business
-        return []
-    names = ["worker.main"]
-    if job.task.name not in BUILTIN_TASKS:
-        names.append(job.task.name.split(":")[0])
-    return names
-
-
 def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: int | None,
                 run_name: str, reach_argv: list | None = None) -> Check:
     try:
         host.open()
     except Exception as exc:  # noqa: BLE001  every failure becomes a table row
         return Check(host, connect_error(host, exc))
-    args = {"modules": modules(job), "port": port if host.index == 0 else None,
+    # the modules its workers import first (none for a program: its imports are its own)
+    args = {"modules": list(job.worker_modules), "port": port if host.index == 0 else None,
             "kill_stale": survivors == STOP, "stop_own": survivors == OWN,
             "grace_s": settings.grace_s,
             "state_dir": state_dir(".", job.name), "run_dir_env": contract.RUN_DIR,
             "own_run_dir": os.path.join("runs", job.name, run_name),  # relative to the workdir
             # what a start's sync needs to see that it would change nothing (no SFTP then)
-            "synced": transfer.MANIFEST if settings.sync_dir or job.is_program else None}
+            "synced": transfer.MANIFEST if settings.sync_dir or job.synced_dirs else None}
     program = remote.python_call(settings.python, "preflight", args)
     # with reach_argv: the coordinator reach check from this host, after the preflight, in
     # its channel (reach.Listener)

@@ -26,7 +26,7 @@ class TakenOut:
     """Addresses of the hosts the run took out, and their local copies' removal.
 
     Args:
-      job: the validated spec (``name``, ``checkpoint``, ``is_program``).
+      job: the validated spec (``name``, ``local_copies``).
       settings: the cluster's SSH settings (python, setup, env).
       run_dir: the local run directory (``plan.remote_run_name`` names the remote one).
       console: where a removal is said.
@@ -60,8 +60,8 @@ class TakenOut:
 
     def remove_copies(self) -> None:
         """The run succeeded: remove the local copies on every host taken out (threads)."""
-        if self.job.is_program or not self._out or not self.job.checkpoint.local_every_steps:
-            return  # a program keeps its own checkpoints
+        if not self._out or not self.job.local_copies:
+            return  # none kept (a program keeps its own checkpoints)
         for host in hostlib.resolve(self.settings, self._out, [1] * len(self._out), self.job.source):
             thread = threading.Thread(target=self._remove_copies, args=(host,), daemon=True,
                                       name=f"podlaunch-cleanup-{host.name}")

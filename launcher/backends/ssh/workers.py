@@ -373,8 +373,8 @@ def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, consol
     with open(plan.job_path, encoding="utf-8") as f:
         job_text = f.read()  # job.json as each host's first start script writes it
     syncs = [(expand(d), d, settings.sync_rules) for d in [settings.sync_dir] if d]
-    if plan.job.is_program:  # the program runs in the workdir, from its synced directory
-        syncs.append((plan.job.program.dir, plan.job.program.dir, plan.job.program.sync_rules))
+    # a program runs in the workdir, from its synced directory (program.dir)
+    syncs += [(d, d, rules) for _, d, rules in plan.job.synced_dirs]
     syncs = transfer.walked(syncs, avoid=(plan.run_dir,))
     futures = {pool.submit(start_host, plan, i, c, states, settings, console, started,
                            job_text, abort, syncs): c.host
