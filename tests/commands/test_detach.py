@@ -29,7 +29,9 @@ def test_a_detached_run_is_reached_by_logs_runs_wait_attach_and_stopped_in_order
         assert f"launch {command} {run_dir}" in started.stdout
     pid = supervisor(run_dir)
     supervisors.append(pid)
-    assert len(run_pids(str(run_dir))) == 2  # the command ended; the run goes on
+    # the command ended; the run goes on (each wrapper starts its worker: under load that
+    # can come a moment after the wrappers were started, so the test waits for it)
+    until(lambda: len(run_pids(str(run_dir))) == 2, "both workers")
     assert os.getsid(pid) == pid  # its own session: no terminal reaches it
     until(lambda: step(run_dir) >= 40, "run.json's step")
     # launch runs: a running run's step, loss and ETA; its short name reaches it
