@@ -8,6 +8,11 @@ launcher from its resolved spec (``WorkerJob.from_spec_dict``: the spec's sectio
 into the same section classes, every key required. What does not fit raises
 ``worker.contract.ContractError`` naming the dotted key.
 
+Two kinds: ``WorkerJob`` for the built-in trainer (``python -m worker`` reads it) and
+``ProgramJob`` for a user's program (``worker.program`` reads it). Each reader knows its
+kind; the launcher writes the one its job's kind says (``job_file`` of
+``launcher.spec.kinds``), so nothing here tells them apart from the file.
+
 Standard library only, like ``worker.contract``: the launcher imports it.
 """
 
@@ -142,22 +147,6 @@ class ProgramJob(_JobFile):
     watchdog: WatchdogConfig
     checkpoint: CheckpointConfig
     profile: ProfileConfig
-
-
-def for_spec_dict(resolved: dict) -> WorkerJob:
-    """The job.json of a resolved spec: a ``ProgramJob`` for a program job, else a ``WorkerJob``."""
-    return (ProgramJob if resolved.get("program") else WorkerJob).from_spec_dict(resolved)
-
-
-def read(path: str) -> WorkerJob:
-    """Read ``job.json`` as whichever job it holds (``ProgramJob`` when it has ``program``)."""
-    with open(path, "r", encoding="utf-8") as f:
-        text = f.read()
-    try:
-        is_program = "program" in json.loads(text)
-    except (ValueError, TypeError):
-        is_program = False
-    return (ProgramJob if is_program else WorkerJob).from_json(path)
 
 
 def _build(cls, d: Any, prefix: str, problems: list):

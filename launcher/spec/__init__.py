@@ -143,24 +143,6 @@ class JobSpec:
         """(file or ``--set``, line or None) that set ``key`` (one of ``LATE_CHECKED``)."""
         return self.locations.get(key, (self.source, None))
 
-    def epoch_text(self) -> str:
-        """How many rows each epoch uses, and what happens to the rest, in words (a job that
-        ``reads_data``: the trainer's)."""
-        rows, batch = self.data_rows, self.train.global_batch_size
-        whole, rest = divmod(rows, batch)
-        text = f"data: {rows} rows, global_batch_size {batch}: "
-
-        def batches(n: int) -> str:  # "1 batch per epoch uses", "2 batches per epoch use"
-            return f"{n} batch per epoch uses" if n == 1 else f"{n} batches per epoch use"
-
-        if not rest:
-            return text + f"{batches(whole)} every row"
-        if self.data.last_batch == "pad":
-            return (text + f"{batches(whole + 1).rsplit(' ', 1)[0]}; the last one's {rest} rows are "
-                    f"padded with {batch - rest} rows from the start (data.last_batch: pad)")
-        return (text + f"{batches(whole)} {whole * batch} rows; the last {rest} rows "
-                "are never used (data.last_batch: drop; set it to pad to use them)")
-
     def to_dict(self) -> dict:
         """The resolved spec as plain values, its sections in the order a spec file has them."""
         out = dataclasses.asdict(self)
@@ -181,6 +163,23 @@ class TrainerJobSpec(kinds.Trainer, JobSpec):
     data: DataSpec = setting(DataSpec())
     optimizer: OptimizerSpec = setting(OptimizerSpec())
     train: TrainSpec = setting(doc="required unless program is given")
+
+    def epoch_text(self) -> str:
+        """How many rows each epoch uses, and what happens to the rest, in words."""
+        rows, batch = self.data_rows, self.train.global_batch_size
+        whole, rest = divmod(rows, batch)
+        text = f"data: {rows} rows, global_batch_size {batch}: "
+
+        def batches(n: int) -> str:  # "1 batch per epoch uses", "2 batches per epoch use"
+            return f"{n} batch per epoch uses" if n == 1 else f"{n} batches per epoch use"
+
+        if not rest:
+            return text + f"{batches(whole)} every row"
+        if self.data.last_batch == "pad":
+            return (text + f"{batches(whole + 1).rsplit(' ', 1)[0]}; the last one's {rest} rows are "
+                    f"padded with {batch - rest} rows from the start (data.last_batch: pad)")
+        return (text + f"{batches(whole)} {whole * batch} rows; the last {rest} rows "
+                "are never used (data.last_batch: drop; set it to pad to use them)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -35,7 +35,7 @@ def _term_self() -> None:
 
 
 def _job(name: str):
-    return jobs.for_spec_dict(specs.load(os.path.join(REPO, "jobs", name), registry=backends).to_dict())
+    return specs.load(os.path.join(REPO, "jobs", name), registry=backends).job_file()
 
 
 def _identity(run_dir) -> contract.Identity:
