@@ -31,7 +31,7 @@ class Trainer:
     """The built-in trainer's answers: every process runs podlaunch's worker over the
     spec's task, data, optimizer and train sections (``TrainerJobSpec``)."""
 
-    reads_data = True  # podlaunch's worker reads data: (its rows, the global batch)
+    reads_data = True  # its workers read data: (the rows, in global batches)
     user_command = False  # every process runs podlaunch's worker, not the user's command
     rendezvous = True  # its workers say their host's facts and take the coordinator's address
     working_directory = None  # the backend's own (the workdir); the task is found on PYTHONPATH
