@@ -27,13 +27,13 @@ from typing import Callable
 
 import numpy as np
 
-from worker import job as jobs
+from worker import sections
 from worker.order import WEIGHT, Order, num_batches, per_device_rows  # noqa: F401  (re-exported)
 from worker.sources import (DataError, aligned_empty, open_source,  # noqa: F401
                             synthetic_rows, synthetic_truth)
 
 
-def make_order(data: jobs.DataConfig, num_rows: int, global_batch_size: int) -> Order:
+def make_order(data: sections.Data, num_rows: int, global_batch_size: int) -> Order:
     """The job's ``Order`` over ``num_rows`` rows (``last_batch``, ``shuffle``, ``shuffle_seed``)."""
     return Order(num_rows, global_batch_size, pad=data.last_batch == "pad",
                  shuffle=data.shuffle, seed=data.shuffle_seed)

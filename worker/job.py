@@ -29,11 +29,6 @@ from worker.fields import ContractError, admits, describe_value, expected_type, 
 # ---- the job: job.json -----------------------------------------------------------------------
 # The sections are the spec's own (worker.sections: declared once for both sides); here
 # every key is required, since the launcher wrote them all.
-TaskConfig, DataConfig, OptimizerConfig = sections.Task, sections.Data, sections.Optimizer
-TrainConfig, LoggingConfig = sections.Train, sections.Logging
-DistributedConfig, CheckpointConfig, WatchdogConfig = (sections.Distributed, sections.Checkpoint,
-                                                       sections.Watchdog)
-ProfileConfig = sections.Profile
 _Section = sections._Section
 
 
@@ -115,18 +110,16 @@ class WorkerJob(_JobFile):
 
     name: str
     secrets: list[str]
-    task: TaskConfig
-    data: DataConfig
-    optimizer: OptimizerConfig
-    train: TrainConfig
-    logging: LoggingConfig
-    distributed: DistributedConfig
-    checkpoint: CheckpointConfig
-    watchdog: WatchdogConfig
-    profile: ProfileConfig
+    task: sections.Task
+    data: sections.Data
+    optimizer: sections.Optimizer
+    train: sections.Train
+    logging: sections.Logging
+    distributed: sections.Distributed
+    checkpoint: sections.Checkpoint
+    watchdog: sections.Watchdog
+    profile: sections.Profile
 
-
-ProgramConfig = sections.ProgramSteps
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ProgramJob(_JobFile):
@@ -141,12 +134,12 @@ class ProgramJob(_JobFile):
 
     name: str
     secrets: list[str]
-    program: ProgramConfig
-    logging: LoggingConfig
-    distributed: DistributedConfig
-    watchdog: WatchdogConfig
-    checkpoint: CheckpointConfig
-    profile: ProfileConfig
+    program: sections.ProgramSteps
+    logging: sections.Logging
+    distributed: sections.Distributed
+    watchdog: sections.Watchdog
+    checkpoint: sections.Checkpoint
+    profile: sections.Profile
 
 
 def _build(cls, d: Any, prefix: str, problems: list):

@@ -22,7 +22,7 @@ import zipfile
 import numpy as np
 
 from worker import csvdata, runfiles
-from worker import job as jobs
+from worker import sections
 
 CACHE_DIR = "data-cache"  # under the run directory
 SYNTHETIC_CHUNK_ROWS = 4096  # synthetic rows come in chunks, each from its own seed ...
@@ -113,7 +113,7 @@ class Synthetic:
     tables, no copy; shuffled rows are one gather into a new aligned batch.
     """
 
-    def __init__(self, data: jobs.DataConfig):
+    def __init__(self, data: sections.Data):
         self.data, self.num_rows = data, data.num_examples
         self.name = "synthetic data"
         self._x = aligned_empty((self.num_rows, data.in_features), np.float32)
@@ -358,7 +358,7 @@ def _lines(path: str):
         yield from csvdata.data_lines(f)
 
 
-def open_source(data: jobs.DataConfig, run_dir: str):
+def open_source(data: sections.Data, run_dir: str):
     """The source of a job's ``data`` section (``Synthetic``, ``NpyTable`` or ``NpzArrays``).
 
     Raises:

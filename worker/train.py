@@ -17,7 +17,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from worker import job as jobs
+from worker import sections
 from worker.calls import compiled_at_first_call
 from worker.metrics import STEP_METRICS
 from worker.order import WEIGHT
@@ -26,7 +26,7 @@ from worker.sources import aligned
 AXIS = "batch"  # the seed's axis name
 
 
-def make_optimizer(spec: jobs.OptimizerConfig) -> optax.GradientTransformation:
+def make_optimizer(spec: sections.Optimizer) -> optax.GradientTransformation:
     """The optax optimizer the job's ``optimizer`` section names.
 
     Plain ``sgd`` gives exactly the seed's update ``p - learning_rate * g``

@@ -27,9 +27,6 @@ from worker import sections
 
 # The job's sections, declared once in worker.sections (the worker reads the same classes
 # back from job.json); the launcher adds restarts, program, cluster and secrets.
-TaskSpec, DataSpec, OptimizerSpec = sections.Task, sections.Data, sections.Optimizer
-TrainSpec, LoggingSpec, DistributedSpec = sections.Train, sections.Logging, sections.Distributed
-CheckpointSpec, WatchdogSpec, ProfileSpec = sections.Checkpoint, sections.Watchdog, sections.Profile
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 EXTENSION_PREFIX = "x-"
@@ -105,12 +102,12 @@ class JobSpec:
     which kind a job is, is decided once, by ``programspec.job_type`` as the spec is built."""
 
     name: str = setting(check=_job_name, doc="job name; names the run directory")
-    logging: LoggingSpec = setting(LoggingSpec())
-    distributed: DistributedSpec = setting(DistributedSpec())
-    checkpoint: CheckpointSpec = setting(CheckpointSpec())
+    logging: sections.Logging = setting(sections.Logging())
+    distributed: sections.Distributed = setting(sections.Distributed())
+    checkpoint: sections.Checkpoint = setting(sections.Checkpoint())
     restarts: RestartSpec = setting(RestartSpec())
-    watchdog: WatchdogSpec = setting(WatchdogSpec())
-    profile: ProfileSpec = setting(ProfileSpec())
+    watchdog: sections.Watchdog = setting(sections.Watchdog())
+    profile: sections.Profile = setting(sections.Profile())
     cluster: Any = setting(None, doc="where it runs (default: cluster.backend local); see the "
                            "cluster reference")
     secrets: tuple[str, ...] = setting((), doc="key names (any depth: cluster.env, task.args) whose "
@@ -159,10 +156,10 @@ class JobSpec:
 class TrainerJobSpec(kinds.Trainer, JobSpec):
     """A job of the built-in trainer: the task, its data, the optimizer and the schedule."""
 
-    task: TaskSpec = setting(TaskSpec())
-    data: DataSpec = setting(DataSpec())
-    optimizer: OptimizerSpec = setting(OptimizerSpec())
-    train: TrainSpec = setting(doc="required unless program is given")
+    task: sections.Task = setting(sections.Task())
+    data: sections.Data = setting(sections.Data())
+    optimizer: sections.Optimizer = setting(sections.Optimizer())
+    train: sections.Train = setting(doc="required unless program is given")
 
     def epoch_text(self) -> str:
         """How many rows each epoch uses, and what happens to the rest, in words."""

@@ -17,6 +17,7 @@ from launcher import backends
 from launcher import spec
 from launcher.spec import yamlio
 from launcher.errors import SpecError
+from worker import sections
 
 GOOD = textwrap.dedent("""\
     name: t
@@ -399,11 +400,11 @@ def test_every_setting_is_in_the_docs_settings_reference():
 
     missing = []
     settings_doc = _documented("docs/settings.md") | _documented("docs/programs.md")
-    for section, cls in [("task", spec.TaskSpec), ("data", spec.DataSpec),
-                         ("optimizer", spec.OptimizerSpec), ("train", spec.TrainSpec),
-                         ("logging", spec.LoggingSpec), ("distributed", spec.DistributedSpec),
-                         ("checkpoint", spec.CheckpointSpec), ("restarts", spec.RestartSpec),
-                         ("watchdog", spec.WatchdogSpec), ("program", ProgramSpec)]:
+    for section, cls in [("task", sections.Task), ("data", sections.Data),
+                         ("optimizer", sections.Optimizer), ("train", sections.Train),
+                         ("logging", sections.Logging), ("distributed", sections.Distributed),
+                         ("checkpoint", sections.Checkpoint), ("restarts", spec.RestartSpec),
+                         ("watchdog", sections.Watchdog), ("program", ProgramSpec)]:
         for name in fields(cls):
             if f"{section}.{name}" not in settings_doc and name not in settings_doc:
                 missing.append(f"docs/settings.md: {section}.{name}")

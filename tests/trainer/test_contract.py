@@ -22,6 +22,7 @@ from worker import contract
 from worker.contract import ContractError, Identity
 from worker.job import WorkerJob
 from worker import job as jobs
+from worker import sections
 
 LINEAR = os.path.join(REPO, "jobs", "linear.yaml")
 
@@ -141,7 +142,7 @@ def test_an_identity_checks_its_types():
 def test_a_real_spec_round_trips_through_job_json(tmp_path):
     job = linear_job()
     assert job.name == "linear"
-    assert job.train == jobs.TrainConfig(num_steps=100, global_batch_size=256, seed=0,
+    assert job.train == sections.Train(num_steps=100, global_batch_size=256, seed=0,
                                             steps_per_call="auto", allreduce="packed",
                                             parallelism="auto", compilation_cache=True)
     assert job.optimizer.learning_rate == 0.1 and job.optimizer.momentum is None
@@ -166,21 +167,21 @@ def test_job_json_holds_exactly_the_workers_keys():
 
 def test_each_job_section_is_declared_once_for_launcher_and_worker():
     # issue 24: a setting such as data.resident is one field declaration, the launcher's
-    # spec section and the worker's job.json section being the same class
-    from worker import sections
-
-    for spec_cls, worker_cls, shared in (
-            (specs.TaskSpec, jobs.TaskConfig, sections.Task),
-            (specs.DataSpec, jobs.DataConfig, sections.Data),
-            (specs.OptimizerSpec, jobs.OptimizerConfig, sections.Optimizer),
-            (specs.TrainSpec, jobs.TrainConfig, sections.Train),
-            (specs.LoggingSpec, jobs.LoggingConfig, sections.Logging),
-            (specs.DistributedSpec, jobs.DistributedConfig, sections.Distributed),
-            (specs.CheckpointSpec, jobs.CheckpointConfig, sections.Checkpoint),
-            (specs.WatchdogSpec, jobs.WatchdogConfig, sections.Watchdog)):
-        assert spec_cls is worker_cls is shared
+    # spec section and the worker's job.json section being the same class; issue 47: with
+    # one name, worker.sections'
     from launcher.spec.programspec import ProgramSpec
-    assert issubclass(ProgramSpec, jobs.ProgramConfig) and jobs.ProgramConfig is sections.ProgramSteps
+    from worker import sections
+    from worker.fields import hints_of
+
+    spec_side, worker_side = hints_of(specs.TrainerJobSpec), hints_of(WorkerJob)
+    for name, shared in (("task", sections.Task), ("data", sections.Data),
+                         ("optimizer", sections.Optimizer), ("train", sections.Train),
+                         ("logging", sections.Logging), ("distributed", sections.Distributed),
+                         ("checkpoint", sections.Checkpoint), ("watchdog", sections.Watchdog),
+                         ("profile", sections.Profile)):
+        assert spec_side[name] is worker_side[name] is shared, name
+    assert issubclass(ProgramSpec, sections.ProgramSteps)
+    assert hints_of(jobs.ProgramJob)["program"] is sections.ProgramSteps
     # every field of the worker's side is declared in worker/sections.py, none in job.py
     import inspect
     source = inspect.getsource(jobs)
@@ -211,11 +212,11 @@ def test_the_spec_defaults_reach_the_worker(tmp_path):
         """))
     job = WorkerJob.from_spec_dict(specs.load(str(path), registry=backends).to_dict())
     # the spec's defaults (launcher/spec/__init__.py), not the worker's old fallbacks (every 0, keep 1)
-    assert job.checkpoint == jobs.CheckpointConfig(every_steps=1000, keep=3)
+    assert job.checkpoint == sections.Checkpoint(every_steps=1000, keep=3)
     assert job.watchdog.stall_timeout_s == 300.0
-    assert job.logging == jobs.LoggingConfig(log_every_steps=10, tensorboard=True,
+    assert job.logging == sections.Logging(log_every_steps=10, tensorboard=True,
                                                  on_nonfinite_loss="stop")
-    assert job.task == jobs.TaskConfig(name="linear_regression", args={})
+    assert job.task == sections.Task(name="linear_regression", args={})
 
 
 def test_a_missing_key_is_named_by_its_dotted_key():
