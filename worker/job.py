@@ -2,8 +2,8 @@
 
 Half of the launcher-worker contract (``worker.contract`` has the other half,
 the identity in the environment, and the progress lines). Built by the
-launcher from its resolved spec (``WorkerJob.from_spec_dict``: the spec's sections,
-``worker.sections``, without the launcher's own), written with ``to_json`` (mode
+launcher from its typed spec (``WorkerJob.from_spec``: the spec's own section objects,
+``worker.sections``, without the launcher's own; no dict round trip), written with ``to_json`` (mode
 0600: ``task.args`` may hold secrets) and read by the worker with ``from_json``
 into the same section classes, every key required. What does not fit raises
 ``worker.contract.ContractError`` naming the dotted key.
@@ -65,6 +65,27 @@ class _JobFile(_Section):
           ContractError: ``resolved`` lacks a key the worker needs.
         """
         return cls.from_dict(_pick(cls, resolved))
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> "WorkerJob":
+        """This job file out of the launcher's typed spec (a ``launcher.spec`` job), its own
+        section objects taken as they are: the spec's sections are this file's classes
+        (``worker.sections``, declared once for both sides), and a section of a subclass (a
+        program's ``ProgramSpec``, which adds the command) gives the fields this file
+        declares. A tuple is written as the list JSON reads back.
+
+        Raises:
+          AttributeError: ``spec`` lacks a section this file needs.
+        """
+        hints = hints_of(cls)
+        values = {}
+        for field in dataclasses.fields(cls):
+            value, hint = getattr(spec, field.name), hints[field.name]
+            if dataclasses.is_dataclass(hint):
+                value = hint(**{f.name: _as_read(getattr(value, f.name))
+                                for f in dataclasses.fields(hint)})
+            values[field.name] = _as_read(value)
+        return cls(**values)
 
     def to_json(self, path: str) -> None:
         """Write ``to_dict()`` as JSON to ``path``, mode 0600 (it may hold the task's secrets),
@@ -177,3 +198,8 @@ def _pick(cls, resolved: Any) -> Any:
                    else list(resolved[name]) if isinstance(resolved[name], tuple)  # as JSON has it
                    else resolved[name])
             for name in (field.name for field in dataclasses.fields(cls)) if name in resolved}
+
+
+def _as_read(value: Any) -> Any:
+    """``value`` as ``from_dict`` would give it back from JSON: a tuple as a list."""
+    return list(value) if isinstance(value, tuple) else value

@@ -93,7 +93,7 @@ class Trainer:
     def job_file(self) -> jobs.WorkerJob:
         """What its workers read as ``job.json``: a ``worker.job.WorkerJob``, the spec's
         sections that the worker reads."""
-        return jobs.WorkerJob.from_spec_dict(self.to_dict())
+        return jobs.WorkerJob.from_spec(self)
 
     def profile_start_problem(self, start_step: int) -> str | None:
         """Why ``profile.start_step`` cannot be traced, or None: the trainer traces any step."""
@@ -157,7 +157,7 @@ class Program:
     def job_file(self) -> jobs.ProgramJob:
         """What its processes' ``worker.program`` helper reads as ``job.json``: a
         ``worker.job.ProgramJob`` (``program.num_steps`` and the sections every job has)."""
-        return jobs.ProgramJob.from_spec_dict(self.to_dict())
+        return jobs.ProgramJob.from_spec(self)
 
     def profile_start_problem(self, start_step: int) -> str | None:
         """Why ``profile.start_step`` cannot be traced, or None: a program's trace starts at

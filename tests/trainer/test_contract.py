@@ -361,3 +361,15 @@ def test_a_process_waits_for_the_coordinators_port_before_joining():
     clock = iter([0.0, 0.0, 0.1, 0.2, 0.3]).__next__  # the deadline 0.25 s, passed at once
     assert not joining.wait_for_coordinator(f"127.0.0.1:{port}", 0.25, clock=clock,
                                             sleep=lambda s: None)
+
+
+@pytest.mark.parametrize("name", ["linear", "digits", "diabetes", "mlp_digits", "seed_program"])
+def test_job_json_is_made_from_the_typed_spec_as_the_dict_round_trip_made_it(name):
+    # issue 47.3: the job file is taken from the spec's own section objects; what it holds is
+    # what picking the worker's keys out of the spec's dict gave (still the contract's reader)
+    job = specs.load(os.path.join(REPO, "jobs", f"{name}.yaml"), registry=backends)
+    kind = jobs.ProgramJob if isinstance(job, specs.ProgramJobSpec) else WorkerJob
+    made = job.job_file()
+    assert type(made) is kind
+    assert made == kind.from_spec_dict(job.to_dict())
+    assert made == kind.from_dict(json.loads(json.dumps(made.to_dict())))  # as a worker reads it
