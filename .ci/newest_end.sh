@@ -32,6 +32,6 @@ echo "newest end: venv ready in $((SECONDS - started)) s"
 # PYTEST_XDIST_WORKER=gw7: the sshd port range of a worker the oldest end (three workers,
 # gw0 to gw2, running at the same time) does not have (tests/harness/sshenv.py FIRST_PORT)
 PYTEST_XDIST_WORKER=gw7 "$venv/bin/python" -m pytest -q -rs --timeout=300 -p no:cacheprovider \
-  "tests/run/test_local_run.py::test_main_job_trains_and_logs_to_tensorboard" \
+  "tests/backends/local/test_local_run.py::test_main_job_trains_and_logs_to_tensorboard" \
   "tests/backends/ssh/test_ssh.py::test_four_hosts_match_single_host_debug_mode"
 echo "newest end: passed in $((SECONDS - started)) s"

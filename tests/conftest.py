@@ -1,8 +1,12 @@
 """The suite's floor plan.
 
-Folders by layer: ``spec/`` (loading and checking the spec, messages, versions, imports),
-``trainer/`` (the worker: contract, data, checkpoints, the step), ``run/`` (supervision,
-restarts, the console, single-host runs), ``backends/{ssh,tpu,slurm}/``; ``harness/`` is the
+Folders by the product's rooms: ``spec/`` (loading and checking the spec, messages,
+versions), ``trainer/`` (the worker: contract, data, checkpoints, the step), ``run/``
+(supervision, restarts, the ledger, profiles, program jobs), ``console/`` (what the user
+sees: the first screen, the status line, the summary, next steps), ``commands/`` (the
+commands by run: detach, logs, tensorboard), ``backends/{local,ssh,tpu,slurm}/`` (single-host
+runs, ...), ``fitness/`` (the house's own rules: the backend seam, the import floors, the
+settings table); ``harness/`` is the
 package the tests share (sshd hosts, a Slurm cluster, network namespaces, the fake gcloud,
 the ``launch`` helpers) and ``programs/`` the user tasks and programs the tests run (on the
 workers' PYTHONPATH).

@@ -10,7 +10,7 @@ kept. It lives here, on the commands' floor, because it reads both the spec and 
     python -m launcher.commands.settings_doc           # rewrite docs/settings.md's table
     python -m launcher.commands.settings_doc --check   # exit 1, naming each row that differs
 
-``tests/spec/test_settings_doc.py`` fails when the committed file differs from this.
+``tests/fitness/test_settings_doc.py`` fails when the committed file differs from this.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ class Noise(NamedTuple):
     starts: str | None = None
 
 
-# The one list of library noise: add a kind here (and a case to tests/run/test_console.py).
+# The one list of library noise: add a kind here (and a case to tests/console/test_console.py).
 NOISE = (
     # gloo (JAX's CPU collectives) as every process joins the first collective
     Noise("gloo connected", r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks?\. "
@@ -226,7 +226,7 @@ class LineSplitter:
 
     Attributes:
       scanned: bytes searched for a newline so far (equals the bytes fed:
-        tests/run/test_console.py checks it).
+        tests/console/test_console.py checks it).
     """
 
     def __init__(self, max_held_bytes: int = MAX_HELD_BYTES):

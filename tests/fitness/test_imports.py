@@ -154,7 +154,7 @@ def upward_imports(root: str = REPO) -> list:
     as one line each (file:line: the import, both floors)."""
     modules = _module_names(root)
     found = [f"{os.path.relpath(path, root)}: {name} is on no floor (add it to FLOORS in "
-             "tests/spec/test_imports.py)" for name, path in modules.items()
+             "tests/fitness/test_imports.py)" for name, path in modules.items()
              if floor_of(name) is None]
     for name, path in modules.items():
         here = floor_of(name)
@@ -272,7 +272,7 @@ def test_an_upward_import_fails_naming_its_file_line_and_both_floors(tmp_path):
         f"worker/contract.py:{at['worker/contract.py']}: 'import launcher.plan' imports "
         f"launcher.plan {floor('launcher.plan')} from worker.contract {floor('worker.contract')}",
         "worker/unplaced.py: worker.unplaced is on no floor (add it to FLOORS in "
-        "tests/spec/test_imports.py)"])
+        "tests/fitness/test_imports.py)"])
 
 
 def test_imports_inside_functions_and_relative_ones_count_type_checking_ones_do_not(tmp_path):
