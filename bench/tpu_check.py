@@ -333,7 +333,9 @@ def _read_bytes(path: str) -> bytes:
 
 
 def _line(text: str, word: str) -> str | None:
-    return next((line.strip() for line in text.splitlines() if word in line), None)
+    """The first line of ``text`` holding ``word``, without a log file's time."""
+    return next((logtimes.unstamped(line).strip() for line in text.splitlines() if word in line),
+                None)
 
 
 def _tail(done) -> str:
