@@ -95,14 +95,15 @@ def compiled_at_first_call(mapped: Callable) -> Callable:
 
     The step is called with the same shapes, dtypes and shardings every time, so what
     ``pmap`` works out again on every call (the mesh, the shardings, the argument checks:
-    about 250 us a call on CPU in jax 0.9, more than the step of a small model; 0.19 ms a
-    call on a TPU v5e, docs/tpu.md) is done once. (With several processes, ``pmap.lower``
-    reads each process's arrays as the global ones and fails: ``make_train_step`` leaves a
-    multi-process pmap as it is; the jit step takes global arrays, so it is compiled so.) Results, donation and errors are the
-    function's own. A call whose arguments differ from the first's in shape, dtype or
-    sharding, or in their tree (the executable refuses them with a TypeError before running
-    anything, so nothing is donated), falls back to ``mapped`` itself: compiled for them, or
-    refused with its own error.
+    about 250 us a call on CPU in jax 0.9, more than the step of a small model; on a TPU v5e
+    227 us against the executable's 182, ``bench/dispatch_costs.py``, docs/tpu.md) is done
+    once. With several processes ``pmap.lower`` reads each process's arrays as the global
+    ones and fails, so ``worker.train.make_train_step`` leaves a multi-process pmap as it is;
+    the jit step takes global arrays and is compiled so everywhere. Results, donation and
+    errors are the function's own. A call whose arguments differ from the first's in shape,
+    dtype or sharding, or in their tree (the executable refuses them with a TypeError before
+    running anything, so nothing is donated), falls back to ``mapped`` itself: compiled for
+    them, or refused with its own error.
     """
     compiled: list = []
 
@@ -114,7 +115,6 @@ def compiled_at_first_call(mapped: Callable) -> Callable:
         except TypeError:  # refused before it ran: ``mapped`` compiles for these, or says why
             return mapped(*args)
 
-    call.lower = mapped.lower  # what a caller of the mapped function may ask of it
     return call
 
 
