@@ -146,7 +146,10 @@ def walk(source: str, rules: Rules, avoid: tuple = ()) -> tuple[dict, set, list]
                 dirs.add(sub)
                 visit(entry.path, sub)
             elif entry.is_file(follow_symlinks=False):
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # gone since the listing (an editor's temporary file)
+                    continue
                 files[sub] = Entry(entry.path, st.st_size, int(st.st_mtime), stat.S_IMODE(st.st_mode))
 
     visit(source, "")

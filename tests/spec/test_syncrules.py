@@ -79,3 +79,23 @@ def test_a_run_directory_reached_through_another_spelling_is_still_avoided(tmp_p
     spelled = os.path.join(str(src), "out", "..", "out", "run-1")
     files, _, _ = syncrules.walk(str(src), syncrules.Rules(), avoid=(spelled,))
     assert "out/run-1/run.json" not in files
+
+
+def test_a_file_gone_between_the_listing_and_its_stat_is_left_out(tmp_path, monkeypatch):
+    # another process's temporary file (an editor's, a test's spec written and removed beside
+    # a synced program): the sync skips it instead of failing the start with FileNotFoundError
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("print(1)\n")
+    (src / ".tmp-spec.yaml").write_text("name: t\n")
+    real_scandir = os.scandir
+
+    def listed_then_removed(path):
+        entries = list(real_scandir(path))
+        if os.path.exists(src / ".tmp-spec.yaml"):
+            os.remove(src / ".tmp-spec.yaml")
+        return iter(entries)
+
+    monkeypatch.setattr(syncrules.os, "scandir", listed_then_removed)
+    files, _, _ = syncrules.walk(str(src), syncrules.Rules())
+    assert sorted(files) == ["train.py"]

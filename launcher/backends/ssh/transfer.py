@@ -286,12 +286,17 @@ def sync_dir(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
                 raise SyncRefused(f"{target} exists and podlaunch did not write it; the sync "
                                   f"never overwrites such a file: move it away, exclude {rel}, "
                                   "or choose another workdir")
-            owned_files[rel] = {"source": source, "size": entry.size, "mtime": entry.mtime}
             if same:
+                owned_files[rel] = {"source": source, "size": entry.size, "mtime": entry.mtime}
                 continue
+            try:
+                source_file = open(entry.path, "rb")
+            except FileNotFoundError:  # gone since the listing (an editor's temporary file,
+                continue               # another run's): nothing to copy, nothing owned anew
+            owned_files[rel] = {"source": source, "size": entry.size, "mtime": entry.mtime}
             before_writing()
             temporary = f"{target}.{writer}.tmp"
-            with open(entry.path, "rb") as source_file, new_file(sftp, temporary) as f:
+            with source_file, new_file(sftp, temporary) as f:
                 f.set_pipelined(True)
                 shutil.copyfileobj(source_file, f, 32768)
             sftp.chmod(temporary, entry.mode & 0o700)
