@@ -129,7 +129,13 @@ class LocalWorker:
         """A start that failed: SIGKILL the worker, everything below the wrapper, and the
         wrapper itself, wherever it is in its start (a wrapper not yet past starting its
         worker escapes ``kill``; a worker it starts after this dies with it, by
-        PR_SET_PDEATHSIG). Returns the pids killed besides the wrapper, for ``wait_gone``."""
+        PR_SET_PDEATHSIG). Returns the pids killed besides the wrapper, for ``wait_gone``.
+
+        The wrapper is stopped (SIGSTOP) before its descendants are listed, so that it cannot
+        start its worker between the listing and its own death: such a worker would die of
+        PR_SET_PDEATHSIG, but unlisted, ``wait_gone`` would not wait for it."""
+        proctl.signal_pid(self._proc.pid, (signal.SIGSTOP,))
+        proctl.wait_until(lambda: proctl.state(self._proc.pid) in (None, "T", "t", "Z"), 1.0)
         below = proctl.descendants(self._proc.pid)
         self.kill()
         proctl.signal_pid(self._proc.pid, (signal.SIGKILL,))
