@@ -246,8 +246,9 @@ class Train(_Section):
         "docs/tpu.md#speed-on-the-chip). Small steps are dispatch-bound: see docs/benchmarks.md")
     allreduce: Literal["packed", "per_leaf"] = setting(
         "packed", doc="packed: gradients and loss averaged in one flat buffer per dtype, one "
-        "collective per step (faster across processes); per_leaf: one pmean per array, as a "
-        "plain pmap script does (either parallelism)")
+        "collective per step (faster across processes; on one device there is nothing to "
+        "average, and it is per_leaf); per_leaf: one pmean per array, as a plain pmap script "
+        "does (either parallelism)")
     parallelism: Literal["auto", "pmap", "jit"] = setting(
         "auto", doc="pmap: jax.pmap over the local devices, params replicated per device (the "
         "classic data-parallel step); jit: jax.jit over a global Mesh of every device, the batch "

@@ -95,9 +95,9 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
     Raises:
       ValueError: ``allreduce`` is neither ``per_leaf`` nor ``packed``.
     """
-    per_device = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics,
-                               steps_per_call, metrics_fn, metrics_every)
     devices = mesh().size
+    per_device = step_function(loss_fn, optimizer, averaging(allreduce, devices), with_metrics,
+                               steps_per_call, metrics_fn, metrics_every)
     rows = 0 if steps_per_call == 1 else 1  # the batch rows' axis (1: after the window's)
 
     def split(a):

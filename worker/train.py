@@ -119,25 +119,31 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
     Raises:
       ValueError: ``allreduce`` is neither ``per_leaf`` nor ``packed``.
     """
-    step = step_function(loss_fn, optimizer, averaging(allreduce), with_metrics, steps_per_call,
-                         metrics_fn, metrics_every)
+    step = step_function(loss_fn, optimizer, averaging(allreduce, jax.device_count()),
+                         with_metrics, steps_per_call, metrics_fn, metrics_every)
     mapped = jax.pmap(step, axis_name=AXIS, donate_argnums=(0, 1))
     # pmap's lowering takes this process's arrays as the whole: ahead of time only alone
     return compiled_at_first_call(mapped) if jax.process_count() == 1 else mapped
 
 
-def averaging(allreduce: str) -> Callable[[tuple], tuple]:
+def averaging(allreduce: str, device_count: int | None = None) -> Callable[[tuple], tuple]:
     """``(grads, loss, extra) -> the same`` averaged over the ``AXIS`` of every device:
     ``packed`` (``packed_pmean``, one collective per dtype) or ``per_leaf`` (a ``pmean``
     of the gradients, then of the loss, then of the extra metrics, as the seed).
 
+    With ``device_count`` 1 (one process on one device: one chip) ``packed`` is ``per_leaf``:
+    there is no collective to save, a mean over one device compiles to nothing, and
+    ``packed``'s ravel and unravel are copies inside every step of a fused call (on a TPU
+    v5e they held the 256 x 4 step at 283k steps/s against 384k without them,
+    bench/step_variants.py at 1,000 steps a call; docs/tpu.md).
+
     Raises:
       ValueError: ``allreduce`` is neither.
     """
-    if allreduce == "packed":
-        return packed_pmean
-    if allreduce != "per_leaf":
+    if allreduce not in ("packed", "per_leaf"):
         raise ValueError(f"allreduce: expected per_leaf or packed, got {allreduce!r}")
+    if allreduce == "packed" and device_count != 1:
+        return packed_pmean
 
     def per_leaf_pmean(parts: tuple) -> tuple:
         return tuple(jax.lax.pmean(part, axis_name=AXIS) for part in parts)
