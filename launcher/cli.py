@@ -22,9 +22,9 @@ import yaml
 from launcher import backends
 from launcher import plan as planning
 from launcher import commands, flags, interrupts, runlock
-from launcher.commands import detach, resumes, runs
+from launcher.commands import adopt, detach, resumes, runs
 from launcher.console import lines, nextsteps
-from launcher.run import ledger, restarts
+from launcher.run import journal as journals, ledger, restarts
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="once every process started, leave the run to a supervisor of its "
                              "own (no terminal; its console in RUN_DIR/console.log) and exit 0; "
                              "`launch logs|attach|wait|stop RUN` reach it")
+    # launch attach's supervisor that takes back a detached run whose supervisor was killed
+    parser.add_argument("--adopt", metavar="RUN_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--rehearse", action="store_true",
                         help="tpu: run the pod's exact topology (hosts x chips per host, slices) as "
                              "local processes with CPU devices, before paying for the pod")
@@ -163,33 +165,6 @@ def _check_creatable(path: str, flag: str) -> None:
                                  "choose another directory")])
 
 
-def _resume_dir(job: specs.JobSpec, run_dir: str) -> str:
-    """Check that ``--resume RUN_DIR`` names a run of this job.
-
-    Raises:
-      SpecError: no such run directory, it holds another job's run, or the spec changes
-        what the run trains (``launcher.commands.resumes``).
-    """
-    run_dir = os.path.abspath(run_dir)
-    spec_file = os.path.join(run_dir, "spec.yaml")
-    try:
-        earlier = yaml.safe_load(runfiles.read_regular(spec_file))
-        why = None if isinstance(earlier, dict) else "not a mapping of settings"
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-    except (yaml.YAMLError, RecursionError) as exc:  # PyYAML's own text is not for the console
-        mark = getattr(exc, "problem_mark", None)
-        why = "not valid YAML" + (f" at line {mark.line + 1}" if mark is not None else "")
-    if why is not None:
-        raise SpecError([Problem("--resume", None, "", f"{run_dir} is not a run directory (cannot "
-                                 f"read {spec_file}: {why}); pass the directory a launch printed")])
-    if earlier.get("name") != job.name:
-        raise SpecError([Problem("--resume", None, "", f"{run_dir} holds a run of job "
-                                 f"{earlier.get('name')!r}, not {job.name!r}; pass that job's spec")])
-    resumes.check(run_dir, job.to_masked_dict())
-    return run_dir
-
-
 def _spec_changes(run_dir: str, masked: dict) -> list:
     """``key: old -> new`` for every setting in which ``masked`` (the spec about to run, secrets
     masked) differs from the run's ``spec.yaml`` (what its earlier attempts ran)."""
@@ -271,33 +246,51 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
                                  f"hosts can outlive a launcher (ssh, tpu); this job's is "
                                  f"{backend.name}; remove the flag")])
     options = Options(python=sys.executable, kill_stale=args.kill_stale, dry_run=args.dry_run,
-                      resume=bool(args.resume))
+                      resume=bool(args.resume), detached=handoff.detached,
+                      adopting=bool(args.adopt))
     backend.check(job, options)
-    if args.resume and args.run_dir:
-        raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])
-    run_dir = (_resume_dir(job, args.resume) if args.resume
-               else _run_dir(job, args.run_dir, create=not args.dry_run))
-    if not args.resume and args.run_dir is None and not args.dry_run:
-        held.append(_RemovedIfEmpty(run_dir))  # a start that fails before any file: no trace
-    _check_creatable(run_dir, "--resume" if args.resume else "--run-dir")
+    if args.adopt:  # the run's own (its spec unchanged in what it trains)
+        run_dir = resumes.resume_dir(job, args.adopt, "RUN")
+    else:
+        if args.resume and args.run_dir:
+            raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])
+        run_dir = (resumes.resume_dir(job, args.resume) if args.resume
+                   else _run_dir(job, args.run_dir, create=not args.dry_run))
+        if not args.resume and args.run_dir is None and not args.dry_run:
+            held.append(_RemovedIfEmpty(run_dir))  # a start that fails before any file: no trace
+        _check_creatable(run_dir, "--resume" if args.resume else "--run-dir")
     session = backend.session(job, run_dir, console, options)
     try:
         plan = session.plan()
         if args.dry_run:
             console.block(session.describe(plan))
             return EXIT_OK
-        held.append(runlock.acquire(run_dir, "--resume" if args.resume else "--run-dir"))
-        first_attempt = restarts.next_attempt(run_dir)
+        held.append(runlock.acquire(run_dir, "RUN" if args.adopt else
+                                    "--resume" if args.resume else "--run-dir"))
+        taken = adopt.check(run_dir) if args.adopt else None  # SpecError: nothing to take back
+        first_attempt = taken["attempt"] if taken else restarts.next_attempt(run_dir)
         try:
-            changes = _write_run_files(plan, first_attempt if args.resume else 0, job)
+            changes = [] if taken else _write_run_files(plan, first_attempt if args.resume else 0, job)
         except OSError as exc:  # nothing has started yet: this is bad input
             raise SpecError([Problem("--resume" if args.resume else "--run-dir", None, "",
                                      f"cannot write into {run_dir}: {exc.strerror}; "
                                      "choose another directory")]) from None
         console.log_to(os.path.join(run_dir, "launcher.log"))
+        adopted = adopt.take_back(session, plan, taken, console, run_dir) if taken else None
         running = ledger.Running(ledger.read(run_dir))  # launch runs: the goodput so far
         record = runs.Record(run_dir, job.name, job.num_steps, launched_at=launched_at,
                              running=running)
+        journal = None  # a detached run's: what a supervisor needs to take it back
+        if handoff.detached:
+            journal = journals.Journal(run_dir, backend.name, taken["argv"] if taken else argv,
+                                       taken["cwd"] if taken else os.getcwd(), session.adopts)
+            journal.data["launched"] = (taken or {}).get("launched") or {
+                "wall": journals.to_wall(launched_at), "before_s": record._before_s}
+            if taken:  # where the killed one left it, until this one's attempt is under way
+                journal.data.update({k: taken.get(k) for k in journals.WHERE})
+            journal.write()
+        if taken:
+            adopt.continue_record(record, taken)
         record.start()
         console.watchers.append(record.progress)  # launch runs: a running run's step and ETA
         handoff.run_dir_is(run_dir, console)
@@ -311,8 +304,11 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
             console.say(job.epoch_text())
         try:
             result, attempts = restarts.run(session, plan, console, first_attempt=first_attempt,
-                                            resume=bool(args.resume), began_at=launched_at, running=running)
+                                            resume=bool(args.resume), began_at=launched_at,
+                                            running=running, journal=journal, adopted=adopted)
         except BaseException as exc:
+            if journal is not None:
+                journal.close()
             done = getattr(exc, "attempts", ())
             if isinstance(exc, LaunchError) and done:  # a restart that could not be prepared
                 console.block(restarts.attempts_table(done))
@@ -321,6 +317,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
                        goodput=_write_ledger(run_dir, done, console)[1])
             raise
         entries, goodput = _write_ledger(run_dir, attempts, console)
+        if journal is not None:
+            journal.close()
         if result.exit_code == 0:
             session.succeeded()
         record.end({0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed"),

@@ -137,6 +137,13 @@ def log_path(run_dir: str, process_id: int, attempt: int = 0) -> str:
     return os.path.join(run_dir, "logs", f"attempt-{attempt}", name)
 
 
+def output_path(run_dir: str, process_id: int, attempt: int = 0) -> str:
+    """A detached run's worker's own output on its host (``output/attempt-N/process-NNN.out``):
+    written there by the worker and its wrapper, read by whichever supervisor watches the
+    run (``launcher.run.journal``), so nothing is lost while none does."""
+    return os.path.join(run_dir, "output", f"attempt-{attempt}", f"process-{process_id:03d}.out")
+
+
 def remote_run_name(run_dir: str) -> str:
     """The run's directory name on its hosts (``<workdir>/runs/<job>/<name>``): the local run
     directory's name, then 8 hex digits of a SHA-256 of its real path.

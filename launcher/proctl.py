@@ -48,6 +48,16 @@ def stat_fields(pid):
         return None
 
 
+def start_ticks(pid):
+    """When ``pid`` started (clock ticks since boot, ``/proc/PID/stat``), or None if it is gone:
+    with the pid, it names one process even after the pid is reused."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def state(pid):
     """The process state letter of ``pid`` as a str ("R", "S", "T", "Z", ...), or None if gone."""
     fields = stat_fields(pid)

@@ -72,12 +72,19 @@ class Options:
         remove no file).
       resume: the run continues an earlier one (``--resume``): its first attempt follows a
         fault too (a spare may take the place of a host that is gone).
+      detached: the supervisor is a detached run's (``launch --detach``, ``launch attach``):
+        a backend that can (``Session.adopts``) starts processes that outlive it and keep
+        their output on their hosts.
+      adopting: the first plan is of processes already running, taken back (``launch
+        attach``): nothing is checked that they themselves would fail (the chips they hold).
     """
 
     python: str
     kill_stale: bool = False
     dry_run: bool = False
     resume: bool = False
+    detached: bool = False
+    adopting: bool = False
 
 
 class Session(abc.ABC):
@@ -87,7 +94,12 @@ class Session(abc.ABC):
     attempt, ``end_attempt`` after each attempt that is followed by another,
     ``close`` exactly once at the end (also after errors). ``close`` must be
     safe to call at any point.
+
+    ``adopts``: a detached run's processes outlive a supervisor that is killed, and
+    ``adopt`` takes them back (``launch attach``); a backend without it refuses.
     """
+
+    adopts: ClassVar[bool] = False
 
     def __init__(self, job, run_dir: str, console=None, options: Options | None = None):
         self.job = job
@@ -141,6 +153,20 @@ class Session(abc.ABC):
           LaunchError: some process could not start; every one already started
             has been stopped.
         """
+
+    def adopt(self, plan: planning.Plan, records: list) -> list:
+        """Take back the running processes of ``plan`` (its attempt) that a killed supervisor
+        started, from their journal ``records`` (``launcher.run.journal``); one ``Worker``
+        each, in process_id order, as ``start`` returns them.
+
+        Raises:
+          SpecError: this backend cannot (``adopts`` False), or a record is not usable;
+            nothing was signalled.
+        """
+        raise SpecError([Problem("RUN", None, "", (
+            "taking a run's processes back is built for the local backend only, not yet for "
+            f"{self.job.cluster.backend}: stop what is left of it (`launch JOB.yaml --resume RUN "
+            "--kill-stale` on ssh and tpu hosts) and continue it from its last checkpoint"))])
 
     def end_attempt(self) -> None:
         """Release what only the ended attempt used (connections, channels)."""

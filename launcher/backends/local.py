@@ -6,178 +6,25 @@ and leads its own session (so its process group can be signalled as a
 whole, and a Ctrl-C in the terminal reaches only the launcher, which then
 tears down in order). The wrapper dies with the launcher (PR_SET_PDEATHSIG)
 and is the subreaper of everything the worker starts, so even a SIGKILLed
-launcher leaves no worker, and no helper a worker started, behind.
+launcher leaves no worker, and no helper a worker started, behind. A detached
+run's wrappers are the exception (``localworker.LocalWorker`` with ``out_path``):
+they outlive a killed supervisor, and ``launch attach`` takes them back
+(``localadopt``).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
-import signal
-import subprocess
-import threading
-import time
-from typing import Iterator
 
-from launcher import proctl, remote
-from launcher.backends import localdevices
+from launcher import proctl
+from launcher.backends import localadopt, localdevices
 from launcher.backends.localdevices import LocalCluster
 from launcher.spec import checks
 from launcher.backends.base import Backend, Options, Session
+from launcher.backends.localworker import HOST, start_all
 from launcher.errors import LaunchError, Problem, SpecError
-from launcher.plan import Placement, Plan, ProcessPlan
-from launcher.remote import wrapper
-from launcher.state import Exit, exit_of
+from launcher.plan import Placement, Plan
 from launcher.words import plural
-from worker import interrupts, profiling
-
-HOST = "127.0.0.1"
-
-
-class LocalWorker:
-    """A worker process on this machine, under ``launcher.remote.wrapper`` as over SSH.
-
-    The wrapper (a child subreaper that dies with the launcher, PR_SET_PDEATHSIG)
-    starts the worker as the leader of its own session and, when the worker ends,
-    is stopped or the launcher dies, kills every descendant the worker left, even
-    those that left its process group. The worker's environment reaches the
-    wrapper on stdin, never in a command line, with the wrapper's control token
-    (``wrapper.TOKEN_VAR``). Teardown signals the worker's process group directly
-    once the wrapper reported it (``PGID_MARK`` with that token) and the group is
-    verified to be the wrapper's own child (``_own_group``).
-    """
-
-    def __init__(self, plan: ProcessPlan, grace_s: float = 3.0):
-        self.plan = plan
-        self.pgid: int | None = None
-        self._reported: str | None = None
-        self._eof = threading.Event()
-        self._token = secrets.token_hex(16)
-        argv = remote.module_call(plan.python or plan.argv[0], "wrapper", {
-            "argv": list(plan.argv), "cwd": plan.cwd, "pid_file": None, "run_dir": plan.run_dir or ".",
-            "process_id": plan.process_id, "grace_s": grace_s, "parent_pid": os.getpid(),
-            "env_from_stdin": True})
-        try:
-            self._proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, text=True, encoding="utf-8", errors="replace", bufsize=1)
-        except OSError as exc:
-            raise LaunchError(f"cannot start process_id {plan.process_id}: {plan.argv[0]}: "
-                              f"{exc.strerror}") from None
-        try:
-            self._proc.stdin.write(json.dumps({**plan.env, wrapper.TOKEN_VAR: self._token}))
-            self._proc.stdin.close()
-        except OSError:  # it died at once: poll reports how
-            pass
-
-    @property
-    def pid(self) -> int:
-        """The wrapper's pid."""
-        return self._proc.pid
-
-    def lines(self) -> Iterator[str]:
-        try:
-            for line in self._proc.stdout:
-                kind, payload, head = wrapper.control(line.rstrip("\n"), self._token)
-                if kind == "pgid":
-                    self.pgid = self._own_group(payload)
-                elif kind == "exit":
-                    self._reported = payload
-                if head:
-                    yield head
-            self._proc.stdout.close()
-        finally:
-            self._eof.set()
-
-    def _own_group(self, payload: str) -> int | None:
-        """The reported pgid if it is the wrapper's child and leads its own group, else None
-        (then teardown goes through the wrapper: nothing else is ever signalled)."""
-        try:
-            pgid = int(payload)
-        except ValueError:
-            return None
-        fields = proctl.stat_fields(pgid)
-        if fields is None or fields[1] != self._proc.pid or fields[2] != pgid:
-            return None
-        return pgid
-
-    def poll(self) -> Exit | None:
-        code = self._proc.poll()
-        if code is None:
-            return None
-        self._eof.wait(2.0)  # the report is the wrapper's last line
-        if self._reported is not None:
-            exit_code, sig, at = wrapper.parse_exit_report(self._reported)
-            return exit_of(exit_code, sig, at)  # at: when it ended, this clock
-        self.kill()  # the wrapper itself died: nothing may outlive it
-        return exit_of(code)
-
-    def terminate(self) -> None:
-        # CONT: a stopped process must run to act on SIGTERM
-        if self.pgid is not None:
-            proctl.signal_group(self.pgid, (signal.SIGTERM, signal.SIGCONT))
-        else:  # not started yet: the wrapper passes it on
-            proctl.signal_pid(self._proc.pid, (signal.SIGTERM,))
-
-    def kill(self) -> None:
-        if self.pgid is not None:
-            proctl.signal_group(self.pgid, (signal.SIGKILL,))
-        proctl.kill_descendants(self._proc.pid)  # also those that left the worker's group
-
-    def abandon(self) -> list:
-        """A start that failed: SIGKILL the worker, everything below the wrapper, and the
-        wrapper itself, wherever it is in its start (a wrapper not yet past starting its
-        worker escapes ``kill``; a worker it starts after this dies with it, by
-        PR_SET_PDEATHSIG). Returns the pids killed besides the wrapper, for ``wait_gone``.
-
-        The wrapper is stopped (SIGSTOP) before its descendants are listed, so that it cannot
-        start its worker between the listing and its own death: such a worker would die of
-        PR_SET_PDEATHSIG, but unlisted, ``wait_gone`` would not wait for it."""
-        proctl.signal_pid(self._proc.pid, (signal.SIGSTOP,))
-        proctl.wait_until(lambda: proctl.state(self._proc.pid) in (None, "T", "t", "Z"), 1.0)
-        below = proctl.descendants(self._proc.pid)
-        self.kill()
-        proctl.signal_pid(self._proc.pid, (signal.SIGKILL,))
-        return below
-
-    def wait_gone(self, pids: list, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the wrapper and ``pids`` to be gone; returns whether
-        they are."""
-        deadline = time.monotonic() + timeout_s
-        try:
-            self._proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return False
-        return bool(proctl.wait_until(
-            lambda: not any(proctl.state(p) not in (None, "Z") for p in pids),
-            max(0.0, deadline - time.monotonic())))
-
-    def stopped(self) -> bool:
-        return self.pgid is not None and proctl.is_stopped(self.pgid)
-
-    def dump_stacks(self) -> None:
-        if self.pgid is not None:  # the worker leads its group: its pid is the pgid
-            proctl.signal_pid(self.pgid, (interrupts.STACKS_SIGNAL,))
-
-    def request_profile(self, text: str, failed=None) -> None:
-        profiling.write_request(self.plan.run_dir or ".", text)  # the run directory is here
-
-
-def start_all(plan: Plan, grace_s: float = 3.0) -> list:
-    """Start every planned process here; if one cannot start (or an interrupt comes),
-    kill those already started."""
-    workers: list[LocalWorker] = []
-    try:
-        for process in plan.processes:
-            workers.append(LocalWorker(process, grace_s))
-    except BaseException:
-        killed = [(w, w.abandon()) for w in workers]
-        deadline = time.monotonic() + proctl.KILL_WAIT_S  # gone before the launcher raises
-        for w, pids in killed:
-            w.wait_gone(pids, max(0.0, deadline - time.monotonic()))
-        raise
-    return workers
 
 
 def coordinator_port(job) -> int:
@@ -255,30 +102,16 @@ def placements(job, run_dir: str, python: str, platform: str) -> tuple:
                  for i in range(n))
 
 
-def check_chips_free(job) -> None:
-    """Refuse to start while another process holds this machine's TPU chips or GPUs.
-
-    Raises:
-      LaunchError: a holder lives (its pid, command and the files it holds are named;
-        nothing is stopped or removed: libtpu's lock file goes with its holder).
-    """
-    cluster = job.cluster
-    if not cluster.chips:
-        return
-    lockfile = cluster.libtpu_lockfile if cluster.resolved_platform == "tpu" else None
-    found, _ = localdevices.holders(cluster.chips, lockfile)
-    if found:
-        raise LaunchError(f"the {cluster.resolved_platform.upper()} is in use: "
-                          f"{localdevices.describe_holders(found)}; wait for it to end, or stop it "
-                          f"(kill {' '.join(str(pid) for pid, _, _ in found)}), then launch again")
-
-
 class LocalSession(Session):
+    adopts = True
+
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:
         job = self.job
         platform = self.platform()
-        if platform != "cpu":  # the dry run names a holder too: the run would be refused
-            check_chips_free(job)
+        # the dry run names a holder too: the run would be refused; processes taken back
+        # (launch attach) hold the chips themselves
+        if platform != "cpu" and (restart or not self.options.adopting):
+            localdevices.check_chips_free(job)
         return placements(job, self.run_dir, self.options.python, platform), \
             coordinator_address(job)
 
@@ -318,7 +151,10 @@ class LocalSession(Session):
         return f"starting {plural(plan.num_processes, 'process')} x {each} ({mode}), {where}"
 
     def start(self, plan: Plan) -> list:
-        return start_all(plan, self.job.cluster.grace_s)
+        return start_all(plan, self.job.cluster.grace_s, self.options.detached)
+
+    def adopt(self, plan: Plan, records: list) -> list:
+        return localadopt.adopt(plan, records)
 
 
 class RehearsalSession(LocalSession):

@@ -24,6 +24,7 @@ import re
 from typing import Literal
 
 from launcher import proctl
+from launcher.errors import LaunchError
 from launcher.backends.base import ClusterSettings
 from launcher.words import plural
 from launcher.spec import schema
@@ -238,3 +239,21 @@ class LocalCluster(ClusterSettings):
                      f"need more than the {plural(len(self.chips), name)} found; use at most "
                      f"{len(self.chips)} in all")]
         return []
+
+
+def check_chips_free(job) -> None:
+    """Refuse to start while another process holds this machine's TPU chips or GPUs.
+
+    Raises:
+      LaunchError: a holder lives (its pid, command and the files it holds are named;
+        nothing is stopped or removed: libtpu's lock file goes with its holder).
+    """
+    cluster = job.cluster
+    if not cluster.chips:
+        return
+    lockfile = cluster.libtpu_lockfile if cluster.resolved_platform == "tpu" else None
+    found, _ = holders(cluster.chips, lockfile)
+    if found:
+        raise LaunchError(f"the {cluster.resolved_platform.upper()} is in use: "
+                          f"{describe_holders(found)}; wait for it to end, or stop it "
+                          f"(kill {' '.join(str(pid) for pid, _, _ in found)}), then launch again")

@@ -19,14 +19,15 @@ PIPE_VAR = "PODLAUNCH_DETACH_FD"  # the supervisor's end of the pipe; never a wo
 CONSOLE_FILE = "console.log"
 
 
-def spawn(argv: list) -> int:
-    """Start the supervisor (``argv`` without ``--detach``); returns this command's exit code."""
+def spawn(argv: list, cwd: str | None = None, quiet: bool = False) -> int:
+    """Start the supervisor (``argv`` without ``--detach``; in ``cwd``); returns this
+    command's exit code. ``quiet``: say nothing once it started (``launch attach`` follows it)."""
     import subprocess  # here: launch --help pays for no import it does not use
 
     read_fd, write_fd = os.pipe()
     try:
         child = subprocess.Popen([sys.executable, "-P", "-m", "launcher.cli", *argv],
-                                 stdin=subprocess.DEVNULL, start_new_session=True,
+                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd,
                                  pass_fds=(write_fd,), env={**os.environ, PIPE_VAR: str(write_fd)})
     finally:
         os.close(write_fd)
@@ -45,6 +46,8 @@ def spawn(argv: list) -> int:
         child.send_signal(signal.SIGTERM)
         child.wait()
         raise
+    if quiet:
+        return 0
     print(f"podlaunch: detached: the supervisor (pid {child.pid}) goes on without this terminal; "
           f"its console: {os.path.join(run_dir, CONSOLE_FILE)}\n"
           f"run directory {run_dir}\n"

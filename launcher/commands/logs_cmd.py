@@ -115,20 +115,28 @@ def main(argv: list) -> int:
 
 
 def attach_main(argv: list) -> int:
-    """``launch attach``: the run's exit code, or 0 after Ctrl-C (the run goes on).
+    """``launch attach``: the run's exit code, or 0 after Ctrl-C (the run goes on). A detached
+    run whose supervisor was killed is taken back first (``launcher.commands.adopt``).
 
     Raises:
-      SpecError: no such run, or no live supervisor holds it (exit 2), at once.
+      SpecError: no such run, it has ended, or it cannot be taken back (exit 2), at once.
     """
     args = _parser("attach").parse_args(argv)
     run_dir = runref.resolve(args.run, args.root)
     value, alive = runref.state(run_dir)
+    if not alive and value in runref.EXIT_CODES:
+        raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} has ended (state "
+                                 f"{value}): `launch logs {args.run}` shows it")])
     if not alive:
-        why = (f"has ended (state {value}): `launch logs {args.run}` shows it" if value
-               in runref.EXIT_CODES else "has no live supervisor (killed): taking its processes "
-               f"back is not built yet; `launch JOB.yaml --resume {run_dir}` continues it from "
-               "its last checkpoint once its processes are gone")
-        raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} {why}")])
+        from launcher.commands import adopt
+        from launcher.run import journal
+
+        data = journal.read(run_dir)  # SpecError: not a detached run's, nothing to take back
+        print(f"launch attach: the run's supervisor is gone; taking the run back ({run_dir})",
+              flush=True)
+        code = adopt.spawn(run_dir, data)
+        if code != 0:
+            return code  # its own error said why (another took it first: named)
     try:
         return follow(run_dir, log_file(run_dir, None), args.run, tail=ATTACH_TAIL)
     except KeyboardInterrupt:

@@ -13,10 +13,14 @@ launch and goes on.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+
+import yaml
 
 from launcher.commands import runs
 from launcher.errors import Problem, SpecError
+from worker import runfiles
 
 # which examples form each batch, and what is trained on them (prefixes end with '.')
 TRAINED = ("train.global_batch_size", "data.", "task.")
@@ -62,3 +66,30 @@ def _set_flag(key: str, value) -> str:
     """``--set KEY=VALUE`` that gives ``key`` back ``value``, as a shell would take it."""
     text = value if isinstance(value, str) else json.dumps(value)  # false, null, [1, 2]
     return f"--set {shlex.quote(f'{key}={text}')}"
+
+
+def resume_dir(job, run_dir: str, flag: str = "--resume") -> str:
+    """Check that ``--resume RUN_DIR`` names a run of this job.
+
+    Raises:
+      SpecError: no such run directory, it holds another job's run, or the spec changes
+        what the run trains (``launcher.commands.resumes``).
+    """
+    run_dir = os.path.abspath(run_dir)
+    spec_file = os.path.join(run_dir, "spec.yaml")
+    try:
+        earlier = yaml.safe_load(runfiles.read_regular(spec_file))
+        why = None if isinstance(earlier, dict) else "not a mapping of settings"
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    except (yaml.YAMLError, RecursionError) as exc:  # PyYAML's own text is not for the console
+        mark = getattr(exc, "problem_mark", None)
+        why = "not valid YAML" + (f" at line {mark.line + 1}" if mark is not None else "")
+    if why is not None:
+        raise SpecError([Problem(flag, None, "", f"{run_dir} is not a run directory (cannot "
+                                 f"read {spec_file}: {why}); pass the directory a launch printed")])
+    if earlier.get("name") != job.name:
+        raise SpecError([Problem(flag, None, "", f"{run_dir} holds a run of job "
+                                 f"{earlier.get('name')!r}, not {job.name!r}; pass that job's spec")])
+    check(run_dir, job.to_masked_dict())
+    return run_dir

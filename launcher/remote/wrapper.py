@@ -28,8 +28,10 @@ SIGKILLs its group and every descendant (``proctl.kill_descendants``).
 SIGTERM, SIGHUP or SIGINT to the wrapper stops the worker in order: TERM and
 CONT to its group, ``grace_s``, then KILL. A wrapper that dies (SIGKILL) takes its
 worker with it (PR_SET_PDEATHSIG): no worker trains on unsupervised. With ``parent_pid`` (the local
-backend) the wrapper gets SIGTERM when that parent dies (PR_SET_PDEATHSIG),
-so even a SIGKILLed launcher leaves nothing behind.
+backend's foreground runs) the wrapper gets SIGTERM when that parent dies (PR_SET_PDEATHSIG),
+so even a SIGKILLed launcher leaves nothing behind; a detached run's local wrappers get none,
+and write to a file of the run instead of the launcher's pipe (their stdout is that file):
+they outlive a killed supervisor until ``launch attach`` takes them back.
 
 Args (one JSON object): ``argv`` (the worker's command), ``pid_file`` (or
 null), ``run_dir`` (created), ``process_id``; optional ``cwd`` (where the worker

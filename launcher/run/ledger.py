@@ -36,6 +36,9 @@ two attempts:
 ``shutdown``        after a clean end: the last progress line to every process
                     ended (the final save is ``checkpoint``)
 ``restart_wait``    between attempts: the backoff and the end of the attempt
+``unsupervised``    no supervisor watched: from the last moment the killed one
+                    is known to have watched (its journal, ``launcher.run.
+                    journal``) to the moment ``launch attach`` took the run back
 ==================  ==========================================================
 
 The buckets add up to the attempt's wall time exactly (every one is a difference of
@@ -55,14 +58,15 @@ from launcher.state import HOST_CHANGE_FIELDS, Result
 
 LEDGER_FILE = "ledger.json"
 BUCKETS = ("launch", "start_and_join", "setup", "compilation", "restore", "productive",
-           "checkpoint", "retrained", "teardown", "shutdown", "restart_wait")
+           "checkpoint", "retrained", "teardown", "shutdown", "restart_wait", "unsupervised")
 # the ledger's words for each bucket (the summary, docs/recovery.md)
 WORDS = {"launch": "launch and preflight", "start_and_join": "process start and join",
          "setup": "data and parameters before the first step",
          "compilation": "compiling the first step", "restore": "checkpoint restore",
          "productive": "productive steps", "checkpoint": "checkpoint saves",
          "retrained": "steps trained again", "teardown": "failure detection and teardown",
-         "shutdown": "shutdown", "restart_wait": "waiting before a restart"}
+         "shutdown": "shutdown", "restart_wait": "waiting before a restart",
+         "unsupervised": "no supervisor watching (killed, until taken back)"}
 
 
 @dataclasses.dataclass
@@ -74,12 +78,14 @@ class Times:
       started_at: every process had been started.
       ended_at: every process had ended (``supervise`` returned).
       waited_s: seconds waited after it before the next attempt began (``restart_wait``).
+      unsupervised: ``(from, to)``: no supervisor watched it then (``unsupervised``), or None.
     """
 
     began_at: float
     started_at: float | None = None
     ended_at: float | None = None
     waited_s: float = 0.0
+    unsupervised: tuple | None = None
 
 
 def attempt_entry(number: int, times: Times, result, reached_before: int | None) -> dict:
@@ -162,6 +168,9 @@ def attempt_entry(number: int, times: Times, result, reached_before: int | None)
             take(at, seconds, "restore")
         for at, seconds in zero.saves:
             take(at, seconds, "checkpoint")
+    if times.unsupervised is not None:  # the lines it printed meanwhile arrived at its end
+        gap_from, gap_to = times.unsupervised
+        take(gap_to, gap_to - gap_from, "unsupervised")
     # the furthest step its logs show: progress lines and a worker's own failure line (a
     # heartbeat's step is for the watchdog, and not logged)
     reached = max([t.stats.progress.step for t in processes if t.stats.progress is not None]

@@ -62,6 +62,19 @@ class LogFile:
             except ValueError:  # closed by its reader meanwhile (it flushed on close)
                 self.pending = False
 
+    def flushed_size(self) -> int | None:
+        """Flush, then the file's size: every line written so far is within it, and it ends
+        at the end of a line (a supervisor that takes the run back cuts the log there and
+        reads the rest again from the process's output: ``launcher.run.journal``); None when
+        the file cannot be written or is closed."""
+        with self.lock:
+            try:
+                self.file.flush()
+                self.flushed_at, self.pending = self.clock(), False
+                return self.file.buffer.tell()
+            except (OSError, ValueError):
+                return None
+
     def _failed(self, exc: OSError) -> None:
         self.failed = True
         self.say(f"podlaunch: cannot write {self.path} ({exc.strerror}); this process's "

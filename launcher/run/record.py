@@ -13,6 +13,7 @@ import os
 import socket
 import time
 
+from launcher import proctl
 from launcher.console.lines import printable as lines_printable
 from launcher.state import HOST_CHANGE_FIELDS
 from worker import runfiles
@@ -190,13 +191,8 @@ def _finite(value: float) -> float | None:
 
 
 def _start_ticks(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot, ``/proc/PID/stat``), or None if it is gone:
-    with the pid, it names one process even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    """When ``pid`` started (``proctl.start_ticks``), or None if it is gone."""
+    return proctl.start_ticks(pid)
 
 
 def _text(value) -> str:

@@ -30,6 +30,7 @@ from launcher.console import Console
 from launcher.errors import LaunchError
 from launcher.run import classes, ledger
 from launcher.run.classes import FailureClass, Verdict
+from launcher.run.journal import Adopted
 from launcher.state import Result, Watchdog
 from launcher.console.status import compile_text, summary
 from launcher.words import plural
@@ -72,6 +73,16 @@ class Budgets:
         self.total = 0
         self.last: FailureClass | None = None
         self.in_a_row = 0
+
+    def restore(self, state: dict) -> None:
+        """The counts a journal kept (``launcher.run.journal.Journal.state``)."""
+        named = {c.value: c for c in FailureClass}
+        for name, used in (state.get("used") or {}).items():
+            if name in named and isinstance(used, int):
+                self.used[named[name]] = used
+        self.total = int(state.get("total") or 0)
+        self.in_a_row = int(state.get("in_a_row") or 0)
+        self.last = named.get(state.get("last"))
 
     def budget(self, failure_class: FailureClass) -> int:
         key = failure_class.budget_key
@@ -134,7 +145,8 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         resume: bool = False, sleep: Callable[[float], None] = time.sleep,
         began_at: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        running: ledger.Running | None = None) -> tuple[Result, list]:
+        running: ledger.Running | None = None, journal=None,
+        adopted: Adopted | None = None) -> tuple[Result, list]:
     """Run attempts of ``plan`` until success, a failure not retried, or its class's budget spent.
 
     Args:
@@ -150,12 +162,17 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
       clock: seconds, monotonic, for each attempt's ``ledger.Times``.
       running: kept up to date with the attempts (``ledger.Running``: the goodput so far that
         run.json shows while the run goes on).
+      journal: a detached run's ``launcher.run.journal.Journal``, kept up to date.
+      adopted: where a killed supervisor left the run (``launch attach``): its attempt's
+        processes taken back, or the restart's wait it was in; ``first_attempt`` is that
+        attempt's number.
 
     Returns:
       (the last attempt's Result, every Attempt in order; each failed one with its class).
 
     Raises:
       LaunchError: a backend could not start an attempt.
+      KeyboardInterrupt: interrupted during an adopted restart's wait (nothing runs).
     """
     job = plan.job
     budgets = Budgets(job.restarts)
@@ -165,63 +182,91 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
     times = ledger.Times(clock() if began_at is None else began_at)
     # hosts the first attempt no longer uses (a --resume's spare, prepared before this call)
     changes = [dict(c, attempt=first_attempt) for c in session.host_changes]
+    wait, why = None, ""  # wait set: go on with a restart's wait (an adopted one)
+    if adopted is not None:
+        budgets.restore(adopted.budgets)
+        restarts, counted = adopted.restarts, adopted.counted
+        times = adopted.times or times
+        wait = adopted.wait_s
     while True:
-        plan = planning.for_attempt(plan, attempt, resume=resume or restarts > 0)
-        log_dir = os.path.dirname(plan.processes[0].log_path)
-        os.makedirs(log_dir, exist_ok=True)
-        label = f"attempt {attempt}" + (f" ({counted})" if restarts else "")
-        console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
-        workers, pending = _start(session, plan, console)
-        times.started_at = clock()
-        if running is not None:
-            running.attempts, running.current = attempts, (attempt, times)
-        result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog,
-                           interrupted_by=pending,
-                           notice_grace_s=job.checkpoint.notice_grace_s)
-        times.ended_at = clock()
-        console.attempt_over(result)
-        attempts.append(Attempt(attempt, log_dir, result, times=times, host_changes=changes))
-        if running is not None:
-            running.current = None  # among the attempts now
-        if result.exit_code == 0:
-            attempts[-1].verdict = "succeeded"
-            return result, attempts
-        if result.interrupted:
-            attempts[-1].verdict = "interrupted"
-            return result, attempts
-        failure = classes.classify(result, job.restarts.retry_exit_codes)
-        attempts[-1].failure = failure
-        why = f"{failure.why} [{failure.failure_class.value}]"
-        refusal = budgets.refusal(failure.failure_class)
-        if refusal is not None:
-            attempts[-1].verdict = f"failed: {why}; {refusal}"
-            console.say(f"{label} failed: {why}; {refusal}")
-            return result, attempts
-        console.block(summary(result))  # the last attempt's is printed by the caller
-        restarts += 1
-        wait = budgets.take(failure.failure_class)
-        counted = budgets.count_text(failure.failure_class)
-        attempts[-1].verdict = f"failed: {why}; retried after {wait:g} s"
-        console.say(f"{label} failed: {why}; restarting from the latest checkpoint in {wait:g} s "
-                    f"({counted})")
-        session.failed(plan, failure, result)
-        session.end_attempt()
+        if wait is None:
+            plan = planning.for_attempt(plan, attempt, resume=resume or restarts > 0)
+            log_dir = os.path.dirname(plan.processes[0].log_path)
+            os.makedirs(log_dir, exist_ok=True)
+            label = f"attempt {attempt}" + (f" ({counted})" if restarts else "")
+            taken = adopted is not None and adopted.workers is not None
+            if taken:
+                workers, pending = adopted.workers, None
+                console.say(f"{label}: its {plural(len(workers), 'process')} taken back; logs in "
+                            f"{log_dir}")
+            else:
+                console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
+                workers, pending = _start(session, plan, console)
+                times.started_at = clock()
+            adopted = None
+            if running is not None:
+                running.attempts, running.current = attempts, (attempt, times)
+            if journal is not None:
+                journal.state(attempt, budgets, restarts, counted, attempts)
+                journal.attempt_started(times, workers)
+            result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog,
+                               interrupted_by=pending,
+                               notice_grace_s=job.checkpoint.notice_grace_s,
+                               journal=journal, adopted=taken)
+            times.ended_at = clock()
+            console.attempt_over(result)
+            attempts.append(Attempt(attempt, log_dir, result, times=times, host_changes=changes))
+            if running is not None:
+                running.current = None  # among the attempts now
+            if result.exit_code == 0:
+                attempts[-1].verdict = "succeeded"
+                return result, attempts
+            if result.interrupted:
+                attempts[-1].verdict = "interrupted"
+                return result, attempts
+            failure = classes.classify(result, job.restarts.retry_exit_codes)
+            attempts[-1].failure = failure
+            why = f"{failure.why} [{failure.failure_class.value}]"
+            refusal = budgets.refusal(failure.failure_class)
+            if refusal is not None:
+                attempts[-1].verdict = f"failed: {why}; {refusal}"
+                console.say(f"{label} failed: {why}; {refusal}")
+                return result, attempts
+            console.block(summary(result))  # the last attempt's is printed by the caller
+            restarts += 1
+            wait = budgets.take(failure.failure_class)
+            counted = budgets.count_text(failure.failure_class)
+            attempts[-1].verdict = f"failed: {why}; retried after {wait:g} s"
+            console.say(f"{label} failed: {why}; restarting from the latest checkpoint in "
+                        f"{wait:g} s ({counted})")
+            session.failed(plan, failure, result)
+            session.end_attempt()
+            if journal is not None:
+                journal.state(attempt, budgets, restarts, counted, attempts)
+                journal.waiting(times.ended_at, wait)
+        elif wait > 0:
+            console.say(f"attempt {attempt + 1} of the run starts in {wait:.1f} s (the restart's "
+                        "wait the killed supervisor was in)")
         try:
             _wait(sleep, wait)
-        except (KeyboardInterrupt, Interrupted):
+        except (KeyboardInterrupt, Interrupted) as exc:
+            if not attempts:  # an adopted wait: no attempt of this launch, nothing runs
+                raise KeyboardInterrupt(str(exc)) from None
             result.interrupted = True
             attempts[-1].verdict += "; interrupted while waiting"
             times.waited_s = clock() - times.ended_at
             return result, attempts
-        times.waited_s = clock() - times.ended_at
-        times = ledger.Times(clock())
+        if attempts:
+            times.waited_s = clock() - times.ended_at
+        times, wait = ledger.Times(clock()), None
         known = len(session.host_changes)
         try:
             plan = session.plan(restart=True)
         except LaunchError as exc:
             # the restart could not be prepared (a host not back, a job that cannot be
             # submitted again): the attempts so far, each failure classified, go with it
-            attempts[-1].verdict = f"failed: {why}; its restart was refused"
+            if attempts:
+                attempts[-1].verdict = f"failed: {why}; its restart was refused"
             exc.attempts = attempts
             raise
         changes = [dict(c, attempt=attempt + 1) for c in session.host_changes[known:]]

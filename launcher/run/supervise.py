@@ -39,6 +39,7 @@ from typing import Callable, Iterable
 from launcher import interrupts, proctl
 from launcher.interrupts import Interrupted
 from launcher.run import classes, profiles, stacks
+from launcher.run import journal as journals
 from launcher.run.output import Output, pump
 from launcher.run.pauses import Pauses
 from launcher.console import Console
@@ -62,7 +63,8 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
               poll_interval_s: float = 0.05, watchdog: Watchdog | None = None,
               clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] | None = None,
-              interrupted_by: str | None = None, notice_grace_s: float = 0.0) -> Result:
+              interrupted_by: str | None = None, notice_grace_s: float = 0.0,
+              journal=None, adopted: bool = False) -> Result:
     """Run until every worker succeeded, one failed, or the launcher is interrupted.
 
     Args:
@@ -79,6 +81,10 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
       notice_grace_s: how long the teardown waits, in all, for a process that said it
         stops after an agreed step and saves it (``worker.notice``; the launcher's own
         SIGTERM is such a notice), where ``grace_s`` would cut its save short.
+      journal: a detached run's ``launcher.run.journal.Journal``, told at every poll how far
+        each process's output is in its log; None: none is kept.
+      adopted: the workers were taken back from a killed supervisor: what their lines said
+        before is read again from their logs (``journal.replay``).
 
     Returns:
       A Result; every worker has ended (or been killed) by the time it returns.
@@ -86,6 +92,9 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
     started = clock()
     output = Output(console, sleep)
     tracked = [Tracked(w) for w in workers]
+    if adopted:
+        for t in tracked:
+            journals.replay(t, clock)
     logs: list = []  # each reader's LogFile, flushed every poll
     for t in tracked:
         t.reader = threading.Thread(target=pump, args=(t, output, clock, logs), daemon=True,
@@ -117,8 +126,12 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                 sweep = clock() >= next_sweep
                 if sweep:
                     next_sweep = clock() + sweep_every_s
+                if journal is not None:
+                    journal.before_flush()
                 for log in logs:
                     log.flush_pending()
+                if journal is not None:
+                    journal.after_flush(logs)
                 console.status(tracked)
                 if sweep:
                     answers.poll(output.wait)  # launch stacks / launch profile; profiles traced

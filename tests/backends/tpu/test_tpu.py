@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from harness import fake_gcloud
+from harness.detached import workers_where
 from harness.helpers import LAUNCH, REPO, PROGRAMS, env_for_tests
 from launcher import backends
 from launcher import plan as planning
@@ -399,16 +400,7 @@ def test_a_detached_tpu_run_is_stopped_by_name_with_nothing_left_on_any_host(tmp
 
     def on_hosts() -> list:
         """Pids of the run's processes on the hosts (their PODLAUNCH_RUN_DIR ends in its name)."""
-        found = []
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    environ = f.read().split(b"\0")
-            except OSError:
-                continue
-            if any(v.startswith(b"PODLAUNCH_RUN_DIR=") and v.endswith(name) for v in environ):
-                found.append(int(entry))
-        return found
+        return workers_where(lambda run_dir: run_dir.endswith(name))
 
     try:
         deadline = time.monotonic() + 180

@@ -1,0 +1,107 @@
+"""``launch attach RUN`` of a detached run whose supervisor was killed: a new supervisor takes
+the run back, where the killed one left it.
+
+``attach`` starts it (``spawn``: ``launch ARGV --adopt RUN_DIR``, with the command line the
+run was started with, from the run's journal, ``launcher.run.journal``) as ``--detach``
+starts a supervisor: its own session, its messages on this terminal until it holds the run,
+then its console in ``RUN_DIR/console.log``. The new supervisor takes the run's lock first
+(``launcher.runlock``: a second one is refused, naming the first), checks that the run's
+state is still ``running`` (a state written as final is never overwritten), then
+(``take_back``) takes back the attempt's processes through its backend
+(``Session.adopt``: each proven before anything is signalled), or goes on with the restart's
+wait the killed one was in; ``restarts.run`` then goes on as if nothing happened: fail-fast,
+the watchdog, restarts, the ledger, whose ``unsupervised`` bucket holds the time nobody
+watched.
+"""
+
+from __future__ import annotations
+
+import time
+
+from launcher import plan as planning
+from launcher.commands import runref
+from launcher.errors import Problem, SpecError
+from launcher.run import journal as journals
+from launcher.run import ledger
+from launcher.words import plural
+
+
+def check(run_dir: str) -> dict:
+    """The run's journal, once its lock is held.
+
+    Raises:
+      SpecError: the run has ended (its final state stays as written), or has no usable journal.
+    """
+    value, _ = runref.state(run_dir)
+    if value != "running":
+        raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} has ended (state "
+                                 f"{value or 'none'}); nothing to take back")])
+    data = journals.read(run_dir)
+    if not isinstance(data.get("attempt"), int):
+        raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} was killed before its "
+                                 "first attempt started; `launch JOB.yaml --resume RUN` starts it")])
+    return data
+
+
+def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
+              clock=time.monotonic) -> journals.Adopted:
+    """Where the killed supervisor left the run, taken back: its attempt's processes
+    (``session.adopt``), or the restart's wait it was in. The ledger entries of its ended
+    attempts are written into ``ledger.json`` (the restart's wait and the gap with them).
+
+    Raises:
+      SpecError: the backend cannot take processes back, or the journal does not name them.
+    """
+    now, gap = clock(), journals.gap_s(data)
+    attempt, waiting = data["attempt"], data.get("waiting")
+    entries = [e for e in data.get("entries") or () if isinstance(e, dict)]
+    common = dict(budgets=data.get("budgets") or {}, restarts=int(data.get("restarts") or 0),
+                  counted=str(data.get("counted") or ""))
+    if isinstance(waiting, dict) and entries:
+        until = float(waiting.get("until") or 0.0)
+        left = max(0.0, until - time.time())
+        alive_at = time.time() - gap
+        waited = max(0.0, min(alive_at, until) - float(waiting.get("since") or alive_at))
+        buckets = entries[-1]["buckets_s"]
+        buckets["restart_wait"] = round(buckets.get("restart_wait", 0.0) + waited + left, 3)
+        buckets["unsupervised"] = round(buckets.get("unsupervised", 0.0) + gap, 3)
+        entries[-1]["wall_s"] = round(sum(buckets.values()), 3)
+        adopted = journals.Adopted(attempt, None, None, wait_s=left, **common)
+        console.say(f"taking the run back after {gap:.1f} s without a supervisor: attempt "
+                    f"{attempt} had failed, and its restart waits {left:.1f} s more")
+    else:
+        resume = bool(common["restarts"]) or attempt > 0
+        workers = session.adopt(planning.for_attempt(plan, attempt, resume=resume),
+                                data.get("workers") or [])
+        times = data.get("times") or {}
+        began = journals.to_mono(times.get("began"), clock) or now
+        started = journals.to_mono(times.get("started"), clock) or now
+        adopted = journals.Adopted(attempt, workers, ledger.Times(
+            began, started_at=started, unsupervised=(now - gap, now)), **common)
+        console.say(f"taking the run back after {gap:.1f} s without a supervisor: attempt "
+                    f"{attempt}'s {plural(len(workers), 'process')}, each proven before anything "
+                    "is signalled; what they printed meanwhile follows")
+    if entries:
+        ledger.write(run_dir, ledger.read(run_dir) + entries)
+    return adopted
+
+
+def continue_record(record, data: dict) -> None:
+    """The killed launch's failures and duration, in this launch's run.json (``runs.Record``)."""
+    for failure in data.get("failures") or ():
+        if isinstance(failure, dict) and isinstance(failure.get("class"), str):
+            name = failure["class"]
+            record.data["failures"][name] = record.data["failures"].get(name, 0) + 1
+            record.data["last_failure"] = failure
+    launched = data.get("launched") or {}
+    if isinstance(launched.get("wall"), (int, float)):
+        record._before_s = float(launched.get("before_s") or 0.0) + time.time() - launched["wall"]
+
+
+def spawn(run_dir: str, data: dict) -> int:
+    """Start the supervisor that takes the run back (``detach.spawn``, from the directory the
+    run was launched in); 0 once it holds the run, else its exit code."""
+    from launcher.commands import detach
+
+    return detach.spawn([*data["argv"], "--adopt", run_dir], cwd=data.get("cwd") or None,
+                        quiet=True)

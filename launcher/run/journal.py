@@ -1,0 +1,208 @@
+"""A detached run's journal, ``RUN_DIR/supervisor.json``: what a supervisor that takes the run
+back (``launch attach`` of a run whose supervisor was killed) needs to go on where it stopped.
+
+A detached supervisor (``launch --detach``) keeps it: the command line it was started with
+(to load the same spec), the attempt under way and its stages (wall clock), the restart
+budgets used, the ledger entries of this launch's ended attempts and their failures, and for
+each process of the attempt its wrapper (pid and start ticks, so that a reused pid is never
+taken for it), its worker's process group, the control token of its lines, its output file
+(``plan.output_path``: the worker writes there instead of into the supervisor's pipe, so nothing
+is lost while nobody reads), how far the supervisor has read it (``offset``: every line
+before it is in the process's log) and the log's size then (``logged``: a supervisor that
+takes the run back cuts the log there and reads what follows the offset again, so no line is
+lost or written twice). Between attempts it says the restart's wait instead.
+Rewritten whole every ``EVERY_S`` while the run goes on (``alive_at``: the last moment a
+supervisor is known to have watched; the gap to the adoption is the ledger's
+``unsupervised``), and removed when the run ends by itself. Mode 0600: it holds the tokens
+and the command line's ``--set`` values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Callable
+
+from launcher import logtimes
+from launcher.errors import Problem, SpecError
+from launcher.run import ledger
+from worker import runfiles
+
+JOURNAL_FILE = "supervisor.json"
+EVERY_S = 1.0
+VERSION = 1
+# where a run is (what a supervisor taking it back copies into its own journal until its own
+# attempt is under way; the ended attempts' entries and failures are in ledger.json and
+# run.json by then)
+WHERE = ("attempt", "restarts", "counted", "budgets", "times", "workers", "waiting")
+
+
+def to_wall(mono: float | None, clock: Callable[[], float] = time.monotonic) -> float | None:
+    return None if mono is None else time.time() - (clock() - mono)
+
+
+def to_mono(wall: float | None, clock: Callable[[], float] = time.monotonic) -> float | None:
+    return None if wall is None else clock() - (time.time() - wall)
+
+
+@dataclasses.dataclass
+class Adopted:
+    """What a supervisor took back (``restarts.run`` goes on from it).
+
+    Attributes:
+      attempt: the attempt under way (or, while ``wait_s`` is not None, the one that failed).
+      workers: the attempt's processes, watched again; None between attempts.
+      times: the attempt's ``ledger.Times`` (this clock), its ``unsupervised`` gap set.
+      budgets: ``restarts.Budgets``' counts as the journal kept them.
+      restarts: restarts made in the killed launch; counted: its last count's words.
+      wait_s: the restart's wait still to go (between attempts), else None.
+    """
+
+    attempt: int
+    workers: list | None
+    times: ledger.Times | None
+    budgets: dict
+    restarts: int
+    counted: str
+    wait_s: float | None = None
+
+
+class Journal:
+    """The supervisor's side: kept up to date by ``restarts.run`` and ``supervise``."""
+
+    def __init__(self, run_dir: str, backend: str, argv: list, cwd: str, adopts: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
+        self.path = os.path.join(run_dir, JOURNAL_FILE)
+        self.clock, self.adopts = clock, adopts  # not adopts: written once, to say so
+        self.data = {"version": VERSION, "backend": backend, "adopts": adopts,
+                     "argv": list(argv), "cwd": cwd,
+                     "attempt": None, "restarts": 0, "counted": "", "budgets": {},
+                     "entries": [], "failures": [], "times": None, "workers": [],
+                     "waiting": None, "alive_at": time.time()}
+        self.workers: list = []
+        self._marks: list | None = None
+        self._sizes: dict = {}  # each log's size (its path's) when the offsets were taken
+        self._written_at = -float("inf")
+
+    def state(self, attempt: int, budgets, restarts: int, counted: str, attempts: list) -> None:
+        """Where the restart loop is: the attempt, the budgets, this launch's ended attempts."""
+        self.data.update(attempt=attempt, restarts=restarts, counted=counted,
+                         budgets={"used": {c.value: n for c, n in budgets.used.items()},
+                                  "total": budgets.total, "in_a_row": budgets.in_a_row,
+                                  "last": None if budgets.last is None else budgets.last.value},
+                         entries=ledger.add_attempts([], attempts),
+                         failures=[{"attempt": a.number, "class": a.failure.failure_class.value,
+                                    "process_id": a.failure.process_id, "why": a.failure.why[:500]}
+                                   for a in attempts if a.failure is not None])
+
+    def attempt_started(self, times: ledger.Times, workers: list) -> None:
+        if not self.adopts:
+            return
+        self.workers = list(workers)
+        self.data.update(times={"began": to_wall(times.began_at, self.clock),
+                                "started": to_wall(times.started_at, self.clock)},
+                         waiting=None)
+        self._marks, self._sizes = [w.read_to for w in self.workers], {}
+        self.write()
+
+    def waiting(self, since: float, wait_s: float) -> None:
+        """The attempt failed and every process has ended: the restart waits ``wait_s`` from
+        ``since`` (this clock)."""
+        if not self.adopts:
+            return
+        self.workers, self._marks = [], None
+        since_wall = to_wall(since, self.clock)
+        self.data.update(workers=[], times=None,
+                         waiting={"since": since_wall, "until": since_wall + wait_s})
+        self.write()
+
+    def before_flush(self) -> None:
+        """Supervision's poll, before it flushes the logs: how far each process was read (every
+        line before is in its log's buffer, and on disk once flushed)."""
+        if self.adopts and self.clock() - self._written_at >= EVERY_S:
+            self._marks = [w.read_to for w in self.workers]
+
+    def after_flush(self, logs: list = ()) -> None:
+        """Once the logs were flushed: the journal, with each process's log size (``logs``:
+        the ``LogFile``s; every line before the offset is within it)."""
+        if self.adopts and self._marks is not None and self.clock() - self._written_at >= EVERY_S:
+            self._sizes = {log.path: log.flushed_size() for log in logs}
+            self.write()
+
+    def write(self) -> None:
+        if self._marks is not None:
+            self.data["workers"] = [dict(w.journal_entry(), offset=mark,
+                                         logged=self._sizes.get(w.plan.log_path))
+                                    for w, mark in zip(self.workers, self._marks)]
+        self.data["alive_at"] = time.time()
+        self._written_at = self.clock()
+        try:
+            runfiles.write_whole(self.path, json.dumps(self.data) + "\n")
+        except OSError:
+            pass  # the next write may pass; a run is never stopped for its journal
+
+    def close(self) -> None:
+        """The run ended by itself (or was stopped): nothing to take back."""
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def read(run_dir: str) -> dict:
+    """The journal of ``run_dir``.
+
+    Raises:
+      SpecError: there is none (the run was not detached, or ended), or it cannot be read.
+    """
+    path = os.path.join(run_dir, JOURNAL_FILE)
+    try:
+        data = json.loads(runfiles.read_regular(path))
+    except FileNotFoundError:
+        data = None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise SpecError([Problem("RUN", None, "", f"cannot read {path} ({exc}): the run's "
+                                 "processes cannot be taken back")]) from None
+    if not isinstance(data, dict) or data.get("version") != VERSION \
+            or not isinstance(data.get("argv"), list):
+        raise SpecError([Problem("RUN", None, "", (
+            f"the run in {run_dir} has no supervisor's journal ({path}): only a run started with "
+            "--detach can be taken back; `launch JOB.yaml --resume RUN` continues it from its "
+            "last checkpoint once its processes are gone"))])
+    if data.get("adopts") is False:
+        raise SpecError([Problem("RUN", None, "", (
+            "taking a run's processes back is built for the local backend only, not yet for "
+            f"{data.get('backend')}: its hosts' processes go on unwatched; stop them and continue "
+            f"the run from its last checkpoint (`launch JOB.yaml --resume {run_dir} "
+            "--kill-stale`)"))])
+    return data
+
+
+def gap_s(data: dict) -> float:
+    """Seconds since a supervisor last watched the run (its journal's ``alive_at``)."""
+    alive_at = data.get("alive_at")
+    return max(0.0, time.time() - alive_at) if isinstance(alive_at, (int, float)) else 0.0
+
+
+def replay(tracked, clock: Callable[[], float] = time.monotonic) -> None:
+    """Rebuild what an adopted process's lines said before the adoption (its progress, join,
+    first step, saves: the ledger's and the summary's) from its launcher-side log, each line
+    at the time it was written there; its watchdog clock then starts from now, so the
+    unsupervised gap is not counted against it."""
+    try:
+        text = open(tracked.plan.log_path, encoding="utf-8", errors="replace",
+                    opener=runfiles.opener).read()
+    except OSError:
+        return
+    now_mono, now_wall = clock(), time.time()
+    for line in text.splitlines():
+        when = logtimes.time_of(line)
+        line = line[logtimes.STAMP_CHARS:] if when is not None else line
+        at = now_mono - (now_wall - when.timestamp()) if when is not None else now_mono
+        if tracked.detail(line):
+            continue
+        tracked.observe(line, at)
+    if tracked.progress_at is not None:
+        tracked.progress_at = now_mono

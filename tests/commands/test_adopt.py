@@ -1,0 +1,153 @@
+"""A detached run whose supervisor is SIGKILLed loses nothing: ``launch attach`` takes its live
+processes back (or the restart's wait it was in) and the run ends as it would have without
+the interruption. Real launcher, real JAX workers, the local backend; every wait polls a
+condition against a deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from harness.detached import launch, supervisor, supervisors, until  # noqa: F401 (a fixture)
+from harness.helpers import LAUNCH, REPO, checked_ledger, env_for_tests, run_pids
+from harness.runs import assert_same_params, fault, params
+
+pytestmark = pytest.mark.slow  # real workers
+
+STEPS = 200
+# 2 processes x 2 devices (jobs/linear.yaml's), process 0 sleeping 50 ms a step: about 10 s
+PACED = ("jobs/linear.yaml", "--set", f"train.num_steps={STEPS}", "--set", "logging.log_every_steps=20",
+         "--set", "task.args.sleep_s=0.05", "--set", "task.args.slow_process_id=0")
+
+
+def _reference(run_dir) -> subprocess.Popen:
+    """The same run uninterrupted and unpaced (faulty_task's math is jobs/linear.yaml's),
+    started beside the test's run."""
+    return subprocess.Popen(LAUNCH + ["jobs/linear.yaml", "--set", f"train.num_steps={STEPS}",
+                                      "--run-dir", str(run_dir)],
+                            cwd=REPO, env=env_for_tests(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _journal(run_dir) -> dict:
+    try:
+        return json.loads((run_dir / "supervisor.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _logged_step(run_dir, attempt_dir="") -> int:
+    path = run_dir / "logs" / attempt_dir / "process-000.log"
+    try:
+        text = path.read_text()
+    except OSError:
+        return 0
+    return max((int(s) for s in re.findall(rf" step (\d+)/{STEPS} loss", text)), default=0)
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    until(lambda: not os.path.exists(f"/proc/{pid}") or
+          open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", "the supervisor gone")
+
+
+def _attach(run_dir) -> subprocess.Popen:
+    return subprocess.Popen(LAUNCH + ["attach", str(run_dir)], cwd=REPO, env=env_for_tests(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+
+
+def test_a_killed_supervisor_is_taken_back_by_one_attach_and_the_run_ends_as_uninterrupted(
+        tmp_path, supervisors):
+    run_dir, ref_dir = tmp_path / "r", tmp_path / "ref"
+    reference = _reference(ref_dir)
+    started = launch(*PACED, "--set", "task.name=faulty_task:make", "--run-dir", str(run_dir),
+                     "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    killed = supervisor(run_dir)
+    supervisors.append(killed)
+    until(lambda: _logged_step(run_dir) >= 40, "step 40 in process 0's log")
+    workers = sorted(run_pids(str(run_dir)))
+    wrappers = sorted(w["pid"] for w in _journal(run_dir)["workers"])
+    assert len(workers) == 2 and len(wrappers) == 2
+    _kill(killed)
+    killed_at = time.time()
+    # nobody watches: the workers train on (no PR_SET_PDEATHSIG for a detached run)
+    assert sorted(run_pids(str(run_dir))) == workers
+    # two attaches at once: one takes the run back, the other is refused naming it
+    first, second = _attach(run_dir), _attach(run_dir)
+    until(lambda: supervisor(run_dir) != killed, "a new supervisor in run.json")
+    supervisors.append(supervisor(run_dir))
+    # taken back, not restarted: the new supervisor's journal names the very wrappers the
+    # killed one started, and their workers go on
+    until(lambda: _journal(run_dir).get("alive_at", 0) > killed_at and _journal(run_dir)["workers"],
+          "the new supervisor's journal")
+    assert sorted(w["pid"] for w in _journal(run_dir)["workers"]) == wrappers
+    assert sorted(run_pids(str(run_dir))) == workers
+    codes = sorted([(first.wait(timeout=60), first), (second.wait(timeout=60), second)],
+                   key=lambda pair: pair[0])
+    (ok, viewer), (refused, loser) = codes
+    viewed, lost = viewer.stdout.read() + viewer.stderr.read(), loser.stderr.read()
+    assert ok == 0, viewed[-3000:]
+    assert refused == 2 and "is in use by another launcher (pid" in lost, lost
+    assert "OK: 2 processes succeeded" in viewed, viewed[-3000:]
+    assert reference.wait(timeout=120) == 0
+    assert_same_params(params(run_dir), params(ref_dir))
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "succeeded" and record["attempts"] == 1, record
+    assert not (run_dir / "logs" / "attempt-1").exists()
+    assert not (run_dir / "supervisor.json").exists()  # the run ended: nothing to take back
+    # every step line once in each process's log: none lost while nobody read, none written
+    # twice (the log is cut back to what the killed supervisor's offset covered)
+    for i in range(2):
+        log = (run_dir / "logs" / f"process-{i:03d}.log").read_text()
+        seen = [int(s) for s in re.findall(rf" step (\d+)/{STEPS} loss", log)]
+        assert seen == list(range(20, STEPS + 1, 20)), (i, seen)
+    ledger = checked_ledger(run_dir)
+    assert len(ledger["attempts"]) == 1
+    assert ledger["attempts"][0]["buckets_s"]["unsupervised"] > 0, ledger
+    assert re.search(r"taking the run back after \d+\.\d s without a supervisor: attempt 0's 2 "
+                     "processes", (run_dir / "launcher.log").read_text())
+
+
+def test_a_supervisor_killed_during_a_restarts_wait_is_taken_back_and_the_run_restarts(
+        tmp_path, supervisors):
+    run_dir, ref_dir = tmp_path / "r", tmp_path / "ref"
+    reference = _reference(ref_dir)
+    # paced on attempt 0 only: attempt 1 runs at full speed
+    started = launch(*PACED, *fault("exit", 40), "--set", "task.args.slow_attempt=0",
+                     "--set", "checkpoint.every_steps=20",
+                     "--set", "restarts.program_errors=1", "--set", "restarts.backoff_s=4",
+                     "--run-dir", str(run_dir), "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    killed = supervisor(run_dir)
+    supervisors.append(killed)
+    until(lambda: (_journal(run_dir).get("waiting") or None), "the restart's wait", 120)
+    _kill(killed)
+    assert run_pids(str(run_dir)) == []  # the failed attempt was torn down before the wait
+    attached = _attach(run_dir)
+    try:
+        code = attached.wait(timeout=180)
+    finally:
+        attached.kill()
+    out = attached.stdout.read() + attached.stderr.read()
+    assert code == 0, out[-3000:]
+    assert reference.wait(timeout=120) == 0
+    assert_same_params(params(run_dir), params(ref_dir))
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "succeeded" and record["attempts"] == 2, record
+    assert record["failures"] == {"program error": 1}, record
+    assert _logged_step(run_dir, "attempt-1") == STEPS
+    ledger = checked_ledger(run_dir)
+    assert [a["attempt"] for a in ledger["attempts"]] == [0, 1]
+    failed = ledger["attempts"][0]["buckets_s"]
+    # the 4 s wait: the killed supervisor's part and what was left after the adoption, and
+    # the gap between them that nobody watched
+    assert failed["unsupervised"] > 0, failed
+    assert abs(failed["restart_wait"] + failed["unsupervised"] - 4.0) < 0.3, failed
