@@ -135,8 +135,11 @@ def attach_main(argv: list) -> int:
         print(f"launch attach: the run's supervisor is gone; taking the run back ({run_dir})",
               flush=True)
         code = adopt.spawn(run_dir, data)
-        if code != 0:
-            return code  # its own error said why (another took it first: named)
+        if code != 0:  # its own error said why
+            if runref.state(run_dir)[1]:
+                print(f"launch attach: another supervisor took the run back first (named above); "
+                      f"`launch attach {args.run}` again views it", flush=True)
+            return code
     try:
         return follow(run_dir, log_file(run_dir, None), args.run, tail=ATTACH_TAIL)
     except KeyboardInterrupt:

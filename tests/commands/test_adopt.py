@@ -93,9 +93,10 @@ def test_a_killed_supervisor_is_taken_back_by_one_attach_and_the_run_ends_as_uni
     codes = sorted([(first.wait(timeout=60), first), (second.wait(timeout=60), second)],
                    key=lambda pair: pair[0])
     (ok, viewer), (refused, loser) = codes
-    viewed, lost = viewer.stdout.read() + viewer.stderr.read(), loser.stderr.read()
+    viewed, lost = viewer.stdout.read() + viewer.stderr.read(), loser.stdout.read() + loser.stderr.read()
     assert ok == 0, viewed[-3000:]
     assert refused == 2 and "is in use by another launcher (pid" in lost, lost
+    assert "another supervisor took the run back first" in lost, lost
     assert "OK: 2 processes succeeded" in viewed, viewed[-3000:]
     assert reference.wait(timeout=120) == 0
     assert_same_params(params(run_dir), params(ref_dir))
