@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+import time
 
 from worker import runfiles
 
@@ -65,45 +66,56 @@ class NullTracker:
 
 
 class TensorBoardTracker(NullTracker):
-    """Writes TensorBoard event files with tensorboardX.
+    """Writes one TensorBoard event file with tensorboardX's event writer, in this thread.
 
-    tensorboardX's writer thread flushes every ``flush_s`` seconds and
-    ``close`` flushes the rest, so a run stopped by SIGTERM or an exception
-    keeps everything, and one killed by SIGKILL loses at most ``flush_s``.
-    An explicit flush per log step would cost ~1 ms (measured: 1.5 ms with,
-    0.4 ms without, for 4 scalars), a third of a step of the seed's model.
+    Each ``scalars`` call is one ``Event`` (every value a ``simple_value``, as ``add_scalar``
+    writes them) serialized, checksummed and appended to the file's buffer
+    (``tensorboardX.event_file_writer.EventsWriter``); ``flush`` (once per batch of log
+    steps) hands the buffer to the OS, so a run killed by SIGKILL loses at most the batch
+    being written, and ``close`` writes the rest.
+
+    Not ``SummaryWriter``: its writer passes every event through a ``multiprocessing.Queue``
+    (a semaphore, a pickle through a pipe, a feeder thread and a writer thread): 35 us of CPU
+    per event over its threads, all under the training loop's interpreter lock, against 10 us
+    here (``bench/bench_tracker.py``; at a few thousand log steps a second, as a tiny model
+    fused on a TPU logs, that is the host's time between dispatches).
     """
 
-    def __init__(self, logdir: str, flush_s: float = 2.0, max_queue: int = 1024,
-                 process_id: int = 0):
-        SummaryWriter = tensorboardx().SummaryWriter  # only process 0 pays for the import
+    def __init__(self, logdir: str, process_id: int = 0):
+        tensorboardx()  # only process 0 pays for the import (without the cloud clients)
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.summary import custom_scalars
 
         os.makedirs(logdir, exist_ok=True)
-        # max_queue: a batch of log steps is put at once; tensorboardX's default
-        # (10) would block the training loop until its writer thread caught up.
         # the file named by its writer's process: tensorboardX names it by time and host,
         # so two writers on one host in one second would share one name, and a second
         # writer (a broken process-0-only rule) would be invisible
-        self._writer = SummaryWriter(logdir=logdir, flush_secs=flush_s, max_queue=max_queue,
-                                     filename_suffix=f".process-{process_id:03d}")
-        self._summary = Summary
+        self._events = EventsWriter(os.path.join(logdir, "events"),
+                                    filename_suffix=f".process-{process_id:03d}")
+        self._event, self._summary = Event, Summary
         # the Custom Scalars tab: the loss first, then one chart of every process's own step
         # time (the Scalars tab gives each process a card and a y-scale of its own, so "which
         # host is slow" cannot be read there), then the launcher's goodput ledger
-        self._writer.add_custom_scalars(LAYOUT)
+        self._write(custom_scalars(LAYOUT))
+
+    def _write(self, summary, step: int | None = None) -> None:
+        event = self._event(wall_time=time.time(), summary=summary)
+        if step is not None:
+            event.step = int(step)
+        self._events.write_event(event)
 
     def scalars(self, step: int, values: dict) -> None:
-        # One event holding every value: what add_scalar writes per tag (a
-        # simple_value), at a seventh of the CPU time for 10 tags (0.1 ms, not
-        # 0.74: tensorboardX checksums each event record in pure Python).
-        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))
-                                 for tag, value in values.items()])
-        self._writer._get_file_writer().add_summary(summary, global_step=step)
+        Value = self._summary.Value
+        self._write(self._summary(value=[Value(tag=tag, simple_value=float(value))
+                                         for tag, value in values.items()]), step)
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
-        self._writer.add_text(tag, text, global_step=step)
-        self._writer.flush()
+        from tensorboardX.summary import text as text_summary
+
+        self._write(text_summary(tag, text), step)
+        self.flush()
 
     def hparams(self, hparams: dict, metrics: dict) -> None:
         # SummaryWriter.add_hparams would open a second writer in a subdirectory;
@@ -112,11 +124,21 @@ class TensorBoardTracker(NullTracker):
         from tensorboardX.summary import hparams as hparams_summaries
 
         for summary in hparams_summaries(hparams, metrics):
-            self._writer._get_file_writer().add_summary(summary)
-        self._writer.flush()
+            self._write(summary)
+        self.flush()
+
+    def flush(self) -> None:
+        # The file's own flush: EventsWriter.flush also fsyncs, about 1 ms a call here, and
+        # a process's end (close) or the OS writes the pages anyway; only a machine's crash
+        # loses what is not yet on disk
+        writer = getattr(getattr(self._events, "_py_recordio_writer", None), "_writer", None)
+        if writer is not None and hasattr(writer, "flush"):
+            writer.flush()
+        else:  # another tensorboardX: its own flush
+            self._events.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        self._events.close()
 
 
 class JsonlTracker(NullTracker):
