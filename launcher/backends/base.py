@@ -168,6 +168,12 @@ class Session(abc.ABC):
             f"{self.job.cluster.backend}: stop what is left of it (`launch JOB.yaml --resume RUN "
             "--kill-stale` on ssh and tpu hosts) and continue it from its last checkpoint"))])
 
+    def stop_strays(self) -> list:
+        """Stop every process of this run still running that no journal names (a supervisor
+        killed while starting them), before a supervisor that took the run back starts any;
+        returns their pids. Only a backend that ``adopts`` has any."""
+        return []
+
     def end_attempt(self) -> None:
         """Release what only the ended attempt used (connections, channels)."""
 

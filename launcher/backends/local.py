@@ -156,6 +156,9 @@ class LocalSession(Session):
     def adopt(self, plan: Plan, records: list) -> list:
         return localadopt.adopt(plan, records)
 
+    def stop_strays(self) -> list:
+        return localadopt.stop_strays(self.run_dir)
+
 
 class RehearsalSession(LocalSession):
     """``--rehearse`` of a tpu or gpu split: the same processes and devices, on CPU devices."""

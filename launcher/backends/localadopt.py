@@ -22,7 +22,7 @@ from launcher.errors import Problem, SpecError
 from launcher.plan import Plan, ProcessPlan
 from launcher.remote import tail, wrapper
 from launcher.state import Exit, Lost, exit_of
-from worker import interrupts
+from worker import contract, interrupts
 
 
 class AdoptedWorker(LocalWorker):
@@ -133,3 +133,28 @@ def adopt(plan: Plan, records: list) -> list:
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError([Problem("RUN", None, "", f"the run's journal is not usable ({exc!r})")]) \
             from None
+
+
+def stop_strays(run_dir: str, timeout_s: float = proctl.KILL_WAIT_S) -> list:
+    """SIGKILL every worker of this user whose run directory (its environment's
+    ``contract.RUN_DIR``) is ``run_dir``, and wait until they and their wrappers are gone;
+    returns the workers' pids."""
+    item = f"{contract.RUN_DIR}={run_dir}".encode()
+    found = []
+    for pid in proctl.pids():
+        if pid == os.getpid() or item not in proctl.environ(pid):
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == os.getuid():
+                found.append(pid)
+        except OSError:
+            continue
+    # and their wrappers, which write a last line into the output file as their worker ends:
+    # gone before an attempt started again reads that file
+    wrappers = [fields[1] for fields in map(proctl.stat_fields, found) if fields is not None
+                and "launcher.remote.wrapper" in proctl.cmdline(fields[1], 200)]
+    for pid in found:
+        proctl.signal_pid(pid, (signal.SIGKILL,))
+    proctl.wait_until(lambda: all(proctl.state(p) in (None, "Z") for p in found + wrappers),
+                      timeout_s)
+    return found

@@ -56,6 +56,9 @@ class LocalWorker:
                 for folder in (os.path.dirname(os.path.dirname(out_path)), os.path.dirname(out_path)):
                     os.makedirs(folder, mode=0o700, exist_ok=True)  # owner-only, as the logs
                 out = runfiles.opener(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                # an attempt started again (its supervisor killed while starting it): what its
+                # strays wrote stays, and is not this worker's
+                self.read_to = os.fstat(out).st_size
             self._proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, text=True, encoding="utf-8", errors="replace", bufsize=1)

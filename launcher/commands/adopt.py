@@ -57,7 +57,19 @@ def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
     entries = [e for e in data.get("entries") or () if isinstance(e, dict)]
     common = dict(budgets=data.get("budgets") or {}, restarts=int(data.get("restarts") or 0),
                   counted=str(data.get("counted") or ""))
-    if isinstance(waiting, dict) and entries:
+    if data.get("starting") or isinstance(waiting, dict):
+        # nothing of its own runs: whatever was being started (a kill while starting leaves
+        # processes the journal does not name) is stopped before anything starts again
+        stopped = session.stop_strays()
+        if stopped:
+            console.say(f"stopped {plural(len(stopped), 'process')} of the run that no journal "
+                        f"named (pid {', '.join(map(str, stopped))}): its supervisor was killed "
+                        "while starting them")
+    if data.get("starting"):
+        adopted = journals.Adopted(attempt - 1, None, None, wait_s=0.0, **common)
+        console.say(f"taking the run back after {gap:.1f} s without a supervisor: it was killed "
+                    f"while starting attempt {attempt}, which starts again")
+    elif isinstance(waiting, dict) and entries:
         until = float(waiting.get("until") or 0.0)
         left = max(0.0, until - time.time())
         alive_at = time.time() - gap
@@ -76,8 +88,10 @@ def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
         times = data.get("times") or {}
         began = journals.to_mono(times.get("began"), clock) or now
         started = journals.to_mono(times.get("started"), clock) or now
+        gaps = [(journals.to_mono(a, clock), journals.to_mono(b, clock))
+                for a, b in times.get("gaps") or () if isinstance(a, float) and isinstance(b, float)]
         adopted = journals.Adopted(attempt, workers, ledger.Times(
-            began, started_at=started, unsupervised=(now - gap, now)), **common)
+            began, started_at=started, unsupervised=gaps + [(now - gap, now)]), **common)
         console.say(f"taking the run back after {gap:.1f} s without a supervisor: attempt "
                     f"{attempt}'s {plural(len(workers), 'process')}, each proven before anything "
                     "is signalled; what they printed meanwhile follows")

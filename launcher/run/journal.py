@@ -36,7 +36,7 @@ VERSION = 1
 # where a run is (what a supervisor taking it back copies into its own journal until its own
 # attempt is under way; the ended attempts' entries and failures are in ledger.json and
 # run.json by then)
-WHERE = ("attempt", "restarts", "counted", "budgets", "times", "workers", "waiting")
+WHERE = ("attempt", "restarts", "counted", "budgets", "times", "workers", "waiting", "starting")
 
 
 def to_wall(mono: float | None, clock: Callable[[], float] = time.monotonic) -> float | None:
@@ -97,12 +97,26 @@ class Journal:
                                     "process_id": a.failure.process_id, "why": a.failure.why[:500]}
                                    for a in attempts if a.failure is not None])
 
+    def starting(self, times: ledger.Times) -> None:
+        """The attempt's processes are being started: a supervisor killed now leaves some that
+        the journal does not name (``starting``: the one taking the run back stops them and
+        starts the attempt again)."""
+        if not self.adopts:
+            return
+        self.workers, self._marks = [], None
+        self.data.update(workers=[], waiting=None, starting=True,
+                         times={"began": to_wall(times.began_at, self.clock)})
+        self.write()
+
     def attempt_started(self, times: ledger.Times, workers: list) -> None:
         if not self.adopts:
             return
         self.workers = list(workers)
+        self.data["starting"] = False
         self.data.update(times={"began": to_wall(times.began_at, self.clock),
-                                "started": to_wall(times.started_at, self.clock)},
+                                "started": to_wall(times.started_at, self.clock),
+                                "gaps": [[to_wall(a, self.clock), to_wall(b, self.clock)]
+                                         for a, b in times.unsupervised]},
                          waiting=None)
         self._marks, self._sizes = [w.read_to for w in self.workers], {}
         self.write()

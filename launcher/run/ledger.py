@@ -78,14 +78,14 @@ class Times:
       started_at: every process had been started.
       ended_at: every process had ended (``supervise`` returned).
       waited_s: seconds waited after it before the next attempt began (``restart_wait``).
-      unsupervised: ``(from, to)``: no supervisor watched it then (``unsupervised``), or None.
+      unsupervised: ``(from, to)`` of each stretch no supervisor watched it (``unsupervised``).
     """
 
     began_at: float
     started_at: float | None = None
     ended_at: float | None = None
     waited_s: float = 0.0
-    unsupervised: tuple | None = None
+    unsupervised: list = dataclasses.field(default_factory=list)
 
 
 def attempt_entry(number: int, times: Times, result, reached_before: int | None) -> dict:
@@ -168,8 +168,7 @@ def attempt_entry(number: int, times: Times, result, reached_before: int | None)
             take(at, seconds, "restore")
         for at, seconds in zero.saves:
             take(at, seconds, "checkpoint")
-    if times.unsupervised is not None:  # the lines it printed meanwhile arrived at its end
-        gap_from, gap_to = times.unsupervised
+    for gap_from, gap_to in times.unsupervised:  # the lines printed meanwhile came at its end
         take(gap_to, gap_to - gap_from, "unsupervised")
     # the furthest step its logs show: progress lines and a worker's own failure line (a
     # heartbeat's step is for the watchdog, and not logged)

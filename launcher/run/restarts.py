@@ -185,7 +185,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
     wait, why = None, ""  # wait set: go on with a restart's wait (an adopted one)
     if adopted is not None:
         budgets.restore(adopted.budgets)
-        restarts, counted = adopted.restarts, adopted.counted
+        attempt, restarts, counted = adopted.attempt, adopted.restarts, adopted.counted
         times = adopted.times or times
         wait = adopted.wait_s
     while True:
@@ -201,6 +201,9 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
                             f"{log_dir}")
             else:
                 console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
+                if journal is not None:
+                    journal.state(attempt, budgets, restarts, counted, attempts)
+                    journal.starting(times)
                 workers, pending = _start(session, plan, console)
                 times.started_at = clock()
             adopted = None

@@ -74,7 +74,9 @@ def test_the_unsupervised_gap_is_its_own_bucket_and_the_buckets_still_add_up():
     t = Tracked(Worker())
     t.stats.first_step_at, t.stats.progress_at = 10.0, 100.0
     result = Result([t], first_failure=None, interrupted=False, elapsed_s=0.0)
-    times = ledger.Times(0.0, started_at=1.0, ended_at=101.0, unsupervised=(40.0, 70.0))
+    # taken back twice: each gap is the bucket's
+    times = ledger.Times(0.0, started_at=1.0, ended_at=101.0,
+                         unsupervised=[(20.0, 30.0), (40.0, 60.0)])
     entry = ledger.attempt_entry(0, times, result, None)
     assert entry["buckets_s"]["unsupervised"] == 30.0
     assert entry["buckets_s"]["productive"] == 60.0
@@ -117,3 +119,27 @@ def test_attach_never_takes_back_a_run_whose_state_is_final(tmp_path):
         {"version": journal.VERSION, "backend": "local", "adopts": True, "argv": ["x.yaml"]}))
     with pytest.raises(SpecError, match=r"has ended \(state succeeded\)"):
         logs_cmd.attach_main([str(run_dir)])
+
+
+def test_the_strays_of_a_start_a_killed_supervisor_left_are_stopped_and_only_they(tmp_path):
+    # a supervisor killed while starting an attempt leaves processes no journal names: the
+    # one taking the run back finds them by their run directory before it starts any
+    import subprocess
+    import sys
+
+    from launcher.backends import localadopt
+
+    run_dir = str(tmp_path / "run")
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    ours = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            env={**os.environ, "PODLAUNCH_RUN_DIR": run_dir})
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             env={**os.environ, "PODLAUNCH_RUN_DIR": run_dir + "-2"})
+    try:
+        assert ours.stdout.readline() == b"up\n" and other.stdout.readline() == b"up\n"
+        assert localadopt.stop_strays(run_dir) == [ours.pid]
+        assert ours.wait(timeout=10) == -9 and other.poll() is None
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()
