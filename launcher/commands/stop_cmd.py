@@ -61,7 +61,9 @@ def main(argv: list) -> int:
     if pid is None:
         why = (f"has ended (state {value})" if value in runref.EXIT_CODES else
                "has no live supervisor on this machine (it was killed, or runs elsewhere: stop "
-               "it there)" if value == "running" else "is not running")
+               "it there; a detached local run's processes go on without it: `launch attach "
+               f"{args.run}` takes them back, then stop it)" if value == "running"
+               else "is not running")
         raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} {why}; nothing to stop")])
     watched = [(p, runs._start_ticks(p)) for p in [pid] + proctl.descendants(pid)]
     os.kill(pid, signal.SIGTERM)
