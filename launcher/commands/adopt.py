@@ -69,15 +69,17 @@ def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
         adopted = journals.Adopted(attempt - 1, None, None, wait_s=0.0, **common)
         console.say(f"taking the run back after {gap:.1f} s without a supervisor: it was killed "
                     f"while starting attempt {attempt}, which starts again")
-    elif isinstance(waiting, dict) and entries:
+    elif isinstance(waiting, dict):
         until = float(waiting.get("until") or 0.0)
         left = max(0.0, until - time.time())
         alive_at = time.time() - gap
         waited = max(0.0, min(alive_at, until) - float(waiting.get("since") or alive_at))
-        buckets = entries[-1]["buckets_s"]
-        buckets["restart_wait"] = round(buckets.get("restart_wait", 0.0) + waited + left, 3)
-        buckets["unsupervised"] = round(buckets.get("unsupervised", 0.0) + gap, 3)
-        entries[-1]["wall_s"] = round(sum(buckets.values()), 3)
+        if entries:  # the failed attempt's (a supervisor that took the run back and was killed
+            # in the same wait wrote it into ledger.json already, its wait counted to the end)
+            buckets = entries[-1]["buckets_s"]
+            buckets["restart_wait"] = round(buckets.get("restart_wait", 0.0) + waited + left, 3)
+            buckets["unsupervised"] = round(buckets.get("unsupervised", 0.0) + gap, 3)
+            entries[-1]["wall_s"] = round(sum(buckets.values()), 3)
         adopted = journals.Adopted(attempt, None, None, wait_s=left, **common)
         console.say(f"taking the run back after {gap:.1f} s without a supervisor: attempt "
                     f"{attempt} had failed, and its restart waits {left:.1f} s more")
