@@ -19,7 +19,8 @@ COMMANDS = {
                                                         "with -f followed to the run's end, "
                                                         "with -t each line's time"),
     "attach": ("logs_cmd", "RUN", "the live console view of a running run again (Ctrl-C "
-                                  "leaves the run running)"),
+                                  "leaves the run running); a detached local run whose "
+                                  "supervisor was killed is taken back first"),
     "wait": ("wait_cmd", "RUN [--timeout S]", "wait for a run to end: its exit code, 124 "
                                               "at the timeout"),
     "stop": ("stop_cmd", "RUN", "stop a running run as Ctrl-C does (an agreed step saved) and "

@@ -21,7 +21,8 @@ CONSOLE_FILE = "console.log"
 
 def spawn(argv: list, cwd: str | None = None, quiet: bool = False) -> int:
     """Start the supervisor (``argv`` without ``--detach``; in ``cwd``); returns this
-    command's exit code. ``quiet``: say nothing once it started (``launch attach`` follows it)."""
+    command's exit code. ``quiet``: say nothing once it started, and leave it alone on Ctrl-C
+    (``launch attach``, whose Ctrl-C never stops a run, follows it)."""
     import subprocess  # here: launch --help pays for no import it does not use
 
     read_fd, write_fd = os.pipe()
@@ -43,8 +44,9 @@ def spawn(argv: list, cwd: str | None = None, quiet: bool = False) -> int:
         if not started:
             return child.wait()
     except KeyboardInterrupt:  # Ctrl-C before the hand-off: the start is stopped in order
-        child.send_signal(signal.SIGTERM)
-        child.wait()
+        if not quiet:
+            child.send_signal(signal.SIGTERM)
+            child.wait()
         raise
     if quiet:
         return 0

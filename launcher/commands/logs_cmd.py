@@ -134,7 +134,12 @@ def attach_main(argv: list) -> int:
         data = journal.read(run_dir)  # SpecError: not a detached run's, nothing to take back
         print(f"launch attach: the run's supervisor is gone; taking the run back ({run_dir})",
               flush=True)
-        code = adopt.spawn(run_dir, data)
+        try:
+            code = adopt.spawn(run_dir, data)
+        except KeyboardInterrupt:
+            print(f"launch attach: left; the run is being taken back and goes on (`launch attach "
+                  f"{args.run}` again)")
+            return 0
         if code != 0:  # its own error said why
             if runref.state(run_dir)[1]:
                 print(f"launch attach: another supervisor took the run back first (named above); "
