@@ -2,7 +2,7 @@
 
 "on":  checkpoint.local_every_steps at its default (every process copies its state off the
        devices every 100 steps, on the step's path, and writes it on a thread into
-       <run dir>/local-checkpoints: worker/localtier.py).
+       <run dir>/local-checkpoints: worker/recovery/localtier.py).
 "off": checkpoint.local_every_steps=0.
 Both sides keep process 0's checkpoints at their default (every 1,000 steps) and log as
 jobs/linear.yaml does. Each side is a real ``launch`` of jobs/linear.yaml (2 processes x 1

@@ -3,7 +3,7 @@ what the traced steps cost, in one run.
 
 "off": jobs/linear.yaml as it is (no profile section).
 "on":  profile.start_step = num_steps - 9, profile.num_steps = 10: every process traces its
-       last 10 steps with jax.profiler (worker/profiling.py) and writes its trace into
+       last 10 steps with jax.profiler (worker/telemetry/profiler.py) and writes its trace into
        <run dir>/tensorboard/plugins/profile/.
 Each side is a real ``launch`` (2 processes x 1 CPU device by default), back to back in ABBA
 order per round. Steps/s is process 0's over steps 1 to num_steps - 10 (the steps before the
@@ -31,7 +31,8 @@ sys.path.insert(0, REPO)
 from bench.bench_step import _env  # noqa: E402  (after the path is set)
 from launcher import logtimes  # noqa: E402
 from launcher.stats import ProcessStats  # noqa: E402
-from worker import contract, profiling  # noqa: E402
+from worker import contract  # noqa: E402
+from worker.contract import profiling
 
 TRACED = 10
 

@@ -44,7 +44,7 @@ from harness import slurmenv  # noqa: E402
 from launcher import backends, spec as specs  # noqa: E402
 from launcher.proctl import free_port  # noqa: E402
 from worker import contract  # noqa: E402
-from worker.job import WorkerJob  # noqa: E402
+from worker.contract.job import WorkerJob  # noqa: E402
 
 STEP1 = re.compile(r"step 1/")
 ARGS = ("--set", "train.num_steps=200", "--set", "logging.log_every_steps=1",

@@ -39,7 +39,7 @@ from launcher import plan as planning  # noqa: E402
 from launcher import backends, spec as specs  # noqa: E402
 from launcher.backends.ssh import connection as ssh_connection  # noqa: E402
 from launcher.backends.ssh.session import SshSession  # noqa: E402
-from worker.job import WorkerJob  # noqa: E402
+from worker.contract.job import WorkerJob  # noqa: E402
 
 STEP1 = re.compile(r"^(?:\[p(\d+)[^\]]*\] )?step 1/", re.M)
 

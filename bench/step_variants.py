@@ -8,7 +8,7 @@ measures that). Prints ``RATE <variant> <K> <steps/s>``.
 * ``limit``: bench/step_limit.py's loop (``fori_loop`` of ``jax.grad``, the batch a
   constant of the program).
 * ``limit_arg``: the same with the batch an argument (resident, as the trainer's).
-* ``trainer``: the trainer's own fused call (``worker.sharded.make_train_step``,
+* ``trainer``: the trainer's own fused call (``worker.trainer.sharded.make_train_step``,
   metrics of every step, the window indexed per step).
 * ``trainer_nometrics``: the same without metrics (the loss of every step only).
 * ``last_metrics``: metrics of the call's last step only, every step's loss kept.
@@ -44,8 +44,8 @@ def main() -> None:
     import numpy as np
     import optax
 
-    from worker import sharded, tasks
-    from worker.train import averaging
+    from worker.trainer import sharded, tasks
+    from worker.trainer.train import averaging
 
     lr = 0.01
     key_x, key_y = jax.random.split(jax.random.PRNGKey(0))

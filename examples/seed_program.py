@@ -73,7 +73,7 @@ params = (
 )
 replicated_params = jax.tree.map(lambda x: jnp.stack([x] * n_devices), params)
 
-# jobs/linear.yaml's synthetic data (worker/data.py): w_true, b_true from seed [s, 0],
+# jobs/linear.yaml's synthetic data (worker/data/batches.py): w_true, b_true from seed [s, 0],
 # rows from seed [s, 1, 0]; this process's rows are its contiguous share of the batch
 truth = np.random.default_rng([args.data_seed, 0])
 w_true = truth.standard_normal((4, 1)).astype(np.float32)

@@ -31,7 +31,7 @@ from launcher.console import Console
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.console.status import check_show, parse_show, summary
 from launcher.words import plural
-from worker import runfiles
+from worker.contract import runfiles
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 

@@ -17,7 +17,8 @@ import os
 import shlex
 
 from launcher.words import plural
-from worker import contract, redact
+from worker import contract
+from worker.contract import redact
 
 MASK = redact.MASK
 
@@ -125,7 +126,7 @@ class Plan:
 
 
 def masked(env: dict, explicit=()) -> dict:
-    """A copy of ``env`` with secret values replaced by ``MASK`` (rule: ``worker.redact``)."""
+    """A copy of ``env`` with secret values replaced by ``MASK`` (rule: ``worker.contract.redact``)."""
     return redact.masked(dict(env), explicit)
 
 

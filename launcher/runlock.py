@@ -25,7 +25,7 @@ import time
 
 from launcher import proctl
 from launcher.errors import Problem, SpecError
-from worker import redact, runfiles
+from worker.contract import redact, runfiles
 
 LOCK_FILE = "launcher.lock"
 

@@ -21,7 +21,8 @@ from typing import Callable, Iterator, Protocol
 
 from launcher.plan import ProcessPlan
 from launcher.stats import ProcessStats  # noqa: F401  (state.ProcessStats, as before)
-from worker import contract, interrupts
+from worker import contract
+from worker.contract import signals
 
 TAIL_LINES = 15
 
@@ -141,10 +142,10 @@ class Worker(Protocol):
 
     def dump_stacks(self) -> None:
         """Ask the worker process alone (not its group: a helper would die of the signal)
-        for its stacks (``worker.interrupts.STACKS_SIGNAL``); the answer comes on its output."""
+        for its stacks (``worker.contract.signals.STACKS_SIGNAL``); the answer comes on its output."""
 
     def request_profile(self, text: str, failed: Callable[[str], None] = ...) -> None:
-        """Write ``text`` as ``worker.profiling.STEPS_FILE`` in the worker's run directory, where
+        """Write ``text`` as ``worker.contract.profiling.STEPS_FILE`` in the worker's run directory, where
         it looks for ``launch profile``'s request (``launcher.run.profiles``). Raises OSError
         when that fails here; a transport that writes in the background calls ``failed(why)``
         instead (from any thread)."""
@@ -180,7 +181,7 @@ class StacksCapture:
     def take(self, line: str, now: float) -> bool:
         """Whether ``line``, read at ``now``, is part of the answer asked (then it is kept
         here, not output)."""
-        if self.asked and interrupts.is_stacks_line(line, self.in_dump):
+        if self.asked and signals.is_stacks_line(line, self.in_dump):
             self.in_dump = True
             self.lines.append(line)
             self.at = now

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from worker import contract, profiling
+from worker import contract
+
+from worker.contract import profiling
 
 
 @dataclasses.dataclass
@@ -35,7 +37,7 @@ class ProcessStats:
     saves: list = dataclasses.field(default_factory=list)      # [(at, seconds)]
     saved_step: int | None = None  # the newest checkpoint's step: every process has done it
     restores: list = dataclasses.field(default_factory=list)   # [(at, seconds)]
-    profiles: list = dataclasses.field(default_factory=list)   # [worker.profiling.Trace]
+    profiles: list = dataclasses.field(default_factory=list)   # [worker.contract.profiling.Trace]
 
     def observe(self, line: str, now: float | None = None,
                 progress: contract.Progress | None | bool = False) -> contract.Progress | None:

@@ -12,7 +12,7 @@ import os
 import sys
 
 from worker import contract
-from worker.main import main
+from worker.trainer.main import main
 
 
 def _named_process_id(argv: list) -> str | None:

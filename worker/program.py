@@ -14,7 +14,7 @@ the rest of what the built-in trainer has::
         program.report(step, loss=loss)  # status line, watchdog, TensorBoard (process 0)
 
 * ``initialize()``: ``jax.distributed.initialize`` with the launcher's
-  coordinator address, process count and id (``worker.joining.join``: the same
+  coordinator address, process count and id (``worker.runtime.joining.join``: the same
   JOINING lines and the same post-init check as the trainer: exit 3 with the
   same message when JAX disagrees with the plan).
 * ``report(step, **scalars)``: at log steps (``logging.log_every_steps``, and
@@ -27,7 +27,7 @@ the rest of what the built-in trainer has::
   stops before ``num_steps`` on purpose. Reporting the last step says so too.
 * ``stop_after(step)`` after every step, and ``preempted()`` once it returned True and
   the program saved that step: a preemption notice (SIGTERM) to any process becomes one
-  step every process stops after (``worker.notice``).
+  step every process stops after (``worker.recovery.notice``).
 
 An exit 0 after reporting steps, but before the last one and without ``done()``,
 is a failure (the launcher names it), as for the trainer.
@@ -47,8 +47,12 @@ import signal
 import sys
 import time
 
-from worker import causes, contract, interrupts
-from worker import job as jobs
+from worker import contract
+
+from worker.contract import causes
+
+from worker.runtime import interrupts
+from worker.contract import job as jobs
 
 _state: dict = {}
 
@@ -93,7 +97,7 @@ def _exit_now(code: int) -> None:
 
 def _terminated(signum: int) -> None:
     # The launcher's TERM (a peer failed, Ctrl-C) unwinds the program as SystemExit (its
-    # finally blocks run) as in the trainer (worker.interrupts); _at_exit then writes what
+    # finally blocks run) as in the trainer (worker.runtime.interrupts); _at_exit then writes what
     # process 0 holds and exits at once, skipping JAX's shutdown barrier (it would wait
     # minutes for peers that are gone). Writing from the handler instead could deadlock on
     # a lock the interrupted code holds (the TensorBoard writer's, a file's).
@@ -113,7 +117,7 @@ def initialize(num_steps: int | None = None):
     environment is missing or JAX disagrees with the launcher's plan, and with
     ``contract.EXIT_INIT`` (4) when ``jax.distributed.initialize`` raises.
     """
-    from worker import joining
+    from worker.runtime import joining
 
     try:
         me = identity()
@@ -173,7 +177,7 @@ def _on_uncaught(kind, exc, tb) -> None:
     print(contract.FAILED_FORMAT.format(step=reporter.last_step if reporter else 0,
                                         error=f"{kind.__name__}: {exc}"), flush=True)
     full = causes.disk_full(exc) if isinstance(exc, OSError) else None
-    if full:  # the class and the advice come from this line (worker.causes), not exit 1
+    if full:  # the class and the advice come from this line (worker.contract.causes), not exit 1
         print(causes.line(causes.DISK_FULL, full), flush=True)
     _close(wait_s=0.5)
     _exit_now(1)
@@ -183,9 +187,9 @@ class _Reporter:
     """Progress lines, heartbeats, and process 0's TensorBoard scalars for ``report``."""
 
     def __init__(self, me: contract.Identity, job: jobs.ProgramJob, num_steps: int):
-        from worker.records import Records
-        from worker.tracker import make_tracker
-        from worker.calls import InFlight
+        from worker.telemetry.records import Records
+        from worker.telemetry.tracker import make_tracker
+        from worker.trainer.calls import InFlight
 
         self.me, self.num_steps = me, num_steps
         self.log_every = job.logging.log_every_steps
@@ -193,7 +197,7 @@ class _Reporter:
         self.tracker = make_tracker(me.run_dir, me.process_id, job.logging.tensorboard)
         self.gather = None
         if job.logging.tensorboard and me.num_processes > 1:
-            from worker.gather import KeyValueGather
+            from worker.runtime.gather import KeyValueGather
 
             self.gather = KeyValueGather(me.process_id, me.num_processes)
         # process 0: each step's record held until every process's time is in (as the trainer's)
@@ -247,11 +251,11 @@ class _Reporter:
 
 
 def _profiler(me: contract.Identity, job: jobs.ProgramJob, num_steps: int):
-    """The program's ``worker.profiling.Profiler``: the spec's ``profile`` and ``launch profile``'s
+    """The program's ``worker.telemetry.profiler.Profiler``: the spec's ``profile`` and ``launch profile``'s
     requests, traced from one ``report`` to another (the first traced step is the second
     reported one at the earliest: a trace starts at a report)."""
-    from worker.joining import client_of
-    from worker.profiling import Profiler
+    from worker.runtime.joining import client_of
+    from worker.telemetry.profiler import Profiler
 
     return Profiler(me.run_dir, me.process_id, me.num_processes, job.profile, client_of(me),
                     lambda text: print(text, flush=True), num_steps)
@@ -270,10 +274,10 @@ def report(step: int, **scalars) -> None:
     step), where the scalars are read (a device sync for JAX arrays) and printed as the
     launcher's progress line; process 0 also writes them to TensorBoard and metrics.jsonl;
     and at the last step of a profiled window (``profile``, ``launch profile``), which waits
-    for the step's scalars and writes the trace (``worker.profiling``).
+    for the step's scalars and writes the trace (``worker.telemetry.profiler``).
     It keeps at most two reported steps queued on the devices: it waits for the scalars
     of step ``step - 2`` (``jax.block_until_ready``), as the trainer does
-    (``worker.calls.InFlight``), since unbounded asynchronous dispatch deadlocks
+    (``worker.trainer.calls.InFlight``), since unbounded asynchronous dispatch deadlocks
     multi-device CPU runs in gloo's all-reduce. Pass the step's outputs (``loss=...``) so
     that waiting for them means the step finished.
 
@@ -306,7 +310,7 @@ def stop_after(step: int) -> bool:
     Call it after every step, with consecutive steps. From the first call on, a SIGTERM
     (to this process, to the launcher, which SIGTERMs every worker, or Slurm's to every
     task) is a notice instead of an exit: every process's watcher agrees on one step
-    (``worker.notice``: the maximum step any process reported, plus one, since a process
+    (``worker.recovery.notice``: the maximum step any process reported, plus one, since a process
     may already be in the next step), and this returns True on every process at that
     step. Then save that step's checkpoint (process 0, to ``checkpoint_dir()``) and call
     ``preempted()``; the restart resumes from it. Without a notice a call costs one lock.
@@ -333,8 +337,8 @@ def stop_after(step: int) -> bool:
 
 
 def _start_notice(me: contract.Identity):
-    from worker.joining import client_of
-    from worker.notice import Notice
+    from worker.runtime.joining import client_of
+    from worker.recovery.notice import Notice
 
     notice = Notice(me.process_id, me.num_processes, _job().checkpoint.notice_grace_s,
                     client_of(me), lead=1)

@@ -58,7 +58,7 @@ def no_socket(what: str, exc: OSError) -> str:
 
 def coordinator_address(job) -> str:
     """``host:port`` of the coordinator, or ``127.0.0.1:0`` for a trainer job of one process,
-    which joins no ``jax.distributed`` (``worker.joining.single_process``) and so opens no
+    which joins no ``jax.distributed`` (``worker.runtime.joining.single_process``) and so opens no
     socket: nothing is picked, nothing listens, a machine without TCP runs it."""
     if not job.needs_coordinator and not job.cluster.coordinator_port:
         return f"{HOST}:0"

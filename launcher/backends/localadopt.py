@@ -22,7 +22,8 @@ from launcher.errors import Problem, SpecError
 from launcher.plan import Plan, ProcessPlan
 from launcher.remote import tail, wrapper
 from launcher.state import Exit, Lost, exit_of
-from worker import contract, interrupts
+from worker import contract
+from worker.contract import signals
 
 
 class AdoptedWorker(LocalWorker):
@@ -109,7 +110,7 @@ class AdoptedWorker(LocalWorker):
     def dump_stacks(self) -> None:
         group = self._group()
         if group is not None:
-            proctl.signal_pid(group, (interrupts.STACKS_SIGNAL,))
+            proctl.signal_pid(group, (signals.STACKS_SIGNAL,))
 
 
 def adopt(plan: Plan, records: list) -> list:

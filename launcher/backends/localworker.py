@@ -18,7 +18,7 @@ from launcher.errors import LaunchError
 from launcher.plan import Plan, ProcessPlan
 from launcher.remote import tail, wrapper
 from launcher.state import Exit, exit_of
-from worker import interrupts, profiling, runfiles
+from worker.contract import profiling, runfiles, signals
 
 HOST = "127.0.0.1"
 
@@ -187,7 +187,7 @@ class LocalWorker:
 
     def dump_stacks(self) -> None:
         if self.pgid is not None:  # the worker leads its group: its pid is the pgid
-            proctl.signal_pid(self.pgid, (interrupts.STACKS_SIGNAL,))
+            proctl.signal_pid(self.pgid, (signals.STACKS_SIGNAL,))
 
     def request_profile(self, text: str, failed=None) -> None:
         profiling.write_request(self.plan.run_dir or ".", text)  # the run directory is here

@@ -26,7 +26,7 @@ from launcher.words import plural
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import profiles
 from launcher.spec import schema
-from worker import runfiles, sections
+from worker.contract import runfiles, sections
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ import yaml
 
 from launcher.commands import runs
 from launcher.errors import Problem, SpecError
-from worker import runfiles
+from worker.contract import runfiles
 
 # which examples form each batch, and what is trained on them (prefixes end with '.')
 TRAINED = ("train.global_batch_size", "data.", "task.")

@@ -45,7 +45,7 @@ from launcher.console.lines import printable as lines_printable
 from launcher.words import duration
 from launcher.run.record import (  # noqa: F401  (re-exported: run.json's writer)
     RUN_FILE, Record, _count, _failures, _number, _start_ticks, _text, read_record)
-from worker import runfiles
+from worker.contract import runfiles
 
 def flat(value, prefix: str = "") -> dict:
     """A nested dict as ``{"dotted.key": leaf}``."""

@@ -21,7 +21,7 @@ from launcher import flags, interrupts, runlock
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import stacks
-from worker import runfiles
+from worker.contract import runfiles
 
 
 def _parser() -> argparse.ArgumentParser:

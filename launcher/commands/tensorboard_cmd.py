@@ -32,7 +32,7 @@ from launcher import flags, interrupts, proctl
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.words import pip_install, plural
-from worker import profiling
+from worker.contract import profiling
 
 INSTALL = pip_install("tensorboard")  # the extra in pyproject.toml, from a checkout
 PROFILE_INSTALL = pip_install("profile")  # TensorBoard's profile plugin (xprof)
@@ -134,7 +134,7 @@ def link_runs(run_dirs: list, into: str) -> dict:
 
     And, for the profile plugin, ``<name> profiles/plugins/profile``: a real directory path
     ending in a link to the run's ``tensorboard/plugins/profile`` (its traces,
-    ``worker.profiling``). The plugin finds profile directories with a recursive glob that
+    ``worker.contract.profiling``). The plugin finds profile directories with a recursive glob that
     does not enter linked directories, but lists each one's sessions at every request, so
     a trace written after the server started appears too.
     """

@@ -171,7 +171,7 @@ def _is_notable_text(line: str) -> bool:
         return True
     return ("oom" in low or "nan" in low or "inf" in low) and _NOTABLE_RE.search(line) is not None
 _GLOG_PROBLEM_RE = re.compile(r"^[WEF]\d{4} \d\d:\d\d:\d\d")  # glog WARNING, ERROR, FATAL
-_WORKER_REPORT = ("worker: ",)  # the worker's own report of a problem (worker/main.py)
+_WORKER_REPORT = ("worker: ",)  # the worker's own report of a problem (worker/trainer/main.py)
 
 
 class Attention:

@@ -17,7 +17,7 @@ The status line reads::
 * ``loss``: the furthest process's latest loss (the global batch's, the same on every process).
 * ``steps/s``: what the furthest process reported for its last interval.
 * ``slowest``: the process whose own step time (its host work per step
-  outside JAX, see ``worker.metrics``) is the largest; with
+  outside JAX, see ``worker.telemetry.metrics``) is the largest; with
   workers that do not report it, the process with the lowest logged step.
   A process that has logged nothing while others have is the slowest.
 

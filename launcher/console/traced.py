@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from launcher.words import plural
-from worker import profiling
+from worker.contract import profiling
 
 
 def run_dir_of(log_path: str) -> str:

@@ -26,7 +26,7 @@ relative to the workdir, ``launcher.backends.ssh.transfer.MANIFEST``, or null: n
 
 Prints ``MARK`` + JSON: ``python``, ``workdir`` (absolute), ``jax``, ``jaxlib``
 (None when not installed), ``missing_modules``, ``foreign_worker`` (where a module
-named ``worker`` that is not podlaunch's is found first, when ``worker.main`` is asked:
+named ``worker`` that is not podlaunch's is found first, when ``worker.trainer.main`` is asked:
 a user's package on ``PYTHONPATH`` that would run instead; else null), ``port`` or ``port_error``,
 ``survivors`` (records with ``pids`` still alive and ``stopped`` when stopped), and with
 ``synced`` asked, ``synced``: ``{"manifest": its text or null, "lstat": {path: [kind, size,
@@ -112,7 +112,7 @@ def missing(modules):
 
 
 # Files of podlaunch's worker package that a user's own ``worker`` would hardly have
-WORKER_FILES = ("contract.py", "joining.py", "main.py")
+WORKER_FILES = ("contract/__init__.py", "runtime/joining.py", "trainer/main.py")
 
 
 def foreign_worker():
@@ -176,7 +176,7 @@ def main(args):
     out = {"python": platform.python_version(), "workdir": os.getcwd()}
     out.update(versions())
     out["missing_modules"] = missing(args["modules"])
-    out["foreign_worker"] = foreign_worker() if "worker.main" in args["modules"] else None
+    out["foreign_worker"] = foreign_worker() if "worker.trainer.main" in args["modules"] else None
     if args["port"] is not None:
         out.update(check_port(args["port"]))
     own = os.path.abspath(args["own_run_dir"]) if args.get("own_run_dir") else None

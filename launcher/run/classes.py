@@ -9,7 +9,7 @@ by default and not on user errors (xpk PR #308).
 * ``PROGRAM``: an error of the job itself, which a restart repeats: a Python error
   (exit 1), any exit code not listed in ``restarts.retry_exit_codes``, an exit 0 before the
   last step, JAX disagreeing with the plan or bad data (as the worker explained them,
-  ``worker.causes``), a join that never happens.
+  ``worker.contract.causes``), a join that never happens.
 * ``INFRASTRUCTURE``: the machine, not the job: a death by a signal with no notice
   (SIGKILL, the kernel's OOM killer, SIGSEGV), a lost host or connection, a node failure,
   and the exit codes in ``restarts.retry_exit_codes`` (137: SIGKILL as a shell reports it).
@@ -38,7 +38,9 @@ import signal
 from launcher.console import explain
 from launcher.state import (EndedEarly, Exit, Exited, Final, Killed, Lost, Preempted, Result,
                             Stalled, State, Tracked)
-from worker import causes, contract, notice
+from worker import contract
+from worker.contract import causes
+from worker.contract import notice
 
 
 class FailureClass(enum.Enum):
@@ -176,7 +178,7 @@ def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
             "setup line that resets it undoes that)"))
     explained = causes.said(t.tail) if isinstance(ended, Exited) else None
     diverged = _nonfinite_loss(t.tail) if isinstance(ended, Exited) else None
-    if explained is not None:  # the worker's own words decide (worker.causes)
+    if explained is not None:  # the worker's own words decide (worker.contract.causes)
         failure_class, what = _explained(ended, *explained)
     elif diverged is not None:  # the worker's own words too: its loss stopped the run
         failure_class, what = FailureClass.PROGRAM, (
@@ -186,7 +188,7 @@ def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
     else:
         failure_class, what = _class_of(ended, retry_exit_codes)
     said = [line for line in t.tail if line.startswith(notice.PREFIX)]
-    if failure_class is FailureClass.PREEMPTION and said:  # worker.notice: one agreed step
+    if failure_class is FailureClass.PREEMPTION and said:  # worker.recovery.notice: one agreed step
         what = f"{what}, after a {said[-1].removeprefix('preemption ')}"
     return Verdict(failure_class, pid, f"{where} {what}")
 
@@ -202,7 +204,7 @@ _EXPLAINED = {
 
 
 def _nonfinite_loss(tail) -> str | None:
-    """The worker's words when a non-finite loss stopped it (``worker.metrics``: a
+    """The worker's words when a non-finite loss stopped it (``worker.telemetry.metrics``: a
     ``FloatingPointError`` in its ``failed at step N`` line), or None."""
     for line in reversed(list(tail)):
         if line.startswith(contract.FAILED_PREFIX) and ": FloatingPointError: " in line:
@@ -211,7 +213,7 @@ def _nonfinite_loss(tail) -> str | None:
 
 
 def _explained(ended: Exited, cause: str, text: str) -> tuple:
-    """(class, words) of an end the worker explained (``worker.causes``)."""
+    """(class, words) of an end the worker explained (``worker.contract.causes``)."""
     failure_class, kind = _EXPLAINED[cause]
     return failure_class, f"exited with code {ended.code}, {kind}: {text}"
 

@@ -28,7 +28,7 @@ from typing import Callable
 from launcher import logtimes
 from launcher.errors import Problem, SpecError
 from launcher.run import ledger
-from worker import runfiles
+from worker.contract import runfiles
 
 JOURNAL_FILE = "supervisor.json"
 EVERY_S = 1.0

@@ -52,7 +52,7 @@ import dataclasses
 import json
 import os
 
-from worker import runfiles
+from worker.contract import runfiles
 from launcher.words import GLOSSARY, plural
 from launcher.state import HOST_CHANGE_FIELDS, Result
 
@@ -248,7 +248,7 @@ def read(run_dir: str) -> list:
 
 def write(run_dir: str, entries: list) -> dict:
     """Write ``<run_dir>/ledger.json``: ``{"run": totals, "attempts": entries}``, replaced
-    whole through a temporary of its own (``worker.runfiles``: a link planted in the run
+    whole through a temporary of its own (``worker.contract.runfiles``: a link planted in the run
     directory is replaced, never written through); returns the run's totals.
 
     Raises:
@@ -318,7 +318,7 @@ def write_scalars(logdir: str, entries: list, new: int) -> None:
     Raises:
       OSError: the event file could not be written.
     """
-    from worker.tracker import tensorboardx
+    from worker.telemetry.tracker import tensorboardx
 
     SummaryWriter = tensorboardx().SummaryWriter  # the launcher pays for it at the end only
 

@@ -7,7 +7,7 @@ import time
 from typing import Callable
 
 from launcher import logtimes
-from worker import runfiles
+from worker.contract import runfiles
 
 
 class LogFile:

@@ -2,14 +2,14 @@
 the words of ``launcher.console.traced``, which the summary says them in too).
 
 Each worker traces the steps the spec's ``profile`` section names, or those this launcher
-asks, and prints ``worker.profiling.LINE_FORMAT`` when its trace is written (the layout
+asks, and prints ``worker.contract.profiling.LINE_FORMAT`` when its trace is written (the layout
 TensorBoard's profile plugin reads: ``tensorboard/plugins/profile/<session>/process_<id>.xplane.pb``).
 
 ``launch profile RUN --steps N`` writes a request (``REQUEST_PREFIX``) into the run directory and signals
 this launcher (``launcher.interrupts.PROFILE_REQUEST_SIGNAL``). Between two of supervision's
 polls ``Answers.poll`` picks the first step to trace, ``LEAD_S`` ahead of the furthest process
 at the step rate its progress lines report, so that every process reads the request before
-it gets there, and hands ``worker.profiling.STEPS_FILE`` to every running process through
+it gets there, and hands ``worker.contract.profiling.STEPS_FILE`` to every running process through
 what its backend already has (``Worker.request_profile``: a file in the run directory on
 this machine or a shared filesystem, over the host's SFTP channel for ssh and tpu). Once
 every asked process has said its line (or ``ANSWER_WAIT_S`` passed), the console says where
@@ -30,7 +30,8 @@ from launcher import interrupts
 from launcher.console.traced import by_session, run_dir_of, session_lines
 from launcher.words import plural
 from launcher.run import stacks
-from worker import profiling, runfiles
+from worker.contract import runfiles
+from worker.contract import profiling
 
 REQUEST_PREFIX = "profile-request-"  # launch profile -> the launcher: one file per request
 # (<prefix><time ns>-<pid>.json in the run directory, so two at once are two requests)

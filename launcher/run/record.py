@@ -2,7 +2,7 @@
 
 The keys and what ``launch runs`` makes of them: ``launcher.commands.runs``. Every write
 replaces the file whole, never through a link planted in the run directory
-(``worker.runfiles``).
+(``worker.contract.runfiles``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from launcher import proctl
 from launcher.console.lines import printable as lines_printable
 from launcher.state import HOST_CHANGE_FIELDS
-from worker import runfiles
+from worker.contract import runfiles
 
 RUN_FILE = "run.json"
 
@@ -24,7 +24,7 @@ RUN_FILE = "run.json"
 
 def read_record(path: str) -> dict | None:
     """``run.json`` at ``path`` as a dict, or None: unreadable, not a dict, or a symbolic link
-    (``worker.runfiles``: a run directory's files are never read through one)."""
+    (``worker.contract.runfiles``: a run directory's files are never read through one)."""
     try:
         data = json.loads(runfiles.read_regular(path))
         return data if isinstance(data, dict) else None

@@ -1,8 +1,8 @@
 """Stacks of a run's processes before the kill: what a hung run was doing.
 
 Every worker (the trainer, and a program once it called ``program.initialize``) answers
-``worker.interrupts.STACKS_SIGNAL`` with every thread's Python stack on its output, written by
-``faulthandler`` from the C signal handler (``worker.interrupts.answer_stack_requests``; its format, ``interrupts.is_stacks_line``),
+``worker.contract.signals.STACKS_SIGNAL`` with every thread's Python stack on its output, written by
+``faulthandler`` from the C signal handler (``worker.runtime.interrupts.answer_stack_requests``; its format, ``signals.is_stacks_line``),
 so a main thread blocked in C code (a sleep, a blocking read, a collective) answers too.
 The launcher asks each process through what its backend already has (a signal to the
 worker alone, locally; over the host's SSH connection; ``scancel --signal`` of its Slurm
@@ -29,7 +29,9 @@ import time
 from typing import Callable
 
 from launcher.words import plural
-from worker import contract, interrupts, runfiles
+from worker import contract
+from worker.contract import runfiles
+from worker.contract import signals
 
 DEADLINE_S = 3.0  # the most a capture waits for every process's answer
 # On Ctrl-C, a run looks hung (its stacks are read before the teardown) when some process
@@ -38,11 +40,14 @@ LOOKS_HUNG_S = 30.0
 ANSWER_FILE = "stacks.json"  # beside the attempt's logs: the latest capture (launch stacks)
 QUIET_S = 0.3     # a dump is complete once its process has said nothing more for this long
 
-HEADER_RE, FRAME_RE = interrupts.STACKS_HEADER_RE, interrupts.STACKS_FRAME_RE
+HEADER_RE, FRAME_RE = signals.STACKS_HEADER_RE, signals.STACKS_FRAME_RE
 
-# podlaunch's own worker modules, by file name: not "its own code" in a user's stack
-_WORKER_FILES = frozenset(name for name in os.listdir(os.path.dirname(contract.__file__))
-                          if name.endswith(".py"))
+# podlaunch's own worker modules, by their path under the worker package ("trainer/main.py"):
+# not "its own code" in a user's stack
+_WORKER_ROOT = os.path.dirname(os.path.dirname(contract.__file__))
+_WORKER_FILES = frozenset(os.path.relpath(os.path.join(folder, name), _WORKER_ROOT)
+                          for folder, _, names in os.walk(_WORKER_ROOT)
+                          for name in names if name.endswith(".py"))
 _LIBRARY_RE = re.compile(r"/(?:site|dist)-packages/|/lib/python3[.\d]*/|^<")
 
 
@@ -80,9 +85,11 @@ def main_thread(found: list) -> list:
 
 
 def is_worker(frame: Frame) -> bool:
-    """Whether a frame is podlaunch's worker's (``worker/<one of its modules>.py``)."""
-    directory, name = os.path.split(frame.path)
-    return os.path.basename(directory) == "worker" and name in _WORKER_FILES
+    """Whether a frame is podlaunch's worker's (``worker/<one of its modules>.py``, in the
+    package itself or one of its parts: ``worker/trainer/main.py``)."""
+    parts = frame.path.split("/")
+    return any(parts[i] == "worker" and "/".join(parts[i + 1:]) in _WORKER_FILES
+               for i in range(len(parts) - 1))
 
 
 def is_own(frame: Frame) -> bool:

@@ -45,7 +45,8 @@ from launcher.run.pauses import Pauses
 from launcher.console import Console
 from launcher.state import Result, State, Tracked, Watchdog, Worker
 from launcher.words import plural
-from worker import contract, notice
+from worker import contract
+from worker.contract import notice
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for every worker to be reaped
 # How long a process whose training is complete may go without progress while it ends
@@ -79,7 +80,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
       interrupted_by: a signal that came while the workers were starting (its
         name): tear them down at once.
       notice_grace_s: how long the teardown waits, in all, for a process that said it
-        stops after an agreed step and saves it (``worker.notice``; the launcher's own
+        stops after an agreed step and saves it (``worker.recovery.notice``; the launcher's own
         SIGTERM is such a notice), where ``grace_s`` would cut its save short.
       journal: a detached run's ``launcher.run.journal.Journal``, told at every poll how far
         each process's output is in its log; None: none is kept.

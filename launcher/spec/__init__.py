@@ -22,10 +22,10 @@ from launcher.errors import Problem, SpecError
 from launcher.spec import programspec
 from launcher.spec.programspec import ProgramSpec
 from launcher.spec.schema import MISSING, non_negative, positive, setting
-from worker import redact
-from worker import sections
+from worker.contract import redact
+from worker.contract import sections
 
-# The job's sections, declared once in worker.sections (the worker reads the same classes
+# The job's sections, declared once in worker.contract.sections (the worker reads the same classes
 # back from job.json); the launcher adds restarts, program, cluster and secrets.
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -112,7 +112,7 @@ class JobSpec:
                            "cluster reference")
     secrets: tuple[str, ...] = setting((), doc="key names (any depth: cluster.env, task.args) whose "
                                        "values are masked in everything printed or written, "
-                                       "besides the names worker.redact recognises")
+                                       "besides the names worker.contract.redact recognises")
     source: str = dataclasses.field(default="", compare=False, metadata={"internal": True})
     # rows of the dataset (synthetic: num_examples; file: counted at load)
     data_rows: int = dataclasses.field(default=0, compare=False, metadata={"internal": True})
@@ -148,7 +148,7 @@ class JobSpec:
         return {key: out[key] for key in SECTION_ORDER if key in out}
 
     def to_masked_dict(self) -> dict:
-        """``to_dict`` with every secret masked (``worker.redact``): what may be printed or kept."""
+        """``to_dict`` with every secret masked (``worker.contract.redact``): what may be printed or kept."""
         return redact.masked(self.to_dict(), self.secrets)
 
 

@@ -15,7 +15,7 @@ from launcher.errors import Problem, SpecError
 from launcher.spec import syncrules
 from launcher.words import plural
 import worker as worker_package  # where podlaunch's own worker is
-from worker.sections import BUILTIN_TASKS  # the tasks worker.tasks builds in
+from worker.contract.sections import BUILTIN_TASKS  # the tasks worker.trainer.tasks builds in
 
 
 def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
@@ -23,7 +23,7 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
     machine's memory is refused.
 
     Synthetic data is generated, not read from a file: each process keeps the
-    chunks it has generated (``worker.sources.Synthetic``), and with shuffled or
+    chunks it has generated (``worker.data.sources.Synthetic``), and with shuffled or
     several batches that is every row, so the processes on this machine together
     may hold ``num_processes x rows x (in_features + out_features) x 4`` bytes.
     File data is memory-mapped and never counted (docs/data.md).

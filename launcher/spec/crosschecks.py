@@ -35,7 +35,7 @@ def check_trainer(spec, raw: dict, ctx: schema.Context):
                   f"{train.global_batch_size} does not divide evenly over device_count "
                   f"{spec.device_count} ({plural(spec.num_processes, 'process')} x "
                   f"{plural(spec.local_device_count, 'device')}); use a multiple of {spec.device_count}")
-    k = train.steps_per_call  # auto: the worker picks a divisor of both (worker.calls)
+    k = train.steps_per_call  # auto: the worker picks a divisor of both (worker.trainer.calls)
     for key, value in ((("train", "num_steps"), train.num_steps),
                        (("checkpoint", "every_steps"), spec.checkpoint.every_steps)):
         if k != "auto" and value % k:

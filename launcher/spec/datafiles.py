@@ -13,7 +13,7 @@ import struct
 import zipfile
 from typing import IO
 
-from worker import csvdata
+from worker.contract import csvdata
 
 SUFFIXES = (".npy", ".npz", ".csv")
 

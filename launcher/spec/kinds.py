@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 
 from launcher.spec import crosschecks, programspec
-from worker import job as jobs
-from worker.sections import BUILTIN_TASKS  # the tasks worker.tasks builds in
+from worker.contract import job as jobs
+from worker.contract.sections import BUILTIN_TASKS  # the tasks worker.trainer.tasks builds in
 
 # The module podlaunch's worker imports first (``python -m worker`` runs it).
-WORKER_MAIN = "worker.main"
+WORKER_MAIN = "worker.trainer.main"
 # A program's argv[0] that stands for the host's interpreter (the cluster's ``python``).
 PYTHON_NAMES = ("python", "python3")
 
@@ -59,7 +59,7 @@ class Trainer:
     @property
     def needs_coordinator(self) -> bool:
         """Whether its processes join JAX's coordinator: a trainer of one process joins no
-        ``jax.distributed`` (``worker.joining.single_process``)."""
+        ``jax.distributed`` (``worker.runtime.joining.single_process``)."""
         return self.num_processes > 1
 
     @property
@@ -73,7 +73,7 @@ class Trainer:
     @property
     def worker_modules(self) -> tuple:
         """The modules a worker imports first, which a preflight looks for on each host:
-        ``worker.main`` and a user task's module."""
+        ``worker.trainer.main`` and a user task's module."""
         return (WORKER_MAIN,) + ((self.task_module,) if self.task_module else ())
 
     def command(self, python: str, run_dir: str, process_id: int) -> tuple:
@@ -91,7 +91,7 @@ class Trainer:
         return {}
 
     def job_file(self) -> jobs.WorkerJob:
-        """What its workers read as ``job.json``: a ``worker.job.WorkerJob``, the spec's
+        """What its workers read as ``job.json``: a ``worker.contract.job.WorkerJob``, the spec's
         sections that the worker reads."""
         return jobs.WorkerJob.from_spec(self)
 
@@ -156,7 +156,7 @@ class Program:
 
     def job_file(self) -> jobs.ProgramJob:
         """What its processes' ``worker.program`` helper reads as ``job.json``: a
-        ``worker.job.ProgramJob`` (``program.num_steps`` and the sections every job has)."""
+        ``worker.contract.job.ProgramJob`` (``program.num_steps`` and the sections every job has)."""
         return jobs.ProgramJob.from_spec(self)
 
     def profile_start_problem(self, start_step: int) -> str | None:

@@ -14,7 +14,7 @@ import re
 
 import worker
 from launcher.spec import schema, syncrules
-from worker import sections
+from worker.contract import sections
 from launcher.spec.schema import positive, setting
 
 
@@ -29,7 +29,7 @@ def _argv(value: tuple) -> str | None:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ProgramSpec(sections.ProgramSteps):
     """Your own program as every process's worker, in place of task/data/optimizer/train
-    (``num_steps``, what the worker reads too, is ``worker.sections.ProgramSteps``')."""
+    (``num_steps``, what the worker reads too, is ``worker.contract.sections.ProgramSteps``')."""
 
     argv: tuple[str, ...] = setting(check=_argv, doc="the command and its arguments; argv[0] "
                                     "'python' or 'python3' is the cluster's python")

@@ -18,8 +18,8 @@ from typing import Any, Callable, Literal
 
 from launcher.errors import Problem
 from launcher.spec.yamlio import dotted
-# the job's sections and their checks are the worker's too (worker.sections): declared once
-from worker.sections import (LOCAL_PATH, MISSING, NUMBER_MAX, SEED_MAX, Check,  # noqa: F401
+# the job's sections and their checks are the worker's too (worker.contract.sections): declared once
+from worker.contract.sections import (LOCAL_PATH, MISSING, NUMBER_MAX, SEED_MAX, Check,  # noqa: F401
                              allows, identifier, in_range, index, non_negative, positive, seed,
                              setting)
 

@@ -19,7 +19,7 @@ from harness.helpers import LAUNCH, REPO, Output, env_for_tests
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
-    from worker.tracker import make_tracker
+    from worker.telemetry.tracker import make_tracker
 
     run_dir = tmp_path / "run"
     tracker = make_tracker(str(run_dir), 0, True)

@@ -182,8 +182,8 @@ def reference_norms(steps: int, lr: float = 0.1):
     """Full-batch gradient descent on the seed's data in float64: per step ‖g‖ and ‖params‖ after."""
     import jax
 
-    from worker.data import synthetic_rows
-    from worker.tasks import init_linear
+    from worker.data.batches import synthetic_rows
+    from worker.trainer.tasks import init_linear
 
     x, y = (a.astype(np.float64) for a in synthetic_rows(1, 4, 1, 0.1, 0, 256))
     w, b = (np.asarray(a, np.float64) for a in init_linear(jax.random.PRNGKey(0), 4, 1))
@@ -346,13 +346,13 @@ def test_tensorboardx_is_imported_without_the_cloud_clients_it_would_load():
     """tensorboardX imports google.cloud.storage when installed (xprof, the profile extra,
     installs it: this test environment has it), about 0.3 s of CPU on process 0 before its
     first step and in the launcher at every run's end, for gs:// directories podlaunch
-    never writes. ``worker.tracker.tensorboardx`` imports it without them; they stay
+    never writes. ``worker.telemetry.tracker.tensorboardx`` imports it without them; they stay
     importable for anyone else. In a fresh interpreter, as process 0 and the launcher are."""
     import importlib.util
 
     assert importlib.util.find_spec("google.cloud.storage") is not None, "the premise"
     code = ("import sys\n"
-            "from worker.tracker import tensorboardx\n"
+            "from worker.telemetry.tracker import tensorboardx\n"
             "tensorboardx()\n"
             "from tensorboardX import record_writer\n"
             "print(record_writer.GCS_ENABLED, 'google.cloud.storage' in sys.modules,\n"

@@ -31,20 +31,15 @@ PACKAGES = ("worker", "podlaunch", "launcher")  # what the floors hold: all of t
 # covers it, and every module must be on one, so a new worker module is placed by hand. A
 # module may import its own floor and the floors below; docs/development.md draws the map.
 FLOORS = (
-    # the worker: what runs on each host; it never imports the launcher
-    ("worker contract", ("worker", "worker.address", "worker.fields", "worker.contract",
-                         "worker.sections", "worker.job", "worker.redact", "worker.runfiles",
-                         "worker.csvdata", "worker.nodefacts", "worker.notice",
-                         "worker.interrupts", "worker.profiling", "worker.causes")),
-    ("worker runtime", ("worker.joining", "worker.gather", "worker.compilecache")),
-    ("worker telemetry", ("worker.metrics", "worker.steptimer", "worker.records",
-                          "worker.tracker")),
-    ("worker data", ("worker.order", "worker.sources", "worker.data")),
-    ("worker trainer", ("worker.calls", "worker.train", "worker.sharded", "worker.parallelism",
-                        "worker.tasks")),
-    ("worker recovery", ("worker.checkpoint", "worker.localtier", "worker.recovery")),
-    ("worker entry points", ("worker.main", "worker.actions", "worker.__main__", "worker.program",
-                             "podlaunch", "podlaunch.program")),
+    # the worker: what runs on each host, in parts; it never imports the launcher
+    ("worker contract", ("worker", "worker.contract")),
+    ("worker runtime", ("worker.runtime",)),
+    ("worker telemetry", ("worker.telemetry",)),
+    ("worker data", ("worker.data",)),
+    ("worker recovery", ("worker.recovery",)),
+    ("worker trainer", ("worker.trainer",)),
+    ("worker entry points", ("worker.__main__", "worker.program", "podlaunch",
+                             "podlaunch.program")),
     # the launcher, over the worker's contract (and the few worker parts it reads)
     ("launcher shared words", ("launcher.words", "launcher.errors",
                                "launcher.flags", "launcher.proctl", "launcher.logtimes",
@@ -251,7 +246,7 @@ def test_an_upward_import_fails_naming_its_file_line_and_both_floors(tmp_path):
     before = upward_imports(str(tmp_path))  # the code as it is (test_no_import_... judges it)
     broken = {"launcher/words.py": "\n\ndef _broken():\n    from launcher import cli\n",
               "launcher/console/lines.py": "\nfrom ..run import supervise\n",
-              "worker/contract.py": "\nimport launcher.plan\n"}
+              "worker/contract/__init__.py": "\nimport launcher.plan\n"}
     at = {}
     for path, text in broken.items():
         with open(tmp_path / path, "a", encoding="utf-8") as f:
@@ -269,7 +264,7 @@ def test_an_upward_import_fails_naming_its_file_line_and_both_floors(tmp_path):
         f"launcher/console/lines.py:{at['launcher/console/lines.py']}: 'from ..run import "
         f"supervise' imports launcher.run.supervise {floor('launcher.run.supervise')} from "
         f"launcher.console.lines {floor('launcher.console.lines')}",
-        f"worker/contract.py:{at['worker/contract.py']}: 'import launcher.plan' imports "
+        f"worker/contract/__init__.py:{at['worker/contract/__init__.py']}: 'import launcher.plan' imports "
         f"launcher.plan {floor('launcher.plan')} from worker.contract {floor('worker.contract')}",
         "worker/unplaced.py: worker.unplaced is on no floor (add it to FLOORS in "
         "tests/fitness/test_imports.py)"])

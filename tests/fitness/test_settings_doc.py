@@ -10,7 +10,7 @@ import os
 import types
 
 from launcher.commands import settings_doc
-from worker import sections
+from worker.contract import sections
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

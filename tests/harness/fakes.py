@@ -23,7 +23,7 @@ from launcher.backends.base import Session
 from launcher.plan import Placement, ProcessPlan
 from launcher.spec import kinds
 from launcher.state import Exit, Killed
-from worker import profiling
+from worker.contract import profiling
 
 SETTLE_TIMEOUT_S = 5.0  # real seconds: a reader that takes longer is a bug in the test or the product
 # Fake seconds no test needs (the longest waits for timeouts of minutes): a supervision
@@ -182,7 +182,7 @@ class FakeWorker:
 
     def request_profile(self, text: str, failed=None) -> None:
         """Take the request; with ``trace_ms_per_step``, say a trace of its steps 1 fake
-        second later, as a worker does (``worker.profiling.LINE_FORMAT``)."""
+        second later, as a worker does (``worker.contract.profiling.LINE_FORMAT``)."""
         self.calls.append(("request_profile", self.clock.now))
         self.profile_requests.append(text)
         if self.trace_ms_per_step is None or self._ended() is not None:

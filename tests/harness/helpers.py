@@ -83,7 +83,7 @@ def long_job(kind: str, tmp_path, log_every: int = 20, mode: str = "none", targe
 
 # JAX's persistent compilation cache shared by the session's launches (one directory per
 # pytest-xdist worker, so no two workers write one entry at once; tests/conftest.py sets it):
-# a worker honours JAX_COMPILATION_CACHE_DIR (worker/compilecache.py), and process 0 of a
+# a worker honours JAX_COMPILATION_CACHE_DIR (worker/runtime/compilecache.py), and process 0 of a
 # launch loads what an earlier launch of the same step compiled instead of compiling again.
 # A test of the job's own cache (where it lies, what it counted) takes the
 # ``own_compilation_cache`` fixture (tests/conftest.py), or empties the variable in its

@@ -62,7 +62,7 @@ def ssh_cluster(tmp_path, ssh_hosts) -> str:
 
 def agreed_step(run_dir, num_processes: int, saying: str = "") -> int:
     """The step attempt 0's processes stopped after for a notice: each process's log says
-    it once (``worker.notice``), with ``saying`` after it when given, and all say the same."""
+    it once (``worker.recovery.notice``), with ``saying`` after it when given, and all say the same."""
     import re
 
     from launcher import logtimes
@@ -78,7 +78,7 @@ def agreed_step(run_dir, num_processes: int, saying: str = "") -> int:
 
 def assert_one_agreed_stop(run_dir, num_processes: int, noticed_at: int) -> int:
     """Attempt 0 of ``run_dir`` stopped for a preemption notice that came after step
-    ``noticed_at`` (``worker.notice``): every process says it stops after one step S >= it,
+    ``noticed_at`` (``worker.recovery.notice``): every process says it stops after one step S >= it,
     process 0 saved S, attempt 1 resumed from S on every process, and the ledger counts no
     step trained twice. Fails on a save by process 0 alone (the others say nothing, or
     another step) and on a resume that ignores it. Returns S."""

@@ -14,9 +14,10 @@ from launcher.run import classes, restarts
 from launcher.run.classes import FailureClass
 from launcher.state import (EndedEarly, Exited, Final, Killed, Lost, Preempted, Result, Stalled,
                             State, Tracked)
-from worker import causes, contract
+from worker import contract
 
 # The last lines each cascade leaves, as jax 0.9 prints them (seen in this project's runs)
+from worker.contract import causes
 GLOO_RESET = ("jax.errors.JaxRuntimeError: FAILED_PRECONDITION: [Gloo] Connection closed by "
               "peer [127.0.0.1]:8615")
 COORDINATION_ABORT = ("F1201 18:32:21.922875 client.h:80] Terminating process because the JAX "

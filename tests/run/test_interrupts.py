@@ -1,4 +1,4 @@
-"""worker.interrupts: the launcher's SIGTERM as SystemExit, held back while records are handed on.
+"""worker.runtime.interrupts: the launcher's SIGTERM as SystemExit, held back while records are handed on.
 
 Real signals to this process (``os.kill``): a Python handler runs at the next bytecode
 after the kill returns, exactly where a SIGTERM from the launcher would land.
@@ -16,10 +16,12 @@ import pytest
 from launcher import backends
 from launcher import spec as specs
 from harness.helpers import REPO
-from worker import checkpoint, contract, interrupts, program
-from worker import job as jobs
-from worker.metrics import STEP_METRICS, StepLogger
-from worker.tracker import METRICS_FILE, JsonlTracker
+from worker import contract, program
+from worker.recovery import checkpoint
+from worker.runtime import interrupts
+from worker.contract import job as jobs
+from worker.telemetry.metrics import STEP_METRICS, StepLogger
+from worker.telemetry.tracker import METRICS_FILE, JsonlTracker
 
 
 @pytest.fixture
@@ -91,7 +93,7 @@ def test_a_sigterm_while_log_steps_are_printed_loses_no_record(sigterm_handler, 
                     logger.read_every_s = 0.0
                 logger.after_dispatch(step, train_step(step))
         finally:
-            with interrupts.held():  # worker.main.train's teardown
+            with interrupts.held():  # worker.trainer.main.train's teardown
                 logger.close()
                 tracker.close()
     assert raised.value.code == 143
@@ -129,7 +131,7 @@ def test_a_sigterm_during_a_program_log_step_loses_no_record(sigterm_handler, tm
 def test_a_sigterm_during_a_checkpoint_save_ends_the_worker_after_it(sigterm_handler, tmp_path):
     """A TERM that lands mid-save (here: while the state is copied off the devices) ends
     the worker once the checkpoint is complete and its line printed, not halfway."""
-    from worker.recovery import Recovery
+    from worker.recovery.recovery import Recovery
 
     params = {"w": np.ones((1, 4, 1), np.float32), "b": np.zeros((1, 1), np.float32)}
 

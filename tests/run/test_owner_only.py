@@ -16,7 +16,7 @@ from launcher.remote import wrapper
 from launcher import runlock
 from launcher.run import logfile
 from launcher import remote
-from worker import runfiles
+from worker.contract import runfiles
 
 
 @pytest.fixture

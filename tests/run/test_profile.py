@@ -30,7 +30,9 @@ from launcher.backends.ssh import workers as ssh_workers
 from launcher.run import supervise as supervision
 from launcher.state import Exited
 from launcher.stats import ProcessStats
-from worker import contract, profiling, sections
+from worker import contract
+from worker.contract import profiling, sections
+from worker.telemetry.profiler import Profiler
 
 
 def progress(step: int, num_steps: int = 1000, steps_per_s: float = 10.0) -> str:
@@ -130,14 +132,14 @@ def test_a_live_request_reaches_every_process_ahead_of_the_furthest_and_is_answe
 ])
 def test_a_hand_written_request_a_worker_cannot_use_is_said_and_ignored(tmp_path, text):
     said = []
-    profiler = profiling.Profiler(str(tmp_path), 0, 2, sections.Profile(), out=said.append)
+    profiler = Profiler(str(tmp_path), 0, 2, sections.Profile(), out=said.append)
     (tmp_path / profiling.STEPS_FILE).write_text(text)
     profiler._poll(5)
     assert profiler.windows == [] and len(said) == 1 and said[0].startswith("profile: ignored "), said
 
 
 def test_a_live_request_beside_the_specs_window_traces_both_in_step_order(tmp_path):
-    profiler = profiling.Profiler(str(tmp_path), 0, 2, sections.Profile(start_step=2500, num_steps=5))
+    profiler = Profiler(str(tmp_path), 0, 2, sections.Profile(start_step=2500, num_steps=5))
     profiling.write_request(str(tmp_path), json.dumps({"session": "steps_263-265", "start_step": 263,
                                                        "num_steps": 3}))
     profiler._poll(100)
@@ -148,14 +150,14 @@ def test_a_live_request_beside_the_specs_window_traces_both_in_step_order(tmp_pa
     profiler._poll(300)  # of this host: the same session, not a second window
     assert len(profiler.windows) == 2
     # a request that was there before this process started is an earlier attempt's
-    assert profiling.Profiler(str(tmp_path), 0, 2, sections.Profile()).windows == []
+    assert Profiler(str(tmp_path), 0, 2, sections.Profile()).windows == []
 
 
 def test_a_window_the_process_is_late_for_is_traced_from_there_for_as_many_steps(tmp_path):
     # traced in turn: a spec window begun while a live one was traced, a live one inside the
     # spec's; each as many steps as asked, from where the process stands (jax stubbed out:
     # only the order of starts and stops is looked at here)
-    profiler = profiling.Profiler(str(tmp_path), 0, 1, sections.Profile(start_step=1502, num_steps=5))
+    profiler = Profiler(str(tmp_path), 0, 1, sections.Profile(start_step=1502, num_steps=5))
     traced = []
     profiler._start = lambda first, session, last: setattr(profiler, "tracing", (first, session, 0, "", last))
     profiler._stop = lambda last: (traced.append((profiler.tracing[0], last, profiler.tracing[1])),
@@ -168,14 +170,14 @@ def test_a_window_the_process_is_late_for_is_traced_from_there_for_as_many_steps
     assert traced == [(1500, 1504, "steps_1500-1504"), (1505, 1509, "steps_1502-1506"),
                       (1510, 1510, "steps_1503-1503")]
     # a resumed attempt does not trace again what it resumed past
-    resumed = profiling.Profiler(str(tmp_path), 0, 1, sections.Profile(start_step=20, num_steps=5))
+    resumed = Profiler(str(tmp_path), 0, 1, sections.Profile(start_step=20, num_steps=5))
     resumed._start = lambda *a: pytest.fail("traced a window it resumed past")
     resumed.before(31, 31)
 
 
 def test_a_request_that_is_not_a_regular_file_is_never_waited_on(tmp_path):
     said = []
-    profiler = profiling.Profiler(str(tmp_path), 0, 2, sections.Profile(), out=said.append)
+    profiler = Profiler(str(tmp_path), 0, 2, sections.Profile(), out=said.append)
     os.mkfifo(tmp_path / profiling.STEPS_FILE)  # opened as it is, the read would wait forever
     profiler._poll(5)
     assert profiler.windows == [] and "is not a regular file" in said[0], said

@@ -23,7 +23,7 @@ from launcher.errors import SpecError
 from launcher import runlock
 from launcher.run import ledger
 from launcher.run.logfile import LogFile
-from worker import runfiles
+from worker.contract import runfiles
 
 VICTIM_TEXT = "a file of the user's own\n"
 
@@ -159,7 +159,7 @@ def test_another_users_live_launcher_is_refused_in_a_sentence(tmp_path, command)
 
 
 def test_the_csv_cache_in_the_run_directory_follows_no_link(tmp_path, victim):
-    from worker import sources
+    from worker.data import sources
 
     data = tmp_path / "data.csv"
     data.write_text("1,2\n3,4\n")

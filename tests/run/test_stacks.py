@@ -2,7 +2,7 @@
 supervision in fake time asking scripted workers for theirs when the watchdog fires.
 
 The dump's text comes from a real Python process answering ``STACKS_SIGNAL`` the way the
-worker does (``worker.interrupts.answer_stack_requests``), while its main thread sleeps in
+worker does (``worker.runtime.interrupts.answer_stack_requests``), while its main thread sleeps in
 a function of its own and a second thread waits: what the launcher reads is CPython's own
 format, not a copy of it.
 """
@@ -29,12 +29,13 @@ from launcher.console.status import summary
 from launcher.run import stacks
 from launcher.run import supervise as supervision
 from launcher.state import Tracked, Watchdog
-from worker import contract, interrupts
+from worker import contract
+from worker.runtime import interrupts
 
 HANGS = textwrap.dedent("""\
     import sys, threading, time
     sys.path.insert(0, sys.argv[1])
-    from worker import interrupts
+    from worker.runtime import interrupts
 
     def waiting_helper():
         threading.Event().wait()
@@ -95,11 +96,11 @@ def test_the_workers_main_thread_is_told_from_helper_threads_as_deep():
     helper threads (the notice's watchers) as deep as it, listed first, are not it."""
     frame = stacks.Frame
     helper = [frame("/usr/lib/python3.11/threading.py", 327, "wait"),
-              frame("/opt/podlaunch/worker/notice.py", 105, "_publish"),
+              frame("/opt/podlaunch/worker/recovery/notice.py", 105, "_publish"),
               frame("/usr/lib/python3.11/threading.py", 982, "run"),
               frame("/usr/lib/python3.11/threading.py", 1002, "_bootstrap")]
     main = [frame("/home/me/jobs/my_task.py", 81, "on_step_end"),
-            frame("/opt/podlaunch/worker/main.py", 177, "train"),
+            frame("/opt/podlaunch/worker/trainer/main.py", 177, "train"),
             frame("<frozen runpy>", 88, "_run_code"),
             frame("<frozen runpy>", 198, "_run_module_as_main")]
     assert stacks.main_thread([helper, main]) is main
@@ -111,10 +112,11 @@ def test_library_and_worker_frames_are_not_the_jobs_own():
     frame = stacks.Frame
     assert not stacks.is_own(frame("/venv/lib/python3.11/site-packages/jax/_src/api.py", 1, "f"))
     assert not stacks.is_own(frame("/usr/lib/python3.11/threading.py", 1, "wait"))
-    assert not stacks.is_own(frame(os.path.join(os.path.dirname(contract.__file__), "train.py"), 1, "train"))
+    assert not stacks.is_own(frame(os.path.join(os.path.dirname(os.path.dirname(contract.__file__)), "trainer",
+                                          "train.py"), 1, "train"))
     assert stacks.is_own(frame("/home/me/jobs/my_task.py", 3, "on_step_end"))
     frames = [frame("/venv/lib/python3.11/site-packages/jax/_src/array.py", 9, "block_until_ready"),
-              frame("/opt/podlaunch/worker/train.py", 201, "train"),
+              frame("/opt/podlaunch/worker/trainer/train.py", 201, "train"),
               frame("<frozen runpy>", 88, "_run_code")]
     assert stacks.where(frames) == "train (train.py:201), in block_until_ready (array.py:9)"
 
@@ -126,7 +128,7 @@ def dump_text(function: str, path: str, line: int) -> list:
             "",
             "Current thread 0x00007f0000000002 (most recent call first):",
             f'  File "{path}", line {line} in {function}',
-            '  File "/opt/podlaunch/worker/main.py", line 300 in main',
+            '  File "/opt/podlaunch/worker/trainer/main.py", line 300 in main',
             '  File "<frozen runpy>", line 88 in <module>']
 
 

@@ -196,7 +196,7 @@ def test_a_peer_cut_off_at_a_coordination_barrier_waits_for_the_cause(tmp_path):
     process 0 still leads the summary (it named process 1 first under load)."""
     run = Run(tmp_path)
     barrier = ["Traceback (most recent call last):",
-               "  File \"/w/worker/localtier.py\", line 83, in writes_copies",
+               "  File \"/w/worker/recovery/localtier.py\", line 83, in writes_copies",
                "jax.errors.JaxRuntimeError: UNAVAILABLE: Failed to send RPC to coordination "
                "service. Either the leader task was preempted/died/restarted unexpectedly or "
                "this task is experiencing network issues.",

@@ -13,7 +13,7 @@ import yaml
 from harness.helpers import launch
 from launcher import backends
 from launcher import spec as specs
-from worker import redact
+from worker.contract import redact
 
 SECRETS = {"DBPASSWORD": "pw-glued-1", "AUTHTOKEN": "pw-glued-2", "SECRETKEY": "pw-glued-3",
            "SESSIONID": "pw-glued-4", "DBPASS": "pw-glued-5",

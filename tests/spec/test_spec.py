@@ -17,7 +17,7 @@ from launcher import backends
 from launcher import spec
 from launcher.spec import yamlio
 from launcher.errors import SpecError
-from worker import sections
+from worker.contract import sections
 
 GOOD = textwrap.dedent("""\
     name: t
@@ -214,7 +214,7 @@ def test_every_shipped_cluster_loads(path, tmp_path):
     job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"), cluster_path=path,
                     overrides=overrides, registry=backends)
     # what the launcher writes for the workers (cli: job.json) reads back as the same job there
-    from worker.job import WorkerJob
+    from worker.contract.job import WorkerJob
 
     worker_job = WorkerJob.from_spec_dict(job.to_dict())
     assert WorkerJob.from_dict(json.loads(json.dumps(worker_job.to_dict()))) == worker_job

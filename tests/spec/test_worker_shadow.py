@@ -17,7 +17,7 @@ from launcher import remote
 from launcher.backends.ssh import preflight as ssh_preflight
 from launcher.remote import preflight
 
-ARGS = {"modules": ["worker.main"], "port": None, "kill_stale": False, "grace_s": 1,
+ARGS = {"modules": ["worker.trainer.main"], "port": None, "kill_stale": False, "grace_s": 1,
         "state_dir": "none", "run_dir_env": "PODLAUNCH_RUN_DIR"}
 
 

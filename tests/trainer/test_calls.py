@@ -1,11 +1,11 @@
-"""``train.steps_per_call: auto`` (worker.calls): how many steps a device call runs."""
+"""``train.steps_per_call: auto`` (worker.trainer.calls): how many steps a device call runs."""
 
 import math
 
 import numpy as np
 import pytest
 
-from worker import calls
+from worker.trainer import calls
 
 
 def test_auto_is_one_step_a_call_on_cpu_devices_and_a_number_is_used_as_given():

@@ -1,4 +1,4 @@
-"""The worker's explanation of its end (worker.causes), without JAX: the line it prints and
+"""The worker's explanation of its end (worker.contract.causes), without JAX: the line it prints and
 the launcher reads back, and a program's full disk explained like the trainer's (51.2)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from harness.helpers import REPO
-from worker import causes
+from worker.contract import causes
 
 
 def test_the_line_reads_back_and_only_a_known_cause_counts():

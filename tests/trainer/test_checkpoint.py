@@ -16,7 +16,8 @@ from launcher.run import restarts
 from launcher import spec as specs
 from launcher.errors import SpecError
 from launcher.plan import log_path
-from worker import checkpoint, contract
+from worker import contract
+from worker.recovery import checkpoint
 
 TEMPLATE = [np.zeros((4, 1), np.float32), np.zeros((1,), np.float32), np.zeros((), np.int32)]
 
@@ -72,7 +73,7 @@ def test_a_damaged_latest_is_skipped_for_the_previous_with_a_warning(tmp_path, d
 _KILLED_WRITER = r"""
 import builtins, os, signal, sys
 import numpy as np
-from worker import checkpoint
+from worker.recovery import checkpoint
 ckpt_dir, point, step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 kind, _, arg = point.partition(":")
 def die():
@@ -247,7 +248,7 @@ def test_a_local_tier_outside_the_run_directory_is_the_runs_own(tmp_path):
     """An absolute (or ``..``) checkpoint.local_dir is shared by every run that names it: each
     run keeps its copies in a directory of its own there (the same on every attempt), so a
     restart never loads another run's state and a run's cleanup never removes another's."""
-    from worker import localtier
+    from worker.recovery import localtier
 
     one, two = str(tmp_path / "runs" / "linear" / "r1"), str(tmp_path / "runs" / "linear" / "r2")
     assert localtier.directory("local-checkpoints", one, 3) == os.path.join(
@@ -264,7 +265,7 @@ def test_the_runs_end_removes_every_layouts_local_copies(tmp_path):
     """After a shrink or a spare the process ids moved: the end removes every
     ``process-NNN`` of the run's local directory, not only the last layout's, and the
     directory itself once empty; a file of the user's beside them stays."""
-    from worker import localtier
+    from worker.recovery import localtier
 
     base = tmp_path / "shm" / "run"
     for name in ("process-000", "process-003"):
@@ -288,7 +289,8 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=proc
                            initialization_timeout=60)
 import ml_dtypes
 import numpy as np
-from worker import checkpoint, recovery, tasks
+from worker.recovery import checkpoint, recovery
+from worker.trainer import tasks
 
 def hard():  # what a sum with zeros does not keep: -0.0, subnormals, a NaN's payload
     return {"f32": np.array([-0.0, 1e-42, -3e-39, np.float32(np.nan), 1.5], np.float32),
@@ -314,7 +316,7 @@ jax.distributed.shutdown()
 
 @pytest.mark.slow
 def test_the_initial_state_and_a_restore_reach_every_process_bit_for_bit():
-    """``worker.recovery``'s broadcast of process 0's initial state (``checkpoint.
+    """``worker.recovery.recovery``'s broadcast of process 0's initial state (``checkpoint.
     broadcast_exact``, also the restore's), in two real JAX processes over gloo: every leaf
     arrives with its bytes, dtype and shape, including what a sum with zeros (the plain
     ``broadcast_one_to_all``) loses: -0.0, subnormal floats (flushed to +0.0 there), a NaN's

@@ -20,9 +20,9 @@ from launcher import plan as planning
 from launcher import spec as specs
 from worker import contract
 from worker.contract import ContractError, Identity
-from worker.job import WorkerJob
-from worker import job as jobs
-from worker import sections
+from worker.contract.job import WorkerJob
+from worker.contract import job as jobs
+from worker.contract import sections
 
 LINEAR = os.path.join(REPO, "jobs", "linear.yaml")
 
@@ -168,10 +168,10 @@ def test_job_json_holds_exactly_the_workers_keys():
 def test_each_job_section_is_declared_once_for_launcher_and_worker():
     # issue 24: a setting such as data.resident is one field declaration, the launcher's
     # spec section and the worker's job.json section being the same class; issue 47: with
-    # one name, worker.sections'
+    # one name, worker.contract.sections'
     from launcher.spec.programspec import ProgramSpec
-    from worker import sections
-    from worker.fields import hints_of
+    from worker.contract import sections
+    from worker.contract.fields import hints_of
 
     spec_side, worker_side = hints_of(specs.TrainerJobSpec), hints_of(WorkerJob)
     for name, shared in (("task", sections.Task), ("data", sections.Data),
@@ -182,7 +182,7 @@ def test_each_job_section_is_declared_once_for_launcher_and_worker():
         assert spec_side[name] is worker_side[name] is shared, name
     assert issubclass(ProgramSpec, sections.ProgramSteps)
     assert hints_of(jobs.ProgramJob)["program"] is sections.ProgramSteps
-    # every field of the worker's side is declared in worker/sections.py, none in job.py
+    # every field of the worker's side is declared in worker/contract/sections.py, none in job.py
     import inspect
     source = inspect.getsource(jobs)
     for name in ("resident", "compilation_cache", "shuffle_seed", "num_steps"):
@@ -302,7 +302,7 @@ def test_a_worker_given_a_job_json_that_breaks_the_contract_exits_with_the_misma
 
 def test_the_parallelism_is_a_value_named_by_train_parallelism():
     # issue 24: chosen by name, told apart by its fields, never by a module's __name__
-    from worker import parallelism, sharded, train
+    from worker.trainer import parallelism, sharded, train
 
     pmap, jit = parallelism.of("pmap"), parallelism.of("jit")
     assert (pmap.name, pmap.description, pmap.make_train_step) == ("pmap", "", train.make_train_step)
@@ -341,7 +341,7 @@ def test_a_process_waits_for_the_coordinators_port_before_joining():
     import threading
     import time
 
-    from worker import joining
+    from worker.runtime import joining
 
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))

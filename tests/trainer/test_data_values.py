@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker import csvdata, sources
+from worker.contract import csvdata
+
+from worker.data import sources
 
 
 def test_a_csv_cell_beyond_float32_is_refused_naming_line_and_column():
@@ -26,7 +28,7 @@ def test_a_float64_npy_value_beyond_float32_is_a_data_error(tmp_path):
 
 
 def test_labels_outside_the_tasks_classes_are_a_data_error(tmp_path):
-    from worker import tasks
+    from worker.trainer import tasks
 
     table = np.zeros((6, 3), np.float32)
     table[:, -1] = [0, 1, 2, 1, 3, 0]  # 3 is outside num_classes 3

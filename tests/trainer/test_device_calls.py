@@ -1,4 +1,4 @@
-"""How the loop's device calls are dispatched (worker.calls): compiled once, then called as the
+"""How the loop's device calls are dispatched (worker.trainer.calls): compiled once, then called as the
 executable (``compiled_at_first_call``); how far the host runs ahead (``InFlight``)."""
 
 import os
@@ -10,7 +10,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from worker.calls import InFlight, compiled_at_first_call, in_flight  # noqa: E402
+from worker.trainer.calls import InFlight, compiled_at_first_call, in_flight  # noqa: E402
 
 
 class Counted:
@@ -105,7 +105,7 @@ def test_one_device_averages_without_packing_the_gradients_into_one_buffer():
     gradients are still packed into one collective."""
     import optax
 
-    from worker.train import AXIS, averaging, step_function
+    from worker.trainer.train import AXIS, averaging, step_function
 
     def loss_fn(params, batch):
         return jnp.mean((batch["x"] @ params["w"] + params["b"] - batch["y"]) ** 2)

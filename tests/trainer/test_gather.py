@@ -1,4 +1,4 @@
-"""worker.gather against JAX's real coordination service.
+"""worker.runtime.gather against JAX's real coordination service.
 
 One process starts the service (``jax.distributed.initialize`` with
 num_processes=1) and plays process 0 and the posting processes on the same
@@ -20,7 +20,7 @@ import json, math, sys, time
 import jax
 jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=1, process_id=0,
                            cluster_detection_method="deactivate")
-from worker.gather import SLOTS, KeyValueGather, coordination_client, decode, encode
+from worker.runtime.gather import SLOTS, KeyValueGather, coordination_client, decode, encode
 
 client = coordination_client()
 p0, p1, p2 = (KeyValueGather(i, 3, client) for i in range(3))

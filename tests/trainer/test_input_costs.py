@@ -13,7 +13,7 @@ from launcher import backends
 from launcher.spec import checks
 from launcher import spec as specs
 from launcher.errors import SpecError
-from worker import sources
+from worker.data import sources
 
 
 def test_a_synthetic_chunk_is_bounded_in_bytes_however_wide_its_rows():

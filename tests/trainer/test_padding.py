@@ -1,14 +1,14 @@
 """The padded weighted mean without JAX (issue 51.9: only real-JAX runs checked it): when
 the devices do not divide the global batch, every row of the batch is on exactly one
 device with weight 1, padding has weight 0, and the step's mean (sums and counts averaged
-over devices, then their ratio: worker.train.weighted_means) is the batch's plain mean."""
+over devices, then their ratio: worker.trainer.train.weighted_means) is the batch's plain mean."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from worker import order as orders
+from worker.data import order as orders
 
 
 def _devices(order, step, num_processes, local_device_count):

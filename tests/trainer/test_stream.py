@@ -2,7 +2,7 @@
 
 Real files (.npy, .npz, .csv written by numpy), read back through the same
 code the workers run; placement is the identity here (the workers' is
-``worker.train.place``, exercised by the end-to-end tests).
+``worker.trainer.train.place``, exercised by the end-to-end tests).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from worker import data as datasets
-from worker.order import Order, Permutation
-from worker.sources import DataError, NpyTable, NpzArrays, csv_cache, open_source
+from worker.data import batches as datasets
+from worker.data.order import Order, Permutation
+from worker.data.sources import DataError, NpyTable, NpzArrays, csv_cache, open_source
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 64, 1000, 4097])
@@ -206,7 +206,7 @@ class _Synthetic:
 
 
 def test_synthetic_rows_are_the_same_read_in_order_or_shuffled():
-    from worker.sources import Synthetic, synthetic_rows
+    from worker.data.sources import Synthetic, synthetic_rows
 
     source = Synthetic(_Synthetic)
     x, y = synthetic_rows(4, 3, 2, 0.1, 0, 9000)

@@ -32,9 +32,9 @@ def _reference(steps: int, lr: float) -> list:
     """numpy SGD (float64) on the synthetic data, batch s from the shuffled global order."""
     import jax
 
-    from worker.order import Order
-    from worker.sources import synthetic_rows
-    from worker.tasks import init_linear
+    from worker.data.order import Order
+    from worker.data.sources import synthetic_rows
+    from worker.trainer.tasks import init_linear
 
     x, y = (a.astype(np.float64) for a in synthetic_rows(1, 4, 1, 0.1, 0, 1024))
     order = Order(1024, 256, shuffle=True, seed=11)

@@ -1,10 +1,10 @@
-"""Every node's facts (``worker.nodefacts``) checked before a job's processes join.
+"""Every node's facts (``worker.contract.nodefacts``) checked before a job's processes join.
 
 Two ways to get them (docs/slurm.md): the built-in worker prints them as its
 first line and waits for the coordinator address on stdin
 (``contract.RENDEZVOUS``), so no step runs before the workers; a program job
 (not the built-in worker) gets a probe step first, one task per node, running
-``worker/nodefacts.py``'s source. Either way ``check`` decides, with the same
+``worker/contract/nodefacts.py``'s source. Either way ``check`` decides, with the same
 errors: versions that differ are a launch failure (exit 1), a fixed
 ``coordinator_port`` in use on the first node is bad input (exit 2).
 """
@@ -16,7 +16,7 @@ import threading
 import time
 
 from launcher.errors import LaunchError
-from worker import nodefacts
+from worker.contract import nodefacts
 
 KEYS = ("python", "jax", "jaxlib")
 

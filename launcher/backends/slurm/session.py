@@ -33,7 +33,8 @@ from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
 from launcher.state import Exit, Lost
 from launcher.words import plural
-from worker import contract, redact, runfiles
+from worker import contract
+from worker.contract import redact, runfiles
 
 TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")
 

@@ -36,9 +36,10 @@ from launcher.backends.slurm.commands import Slurm, scrubbed
 from launcher.errors import LaunchError
 from launcher.plan import ProcessPlan
 from launcher.state import Exit, exit_of, Exited, Killed, Lost
-from worker import contract, interrupts, profiling
+from worker import contract
 
 # srun's own report of how its task ended: "srun: error: n2: task 0: Killed"
+from worker.contract import profiling, signals
 TASK_END = re.compile(r"^srun: error: (?P<node>\S+): task \d+: (?P<what>.+)$")
 NODE_FAILURE = re.compile(r"^srun: error: Node failure on (?P<node>\S+)$")  # srun then exits 0
 EXITED = re.compile(r"^Exited with exit code (\d+)$")
@@ -209,7 +210,7 @@ class SrunWorker:
     def dump_stacks(self) -> None:
         step = self.step()
         if step is not None:  # Slurm signals the step's task: the worker (and what it started)
-            self.slurm.cancel(step, signal=interrupts.STACKS_SIGNAL.name[3:])
+            self.slurm.cancel(step, signal=signals.STACKS_SIGNAL.name[3:])
 
     def request_profile(self, text: str, failed=None) -> None:
         profiling.write_request(self.plan.run_dir, text)  # the run directory is shared with the nodes

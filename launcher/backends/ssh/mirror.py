@@ -17,7 +17,7 @@ from worker import contract
 class CheckpointMirror:
     """Keeps process 0's checkpoints in the local run directory too, and puts them back.
 
-    Process 0 writes checkpoints on host 0 (``worker.checkpoint``: complete
+    Process 0 writes checkpoints on host 0 (``worker.recovery.checkpoint``: complete
     ``step-NNNNNNN`` directories appear by rename). ``sync`` copies every one
     the local ``<run dir>/checkpoints`` lacks (among host 0's newest
     ``checkpoint.keep``) into a hidden temporary directory, then renames it into

@@ -72,7 +72,7 @@ class TakenOut:
         # relative to the workdir, which the script enters first (``~`` and a relative
         # workdir as the workers' own run directory is: the preflight's absolute path)
         run_dir = os.path.join("runs", self.job.name, planning.remote_run_name(self.run_dir))
-        argv = [self.settings.python, "-P", "-m", "worker.localtier", "remove",
+        argv = [self.settings.python, "-P", "-m", "worker.recovery.localtier", "remove",
                 self.job.checkpoint.local_dir, run_dir]
         output = ""
         try:

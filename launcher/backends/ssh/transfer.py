@@ -12,7 +12,7 @@ import paramiko
 
 from launcher.words import plural
 from launcher.spec import syncrules
-from worker import runfiles
+from worker.contract import runfiles
 
 
 def mkdirs(sftp: paramiko.SFTPClient, path: str, mode: int = 0o700) -> None:
@@ -358,7 +358,7 @@ def get_tree(sftp: paramiko.SFTPClient, remote: str, local: str) -> int:
 
 def get_file(sftp: paramiko.SFTPClient, remote: str, local: str) -> None:
     """Copy the remote file ``remote`` to ``local``, never through a link standing there (a
-    run directory is input: ``worker.runfiles``).
+    run directory is input: ``worker.contract.runfiles``).
 
     Raises:
       OSError: it cannot be read or written (``runfiles.LinkRefused``: ``local`` is a link).

@@ -38,7 +38,7 @@ from launcher.errors import LaunchError
 from launcher.remote import wrapper
 from launcher.state import Exit, exit_of, Exited, Lost
 from launcher.words import plural
-from worker import interrupts, profiling
+from worker.contract import profiling, signals
 
 
 class SshWorker:
@@ -177,10 +177,10 @@ class SshWorker:
         if self._pgid_known.wait(5.0):
             connection.stop_group(self.host, self.pgid, self.grace_s)
 
-    def _send(self, signals: tuple) -> None:
+    def _send(self, names: tuple) -> None:
         def send():
             if self._pgid_known.wait(10.0):
-                self.channels.signal(self.pgid, signals)
+                self.channels.signal(self.pgid, names)
         threading.Thread(target=send, name=f"signal-{self.plan.process_id}").start()
 
     def terminate(self) -> None:
@@ -193,7 +193,7 @@ class SshWorker:
         # the worker alone (it leads its group: its pid is the pgid), over the host's channels
         def send():
             if self._pgid_known.wait(1.0):
-                self.channels.signal(self.pgid, (interrupts.STACKS_SIGNAL.name[3:],), leader=True)
+                self.channels.signal(self.pgid, (signals.STACKS_SIGNAL.name[3:],), leader=True)
         threading.Thread(target=send, name=f"stacks-{self.plan.process_id}").start()
 
     def request_profile(self, text: str, failed: Callable[[str], None] = lambda why: None) -> None:
@@ -252,7 +252,7 @@ def _fetcher(host: Host, placement: planning.Placement, run_dir: str, console,
 
 def _trace_fetcher(host: Host, process_id: int, remote_run_dir: str, local_run_dir: str,
                    console) -> Callable[[str], None]:
-    """A worker's line hook: each trace it says it wrote (``worker.profiling.LINE_FORMAT``) is
+    """A worker's line hook: each trace it says it wrote (``worker.contract.profiling.LINE_FORMAT``) is
     copied from its host into the same place in the local run directory, in the background
     (its own SFTP channel), so ``launch tensorboard`` shows every process's. The line comes
     from the host, so only this process's own trace path (``trace_path``) is copied, once."""

@@ -78,8 +78,8 @@ def numpy_gradient_descent(steps: int, lr: float, num_examples=256, in_features=
     """Plain full-batch gradient descent on the same data and init, in float64."""
     import jax
 
-    from worker.data import synthetic_rows
-    from worker.tasks import init_linear
+    from worker.data.batches import synthetic_rows
+    from worker.trainer.tasks import init_linear
 
     x, y = synthetic_rows(data_seed, in_features, 1, noise_std, 0, num_examples)
     x, y = x.astype(np.float64), y.astype(np.float64)
@@ -263,7 +263,7 @@ def test_the_stall_watchdog_ends_a_live_hang(tmp_path):
     # the summary names the function process 1 hangs in, and where process 0 waits for it
     assert re.search(r"^stacks: p1( \(stalled\))? stands in on_step_end \(faulty_task\.py:\d+\)$",
                      text, re.M), text[-3000:]
-    # (podlaunch's worker waiting on the device: worker/steptimer.py's wait, in JAX's own)
+    # (podlaunch's worker waiting on the device: worker/telemetry/steptimer.py's wait, in JAX's own)
     assert re.search(r"^stacks: p0( \(stalled\))? stands in \w+ \(\w+\.py:\d+\), in \w+ \(", text,
                      re.M), text[-3000:]
     for process_id in (0, 1):  # every thread of each process, beside its log

@@ -1,7 +1,7 @@
 """Placing a batch on the local CPU devices: in place when the host buffer allows, else one copy.
 
 Real JAX, in its own process with 2 CPU devices (``XLA_FLAGS``), reading real
-rows through ``worker.sources`` and placing them with ``worker.train.place``,
+rows through ``worker.data.sources`` and placing them with ``worker.trainer.train.place``,
 then running a real ``pmap`` over the placed batch.
 """
 
@@ -15,9 +15,9 @@ from harness.helpers import REPO, env_for_tests
 
 SCRIPT = textwrap.dedent("""
     import jax, numpy as np
-    from worker import train
-    from worker.sources import ALIGN_BYTES, Synthetic, aligned
-    from worker.order import Order
+    from worker.trainer import train
+    from worker.data.sources import ALIGN_BYTES, Synthetic, aligned
+    from worker.data.order import Order
 
     class Data:
         source, num_examples, in_features, out_features, noise_std, seed = "synthetic", 8192, 8, 1, 0.1, 3

@@ -620,7 +620,7 @@ def test_launch_profile_reaches_every_task_through_the_shared_run_directory(slur
     assert session, asked.stdout
     read_rest(proc, lines, 300)
     assert proc.returncode == 0, "".join(lines)[-3000:]
-    from worker import profiling
+    from worker.contract import profiling
 
     for p in range(3):
         assert os.path.getsize(profiling.trace_path(str(run_dir), session[1], p)) > 10000

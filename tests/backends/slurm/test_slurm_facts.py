@@ -1,6 +1,6 @@
 """The nodes' facts before a Slurm job's processes join: the worker's rendezvous and the check.
 
-The built-in worker says its facts (``worker.nodefacts``) as its first line and
+The built-in worker says its facts (``worker.contract.nodefacts``) as its first line and
 waits for the coordinator address on stdin (``contract.RENDEZVOUS``); the
 launcher's ``slurm.nodes.check`` compares them. Both run here for real: the
 worker as ``python -m worker`` in a subprocess, the check on facts this
@@ -19,7 +19,8 @@ import pytest
 from harness.helpers import LAUNCH, REPO, env_for_tests
 from launcher.backends.slurm import nodes
 from launcher.errors import LaunchError, Problem, SpecError
-from worker import contract, nodefacts
+from worker import contract
+from worker.contract import nodefacts
 
 
 def problem(key: str, message: str) -> SpecError:

@@ -23,7 +23,7 @@ from launcher import runlock
 from launcher.spec import syncrules
 from launcher.backends.ssh import transfer
 from launcher.errors import SpecError
-from worker import redact
+from worker.contract import redact
 
 NUM_HOSTS = 2
 

@@ -14,7 +14,7 @@ import pytest
 from harness.helpers import LAUNCH, REPO, env_for_tests, launched
 from harness.runs import SLOW_PROCESS_0, assert_same_params, params, remote_run_dir, ssh_cluster
 from harness.served import check_served
-from worker import profiling
+from worker.contract import profiling
 
 SLOW = (*SLOW_PROCESS_0, "--set", "checkpoint.local_every_steps=0")  # reference_params()'s params
 # a live request must land before the run ends: `launch profile` itself took more than the 70

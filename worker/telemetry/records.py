@@ -1,0 +1,101 @@
+"""Where a log step's scalars go: TensorBoard and metrics.jsonl, in step order, each record
+whole (``worker.telemetry.metrics`` reads them; this module writes them).
+
+With one process, or TensorBoard off, every record is written as it is read, with this
+process's own step time. With several processes each one posts its own step times to
+process 0 (``worker.runtime.gather``, the coordination service's key-value store), and process 0
+holds each record until every process's value for that step has arrived (or, at the end,
+until a wait runs out: a value that never came is NaN), so a record is written once, whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Callable
+
+from worker.runtime import interrupts
+
+
+def process_tag(process_id: int) -> str:
+    """The scalar tag of one process's own step time: ``step_time_s/process_NNN``."""
+    return f"step_time_s/process_{process_id:03d}"
+
+
+class Records:
+    """Args:
+      tracker: a ``worker.telemetry.tracker`` tracker (real on process 0, no-op elsewhere).
+      gather: a ``worker.runtime.gather.KeyValueGather``-like object, or None (one process).
+      process_id, num_processes: this process's identity.
+      num_steps: the last step (its record also writes the hparams' final_loss).
+      hparams: flat hparams, written with the last step's record.
+      out: prints a warning (lost batches of other processes' values).
+      clock: seconds, monotonic.
+    """
+
+    def __init__(self, tracker, gather, process_id: int, num_processes: int, num_steps: int,
+                 hparams: dict, out=print, clock: Callable[[], float] = time.perf_counter):
+        self.tracker, self.gather, self.out, self.clock = tracker, gather, out, clock
+        self.process_id, self.num_processes = process_id, num_processes
+        self.num_steps, self.hparams = num_steps, hparams
+        self.held: collections.deque = collections.deque()  # process 0: (step, values) to write
+        self.last_collect = -float("inf")
+        self._warned_lost = 0
+
+    def add(self, records: list, post: bool = True) -> None:
+        """``(step, own_step_time_s, values)`` of this process's log steps, in step order:
+        written now (one process), or posted and, on process 0, held until complete.
+        ``post`` False: nothing is sent (a process ending while process 0 may be gone)."""
+        if self.gather is None:
+            for step, own, values in records:
+                values[process_tag(self.process_id)] = own
+                self._write(step, values)
+            self.tracker.flush()
+        elif post:
+            self.gather.post((step, own) for step, own, _ in records)
+            if self.process_id == 0:
+                self.held.extend((step, values) for step, _, values in records)
+                self.collect()
+
+    def collect(self) -> None:
+        """Process 0: read the other processes' posted values; write the records now complete."""
+        self._write_held(self.gather.collect(step for step, _ in self.held))
+        self.last_collect = self.clock()
+        lost = self.gather.lost_batches
+        if lost > self._warned_lost:
+            self._warned_lost = lost
+            self.out(f"warning: {lost} batch{'' if lost == 1 else 'es'} of other processes' step "
+                     "times were overwritten "
+                     "before process 0 read them; their per-process values are NaN")
+
+    def drain(self, timeout_s: float, ending: bool = False) -> None:
+        """Write every held record, waiting up to ``timeout_s`` for the missing values.
+
+        ``ending`` (a process on its way out): if process 0's store is gone too, the held
+        records are written without the other processes' values rather than lost.
+        """
+        if not self.held:
+            return
+        try:
+            self._write_held(self.gather.wait([step for step, _ in self.held], timeout_s=timeout_s))
+        except Exception:  # noqa: BLE001 - the coordination service is gone with its processes
+            if not ending:
+                raise
+        with interrupts.held():
+            while self.held:
+                self._write(*self.held.popleft())
+            self.tracker.flush()
+
+    def _write_held(self, arrived: dict) -> None:
+        """Write held records in step order while their per-process values have arrived."""
+        with interrupts.held():  # taken off held: written, or still held
+            while self.held and self.held[0][0] in arrived:
+                step, values = self.held.popleft()
+                values.update(zip(map(process_tag, range(self.num_processes)), arrived.get(step, ())))
+                self._write(step, values)
+            self.tracker.flush()
+
+    def _write(self, step: int, values: dict) -> None:
+        self.tracker.scalars(step, values)
+        if step == self.num_steps and "loss" in values:
+            self.tracker.hparams(self.hparams, {"final_loss": values["loss"]})

@@ -1,0 +1,214 @@
+"""Metrics sinks: TensorBoard + metrics.jsonl (process 0) or nothing (everyone else).
+
+Callers never branch on "am I process 0": they get a ``Tracker`` either way,
+as levanter's trackers do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+from worker.contract import runfiles
+
+METRICS_FILE = "metrics.jsonl"
+
+# Clients tensorboardX imports when installed, for gs:// and s3:// log directories, which
+# podlaunch never writes to (its event files are in the run directory).
+CLOUD_CLIENTS = ("google.cloud.storage", "boto3")
+
+
+def tensorboardx():
+    """The ``tensorboardX`` module, imported without ``CLOUD_CLIENTS``.
+
+    ``tensorboardX.record_writer`` imports ``google.cloud.storage`` (and ``boto3``) at import
+    when installed, for remote log directories; xprof, TensorBoard's profile plugin
+    (``pip install .[profile]``), installs the former, and its import cost about 0.3 s of CPU
+    (0.63 -> 0.27 s for ``import tensorboardX`` measured here): on process 0 before its
+    first step, and in the launcher at every run's end. While tensorboardX is imported those
+    modules are unimportable (``None`` in ``sys.modules``: its ``try``/``except ImportError``
+    turns gs:// and s3:// support off); afterwards they import as usual for anyone else.
+    """
+    if "tensorboardX" in sys.modules:
+        return sys.modules["tensorboardX"]
+    blocked = [name for name in CLOUD_CLIENTS if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None
+    try:
+        import tensorboardX
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+    return tensorboardX
+
+
+class NullTracker:
+    """Accepts everything and writes nothing (processes other than 0, or logging off)."""
+
+    def scalars(self, step: int, values: dict) -> None:
+        pass
+
+    def text(self, tag: str, text: str, step: int = 0) -> None:
+        pass
+
+    def hparams(self, hparams: dict, metrics: dict) -> None:
+        """Record the run's hyperparameters (flat: bool/int/float/str) and final metrics."""
+
+    def flush(self) -> None:
+        """Hand what was written so far to the OS (called once per batch of log steps)."""
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardTracker(NullTracker):
+    """Writes one TensorBoard event file with tensorboardX's event writer, in this thread.
+
+    Each ``scalars`` call is one ``Event`` (every value a ``simple_value``, as ``add_scalar``
+    writes them) serialized, checksummed and appended to the file's buffer
+    (``tensorboardX.event_file_writer.EventsWriter``); ``flush`` (once per batch of log
+    steps) hands the buffer to the OS, so a run killed by SIGKILL loses at most the batch
+    being written, and ``close`` writes the rest.
+
+    Not ``SummaryWriter``: its writer passes every event through a ``multiprocessing.Queue``
+    (a semaphore, a pickle through a pipe, a feeder thread and a writer thread): 35 us of CPU
+    per event over its threads, all under the training loop's interpreter lock, against 10 us
+    here (``bench/bench_tracker.py``; at a few thousand log steps a second, as a tiny model
+    fused on a TPU logs, that is the host's time between dispatches).
+    """
+
+    def __init__(self, logdir: str, process_id: int = 0):
+        tensorboardx()  # only process 0 pays for the import (without the cloud clients)
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.summary import custom_scalars
+
+        os.makedirs(logdir, exist_ok=True)
+        # the file named by its writer's process: tensorboardX names it by time and host,
+        # so two writers on one host in one second would share one name, and a second
+        # writer (a broken process-0-only rule) would be invisible
+        self._events = EventsWriter(os.path.join(logdir, "events"),
+                                    filename_suffix=f".process-{process_id:03d}")
+        self._event, self._summary = Event, Summary
+        # the Custom Scalars tab: the loss first, then one chart of every process's own step
+        # time (the Scalars tab gives each process a card and a y-scale of its own, so "which
+        # host is slow" cannot be read there), then the launcher's goodput ledger
+        self._write(custom_scalars(LAYOUT))
+
+    def _write(self, summary, step: int | None = None) -> None:
+        event = self._event(wall_time=time.time(), summary=summary)
+        if step is not None:
+            event.step = int(step)
+        self._events.write_event(event)
+
+    def scalars(self, step: int, values: dict) -> None:
+        Value = self._summary.Value
+        self._write(self._summary(value=[Value(tag=tag, simple_value=float(value))
+                                         for tag, value in values.items()]), step)
+
+    def text(self, tag: str, text: str, step: int = 0) -> None:
+        from tensorboardX.summary import text as text_summary
+
+        self._write(text_summary(tag, text), step)
+        self.flush()
+
+    def hparams(self, hparams: dict, metrics: dict) -> None:
+        # SummaryWriter.add_hparams would open a second writer in a subdirectory;
+        # writing the plugin's three summaries here keeps one event file, and the
+        # metric tags are scalars this file already holds.
+        from tensorboardX.summary import hparams as hparams_summaries
+
+        for summary in hparams_summaries(hparams, metrics):
+            self._write(summary)
+        self.flush()
+
+    def flush(self) -> None:
+        # The file's own flush: EventsWriter.flush also fsyncs, about 1 ms a call here, and
+        # a process's end (close) or the OS writes the pages anyway; only a machine's crash
+        # loses what is not yet on disk
+        writer = getattr(getattr(self._events, "_py_recordio_writer", None), "_writer", None)
+        if writer is not None and hasattr(writer, "flush"):
+            writer.flush()
+        else:  # another tensorboardX: its own flush
+            self._events.flush()
+
+    def close(self) -> None:
+        self._events.close()
+
+
+class JsonlTracker(NullTracker):
+    """Appends one JSON object per ``scalars`` call: ``{"step": 40, "loss": 0.0123, ...}``.
+
+    Lines reach the file at ``flush`` (once per batch of log steps) and ``close``.
+
+    Keys are the TensorBoard tags; NaN and infinities are written as ``null`` so
+    every line is strict JSON.
+    """
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8", opener=runfiles.opener)
+
+    def scalars(self, step: int, values: dict) -> None:
+        record = {"step": step}
+        record.update({tag: (float(v) if math.isfinite(float(v)) else None)
+                       for tag, v in values.items()})
+        self._file.write(json.dumps(record) + "\n")
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Trackers(NullTracker):
+    """Sends every call to each of several trackers."""
+
+    def __init__(self, *trackers):
+        self._trackers = trackers
+
+    def scalars(self, step: int, values: dict) -> None:
+        for tracker in self._trackers:
+            tracker.scalars(step, values)
+
+    def text(self, tag: str, text: str, step: int = 0) -> None:
+        for tracker in self._trackers:
+            tracker.text(tag, text, step)
+
+    def hparams(self, hparams: dict, metrics: dict) -> None:
+        for tracker in self._trackers:
+            tracker.hparams(hparams, metrics)
+
+    def flush(self) -> None:
+        for tracker in self._trackers:
+            tracker.flush()
+
+    def close(self) -> None:
+        for tracker in self._trackers:
+            tracker.close()
+
+
+LAYOUT = {"podlaunch": {
+    "loss": ["Multiline", ["^loss$"]],
+    "own step time of each process (s)": ["Multiline", [r"^step_time_s/process_\d+$"]],
+    "step time (s)": ["Multiline", ["^step_time_s$"]],
+    "goodput": ["Multiline", ["^goodput/goodput$"]],
+}}
+
+
+def make_tracker(run_dir: str, process_id: int, enabled: bool):
+    """Process 0: TensorBoard events and ``metrics.jsonl`` in ``<run_dir>/tensorboard``.
+
+    Every other process, or logging.tensorboard off: a NullTracker.
+    """
+    if process_id == 0 and enabled:
+        logdir = os.path.join(run_dir, "tensorboard")
+        return Trackers(TensorBoardTracker(logdir, process_id=process_id),
+                        JsonlTracker(os.path.join(logdir, METRICS_FILE)))
+    return NullTracker()

@@ -1,0 +1,322 @@
+"""The distributed train step: the seed's pmap + value_and_grad + pmean.
+
+This module is the only place that calls ``jax.pmap`` and ``jax.lax.pmean``.
+Inside ``pmap``, ``pmean`` averages over every device of every process (the
+mapped axis spans ``jax.device_count()`` devices in a multi-process job), so
+each device holds the full-batch mean gradient after the collective.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from worker.contract import sections
+from worker.trainer.calls import compiled_at_first_call
+from worker.telemetry.metrics import STEP_METRICS
+from worker.data.order import WEIGHT
+from worker.data.sources import aligned
+
+AXIS = "batch"  # the seed's axis name
+
+
+def make_optimizer(spec: sections.Optimizer) -> optax.GradientTransformation:
+    """The optax optimizer the job's ``optimizer`` section names.
+
+    Plain ``sgd`` gives exactly the seed's update ``p - learning_rate * g``
+    (optax scales by ``-learning_rate`` and adds; both are exact negations);
+    ``momentum`` None is no momentum. ``weight_decay`` is used by ``adamw`` only.
+    """
+    name, lr = spec.name, spec.learning_rate
+    if name == "sgd":
+        return optax.sgd(lr, momentum=spec.momentum)
+    if name == "adam":
+        return optax.adam(lr)
+    if name == "adamw":
+        return optax.adamw(lr, weight_decay=spec.weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def packed_pmean(tree: Any, axis_name: str = AXIS) -> Any:
+    """``jax.lax.pmean`` of every leaf of ``tree`` as one collective per dtype.
+
+    The leaves of each dtype are raveled into one flat buffer
+    (``jax.flatten_util.ravel_pytree``), averaged with one ``pmean``, and
+    unraveled: the same elementwise sums as a ``pmean`` per leaf, but one
+    all-reduce instead of one per leaf, which is what a step across
+    processes waits for (gloo on CPU: one round trip each).
+
+    Args:
+      tree: a pytree of arrays (inside ``pmap`` over ``axis_name``).
+
+    Returns:
+      ``tree`` with every leaf averaged over ``axis_name``; shapes and dtypes unchanged.
+    """
+    from jax.flatten_util import ravel_pytree
+
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out = list(leaves)
+    for dtype in dict.fromkeys(jnp.result_type(leaf) for leaf in leaves):
+        index = [i for i, leaf in enumerate(leaves) if jnp.result_type(leaf) == dtype]
+        flat, unravel = ravel_pytree([leaves[i] for i in index])
+        for i, leaf in zip(index, unravel(jax.lax.pmean(flat, axis_name=axis_name))):
+            out[i] = leaf
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
+                    with_metrics: bool = False, steps_per_call: int = 1,
+                    allreduce: str = "per_leaf", metrics_fn: Callable | None = None,
+                    metrics_every: int | None = None) -> Callable:
+    """Build the pmapped step ``(params, opt_state, batch) -> (params, opt_state, loss[, metrics])``.
+
+    Args:
+      loss_fn: ``(params, batch) -> loss``, the per-device batch mean; ``batch``
+        a dict of named arrays ``[per_device_batch_size, ...]`` (``worker.data.batches``).
+      optimizer: the optax optimizer.
+      with_metrics: also return ``metrics``; the update is the same either way.
+      steps_per_call: k optimizer steps per call (``lax.scan`` over the
+        step, one device loop, traced once). With k > 1 the returned function
+        takes a window of batches and the index of the first (below).
+      allreduce: ``per_leaf`` (a ``pmean`` of each gradient and of the loss, as
+        the seed) or ``packed`` (``packed_pmean``: one collective per dtype);
+        the same values.
+      metrics_fn: optional ``(params, batch) -> {name: scalar}`` (a task's
+        ``metrics_fn``, e.g. accuracy) on the params before the update,
+        averaged over every device like the loss; appended to ``metrics`` in
+        the dict's order.
+      metrics_every: with k > 1, the call's steps whose loss and metrics are returned:
+        every ``metrics_every``-th (a divisor of k; default k, the last step only).
+        Nothing is kept of the steps between (``worker.trainer.calls.metrics_every``).
+
+    Args (of the returned function, k = 1), each with a leading ``[local_device_count]`` axis:
+      params, opt_state: replicated pytrees (float32).
+      batch: dict of arrays ``[local_device_count, per_device_batch_size, ...]``.
+
+    Args (k > 1): ``(params, opt_state, window, first)``:
+      window: dict of arrays ``[local_device_count, W, per_device_batch_size, ...]``;
+        step i of the call (0-based) uses entry ``(first + i) % W``.
+      first: ``[local_device_count]`` int32 (equal on every device).
+
+    Returns:
+      New params and opt_state (replicated), and loss ``[local_device_count]``
+      float32, the global-batch mean loss, equal on every device. With
+      ``with_metrics``, also ``metrics``: ``[local_device_count, 3 + M]`` float32,
+      columns ``worker.telemetry.metrics.STEP_METRICS`` (the loss, and the global L2 norm,
+      ``optax.global_norm``, of the averaged gradient and of the updated params)
+      then the M values of ``metrics_fn``; equal on every device. One array, so
+      a log step is read back with one device-to-host transfer.
+      With k > 1, loss is ``[local_device_count, R]`` and metrics
+      ``[local_device_count, R, 3 + M]``, R = k / metrics_every: the values of steps
+      ``metrics_every``, ``2 * metrics_every``, ..., k of the call, in step order.
+
+    Raises:
+      ValueError: ``allreduce`` is neither ``per_leaf`` nor ``packed``.
+    """
+    step = step_function(loss_fn, optimizer, averaging(allreduce, jax.device_count()),
+                         with_metrics, steps_per_call, metrics_fn, metrics_every)
+    mapped = jax.pmap(step, axis_name=AXIS, donate_argnums=(0, 1))
+    # pmap's lowering takes this process's arrays as the whole: ahead of time only alone
+    return compiled_at_first_call(mapped) if jax.process_count() == 1 else mapped
+
+
+def averaging(allreduce: str, device_count: int | None = None) -> Callable[[tuple], tuple]:
+    """``(grads, loss, extra) -> the same`` averaged over the ``AXIS`` of every device:
+    ``packed`` (``packed_pmean``, one collective per dtype) or ``per_leaf`` (a ``pmean``
+    of the gradients, then of the loss, then of the extra metrics, as the seed).
+
+    With ``device_count`` 1 (one process on one device: one chip) ``packed`` is ``per_leaf``:
+    there is no collective to save, a mean over one device compiles to nothing, and
+    ``packed``'s ravel and unravel are copies inside every step of a fused call (on a TPU
+    v5e they held the 256 x 4 step at 283k steps/s against 384k without them,
+    bench/step_variants.py at 1,000 steps a call; docs/tpu.md).
+
+    Raises:
+      ValueError: ``allreduce`` is neither.
+    """
+    if allreduce not in ("packed", "per_leaf"):
+        raise ValueError(f"allreduce: expected per_leaf or packed, got {allreduce!r}")
+    if allreduce == "packed" and device_count != 1:
+        return packed_pmean
+
+    def per_leaf_pmean(parts: tuple) -> tuple:
+        return tuple(jax.lax.pmean(part, axis_name=AXIS) for part in parts)
+
+    return per_leaf_pmean
+
+
+def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
+                  average: Callable[[tuple], tuple], with_metrics: bool = False,
+                  steps_per_call: int = 1, metrics_fn: Callable | None = None,
+                  metrics_every: int | None = None) -> Callable:
+    """The step before it is mapped: ``make_train_step``'s (pmap) and ``worker.trainer.sharded``'s (jit).
+
+    Args:
+      loss_fn, optimizer, with_metrics, steps_per_call, metrics_fn, metrics_every: as
+        ``make_train_step``.
+      average: ``(grads, loss, extra) -> the same`` averaged over every device
+        (``averaging``: ``pmean`` over ``AXIS``, which ``pmap`` and
+        ``worker.trainer.sharded``'s ``vmap`` both name).
+
+    Returns:
+      ``(params, opt_state, batch) -> (params, opt_state, loss[, metrics])`` for
+      k = 1, or ``(params, opt_state, window, first)`` running k steps on the device
+      (window: batches along axis 0 of every array; ``first``: an int32 scalar), whose
+      loss and metrics gain a leading ``[k / metrics_every]`` axis, a row for every
+      ``metrics_every``-th step of the call; shapes are one device's.
+
+    Raises:
+      ValueError: ``metrics_every`` does not divide ``steps_per_call``.
+    """
+    def train_step(params, opt_state, batch):
+        if WEIGHT in batch:
+            grads, loss, extra = weighted_means(loss_fn, metrics_fn if with_metrics else None,
+                                                average, params, batch)
+        else:
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+            extra = metrics_fn(params, batch) if (with_metrics and metrics_fn) else {}
+            grads, loss, extra = average((grads, loss, extra))
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        if not with_metrics:
+            return new_params, opt_state, loss
+        # Read-only reductions of values the update already made: they add no
+        # collective (grads are averaged already) and do not feed the update.
+        metrics = jnp.stack([loss, optax.global_norm(grads), optax.global_norm(new_params)]
+                            + [jnp.asarray(v, jnp.float32) for v in extra.values()])
+        assert metrics.shape == (len(STEP_METRICS) + len(extra),)
+        return new_params, opt_state, loss, metrics
+
+    if steps_per_call == 1:
+        return train_step
+    every = metrics_every or steps_per_call
+    if steps_per_call % every:
+        raise ValueError(f"metrics_every {every} does not divide steps_per_call {steps_per_call}")
+    # The steps between two rows return nothing: on a TPU v5e any value kept per step (a
+    # loss in the scan's output) cost the 256 x 4 step 15-60% of its rate (docs/tpu.md)
+    bare_step = step_function(loss_fn, optimizer, average) if with_metrics else train_step
+
+    def fused_steps(params, opt_state, window, first):
+        size = jax.tree_util.tree_leaves(window)[0].shape[0]
+
+        def batch_at(i):
+            if size == 1:  # resident data of one batch: no index, no copy of it
+                return jax.tree.map(lambda a: a[0], window)
+            index = (first + i) % size
+            return jax.tree.map(
+                lambda a: jax.lax.dynamic_index_in_dim(a, index, axis=0, keepdims=False), window)
+
+        def bare(i, carry):
+            return bare_step(*carry, batch_at(i))[:2]
+
+        def row(carry, r):
+            last = (r + 1) * every - 1  # the row's step, 0-based within the call
+            carry = jax.lax.fori_loop(last - every + 1, last, bare, carry)
+            params, opt_state, *per_row = train_step(*carry, batch_at(last))
+            return (params, opt_state), tuple(per_row)
+
+        (params, opt_state), per_row = jax.lax.scan(
+            row, (params, opt_state), jnp.arange(steps_per_call // every, dtype=jnp.int32))
+        return (params, opt_state, *per_row)
+
+    return fused_steps
+
+
+def weighted_means(loss_fn: Callable, metrics_fn: Callable | None,
+                   average: Callable[[tuple], tuple], params: Any, batch: dict) -> tuple:
+    """The global batch's mean gradient, loss and metrics when the devices hold padded rows.
+
+    A run shrunk onto devices that do not divide ``global_batch_size`` pads each device's
+    rows to the same count, with weight 0 (``worker.data.order``). Each row's loss is the task's
+    loss of a batch of that row alone (the task's loss is a mean over rows, so this is its
+    per-example term), and the gradient is that of ``sum(weight * loss)``. The sums and the
+    weights' count are averaged over every device with ``average`` (``pmean``: a sum over
+    devices divided by their number, the same for the sums and the count), and the mean is
+    their ratio: ``sum over the global batch / global_batch_size``, the uninterrupted run's
+    mean up to float rounding.
+
+    Args:
+      loss_fn, metrics_fn: the task's, over a dict batch of rows (metrics_fn may be None).
+      average: ``averaging(...)``'s function.
+      params: one device's params.
+      batch: one device's dict of ``[per_device_batch_size, ...]`` arrays with ``WEIGHT``.
+
+    Returns:
+      ``(grads, loss, extra)``: the weighted means, as ``average`` returns them unweighted.
+    """
+    rows = {name: a for name, a in batch.items() if name != WEIGHT}
+    weight = batch[WEIGHT]
+
+    def per_row(fn, params):
+        return jax.vmap(lambda row: fn(params, jax.tree.map(lambda a: a[None], row)))(rows)
+
+    def weighted_sum(params):
+        return jnp.sum(weight * per_row(loss_fn, params))
+
+    total, grads = jax.value_and_grad(weighted_sum)(params)
+    extra = {}
+    if metrics_fn is not None:
+        extra = {name: jnp.sum(weight * values)
+                 for name, values in per_row(metrics_fn, params).items()}
+    grads, total, extra, count = average((grads, total, extra, jnp.sum(weight)))
+    return (jax.tree.map(lambda g: g / count, grads), total / count,
+            {name: v / count for name, v in extra.items()})
+
+
+def replicate(tree: Any) -> Any:
+    """A copy of every leaf per local device: ``[...]`` -> ``[local_device_count, ...]``."""
+    n = jax.local_device_count()
+    return jax.tree.map(lambda a: np.broadcast_to(np.asarray(a), (n,) + np.shape(a)).copy(), tree)
+
+
+def place(tree: Any) -> Any:
+    """Put a batch on the local devices, in the layout ``pmap`` expects.
+
+    Safe to call from the input pipeline's thread (``worker.data.batches.Batches``).
+    ``jax.device_put`` with a sharding over the local devices' leading axis: on CPU
+    devices a C-contiguous, ``worker.data.sources.ALIGN_BYTES``-aligned host array is used in
+    place, no copy (``worker.data.batches`` reads batches that way); any other array is first
+    copied once into an aligned one. A host array given here must not be written
+    afterwards (the devices may be reading it).
+
+    Args:
+      tree: a pytree (a dict of named arrays) of numpy arrays, each
+        ``[local_device_count, ...]``: leading entry d goes to local device d.
+
+    Returns:
+      The same pytree of device arrays, sharded over the local devices.
+    """
+    return jax.device_put(jax.tree.map(lambda a: aligned(np.asarray(a)), tree), _local_sharding())
+
+
+@functools.cache
+def _local_sharding() -> NamedSharding:
+    """Leading axis split over the local devices, in order: what ``pmap`` takes as is."""
+    return NamedSharding(Mesh(np.array(jax.local_devices()), (AXIS,)), PartitionSpec(AXIS))
+
+
+def placer(steps_per_call: int = 1) -> Callable[[Any], Any]:
+    """The function ``worker.data.batches.Batches`` puts batches on the devices with: ``place``
+    (pmap's layout is the same for a batch, a window of batches and a call's first index)."""
+    return place
+
+
+def unreplicate(tree: Any) -> Any:
+    """Device 0's copy of every leaf, as numpy: ``[local_device_count, ...]`` -> ``[...]``.
+
+    A device array's copy is read off its first device alone (``addressable_data(0)``, its
+    ``[1, ...]`` part of pmap's layout): ``a[0]`` would compile and run a gather on the
+    devices, 0.4 s the first time on CPU, at the first checkpoint and at the end of every run.
+    """
+    def first(a):
+        if isinstance(a, jax.Array):
+            return np.asarray(a.addressable_data(0))[0]
+        return np.asarray(a[0])
+
+    return jax.tree.map(first, tree)
