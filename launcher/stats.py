@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 from worker import contract
-
 from worker.contract import profiling
 
 

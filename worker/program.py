@@ -48,11 +48,9 @@ import sys
 import time
 
 from worker import contract
-
 from worker.contract import causes
-
-from worker.runtime import interrupts
 from worker.contract import job as jobs
+from worker.runtime import interrupts
 
 _state: dict = {}
 
@@ -337,8 +335,8 @@ def stop_after(step: int) -> bool:
 
 
 def _start_notice(me: contract.Identity):
-    from worker.runtime.joining import client_of
     from worker.recovery.notice import Notice
+    from worker.runtime.joining import client_of
 
     notice = Notice(me.process_id, me.num_processes, _job().checkpoint.notice_grace_s,
                     client_of(me), lead=1)

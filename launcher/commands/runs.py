@@ -45,7 +45,7 @@ from launcher.console.lines import printable as lines_printable
 from launcher.words import duration
 from launcher.run.record import (  # noqa: F401  (re-exported: run.json's writer)
     RUN_FILE, Record, _count, _failures, _number, _start_ticks, _text, read_record)
-from worker.contract import runfiles
+from worker.contract import metrics, runfiles
 
 def flat(value, prefix: str = "") -> dict:
     """A nested dict as ``{"dotted.key": leaf}``."""
@@ -103,7 +103,7 @@ def launcher_alive(launcher) -> bool:
 
 def _last_metrics(run_dir: str) -> dict:
     """The last record of ``tensorboard/metrics.jsonl``, or {}."""
-    path = os.path.join(run_dir, "tensorboard", "metrics.jsonl")
+    path = os.path.join(run_dir, "tensorboard", metrics.METRICS_FILE)
     try:
         with open(path, "rb", opener=runfiles.opener) as f:
             f.seek(0, os.SEEK_END)

@@ -17,10 +17,11 @@ from launcher import backends
 from launcher import spec as specs
 from harness.helpers import REPO
 from worker import contract, program
+from worker.contract import job as jobs
 from worker.recovery import checkpoint
 from worker.runtime import interrupts
-from worker.contract import job as jobs
-from worker.telemetry.metrics import STEP_METRICS, StepLogger
+from worker.contract.metrics import STEP_METRICS
+from worker.telemetry.metrics import StepLogger
 from worker.telemetry.tracker import METRICS_FILE, JsonlTracker
 
 

@@ -20,9 +20,9 @@ from launcher import plan as planning
 from launcher import spec as specs
 from worker import contract
 from worker.contract import ContractError, Identity
-from worker.contract.job import WorkerJob
 from worker.contract import job as jobs
 from worker.contract import sections
+from worker.contract.job import WorkerJob
 
 LINEAR = os.path.join(REPO, "jobs", "linear.yaml")
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from worker.contract import csvdata
-
 from worker.data import sources
 
 

@@ -33,7 +33,6 @@ from typing import Callable
 import numpy as np
 
 from worker import contract
-
 from worker.contract import nodefacts, runfiles
 
 STATE_FILE = "state.npz"

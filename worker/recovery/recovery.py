@@ -11,9 +11,8 @@ import time
 from typing import Callable
 
 from worker import contract
-
-from worker.runtime import interrupts
 from worker.contract import job as jobs
+from worker.runtime import interrupts
 from worker.runtime.joining import client_of
 
 

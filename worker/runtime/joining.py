@@ -16,7 +16,6 @@ import sys
 import time
 
 from worker import contract
-
 from worker.contract import nodefacts
 from worker.contract import job as jobs
 

@@ -62,15 +62,12 @@ import time
 from typing import Any, Callable
 
 from worker import contract
-
-from worker.runtime import interrupts
 from worker.contract import job as jobs
 from worker.contract import redact
+from worker.contract.metrics import STEP_METRICS
+from worker.runtime import interrupts
 from worker.telemetry.records import Records
 from worker.telemetry.steptimer import StepTimer
-
-# The columns of the train step's metrics array (worker.trainer.train.make_train_step).
-STEP_METRICS = ("loss", "grad_norm", "param_norm")
 
 NONFINITE_MODES = ("stop", "warn")
 

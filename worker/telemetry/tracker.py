@@ -13,8 +13,7 @@ import sys
 import time
 
 from worker.contract import runfiles
-
-METRICS_FILE = "metrics.jsonl"
+from worker.contract.metrics import METRICS_FILE
 
 # Clients tensorboardX imports when installed, for gs:// and s3:// log directories, which
 # podlaunch never writes to (its event files are in the run directory).

@@ -15,17 +15,15 @@ import time
 import traceback
 
 from worker import contract
-
 from worker.contract import causes
-
-from worker.recovery import recovery
-
-from worker.runtime import interrupts
 from worker.contract import job as jobs
+from worker.contract.metrics import STEP_METRICS
+from worker.data.sources import DataError
+from worker.recovery import recovery
+from worker.runtime import interrupts
 from worker.runtime.compilecache import CompilationCache
 from worker.runtime.joining import client_of, join, rendezvous, single_process
 from worker.telemetry.profiler import Profiler
-from worker.data.sources import DataError
 
 
 def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
@@ -37,12 +35,12 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     import jax
     import numpy as np
 
-    from worker.trainer import actions as steps
-    from worker.telemetry import metrics
-    from worker.trainer import calls, parallelism
     from worker.data import batches as datasets
-    from worker.trainer import tasks
+    from worker.telemetry import metrics
     from worker.telemetry.tracker import make_tracker
+    from worker.trainer import actions as steps
+    from worker.trainer import calls, parallelism
+    from worker.trainer import tasks
     from worker.trainer.calls import InFlight
     from worker.trainer.train import make_optimizer
 
@@ -84,7 +82,7 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
         raise ValueError(f"the checkpoint is at step {first_step - 1}, not a multiple of "
                          f"train.steps_per_call {k}; resume with the steps_per_call that saved it")
     params, opt_state = parallel.replicate(params), parallel.replicate(opt_state)
-    metric_names = metrics.STEP_METRICS
+    metric_names = STEP_METRICS
     if task.metrics_fn is not None:
         metric_names += tuple(jax.eval_shape(task.metrics_fn, parallel.unreplicate(params),
                                              {n: a[0] for n, a in sample.items()}))

@@ -86,7 +86,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
       New params and opt_state (replicated), loss (a replicated float32 scalar;
       ``[R]`` for k > 1) and, with ``with_metrics``, this process's first
       device's copy of the metrics, ``[1, 3 + M]`` float32 (``[1, R, 3 + M]``
-      for k > 1, R = k / metrics_every; columns ``worker.telemetry.metrics.STEP_METRICS``
+      for k > 1, R = k / metrics_every; columns ``worker.contract.metrics.STEP_METRICS``
       then ``metrics_fn``'s):
       the layout ``pmap`` gives with one local device, so ``worker.telemetry.metrics``
       reads either with one transfer (a global array spanning other processes

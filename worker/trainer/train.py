@@ -18,10 +18,10 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from worker.contract import sections
-from worker.trainer.calls import compiled_at_first_call
-from worker.telemetry.metrics import STEP_METRICS
+from worker.contract.metrics import STEP_METRICS
 from worker.data.order import WEIGHT
 from worker.data.sources import aligned
+from worker.trainer.calls import compiled_at_first_call
 
 AXIS = "batch"  # the seed's axis name
 
@@ -108,7 +108,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
       New params and opt_state (replicated), and loss ``[local_device_count]``
       float32, the global-batch mean loss, equal on every device. With
       ``with_metrics``, also ``metrics``: ``[local_device_count, 3 + M]`` float32,
-      columns ``worker.telemetry.metrics.STEP_METRICS`` (the loss, and the global L2 norm,
+      columns ``worker.contract.metrics.STEP_METRICS`` (the loss, and the global L2 norm,
       ``optax.global_norm``, of the averaged gradient and of the updated params)
       then the M values of ``metrics_fn``; equal on every device. One array, so
       a log step is read back with one device-to-host transfer.

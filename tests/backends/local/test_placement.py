@@ -15,9 +15,9 @@ from harness.helpers import REPO, env_for_tests
 
 SCRIPT = textwrap.dedent("""
     import jax, numpy as np
-    from worker.trainer import train
-    from worker.data.sources import ALIGN_BYTES, Synthetic, aligned
     from worker.data.order import Order
+    from worker.data.sources import ALIGN_BYTES, Synthetic, aligned
+    from worker.trainer import train
 
     class Data:
         source, num_examples, in_features, out_features, noise_std, seed = "synthetic", 8192, 8, 1, 0.1, 3
