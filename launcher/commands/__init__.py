@@ -1,9 +1,12 @@
 """The commands beside ``launch JOB.yaml``, written once: ``COMMANDS``.
 
-Each entry names the module whose ``main(argv) -> int`` runs the command and the line
-``launch --help`` shows for it; ``launcher.cli.main`` dispatches on this table alone
-(torchx's ``cli/main.py`` keeps its subcommands so). A module is imported only when its
-command runs: ``launch --help`` imports none of them.
+One module per command, named for it (``launch logs``: ``logs.py``; ``launch JOB.yaml``
+itself: ``launch.py``), each with ``main(argv) -> int``. Each entry names the module whose
+``main`` runs the command (or ``<name>_main``, where one module serves two: ``logs`` and
+``attach``) and the line ``launch --help`` shows for it; ``launcher.cli.main`` dispatches on
+this table alone (torchx's ``cli/main.py`` keeps its subcommands so). A module is imported
+only when its command runs: ``launch --help`` imports none of them. A new command is a
+module here and a row in ``COMMANDS``.
 """
 
 from __future__ import annotations
@@ -15,20 +18,20 @@ import os
 COMMANDS = {
     "runs": ("runs", "[JOB]", "past and running runs, newest first (a running one's step, "
                               "loss, ETA, goodput so far and whether its supervisor is alive)"),
-    "logs": ("logs_cmd", "RUN [-f] [--process N] [-t]", "a run's console log (or one process's), "
-                                                        "with -f followed to the run's end, "
-                                                        "with -t each line's time"),
-    "attach": ("logs_cmd", "RUN", "the live console view of a running run again (Ctrl-C "
-                                  "leaves the run running); a detached local run whose "
-                                  "supervisor was killed is taken back first"),
-    "wait": ("wait_cmd", "RUN [--timeout S]", "wait for a run to end: its exit code, 124 "
-                                              "at the timeout"),
-    "stop": ("stop_cmd", "RUN", "stop a running run as Ctrl-C does (an agreed step saved) and "
-                                "return once every process is gone"),
-    "tensorboard": ("tensorboard_cmd", "[JOB | RUN_DIR]", "serve the TensorBoard of every run "
-                                       "of a job (default: the newest run's), or of one run"),
-    "stacks": ("stacks_cmd", "RUN_DIR", "every process's stacks of a live run"),
-    "profile": ("profile_cmd", "RUN_DIR [--steps N]", "trace N steps of every process of a live run"),
+    "logs": ("logs", "RUN [-f] [--process N] [-t]", "a run's console log (or one process's), "
+                                                    "with -f followed to the run's end, "
+                                                    "with -t each line's time"),
+    "attach": ("logs", "RUN", "the live console view of a running run again (Ctrl-C "
+                              "leaves the run running); a detached local run whose "
+                              "supervisor was killed is taken back first"),
+    "wait": ("wait", "RUN [--timeout S]", "wait for a run to end: its exit code, 124 "
+                                          "at the timeout"),
+    "stop": ("stop", "RUN", "stop a running run as Ctrl-C does (an agreed step saved) and "
+                            "return once every process is gone"),
+    "tensorboard": ("tensorboard", "[JOB | RUN_DIR]", "serve the TensorBoard of every run "
+                                   "of a job (default: the newest run's), or of one run"),
+    "stacks": ("stacks", "RUN_DIR", "every process's stacks of a live run"),
+    "profile": ("profile", "RUN_DIR [--steps N]", "trace N steps of every process of a live run"),
 }
 
 

@@ -65,7 +65,7 @@ def spec_of(run_dir: str) -> dict:
         return flat(yaml.safe_load(runfiles.read_regular(os.path.join(run_dir, "spec.yaml"))) or {})
     except (OSError, yaml.YAMLError, RecursionError):  # a deeply nested file too
         return {}
-STAMP = "%Y%m%d-%H%M%S-%f"  # the default run directory's name, as cli._run_dir makes it
+STAMP = "%Y%m%d-%H%M%S-%f"  # the default run directory's name, as commands.launch._run_dir makes it
 
 
 

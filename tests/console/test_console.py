@@ -25,7 +25,7 @@ from harness.fakes import FakeClock, FakeWorker, process_plan
 from harness.helpers import LAUNCH, REPO, env_for_tests, fill, full_disk_ready
 from launcher import logtimes
 from launcher.console import lines as kinds
-from launcher.commands import runs, tensorboard_cmd
+from launcher.commands import runs, tensorboard as tensorboard_command
 from launcher.run import logfile
 from launcher.run import supervise as supervision
 from launcher.console import Console
@@ -433,21 +433,21 @@ def test_tensorboard_names_a_job_s_runs_by_start_and_what_differs(tmp_path):
         (d / "tensorboard").mkdir(parents=True)
         (d / "spec.yaml").write_text(f"name: linear\noptimizer:\n  name: sgd\n  learning_rate: {lr}\n")
         dirs.append(str(d))
-    run_dirs, logdir, what = tensorboard_cmd.served_runs(None, str(root))  # the newest run's job
+    run_dirs, logdir, what = tensorboard_command.served_runs(None, str(root))  # the newest run's job
     assert logdir is None and sorted(run_dirs) == sorted(dirs) and what.startswith("job linear, 2 runs")
-    assert tensorboard_cmd.served_runs("linear", str(root))[0] == run_dirs
+    assert tensorboard_command.served_runs("linear", str(root))[0] == run_dirs
     links = tmp_path / "links"
     links.mkdir()
-    linked = tensorboard_cmd.link_runs(dirs, str(links))
+    linked = tensorboard_command.link_runs(dirs, str(links))
     assert sorted(linked) == ["2026-11-30 10:15:00 optimizer.learning_rate=0.1",
                               "2026-11-30 11:15:00 optimizer.learning_rate=0.3"]
     for name, run_dir in linked.items():
         assert os.path.realpath(links / name) == os.path.join(run_dir, "tensorboard")
-    one = tensorboard_cmd.served_runs(dirs[0], str(root))
+    one = tensorboard_command.served_runs(dirs[0], str(root))
     assert one == ([dirs[0]], None, os.path.join(dirs[0], "tensorboard"))
-    assert tensorboard_cmd.served_runs(str(root), str(root))[1] == str(root)  # any other dir: as is
+    assert tensorboard_command.served_runs(str(root), str(root))[1] == str(root)  # any other dir: as is
     with pytest.raises(SpecError):
-        tensorboard_cmd.served_runs("nosuch", str(root))
+        tensorboard_command.served_runs("nosuch", str(root))
 
 
 def test_version_and_help():

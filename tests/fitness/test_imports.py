@@ -289,5 +289,5 @@ def test_spec_loading_is_handed_the_backends_and_imports_none():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]", out
-    with open(os.path.join(REPO, "launcher", "cli.py"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "launcher", "commands", "launch.py"), encoding="utf-8") as f:
         assert "registry=backends" in f.read()

@@ -17,7 +17,7 @@ import pytest
 
 from harness import sshenv
 from harness.helpers import LAUNCH, REPO, Output, env_for_tests
-from launcher.commands import tensorboard_cmd
+from launcher.commands import tensorboard as tensorboard_command
 
 
 def chromium() -> str:
@@ -70,7 +70,7 @@ def check_served(run_dir, session: str, process_ids: list, first_step: int) -> N
         base = url + "data/plugin/profile/"
         runs = get(base + "runs")
         (run,) = [r for r in runs if r.endswith("/" + session)]
-        assert run.endswith(f" {tensorboard_cmd.PROFILES_SUFFIX}/{session}")
+        assert run.endswith(f" {tensorboard_command.PROFILES_SUFFIX}/{session}")
         tools = get(base + "run_tools?" + urllib.parse.urlencode({"run": run}))
         assert {"overview_page", "trace_viewer@"} <= set(tools), tools
         hosts = get(base + "hosts?" + urllib.parse.urlencode({"run": run, "tag": "trace_viewer"}))

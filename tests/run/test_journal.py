@@ -102,23 +102,23 @@ def _killed_run(tmp_path, state: str = "running"):
      "built for the local backend only, not yet for slurm"),
 ])
 def test_attach_of_a_killed_run_it_cannot_take_back_refuses_at_once(tmp_path, journal_text, said):
-    from launcher.commands import logs_cmd
+    from launcher.commands import logs as logs_command
 
     run_dir = _killed_run(tmp_path)
     if journal_text is not None:
         (run_dir / journal.JOURNAL_FILE).write_text(journal_text)
     with pytest.raises(SpecError, match=said):
-        logs_cmd.attach_main([str(run_dir)])
+        logs_command.attach_main([str(run_dir)])
 
 
 def test_attach_never_takes_back_a_run_whose_state_is_final(tmp_path):
-    from launcher.commands import logs_cmd
+    from launcher.commands import logs as logs_command
 
     run_dir = _killed_run(tmp_path, "succeeded")
     (run_dir / journal.JOURNAL_FILE).write_text(json.dumps(
         {"version": journal.VERSION, "backend": "local", "adopts": True, "argv": ["x.yaml"]}))
     with pytest.raises(SpecError, match=r"has ended \(state succeeded\)"):
-        logs_cmd.attach_main([str(run_dir)])
+        logs_command.attach_main([str(run_dir)])
 
 
 def test_the_strays_of_a_start_a_killed_supervisor_left_are_stopped_and_only_they(tmp_path):

@@ -11,7 +11,7 @@ import re
 
 from harness.fakes import FakeClock, FakeWorker, process_plan
 from launcher import logtimes
-from launcher.commands import logs_cmd
+from launcher.commands import logs as logs_command
 from launcher.console import Console, lines
 from launcher.console.status import summary
 from launcher.run import supervise as supervision
@@ -110,10 +110,10 @@ def test_launch_logs_shows_the_lines_as_the_console_did_and_their_times_with_tim
     plain = ["podlaunch: attempt 0: starting", "[p0] step 1/2 loss 0.5", "podlaunch: OK: 1 process succeeded."]
     for argv, want in [([], plain), (["-f"], plain),  # -f of an ended run: its lines, then its exit code
                        (["--process", "0"], ["step 1/2 loss 0.5", "step 2/2 loss 0.25"])]:
-        assert logs_cmd.main([run_dir, *argv]) == 0
+        assert logs_command.main([run_dir, *argv]) == 0
         assert capsys.readouterr().out.splitlines() == want, argv
         for flag in ("-t", "--timestamps"):
-            assert logs_cmd.main([run_dir, *argv, flag]) == 0
+            assert logs_command.main([run_dir, *argv, flag]) == 0
             shown = capsys.readouterr().out.splitlines()
             assert [STAMP.sub("", line) for line in shown] == want, (argv, flag)
             assert all(STAMP.match(line) for line in shown), shown

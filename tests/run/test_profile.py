@@ -20,7 +20,7 @@ from harness.served import check_served
 from harness.helpers import LAUNCH, REPO, env_for_tests, launch, launched, program_job
 from harness.runs import SLOW_PROCESS_0, assert_same_params, params
 from launcher import interrupts as launcher_interrupts, logtimes
-from launcher.commands import profile_cmd, tensorboard_cmd
+from launcher.commands import profile as profile_command, tensorboard as tensorboard_command
 from launcher.console import Console
 from launcher.console.status import summary
 from launcher.console.traced import session_lines
@@ -248,22 +248,22 @@ def test_a_request_at_the_runs_last_step_says_nothing_is_left_and_ties_are_named
 
 
 def test_an_answer_that_is_not_a_regular_file_is_skipped_not_waited_on(tmp_path):
-    from launcher.commands import stacks_cmd
+    from launcher.commands import stacks as stacks_command
 
     (tmp_path / "logs" / "attempt-1").mkdir(parents=True)
     os.mkfifo(tmp_path / "logs" / profiles.ANSWER_FILE)
     (tmp_path / "logs" / "attempt-1" / profiles.ANSWER_FILE).write_text(json.dumps({"at": 5.0}))
-    assert stacks_cmd.answers(str(tmp_path), profiles.ANSWER_FILE) == [{"at": 5.0}]
+    assert stacks_command.answers(str(tmp_path), profiles.ANSWER_FILE) == [{"at": 5.0}]
 
 
 def test_launch_profile_needs_a_live_run_and_a_step_count_it_can_trace(tmp_path):
     with pytest.raises(SpecError, match="holds no run.json"):
-        profile_cmd.main([str(tmp_path)])
+        profile_command.main([str(tmp_path)])
     with pytest.raises(SpecError, match=r"--steps: expected 1 to 10000, got 0"):
-        profile_cmd.main([str(tmp_path), "--steps", "0"])
+        profile_command.main([str(tmp_path), "--steps", "0"])
     for bad in ("-1", "nan", "inf"):
         with pytest.raises(SpecError, match=r"--timeout-s: expected a number of seconds > 0"):
-            profile_cmd.main([str(tmp_path), "--timeout-s", bad])
+            profile_command.main([str(tmp_path), "--timeout-s", bad])
 
 
 def test_launch_tensorboard_links_each_runs_profiles_and_names_the_plugin_to_install(tmp_path):
@@ -271,14 +271,14 @@ def test_launch_tensorboard_links_each_runs_profiles_and_names_the_plugin_to_ins
     (run / "tensorboard").mkdir(parents=True)
     links = tmp_path / "links"
     links.mkdir()
-    (name,) = tensorboard_cmd.link_runs([str(run)], str(links))
-    inside = links / f"{name} {tensorboard_cmd.PROFILES_SUFFIX}" / "plugins" / "profile"
+    (name,) = tensorboard_command.link_runs([str(run)], str(links))
+    inside = links / f"{name} {tensorboard_command.PROFILES_SUFFIX}" / "plugins" / "profile"
     assert os.readlink(inside) == str(run / "tensorboard" / "plugins" / "profile")
-    assert tensorboard_cmd.profile_note([str(run)], installed=False) is None  # no trace: no word
+    assert tensorboard_command.profile_note([str(run)], installed=False) is None  # no trace: no word
     (run / profiling.PLUGIN_DIR / "steps_3-4").mkdir(parents=True)
-    note = tensorboard_cmd.profile_note([str(run)], installed=False)
+    note = tensorboard_command.profile_note([str(run)], installed=False)
     assert "1 profile session" in note and "pip install -e '.[profile]'" in note
-    assert "Profile tab" in tensorboard_cmd.profile_note([str(run)], installed=True)
+    assert "Profile tab" in tensorboard_command.profile_note([str(run)], installed=True)
 
 
 # ---- slow: real runs, TensorBoard and Chromium ------------------------------------------

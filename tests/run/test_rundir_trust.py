@@ -217,10 +217,10 @@ def test_asking_another_users_live_run_is_a_sentence_not_a_permission_error(comm
 
 
 def test_answers_are_found_without_walking_a_directory_link_planted_in_the_logs(tmp_path):
-    from launcher.commands import stacks_cmd
+    from launcher.commands import stacks as stacks_command
     from launcher.run import stacks
 
     (tmp_path / "logs" / "attempt-1").mkdir(parents=True)
     (tmp_path / "logs" / "attempt-1" / stacks.ANSWER_FILE).write_text(json.dumps({"at": 5.0}))
     os.symlink(tmp_path, tmp_path / "logs" / "loop")  # walked, it would find the answer again and again
-    assert stacks_cmd.answers(str(tmp_path), stacks.ANSWER_FILE) == [{"at": 5.0}]
+    assert stacks_command.answers(str(tmp_path), stacks.ANSWER_FILE) == [{"at": 5.0}]

@@ -228,21 +228,21 @@ def test_ctrl_c_on_a_run_that_looks_hung_reads_the_stacks_first(tmp_path):
 
 
 def test_launch_stacks_needs_a_live_run_on_this_machine(tmp_path):
-    from launcher.commands import runs, stacks_cmd
+    from launcher.commands import runs, stacks as stacks_command
     from launcher.errors import SpecError
 
     with pytest.raises(SpecError, match="holds no run.json"):
-        stacks_cmd.main([str(tmp_path)])
+        stacks_command.main([str(tmp_path)])
     record = runs.Record(str(tmp_path), "linear", 10)
     record.start()
     record.end("succeeded")
     with pytest.raises(SpecError, match=r"is not running \(state 'succeeded'"):
-        stacks_cmd.main([str(tmp_path)])
+        stacks_command.main([str(tmp_path)])
     data = json.loads((tmp_path / "run.json").read_text())
     data.update(state="running", launcher={"pid": os.getpid(), "host": "elsewhere"})
     (tmp_path / "run.json").write_text(json.dumps(data))
     with pytest.raises(SpecError, match="its launcher runs on elsewhere"):
-        stacks_cmd.main([str(tmp_path)])
+        stacks_command.main([str(tmp_path)])
 
 
 def test_a_dump_nobody_asked_for_is_output_like_any_other():

@@ -21,7 +21,7 @@ import time
 from launcher import commands
 from launcher import flags, interrupts
 from launcher.commands import runs
-from launcher.commands.stacks_cmd import answers, ask, live_launcher, print_answer
+from launcher.commands.stacks import answers, ask, live_launcher, print_answer
 from launcher.words import plural
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import profiles
