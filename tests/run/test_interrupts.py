@@ -94,7 +94,7 @@ def test_a_sigterm_while_log_steps_are_printed_loses_no_record(sigterm_handler, 
                     logger.read_every_s = 0.0
                 logger.after_dispatch(step, train_step(step))
         finally:
-            with interrupts.held():  # worker.trainer.main.train's teardown
+            with interrupts.held():  # worker.trainer.loop.Loop.close, the teardown
                 logger.close()
                 tracker.close()
     assert raised.value.code == 143

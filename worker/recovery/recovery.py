@@ -2,7 +2,7 @@
 initial state), process 0's checkpoints and every process's heartbeats, the local tier's
 copies, and the notice that turns a SIGTERM into one agreed checkpoint.
 
-Used by ``worker.trainer.main.train``; the formats of what is said are in ``worker.contract``.
+Used by ``worker.trainer.loop``; the formats of what is said are in ``worker.contract``.
 """
 
 from __future__ import annotations

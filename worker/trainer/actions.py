@@ -1,6 +1,6 @@
 """What the training loop does around each device call: a list of step actions.
 
-The loop (``worker.trainer.main.train``) dispatches one call of k steps at a time (``worker.trainer.calls``);
+The loop (``worker.trainer.loop``) dispatches one call of k steps at a time (``worker.trainer.calls``);
 everything else it does at a call is an action here, in the spirit of CLU's periodic
 actions: each has ``after(call)``, run after the call's dispatch, and may have
 ``before(first, last)``, run before it. Adding a feature to the loop adds an action to its

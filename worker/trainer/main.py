@@ -1,199 +1,24 @@
-"""One process of a job: identity from the environment, join, check, train.
+"""One process of a job: identity from the environment, join, check, train
+(``worker.trainer.loop``), and the line that explains its end.
 
 Order matters: the environment is read and checked before jax is imported
 (JAX reads JAX_PLATFORMS / JAX_NUM_CPU_DEVICES when its backends start), and
-``jax.distributed.initialize`` must run before anything touches a device.
+``jax.distributed.initialize`` must run before anything touches a device: the loop's
+module, which imports jax, is imported after the join.
 """
 
 from __future__ import annotations
 
-import gc
 import os
-import signal
 import sys
-import time
 import traceback
 
 from worker import contract
 from worker.contract import causes
 from worker.contract import job as jobs
-from worker.contract.metrics import STEP_METRICS
 from worker.data.sources import DataError
-from worker.recovery import recovery
 from worker.runtime import interrupts
-from worker.runtime.compilecache import CompilationCache
-from worker.runtime.joining import client_of, join, rendezvous, single_process
-from worker.telemetry.profiler import Profiler
-
-
-def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
-    """Run the job's training loop on this process; process 0 logs and saves.
-
-    Returns:
-      Final params as a dict of numpy arrays (keyed by pytree path).
-    """
-    import jax
-    import numpy as np
-
-    from worker.data import batches as datasets
-    from worker.telemetry import metrics
-    from worker.telemetry.tracker import make_tracker
-    from worker.trainer import actions as steps
-    from worker.trainer import calls, parallelism
-    from worker.trainer import tasks
-    from worker.trainer.calls import InFlight
-    from worker.trainer.train import make_optimizer
-
-    process_id = identity.process_id
-    run_dir = identity.run_dir
-    num_steps, global_batch = job.train.num_steps, job.train.global_batch_size
-
-    cache = CompilationCache(identity.compilation_cache_dir, run_dir, job.train.compilation_cache)
-    source = datasets.open_source(job.data, run_dir)
-    order = datasets.make_order(job.data, source.num_rows, global_batch)
-    order_key = {"shuffle": job.data.shuffle, "shuffle_seed": job.data.shuffle_seed}
-    task = tasks.resolve(job.task.name, job.task.args)
-    if task.num_classes is not None and hasattr(source, "num_classes"):  # a table's labels
-        source.num_classes = task.num_classes
-    local_devices = jax.local_device_count()
-    batches = datasets.Batches(source, order, process_id, identity.num_processes, local_devices,
-                               place=None, prefetch=job.data.prefetch)
-    sample = batches.host_batch(0)  # shapes and dtypes (and an early check of the first rows)
-    batches.close()
-    weights = sample.pop(datasets.WEIGHT, None)  # padded rows: devices that do not divide the batch
-    y = sample.get("y")
-    out_features = y.shape[-1] if y is not None and y.ndim == 3 else 1
-    optimizer = make_optimizer(job.optimizer)
-
-    def initial_state():
-        params = task.init_params(jax.random.PRNGKey(job.train.seed), sample["x"].shape[-1]
-                                  if "x" in sample else 0, out_features)
-        return params, optimizer.init(params)
-
-    (params, opt_state), first_step = recovery.resume(identity, job, initial_state,
-                                                      order.num_batches, out, order_key)
-    k = calls.steps_per_call(job.train.steps_per_call, jax.devices()[0].platform, num_steps,
-                             first_step - 1, job.checkpoint.every_steps,
-                             calls.step_bytes(sample, params))
-    every = calls.metrics_every(k, job.logging.log_every_steps)
-    parallel = parallelism.of(job.train.parallelism, k, identity.num_processes,
-                              identity.local_device_count)
-    if (first_step - 1) % k:
-        raise ValueError(f"the checkpoint is at step {first_step - 1}, not a multiple of "
-                         f"train.steps_per_call {k}; resume with the steps_per_call that saved it")
-    params, opt_state = parallel.replicate(params), parallel.replicate(opt_state)
-    metric_names = STEP_METRICS
-    if task.metrics_fn is not None:
-        metric_names += tuple(jax.eval_shape(task.metrics_fn, parallel.unreplicate(params),
-                                             {n: a[0] for n, a in sample.items()}))
-    step_fn = parallel.make_train_step(task.batch_loss(), optimizer, with_metrics=True,
-                                       steps_per_call=k, allreduce=job.train.allreduce,
-                                       metrics_fn=task.metrics_fn, metrics_every=every)
-    batches = datasets.Batches(source, order, process_id, identity.num_processes, local_devices,
-                               parallel.placer(k), steps_per_call=k, prefetch=job.data.prefetch,
-                               first_step=first_step - 1, num_steps=num_steps,
-                               resident=job.data.resident)
-    count = order.num_batches
-    fields = ", ".join(f"{list(a.shape)} {n}" + ("" if a.dtype == np.float32 else f" {a.dtype}")
-                       for n, a in sample.items())
-    devices = f"{local_devices} {jax.devices()[0].platform} device" + (
-        "" if local_devices == 1 else "s")
-    out(f"process {process_id}: {count} batch{'' if count == 1 else 'es'} of {fields} on "
-        f"{devices}" + (f", {k} steps per call" if k > 1 else "")
-        + (f", shuffled (seed {order.seed})" if order.shuffle else "")
-        + (", resident" if batches.resident else f", prefetch {job.data.prefetch}")
-        + (f", {parallel.description}" if parallel.description else "")
-        + ("" if weights is None else
-           f"; {global_batch} rows over {jax.device_count()} devices: "
-           f"{batches.per_device_batch_size} per device with "
-           f"{batches.per_device_batch_size * jax.device_count() - global_batch} padding rows of "
-           "weight 0, the step a mean weighted over the global batch"))
-
-    tracker = make_tracker(run_dir, process_id, job.logging.tensorboard)
-    step, logger, notice, local = 0, None, None, None
-    profiler = Profiler(run_dir, process_id, identity.num_processes, job.profile, client_of(identity),
-                        out, num_steps)
-    try:
-        in_flight = InFlight(*calls.in_flight(jax.devices()[0].platform),
-                             finished_step=first_step - 1)
-        logger = metrics.StepLogger(job, process_id, identity.num_processes, tracker, out,
-                                    finished_step=lambda: in_flight.finished_step,
-                                    steps_per_call=k, metric_names=metric_names,
-                                    metrics_every=every)
-
-        def dispatch(*args):
-            outputs = step_fn(*args)
-            # ``step``: the loop's, the call's last; waiting on the devices is JAX time, not
-            # the host's own
-            in_flight.add(outputs[2], step)
-            return outputs
-
-        timed_step = logger.timed(dispatch)
-        checkpoints = recovery.Recovery(identity, job, order.num_batches, out, parallel.unreplicate,
-                                        order_key)
-        local = recovery.local_tier(identity, job, order.num_batches, order_key,
-                                    parallel.unreplicate, out, first_step - 1)
-        notice = recovery.notice(identity, job, out)
-        loop = [steps.Profile(profiler, logger.wait), steps.CacheLine(cache, logger, out),
-                steps.Log(logger), steps.Save(checkpoints, logger)]
-        loop += [steps.LocalCopy(local, num_steps)] if local is not None else []
-        loop += [steps.Hook(task.on_step_end, logger, process_id)] if task.on_step_end else []
-        before = [action for action in loop if hasattr(action, "before")]
-        stopped = False
-        # Everything made so far lives as long as the loop: kept out of the garbage
-        # collector's full passes, which otherwise stop the loop for up to 0.17 s at a time
-        # (the 256 x 4 job at 100 steps a call on CPU: 219-227k steps/s, 250-257k frozen)
-        gc.freeze()
-        with interrupts.notices(notice.signalled if notice is not None else None):
-            # ``step``: the last step of each call (k steps; log, checkpoint and last steps
-            # are multiples of k, so they are call boundaries)
-            for step in range(first_step + k - 1, num_steps + 1, k):
-                if notice is not None and not notice.may_dispatch(step):
-                    if notice.stop_step is None:  # no agreement (a peer gone): stop at once,
-                        out(notice.line())        # waiting on no device (finally: as before)
-                        raise SystemExit(interrupts.exit_code(signal.SIGTERM))
-                    stopped = True  # every process stops after the agreed step
-                    break
-                for action in before:
-                    action.before(step - k + 1, step)
-                inputs = batches.get(step - k)  # the call's batches, from its first step (0-based)
-                with profiler.annotate(step):
-                    params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
-                call = steps.Call(step - k + 1, step, params, opt_state, loss, step_metrics)
-                for action in loop:  # worker.trainer.actions: the contract each keeps
-                    action.after(call)
-            logger.finish()  # the only device sync for logging: the last log steps, after the loop
-            if stopped:  # a SIGTERM now (the launcher's, seeing a peer end) cuts no save short
-                checkpoints.after_notice(notice, step - k, params, opt_state)
-                notice.leave()
-                raise SystemExit(interrupts.exit_code(signal.SIGTERM))
-        final = {jax.tree_util.keystr(path): leaf for path, leaf in
-                 jax.tree_util.tree_flatten_with_path(parallel.unreplicate(params))[0]}
-        if process_id == 0:
-            np.savez(os.path.join(run_dir, "params.npz"), **final)
-        if local is not None:  # the run is done: nothing left to restart from
-            from worker.recovery import localtier
-
-            local.close()
-            localtier.remove_all(os.path.dirname(local.path))
-        return final
-    except BaseException as exc:
-        if not isinstance(exc, SystemExit):
-            failed_at = getattr(exc, "step", step)  # a non-finite loss names its (earlier) step
-            out(contract.FAILED_TIME_FORMAT.format(at=time.time()))
-            out(contract.FAILED_FORMAT.format(step=failed_at, error=f"{type(exc).__name__}: {exc}"))
-        raise
-    finally:
-        profiler.close()
-        if notice is not None:
-            notice.close()
-        if local is not None:
-            local.close()  # a copy being written: the restart may need it
-        with interrupts.held():  # a SIGTERM now must not cut the writing of the records short
-            batches.close()
-            if logger is not None:
-                logger.close()  # records held for other processes' values: written with what came
-            tracker.close()
+from worker.runtime.joining import join, rendezvous, single_process
 
 
 def _unusable_checkpoint(exc: BaseException) -> bool:
@@ -246,7 +71,9 @@ def main() -> None:
         else:
             print(f"process {jax.process_index()}/{jax.process_count()} joined "
                   f"{identity.coordinator_address}", flush=True)
-        train(identity, job, out=lambda text: print(text, flush=True))
+        from worker.trainer import loop  # jax, after the join
+
+        loop.train(identity, job, out=lambda text: print(text, flush=True))
     # the last line explains the end where the worker knows its cause (worker.contract.causes): the
     # launcher's class is read from it, never from an exit code a program could also use
     except contract.ContractError as exc:  # Mismatch too: a configuration problem, not retried

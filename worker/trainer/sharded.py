@@ -17,7 +17,7 @@ orders devices by process, then id, so process p's rows are global rows
 assigns them.
 
 The functions mirror ``worker.trainer.train``'s (``make_train_step``, ``replicate``,
-``placer``, ``unreplicate``), so the loop in ``worker.trainer.main`` takes either module.
+``placer``, ``unreplicate``), so the loop in ``worker.trainer.loop`` takes either module.
 """
 
 from __future__ import annotations
