@@ -219,6 +219,21 @@ def test_no_import_runs_to_a_higher_floor():
     assert not upward, "imports to a higher floor (FLOORS, bottom to top):\n" + "\n".join(upward)
 
 
+# What the launcher may import of the worker: its contract, and the tracker's TensorBoard
+# writer for the ledger's goodput scalars at a run's end (the launcher writes them as the
+# worker does)
+LAUNCHER_READS = ("worker", "worker.contract", "worker.telemetry.tracker")
+
+
+def test_the_launcher_reads_only_the_workers_contract():
+    outside = sorted(f"{name} imports {target}" for name, targets in import_graph().items()
+                     if name.startswith("launcher") for target in targets
+                     if target.split(".")[0] == "worker"
+                     and not any(target == r or (r != "worker" and target.startswith(r + "."))
+                                 for r in LAUNCHER_READS))
+    assert not outside, "the launcher imports the worker beyond its contract:\n" + "\n".join(outside)
+
+
 def test_every_floor_is_named_once_and_in_the_code():
     names = [name for _, floor in FLOORS for name in floor]
     assert len(names) == len(set(names)), "a name on two floors"
