@@ -1,7 +1,11 @@
 """What runs on each host: reads its identity, joins the JAX job, trains.
 
-Importing this package is cheap (no jax): the launcher imports
-``worker.contract`` for the typed contract (``Identity`` in the environment,
-``WorkerJob`` in job.json) and the progress lines. ``python -m worker`` runs one
-process of a job (see ``worker.trainer.main``). It never imports the launcher or fabric.
+In parts, one package each: ``worker.contract`` (all the launcher reads: the identity in the
+environment, ``job.json``, the lines, signals and request files), ``worker.runtime`` (the
+process: joining, signals, the compilation cache), ``worker.telemetry`` (the step log,
+timers, records, TensorBoard, the profiler), ``worker.data`` (the input pipeline),
+``worker.recovery`` (checkpoints, the local tier, notices) and ``worker.trainer`` (the loop,
+its step actions, the step). Importing any of them is cheap (no jax). ``python -m worker``
+runs one process of a job (``worker.trainer.main``); ``worker.program`` is the helper a
+user's program imports (as ``podlaunch.program``). It never imports the launcher or fabric.
 """

@@ -1,8 +1,8 @@
 """The launcher-worker contract: the worker's identity, its job, and progress lines.
 
-This module is the single definition of what crosses the launcher -> worker
-boundary and how a worker reports progress back. It imports nothing heavy (no
-jax, no numpy; stdlib only), so the launcher can import it and stay instant.
+The package is the one place where what crosses the launcher-worker boundary is written (its
+modules: ``job``, ``sections``, ``signals``, ``notice``, ``profiling``, ``metrics``, ``causes``...);
+this one holds the identity and the progress lines. Standard library only: the launcher is instant.
 
 Two typed halves, built by the launcher and read by the worker:
 
