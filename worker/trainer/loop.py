@@ -263,6 +263,8 @@ class Loop:
         return final
 
     def close(self) -> None:
+        """Whatever happened: the trace, the notice's watchers, a local copy being written,
+        the input, and the records process 0 holds (written with what came)."""
         self.profiler.close()
         if self.notice is not None:
             self.notice.close()
