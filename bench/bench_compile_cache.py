@@ -63,7 +63,7 @@ def deep_mlp(layers: int = 12, width: int = 32, crash_at_step: int = 0,
     import jax
     import jax.numpy as jnp
 
-    from worker.trainer import tasks
+    from worker import tasks
 
     def init_params(key, in_features, out_features):
         sizes = [in_features] + [width] * layers + [out_features]

@@ -51,7 +51,7 @@ def faults(kill_at: int = 0, term_at: int = 0):
     """The seed's linear task (``task.name: bench_goodput:faults``); process 1 SIGKILLs itself
     after step ``kill_at`` of attempt 0, process 0 SIGTERMs itself after step ``term_at`` of
     attempt 1 (0: never)."""
-    from worker.trainer import tasks
+    from worker import tasks
 
     attempt = int(os.environ.get(contract.ATTEMPT, "0"))
 

@@ -32,7 +32,7 @@ BENCH = os.path.join(REPO, "bench")
 def make(print_mb: int = 0, line_bytes: int = 100, process_id: int = 1):
     """The seed's linear task; after step 1, process ``process_id`` prints ``print_mb`` MiB
     in lines of ``line_bytes`` bytes (newline included)."""
-    from worker.trainer import tasks
+    from worker import tasks
 
     def on_step_end(step: int, me: int) -> None:
         if step == 1 and me == process_id and print_mb:

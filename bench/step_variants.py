@@ -44,7 +44,8 @@ def main() -> None:
     import numpy as np
     import optax
 
-    from worker.trainer import sharded, tasks
+    from worker import tasks
+    from worker.trainer import sharded
     from worker.trainer.train import averaging
 
     lr = 0.01

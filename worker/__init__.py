@@ -6,6 +6,8 @@ process: joining, signals, the compilation cache), ``worker.telemetry`` (the ste
 timers, records, TensorBoard, the profiler), ``worker.data`` (the input pipeline),
 ``worker.recovery`` (checkpoints, the local tier, notices) and ``worker.trainer`` (the loop,
 its step actions, the step). Importing any of them is cheap (no jax). ``python -m worker``
-runs one process of a job (``worker.trainer.main``); ``worker.program`` is the helper a
-user's program imports (as ``podlaunch.program``). It never imports the launcher or fabric.
+runs one process of a job (``worker.trainer.main``). What user code imports stays at the top:
+``worker.tasks`` (``Task`` and the built-in tasks, for a task module) and ``worker.program``
+(the helper a program imports, as ``podlaunch.program``). It never imports the launcher or
+fabric.
 """

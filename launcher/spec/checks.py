@@ -15,7 +15,7 @@ from launcher.errors import Problem, SpecError
 from launcher.spec import syncrules
 from launcher.words import plural
 import worker as worker_package  # where podlaunch's own worker is
-from worker.contract.sections import BUILTIN_TASKS  # the tasks worker.trainer.tasks builds in
+from worker.contract.sections import BUILTIN_TASKS  # the tasks worker.tasks builds in
 
 
 def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:

@@ -19,7 +19,7 @@ import os
 
 from launcher.spec import crosschecks, programspec
 from worker.contract import job as jobs
-from worker.contract.sections import BUILTIN_TASKS  # the tasks worker.trainer.tasks builds in
+from worker.contract.sections import BUILTIN_TASKS  # the tasks worker.tasks builds in
 
 # The module podlaunch's worker imports first (``python -m worker`` runs it).
 WORKER_MAIN = "worker.trainer.main"

@@ -183,7 +183,7 @@ def reference_norms(steps: int, lr: float = 0.1):
     import jax
 
     from worker.data.batches import synthetic_rows
-    from worker.trainer.tasks import init_linear
+    from worker.tasks import init_linear
 
     x, y = (a.astype(np.float64) for a in synthetic_rows(1, 4, 1, 0.1, 0, 256))
     w, b = (np.asarray(a, np.float64) for a in init_linear(jax.random.PRNGKey(0), 4, 1))

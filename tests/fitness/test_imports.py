@@ -37,7 +37,7 @@ FLOORS = (
     ("worker telemetry", ("worker.telemetry",)),
     ("worker data", ("worker.data",)),
     ("worker recovery", ("worker.recovery",)),
-    ("worker trainer", ("worker.trainer",)),
+    ("worker trainer", ("worker.trainer", "worker.tasks")),
     ("worker entry points", ("worker.__main__", "worker.program", "podlaunch",
                              "podlaunch.program")),
     # the launcher, over the worker's contract (and the few worker parts it reads)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from worker.trainer import tasks
+from worker import tasks
 
 
 def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",

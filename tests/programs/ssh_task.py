@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from worker.trainer import tasks
+from worker import tasks
 
 
 def record_env(names: list, out_dir: str) -> tasks.Task:

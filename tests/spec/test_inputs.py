@@ -138,7 +138,7 @@ def test_a_task_on_the_workers_pythonpath_or_in_the_current_directory_is_accepte
 @pytest.mark.slow  # starts JAX workers
 def test_secrets_are_masked_everywhere_printed_or_kept(tmp_path):
     (tmp_path / "secret_task.py").write_text(textwrap.dedent("""\
-        from worker.trainer.tasks import linear_regression
+        from worker.tasks import linear_regression
 
         def make(api_token, mode):
             assert api_token == "tok-arg-123", api_token

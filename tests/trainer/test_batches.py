@@ -34,7 +34,7 @@ def _data(tmp_path):
 def _reference(x, y, batches):
     import jax
 
-    from worker.trainer.tasks import init_linear
+    from worker.tasks import init_linear
 
     w, b = (np.asarray(a, np.float64) for a in init_linear(jax.random.PRNGKey(0), FEATURES, 1))
     for step in range(1, STEPS + 1):

@@ -290,7 +290,7 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=proc
 import ml_dtypes
 import numpy as np
 from worker.recovery import checkpoint, recovery
-from worker.trainer import tasks
+from worker import tasks
 
 def hard():  # what a sum with zeros does not keep: -0.0, subnormals, a NaN's payload
     return {"f32": np.array([-0.0, 1e-42, -3e-39, np.float32(np.nan), 1.5], np.float32),

@@ -27,7 +27,7 @@ def test_a_float64_npy_value_beyond_float32_is_a_data_error(tmp_path):
 
 
 def test_labels_outside_the_tasks_classes_are_a_data_error(tmp_path):
-    from worker.trainer import tasks
+    from worker import tasks
 
     table = np.zeros((6, 3), np.float32)
     table[:, -1] = [0, 1, 2, 1, 3, 0]  # 3 is outside num_classes 3

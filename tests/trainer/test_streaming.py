@@ -34,7 +34,7 @@ def _reference(steps: int, lr: float) -> list:
 
     from worker.data.order import Order
     from worker.data.sources import synthetic_rows
-    from worker.trainer.tasks import init_linear
+    from worker.tasks import init_linear
 
     x, y = (a.astype(np.float64) for a in synthetic_rows(1, 4, 1, 0.1, 0, 1024))
     order = Order(1024, 256, shuffle=True, seed=11)

@@ -136,7 +136,7 @@ LOCAL_PATH = identifier("a file path", r"[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*",
 
 _seed = seed  # by another name: in a class body, a field named ``seed`` hides the function
 
-# The tasks worker.trainer.tasks builds in: the launcher checks these names, imports nothing
+# The tasks worker.tasks builds in: the launcher checks these names, imports nothing
 BUILTIN_TASKS = ("linear_regression", "softmax_classifier")
 _TASK_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 
@@ -158,12 +158,12 @@ class _Section:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Task(_Section):
-    """``task``: which task builds the model and loss (``worker.trainer.tasks``), and its arguments."""
+    """``task``: which task builds the model and loss (``worker.tasks``), and its arguments."""
 
     name: str = setting("linear_regression", check=_task_name,
                         doc="a built-in task (linear_regression; softmax_classifier with args {num_classes, "
                         "input_scale}: cross-entropy on integer labels, accuracy logged), or "
-                        "'package.module:function' returning a worker.trainer.tasks.Task (init params, a loss "
+                        "'package.module:function' returning a worker.tasks.Task (init params, a loss "
                         "of (params, x, y) or of (params, batch) with the batch a dict of named "
                         "arrays, optional logged metrics and per-step hook)")
     args: dict[str, Any] = setting({}, doc="keyword arguments passed to the task's function")

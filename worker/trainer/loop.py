@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from worker import contract
+from worker import contract, tasks
 from worker.contract import job as jobs
 from worker.contract.metrics import STEP_METRICS
 from worker.data import batches as datasets
@@ -30,7 +30,7 @@ from worker.telemetry import metrics
 from worker.telemetry.profiler import Profiler
 from worker.telemetry.tracker import make_tracker
 from worker.trainer import actions as steps
-from worker.trainer import calls, parallelism, tasks
+from worker.trainer import calls, parallelism
 from worker.trainer.calls import InFlight
 from worker.trainer.train import make_optimizer
 

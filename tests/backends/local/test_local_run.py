@@ -79,7 +79,7 @@ def numpy_gradient_descent(steps: int, lr: float, num_examples=256, in_features=
     import jax
 
     from worker.data.batches import synthetic_rows
-    from worker.trainer.tasks import init_linear
+    from worker.tasks import init_linear
 
     x, y = synthetic_rows(data_seed, in_features, 1, noise_std, 0, num_examples)
     x, y = x.astype(np.float64), y.astype(np.float64)

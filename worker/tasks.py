@@ -151,5 +151,5 @@ def resolve(name: str, args: dict) -> Task:
         factory = getattr(importlib.import_module(module_name), function)
     task = factory(**args)
     if not isinstance(task, Task):
-        raise TypeError(f"task {name} returned {type(task).__name__}, expected worker.trainer.tasks.Task")
+        raise TypeError(f"task {name} returned {type(task).__name__}, expected worker.tasks.Task")
     return task
