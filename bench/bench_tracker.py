@@ -9,7 +9,7 @@ so what counts is all the CPU time it takes, on every thread, not only the calle
 * ``summarywriter``: ``SummaryWriter(...)._get_file_writer().add_summary(summary, step)``, the
   reference (what the tracker did before: every event through tensorboardX's
   ``multiprocessing.Queue`` and its writer thread), then ``flush``.
-* ``tracker``: ``worker.tracker.TensorBoardTracker.scalars``, then ``flush``.
+* ``tracker``: ``worker.telemetry.tracker.TensorBoardTracker.scalars``, then ``flush``.
 
 Prints, per side, microseconds per event of this thread's CPU time (``time.thread_time``) and of
 the whole process's (``time.process_time``: every thread), the best of ``--rounds``, and the
@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from worker import tracker as trackers  # noqa: E402  (after the path is set)
+from worker.telemetry import tracker as trackers  # noqa: E402  (after the path is set)
 
 VALUES = {"loss": 0.1, "grad_norm": 0.2, "param_norm": 1.0, "learning_rate": 0.1,
           "step_time_s": 1e-6, "examples_per_s": 1e8, "step_time_s/process_000": 1e-7}
