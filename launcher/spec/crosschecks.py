@@ -12,6 +12,7 @@ import os
 
 from launcher.spec import datafiles, schema
 from launcher.spec.checks import BUILTIN_TASKS
+from worker.contract.tasks import BUILTIN_TASK_ARGS, task_arg_problem
 from launcher.words import plural
 
 
@@ -30,6 +31,7 @@ def check_trainer(spec, raw: dict, ctx: schema.Context):
     steps, data source settings, data files. Problems go to ``ctx``; returns the spec (with
     ``data.path`` made absolute and ``data_rows`` counted)."""
     train, data = spec.train, spec.data
+    _check_task_args(spec, ctx)
     if train.global_batch_size % spec.device_count:
         ctx.error(("train", "global_batch_size"),
                   f"{train.global_batch_size} does not divide evenly over device_count "
@@ -90,6 +92,32 @@ def check_trainer(spec, raw: dict, ctx: schema.Context):
         ctx.error(("train", "global_batch_size"),
                   f"{train.global_batch_size} is more than the {rows} rows of {full}; lower it")
     return dataclasses.replace(spec, data=dataclasses.replace(data, path=full), data_rows=rows)
+
+
+def _check_task_args(spec, ctx: schema.Context) -> None:
+    """A built-in task's ``task.args``: every argument one it takes, of its kind, and the
+    required ones given (``worker.contract.tasks``). A user's task (``module:function``) is
+    its own: its function says at the workers' start."""
+    takes = BUILTIN_TASK_ARGS.get(spec.task.name)
+    if takes is None:
+        return
+    name, args = spec.task.name, spec.task.args or {}
+    listed = ", ".join(f"{arg} ({what}{'' if required else ', optional'})"
+                       for arg, (required, what) in takes.items())
+    for arg, value in args.items():
+        if arg not in takes:
+            import difflib
+
+            close = difflib.get_close_matches(str(arg), list(takes), n=1)
+            ctx.error(("task", "args", arg), f"{name} takes no argument {arg!r}"
+                      + (f"; did you mean {close[0]!r}?" if close else "")
+                      + (f" (it takes {listed})" if takes else "; it takes none: remove it"))
+        elif (problem := task_arg_problem(takes[arg][1], value)) is not None:
+            ctx.error(("task", "args", arg), problem)
+    for arg, (required, what) in takes.items():
+        if required and arg not in args:
+            ctx.error(("task", "args"), f"{name} needs {arg} ({what}): add it under task.args, "
+                      f"e.g. task.args.{arg}")
 
 
 def _check_shrink(spec, ctx: schema.Context) -> None:

@@ -373,3 +373,18 @@ def test_job_json_is_made_from_the_typed_spec_as_the_dict_round_trip_made_it(nam
     assert type(made) is kind
     assert made == kind.from_spec_dict(job.to_dict())
     assert made == kind.from_dict(json.loads(json.dumps(made.to_dict())))  # as a worker reads it
+
+
+def test_the_built_in_tasks_arguments_checked_before_a_start_are_their_functions():
+    """``worker.contract.tasks`` (read by the spec's checks, without jax) says what each
+    built-in task takes; the functions in ``worker.tasks`` are what the workers call."""
+    import inspect
+
+    from worker import tasks
+    from worker.contract.tasks import BUILTIN_TASK_ARGS
+
+    assert set(BUILTIN_TASK_ARGS) == set(tasks.BUILTIN)
+    for name, factory in tasks.BUILTIN.items():
+        parameters = inspect.signature(factory).parameters
+        assert {arg: p.default is inspect.Parameter.empty for arg, p in parameters.items()} == {
+            arg: required for arg, (required, _) in BUILTIN_TASK_ARGS[name].items()}, name

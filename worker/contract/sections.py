@@ -17,6 +17,7 @@ import re
 from typing import Any, Callable, Literal
 
 from worker.contract.fields import check_fields
+from worker.contract.tasks import BUILTIN_TASKS  # also read as sections.BUILTIN_TASKS
 
 MISSING = dataclasses.MISSING
 Check = Callable[[Any], "str | None"]
@@ -137,7 +138,6 @@ LOCAL_PATH = identifier("a file path", r"[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*",
 _seed = seed  # by another name: in a class body, a field named ``seed`` hides the function
 
 # The tasks worker.tasks builds in: the launcher checks these names, imports nothing
-BUILTIN_TASKS = ("linear_regression", "softmax_classifier")
 _TASK_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 
 
