@@ -137,8 +137,12 @@ class JobSpec:
         return self.train.global_batch_size // self.device_count
 
     def where(self, key: tuple) -> tuple:
-        """(file or ``--set``, line or None) that set ``key`` (one of ``LATE_CHECKED``)."""
-        return self.locations.get(key, (self.source, None))
+        """(file or ``--set``, line or None) that set ``key`` (one of ``LATE_CHECKED``, or a
+        task argument), or its nearest such parent."""
+        for cut in range(len(key), 0, -1):
+            if key[:cut] in self.locations:
+                return self.locations[key[:cut]]
+        return self.source, None
 
     def to_dict(self) -> dict:
         """The resolved spec as plain values, its sections in the order a spec file has them."""
@@ -298,8 +302,10 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
     spec = MISSING if kind is None else schema.build(kind, raw, (), ctx)
     cluster = _build_cluster(cluster_raw, ctx, registry)
     if spec is not MISSING and cluster is not MISSING:
+        task = getattr(spec, "task", None)  # a trainer's: its arguments, each where it was set
+        late = LATE_CHECKED + tuple(("task", "args", arg) for arg in (task.args if task else ()))
         spec = dataclasses.replace(spec, cluster=cluster, source=path,
-                                   locations={key: ctx.where(key) for key in LATE_CHECKED})
+                                   locations={key: ctx.where(key) for key in late})
         spec = crosschecks.check_job(spec, raw, ctx)
     if ctx.problems:
         raise SpecError(in_file_order(ctx.problems))
@@ -339,5 +345,5 @@ def _build_cluster(raw: Any, ctx: schema.Context, registry) -> Any:
 
 
 # Keys checked after loading, for one backend only (task importable, memory).
-LATE_CHECKED = (("task", "name"), ("data", "num_examples"), ("cluster", "hosts", 0),
-                ("cluster", "env", "PYTHONPATH"))
+LATE_CHECKED = (("task", "name"), ("task", "args"), ("data", "num_examples"),
+                ("cluster", "hosts", 0), ("cluster", "env", "PYTHONPATH"))

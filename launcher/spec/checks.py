@@ -12,7 +12,7 @@ import os
 import sys
 
 from launcher.errors import Problem, SpecError
-from launcher.spec import syncrules
+from launcher.spec import syncrules, taskargs
 from launcher.words import plural
 import worker as worker_package  # where podlaunch's own worker is
 from worker.contract.sections import BUILTIN_TASKS  # the tasks worker.tasks builds in
@@ -79,16 +79,22 @@ def worker_search_path(pythonpath: str | None) -> list:
 
 def find_module(module: str, paths: list) -> bool:
     """Whether ``module`` (dotted) is findable on ``paths``; nothing is imported or executed."""
-    locations = paths
+    return module_spec(module, paths) is not None
+
+
+def module_spec(module: str, paths: list):
+    """``module``'s (dotted) ``ModuleSpec`` as found on ``paths``, or None; nothing is imported
+    or executed."""
+    locations, found = paths, None
     for part in module.split("."):
         try:
             found = importlib.machinery.PathFinder.find_spec(part, locations)
         except (ImportError, ValueError):
-            return False
+            return None
         if found is None:
-            return False
+            return None
         locations = list(found.submodule_search_locations or [])
-    return True
+    return found
 
 
 def check_task_importable(spec, pythonpath: str | None = None) -> None:
@@ -99,19 +105,25 @@ def check_task_importable(spec, pythonpath: str | None = None) -> None:
       pythonpath: the workers' PYTHONPATH (default: cluster.env's, else this environment's).
 
     Raises:
-      SpecError: the module is not on the workers' search path (``worker_search_path``).
+      SpecError: the module is not on the workers' search path (``worker_search_path``), or
+        ``task.args`` does not fit its function (``launcher.spec.taskargs``).
     """
     module = spec.task_module  # None: a built-in task, or a program's own imports
     if module is None:
         return
     if pythonpath is None:
         pythonpath = spec.cluster.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
-    if not find_module(module, worker_search_path(pythonpath)):
+    found = module_spec(module, worker_search_path(pythonpath))
+    if found is None:
         raise SpecError([Problem(*spec.where(("task", "name")), "task.name",
                                  f"module {module!r} is not importable by the workers (searched "
                                  "this directory, the workers' PYTHONPATH and site-packages); "
                                  "install it, run from its directory, or add its directory to "
                                  "cluster.env.PYTHONPATH")])
+    if found.origin and found.origin.endswith(".py"):
+        problems = taskargs.problems(spec, found.origin)
+        if problems:
+            raise SpecError(problems)
 
 
 def check_worker_is_podlaunchs(spec, pythonpath: str | None = None) -> None:

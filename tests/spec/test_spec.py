@@ -109,6 +109,13 @@ BAD = [
     ("builtin-task-arg-of-another-kind", edit("name: linear_regression",
                                               "name: softmax_classifier\n  args: {num_classes: 1.5}"),
      [], ["bad.yaml:4: task.args.num_classes: expected an integer >= 2, got 1.5"]),
+    ("user-task-unknown-arg", GOOD, ["--set", "task.name=faulty_task:make", "--set",
+                                     "task.args.sleep=1"],
+     ["--set: task.args.sleep: make() in ", "faulty_task.py:20 takes no argument 'sleep'; "
+      "did you mean 'sleep_s'?"]),
+    ("user-task-missing-arg", GOOD, ["--set", "task.name=ssh_task:record_env", "--set",
+                                     "task.args.out_dir=x"],
+     ["task.args: record_env() in ", "ssh_task.py:16 needs names: add it under task.args"]),
     ("set-task-not-importable", GOOD, ["--set", "task.name=no_such_module_xyz:make"],
      ["--set: task.name: module 'no_such_module_xyz' is not importable by the workers"]),
     ("env-float", GOOD + "  env: {RATIO: 1.50}\n", [],
