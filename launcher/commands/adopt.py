@@ -52,7 +52,10 @@ def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
     Raises:
       SpecError: the backend cannot take processes back, or the journal does not name them.
     """
-    now, gap = clock(), journals.gap_s(data)
+    # one reading of each clock: the gap, the wait's split and the moments handed on are all
+    # differences of this same moment (the ledger's buckets add up to run.json's duration)
+    now, now_wall = clock(), time.time()
+    gap = journals.gap_s(data, now_wall)
     attempt, waiting = data["attempt"], data.get("waiting")
     entries = [e for e in data.get("entries") or () if isinstance(e, dict)]
     common = dict(budgets=data.get("budgets") or {}, restarts=int(data.get("restarts") or 0),
@@ -66,23 +69,37 @@ def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
                         f"named (pid {', '.join(map(str, stopped))}): its supervisor was killed "
                         "while starting them")
     if data.get("starting"):
-        adopted = journals.Adopted(attempt - 1, None, None, wait_s=0.0, **common)
+        # the attempt starting again counts from the killed one's start of it (the ended
+        # attempts' entries count to there), the gap among it
+        began = journals.to_mono((data.get("times") or {}).get("began"), clock)
+        began = min(now - gap, began) if isinstance(began, float) else now - gap
+        adopted = journals.Adopted(attempt - 1, None, None, wait_s=0.0, next_times=ledger.Times(
+            began, unsupervised=[(now - gap, now)]), **common)
         console.say(f"taking the run back after {gap:.1f} s without a supervisor: it was killed "
                     f"while starting attempt {attempt}, which starts again")
     elif isinstance(waiting, dict):
-        until = float(waiting.get("until") or 0.0)
-        left = max(0.0, until - time.time())
-        alive_at = time.time() - gap
-        waited = max(0.0, min(alive_at, until) - float(waiting.get("since") or alive_at))
-        if entries:  # the failed attempt's (a supervisor that took the run back and was killed
-            # in the same wait wrote it into ledger.json already, its wait counted to the end)
-            buckets = entries[-1]["buckets_s"]
-            buckets["restart_wait"] = round(buckets.get("restart_wait", 0.0) + waited + left, 3)
-            buckets["unsupervised"] = round(buckets.get("unsupervised", 0.0) + gap, 3)
-            entries[-1]["wall_s"] = round(sum(buckets.values()), 3)
-        adopted = journals.Adopted(attempt, None, None, wait_s=left, **common)
+        # the failed attempt's entry counts the wait to the moment the next attempt begins:
+        # the wait's end, or now if that is past (never before what it already counts)
+        since = float(waiting.get("since") or now_wall)
+        until = float(waiting.get("until") or since)
+        counted = waiting.get("counted")  # a supervisor that took it back counted it to there
+        counted = float(counted) if isinstance(counted, (int, float)) else \
+            (since if entries else until)
+        end = max(until, now_wall, counted)
+        if entries:  # the failed attempt's, counted to its end (``since``) by the killed one
+            _count_wait(entries[-1], since, counted, end, now_wall - gap, now_wall)
+        else:  # in ledger.json already (taken back before, and killed in the same wait)
+            written = ledger.read(run_dir)
+            if written:
+                _count_wait(written[-1], since, counted, end, now_wall - gap, now_wall)
+                ledger.write(run_dir, written)
+        waiting["counted"] = end  # this launch's journal copies it (``WHERE``)
+        # the next attempt begins where the entry's count ends: restarts.run waits to then
+        resume_at = now + (end - now_wall)
+        adopted = journals.Adopted(attempt, None, None, wait_s=resume_at - now,
+                                   next_times=ledger.Times(resume_at), **common)
         console.say(f"taking the run back after {gap:.1f} s without a supervisor: attempt "
-                    f"{attempt} had failed, and its restart waits {left:.1f} s more")
+                    f"{attempt} had failed, and its restart waits {resume_at - now:.1f} s more")
     else:
         resume = bool(common["restarts"]) or attempt > 0
         workers = session.adopt(planning.for_attempt(plan, attempt, resume=resume),
@@ -102,6 +119,20 @@ def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
     return adopted
 
 
+def _count_wait(entry: dict, since: float, counted: float, end: float, gap_from: float,
+                gap_to: float) -> None:
+    """Count a failed attempt's restart wait (wall clock: from ``since``) in its ledger
+    ``entry`` to ``end`` instead of ``counted``: the stretch nobody watched (``gap_from`` to
+    ``gap_to``) is ``unsupervised`` (taken out of ``restart_wait`` where it was counted there
+    already, as the wait's rest by a supervisor killed in it), the rest ``restart_wait``."""
+    buckets = entry["buckets_s"]
+    unwatched = max(0.0, min(gap_to, end) - max(gap_from, since))
+    buckets["unsupervised"] = round(buckets.get("unsupervised", 0.0) + unwatched, 3)
+    buckets["restart_wait"] = round(max(0.0, buckets.get("restart_wait", 0.0)
+                                        + end - counted - unwatched), 3)
+    entry["wall_s"] = round(sum(buckets.values()), 3)
+
+
 def continue_record(record, data: dict) -> None:
     """The killed launch's failures and duration, in this launch's run.json (``runs.Record``)."""
     for failure in data.get("failures") or ():
@@ -111,7 +142,11 @@ def continue_record(record, data: dict) -> None:
             record.data["last_failure"] = failure
     launched = data.get("launched") or {}
     if isinstance(launched.get("wall"), (int, float)):
-        record._before_s = float(launched.get("before_s") or 0.0) + time.time() - launched["wall"]
+        # the run's duration counts from the killed launch's own start, on this clock: the
+        # moment its first attempt's ledger entry begins at (the gap and this launch's start-up
+        # are then counted once, in the ledger's buckets as in the duration)
+        record._before_s = float(launched.get("before_s") or 0.0)
+        record._launched = journals.to_mono(float(launched["wall"]), record.clock)
 
 
 def spawn(run_dir: str, data: dict) -> int:

@@ -316,7 +316,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
                 console.block(restarts.attempts_table(done))
             record.end("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                        attempts=done, made=restarts.next_attempt(run_dir),
-                       goodput=_write_ledger(run_dir, done, console)[1])
+                       goodput=_write_ledger(run_dir, done, console)[1],
+                       ended_at=_ledger_end(done))
             raise
         entries, goodput = _write_ledger(run_dir, attempts, console)
         if journal is not None:
@@ -324,7 +325,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         if result.exit_code == 0:
             session.succeeded()
         record.end({0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed"),
-                   result, attempts, goodput=goodput)
+                   result, attempts, goodput=goodput, ended_at=_ledger_end(attempts))
     finally:
         session.close()
     console.block(summary(result))
@@ -345,6 +346,14 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         console.say(line)
     console.close()
     return 1 if result.exit_code == 0 and result.diverged_loss is not None else result.exit_code
+
+
+def _ledger_end(attempts) -> float | None:
+    """The moment (``time.monotonic``) this launch's ledger entries count to: its last
+    attempt's end and wait (run.json's duration ends there too), or None for no attempt."""
+    timed = [a.times for a in attempts or () if getattr(a, "times", None) is not None
+             and a.times.ended_at is not None]
+    return timed[-1].ended_at + max(0.0, timed[-1].waited_s) if timed else None
 
 
 def _write_ledger(run_dir: str, attempts, console: Console) -> tuple:

@@ -58,6 +58,9 @@ class Adopted:
       budgets: ``restarts.Budgets``' counts as the journal kept them.
       restarts: restarts made in the killed launch; counted: its last count's words.
       wait_s: the restart's wait still to go (between attempts), else None.
+      next_times: between attempts, the ``ledger.Times`` the next attempt begins with (this
+        clock): its ``began_at`` is the moment the ended attempts' ledger entries count to
+        (``restarts.run`` waits until then), so that no second is in two buckets or in none.
     """
 
     attempt: int
@@ -67,6 +70,7 @@ class Adopted:
     restarts: int
     counted: str
     wait_s: float | None = None
+    next_times: ledger.Times | None = None
 
 
 class Journal:
@@ -194,10 +198,12 @@ def read(run_dir: str) -> dict:
     return data
 
 
-def gap_s(data: dict) -> float:
-    """Seconds since a supervisor last watched the run (its journal's ``alive_at``)."""
+def gap_s(data: dict, now: float | None = None) -> float:
+    """Seconds since a supervisor last watched the run (its journal's ``alive_at``) to ``now``
+    (wall clock; default: now)."""
     alive_at = data.get("alive_at")
-    return max(0.0, time.time() - alive_at) if isinstance(alive_at, (int, float)) else 0.0
+    now = time.time() if now is None else now
+    return max(0.0, now - alive_at) if isinstance(alive_at, (int, float)) else 0.0
 
 
 def replay(tracked, clock: Callable[[], float] = time.monotonic) -> None:

@@ -150,8 +150,9 @@ def attempt_entry(number: int, times: Times, result, reached_before: int | None)
     ended_clean = result.exit_code == 0
     spans["shutdown" if ended_clean else "teardown"] = end - last_progress
     buckets.update(spans)
-    edges = [(joined, "start_and_join"), (compiling, "setup"), (first_step, "compilation"),
-             (last_progress, "productive"), (end, "shutdown" if ended_clean else "teardown")]
+    edges = [(start, "launch"), (joined, "start_and_join"), (compiling, "setup"),
+             (first_step, "compilation"), (last_progress, "productive"),
+             (end, "shutdown" if ended_clean else "teardown")]
 
     def take(at: float | None, seconds: float, into: str) -> None:
         """Move ``seconds`` of the stretch the line arrived in (at ``at``) to ``into``."""

@@ -128,7 +128,7 @@ class Record:
         _write(self.run_dir, self.data)
 
     def end(self, state: str, result=None, attempts: list = (), made: int | None = None,
-            goodput: float | None = None) -> None:
+            goodput: float | None = None, ended_at: float | None = None) -> None:
         """The run ended: ``state``, and what the last attempt's ``state.Result`` reached.
 
         Args:
@@ -139,6 +139,8 @@ class Record:
           made: attempts made in the run directory so far, when ``attempts`` is not known
             (the launch ended by an exception).
           goodput: the run's goodput so far (``launcher.run.ledger``), when known.
+          ended_at: when (``clock``) the duration ends: the moment this launch's ledger entries
+            count to (default: now).
         """
         data = self.data
         if state == "succeeded" and result is not None and result.diverged_loss is not None:
@@ -172,7 +174,8 @@ class Record:
                 data["step"] = max(saved)
         if goodput is not None:
             data["goodput"] = goodput
-        data["duration_s"] = round(self._before_s + self.clock() - self._launched, 3)
+        ended_at = self.clock() if ended_at is None else ended_at
+        data["duration_s"] = round(self._before_s + ended_at - self._launched, 3)
         try:
             _write(self.run_dir, data)
         except OSError:

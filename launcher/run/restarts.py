@@ -183,11 +183,12 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
     # hosts the first attempt no longer uses (a --resume's spare, prepared before this call)
     changes = [dict(c, attempt=first_attempt) for c in session.host_changes]
     wait, why = None, ""  # wait set: go on with a restart's wait (an adopted one)
+    then = None  # an adopted wait's next attempt's Times: it waits until their began_at
     if adopted is not None:
         budgets.restore(adopted.budgets)
         attempt, restarts, counted = adopted.attempt, adopted.restarts, adopted.counted
         times = adopted.times or times
-        wait = adopted.wait_s
+        wait, then = adopted.wait_s, adopted.next_times
     while True:
         if wait is None:
             plan = planning.for_attempt(plan, attempt, resume=resume or restarts > 0)
@@ -251,7 +252,9 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
             console.say(f"attempt {attempt + 1} of the run starts in {wait:.1f} s (the restart's "
                         "wait the killed supervisor was in)")
         try:
-            _wait(sleep, wait)
+            # an adopted wait ends when the ledger's count of it does (this launch's start-up
+            # since is within it, not after it)
+            _wait(sleep, wait if then is None else max(0.0, then.began_at - clock()))
         except (KeyboardInterrupt, Interrupted) as exc:
             if not attempts:  # an adopted wait: no attempt of this launch, nothing runs
                 raise KeyboardInterrupt(str(exc)) from None
@@ -259,9 +262,10 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
             attempts[-1].verdict += "; interrupted while waiting"
             times.waited_s = clock() - times.ended_at
             return result, attempts
+        now = clock()  # the wait ends, and the next attempt begins, at the same moment
         if attempts:
-            times.waited_s = clock() - times.ended_at
-        times, wait = ledger.Times(clock()), None
+            times.waited_s = now - times.ended_at
+        times, wait, then = then or ledger.Times(now), None, None
         known = len(session.host_changes)
         try:
             plan = session.plan(restart=True)

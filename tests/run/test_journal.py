@@ -143,3 +143,112 @@ def test_the_strays_of_a_start_a_killed_supervisor_left_are_stopped_and_only_the
         for proc in (ours, other):
             proc.kill()
             proc.wait()
+
+
+WALL = 1000.0  # the fake wall clock: the fake monotonic one plus this
+
+
+def _adopting(tmp_path, monkeypatch):
+    """A fake monotonic clock, the wall clock WALL ahead of it for the journal's conversions,
+    ``restarts.run``'s supervision on that clock, and a session whose one attempt ends cleanly
+    1 s after its start."""
+    import functools
+    import io
+    import types
+
+    from harness.fakes import FakeClock, FakeSession, FakeTrainerJob, FakeWorker
+    from launcher import spec as specs
+    from launcher.commands import adopt
+    from launcher.console import Console
+    from launcher.run import restarts
+    from launcher.run import supervise as supervision
+    from launcher.state import Exited
+
+    clock = FakeClock()
+    wall = types.SimpleNamespace(time=lambda: clock.now + WALL, monotonic=clock)
+    monkeypatch.setattr(journal, "time", wall)
+    monkeypatch.setattr(adopt, "time", wall)
+    monkeypatch.setattr(restarts, "supervise", functools.partial(
+        supervision.supervise, clock=clock, sleep=clock.sleep))
+    job = FakeTrainerJob(
+        name="fake", num_processes=1, train=types.SimpleNamespace(compilation_cache=True),
+        restarts=specs.RestartSpec(backoff_s=4.0, program_errors=1),
+        watchdog=types.SimpleNamespace(stall_timeout_s=None, first_step_timeout_s=None),
+        cluster=types.SimpleNamespace(grace_s=1.0),
+        checkpoint=types.SimpleNamespace(notice_grace_s=25.0))
+
+    def start(plan):
+        clock.sleep(0.25)
+        return [FakeWorker(clock, p, lines=[(clock.now + 0.9, "done")], exit=Exited(0),
+                           exit_at=clock.now + 1.0) for p in plan.processes]
+
+    console = Console(io.StringIO(), tty=False, status_every_s=0)
+    return clock, FakeSession(job, str(tmp_path), [start], console), console
+
+
+@pytest.mark.parametrize("killed_in_the_wait", [1, 2])
+def test_a_wait_taken_back_counts_every_second_once_in_the_ledger_as_in_the_duration(
+        tmp_path, monkeypatch, killed_in_the_wait):
+    # The CI failure's story in fake time: a launch at 0 (wall WALL) whose attempt 0 failed at
+    # 10 and waits 4 s for its restart; its supervisor was last seen at 10.1. A launch that
+    # takes it back starts at 11.0, reads its clock at 11.2 (its start-up) and starts its
+    # record and journal by 11.3. Its ledger (ledger.json's entry of attempt 0, then its own
+    # attempt) must add up to run.json's duration: from the killed launch's start to the end.
+    from launcher.commands import adopt
+    from launcher.run import record as records
+    from launcher.run import restarts
+
+    clock, session, console = _adopting(tmp_path, monkeypatch)
+    failed = ledger.attempt_entry(0, ledger.Times(0.0), None, None)  # 0 to 10: its own time
+    failed["buckets_s"]["launch"] = failed["wall_s"] = 10.0
+    data = {"attempt": 0, "restarts": 1, "counted": "program error restart 1 of 1",
+            "budgets": {}, "entries": [failed], "alive_at": WALL + 10.1,
+            "waiting": {"since": WALL + 10.0, "until": WALL + 14.0},
+            "launched": {"wall": WALL, "before_s": 0.0}}
+
+    def take_back(started_at: float, now: float):
+        clock.now = started_at
+        clock.sleep(now - started_at)  # the adopting launch's start-up, before its clock's reading
+        adopted = adopt.take_back(session, session.plan(), data, console, str(tmp_path), clock=clock)
+        record = records.Record(str(tmp_path), "fake", 30, clock=clock, launched_at=started_at)
+        clock.sleep(0.1)  # its record and journal
+        adopt.continue_record(record, data)
+        return adopted, record
+
+    adopted, record = take_back(11.0, 11.2)
+    if killed_in_the_wait == 2:  # killed in the same wait, at 11.3; taken back at 15.0
+        data.update(entries=[], alive_at=WALL + 11.3)
+        adopted, record = take_back(14.8, 15.0)
+    result, attempts = restarts.run(session, session.plan(), console, began_at=clock.now,
+                                    sleep=clock.sleep, clock=clock, adopted=adopted)
+    assert result.exit_code == 0
+    end = clock.now
+    record.end("succeeded", result, attempts)
+    entries = ledger.add_attempts(ledger.read(str(tmp_path)), attempts)
+    run = ledger.totals(entries)
+    duration = json.loads((tmp_path / "run.json").read_text())["duration_s"]
+    assert run["wall_s"] == pytest.approx(end, abs=0.002) == duration
+    wait = entries[0]["buckets_s"]
+    if killed_in_the_wait == 1:  # 10.1 to 11.2 unwatched; the wait's rest to 14 watched
+        assert attempts[0].times.began_at == pytest.approx(14.0)
+        assert (wait["unsupervised"], wait["restart_wait"]) == pytest.approx((1.1, 2.9))
+    else:  # 10.1 to 11.2 and 11.3 to 15.0 unwatched; the next attempt begins at once
+        assert attempts[0].times.began_at == pytest.approx(15.0)
+        assert (wait["unsupervised"], wait["restart_wait"]) == pytest.approx((4.8, 0.2))
+    assert entries[0]["wall_s"] == pytest.approx(attempts[0].times.began_at)
+
+
+def test_a_taken_back_launchs_duration_counts_from_the_killed_launchs_start_once(tmp_path,
+                                                                                 monkeypatch):
+    # the mid-run kill: the ledger's adopted attempt begins at the killed launch's start (0),
+    # and so does run.json's duration, however long the adopting launch took to start
+    from launcher.commands import adopt
+    from launcher.run import record as records
+
+    clock, _, _ = _adopting(tmp_path, monkeypatch)
+    clock.sleep(11.0)
+    record = records.Record(str(tmp_path), "fake", 30, clock=clock, launched_at=10.0)
+    adopt.continue_record(record, {"launched": {"wall": WALL, "before_s": 5.0}})
+    clock.sleep(9.0)
+    record.end("succeeded")
+    assert json.loads((tmp_path / "run.json").read_text())["duration_s"] == 5.0 + 20.0
