@@ -30,12 +30,36 @@ def version(name):
 
 
 def port_answer(wanted):
-    """{"port": p} with ``wanted`` (or, for 0, a free port) bindable here, else {"port_error": ...}."""
+    """{"port": p} with ``wanted`` (or, for 0, a free port) bindable here, else {"port_error": ...}.
+
+    For 0 the port is picked at random below the kernel's ephemeral range
+    (``ip_local_port_range``), as ``launcher.proctl.free_port`` picks one (this module runs
+    alone on a node, so it does not import it): a port bind(0) hands out lies in the range
+    every outgoing connection on the node draws its local port from, and in the seconds before
+    process 0 binds it one can take it (a CI run's Slurm job failed so: "Failed to add port to
+    server"). bind(0) only where no port below the range is free.
+    """
+    if wanted == 0:
+        import random
+        try:
+            with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+                low = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            low = 32768  # Linux's default
+        first, rng = max(1024, low - 12000), random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(first, max(first + 1, low))
+            if "port_error" not in _bind(port):
+                return {"port": port}
+    return _bind(wanted)
+
+
+def _bind(port):
     with socket.socket() as s:
         try:
-            s.bind(("", wanted))
+            s.bind(("", port))
         except OSError as exc:
-            return {"port": wanted, "port_error": exc.strerror or str(exc)}
+            return {"port": port, "port_error": exc.strerror or str(exc)}
         return {"port": s.getsockname()[1]}
 
 

@@ -87,3 +87,22 @@ def test_only_process_0_checks_a_port_and_a_bad_address_is_refused(tmp_path):
     assert result.returncode == contract.EXIT_MISMATCH, result.stdout + result.stderr
     assert "port" not in json.loads(lines[0][len(contract.FACTS_PREFIX):])
     assert "expected the coordinator's host:port on stdin, got 'not-an-address'" in result.stdout
+
+
+def test_a_free_coordinator_port_is_picked_below_the_ephemeral_range_and_is_bindable():
+    """Port 0 on the coordinator's node: a port bind(0) would hand out lies in the range every
+    outgoing connection draws its local port from, and one took it before process 0 bound it
+    (a CI run's Slurm job: "Failed to add port to server"); below that range none is drawn."""
+    from launcher import proctl
+
+    low, _ = proctl.ephemeral_range()
+    for _ in range(20):
+        port = nodefacts.port_answer(0)["port"]
+        assert 1024 <= port < low, port
+        with socket.socket() as s:
+            s.bind(("", port))
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        answer = nodefacts.port_answer(taken.getsockname()[1])
+        assert answer["port_error"] and answer["port"] == taken.getsockname()[1]
