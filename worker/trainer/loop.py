@@ -180,14 +180,15 @@ class Loop:
         """The step logger, the recovery (saves, local copies, the notice) and the list of
         step actions, in the order their contract asks (``worker.trainer.actions``)."""
         identity, job, start, out = self.identity, self.job, self.start, self.out
-        in_flight = InFlight(*calls.in_flight(jax.devices()[0].platform),
-                             finished_step=start.first_step - 1)
+        platform = jax.devices()[0].platform
+        in_flight = InFlight(*calls.in_flight(platform), finished_step=start.first_step - 1)
         self.logger = metrics.StepLogger(job, identity.process_id, identity.num_processes,
                                          self.tracker, out,
                                          finished_step=lambda: in_flight.finished_step,
                                          steps_per_call=start.steps_per_call,
                                          metric_names=start.metric_names,
-                                         metrics_every=start.metrics_every)
+                                         metrics_every=start.metrics_every,
+                                         read_every_s=calls.read_every_s(platform))
 
         def dispatch(*args):
             outputs = start.step_fn(*args)
