@@ -27,7 +27,8 @@ Each check runs ``launch`` as a user does (``python -m launcher.cli``) with
 * ``bench``: steps/s of ``launch`` (the job's defaults, ``steps_per_call`` 1 and 100, and 1,000
   with ``train.parallelism: jit``), of the
   seed as written (bench/seed_loop.py), and of the step's limit (bench/step_limit.py: K steps
-  in one jitted fori_loop over resident data) for 256 x 4 and 65,536 x 256, with the ratios.
+  in one jitted fori_loop over resident data, the batch a constant of the program and, as a
+  trainer's, passed in) for 256 x 4 and 65,536 x 256, with the ratios.
 
 Run directories are kept under OUT_DIR/runs (for TensorBoard, read back elsewhere), and every
 result goes to OUT_DIR/tpu_check.json. Exit 0 when every check passed.
@@ -211,6 +212,9 @@ class Check:
             limit = _rates([sys.executable, os.path.join(REPO, "bench", "step_limit.py"),
                             "--batch", str(batch), "--features", str(features),
                             "--steps", str(steps)])
+            limit_arg = _rates([sys.executable, os.path.join(REPO, "bench", "step_limit.py"),
+                                "--batch", str(batch), "--features", str(features),
+                                "--steps", str(steps), "--batch-argument"])
             seed = _seed_rate(batch, features, steps)
             # the job's defaults (steps_per_call auto; logging every 100 steps, and every
             # 1,000: at 380,000 steps/s each log step's line and TensorBoard scalars are the
@@ -228,8 +232,10 @@ class Check:
                     rates[name].append(self._steps_per_s(tag, shape, steps if name == "k1"
                                                          else fast_steps, sets))
             best = max(limit.values())
-            row = {"limit": limit, "seed": seed, **{n: max(r) for n, r in rates.items()},
+            row = {"limit": limit, "limit_batch_argument": limit_arg, "seed": seed,
+                   **{n: max(r) for n, r in rates.items()},
                    "default/limit": max(rates["default"]) / best,
+                   "default/limit_batch_argument": max(rates["default"]) / max(limit_arg.values()),
                    "default-log1000/limit": max(rates["default-log1000"]) / best,
                    "default-nolocal/limit": max(rates["default-nolocal"]) / best,
                    "k1/limit_k1": max(rates["k1"]) / limit[1],
@@ -238,9 +244,11 @@ class Check:
                    "default/seed": max(rates["default"]) / seed}
             facts[shape] = row
             print(f"{batch} x {features}, {steps} steps: limit " + ", ".join(
-                f"K={k} {v:,.0f}" for k, v in limit.items()) + f"; seed {seed:,.0f}; launch "
+                f"K={k} {v:,.0f}" for k, v in limit.items()) + " (the batch passed in: " + ", ".join(
+                f"K={k} {v:,.0f}" for k, v in limit_arg.items()) + f"); seed {seed:,.0f}; launch "
                 + ", ".join(f"{n} {max(r):,.0f}" for n, r in rates.items())
-                + f" steps/s; default/best limit {row['default/limit']:.2f} (log every 1,000: "
+                + f" steps/s; default/best limit {row['default/limit']:.2f} (the batch passed in: "
+                f"{row['default/limit_batch_argument']:.2f}; log every 1,000: "
                 f"{row['default-log1000/limit']:.2f}; local tier off: "
                 f"{row['default-nolocal/limit']:.2f}), k1/K=1 "
                 f"{row['k1/limit_k1']:.2f}, k100/K=100 {row['k100/limit_k100']:.2f}, k1000-jit/K=1000 "
