@@ -331,3 +331,38 @@ def test_the_initial_state_and_a_restore_reach_every_process_bit_for_bit():
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
         assert json.loads(out.strip().splitlines()[-1]) == [True] * 5, out + err[-2000:]
+
+
+def test_local_copies_are_no_closer_than_the_minimum_interval_however_fast_the_steps(tmp_path):
+    """A copy every step asked for (the clock is the test's): a call boundary within
+    ``MIN_INTERVAL_S`` of the last copy takes none, the first one after it does (the 256 x 4
+    job at 100 steps a call copied 1,500 times a second on the chip)."""
+    import time
+
+    from worker.recovery import localtier
+
+    now = [100.0]
+    params, opt_state = {"w": np.ones((4, 1), np.float32)}, ()
+
+    def tier(path):
+        return localtier.LocalTier(str(path), every_steps=1, num_batches=3, order=None,
+                                   unreplicate=lambda tree: tree, clock=lambda: now[0])
+
+    def written(path, steps):  # and the writer free for the next copy
+        deadline = time.monotonic() + 30
+        while (checkpoint.list_steps(str(path)) != steps or spaced.writing) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        return checkpoint.list_steps(str(path))
+
+    spaced = tier(tmp_path / "spaced")
+    try:
+        spaced.after_step(201, params, opt_state)
+        assert written(tmp_path / "spaced", [201]) == [201]
+        now[0] += localtier.MIN_INTERVAL_S / 2
+        spaced.after_step(202, params, opt_state)  # within the interval: no copy
+        now[0] += localtier.MIN_INTERVAL_S
+        spaced.after_step(203, params, opt_state)
+        assert written(tmp_path / "spaced", [201, 203]) == [201, 203]
+    finally:
+        spaced.close()

@@ -21,11 +21,17 @@ import hashlib
 import os
 import shutil
 import threading
+import time
 from typing import Callable
 
 from worker.recovery import checkpoint
 
 KEEP = 2  # the newest two: one may be being written when the process dies
+# Copies are taken no closer together than this, whatever local_every_steps says: a restart
+# loses at most this much more work, and a fast step no longer pays for a copy every call (the
+# 256 x 4 job at 100 steps a call copied 1,500 times a second: 155,748 steps/s against
+# 241,807 with the tier off on a TPU v5e, 304,521 against 727,410 on this project's CPU)
+MIN_INTERVAL_S = 0.05
 PROCESS_DIR = "process-{process_id:03d}"
 
 
@@ -95,17 +101,22 @@ class LocalTier:
 
     Args:
       path: this process's directory (``directory``).
-      every_steps: a copy at the first call boundary at or after each multiple (> 0).
+      every_steps: a copy at the first call boundary at or after each multiple (> 0) that is
+        at least ``MIN_INTERVAL_S`` after the previous copy was taken.
       num_batches, order: the data position's facts (``worker.recovery.checkpoint.Checkpoint``).
       unreplicate: a pytree of replicated leaves -> the same of numpy arrays (the parallelism's).
       warn: where a failed write is said, once.
+      clock: seconds, monotonic (the interval between copies).
     """
 
     def __init__(self, path: str, every_steps: int, num_batches: int, order: dict | None,
-                 unreplicate: Callable, warn: Callable[[str], None] = print):
+                 unreplicate: Callable, warn: Callable[[str], None] = print,
+                 clock: Callable[[], float] = time.monotonic):
         self.path, self.every_steps = path, every_steps
         self.num_batches, self.order, self.unreplicate, self.warn = num_batches, order, unreplicate, warn
         self.last_step = 0
+        self.clock = clock
+        self._taken_at = -float("inf")  # clock() when the last copy was taken
         # One writer thread for the attempt, started at the first copy and handed each copy
         # (a thread started per copy cost the step's path its start-up handshake: about 5%
         # of a 1-device CPU run's loop at a copy every 100 steps)
@@ -117,6 +128,11 @@ class LocalTier:
         self._failed = False
         self._warning = ""  # the writer thread's, said by after_step
 
+    @property
+    def writing(self) -> bool:
+        """A copy has been handed to the writer thread and is not written yet."""
+        return self._busy
+
     def after_step(self, step: int, params, opt_state) -> None:
         """Take a copy when ``step`` is the first call boundary of a new interval (and say
         here, on the loop's thread, what the writer thread could not write: a line printed
@@ -126,9 +142,13 @@ class LocalTier:
             self._warning = ""
         if step // self.every_steps <= self.last_step // self.every_steps or self._failed:
             return
+        now = self.clock()
+        if now - self._taken_at < MIN_INTERVAL_S:
+            return  # this interval's copy waits for a later call boundary
         self.last_step = step
         if self._busy:
             return  # the previous copy is still being written: this interval has that one
+        self._taken_at = now
         import jax
         import jax.numpy as jnp
 
