@@ -91,7 +91,7 @@ def script_text(job, run_dir: str, exclude: tuple = (), detached: bool = False) 
     else:
         lines.append('    echo "podlaunch: no launcher heartbeat for $((now - seen)) s: ending the job"; exit 0')
     lines += [
-        "  fi",
+        "  fi" if not detached else '  else said=""; fi  # a launcher beats again: said again if it goes',
         f"  sleep {HEARTBEAT_EVERY_S}",
         "done",
     ]

@@ -58,8 +58,7 @@ class SlurmSession(adoption.Adoption, Session):
         self._beat_stop = threading.Event()
         self._beat: threading.Thread | None = None
         self.lifecycle = lifecycle.JobLifecycle(self.slurm.job, job.cluster.poll_s)
-        # a supervisor taking a run back (``rejoin``): the killed one's job, not yet proven
-        # this run's; until it is, nothing of it is cancelled (``_ours``)
+        # taking a run back (``rejoin``): nothing of its job is cancelled until it is proven ours
         self._rejoined: dict | None = None
         self._ours = not self.options.adopting
         self._coordinator = ""
@@ -188,7 +187,8 @@ class SlurmSession(adoption.Adoption, Session):
         if not self.options.kill_stale or self.options.dry_run:
             raise LaunchError(f"Slurm job(s) {listed} named {self.name} are still queued and "
                               "their launcher is gone; rerun with --kill-stale to cancel them "
-                              "(scancel), or wait for them to end by themselves (orphan_timeout_s)")
+                              "(scancel), or wait for them to end by themselves (orphan_timeout_s); "
+                              "a detached run's is taken back by `launch attach RUN`")
         self.console.say(f"cancelling stale Slurm job(s) {listed} (their launcher is gone)")
         for job_id, _, _ in stale:
             self._cancel_and_wait(job_id)

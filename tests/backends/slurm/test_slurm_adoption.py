@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from launcher import plan as planning
-from launcher.backends.slurm import adoption, script
+from launcher.backends.slurm import adoption, launches, script
 from launcher.backends.slurm.filed import FiledWorker, srun_path
 from launcher.errors import SpecError
 from launcher.state import Exited, Killed, Lost
@@ -119,7 +119,7 @@ def test_a_holder_gone_without_its_report_is_lost(tmp_path):
     assert isinstance(worker.poll(), Lost)
 
 
-def test_a_detached_runs_batch_script_keeps_the_job_while_a_step_of_the_run_is_left():
+def test_a_detached_runs_batch_script_keeps_the_job_while_a_step_of_the_run_is_left(tmp_path):
     class Cluster:
         nodes, processes_per_node, cpus_per_process, platform, partition = 1, 1, None, "cpu", None
         time_limit = account = qos = None
@@ -131,5 +131,18 @@ def test_a_detached_runs_batch_script_keeps_the_job_while_a_step_of_the_run_is_l
     foreground, detached = (script.script_text(Job, "/r/un dir", detached=d) for d in (False, True))
     assert "squeue" not in foreground and "ending the job\"; exit 0" in foreground
     assert "steps=podlaunch.linear." in detached and 'squeue -h -s -j "$SLURM_JOB_ID"' in detached
-    assert "no step of the run left: ending the job" in detached
-    subprocess.run(["bash", "-n"], input=detached, text=True, check=True)
+    # run, its launcher long silent (no heartbeat file), against squeue's three answers; its
+    # first sleep ends it (a fake on PATH that stops its caller)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sleep").write_text("#!/bin/sh\nkill -TERM $PPID\n")
+    for listed, said, code in ((f"batch\n{NAME}.{launches.run_tag('/r/un dir')}.p1", "steps train on", -15),
+                               ("batch\nextern\nother.p0", "no step of the run left: ending the job", 0),
+                               (None, "steps train on", -15)):  # squeue cannot answer: kept
+        (bin_dir / "squeue").write_text("#!/bin/sh\n" + (f"printf '%s\\n' '{listed}'\n" if listed
+                                                        else "exit 1\n"))
+        for tool in ("sleep", "squeue"):
+            (bin_dir / tool).chmod(0o755)
+        ran = subprocess.run(["bash", "-c", detached], capture_output=True, text=True, timeout=30,
+                             env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7"})
+        assert ran.returncode == code and said in ran.stdout, (listed, ran)
