@@ -85,7 +85,11 @@ def adopted_steps(plan: Plan, records: list, slurm, job_id: str, step_prefix: st
                            f"job {job_id} ({record!r})")
         if step is None:  # the killed supervisor had not seen it listed yet
             step = next((s for s, n in listed.items() if n == name), None)
-        workers.append(FiledWorker.adopted(p, record, slurm, judge, step if step in listed else None))
+        try:
+            workers.append(FiledWorker.adopted(p, record, slurm, judge,
+                                               step if step in listed else None))
+        except (TypeError, ValueError) as exc:
+            raise _refused(f"the run's journal is not usable ({exc!r})") from None
     return workers
 
 

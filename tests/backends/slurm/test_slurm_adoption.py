@@ -85,6 +85,9 @@ def test_each_step_is_proven_by_its_id_and_name_or_found_ended(tmp_path):
                     [journaled(0, "7.0", step_name=f"{NAME}.other.p0"), journaled(1, "7.1")]):
         with pytest.raises(SpecError, match="does not name p[01]'s step .*nothing was signalled"):
             adoption.adopted_steps(plan_of(run_dir), records, listed, "7", PREFIX, None)
+    with pytest.raises(SpecError, match="journal is not usable"):
+        adoption.adopted_steps(plan_of(run_dir), [journaled(0, "7.0"), journaled(1, "7.3", offset="x")],
+                               listed, "7", PREFIX, None)
 
 
 def ended_step(tmp_path, out: str, srun: str, offset: int = 0) -> FiledWorker:
