@@ -58,6 +58,19 @@ def start_ticks(pid):
         return None
 
 
+def is_process(pid, since):
+    """Whether ``pid`` is still the process a journal names: this user's, started at clock tick
+    ``since`` (``start_ticks``; a pid reused since is another process), and not a zombie."""
+    fields = stat_fields(pid)
+    if fields is None or fields[0] == b"Z" or since is None:
+        return False
+    try:
+        mine = os.stat("/proc/%d" % pid).st_uid == os.getuid()
+    except OSError:
+        return False
+    return mine and start_ticks(pid) == since
+
+
 def state(pid):
     """The process state letter of ``pid`` as a str ("R", "S", "T", "Z", ...), or None if gone."""
     fields = stat_fields(pid)

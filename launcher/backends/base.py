@@ -168,6 +168,17 @@ class Session(abc.ABC):
             f"{self.job.cluster.backend}: stop what is left of it (`launch JOB.yaml --resume RUN "
             "--kill-stale` on ssh and tpu hosts) and continue it from its last checkpoint"))])
 
+    def journaled(self) -> dict:
+        """What a supervisor that takes the run back needs of this session beyond its processes
+        (the journal's ``session``, rewritten with it: a scheduler's job id, the nodes it
+        placed), for ``rejoin``; none by default."""
+        return {}
+
+    def rejoin(self, entry: dict) -> None:
+        """This session takes back the run whose killed session ``journaled`` ``entry``, before
+        its first ``plan`` (called with the run's lock held); nothing is signalled or changed
+        until what ``entry`` names is proven the run's own."""
+
     def stop_strays(self) -> list:
         """Stop every process of this run still running that no journal names (a supervisor
         killed while starting them), before a supervisor that took the run back starts any;

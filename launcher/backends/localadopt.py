@@ -49,14 +49,7 @@ class AdoptedWorker(LocalWorker):
     def _alive(self) -> bool:
         """Whether the wrapper is still the process the journal names: this user's, started
         at the recorded tick, and not a zombie."""
-        fields = proctl.stat_fields(self._wrapper)
-        if fields is None or fields[0] == b"Z" or self.since is None:
-            return False
-        try:
-            mine = os.stat(f"/proc/{self._wrapper}").st_uid == os.getuid()
-        except OSError:
-            return False
-        return mine and proctl.start_ticks(self._wrapper) == self.since
+        return proctl.is_process(self._wrapper, self.since)
 
     def lines(self):
         try:

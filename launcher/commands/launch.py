@@ -263,13 +263,17 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         _check_creatable(run_dir, "--resume" if args.resume else "--run-dir")
     session = backend.session(job, run_dir, console, options)
     try:
+        taken = None
+        if args.adopt:  # the run's lock first: nothing is asked of its backend by a second one
+            held.append(runlock.acquire(run_dir, "RUN"))
+            taken = adopt.check(run_dir)  # SpecError: nothing to take back
+            session.rejoin(taken.get("session") or {})
         plan = session.plan()
         if args.dry_run:
             console.block(session.describe(plan))
             return EXIT_OK
-        held.append(runlock.acquire(run_dir, "RUN" if args.adopt else
-                                    "--resume" if args.resume else "--run-dir"))
-        taken = adopt.check(run_dir) if args.adopt else None  # SpecError: nothing to take back
+        if not args.adopt:
+            held.append(runlock.acquire(run_dir, "--resume" if args.resume else "--run-dir"))
         first_attempt = taken["attempt"] if taken else restarts.next_attempt(run_dir)
         try:
             changes = [] if taken else _write_run_files(plan, first_attempt if args.resume else 0, job)
@@ -285,7 +289,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         journal = None  # a detached run's: what a supervisor needs to take it back
         if handoff.detached:
             journal = journals.Journal(run_dir, backend.name, taken["argv"] if taken else argv,
-                                       taken["cwd"] if taken else os.getcwd(), session.adopts)
+                                       taken["cwd"] if taken else os.getcwd(), session.adopts,
+                                       session=session.journaled)
             journal.data["launched"] = (taken or {}).get("launched") or {
                 "wall": journals.to_wall(launched_at), "before_s": record._before_s}
             if taken:  # where the killed one left it, until this one's attempt is under way

@@ -85,6 +85,6 @@ def final_code(run_dir: str, name: str) -> int:
     if value in EXIT_CODES:
         return EXIT_CODES[value]
     print(f"launch: the run {name} did not end by itself: its supervisor is gone (killed, or its "
-          "machine went away) while its state says running; a detached local run's processes "
-          f"go on: `launch attach {name}` takes them back (see `launch runs`)")
+          "machine went away) while its state says running; a detached local or Slurm run's "
+          f"processes go on: `launch attach {name}` takes them back (see `launch runs`)")
     return 1

@@ -10,7 +10,8 @@ taken for it), its worker's process group, the control token of its lines, its o
 is lost while nobody reads), how far the supervisor has read it (``offset``: every line
 before it is in the process's log) and the log's size then (``logged``: a supervisor that
 takes the run back cuts the log there and reads what follows the offset again, so no line is
-lost or written twice). Between attempts it says the restart's wait instead.
+lost or written twice), and the backend session's own part (``session``, its ``journaled``:
+a Slurm job's id and nodes). Between attempts it says the restart's wait instead.
 Rewritten whole every ``EVERY_S`` while the run goes on (``alive_at``: the last moment a
 supervisor is known to have watched; the gap to the adoption is the ledger's
 ``unsupervised``), and removed when the run ends by itself. Mode 0600: it holds the tokens
@@ -77,7 +78,8 @@ class Journal:
     """The supervisor's side: kept up to date by ``restarts.run`` and ``supervise``."""
 
     def __init__(self, run_dir: str, backend: str, argv: list, cwd: str, adopts: bool = True,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 session: Callable[[], dict] | None = None):
         self.path = os.path.join(run_dir, JOURNAL_FILE)
         self.clock, self.adopts = clock, adopts  # not adopts: written once, to say so
         self.data = {"version": VERSION, "backend": backend, "adopts": adopts,
@@ -85,6 +87,7 @@ class Journal:
                      "attempt": None, "restarts": 0, "counted": "", "budgets": {},
                      "entries": [], "failures": [], "times": None, "workers": [],
                      "waiting": None, "alive_at": time.time()}
+        self.session = session  # the backend session's own part (``Session.journaled``)
         self.workers: list = []
         self._marks: list | None = None
         self._sizes: dict = {}  # each log's size (its path's) when the offsets were taken
@@ -154,6 +157,8 @@ class Journal:
             self.data["workers"] = [dict(w.journal_entry(), offset=mark,
                                          logged=self._sizes.get(w.plan.log_path))
                                     for w, mark in zip(self.workers, self._marks)]
+        if self.session is not None:
+            self.data["session"] = self.session()
         self.data["alive_at"] = time.time()
         self._written_at = self.clock()
         try:

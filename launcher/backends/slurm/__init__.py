@@ -4,6 +4,8 @@ See docs/slurm.md. Modules: ``settings`` (the ``cluster:`` keys), ``commands``
 (Slurm's client commands, scrubbed environment), ``script`` (the batch
 script), ``nodes`` (every node's versions and the coordinator port, checked
 before the processes join), ``workers`` (one srun step per process),
+``filed`` (a detached run's step, its output in files of the run),
+``adoption`` (a detached run taken back by ``launch attach``),
 ``session`` (the lifecycle).
 """
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import shlex
 
+from launcher.backends.slurm import launches
+
 HEARTBEAT_EVERY_S = 10
 
 
@@ -49,23 +51,47 @@ def heartbeat_path(run_dir: str) -> str:
     return os.path.join(run_dir, "slurm", "launcher-heartbeat")
 
 
-def script_text(job, run_dir: str, exclude: tuple = ()) -> str:
-    """The whole batch script (``exclude``: as ``sbatch_options``)."""
+def script_text(job, run_dir: str, exclude: tuple = (), detached: bool = False) -> str:
+    """The whole batch script (``exclude``: as ``sbatch_options``). ``detached``: a detached
+    run's (``launch --detach``), whose steps outlive a killed supervisor: the job ends itself
+    only once its launcher is silent for ``orphan_timeout_s`` *and* no step of the run is left
+    (``squeue -s``; one that cannot answer counts as a step left), so that the steps train on to
+    their end, or the job's time limit, until ``launch attach`` takes the run back."""
     c = job.cluster
     beat = shlex.quote(heartbeat_path(run_dir))
     lines = ["#!/bin/bash"] + [f"#SBATCH {opt}" for opt in sbatch_options(job, run_dir, exclude)] + [
         f"# Written by podlaunch for job {job.name!r}. It holds the allocation; the launcher",
         "# starts one step per process (srun --ntasks=1 --nodelist=NODE) and cancels this job",
-        "# when the run ends. Without the launcher's heartbeat for orphan_timeout_s, it ends itself.",
+        "# when the run ends. Without the launcher's heartbeat for orphan_timeout_s, it ends itself"
+        + (" once no step of the run is left (a detached run's steps train on)." if detached else "."),
         f"beat={beat}",
         f"limit={c.orphan_timeout_s}",
         'echo "podlaunch: job $SLURM_JOB_ID holds $SLURM_JOB_NODELIST (restart count '
         '${SLURM_RESTART_COUNT:-0})"',
+    ]
+    if detached:  # the run's steps are named <job name>.<run tag>.p<id> (launches.run_tag)
+        steps = shlex.quote(f"{job_name(job)}.{launches.run_tag(run_dir)}.")
+        lines += [f"steps={steps}", "said="]
+    lines += [
         "while :; do",
         '  now=$(date +%s); seen=$(stat -c %Y "$beat" 2>/dev/null || echo 0)',
         '  if [ $((now - seen)) -gt "$limit" ]; then',
-        '    echo "podlaunch: no launcher heartbeat for $((now - seen)) s: ending the job"; exit 0',
-        "  fi",
+    ]
+    if detached:
+        lines += [
+            '    left=$(squeue -h -s -j "$SLURM_JOB_ID" -o %j 2>/dev/null) || left="$steps?"',
+            '    case "$left" in',
+            '    *"$steps"*)',
+            '      [ -n "$said" ] || echo "podlaunch: no launcher heartbeat for $((now - seen)) s;'
+            ' the run\'s steps train on (launch attach RUN takes them back)"; said=1;;',
+            '    *) echo "podlaunch: no launcher heartbeat for $((now - seen)) s and no step of'
+            ' the run left: ending the job"; exit 0;;',
+            "    esac",
+        ]
+    else:
+        lines.append('    echo "podlaunch: no launcher heartbeat for $((now - seen)) s: ending the job"; exit 0')
+    lines += [
+        "  fi" if not detached else '  else said=""; fi  # a launcher beats again: said again if it goes',
         f"  sleep {HEARTBEAT_EVERY_S}",
         "done",
     ]

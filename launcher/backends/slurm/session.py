@@ -25,9 +25,10 @@ import time
 from launcher import interrupts
 from launcher import plan as planning
 from launcher.backends.base import Session
-from launcher.backends.slurm import launches, lifecycle, nodes as nodefacts, script
+from launcher.backends.slurm import adoption, launches, lifecycle, nodes as nodefacts, script
 from launcher.backends.slurm.commands import Slurm
 from launcher.backends.slurm.exclusions import NodeExclusions
+from launcher.backends.slurm.filed import FiledWorker
 from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
@@ -39,7 +40,7 @@ from worker.contract import redact, runfiles
 TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")
 
 
-class SlurmSession(Session):
+class SlurmSession(adoption.Adoption, Session):
     def __init__(self, job, run_dir, console=None, options=None, slurm: Slurm | None = None):
         super().__init__(job, run_dir, console, options)
         self.slurm = slurm or Slurm()
@@ -57,9 +58,15 @@ class SlurmSession(Session):
         self._beat_stop = threading.Event()
         self._beat: threading.Thread | None = None
         self.lifecycle = lifecycle.JobLifecycle(self.slurm.job, job.cluster.poll_s)
+        # taking a run back (``rejoin``): nothing of its job is cancelled until it is proven ours
+        self._rejoined: dict | None = None
+        self._ours = not self.options.adopting
+        self._coordinator = ""
 
     # ---- prepare ----------------------------------------------------------------
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:
+        if self._rejoined is not None:
+            return self._rejoin_prepare()
         cluster = self.job.cluster
         if self.mode == "allocation":
             if not self.job_id:
@@ -143,7 +150,8 @@ class SlurmSession(Session):
                                 f"{count}")
         result = self.slurm.run(["sbatch", "--test-only"]
                                 + script.sbatch_options(self.job, self.run_dir), check=False,
-                                stdin=script.script_text(self.job, self.run_dir))
+                                stdin=script.script_text(self.job, self.run_dir,
+                                                         detached=self.options.detached))
         said = (result.stderr or result.stdout).strip()
         if result.returncode != 0:
             if "node configuration is not available" in said:  # no node has that shape
@@ -179,7 +187,8 @@ class SlurmSession(Session):
         if not self.options.kill_stale or self.options.dry_run:
             raise LaunchError(f"Slurm job(s) {listed} named {self.name} are still queued and "
                               "their launcher is gone; rerun with --kill-stale to cancel them "
-                              "(scancel), or wait for them to end by themselves (orphan_timeout_s)")
+                              "(scancel), or wait for them to end by themselves (orphan_timeout_s); "
+                              "a detached run's is taken back by `launch attach RUN`")
         self.console.say(f"cancelling stale Slurm job(s) {listed} (their launcher is gone)")
         for job_id, _, _ in stale:
             self._cancel_and_wait(job_id)
@@ -205,7 +214,8 @@ class SlurmSession(Session):
     def _submit(self) -> None:
         os.makedirs(os.path.join(self.run_dir, "slurm"), exist_ok=True)
         path = os.path.join(self.run_dir, "slurm", "job.sbatch")
-        runfiles.write_whole(path, script.script_text(self.job, self.run_dir, self.exclusions.excluded))
+        runfiles.write_whole(path, script.script_text(self.job, self.run_dir, self.exclusions.excluded,
+                                                     detached=self.options.detached))
         self._heartbeat()
         out = self.slurm.run(["sbatch", "--parsable", path]).stdout.strip()
         self.job_id = out.split(";")[0]
@@ -335,13 +345,16 @@ class SlurmSession(Session):
         cluster = plan.job.cluster
         workers: list = []
         self.exclusions.last_processes = plan.processes
+        self._coordinator = plan.coordinator_address
         try:
             for process in plan.processes:
                 name = f"{self.step_prefix}p{process.process_id}"
                 argv = srun_argv(self.job_id, process.host, name, cluster, process.argv,
                                  process.cwd or cluster.workdir)
-                workers.append(SrunWorker(process, self.job_id, name, argv, self.slurm,
-                                          judge=self.judge, rendezvous=plan.job.rendezvous))
+                # detached: its output in files, its srun outliving this supervisor (``filed``)
+                step = FiledWorker.started if self.options.detached else SrunWorker
+                workers.append(step(process, self.job_id, name, argv, self.slurm,
+                                    judge=self.judge, rendezvous=plan.job.rendezvous))
             if plan.job.rendezvous:
                 self._rendezvous(plan, workers)
         except BaseException:
@@ -371,14 +384,14 @@ class SlurmSession(Session):
         self.lifecycle.gone(job_id, timeout_s)
 
     def end_attempt(self) -> None:
-        if self.job_id and not self.options.dry_run:
+        if self.job_id and self._ours and not self.options.dry_run:
             steps = self.slurm.steps_named(self.job_id, self.step_prefix)
             if steps:
                 self._cancel_steps(steps)
 
     def close(self) -> None:
         self._beat_stop.set()
-        if self.options.dry_run or not self.job_id:
+        if self.options.dry_run or not self.job_id or not self._ours:
             return
         if self.mode == "submit":
             job_id, self.job_id = self.job_id, None

@@ -144,7 +144,8 @@ class SlurmCluster(ClusterSettings):
     poll_s: float = setting(1.0, check=positive, doc="seconds between queue checks while pending")
     orphan_timeout_s: int = setting(600, check=schema.in_range(30, schema.NUMBER_MAX),
                                     doc="a submitted job ends itself when its launcher has been "
-                                    "silent this long (killed with SIGKILL, host lost)")
+                                    "silent this long (killed with SIGKILL, host lost); a detached "
+                                    "run's, once no step of the run is left either")
     grace_s: float = setting(3.0, check=non_negative, doc="after SIGTERM, wait this long before SIGKILL")
     env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names,
                                               doc="extra environment for every worker")

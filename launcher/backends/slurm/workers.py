@@ -111,20 +111,24 @@ class SrunWorker:
         """srun's stderr: its reports of how the task ended, kept for ``poll``, and shown."""
         for line in self._proc.stderr:
             line = line.rstrip("\n")
-            match = TASK_END.match(line)
-            failure = NODE_FAILURE.match(line)
-            if failure:
-                self._ended = Lost(f"srun reports a node failure on {failure.group('node')}")
-                self.failed_node = failure.group('node')
-            if match:
-                what = match.group("what").strip()
-                code = EXITED.match(what)
-                if code:
-                    self._ended = Exited(int(code.group(1)))
-                elif what.split(" (")[0] in SIGNALS:
-                    self._ended = Killed(SIGNALS[what.split(" (")[0]])
+            self._said_by_srun(line)
             self._srun.put(line)
         self._proc.stderr.close()
+
+    def _said_by_srun(self, line: str) -> None:
+        """One line of srun's own stderr: how its task ended, or a node failure, kept."""
+        match = TASK_END.match(line)
+        failure = NODE_FAILURE.match(line)
+        if failure:
+            self._ended = Lost(f"srun reports a node failure on {failure.group('node')}")
+            self.failed_node = failure.group('node')
+        if match:
+            what = match.group("what").strip()
+            code = EXITED.match(what)
+            if code:
+                self._ended = Exited(int(code.group(1)))
+            elif what.split(" (")[0] in SIGNALS:
+                self._ended = Killed(SIGNALS[what.split(" (")[0]])
 
     def _srun_lines(self) -> list:
         out = []
@@ -180,6 +184,10 @@ class SrunWorker:
             self._exited_at = self._exited_at or time.monotonic()
             if time.monotonic() - self._exited_at < EOF_WAIT_S:
                 return None
+        return self._verdict(code)
+
+    def _verdict(self, code: int) -> Exit:
+        """How the task ended, from srun's exit ``code`` and its own lines, read against the job."""
         if code == 0 and self._ended is None:
             return Exited(0)
         # no "task 0:" line: srun failed itself (no step, the job is gone) or died of a signal

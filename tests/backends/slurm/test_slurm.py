@@ -19,12 +19,15 @@ import numpy as np
 import pytest
 
 from harness import sshenv
+from harness import detached
+from harness.detached import launchers_naming, supervisor, until
 from harness.helpers import (LAUNCH, NO_RESTARTS, PACED, REPO, Output, checked_ledger, env_for_tests, launch, pids_with_env, program_job, run_pids,
                      sighup_default, wait_gone)
-from harness.runs import SLOW_PROCESS_0, agreed_step, assert_one_agreed_stop
+from harness.runs import SLOW_PROCESS_0, agreed_step, assert_one_agreed_stop, fault
 from harness.slurmenv import SlurmTestEnv
 
 pytestmark = pytest.mark.slow
+supervisors = detached.supervisors  # a fixture: the detached runs' supervisors, killed at the end
 
 if os.environ.get("PODLAUNCH_SKIP_SLURM") == "1":
     pytest.skip(sshenv.UNAVAILABLE + "PODLAUNCH_SKIP_SLURM=1", allow_module_level=True)
@@ -661,3 +664,130 @@ def test_a_detached_slurm_run_is_followed_by_name_and_stopped_with_nothing_left(
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+TAKEN_BACK_STEPS = 300
+# 2 processes x 2 CPU devices on two nodes, process 0 sleeping 50 ms a step: about 16 s
+TAKEN_BACK = ("--set", f"train.num_steps={TAKEN_BACK_STEPS}", "--set", "logging.log_every_steps=20",
+              "--set", "logging.tensorboard=false", *PACED)
+
+
+def _logged_steps(run_dir, process_id: int, steps: int = TAKEN_BACK_STEPS, attempt: str = "") -> list:
+    path = run_dir / "logs" / attempt / f"process-{process_id:03d}.log"
+    text = path.read_text() if path.exists() else ""
+    return [int(s) for s in re.findall(rf" step (\d+)/{steps} loss", text)]
+
+
+def _kill_supervisor(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    until(lambda: not os.path.exists(f"/proc/{pid}") or
+          open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", "the supervisor gone")
+
+
+def _journal(run_dir) -> dict:
+    try:
+        return json.loads((run_dir / "supervisor.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_a_detached_slurm_runs_killed_supervisor_is_taken_back_in_the_same_job(
+        slurm, cluster_file, tmp_path, reference_params, supervisors):
+    # the supervisor is SIGKILLed mid-run: the job's steps train on (their srun outlives it,
+    # their output in files of the run) and `launch attach` takes them back, in the same job
+    run_dir = tmp_path / "run"
+    started = run(slurm, "jobs/linear.yaml", "--cluster",
+                  cluster_file(nodes=2, devices_per_process=2, orphan_timeout_s=30),
+                  "--run-dir", str(run_dir), *TAKEN_BACK, "--detach", timeout_s=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    killed = supervisor(run_dir)
+    supervisors.append(killed)
+    until(lambda: max(_logged_steps(run_dir, 0), default=0) >= 20, "step 20 in process 0's log")
+    journal = until(lambda: (lambda j: j if all(w.get("step") for w in j.get("workers") or [{}])
+                             else None)(_journal(run_dir)), "the journal naming both steps")
+    job_id = journal["session"]["job_id"]
+    steps = sorted(w["step"] for w in journal["workers"])
+    offset = {w["process_id"]: w["offset"] for w in journal["workers"]}
+    _kill_supervisor(killed)
+    # nobody watches: the steps train on, and what they print is kept in the run's files
+    out = run_dir / "output" / "attempt-0" / "process-000.out"
+    until(lambda: out.stat().st_size > offset[0] + 200, "process 0's output growing unwatched")
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    listed = slurm.run("squeue", "-h", "-s", "-j", job_id, "-o", "%i").split()
+    assert set(steps) <= set(listed), (steps, listed)
+    # the batch script: no heartbeat for orphan_timeout_s (moved back rather than waited), but
+    # the run's steps still train, so the job goes on (a foreground run's would end)
+    old = time.time() - 31
+    os.utime(run_dir / "slurm" / "launcher-heartbeat", (old, old))
+    batch = run_dir / "slurm" / f"batch-{job_id}.out"
+    until(lambda: "the run's steps train on" in batch.read_text(), "the batch script's check", 30)
+    attached = run(slurm, "attach", str(run_dir), timeout_s=240)
+    supervisors.extend(launchers_naming(str(run_dir)))
+    said = attached.stdout + attached.stderr
+    assert attached.returncode == 0, said[-3000:]
+    assert "OK: 2 processes succeeded" in said, said[-3000:]
+    log = (run_dir / "launcher.log").read_text()
+    # the same job goes on: neither submitted again nor cancelled before the run's end
+    assert re.findall(r"submitted Slurm job (\d+)", started.stdout + started.stderr) == [job_id]
+    assert "submitted Slurm job" not in log + said, log[-3000:]
+    assert [p.name for p in (run_dir / "slurm").glob("batch-*.out")] == [f"batch-{job_id}.out"]
+    assert re.search(r"taking the run back after \d+\.\d s without a supervisor: attempt 0's 2 "
+                     "processes", log), log[-3000:]
+    want = reference_params("--set", f"train.num_steps={TAKEN_BACK_STEPS}")
+    for got, expected in zip(params(run_dir), [want[k] for k in sorted(want)]):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "succeeded" and record["attempts"] == 1, record
+    assert checked_ledger(run_dir)["attempts"][0]["buckets_s"]["unsupervised"] > 0
+    for i in range(2):  # every step line once: none lost while nobody read, none twice
+        assert _logged_steps(run_dir, i) == list(range(20, TAKEN_BACK_STEPS + 1, 20)), i
+    assert "ending the job" not in batch.read_text()
+    assert not (run_dir / "supervisor.json").exists()
+
+
+def test_a_step_that_failed_unwatched_is_classified_and_a_run_killed_in_its_restarts_wait_goes_on_in_the_same_job(
+        slurm, cluster_file, tmp_path, reference_params, supervisors):
+    # process 1 exits with code 7 after step 40 of attempt 0 while no supervisor watches; the
+    # attach classifies it from its holder's report (a program error, restarted), its own
+    # supervisor is killed in the restart's 4 s wait, and a second attach restarts the run in
+    # the same job
+    run_dir, steps = tmp_path / "run", 200
+    started = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(nodes=2, devices_per_process=2),
+                  "--run-dir", str(run_dir), "--set", f"train.num_steps={steps}",
+                  "--set", "logging.log_every_steps=20", "--set", "logging.tensorboard=false",
+                  *PACED, *fault("exit", 40), "--set", "task.args.slow_attempt=0",
+                  "--set", "checkpoint.every_steps=20", "--set", "restarts.program_errors=1",
+                  "--set", "restarts.backoff_s=4", "--detach", timeout_s=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    killed = supervisor(run_dir)
+    supervisors.append(killed)
+    until(lambda: max(_logged_steps(run_dir, 0, steps), default=0) >= 20, "step 20 in p0's log")
+    _kill_supervisor(killed)
+    srun = run_dir / "output" / "attempt-0" / "process-001.srun"
+    until(lambda: "podlaunch-srun-exit 7" in srun.read_text(), "process 1's end, unwatched")
+    first = subprocess.Popen(LAUNCH + ["attach", str(run_dir)], cwd=REPO, env=slurm_env(slurm),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             stdin=subprocess.DEVNULL)
+    until(lambda: supervisor(run_dir) != killed, "the first attach's supervisor")
+    adopter = supervisor(run_dir)
+    supervisors.append(adopter)
+    until(lambda: _journal(run_dir).get("waiting"), "the restart's wait")
+    _kill_supervisor(adopter)
+    first.wait(timeout=60)
+    log = (run_dir / "launcher.log").read_text()
+    assert re.search(r"attempt 0 failed: process_id 1 .*code 7 \[program error\]; restarting", log), \
+        log[-3000:]
+    attached = run(slurm, "attach", str(run_dir), timeout_s=240)
+    supervisors.extend(launchers_naming(str(run_dir)))
+    assert attached.returncode == 0, (attached.stdout + attached.stderr)[-3000:]
+    log = (run_dir / "launcher.log").read_text()
+    assert "submitted Slurm job" not in log and len(list((run_dir / "slurm").glob("batch-*.out"))) == 1
+    want = reference_params("--set", f"train.num_steps={steps}")
+    for got, expected in zip(params(run_dir), [want[k] for k in sorted(want)]):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "succeeded" and record["attempts"] == 2, record
+    assert record["failures"] == {"program error": 1}, record
+    assert max(_logged_steps(run_dir, 0, steps, "attempt-1")) == steps
+    failed = checked_ledger(run_dir)["attempts"][0]["buckets_s"]
+    assert failed["unsupervised"] > 0 and failed["restart_wait"] + failed["unsupervised"] > 4.0, failed
