@@ -26,7 +26,7 @@ token, from ``wrapper.TOKEN_VAR``: no login banner or ``setup`` output can forge
 lives, and to the file's end once it is gone. When its stdin ends or its stdout breaks (the
 supervisor is gone), it writes ``launcher_gone_at`` into the wrapper's pid file (``pid_file``:
 the next launch's preflight then sees a run without its launcher) and exits; a follower that
-starts clears it (its run has a launcher again).
+takes the run back clears it and becomes the record's (``mark_record``).
 """
 
 import json
@@ -70,7 +70,9 @@ def own_group(pid, pgid):
 
 def mark_record(path, pgid, gone):
     """Set (``gone``) or clear ``launcher_gone_at`` in the wrapper's pid file ``path`` when it is
-    there and names ``pgid``; replaced whole through a temporary of its own (never a link)."""
+    there and names ``pgid``; replaced whole through a temporary of its own (never a link).
+    Clearing makes this follower the record's (``follower``): one that a supervisor left
+    earlier and that sees its channel end late (a machine that slept) marks nothing."""
     if not path:
         return
     try:
@@ -78,10 +80,13 @@ def mark_record(path, pgid, gone):
             record = json.load(f)
         if pgid is not None and record.get("pgid") != pgid:
             return
+        if gone and record.get("follower") not in (None, os.getpid()):
+            return
         if gone:
             record["launcher_gone_at"] = time.time()
-        elif record.pop("launcher_gone_at", None) is None:
-            return
+        else:
+            record.pop("launcher_gone_at", None)
+            record["follower"] = os.getpid()
         tmp = "%s.follow-%d" % (path, os.getpid())
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:

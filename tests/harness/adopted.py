@@ -66,8 +66,7 @@ def attach(run_dir, env=None) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL)
 
 
-def kill_and_take_back(run_dir, remote_dirs: list, supervisors: list, env=None,
-                       launch_env=None) -> str:
+def kill_and_take_back(run_dir, remote_dirs: list, supervisors: list, env=None) -> str:
     """The detached run in ``run_dir`` (its workers' run directories on their hosts:
     ``remote_dirs``) SIGKILLed mid-run and taken back by ``launch attach``; asserts that the
     very processes the killed supervisor started go on, and returns attach's output once the
@@ -92,7 +91,8 @@ def kill_and_take_back(run_dir, remote_dirs: list, supervisors: list, env=None,
     pid_files = [os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(d))), ".podlaunch",
                               "linear", f"{os.path.basename(d)}.process-{i:03d}.pid")
                  for i, d in enumerate(remote_dirs)]
-    until(lambda: all("launcher_gone_at" in _json(p) for p in pid_files), "launcher_gone_at")
+    until(lambda: all("launcher_gone_at" in _json(p) or not os.path.exists(p) for p in pid_files),
+          "launcher_gone_at")  # (a pid file is removed as its wrapper ends)
     attached = attach(run_dir, env)
     try:
         until(lambda: supervisor(run_dir) != killed, "a new supervisor in run.json")
@@ -102,7 +102,8 @@ def kill_and_take_back(run_dir, remote_dirs: list, supervisors: list, env=None,
         until(lambda: journal(run_dir).get("alive_at", 0) > killed_at and journal(run_dir)["workers"],
               "the new supervisor's journal")
         assert sorted(w["pid"] for w in journal(run_dir)["workers"]) == wrappers
-        assert sorted(p for d in remote_dirs for p in pids_with_env("PODLAUNCH_RUN_DIR", d)) == workers
+        # (under load the run may near its end meanwhile: none new, whichever have ended)
+        assert set(p for d in remote_dirs for p in pids_with_env("PODLAUNCH_RUN_DIR", d)) <= set(workers)
         until(lambda: not any("launcher_gone_at" in _json(p) for p in pid_files),
               "launcher_gone_at cleared")
         code = attached.wait(timeout=240)

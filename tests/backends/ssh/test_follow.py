@@ -29,6 +29,16 @@ def _said(output: bytes) -> tuple:
     return json.loads(before.rpartition(b"\n")[2]), after
 
 
+def _first_lines(follower: subprocess.Popen) -> bytes:
+    """What a live follower printed up to its mark (it goes on: its stdin is open)."""
+    got = b""
+    while f"{follow.MARK}tok\n".encode() not in got:
+        chunk = follower.stdout.read1(65536)
+        assert chunk, got
+        got += chunk
+    return got
+
+
 def test_a_started_wrapper_writes_into_its_file_from_which_only_its_own_bytes_are_sent(tmp_path):
     out = tmp_path / "output" / "attempt-0" / "process-000.out"
     out.parent.mkdir(parents=True)
@@ -61,15 +71,20 @@ def test_a_journaled_wrapper_is_proven_before_it_is_followed_and_its_end_marks_t
         said, sent = _said(other.stdout.read())  # not alive: the file to its end, then it ends
         assert (said["alive"], said["pgid"], sent) == (False, None, b"not yet read\n")
         # the journaled one: alive; its group unproven (sleep leads none of its own); followed
-        # until its supervisor's channel (stdin) ends, which the pid file is told
-        mine = _follower(tmp_path, {"pid": writer.pid, "since": since, "pgid": writer.pid,
-                                    "offset": 12, "out": str(out), "pid_file": str(pid_file)})
-        head = mine.stdout.read1(65536)
-        while f"{follow.MARK}tok\n".encode() not in head:
-            head += mine.stdout.read1(65536)
-        said, _ = _said(head)
+        # until its supervisor's channel (stdin) ends, which the pid file is told. A follower a
+        # supervisor left before (its channel ends late: a machine that slept) marks nothing.
+        args = {"pid": writer.pid, "since": since, "pgid": writer.pid, "offset": 12,
+                "out": str(out), "pid_file": str(pid_file)}
+        earlier = _follower(tmp_path, args)
+        assert _said(_first_lines(earlier))[0]["alive"]
+        mine = _follower(tmp_path, args)
+        said, _ = _said(_first_lines(mine))
         assert (said["alive"], said["pgid"]) == (True, None)
-        assert "launcher_gone_at" not in json.loads(pid_file.read_text())  # a launcher again
+        record = json.loads(pid_file.read_text())
+        assert "launcher_gone_at" not in record and record["follower"] == mine.pid  # a launcher again
+        earlier.stdin.close()
+        assert earlier.wait(timeout=30) == 0
+        assert "launcher_gone_at" not in json.loads(pid_file.read_text())
         mine.stdin.close()
         assert mine.wait(timeout=30) == 0 and writer.poll() is None  # the writer goes on
         assert json.loads(pid_file.read_text())["launcher_gone_at"] > 1.0
