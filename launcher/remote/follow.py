@@ -118,10 +118,8 @@ def start(args):
     return child.pid, proctl.start_ticks(child.pid), offset, child
 
 
-def _gone(stdin_open):
+def _gone():
     """Whether the supervisor is gone: its channel (stdin) ended; never blocks."""
-    if not stdin_open:
-        return False
     try:
         ready, _, _ = select.select([0], [], [], 0)
         return bool(ready) and os.read(0, CHUNK) == b""
@@ -151,7 +149,6 @@ def main(args):
         return alive(pid, since)
 
     answer = {"pid": pid, "since": since, "offset": offset, "alive": living(), "pgid": pgid}
-    stdin_open = True
     try:
         mark_record(args.get("pid_file"), pgid, gone=False)
         _send(("\n%s\n%s%s\n" % (json.dumps(answer), MARK, token)).encode())
@@ -168,7 +165,7 @@ def main(args):
             if not living():
                 ending = True  # what it wrote just before it ended is sent first
                 continue
-            if _gone(stdin_open):
+            if _gone():
                 raise BrokenPipeError("the supervisor's channel ended")
             time.sleep(POLL_S)
     except OSError:  # the supervisor is gone (or the file is): the worker goes on
