@@ -164,9 +164,9 @@ class Session(abc.ABC):
             nothing was signalled.
         """
         raise SpecError([Problem("RUN", None, "", (
-            "taking a run's processes back is built for the local backend only, not yet for "
-            f"{self.job.cluster.backend}: stop what is left of it (`launch JOB.yaml --resume RUN "
-            "--kill-stale` on ssh and tpu hosts) and continue it from its last checkpoint"))])
+            f"the {self.job.cluster.backend} backend cannot take a run's processes back: stop "
+            "what is left of it (`launch JOB.yaml --resume RUN --kill-stale` on ssh and tpu "
+            "hosts) and continue it from its last checkpoint"))])
 
     def journaled(self) -> dict:
         """What a supervisor that takes the run back needs of this session beyond its processes

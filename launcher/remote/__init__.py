@@ -1,7 +1,7 @@
 """The programs the launcher runs on SSH and TPU hosts, and how they are shipped.
 
 Each program is a plain module here (``preflight``, ``wrapper``, ``killpg``,
-``holders``) with a ``main(args)`` and the line
+``holders``, ``reach``, ``follow``) with a ``main(args)`` and the line
 ``if __name__ == "__main__": main(json.loads(sys.argv[1]))``: tests import
 and run them on this machine like any module, and the launcher ships their
 source to a host as ``python -c SOURCE JSON`` (``python_call``); the wrapper, which lives
@@ -28,7 +28,7 @@ import os
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PROCTL = os.path.join(os.path.dirname(_HERE), "proctl.py")
 IMPORT_PROCTL = "from launcher import proctl"
-PROGRAMS = ("preflight", "wrapper", "killpg", "holders", "reach")
+PROGRAMS = ("preflight", "wrapper", "killpg", "holders", "reach", "follow")
 
 
 def _read(path):

@@ -21,7 +21,8 @@ is free, 0 picks a free one; null: no check), ``kill_stale`` (bool: stop every s
 survivor), ``stop_own`` (bool: stop only this run's own),
 ``grace_s`` (seconds between TERM and KILL), ``state_dir`` (where the pid
 files are), ``run_dir_env`` (the env name holding a worker's run dir),
-``own_run_dir`` (this run's directory on the host), ``synced`` (the sync manifest's path
+``own_run_dir`` (this run's directory on the host), ``keep_own`` (bool: leave this run's own
+alone, a detached run taken back), ``synced`` (the sync manifest's path
 relative to the workdir, ``launcher.backends.ssh.transfer.MANIFEST``, or null: no sync).
 
 Prints ``MARK`` + JSON: ``python``, ``workdir`` (absolute), ``jax``, ``jaxlib``
@@ -49,9 +50,12 @@ from launcher import proctl
 MARK = "podlaunch-preflight "
 
 
-def survivors(state_dir, kill, grace_s, run_dir_env, own_run_dir=None, stop_own=False):
+def survivors(state_dir, kill, grace_s, run_dir_env, own_run_dir=None, stop_own=False,
+              keep_own=False):
     """This node's pid-file records of the job whose group still lives; stops stale ones if
-    ``kill``, or only this run's own (``own_run_dir``: an earlier attempt's) if ``stop_own``.
+    ``kill``, or only this run's own (``own_run_dir``: an earlier attempt's) if ``stop_own``;
+    ``keep_own``: this run's own are never stopped and are marked ``"own": true`` (a supervisor
+    taking a detached run back: they are the processes it takes back, not survivors).
 
     Records of groups that are gone are removed. Returns the records that
     were alive (or stopped now), each with ``pids`` (still alive at the end).
@@ -71,7 +75,9 @@ def survivors(state_dir, kill, grace_s, run_dir_env, own_run_dir=None, stop_own=
         rec["live_launch"] = bool(rec.get("watched") and "launcher_gone_at" not in rec
                                   and rec["run_dir"] != own_run_dir)
         mine = own_run_dir is not None and rec["run_dir"] == own_run_dir
-        if pids and (kill or (stop_own and mine)) and not rec["live_launch"]:
+        if keep_own and mine:
+            rec["own"] = True
+        elif pids and (kill or (stop_own and mine)) and not rec["live_launch"]:
             pids, rec["stopped"] = proctl.stop_group(rec["pgid"], grace_s, marker), True
         rec["pids"] = pids
         if pids or rec.get("stopped"):
@@ -181,7 +187,8 @@ def main(args):
         out.update(check_port(args["port"]))
     own = os.path.abspath(args["own_run_dir"]) if args.get("own_run_dir") else None
     out["survivors"] = survivors(args["state_dir"], args["kill_stale"], args["grace_s"],
-                                 args["run_dir_env"], own, args.get("stop_own", False))
+                                 args["run_dir_env"], own, args.get("stop_own", False),
+                                 args.get("keep_own", False))
     if args.get("synced"):
         out["synced"] = synced(args["synced"])
     print(MARK + json.dumps(out), flush=True)

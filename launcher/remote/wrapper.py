@@ -39,7 +39,9 @@ starts; a program job's directory), ``grace_s`` (default
 3), ``parent_pid`` (die with it), ``env_from_stdin`` (read the worker's extra
 environment as one JSON object on stdin, so it never shows in a command line
 or in the wrapper's own environment), ``watch_stdin`` (over SSH: stdin is the
-launcher's channel, kept open for the run; its end means the launcher is gone).
+launcher's channel, kept open for the run; its end means the launcher is gone), ``detached``
+(an ssh or tpu host's detached run: its output goes to a file that ``follow`` sends the
+supervisor, which keeps the pid file's ``launcher_gone_at`` in its place).
 
 Is its launcher still there? With ``watch_stdin`` the pid file says
 ``"watched": true``, and the wrapper adds ``"launcher_gone_at"`` (the host's
@@ -186,7 +188,7 @@ def main(args):
         record = {"pgid": p.pid, "run_dir": args["run_dir"], "process_id": args["process_id"],
                   "node": socket.gethostname()}
         watching = bool(args.get("watch_stdin"))
-        if watching:
+        if watching or args.get("detached"):  # detached: its follower keeps launcher_gone_at
             record["watched"] = True
         _write_record(args.get("pid_file"), record)
         _say(marks[PGID_MARK] + "%d" % p.pid)

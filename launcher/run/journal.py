@@ -196,10 +196,10 @@ def read(run_dir: str) -> dict:
             "last checkpoint once its processes are gone"))])
     if data.get("adopts") is False:
         raise SpecError([Problem("RUN", None, "", (
-            "taking a run's processes back is built for the local backend only, not yet for "
-            f"{data.get('backend')}: its hosts' processes go on unwatched; stop them and continue "
-            f"the run from its last checkpoint (`launch JOB.yaml --resume {run_dir} "
-            "--kill-stale`)"))])
+            f"the run in {run_dir} was started where its backend ({data.get('backend')}) could "
+            "not take a run's processes back (its journal says so): its processes go on "
+            "unwatched; stop them and continue the run from its last checkpoint (`launch "
+            f"JOB.yaml --resume {run_dir} --kill-stale`)"))])
     return data
 
 

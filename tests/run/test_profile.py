@@ -26,7 +26,7 @@ from launcher.console.status import summary
 from launcher.console.traced import session_lines
 from launcher.errors import SpecError
 from launcher.run import profiles
-from launcher.backends.ssh import workers as ssh_workers
+from launcher.backends.ssh import fetches as ssh_fetches
 from launcher.run import supervise as supervision
 from launcher.state import Exited
 from launcher.stats import ProcessStats
@@ -216,7 +216,7 @@ def test_a_request_waits_for_every_process_to_report_a_step_and_a_bad_one_is_ign
 def test_a_host_may_hand_back_only_its_own_process_trace(tmp_path):
     said = []
     console = types.SimpleNamespace(say=said.append)
-    fetch = ssh_workers._trace_fetcher(types.SimpleNamespace(name="host-b"), 1, "/remote", str(tmp_path),
+    fetch = ssh_fetches.trace_fetcher(types.SimpleNamespace(name="host-b"), 1, "/remote", str(tmp_path),
                                        console)
     line = profiling.LINE_FORMAT.format(first=1, last=2, session="steps_1-2", seconds=0.1,
                                         ms_per_step=5.0, kept="tensorboard/plugins/profile/"

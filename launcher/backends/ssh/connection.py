@@ -333,10 +333,11 @@ def run_on_channel(chan: paramiko.Channel, text: str, timeout_s: float = COMMAND
 READ_PAST_MAX_BYTES = 1 << 20  # what a start script may print before its mark
 
 
-def read_past(chan: paramiko.Channel, mark: str, timeout_s: float) -> bytes:
+def read_past(chan: paramiko.Channel, mark: str, timeout_s: float, parts: bool = False,
+              what: str = "its files were written") -> bytes | tuple:
     """Read ``chan`` until ``"\\n" + mark + "\\n"`` (``shell_script``'s ``written_mark``, which
     holds a random token: it is taken wherever it comes, after a login shell's output without
-    a newline too); returns what came before and after it, without it.
+    a newline too); returns what came before and after it, without it (``parts``: the two).
 
     Raises:
       OSError: the output ended first, nothing came for ``timeout_s`` seconds, or more than
@@ -349,8 +350,10 @@ def read_past(chan: paramiko.Channel, mark: str, timeout_s: float) -> bytes:
         at = got.find(want, looked)
         if at >= 0:
             chan.settimeout(None)
-            before = got[:at]  # a line it cut short ends there
-            return before + (b"\n" if before and not before.endswith(b"\n") else b"") + got[at + len(want):]
+            before, after = got[:at], got[at + len(want):]
+            if parts:
+                return before, after
+            return before + (b"\n" if before and not before.endswith(b"\n") else b"") + after
         looked = max(0, len(got) - len(want) + 1)  # each byte is looked at about once
         try:
             data = chan.recv(65536) if len(got) <= READ_PAST_MAX_BYTES else b""
@@ -359,7 +362,7 @@ def read_past(chan: paramiko.Channel, mark: str, timeout_s: float) -> bytes:
         if not data:
             said = got.decode(errors="replace").strip()[-500:] or "no output"
             raise OSError(("said nothing for %g s" % timeout_s if data is None else "ended")
-                          + f" before its files were written: {said}")
+                          + f" before {what}: {said}")
         got += data
 
 

@@ -29,8 +29,9 @@ from worker import contract
 
 # What preflight does with survivors of an earlier run of the job found on a host: REFUSE
 # (the host is unfit), STOP (stop them: --kill-stale), REPORT (leave them: a dry run), OWN
-# (stop this run's own, from its failed attempt; refuse another run's: a restart).
-REFUSE, STOP, REPORT, OWN = "refuse", "stop", "report", "own"
+# (stop this run's own, from its failed attempt; refuse another run's: a restart), ADOPT (this
+# run's own are the processes a supervisor takes back: left alone; another run's refused).
+REFUSE, STOP, REPORT, OWN, ADOPT = "refuse", "stop", "report", "own", "adopt"
 
 
 @dataclasses.dataclass
@@ -56,6 +57,7 @@ def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: in
     # the modules its workers import first (none for a program: its imports are its own)
     args = {"modules": list(job.worker_modules), "port": port if host.index == 0 else None,
             "kill_stale": survivors == STOP, "stop_own": survivors == OWN,
+            "keep_own": survivors == ADOPT,
             "grace_s": settings.grace_s,
             "state_dir": state_dir(".", job.name), "run_dir_env": contract.RUN_DIR,
             "own_run_dir": os.path.join("runs", job.name, run_name),  # relative to the workdir
@@ -111,7 +113,8 @@ def judge(checks: list, job, python: str, survivors: str, reference: dict | None
         if c.reason:
             continue
         # a survivor whose launcher is still connected is a launch beside this one, not stale
-        live = [r for r in c.facts.get("survivors", ()) if r["pids"] and not r.get("live_launch")]
+        live = [r for r in c.facts.get("survivors", ()) if r["pids"] and not r.get("live_launch")
+                and not r.get("own")]
         if c.facts.get("foreign_worker"):
             c.reason = (f"{c.facts['foreign_worker']} is a module named worker found before "
                         "podlaunch's (on cluster.env.PYTHONPATH or in the workdir): every "
@@ -231,7 +234,7 @@ def survivors_found(checks: list, stopped: bool = True) -> list:
     seen = {}
     for c in checks:
         for r in c.facts.get("survivors", ()):
-            if r.get("live_launch"):
+            if r.get("live_launch") or r.get("own"):
                 continue
             if bool(r.get("stopped")) == stopped and (stopped or r["pids"]):
                 seen.setdefault((r["pgid"], r["run_dir"]), r)

@@ -20,7 +20,7 @@ from launcher import versions
 from launcher.backends.base import Session
 from launcher.backends.ssh import hosts as hostlib
 from launcher.backends.ssh import preflight as checks
-from launcher.backends.ssh import reach, spares
+from launcher.backends.ssh import adoption, reach, spares
 from launcher.backends.ssh.channels import HostChannels, close_all
 from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S
 from launcher.backends.ssh.settings import SshHost, SshSettings
@@ -40,12 +40,13 @@ class SshHosts:
       counts: worker processes per host, same order.
       run_dir: the local run directory.
       console: where progress is reported.
+      detached: a detached run's: its workers outlive the supervisor (``workers.start_host``).
     """
 
     def __init__(self, job, settings: SshSettings, specs: Sequence[SshHost],
-                 counts: Sequence[int], run_dir: str, console):
+                 counts: Sequence[int], run_dir: str, console, detached: bool = False):
         self.job, self.settings, self.run_dir, self.console = job, settings, run_dir, console
-        self.specs, self.counts = tuple(specs), tuple(counts)
+        self.specs, self.counts, self.detached = tuple(specs), tuple(counts), detached
         self.hosts: list = []
         self.channels: dict = {}  # host index -> HostChannels: the attempt's checks and workers
         self.preflight_s = 0.0    # the last connect's preflight, for ``report``
@@ -170,7 +171,7 @@ class SshHosts:
 
     def start(self, plan: planning.Plan) -> list:
         """Start every worker of ``plan`` (placements in this object's host order)."""
-        return start_all(plan, self.channels, self.settings, self.console)
+        return start_all(plan, self.channels, self.settings, self.console, self.detached)
 
     def close(self) -> None:
         """Close every connection of the current attempt (safe to call again)."""
@@ -194,6 +195,7 @@ class SshSession(Session):
     attempt runs on; each change is in ``host_changes``, said once the restart's hosts
     are all fit.
     """
+    adopts = True
 
     def __init__(self, job, run_dir: str, console=None, options=None):
         super().__init__(job, run_dir, console, options)
@@ -206,7 +208,8 @@ class SshSession(Session):
         self.taken_out = TakenOut(job, cluster, run_dir, self.console)
         self.reference: dict | None = None  # python, jax, jaxlib of the run's first hosts
         self.ssh = SshHosts(job, cluster, cluster.hosts,
-                            [cluster.processes_on(h) for h in cluster.hosts], run_dir, self.console)
+                            [cluster.processes_on(h) for h in cluster.hosts], run_dir, self.console,
+                            self.options.detached)
 
     def failed(self, plan: planning.Plan, failure, result=None) -> None:
         ids = planning.process_ids(plan.placements)
@@ -225,6 +228,8 @@ class SshSession(Session):
                                      f"{self.job.restarts.quarantine_after}; last: {failure.why})")
 
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:
+        if self.options.adopting and not restart:  # launch attach: its processes run there
+            return adoption.reconnect(self.ssh, self.job.cluster.coordinator_port)[:2]
         # a restart's survivors are the failed attempt's: ours to stop
         if self.options.dry_run:
             survivors = checks.REPORT if self.options.kill_stale else checks.REFUSE
@@ -380,6 +385,9 @@ class SshSession(Session):
 
     def start(self, plan: planning.Plan) -> list:
         return self.ssh.start(plan)
+
+    def adopt(self, plan: planning.Plan, records: list) -> list:
+        return adoption.adopt_all(plan, self.ssh.channels, self.ssh.settings, self.console, records)
 
     def end_attempt(self) -> None:
         self.ssh.close()

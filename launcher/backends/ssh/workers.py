@@ -27,15 +27,14 @@ import paramiko
 from launcher.console import lines
 from launcher import plan as planning
 from launcher import proctl, remote
-from launcher.backends.ssh import connection, transfer
+from launcher.backends.ssh import connection, fetches, followlines, transfer
 from launcher.backends.ssh.channels import GroupStates, HostChannels
 from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S, Host
 from launcher.backends.ssh.hosts import expand
-from launcher.backends.ssh.mirror import CheckpointMirror
 from launcher.backends.ssh.preflight import state_dir
 from launcher.backends.ssh.settings import SshSettings
 from launcher.errors import LaunchError
-from launcher.remote import wrapper
+from launcher.remote import follow, wrapper
 from launcher.state import Exit, exit_of, Exited, Lost
 from launcher.words import plural
 from worker.contract import profiling, signals
@@ -46,10 +45,16 @@ class SshWorker:
 
     def __init__(self, plan: planning.ProcessPlan, channels: HostChannels, states: GroupStates,
                  script: str, grace_s: float, token: str, on_exit: Callable[[], None] | None = None,
-                 on_line: Callable[[str], None] | None = None, written_mark: str | None = None):
+                 on_line: Callable[[str], None] | None = None, written_mark: str | None = None,
+                 out_path: str | None = None):
         """Open a channel, send ``script``; with ``written_mark``, return once the script has
         printed that line (its files are written). Raises OSError (the channel closed) if the
-        script ends first or says nothing for ``COMMAND_TIMEOUT_S``; paramiko.SSHException."""
+        script ends first or says nothing for ``COMMAND_TIMEOUT_S``; paramiko.SSHException.
+
+        ``out_path``: a detached run's (the script runs ``launcher.remote.follow``): the worker
+        writes into that file on its host, and the channel carries what the follower sends of
+        it; returns once its first line named the wrapper (``pid``, ``since``) and the offset
+        its bytes start at (``read_to``: how far the lines taken reach)."""
         self.plan = plan
         self.host = channels.host
         self.channels, self.states = channels, states
@@ -69,12 +74,25 @@ class SshWorker:
         # sees it end when this launcher is gone (wrapper ``watch_stdin``)
         self._chan.sendall(script.encode())
         self._pending = b""  # read while waiting for written_mark, not yet split into lines
-        if written_mark is not None:
-            try:
+        # a detached run's: the wrapper's pid and start ticks, its output file, how far read
+        self.out_path, self.wrapper_pid, self.since, self.read_to = out_path, None, None, 0
+        self._base: int | None = None  # the file's offset of the channel's first byte counted
+        self._line_end = 0              # bytes of the channel counted to the last whole line
+        try:
+            if out_path is not None:  # the follower's first lines (the files are written)
+                said, before, after = followlines.first_line(self._chan, token, COMMAND_TIMEOUT_S)
+                self._pending, self.wrapper_pid = before + after, int(said["pid"])
+                self.since, self.read_to = said.get("since"), int(said["offset"])
+                self._base = self.read_to - len(before)
+                if said.get("pgid") is not None:  # proven on the host: the wrapper's child
+                    self.pgid = int(said["pgid"])
+                    states.watch(self.host.index, self.pgid)
+                    self._pgid_known.set()
+            elif written_mark is not None:
                 self._pending = connection.read_past(self._chan, written_mark, COMMAND_TIMEOUT_S)
-            except OSError as exc:
-                self._chan.close()
-                raise OSError(f"the start script of process {plan.process_id} {exc}") from None
+        except OSError as exc:
+            self._chan.close()
+            raise OSError(f"the start script of process {plan.process_id} {exc}") from None
 
     def lines(self) -> Iterator[str]:
         try:
@@ -84,15 +102,17 @@ class SshWorker:
                     in_long_line = True
                     yield line
                     continue
+                end = self._line_end
                 line = self._control(line)
                 if line is None and in_long_line:
                     line = ""  # the long line ended right before the wrapper's marker
                 in_long_line = False
-                if line is None:
-                    continue
-                if self._on_line is not None:
-                    self._on_line(line)
-                yield line
+                if line is not None:
+                    if self._on_line is not None:
+                        self._on_line(line)
+                    yield line
+                if self._base is not None:  # taken (in the log): a new follower starts past it
+                    self.read_to = max(self.read_to, self._base + end)
         finally:
             self._eof.set()
 
@@ -104,17 +124,26 @@ class SshWorker:
         every chunk, and starved the keepalive.
         """
         splitter = lines.LineSplitter()
-        if self._pending:
-            yield from splitter.feed(self._pending)
-            self._pending = b""
+        data, self._pending = self._pending, b""
         while True:
+            if data and self._base is not None:  # a file's bytes: each line's end is counted
+                start = 0
+                while (end := data.find(b"\n", start)) >= 0:
+                    *pieces, line = splitter.feed(data[start:end + 1])
+                    yield from pieces
+                    self._line_end = splitter.scanned
+                    yield line
+                    start = end + 1
+                yield from splitter.feed(data[start:])
+            elif data:
+                yield from splitter.feed(data)
             try:
                 data = self._chan.recv(65536)
             except (OSError, EOFError, paramiko.SSHException):
                 data = b""
             if not data:
                 break
-            yield from splitter.feed(data)
+        self._line_end = splitter.scanned
         yield from splitter.end()
 
     def _control(self, line: str) -> str | None:
@@ -153,12 +182,23 @@ class SshWorker:
             return None
         # Output ended without the wrapper's report: setup failed, or the
         # connection went away under a running worker.
+        if self._chan.status_event.wait(1.0) and self._chan.exit_status == 0 \
+                and self.wrapper_pid is not None:  # its follower saw the wrapper end
+            return self._finish(Lost(f"its wrapper (pid {self.wrapper_pid}) on {self.host.name} "
+                                     "ended without an exit report"), cleanup=True)
         if self._chan.status_event.wait(1.0) and self._chan.exit_status != -1:
             if self.pgid is None:
                 return self._finish(Exited(self._chan.exit_status))
             return self._finish(Lost(f"wrapper ended with status {self._chan.exit_status}"),
                                 cleanup=True)
         return self._finish(Lost("connection closed"), cleanup=True)
+
+    def journal_entry(self) -> dict:
+        """What a supervisor that takes a detached run back needs of this process
+        (``launcher.run.journal``; ``adopt_all``)."""
+        return {"process_id": self.plan.process_id, "host": self.host.name,
+                "pid": self.wrapper_pid, "since": self.since, "pgid": self.pgid,
+                "token": self._token, "out": self.out_path}
 
     def _finish(self, ended: Exit, cleanup: bool = False) -> Exit:
         self._exit = ended
@@ -236,58 +276,14 @@ class SshWorker:
         self._chan.close()
 
 
-def _fetcher(host: Host, placement: planning.Placement, run_dir: str, console,
-             mirror: CheckpointMirror) -> Callable[[], None]:
-    def fetch():
-        mirror.sync()  # waits for a copy in progress, then takes the last checkpoints
-        try:
-            count = transfer.fetch_results(host.connection.sftp(), placement.run_dir, run_dir)
-        except Exception as exc:  # noqa: BLE001  the run's outcome stands; say what is missing
-            console.say(f"could not copy process 0's files from {host.name}: {exc}")
-            return
-        if count:
-            console.say(f"copied {plural(count, 'file')} of process 0 from {host.name} into {run_dir}")
-    return fetch
-
-
-def _trace_fetcher(host: Host, process_id: int, remote_run_dir: str, local_run_dir: str,
-                   console) -> Callable[[str], None]:
-    """A worker's line hook: each trace it says it wrote (``worker.contract.profiling.LINE_FORMAT``) is
-    copied from its host into the same place in the local run directory, in the background
-    (its own SFTP channel), so ``launch tensorboard`` shows every process's. The line comes
-    from the host, so only this process's own trace path (``trace_path``) is copied, once."""
-    copied: set = set()
-
-    def on_line(line: str) -> None:
-        trace = profiling.parse(line)
-        if trace is None or trace.path is None or trace.path in copied:
-            return
-        if trace.path != os.path.relpath(profiling.trace_path(".", trace.session, process_id), "."):
-            console.say(f"{host.name}: not copying {trace.path!r}: not p{process_id}'s trace path")
-            return
-        copied.add(trace.path)
-
-        def get() -> None:
-            local = os.path.join(local_run_dir, trace.path)
-            try:
-                os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
-                sftp = paramiko.SFTPClient.from_transport(host.connection.transport)
-                try:
-                    sftp.get(f"{remote_run_dir}/{trace.path}", local + ".part")
-                finally:
-                    sftp.close()
-                os.replace(local + ".part", local)
-            except Exception as exc:  # noqa: BLE001  the run goes on; say what is missing
-                console.say(f"could not copy {trace.path} from {host.name}: {exc}")
-        threading.Thread(target=get, name="trace-copy").start()
-    return on_line
-
-
 def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: GroupStates,
                settings: SshSettings, console, started: list, job_text: str,
-               abort: threading.Event | None = None, syncs: tuple = ()) -> None:
+               abort: threading.Event | None = None, syncs: tuple = (),
+               detached: bool = False) -> None:
     """Put the job (``job_text``, job.json's) and the directories of ``syncs``
-    (``transfer.walked``'s) on a host and start its workers (placement ``index``).
+    (``transfer.walked``'s) on a host and start its workers (placement ``index``);
+    ``detached``: each writes its output into a file of the run there, which a follower sends
+    (``launcher.remote.follow``), so that they outlive the supervisor and lose nothing.
 
     Each worker is appended to ``started`` as soon as it runs, so a failure
     anywhere can stop it; ``abort`` set (another host failed) starts no more.
@@ -310,36 +306,36 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
         if abort is not None and abort.is_set():
             return
         # a pid file per run and process; the wrapper as a file, its args in env: a short ps line
-        states_dir = state_dir(host.workdir, plan.job.name)
-        pid_file = os.path.join(states_dir, f"{os.path.basename(placement.run_dir)}"
-                                            f".process-{process.process_id:03d}.pid")
+        states_dir, pid_path = pid_file(host, plan, placement, process.process_id)
         argv, script = remote.script_call(placement.python, states_dir, "wrapper")
-        args = json.dumps({"argv": list(process.argv), "pid_file": pid_file, "process_id":
-                           process.process_id, "run_dir": placement.run_dir, "watch_stdin": True})
+        args = json.dumps({"argv": list(process.argv), "pid_file": pid_path, "process_id":
+                           process.process_id, "run_dir": placement.run_dir,
+                           "watch_stdin": not detached, "detached": detached,
+                           "env_from_stdin": detached})
         token = secrets.token_hex(16)  # the wrapper's control lines carry it; the worker never sees it
         written = f"podlaunch-job-written {token}" if process is processes[0] else None
         files = ((placement.job_path, job_text, writer),) if written else ()
+        files += (script + (f"{writer}-p{process.process_id}",),)  # a temporary per process
         env = {**process.env, wrapper.TOKEN_VAR: token, wrapper.ARGS_VAR: args}
-        text = connection.shell_script(host.workdir, settings.setup, env, argv,
-                                       files + (script + (f"{writer}-p{process.process_id}",),),
-                                       written)  # a temporary per process: they start at once
-        on_exit, on_line = None, _trace_fetcher(host, process.process_id, placement.run_dir,
-                                                plan.run_dir, console)
-        if process.process_id == 0:
-            mirror = CheckpointMirror(host, plan.run_dir, placement.run_dir,
-                                      plan.job.checkpoint.keep, console)
-            if process.resume:  # host 0 may be a new machine
-                pushed = mirror.push(host.connection.sftp())
-                if pushed:
-                    console.say(f"{host.name}: put back {plural(len(pushed), 'checkpoint')} it lacked "
-                                f"(newest {pushed[-1]}) from {mirror.local}")
-            on_exit, fetch_traces = _fetcher(host, placement, plan.run_dir, console, mirror), on_line
-
-            def on_line(line: str, fetch_traces=fetch_traces, mirror=mirror) -> None:
-                mirror.on_line(line)
-                fetch_traces(line)
+        out = None
+        if detached:  # the wrapper writes into a file there; a follower sends it (its docstring)
+            out = planning.output_path(placement.run_dir, process.process_id, process.attempt)
+            argv, files, env = followlines.script(host, plan, placement, process.process_id, files, {
+                wrapper.ARGS_VAR: args, follow.ARGS_VAR: json.dumps(
+                    {"start": argv, "out": out, "pid_file": pid_path, "env": process.env})}, token)
+        text = connection.shell_script(host.workdir, settings.setup, env, argv, files,
+                                       None if detached else written)  # detached: its follower says
+        on_exit, on_line = fetches.hooks(plan, process, host, placement, console)
         started.append(SshWorker(process, channels, states, text, settings.grace_s, token,
-                                 on_exit, on_line, written))
+                                 on_exit, on_line, written, out))
+
+
+def pid_file(host: Host, plan: planning.Plan, placement: planning.Placement,
+             process_id: int) -> tuple:
+    """``(the job's state directory on the host, the process's pid file there)``."""
+    states_dir = state_dir(host.workdir, plan.job.name)
+    return states_dir, os.path.join(states_dir, f"{os.path.basename(placement.run_dir)}"
+                                                f".process-{process_id:03d}.pid")
 
 
 def stop_started(workers: list) -> None:
@@ -352,11 +348,13 @@ def stop_started(workers: list) -> None:
         t.join()
 
 
-def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, console) -> list:
+def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, console,
+              detached: bool = False) -> list:
     """Start every worker of ``plan``, hosts in parallel (host i runs placement i).
 
     Args:
       channels: host index -> ``HostChannels`` of every host, in placement order.
+      detached: a detached run's (``start_host``).
 
     Returns:
       SshWorkers in process_id order.
@@ -377,7 +375,7 @@ def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, consol
     syncs += [(d, d, rules) for _, d, rules in plan.job.synced_dirs]
     syncs = transfer.walked(syncs, avoid=(plan.run_dir,))
     futures = {pool.submit(start_host, plan, i, c, states, settings, console, started,
-                           job_text, abort, syncs): c.host
+                           job_text, abort, syncs, detached): c.host
                for i, c in channels.items()}
     try:
         done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)

@@ -18,7 +18,7 @@ import os
 from launcher import plan as planning
 from launcher import tpu_topology
 from launcher.backends.base import Session
-from launcher.backends.ssh import preflight
+from launcher.backends.ssh import adoption, preflight
 from launcher.backends.ssh.session import SshHosts
 from launcher.backends.ssh.settings import SshHost
 from launcher.backends.tpu import discovery as discovering
@@ -40,6 +40,8 @@ def ssh_settings(cluster: TpuCluster) -> TpuCluster:
 class TpuSession(Session):
     """Discovery, then the SSH machinery over the discovered hosts, then the TPU holders."""
 
+    adopts = True
+
     def __init__(self, job, run_dir: str, console=None, options=None):
         super().__init__(job, run_dir, console, options)
         self.ssh: SshHosts | None = None
@@ -48,7 +50,7 @@ class TpuSession(Session):
         """The SSH side of the discovered hosts: one process each, slice-major."""
         return SshHosts(self.job, ssh_settings(self.job.cluster),
                         [SshHost(host=h.address) for h in found.hosts], [1] * len(found.hosts),
-                        self.run_dir, self.console)
+                        self.run_dir, self.console, self.options.detached)
 
     def slice_envs(self, count: int, coordinator_ip: str) -> list:
         """Per placement (one process each, so its index is the process id make_plan gives)."""
@@ -62,6 +64,12 @@ class TpuSession(Session):
         labels = self.ssh.labels(self.ssh.resolve())
         self.console.say(f"discovered {plural(len(found.slices), 'slice')} x "
                          f"{plural(cluster.hosts_per_slice, 'host')} with gcloud:\n{found.table(labels)}")
+        if self.options.adopting and not restart:
+            # a detached run taken back (launch attach): its own processes hold the chips and
+            # the port; nothing of theirs is checked or stopped
+            placements, address, _ = adoption.reconnect(
+                self.ssh, cluster.coordinator_port, lambda ip: self.slice_envs(len(found.hosts), ip))
+            return placements, address
         # this job's survivors (recorded in pid files) are stopped without asking; a dry
         # run stops nothing and reports them
         checks = self.ssh.connect(preflight.REPORT if dry_run else preflight.STOP,
@@ -93,6 +101,9 @@ class TpuSession(Session):
 
     def start(self, plan: planning.Plan) -> list:
         return self.ssh.start(plan)
+
+    def adopt(self, plan: planning.Plan, records: list) -> list:
+        return adoption.adopt_all(plan, self.ssh.channels, self.ssh.settings, self.console, records)
 
     def end_attempt(self) -> None:
         if self.ssh is not None:

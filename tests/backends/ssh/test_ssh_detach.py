@@ -27,10 +27,11 @@ def test_stop_of_a_detached_ssh_run_returns_once_no_host_has_a_process(tmp_path,
     until(lambda: step(run_dir) >= 40, "run.json's step", timeout_s=180)
     assert all(pids_with_env("PODLAUNCH_RUN_DIR", d) for d in remote)  # training on both hosts
     assert launch("wait", str(run_dir), "--timeout", "0.5").returncode == 124
-    # its journal says that an ssh run's processes cannot be taken back (yet): launch attach
-    # of it, its supervisor killed, refuses naming the backend (tests/run/test_journal.py)
+    # its journal says that an ssh run's processes can be taken back (launch attach of it,
+    # its supervisor killed: tests/backends/ssh/test_ssh_adopt.py), each by its host
     kept = json.loads((run_dir / "supervisor.json").read_text())
-    assert (kept["backend"], kept["adopts"]) == ("ssh", False), kept
+    assert (kept["backend"], kept["adopts"]) == ("ssh", True), kept
+    assert sorted(w["host"] for w in kept["workers"]) == sorted(two_ssh_hosts.hosts), kept
     stopped = launch("stop", str(run_dir), timeout_s=300)
     left = {d: pids_with_env("PODLAUNCH_RUN_DIR", d) for d in remote}  # at once: no waiting
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr

@@ -1,5 +1,5 @@
 """Profiles over real sshd hosts: each process traces on its own host, the traces come back
-into the run directory on this machine (``launcher.backends.ssh.workers._trace_fetcher``),
+into the run directory on this machine (``launcher.backends.ssh.fetches.trace_fetcher``),
 ``launch profile`` reaches every host over its SSH channel, and ``launch tensorboard`` shows
 every process's trace."""
 

@@ -254,7 +254,10 @@ def test_two_slices_train_with_the_right_identity(tmp_path, hosts):
     out_dir, run_dir = tmp_path / "env-out", tmp_path / "run"
     names = ["PODLAUNCH_PROCESS_ID", "PODLAUNCH_NUM_PROCESSES", "MEGASCALE_COORDINATOR_ADDRESS",
              "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID", "MEGASCALE_PORT"]
-    result = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster", write_cluster(tmp_path, hosts),
+    # coordinator_port 0 (a free one): JAX's default, 8482 on 127.0.0.2, is the dry run's to
+    # find free (test_dry_run_shows_discovered_hosts_ids_and_megascale, on another xdist worker)
+    result = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster",
+                        write_cluster(tmp_path, hosts, coordinator_port=0),
                         "--set", "train.num_steps=3", "--set", "task.name=ssh_task:record_env",
                         "--set", f"task.args.names={names}", "--set", f"task.args.out_dir={out_dir}",
                         "--run-dir", str(run_dir))
@@ -390,7 +393,8 @@ def test_a_detached_tpu_run_is_stopped_by_name_with_nothing_left_on_any_host(tmp
     install_two_slices(tmp_path / "bin")
     run_dir = tmp_path / "run"
     started = run_launch(tmp_path / "bin", "jobs/linear.yaml", "--cluster",
-                         write_cluster(tmp_path, hosts), "--set", "train.num_steps=1000000",
+                         write_cluster(tmp_path, hosts, coordinator_port=0),  # not the dry run's
+                         "--set", "train.num_steps=1000000",
                          "--set", "logging.log_every_steps=20", *PACED, "--run-dir", str(run_dir),
                          "--detach")
     assert started.returncode == 0, started.stdout + started.stderr
