@@ -174,110 +174,174 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
       LaunchError: a backend could not start an attempt.
       KeyboardInterrupt: interrupted during an adopted restart's wait (nothing runs).
     """
-    job = plan.job
-    budgets = Budgets(job.restarts)
-    watchdog = Watchdog(job.watchdog.stall_timeout_s, job.watchdog.first_step_timeout_s)
-    attempts: list[Attempt] = []
-    attempt, restarts, counted = first_attempt, 0, ""
-    times = ledger.Times(clock() if began_at is None else began_at)
-    # hosts the first attempt no longer uses (a --resume's spare, prepared before this call)
-    changes = [dict(c, attempt=first_attempt) for c in session.host_changes]
-    wait, why = None, ""  # wait set: go on with a restart's wait (an adopted one)
-    then = None  # an adopted wait's next attempt's Times: it waits until their began_at
+    loop = _Attempts(session, plan, console, first_attempt, resume, clock, running, journal,
+                     began_at)
+    wait, then = None, None  # wait set: go on with a restart's wait (an adopted one)
     if adopted is not None:
-        budgets.restore(adopted.budgets)
-        attempt, restarts, counted = adopted.attempt, adopted.restarts, adopted.counted
-        times = adopted.times or times
-        wait, then = adopted.wait_s, adopted.next_times
+        wait, then = loop.restore(adopted)
     while True:
         if wait is None:
-            plan = planning.for_attempt(plan, attempt, resume=resume or restarts > 0)
-            log_dir = os.path.dirname(plan.processes[0].log_path)
-            os.makedirs(log_dir, exist_ok=True)
-            label = f"attempt {attempt}" + (f" ({counted})" if restarts else "")
-            taken = adopted is not None and adopted.workers is not None
-            if taken:
-                workers, pending = adopted.workers, None
-                console.say(f"{label}: its {plural(len(workers), 'process')} taken back; logs in "
-                            f"{log_dir}")
-            else:
-                console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
-                if journal is not None:
-                    journal.state(attempt, budgets, restarts, counted, attempts)
-                    journal.starting(times)
-                workers, pending = _start(session, plan, console)
-                times.started_at = clock()
+            wait = loop.attempt(adopted)
             adopted = None
-            if running is not None:
-                running.attempts, running.current = attempts, (attempt, times)
-            if journal is not None:
-                journal.state(attempt, budgets, restarts, counted, attempts)
-                journal.attempt_started(times, workers)
-            result = supervise(workers, job.cluster.grace_s, console, watchdog=watchdog,
-                               interrupted_by=pending,
-                               notice_grace_s=job.checkpoint.notice_grace_s,
-                               journal=journal, adopted=taken)
-            times.ended_at = clock()
-            console.attempt_over(result)
-            attempts.append(Attempt(attempt, log_dir, result, times=times, host_changes=changes))
-            if running is not None:
-                running.current = None  # among the attempts now
-            if result.exit_code == 0:
-                attempts[-1].verdict = "succeeded"
-                return result, attempts
-            if result.interrupted:
-                attempts[-1].verdict = "interrupted"
-                return result, attempts
-            failure = classes.classify(result, job.restarts.retry_exit_codes)
-            attempts[-1].failure = failure
-            why = f"{failure.why} [{failure.failure_class.value}]"
-            refusal = budgets.refusal(failure.failure_class)
-            if refusal is not None:
-                attempts[-1].verdict = f"failed: {why}; {refusal}"
-                console.say(f"{label} failed: {why}; {refusal}")
-                return result, attempts
-            console.block(summary(result))  # the last attempt's is printed by the caller
-            restarts += 1
-            wait = budgets.take(failure.failure_class)
-            counted = budgets.count_text(failure.failure_class)
-            attempts[-1].verdict = f"failed: {why}; retried after {wait:g} s"
-            console.say(f"{label} failed: {why}; restarting from the latest checkpoint in "
-                        f"{wait:g} s ({counted})")
-            session.failed(plan, failure, result)
-            session.end_attempt()
-            if journal is not None:
-                journal.state(attempt, budgets, restarts, counted, attempts)
-                journal.waiting(times.ended_at, wait)
+            if wait is None:  # it succeeded, was interrupted, or is not retried
+                return loop.result, loop.attempts
         elif wait > 0:
-            console.say(f"attempt {attempt + 1} of the run starts in {wait:.1f} s (the restart's "
-                        "wait the killed supervisor was in)")
+            console.say(f"attempt {loop.number + 1} of the run starts in {wait:.1f} s (the "
+                        "restart's wait the killed supervisor was in)")
+        if not loop.wait(sleep, wait, then):
+            return loop.result, loop.attempts
+        loop.plan_next()
+        wait, then = None, None
+
+
+class _Attempts:
+    """``run``'s state between its attempts: the budgets, the attempts so far, the ledger's
+    times of the one under way or waited for; ``attempt`` runs one, ``wait`` waits a
+    restart's backoff, ``plan_next`` plans the next."""
+
+    def __init__(self, session: Session, plan: planning.Plan, console: Console,
+                 first_attempt: int, resume: bool, clock: Callable[[], float],
+                 running: ledger.Running | None, journal, began_at: float | None):
+        self.session, self.plan, self.console, self.job = session, plan, console, plan.job
+        self.resume, self.clock, self.running, self.journal = resume, clock, running, journal
+        self.budgets = Budgets(self.job.restarts)
+        self.watchdog = Watchdog(self.job.watchdog.stall_timeout_s,
+                                 self.job.watchdog.first_step_timeout_s)
+        self.attempts: list[Attempt] = []
+        self.number, self.restarts, self.counted = first_attempt, 0, ""
+        self.times = ledger.Times(clock() if began_at is None else began_at)
+        # hosts the first attempt no longer uses (a --resume's spare, prepared before this call)
+        self.changes = [dict(c, attempt=first_attempt) for c in session.host_changes]
+        self.result: Result | None = None
+        self.why = ""
+        self.then = None  # an adopted wait's next attempt's Times: it waits until their began_at
+
+    def restore(self, adopted: Adopted) -> tuple:
+        """Go on from where a killed supervisor left the run; returns ``(wait_s, next_times)``
+        of the restart's wait it was in (None, None: its attempt's processes are taken back)."""
+        self.budgets.restore(adopted.budgets)
+        self.number, self.restarts, self.counted = adopted.attempt, adopted.restarts, adopted.counted
+        self.times = adopted.times or self.times
+        return adopted.wait_s, adopted.next_times
+
+    def attempt(self, adopted: Adopted | None) -> float | None:
+        """Start (or take back) attempt ``number``, supervise it to its end and record it.
+
+        Returns:
+          The restart's wait in seconds, or None when the run is over (succeeded, interrupted,
+          or a failure its budget does not retry): ``result`` and ``attempts`` say which.
+        """
+        session, console, journal, clock = self.session, self.console, self.journal, self.clock
+        times = self.times
+        plan = self.plan = planning.for_attempt(self.plan, self.number,
+                                                resume=self.resume or self.restarts > 0)
+        log_dir = os.path.dirname(plan.processes[0].log_path)
+        os.makedirs(log_dir, exist_ok=True)
+        label = f"attempt {self.number}" + (f" ({self.counted})" if self.restarts else "")
+        taken = adopted is not None and adopted.workers is not None
+        if taken:
+            workers, pending = adopted.workers, None
+            console.say(f"{label}: its {plural(len(workers), 'process')} taken back; logs in "
+                        f"{log_dir}")
+        else:
+            console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
+            if journal is not None:
+                journal.state(self.number, self.budgets, self.restarts, self.counted, self.attempts)
+                journal.starting(times)
+            workers, pending = _start(session, plan, console)
+            times.started_at = clock()
+        if self.running is not None:
+            self.running.attempts, self.running.current = self.attempts, (self.number, times)
+        if journal is not None:
+            journal.state(self.number, self.budgets, self.restarts, self.counted, self.attempts)
+            journal.attempt_started(times, workers)
+        job = self.job
+        result = self.result = supervise(workers, job.cluster.grace_s, console,
+                                         watchdog=self.watchdog, interrupted_by=pending,
+                                         notice_grace_s=job.checkpoint.notice_grace_s,
+                                         journal=journal, adopted=taken)
+        times.ended_at = clock()
+        console.attempt_over(result)
+        self.attempts.append(Attempt(self.number, log_dir, result, times=times,
+                                     host_changes=self.changes))
+        last = self.attempts[-1]
+        if self.running is not None:
+            self.running.current = None  # among the attempts now
+        if result.exit_code == 0:
+            last.verdict = "succeeded"
+            return None
+        if result.interrupted:
+            last.verdict = "interrupted"
+            return None
+        failure = classes.classify(result, job.restarts.retry_exit_codes)
+        last.failure = failure
+        why = self.why = f"{failure.why} [{failure.failure_class.value}]"
+        refusal = self.budgets.refusal(failure.failure_class)
+        if refusal is not None:
+            last.verdict = f"failed: {why}; {refusal}"
+            console.say(f"{label} failed: {why}; {refusal}")
+            return None
+        console.block(summary(result))  # the last attempt's is printed by the caller
+        self.restarts += 1
+        wait = self.budgets.take(failure.failure_class)
+        self.counted = self.budgets.count_text(failure.failure_class)
+        last.verdict = f"failed: {why}; retried after {wait:g} s"
+        console.say(f"{label} failed: {why}; restarting from the latest checkpoint in "
+                    f"{wait:g} s ({self.counted})")
+        session.failed(plan, failure, result)
+        session.end_attempt()
+        if journal is not None:
+            journal.state(self.number, self.budgets, self.restarts, self.counted, self.attempts)
+            journal.waiting(times.ended_at, wait)
+        return wait
+
+    def wait(self, sleep: Callable[[float], None], wait_s: float, then) -> bool:
+        """Wait a restart's ``wait_s`` (an adopted wait: until ``then``'s began_at, when the
+        ledger's count of it ends: this launch's start-up since is within it, not after it).
+
+        Returns:
+          True when the next attempt is to start; False when interrupted meanwhile (the
+          last attempt's result says so).
+
+        Raises:
+          KeyboardInterrupt: interrupted in an adopted wait (no attempt of this launch,
+            nothing runs).
+        """
+        clock, times = self.clock, self.times
         try:
-            # an adopted wait ends when the ledger's count of it does (this launch's start-up
-            # since is within it, not after it)
-            _wait(sleep, wait if then is None else max(0.0, then.began_at - clock()))
+            _wait(sleep, wait_s if then is None else max(0.0, then.began_at - clock()))
         except (KeyboardInterrupt, Interrupted) as exc:
-            if not attempts:  # an adopted wait: no attempt of this launch, nothing runs
+            if not self.attempts:
                 raise KeyboardInterrupt(str(exc)) from None
-            result.interrupted = True
-            attempts[-1].verdict += "; interrupted while waiting"
+            self.result.interrupted = True
+            self.attempts[-1].verdict += "; interrupted while waiting"
             times.waited_s = clock() - times.ended_at
-            return result, attempts
+            return False
         now = clock()  # the wait ends, and the next attempt begins, at the same moment
-        if attempts:
+        if self.attempts:
             times.waited_s = now - times.ended_at
-        times, wait, then = then or ledger.Times(now), None, None
-        known = len(session.host_changes)
+        self.times = then or ledger.Times(now)
+        return True
+
+    def plan_next(self) -> None:
+        """Plan the next attempt through the backend's session (``plan(restart=True)``).
+
+        Raises:
+          LaunchError: the restart could not be prepared (a host not back, a job that cannot
+            be submitted again), with ``attempts``: every attempt so far, each failure
+            classified.
+        """
+        known = len(self.session.host_changes)
         try:
-            plan = session.plan(restart=True)
+            self.plan = self.session.plan(restart=True)
         except LaunchError as exc:
-            # the restart could not be prepared (a host not back, a job that cannot be
-            # submitted again): the attempts so far, each failure classified, go with it
-            if attempts:
-                attempts[-1].verdict = f"failed: {why}; its restart was refused"
-            exc.attempts = attempts
+            if self.attempts:
+                self.attempts[-1].verdict = f"failed: {self.why}; its restart was refused"
+            exc.attempts = self.attempts
             raise
-        changes = [dict(c, attempt=attempt + 1) for c in session.host_changes[known:]]
-        attempt += 1
+        self.changes = [dict(c, attempt=self.number + 1)
+                        for c in self.session.host_changes[known:]]
+        self.number += 1
 
 
 def _start(session: Session, plan: planning.Plan, console: Console) -> tuple[list, str | None]:
