@@ -6,21 +6,19 @@ condition against a deadline."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import time
 
 import pytest
 
+from harness.adopted import STEPS, attach, journal, kill, logged_step
 from harness.detached import launch, supervisor, supervisors, until  # noqa: F401 (a fixture)
 from harness.helpers import LAUNCH, REPO, checked_ledger, env_for_tests, run_pids
 from harness.runs import assert_same_params, fault, params
 
 pytestmark = pytest.mark.slow  # real workers
 
-STEPS = 200
 # 2 processes x 2 devices (jobs/linear.yaml's), process 0 sleeping 50 ms a step: about 10 s
 PACED = ("jobs/linear.yaml", "--set", f"train.num_steps={STEPS}", "--set", "logging.log_every_steps=20",
          "--set", "task.args.sleep_s=0.05", "--set", "task.args.slow_process_id=0")
@@ -35,34 +33,6 @@ def _reference(run_dir) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def _journal(run_dir) -> dict:
-    try:
-        return json.loads((run_dir / "supervisor.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _logged_step(run_dir, attempt_dir="") -> int:
-    path = run_dir / "logs" / attempt_dir / "process-000.log"
-    try:
-        text = path.read_text()
-    except OSError:
-        return 0
-    return max((int(s) for s in re.findall(rf" step (\d+)/{STEPS} loss", text)), default=0)
-
-
-def _kill(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
-    until(lambda: not os.path.exists(f"/proc/{pid}") or
-          open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", "the supervisor gone")
-
-
-def _attach(run_dir) -> subprocess.Popen:
-    return subprocess.Popen(LAUNCH + ["attach", str(run_dir)], cwd=REPO, env=env_for_tests(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
-
-
 def test_a_killed_supervisor_is_taken_back_by_one_attach_and_the_run_ends_as_uninterrupted(
         tmp_path, supervisors):
     run_dir, ref_dir = tmp_path / "r", tmp_path / "ref"
@@ -72,27 +42,27 @@ def test_a_killed_supervisor_is_taken_back_by_one_attach_and_the_run_ends_as_uni
     assert started.returncode == 0, started.stdout + started.stderr
     killed = supervisor(run_dir)
     supervisors.append(killed)
-    until(lambda: _logged_step(run_dir) >= 40, "step 40 in process 0's log")
+    until(lambda: logged_step(run_dir) >= 40, "step 40 in process 0's log")
     workers = sorted(run_pids(str(run_dir)))
-    wrappers = sorted(w["pid"] for w in _journal(run_dir)["workers"])
+    wrappers = sorted(w["pid"] for w in journal(run_dir)["workers"])
     assert len(workers) == 2 and len(wrappers) == 2
-    _kill(killed)
+    kill(killed)
     killed_at = time.time()
     # nobody watches: the workers train on (no PR_SET_PDEATHSIG for a detached run)
     assert sorted(run_pids(str(run_dir))) == workers
     # two attaches at once: one takes the run back, the other is refused naming it
-    first, second = _attach(run_dir), _attach(run_dir)
+    first, second = attach(run_dir), attach(run_dir)
     until(lambda: supervisor(run_dir) != killed, "a new supervisor in run.json")
     supervisors.append(supervisor(run_dir))
     # taken back, not restarted: the new supervisor's journal names the very wrappers the
     # killed one started, and their workers go on
-    until(lambda: _journal(run_dir).get("alive_at", 0) > killed_at and _journal(run_dir)["workers"],
+    until(lambda: journal(run_dir).get("alive_at", 0) > killed_at and journal(run_dir)["workers"],
           "the new supervisor's journal")
-    assert sorted(w["pid"] for w in _journal(run_dir)["workers"]) == wrappers
+    assert sorted(w["pid"] for w in journal(run_dir)["workers"]) == wrappers
     assert sorted(run_pids(str(run_dir))) == workers
     # a second supervisor for the run while the first holds it, as the attach that loses the
     # race starts it (`launch ARGV --adopt RUN_DIR`): refused by name, nothing taken
-    journaled = _journal(run_dir)
+    journaled = journal(run_dir)
     third = subprocess.run(LAUNCH + journaled["argv"] + ["--adopt", str(run_dir)],
                            cwd=journaled.get("cwd") or REPO, env=env_for_tests(),
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
@@ -101,7 +71,7 @@ def test_a_killed_supervisor_is_taken_back_by_one_attach_and_the_run_ends_as_uni
     codes = sorted([(first.wait(timeout=60), first), (second.wait(timeout=60), second)],
                    key=lambda pair: pair[0])
     (ok, viewer), (other_code, other) = codes
-    viewed, said = viewer.stdout.read() + viewer.stderr.read(), other.stdout.read() + other.stderr.read()
+    viewed, said = viewer.stdout.read(), other.stdout.read()
     assert ok == 0, viewed[-3000:]
     assert "OK: 2 processes succeeded" in viewed, viewed[-3000:]
     # the other attach came at once: it found the run without a supervisor too and lost the
@@ -145,27 +115,27 @@ def test_a_process_that_failed_unwatched_is_classified_from_its_exit_report_and_
     assert started.returncode == 0, started.stdout + started.stderr
     killed = supervisor(run_dir)
     supervisors.append(killed)
-    until(lambda: _logged_step(run_dir) >= 20, "step 20 in process 0's log")
-    _kill(killed)
+    until(lambda: logged_step(run_dir) >= 20, "step 20 in process 0's log")
+    kill(killed)
     # process 1 fails while nobody watches: what it left behind is its exit report
     until(lambda: len(run_pids(str(run_dir))) < 2, "process 1's end, unwatched")
-    first = _attach(run_dir)
+    first = attach(run_dir)
     until(lambda: supervisor(run_dir) != killed, "the first attach's supervisor")
     adopter = supervisor(run_dir)
     supervisors.append(adopter)
     # it read the exit report, stopped the rest (fail-fast), and waits before the restart
-    until(lambda: (_journal(run_dir).get("waiting") or None), "the restart's wait", 120)
-    _kill(adopter)
+    until(lambda: (journal(run_dir).get("waiting") or None), "the restart's wait", 120)
+    kill(adopter)
     first.wait(timeout=60)
     assert run_pids(str(run_dir)) == []  # the failed attempt was torn down before the wait
     log = (run_dir / "launcher.log").read_text()
     assert re.search(r"attempt 0 failed: process_id 1 .*code 7 \[program error\]; restarting", log), log[-3000:]
-    attached = _attach(run_dir)
+    attached = attach(run_dir)
     try:
         code = attached.wait(timeout=180)
     finally:
         attached.kill()
-    out = attached.stdout.read() + attached.stderr.read()
+    out = attached.stdout.read()
     assert code == 0, out[-3000:]
     assert reference.wait(timeout=120) == 0
     assert_same_params(params(run_dir), params(ref_dir))
@@ -173,7 +143,7 @@ def test_a_process_that_failed_unwatched_is_classified_from_its_exit_report_and_
     assert record["state"] == "succeeded" and record["attempts"] == 2, record
     assert record["failures"] == {"program error": 1}, record
     assert record["last_failure"]["process_id"] == 1, record
-    assert _logged_step(run_dir, "attempt-1") == STEPS
+    assert logged_step(run_dir, "attempt-1") == STEPS
     ledger = checked_ledger(run_dir)
     assert [a["attempt"] for a in ledger["attempts"]] == [0, 1]
     failed = ledger["attempts"][0]["buckets_s"]

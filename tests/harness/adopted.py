@@ -39,9 +39,10 @@ def _json(path) -> dict:
         return {}
 
 
-def logged_step(run_dir) -> int:
+def logged_step(run_dir, attempt_dir: str = "") -> int:
+    """The last step process 0's log (of ``attempt_dir``, e.g. ``attempt-1``) has a line of."""
     try:
-        text = (run_dir / "logs" / "process-000.log").read_text()
+        text = (run_dir / "logs" / attempt_dir / "process-000.log").read_text()
     except OSError:
         return 0
     return max((int(s) for s in re.findall(rf" step (\d+)/{STEPS} loss", text)), default=0)
