@@ -29,11 +29,13 @@ from launcher import logtimes
 pytestmark = pytest.mark.slow
 
 STEPS = 40
-# Attempt 0's steps take 20 ms (process 0 sleeps, the others wait for it in the all-reduce):
+# Attempt 0's steps take 60 ms (process 0 sleeps, the others wait for it in the all-reduce):
 # the local tier's writer thread gets a few hundred ms per copy before a fault at step 17,
-# as it would beside real steps. With the seed's 3 ms steps, steps 5 to 17 took 40 ms, and
-# on a loaded CI machine no copy was finished when process 0 died (resumed from step 0).
-WRITER_TIME = ("--set", "task.args.sleep_s=0.02", "--set", "task.args.slow_process_id=0",
+# as it would beside real steps, and 5 steps are 0.3 s, more than the 0.25 s the tier keeps
+# between copies (worker.recovery.localtier.MIN_INTERVAL_S). With the seed's 3 ms steps, steps
+# 5 to 17 took 40 ms, and on a loaded CI machine no copy was finished when process 0 died
+# (resumed from step 0).
+WRITER_TIME = ("--set", "task.args.sleep_s=0.06", "--set", "task.args.slow_process_id=0",
                "--set", "task.args.slow_attempt=0")
 
 COMMON = ("--set", f"train.num_steps={STEPS}", "--set", "cluster.devices_per_process=1",

@@ -310,7 +310,7 @@ class Checkpoint(_Section):
     local_every_steps: int = setting(
         100, check=non_negative,
         doc="every host also keeps the newest state in checkpoint.local_dir every N steps, "
-        "no closer than 0.05 s apart (one process per host writes it; the copy off the devices on the step's path, the write in the background; the "
+        "no closer than 0.25 s apart (one process per host writes it; the copy off the devices on the step's path, the write in the background; the "
         "newest 2 kept); a restart resumes from the newest step any process or process 0's "
         "checkpoints hold (0 = off; "
         "docs/recovery.md#the-local-tier-every-hosts-own-copy-restored-from-any-survivor)")

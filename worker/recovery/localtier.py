@@ -30,8 +30,10 @@ KEEP = 2  # the newest two: one may be being written when the process dies
 # Copies are taken no closer together than this, whatever local_every_steps says: a restart
 # loses at most this much more work, and a fast step no longer pays for a copy every call (the
 # 256 x 4 job at 100 steps a call copied 1,500 times a second: 155,748 steps/s against
-# 241,807 with the tier off on a TPU v5e, 304,521 against 727,410 on this project's CPU)
-MIN_INTERVAL_S = 0.05
+# 241,807 with the tier off on a TPU v5e, 304,521 against 727,410 on this project's CPU; 20
+# copies a second, 0.05 s apart, still cost it 193,050 against 221,500: a copy takes about 2 ms
+# of the host's CPU, on both threads)
+MIN_INTERVAL_S = 0.25
 PROCESS_DIR = "process-{process_id:03d}"
 
 
