@@ -365,6 +365,51 @@ def test_tensorboardx_is_imported_without_the_cloud_clients_it_would_load():
     assert done.stdout.splitlines() == ["False False []", "importable"], done.stdout
 
 
+def test_a_background_tracker_writes_every_call_in_order_and_raises_its_writer_s_error(tmp_path):
+    """The trainer's tracker writes on a thread of its own (``BackgroundTracker``): every
+    record reaches TensorBoard (read back with its own reader) and metrics.jsonl, in step
+    order, with the values of the call (a dict changed after it changes nothing), once
+    ``close`` returns; a write that fails on the writer thread is raised by the loop's next
+    call, and the calls after it are dropped."""
+    from worker.contract.metrics import METRICS_FILE
+    from worker.telemetry import tracker as trackers
+
+    made = trackers.make_tracker(str(tmp_path), 0, True, background=True)
+    assert isinstance(made, trackers.BackgroundTracker)
+    for step in range(1, 2001):
+        values = {"loss": 1.0 / step, "step_time_s": 0.5}
+        made.scalars(step, values)
+        values["loss"] = -1.0  # after the call: not what is written
+        if step % 100 == 0:
+            made.flush()
+    made.hparams({"lr": 0.1}, {"final_loss": 1.0 / 2000})
+    made.close()
+    scalars = read_scalars(str(tmp_path / "tensorboard"))
+    assert scalars["loss"] == [(step, pytest.approx(1.0 / step)) for step in range(1, 2001)]
+    lines = (tmp_path / "tensorboard" / METRICS_FILE).read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 2001))
+    assert json.loads(lines[-1])["loss"] == pytest.approx(1.0 / 2000)
+
+    class Full(trackers.NullTracker):
+        written: list = []
+
+        def scalars(self, step, values):
+            if step == 2:
+                raise OSError(28, "No space left on device", "events")
+            self.written.append(step)
+
+    failing = trackers.BackgroundTracker(Full())
+    failing.scalars(1, {})
+    failing.scalars(2, {})
+    deadline = time.monotonic() + 30
+    with pytest.raises(OSError, match="No space left"):
+        while time.monotonic() < deadline:  # raised by the first call after the writer met it
+            failing.scalars(3, {})
+            time.sleep(0.01)
+    failing.close()  # the error was raised once: close ends the writer without it
+    assert Full.written == [1]
+
+
 def test_a_resumed_launch_s_attempts_table_counts_the_run_s_attempts_too():
     # a new user resumed a stopped run: the summary said "attempts: 1 (0 restarts)" and listed
     # attempt 1, while `launch runs` said 2 attempts

@@ -172,7 +172,10 @@ class Loop:
         self.identity, self.job, self.start, self.out = identity, job, start, out
         self.step = 0  # the last step dispatched (the loop's, a call's last)
         self.logger = self.notice = self.local = None
-        self.tracker = make_tracker(identity.run_dir, identity.process_id, job.logging.tensorboard)
+        # written on a thread of its own: at a fused tiny step's thousands of log steps a
+        # second, the events' writing took the host's time between dispatches (docs/tpu.md)
+        self.tracker = make_tracker(identity.run_dir, identity.process_id, job.logging.tensorboard,
+                                    background=True)
         self.profiler = Profiler(identity.run_dir, identity.process_id, identity.num_processes,
                                  job.profile, client_of(identity), out, job.train.num_steps)
 
