@@ -9,8 +9,9 @@ Run on a TPU VM (or the TPU test machine, ../shared/tpu/README.md) from the proj
 Each check runs ``launch`` as a user does (``python -m launcher.cli``) with
 ``cluster.platform`` set, and prints ``PASS name: detail`` or ``FAIL name: detail``:
 
-* ``train_linear``: jobs/linear.yaml trains on the chip; the start line, process 0's log and
-  ``launch runs`` name the platform; TensorBoard event files are written.
+* ``train_linear``: jobs/linear.yaml trains on the chip; the start line, process 0's log,
+  ``launch runs`` (its devices column) and TensorBoard (the ``devices`` text process 0 writes)
+  name the platform.
 * ``train_large``: a 65,536 x 256 job trains on the chip.
 * ``compile_cache``: a second run of the same job loads its programs from the compilation cache.
 * ``notice_restart``: SIGTERM to the worker mid-run stops it after a step the run agrees on,
@@ -101,14 +102,23 @@ class Check:
         run = os.path.join(self.runs, "linear")
         done = self.launch(self.args("linear"))
         log = _read(os.path.join(run, "logs", "process-000.log"))
-        runs = self.launch([sys.executable, "-m", "launcher.cli", "runs", "--root", self.runs])
+        # launch runs lists <root>/<job>/<run>: here every run under OUT/runs
+        runs = self.launch([sys.executable, "-m", "launcher.cli", "runs", "--root",
+                            os.path.dirname(self.runs)])
+        row = next((line for line in runs.stdout.splitlines()
+                    if line.rstrip().endswith(os.path.join("runs", "linear"))), "")
         events = glob.glob(os.path.join(run, "tensorboard", "**", "events.out.tfevents.*"),
                            recursive=True)
+        texts = _texts(events)
         device = re.search(r"on (\d+ \w+ devices?)", log)
         ok = (done.returncode == 0 and device is not None and self.platform in device.group(1)
-              and events != [] and self.platform.upper() in done.stdout + done.stderr)
+              and events != [] and self.platform.upper() in done.stdout + done.stderr
+              and f" {self.platform} " in row
+              and f" {self.platform} device" in texts.get("devices", ""))
         self.record("train_linear", ok, f"exit {done.returncode}; process 0: "
-                    f"{device.group(1) if device else '?'}; {len(events)} event file(s); "
+                    f"{device.group(1) if device else '?'}; {len(events)} event file(s), "
+                    f"TensorBoard's devices text: {texts.get('devices')!r}; launch runs: "
+                    f"{' '.join(row.split()[-3:-1]) or 'not listed'}; "
                     f"start line: {_line(done.stdout, 'starting')}",
                     runs=runs.stdout[-2000:], tail=_tail(done))
 
@@ -302,6 +312,31 @@ def _rate_after_first_call(text: str, warmup_fraction: float = 0.0) -> float:
             seconds += line.step_time_s * (line.step - previous)
         previous = line.step
     return steps / seconds
+
+
+def _texts(paths: list) -> dict:
+    """The text summaries (TensorBoard's text tab: tag -> text) of these event files, read
+    with tensorboardX's own ``Event`` proto (TensorBoard itself need not be installed).
+
+    An event file is TFRecord: per record a little-endian uint64 length, a uint32 masked CRC
+    of it, the data and a uint32 masked CRC of the data (checksums not checked here)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    texts = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        at = 0
+        while at + 12 <= len(data):
+            (length,) = struct.unpack_from("<Q", data, at)
+            event = Event.FromString(data[at + 12:at + 12 + length])
+            at += 12 + length + 4
+            for value in event.summary.value:
+                if value.tag.endswith("/text_summary") and value.tensor.string_val:
+                    texts[value.tag[:-len("/text_summary")]] = value.tensor.string_val[0].decode()
+    return texts
 
 
 def _env() -> dict:

@@ -270,6 +270,17 @@ def for_attempt(plan: Plan, attempt: int, resume: bool) -> Plan:
     return dataclasses.replace(plan, processes=processes)
 
 
+def devices_text(plan: Plan) -> str:
+    """The run's devices in a few characters, for ``launch runs`` (run.json's ``devices``):
+    ``num_processes x local_device_count`` and the platform, ``2x2 cpu``, ``1x4 tpu``; the
+    total, ``6 gpu``, where processes see different counts."""
+    counts = {p.local_device_count for p in plan.processes}
+    platforms = "/".join(sorted({p.platform for p in plan.placements})) or "?"
+    if len(counts) == 1:
+        return f"{plan.num_processes}x{counts.pop()} {platforms}"
+    return f"{sum(p.local_device_count for p in plan.processes)} {platforms}"
+
+
 def restarts_text(policy) -> str:
     """What a failure of each class leads to (the ``restarts`` section), in one line."""
     budgets = (f"program errors {policy.program_errors}, infrastructure {policy.infrastructure}, "

@@ -285,7 +285,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         adopted = adopt.take_back(session, plan, taken, console, run_dir) if taken else None
         running = ledger.Running(ledger.read(run_dir))  # launch runs: the goodput so far
         record = runs.Record(run_dir, job.name, job.num_steps, launched_at=launched_at,
-                             running=running)
+                             running=running, devices=planning.devices_text(plan))
         journal = None  # a detached run's: what a supervisor needs to take it back
         if handoff.detached:
             journal = journals.Journal(run_dir, backend.name, taken["argv"] if taken else argv,

@@ -23,6 +23,8 @@ included); ``--resume`` updates the same file. Its keys::
                  launcher.run.ledger), or null; while running, so far (every 5 s with the
                  step: the attempt under way counted as if it ended then)
     eta_s, progress_at  while running: seconds left as of progress_at (time.time())
+    devices      the newest launch's devices: processes x devices each and the platform,
+                 "2x2 cpu", "1x4 tpu" (launcher.plan.devices_text)
 
 A run still ``running`` whose launcher is gone (killed with SIGKILL, a
 machine that rebooted) is listed as ``unfinished``. Run directories from
@@ -86,8 +88,7 @@ class PastRun:
     failures: dict = dataclasses.field(default_factory=dict)  # class name -> failed attempts
     goodput: float | None = None  # productive seconds / wall seconds (launcher.run.ledger)
     eta_s: float | None = None  # a running run's: seconds left as of now
-
-
+    devices: str = ""  # "2x2 cpu", "1x4 tpu" (launcher.plan.devices_text), "" when unknown
 
 
 def launcher_alive(launcher) -> bool:
@@ -138,7 +139,7 @@ def read(run_dir: str) -> PastRun:
                        _count(data.get("step")), _count(data.get("num_steps")),
                        _number(data.get("final_loss")), _number(data.get("duration_s")), run_dir,
                        _failures(data.get("failures")), _number(data.get("goodput")),
-                       eta if state == "running" else None)
+                       eta if state == "running" else None, _text(data.get("devices")))
     try:  # a run directory from before run.json
         started = datetime.datetime.strptime(os.path.basename(run_dir), STAMP).isoformat(timespec="seconds")
     except ValueError:
@@ -150,12 +151,6 @@ def read(run_dir: str) -> PastRun:
     last = _last_metrics(run_dir)
     return PastRun(os.path.basename(os.path.dirname(run_dir)), started, "-", None,
                    last.get("step"), None, last.get("loss"), None, run_dir)
-
-
-
-
-
-
 
 
 def is_run_dir(path: str) -> bool:
@@ -190,7 +185,7 @@ def _shown_path(path: str) -> str:
 def table(found: list) -> str:
     """The runs as an aligned table, one row each, in the order given."""
     header = ("job", "started", "state", "attempts", "steps", "final loss", "duration", "goodput",
-              "failures", "run dir")
+              "failures", "devices", "run dir")
     rows = []
     for r in found:
         steps = "-" if r.step is None else str(r.step) + ("" if r.num_steps is None else f"/{r.num_steps}")
@@ -201,7 +196,7 @@ def table(found: list) -> str:
                      "-" if r.duration_s is None else duration(r.duration_s),
                      "-" if r.goodput is None else f"{r.goodput:.2f}",
                      ", ".join(f"{name} {n}" for name, n in sorted(r.failures.items())) or "-",
-                     _shown_path(r.run_dir)))
+                     r.devices or "-", _shown_path(r.run_dir)))
     widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
     numeric = (3, 4, 7)
     return "\n".join("  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
@@ -213,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch runs",
         description="List past runs (job, started, state, attempts, steps, final loss, duration, "
-                    "goodput, failed attempts by class, run dir), newest first.")
+                    "goodput, failed attempts by class, devices, run dir), newest first.")
     parser.add_argument("job", metavar="JOB", nargs="?", help="only this job's runs (its name)")
     parser.add_argument("--root", default="runs",
                         help="where runs are (default runs/, as launch makes them: runs/<job>/<time>)")

@@ -70,10 +70,12 @@ class Record:
       running: the ledger's figures while the run goes on (``ledger.Running``), whose goodput
         so far ``progress`` writes; None: run.json keeps the earlier launches' goodput until
         the end.
+      devices: this launch's devices (``launcher.plan.devices_text``: ``1x4 tpu``); None:
+        the earlier launch's, if any.
     """
 
     def __init__(self, run_dir: str, job: str, num_steps: int, clock=time.monotonic,
-                 launched_at: float | None = None, running=None):
+                 launched_at: float | None = None, running=None, devices: str | None = None):
         self.run_dir, self.clock, self.running = run_dir, clock, running
         earlier = read_record(os.path.join(run_dir, RUN_FILE)) or {}
         self.data = {
@@ -90,6 +92,7 @@ class Record:
                                                                        dict) else None,
             "goodput": _number(earlier.get("goodput")),
             "host_changes": [c for c in earlier.get("host_changes") or () if isinstance(c, dict)],
+            "devices": devices or _text(earlier.get("devices")),
             "launcher": {"pid": os.getpid(), "host": socket.gethostname(),
                          "since": _start_ticks(os.getpid())},
         }

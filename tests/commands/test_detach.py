@@ -38,6 +38,7 @@ def test_a_detached_run_is_reached_by_logs_runs_wait_attach_and_stopped_in_order
     table = launch("runs", "--root", str(tmp_path / "runs"), cwd=str(tmp_path))
     row = table.stdout.splitlines()[1]
     assert re.search(r" running \(ETA \S+\) +0 +\d+/1000000 +0\.00\d+ ", row), table.stdout
+    assert re.search(r" 2x1 cpu +runs/linear/r1$", row), table.stdout  # its devices (LONG: 1 each)
     # ... and its goodput so far: the ledger's productive / wall seconds, which the live
     # supervisor writes into run.json with the step (ledger.json is written at the end)
     record = json.loads((run_dir / "run.json").read_text())

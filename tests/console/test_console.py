@@ -348,7 +348,7 @@ def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(t
 
     make("linear", "20261130-101500-123", started="2026-11-30T10:15:00", state="succeeded", attempts=3,
          step=100, num_steps=100, final_loss=0.00886711, duration_s=2.8, goodput=0.8123,
-         failures={"preemption": 2, "\x1b[2Jbad": "x"})
+         failures={"preemption": 2, "\x1b[2Jbad": "x"}, devices="1x4 tpu")
     make("linear", "20261201-090000-000", started="2026-12-01T09:00:00", state="running", attempts=0,
          step=None, num_steps=100, final_loss=None, duration_s=0.0,
          launcher={"pid": 999999999, "host": os.uname().nodename})  # its launcher is gone
@@ -361,12 +361,12 @@ def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(t
     assert result.returncode == 0, result.stderr
     rows = result.stdout.splitlines()
     assert rows[0].split() == ["job", "started", "state", "attempts", "steps", "final", "loss",
-                               "duration", "goodput", "failures", "run", "dir"]
-    assert re.match(r"^linear +2026-12-01 09:00:00 +unfinished +0 +- +- +0\.0s +- +- +"
+                               "duration", "goodput", "failures", "devices", "run", "dir"]
+    assert re.match(r"^linear +2026-12-01 09:00:00 +unfinished +0 +- +- +0\.0s +- +- +- +"
                     r"runs/linear/20261201-090000-000$", rows[1]), rows
     assert re.match(r"^linear +2026-11-30 10:15:00 +succeeded +3 +100/100 +0\.00886711 +2\.8s +"
-                    r"0\.81 +preemption 2 +runs/linear/20261130-101500-123$", rows[2]), rows
-    assert re.match(r"^diabetes +2026-11-29 08:00:00 +- +- +20 +2\.5 +- +- +- +"
+                    r"0\.81 +preemption 2 +1x4 tpu +runs/linear/20261130-101500-123$", rows[2]), rows
+    assert re.match(r"^diabetes +2026-11-29 08:00:00 +- +- +20 +2\.5 +- +- +- +- +"
                     r"runs/diabetes/20261129-080000-000$", rows[3]), rows
     only = subprocess.run(LAUNCH + ["runs", "diabetes", "--root", str(root)], cwd=str(tmp_path),
                           env=env_for_tests(), capture_output=True, text=True, timeout=60)

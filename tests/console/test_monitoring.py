@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from harness.helpers import (LAUNCH, REPO, custom_scalars_layout, env_for_tests, event_files, launch,
-                             read_plugin_data, read_scalars)
+                             read_plugin_data, read_scalars, read_text)
 from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
 from launcher.console import CLEAR_LINE, StatusLine
@@ -250,6 +250,8 @@ def test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jso
 
     text, session, experiment = read_plugin_data(logdir)
     assert json.loads("\n".join(line[4:] for line in text.splitlines()))["name"] == "linear"
+    # what it trained on (on a TPU VM: 1 process x 4 tpu devices (TPU v5 lite))
+    assert read_text(logdir, "devices") == "2 processes x 2 cpu devices (cpu)"
     assert session.hparams["optimizer.learning_rate"].number_value == pytest.approx(0.1)
     assert session.hparams["train.global_batch_size"].number_value == 256
     assert [m.name.tag for m in experiment.metric_infos] == ["final_loss"]

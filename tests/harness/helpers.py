@@ -374,6 +374,17 @@ def logged_steps(log_path) -> int | None:
     return max(steps, default=None)
 
 
+def read_text(logdir: str, tag: str) -> str:
+    """Process 0's text of ``tag`` (TensorBoard's text tab), read with TensorBoard's reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (path,) = [p for p in glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+               if not p.endswith(".goodput")]
+    acc = EventAccumulator(path, size_guidance={"tensors": 0})
+    acc.Reload()
+    return acc.Tensors(f"{tag}/text_summary")[0].tensor_proto.string_val[0].decode()
+
+
 def read_plugin_data(logdir: str):
     """(text of the 'spec' tag, hparams session_start_info, hparams experiment) via TensorBoard."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

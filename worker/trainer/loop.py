@@ -164,6 +164,15 @@ def _start_line(process_id: int, job: jobs.WorkerJob, start: Start, sample: dict
             "weight 0, the step a mean weighted over the global batch")
 
 
+def devices_text(num_processes: int) -> str:
+    """What the run trains on, for TensorBoard's text tab: ``1 process x 1 tpu device (TPU v5
+    lite)``: processes, this process's devices, their platform and kind."""
+    devices = jax.local_devices()
+    kinds = ", ".join(dict.fromkeys(d.device_kind for d in devices))
+    return (f"{num_processes} process{'' if num_processes == 1 else 'es'} x {len(devices)} "
+            f"{devices[0].platform} device{'' if len(devices) == 1 else 's'} ({kinds})")
+
+
 class Loop:
     """The loop's actors around a ``Start``: made by ``arm`` (those a failure must close are
     None until then), run by ``run``, closed by ``close`` whatever happened."""
@@ -201,6 +210,7 @@ class Loop:
             return outputs
 
         self.timed_step = self.logger.timed(dispatch)
+        self.tracker.text("devices", devices_text(identity.num_processes), step=0)
         num_batches, unreplicate = start.order.num_batches, start.parallel.unreplicate
         self.checkpoints = recovery.Recovery(identity, job, num_batches, out, unreplicate,
                                              start.order_key)
