@@ -69,8 +69,9 @@ def _parser() -> argparse.ArgumentParser:
                              "elapsed, loss, steps/s, slowest process) this often (default 5; 0 = "
                              "never); on a terminal it is redrawn in place")
     parser.add_argument("--kill-stale", action="store_true",
-                        help="ssh: stop processes of an earlier run of this job still alive on the "
-                             "hosts (recorded by pid, never matched by name) instead of refusing")
+                        help="ssh, tpu, slurm: stop processes of an earlier run of this job still "
+                             "alive on the hosts (recorded by pid, never matched by name) instead "
+                             "of refusing")
     parser.add_argument("--detach", action="store_true",
                         help="once every process started, leave the run to a supervisor of its "
                              "own (no terminal; its console in RUN_DIR/console.log) and exit 0; "
@@ -245,7 +246,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         backend = backend.rehearsal(job)  # SpecError unless the backend has one
     if args.kill_stale and not backend.stops_stale:
         raise SpecError([Problem("--kill-stale", None, "", "only applies to backends whose "
-                                 f"hosts can outlive a launcher (ssh, tpu); this job's is "
+                                 f"hosts can outlive a launcher (ssh, tpu, slurm); this job's is "
                                  f"{backend.name}; remove the flag")])
     options = Options(python=sys.executable, kill_stale=args.kill_stale, dry_run=args.dry_run,
                       resume=bool(args.resume), detached=handoff.detached,
@@ -347,7 +348,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         console.block(restarts.attempts_table(attempts))
     for line in nextsteps.closing(args.job, run_dir, result.exit_code, job.logging.tensorboard,
                                   cluster=args.cluster, overrides=tuple(args.overrides),
-                                  default_dir=not (args.run_dir or args.resume)):
+                                  default_dir=not (args.run_dir or args.resume),
+                                  secrets=job.secrets):
         console.say(line)
     console.close()
     return 1 if result.exit_code == 0 and result.diverged_loss is not None else result.exit_code

@@ -27,7 +27,8 @@ POLL_S = 0.1
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch stop", description=commands.described("stop"))
-    parser.add_argument("run", metavar="RUN", help="a run directory, or a name `launch runs` lists")
+    parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
+                        "lists, or a job's name (its newest run)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="how long to wait for every process to be gone (default 300: the "
                              "agreed step's save included)")
@@ -61,8 +62,7 @@ def main(argv: list) -> int:
     if pid is None:
         why = (f"has ended (state {value})" if value in runref.EXIT_CODES else
                "has no live supervisor on this machine (it was killed, or runs elsewhere: stop "
-               "it there; a detached local run's processes go on without it: `launch attach "
-               f"{args.run}` takes them back, then stop it)" if value == "running"
+               f"it there; {runref.after_supervisor(run_dir, args.run)})" if value == "running"
                else "is not running")
         raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} {why}; nothing to stop")])
     watched = [(p, runs._start_ticks(p)) for p in [pid] + proctl.descendants(pid)]
@@ -85,5 +85,21 @@ def main(argv: list) -> int:
               f"(`launch wait {run_dir}` waits for its end)")
         return 130
     print(f"launch stop: every process is gone (state {runref.state(run_dir)[0]}); continue it "
-          f"with `launch JOB.yaml --resume {run_dir}`")
+          f"with `{_resume_command(run_dir)}`")
     return 0
+
+
+def _resume_command(run_dir: str) -> str:
+    """The exact command the stopped run's supervisor printed to continue it (its job, cluster
+    and ``--set``s, secrets masked; launcher.log's last such line), else the general one."""
+    from launcher.console.nextsteps import RESUME_PREFIX
+
+    command = None
+    try:
+        with open(os.path.join(run_dir, "launcher.log"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if RESUME_PREFIX in line:
+                    command = line.split(RESUME_PREFIX, 1)[1].strip()
+    except OSError:
+        pass
+    return command or f"launch JOB.yaml --resume {run_dir}"

@@ -11,17 +11,37 @@ import os
 import shlex
 
 from launcher.words import GLOSSARY, pip_install
+from worker.contract import redact
 
 CLUSTER_EXAMPLE = "jobs/clusters/ssh-example.yaml"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESUME_PREFIX = "continue this stopped run from its last checkpoint: "
+
+
+def cluster_example(job_path: str) -> str | None:
+    """The ssh cluster example as the user can name it from here: beside the job file
+    (``jobs/clusters/ssh-example.yaml`` for ``jobs/linear.yaml``), else the one in podlaunch's
+    checkout; relative to the current directory when under it, else absolute; None where
+    neither exists (an install without the checkout)."""
+    for path in (os.path.join(os.path.dirname(job_path), "clusters", "ssh-example.yaml"),
+                 os.path.join(REPO, CLUSTER_EXAMPLE)):
+        if os.path.isfile(path):
+            relative = os.path.relpath(path)
+            return relative if not relative.startswith("..") else os.path.abspath(path)
+    return None
 
 
 def resume_command(job_path: str, run_dir: str, cluster: str | None = None,
-                   overrides: tuple = ()) -> str:
+                   overrides: tuple = (), secrets=()) -> str:
     """The command that continues the run in ``run_dir``: the same job, cluster and ``--set``s
-    (a resume refuses a spec that trains something else), ``--resume RUN_DIR``."""
+    (a resume refuses a spec that trains something else), ``--resume RUN_DIR``; a secret's
+    value in a ``--set`` (``worker.contract.redact``: its key, the spec's ``secrets``, a
+    password in a URL) is shown as ``****``, with a word that it must be given again."""
     argv = ["launch", job_path, *(["--cluster", cluster] if cluster else []),
             *[part for kv in overrides for part in ("--set", kv)], "--resume", run_dir]
-    return " ".join(shlex.quote(a) for a in argv)
+    shown = redact.masked_argv(argv, secrets)
+    return " ".join(shlex.quote(a) for a in shown) + (
+        "  (secrets shown as ****: give their values again)" if shown != argv else "")
 
 
 def first_run(runs_root: str, run_dir: str) -> bool:
@@ -31,7 +51,8 @@ def first_run(runs_root: str, run_dir: str) -> bool:
 
 
 def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
-            cluster: str | None = None, overrides: tuple = (), default_dir: bool = False) -> list:
+            cluster: str | None = None, overrides: tuple = (), default_dir: bool = False,
+            secrets=()) -> list:
     """The run's last lines, each a thing to do and how.
 
     Args:
@@ -39,7 +60,9 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
       run_dir: the run directory.
       exit_code: the launch's exit code (0 succeeded, 130 interrupted, else failed).
       tensorboard: whether the job writes TensorBoard events.
-      cluster, overrides: the launch's ``--cluster`` and ``--set``s, repeated in a resume.
+      cluster, overrides: the launch's ``--cluster`` and ``--set``s, repeated in a resume
+        (secret values masked: ``resume_command``).
+      secrets: the spec's ``secrets:`` names.
       default_dir: the run is in the default place (``runs/JOB/TIME``, no ``--run-dir`` or
         ``--resume``): a success that is the only run under ``runs/`` is the user's first,
         and the lines point to what comes next.
@@ -55,13 +78,14 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
     if exit_code != 0:
         what = "stopped" if exit_code == 130 else "failed"
         lines.append(f"continue this {what} run from its last checkpoint: "
-                     + resume_command(job_path, run_dir, cluster, overrides))
+                     + resume_command(job_path, run_dir, cluster, overrides, secrets))
     elif default_dir and first_run(os.path.dirname(os.path.dirname(run_dir)), run_dir):
         job = shlex.quote(job_path)
+        example = cluster_example(job_path)
         lines += ["next steps:",
                   "  launch runs                      your runs, newest first",
                   f"  launch {job} --set cluster.num_processes=4   the same job on 4 processes",
-                  f"  launch {job} --cluster {CLUSTER_EXAMPLE}   on your own SSH hosts "
-                  "(docs/ssh.md; TPU: docs/tpu.md, Slurm: docs/slurm.md)",
+                  f"  launch {job} --cluster {shlex.quote(example) if example else 'CLUSTER.yaml'}"
+                  "   on your own SSH hosts (docs/ssh.md; TPU: docs/tpu.md, Slurm: docs/slurm.md)",
                   f"  words such as goodput and attempt: {GLOSSARY}"]
     return lines

@@ -75,3 +75,27 @@ def test_a_secret_name_without_separators_is_a_secret(name):
                                   "MONKEY", "PATH", "HOME"])
 def test_ordinary_words_stay_visible(name):
     assert not redact.is_secret(name)
+
+
+def test_a_set_flag_s_secrets_are_masked_in_the_resume_command_and_the_run_lock():
+    """A newcomer's report: ``--set cluster.env.HF_TOKEN=...`` and the flow form ``--set
+    'cluster.env={HF_TOKEN: ...}'`` came back in clear in the failed run's "continue this
+    run" command (the console, launcher.log) and the flow form in launcher.lock's command."""
+    from launcher.console import nextsteps
+
+    sets = ("cluster.env.HF_TOKEN=pw-set-3", "cluster.env={HF_TOKEN: pw-set-4, MODE: fast}",
+            'cluster={"env": {"WANDB_API_KEY": "pw-set-5"}, "num_processes": 2}',
+            "task.args={db: 'postgres://u:pw-set-6@h/x', lr: 0.1}", "cluster.env.TEAM=pw-mine-1",
+            "optimizer.learning_rate=0.5")
+    lines = nextsteps.closing("jobs/linear.yaml", "/runs/r1", 1, False, overrides=sets,
+                              secrets=("TEAM",))
+    command = lines[-1]
+    assert command.startswith("continue this failed run from its last checkpoint: launch "), lines
+    assert not re.findall(r"pw-[a-z]+-\d", command), command
+    assert "MODE: fast" in command and "optimizer.learning_rate=0.5" in command
+    assert command.endswith("--resume /runs/r1  (secrets shown as ****: give their values again)")
+    plain = nextsteps.closing("jobs/linear.yaml", "/runs/r1", 1, False, overrides=sets[-1:])
+    assert plain[-1].endswith("--resume /runs/r1"), plain  # nothing masked: nothing said
+    # the run lock's record of the command line (launcher.runlock)
+    locked = " ".join(redact.masked_argv([part for s in sets[:4] for part in ("--set", s)]))
+    assert not re.findall(r"pw-[a-z]+-\d", locked), locked

@@ -23,7 +23,9 @@ A value is masked when:
     ``task.args``), it is the value of a flag or assignment whose name is a
     secret by the rules above: ``--api-token=X`` -> ``--api-token=****``,
     ``--password Y`` -> ``--password ****``, ``DB_PASS=x`` -> ``DB_PASS=****``
-    (``masked_argv``).
+    (``masked_argv``); an assignment's value written as a YAML or JSON flow mapping has its
+    secret keys' values masked: ``cluster.env={HF_TOKEN: x}`` ->
+    ``cluster.env={HF_TOKEN: ****}`` (``launch --set``).
 """
 
 import re
@@ -61,10 +63,11 @@ def is_secret(name: str, explicit=()) -> bool:
     """Whether a value under key ``name`` must never be printed or written in clear.
 
     Args:
-      name: the key (an environment variable, a task argument, any spec key).
+      name: the key (an environment variable, a task argument, any spec key), or a dotted
+        path to it (``cluster.env.TEAM``: its last part is the key).
       explicit: names the spec lists under ``secrets:``.
     """
-    if name in explicit:
+    if name in explicit or str(name).rsplit(".", 1)[-1] in explicit:  # --set's dotted keys
         return True
     return any(p in SECRET_PARTS or (p not in NOT_GLUED and (GLUED.search(p) or _GLUED_END.match(p)))
                for p in name_parts(name))
@@ -105,6 +108,20 @@ def masked(value, explicit=(), name=None):
     return value
 
 
+# a key and its value in a YAML or JSON flow mapping ({HF_TOKEN: x, "db_pass": "y"}): the value
+# ends at the next , } or ]
+_FLOW_PAIR = re.compile(r"(?P<head>(?:^|(?<=[{,\s]))(?P<quote>[\"']?)(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)"
+                        r"(?P=quote)\s*:\s*)(?P<value>'[^']*'|\"[^\"]*\"|[^,{}\[\]\s][^,{}\[\]]*?)"
+                        r"(?=\s*[,}\]]|\s*$)")
+
+
+def mask_flow(text: str, explicit=()) -> str:
+    """``text``, a YAML or JSON flow mapping, with the value of every secret key masked
+    (``{HF_TOKEN: x, lr: 1}`` -> ``{HF_TOKEN: ****, lr: 1}``), at any depth."""
+    return _FLOW_PAIR.sub(lambda m: m.group("head") + MASK if is_secret(m.group("name"), explicit)
+                          else m.group(0), text)
+
+
 _ASSIGNMENT = re.compile(r"^(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)=(?P<value>.*)$", re.S)
 _FLAG = re.compile(r"^--?(?P<name>[A-Za-z][A-Za-z0-9_.-]*)$")
 
@@ -125,6 +142,10 @@ def masked_argv(argv, explicit=()) -> list:
         assignment = _ASSIGNMENT.match(item)
         if assignment and is_secret(assignment.group("name").lstrip("-"), explicit):
             out[i] = assignment.group("name") + "=" + MASK
+            continue
+        if assignment and assignment.group("value").lstrip().startswith("{"):
+            out[i] = assignment.group("name") + "=" + mask_text(
+                mask_flow(assignment.group("value"), explicit), explicit)
             continue
         flag = _FLAG.match(item)
         if (flag and is_secret(flag.group("name"), explicit) and i + 1 < len(out)
