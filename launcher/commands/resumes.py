@@ -20,6 +20,7 @@ import yaml
 
 from launcher.commands import runs
 from launcher.errors import Problem, SpecError
+from worker import contract
 from worker.contract import runfiles
 
 # which examples form each batch, and what is trained on them (prefixes end with '.')
@@ -68,6 +69,44 @@ def _set_flag(key: str, value) -> str:
     return f"--set {shlex.quote(f'{key}={text}')}"
 
 
+def newest_checkpoint(run_dir: str) -> int | None:
+    """The newest step saved in ``run_dir`` on this machine: process 0's checkpoints
+    (``checkpoints/``) and the local tier's copies in their default place
+    (``local-checkpoints/process-NNN``); None when there are none here."""
+    dirs = [os.path.join(run_dir, "checkpoints")]
+    try:
+        dirs += [os.path.join(run_dir, "local-checkpoints", name)
+                 for name in os.listdir(os.path.join(run_dir, "local-checkpoints"))]
+    except OSError:
+        pass
+    steps = []
+    for path in dirs:
+        try:
+            steps += [step for step, _ in contract.checkpoints_in(os.listdir(path))]
+        except OSError:
+            continue
+    return max(steps, default=None)
+
+
+def check_steps_left(run_dir: str, job, earlier: dict) -> None:
+    """Refuse a resume whose ``num_steps`` is below the run's newest checkpoint: it would
+    restore that step and train nothing (and end as succeeded at a step past its last).
+
+    Raises:
+      SpecError: naming the key, the checkpoint's step, the run's own value and what to do.
+    """
+    newest, num_steps = newest_checkpoint(run_dir), job.num_steps
+    if newest is None or num_steps is None or num_steps >= newest:
+        return
+    section, key = job.num_steps_key.split(".")
+    before = (earlier.get(section) or {}).get(key) if isinstance(earlier.get(section), dict) else None
+    raise SpecError([Problem("--resume", None, job.num_steps_key, (
+        f"{num_steps}, below step {newest}, the run's newest checkpoint: the resume would "
+        f"restore it and train nothing; resume with the run's value"
+        + (f" ({_set_flag(job.num_steps_key, before)})" if before is not None else "")
+        + f" or any above {newest}, or start a new run with --run-dir"))])
+
+
 def resume_dir(job, run_dir: str, flag: str = "--resume") -> str:
     """Check that ``--resume RUN_DIR`` names a run of this job.
 
@@ -92,4 +131,5 @@ def resume_dir(job, run_dir: str, flag: str = "--resume") -> str:
         raise SpecError([Problem(flag, None, "", f"{run_dir} holds a run of job "
                                  f"{earlier.get('name')!r}, not {job.name!r}; pass that job's spec")])
     check(run_dir, job.to_masked_dict())
+    check_steps_left(run_dir, job, earlier)
     return run_dir

@@ -50,3 +50,20 @@ def test_settings_that_do_not_change_the_batches_are_not_refused(tmp_path):
     changed = [key for key, _, _ in resumes.changes(run_dir, now.to_masked_dict())]
     assert changed == ["data.prefetch", "logging.log_every_steps", "optimizer.learning_rate",
                        "train.num_steps"]
+
+
+@pytest.mark.parametrize("where", ["checkpoints", "local-checkpoints/process-001"])
+def test_a_resume_below_the_newest_checkpoint_is_refused_naming_the_run_s_steps(tmp_path, where):
+    """A newcomer's report: `launch stop`, then `launch jobs/linear.yaml --resume RUN` as the
+    stop said, resumed a 200,000-step run from its checkpoint of step 16,399 with the job
+    file's 100 steps, trained nothing and ended "succeeded" at 16399/100."""
+    run_dir = _run_dir_of(tmp_path, "train.num_steps=200000")
+    (tmp_path / where / "step-0016399").mkdir(parents=True)
+    done = launch(JOB, "--resume", run_dir)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "logs").exists()
+    assert ("--resume: train.num_steps: 100, below step 16399, the run's newest checkpoint: "
+            "the resume would restore it and train nothing; resume with the run's value "
+            "(--set train.num_steps=200000) or any above 16399") in done.stderr, done.stderr
+    above = launch(JOB, "--resume", run_dir, "--set", "train.num_steps=20000", "--dry-run")
+    assert above.returncode == 0, above.stdout + above.stderr

@@ -113,6 +113,11 @@ def begin(identity: contract.Identity, job: jobs.WorkerJob, out) -> Start:
 
     (params, opt_state), first_step = recovery.resume(identity, job, initial_state,
                                                       order.num_batches, out, order_key)
+    if first_step - 1 > num_steps:  # the launcher refuses it where it sees the checkpoints
+        raise contract.ContractError(
+            f"the checkpoint is at step {first_step - 1}, past train.num_steps {num_steps}: "
+            f"nothing is left to train; resume with train.num_steps above {first_step - 1}, "
+            "or start a new run")
     k = calls.steps_per_call(job.train.steps_per_call, jax.devices()[0].platform, num_steps,
                              first_step - 1, job.checkpoint.every_steps,
                              calls.step_bytes(sample, params))
