@@ -7,6 +7,8 @@ command. Exit codes: ``launcher.commands.launch``'s (2 for bad input, here).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 from launcher import commands
@@ -21,7 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else argv
         if argv[:1] and argv[0] in commands.COMMANDS:
-            code = commands.run(argv[0], argv[1:])
+            try:
+                code = commands.run(argv[0], argv[1:])
+            except BrokenPipeError:  # `launch logs RUN | head`: the reader has what it wanted
+                code = _stdout_closed()
         elif argv[:1] and commands.mistyped(argv[0]):
             raise SpecError([Problem("COMMAND", None, "", (
                 f"{argv[0]!r} is neither a command nor a job file; did you mean "
@@ -40,6 +45,19 @@ def main(argv: list[str] | None = None) -> int:
         _say_error(f"launch: interrupted ({str(exc) or 'SIGINT'}); nothing is left running")
         code = EXIT_INTERRUPTED
     sys.exit(code)
+
+
+def _stdout_closed() -> int:
+    """The command's reader closed the pipe (``| head``): nothing more is written, no
+    traceback; exit 141 as a shell's command killed by SIGPIPE would (128 + 13). Python's own
+    flush of stdout at exit would fail again, so stdout is pointed at /dev/null first."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def _say_error(text: str) -> None:

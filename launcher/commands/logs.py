@@ -31,7 +31,8 @@ ATTACH_TAIL = 20  # lines of the past that attach shows first
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"launch {prog}", description=commands.described(prog))
-    parser.add_argument("run", metavar="RUN", help="a run directory, or a name `launch runs` lists")
+    parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
+                        "lists, or a job's name (its newest run)")
     if prog == "logs":
         parser.add_argument("-f", "--follow", action="store_true",
                             help="follow the log until the run ends; exit with its exit code")

@@ -1,7 +1,8 @@
 """A run named on the command line (``launch logs|stop|wait|attach RUN``), and its supervisor.
 
 RUN is a run directory, or a short name: ``JOB/STAMP`` or ``STAMP`` under ``runs/`` (what
-``launch runs`` lists). Nothing in a run directory is trusted: run.json is read defensively
+``launch runs`` lists), or a job's name under ``runs/``: its newest run, as ``launch runs JOB``
+lists first. Nothing in a run directory is trusted: run.json is read defensively
 (``runs.read_record``) and its pid is only a first guess. The supervisor is the process
 that holds the run's lock (``launcher.runlock``): this user's, with the lock file open
 for writing per ``/proc/PID/fd`` and ``fdinfo``; only such a process is ever signalled.
@@ -32,8 +33,11 @@ def resolve(name: str, root: str = "runs") -> str:
     except OSError:
         pass
     found = [os.path.abspath(c) for c in candidates if os.path.isdir(c) and runs.is_run_dir(c)]
+    if not found and os.sep not in name and os.path.isdir(os.path.join(root, name)):
+        newest = runs.find(root, name)  # a job's name: its newest run
+        found = [os.path.abspath(newest[0].run_dir)] if newest else []
     if not found:
-        raise SpecError([Problem("RUN", None, "", f"no run {name!r}: give a run directory or a "
+        raise SpecError([Problem("RUN", None, "", f"no run {name!r}: give a run directory, a job's name or a "
                                  f"name `launch runs` lists (under {os.path.abspath(root)})")])
     if len(set(found)) > 1 and not os.path.isdir(name):
         raise SpecError([Problem("RUN", None, "", f"{name!r} names several runs ("
@@ -85,6 +89,17 @@ def final_code(run_dir: str, name: str) -> int:
     if value in EXIT_CODES:
         return EXIT_CODES[value]
     print(f"launch: the run {name} did not end by itself: its supervisor is gone (killed, or its "
-          "machine went away) while its state says running; a detached local or Slurm run's "
-          f"processes go on: `launch attach {name}` takes them back (see `launch runs`)")
+          f"machine went away) while its state says running; {after_supervisor(run_dir, name)}")
     return 1
+
+
+def after_supervisor(run_dir: str, name: str) -> str:
+    """What to do about a run whose supervisor is gone: a detached run (it kept a journal)
+    is taken back by ``launch attach``; a run started in the foreground ended with its
+    launcher, and ``--resume`` continues it."""
+    from launcher.run.journal import JOURNAL_FILE
+
+    if os.path.exists(os.path.join(run_dir, JOURNAL_FILE)):
+        return f"its processes may go on: `launch attach {name}` takes them back"
+    return ("it was started without --detach, so its processes ended with its launcher: "
+            f"`launch JOB.yaml --resume {name}` continues it from its last checkpoint")

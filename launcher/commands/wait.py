@@ -18,7 +18,8 @@ POLL_S = 0.2
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch wait", description=commands.described("wait"))
-    parser.add_argument("run", metavar="RUN", help="a run directory, or a name `launch runs` lists")
+    parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
+                        "lists, or a job's name (its newest run)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="give up after S seconds with exit code 124 (default: no limit)")
     parser.add_argument("--root", default="runs", help="where runs are (default runs/)")

@@ -43,3 +43,76 @@ def test_the_main_command_needs_no_command_word():
     plan = _launch("jobs/linear.yaml", "--dry-run")
     assert plan.returncode == 0, plan.stderr
     assert "process_id" in plan.stdout or "p0" in plan.stdout, plan.stdout[-2000:]
+
+
+def test_a_reader_that_closes_the_pipe_ends_logs_and_runs_quietly(tmp_path):
+    """A newcomer's report: ``launch logs RUN | head -1`` and ``launch runs | head -1`` ended
+    with a BrokenPipeError traceback. Now: no traceback, exit 141 (a shell's SIGPIPE code).
+    Each output is larger than a pipe holds, so the write after ``head`` leaves fails."""
+    import json
+
+    root = tmp_path / "runs"
+    for i in range(1500):
+        run = root / "linear" / f"20261201-09{i // 100:02d}{i % 100:02d}-000"
+        run.mkdir(parents=True)
+        (run / "spec.yaml").write_text("name: linear\n")
+        (run / "run.json").write_text(json.dumps({"job": "linear", "state": "succeeded",
+                                                  "started": f"2026-12-01T09:{i % 60:02d}:00"}))
+    (run / "launcher.log").write_text("".join(f"podlaunch: line {n}\n" for n in range(50000)))
+    for argv in (["logs", str(run)], ["runs", "--root", str(root)]):
+        proc = subprocess.Popen(LAUNCH + argv, cwd=str(tmp_path), env=env_for_tests(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = proc.stdout.readline()
+        proc.stdout.close()  # what head does after its line
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 141 and first, (argv, first, err)
+        assert "Traceback" not in err and "BrokenPipe" not in err, (argv, err)
+
+
+def test_wait_and_stop_say_attach_only_for_a_detached_run_whose_supervisor_is_gone(tmp_path):
+    """A newcomer's report: a foreground run's launcher SIGKILLed, ``launch wait`` and ``launch
+    stop`` said `launch attach RUN` takes its processes back, and attach refused (only a
+    detached run can be taken back). Now each says what applies to the run: attach for a
+    detached one (its journal), ``--resume`` for one started in the foreground."""
+    import json
+    import os
+
+    run = tmp_path / "runs" / "linear" / "r1"
+    run.mkdir(parents=True)
+    (run / "spec.yaml").write_text("name: linear\n")
+    (run / "run.json").write_text(json.dumps({"job": "linear", "state": "running",
+                                              "launcher": {"pid": 999999999, "host": os.uname().nodename}}))
+    for detached in (False, True):
+        if detached:
+            (run / "supervisor.json").write_text("{}")
+        waited = subprocess.run(LAUNCH + ["wait", str(run)], cwd=str(tmp_path), env=env_for_tests(),
+                                capture_output=True, text=True, timeout=60)
+        stopped = subprocess.run(LAUNCH + ["stop", str(run)], cwd=str(tmp_path), env=env_for_tests(),
+                                 capture_output=True, text=True, timeout=60)
+        assert waited.returncode == 1 and stopped.returncode == 2, (waited, stopped)
+        for said in (waited.stdout, stopped.stderr):
+            if detached:
+                assert f"`launch attach {run}` takes them back" in said, said
+            else:
+                assert "started without --detach" in said and "launch attach" not in said, said
+                assert f"`launch JOB.yaml --resume {run}` continues it" in said, said
+
+
+def test_a_job_s_name_names_its_newest_run(tmp_path):
+    """A newcomer's report: `launch runs linear` and `launch tensorboard linear` took the job's
+    name, `launch logs linear` refused it. RUN may now be a job's name: its newest run."""
+    import json
+
+    for stamp, state in (("20261201-090000-000", "succeeded"), ("20261202-090000-000", "failed")):
+        run = tmp_path / "runs" / "linear" / stamp
+        run.mkdir(parents=True)
+        (run / "spec.yaml").write_text("name: linear\n")
+        (run / "run.json").write_text(json.dumps({"job": "linear", "state": state,
+                                                  "started": stamp[:4] + "-12-0" + stamp[7]}))
+        (run / "launcher.log").write_text(f"podlaunch: the {state} one\n")
+    logs = subprocess.run(LAUNCH + ["logs", "linear"], cwd=str(tmp_path), env=env_for_tests(),
+                          capture_output=True, text=True, timeout=60)
+    assert logs.returncode == 0 and logs.stdout == "podlaunch: the failed one\n", logs
+    waited = subprocess.run(LAUNCH + ["wait", "linear"], cwd=str(tmp_path), env=env_for_tests(),
+                            capture_output=True, text=True, timeout=60)
+    assert waited.returncode == 1, waited  # the newest, failed
