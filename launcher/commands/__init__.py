@@ -22,8 +22,8 @@ COMMANDS = {
                                                     "with -f followed to the run's end, "
                                                     "with -t each line's time"),
     "attach": ("logs", "RUN", "the live console view of a running run again (Ctrl-C "
-                              "leaves the run running); a detached local run whose "
-                              "supervisor was killed is taken back first"),
+                              "leaves the run running); a detached run whose "
+                              "supervisor was killed is taken back first (any backend)"),
     "wait": ("wait", "RUN [--timeout S]", "wait for a run to end: its exit code, 124 "
                                           "at the timeout"),
     "stop": ("stop", "RUN", "stop a running run as Ctrl-C does (an agreed step saved) and "

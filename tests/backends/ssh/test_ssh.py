@@ -790,7 +790,7 @@ def test_a_setup_line_that_reads_stdin_neither_eats_the_script_nor_waits(tmp_pat
 def test_kill_stale_is_refused_for_local_runs():
     result = launch("jobs/linear.yaml", "--kill-stale", "--dry-run")
     assert result.returncode == 2
-    assert ("--kill-stale: only applies to backends whose hosts can outlive a launcher (ssh, tpu); "
+    assert ("--kill-stale: only applies to backends whose hosts can outlive a launcher (ssh, tpu, slurm); "
             "this job's is local; remove the flag") in result.stderr
 
 
