@@ -127,8 +127,11 @@ def initialize(num_steps: int | None = None):
     # jax.distributed.initialize installs a SIGTERM handler that swallows the launcher's TERM
     interrupts.install(on_signal=_terminated)
     interrupts.answer_stack_requests()  # launcher.run.stacks: what a hung run was doing
-    print(f"process {jax.process_index()}/{jax.process_count()} joined "
-          f"{me.coordinator_address}", flush=True)
+    if joining.single_process(me):
+        print("process 0/1: one process, in-process collectives (no jax.distributed)", flush=True)
+    else:
+        print(f"process {jax.process_index()}/{jax.process_count()} joined "
+              f"{me.coordinator_address}", flush=True)
     _state.update(identity=me, num_steps=num_steps or job.program.num_steps)
     atexit.register(_at_exit)  # after JAX's own: runs before its shutdown barrier
     sys.excepthook = _on_uncaught

@@ -57,12 +57,23 @@ def no_socket(what: str, exc: OSError) -> str:
 
 
 def coordinator_address(job) -> str:
-    """``host:port`` of the coordinator, or ``127.0.0.1:0`` for a trainer job of one process,
-    which joins no ``jax.distributed`` (``worker.runtime.joining.single_process``) and so opens no
-    socket: nothing is picked, nothing listens, a machine without TCP runs it."""
-    if not job.needs_coordinator and not job.cluster.coordinator_port:
+    """``host:port`` of the coordinator, or ``127.0.0.1:0`` where nothing joins one.
+
+    A trainer job of one process joins no ``jax.distributed``
+    (``worker.runtime.joining.single_process``) and so opens no socket: nothing is picked,
+    nothing listens (a ``cluster.coordinator_port`` is unused), a machine without TCP runs it.
+    A program of one process gets a port, as a program may call ``jax.distributed.initialize``
+    itself; on a machine that allows no TCP socket it gets none (``podlaunch.program``'s
+    ``initialize`` joins nothing for one process), as no coordinator could run there anyway.
+    """
+    if not job.needs_coordinator:
         return f"{HOST}:0"
-    return f"{HOST}:{coordinator_port(job)}"
+    try:
+        return f"{HOST}:{coordinator_port(job)}"
+    except LaunchError:
+        if job.num_processes == 1:
+            return f"{HOST}:0"
+        raise
 
 
 def local_placement(job, run_dir: str, python: str, num_processes: int,
@@ -145,7 +156,9 @@ class LocalSession(Session):
                 f"{plural(len(cluster.chips), 'TPU chip' if platform == 'tpu' else 'GPU')} "
                 "found on this machine")
         if plan.job.num_processes == 1 and plan.coordinator_address.endswith(":0"):
-            where = "no coordinator (one process)"
+            where = "no coordinator (one process" + (
+                f"; cluster.coordinator_port {cluster.coordinator_port} unused)"
+                if cluster.coordinator_port else ")")
         else:
             where = f"coordinator {plan.coordinator_address}"
         return f"starting {plural(plan.num_processes, 'process')} x {each} ({mode}), {where}"

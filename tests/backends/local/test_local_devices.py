@@ -202,6 +202,46 @@ def test_a_job_of_one_process_runs_where_no_tcp_socket_can_be_opened(tmp_path):
     assert (tmp_path / "run" / "params.npz").exists()
 
 
+def test_a_job_of_one_process_leaves_a_coordinator_port_unused(tmp_path):
+    """A tester's report: a job of one process with ``cluster.coordinator_port`` set still
+    needed a socket (exit 1 where none opens, saying both that it needs a port and that it
+    needs none), was refused when the port was in use, and claimed a coordinator it never
+    started. One process joins no coordinator, whatever the port says."""
+    import socket
+
+    sets = ["--set", "cluster.num_processes=1", "--set", "cluster.coordinator_port=23456"]
+    done = subprocess.run(LAUNCH + ["jobs/linear.yaml", *sets, "--dry-run"], cwd=REPO,
+                          env=no_inet_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "coordinator_address 127.0.0.1:0" in done.stdout, done.stdout
+    with socket.socket() as held:  # the port in use here
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        busy = launch("jobs/linear.yaml", "--set", "cluster.num_processes=1", "--set",
+                      f"cluster.coordinator_port={port}", "--set", "train.num_steps=5",
+                      "--run-dir", str(tmp_path / "run"))
+    assert busy.returncode == 0, busy.stdout + busy.stderr
+    assert (f"no coordinator (one process; cluster.coordinator_port {port} unused)"
+            in busy.stdout), busy.stdout
+
+
+@pytest.mark.slow
+def test_a_program_of_one_process_runs_where_no_tcp_socket_can_be_opened(tmp_path):
+    """A program job of one process got a coordinator port it never uses (its
+    ``initialize`` joins no jax.distributed for one process), so it failed where no socket
+    opens; and its log said "process 0/1 joined" a coordinator that never ran."""
+    env = no_inet_env(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.path.join(REPO, "tests", "programs")])
+    done = subprocess.run(LAUNCH + ["jobs/seed_program.yaml", "--set", "cluster.num_processes=1",
+                                    "--run-dir", str(tmp_path / "run")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "no coordinator (one process)" in done.stdout, done.stdout
+    log = (tmp_path / "run" / "logs" / "process-000.log").read_text()
+    assert "one process, in-process collectives (no jax.distributed)" in log and "joined" not in log
+
+
 @pytest.mark.parametrize("sets,what", [
     ((), "the JAX coordinator of a job of 2 processes"),
     (("cluster.coordinator_port=23456",), "the JAX coordinator of a job of 2 processes"),
