@@ -47,7 +47,13 @@ READINGS = (
     Reading(_words(r"(RESOURCE_EXHAUSTED|Out of memory while trying to allocate|out of memory)",
                    re.I),
             "a device ran out of memory: lower train.global_batch_size, or the model's size"),
-    Reading(_words(r"(TPU is already in use|TPU in use by process|Unable to initialize backend 'tpu')"),
+    # before the TPU in use: jax says "Unable to initialize backend 'tpu'" for both
+    Reading(_words(r"(Failed to open libtpu|libtpu\.so: cannot open|[Nn]o module named '?libtpu)"),
+            "libtpu, the TPU's runtime, is not installed in the Python that runs the worker: "
+            "install jax's TPU extra there (pip install 'jax[tpu]'; a TPU VM's image has it); "
+            "docs/tpu.md"),
+    Reading(_words(r"(TPU is already in use|TPU in use by process|Device or resource busy|"
+                   r"Unable to initialize backend 'tpu')"),
             "another process holds this host's TPU (a survivor of an earlier run, or someone "
             "else's job): ssh/tpu: launch ... --kill-stale stops podlaunch's own; otherwise "
             "find it with `sudo lsof -w /dev/accel*` or `/dev/vfio/*`"),

@@ -57,6 +57,14 @@ COORDINATOR_GONE = ("E1201 15:26:47.016582   30256 coordination_service_agent.cc
     ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to "
      "allocate 17179869184 bytes.", "a device ran out of memory: lower train.global_batch_size"),
     ("OSError: [Errno 98] Address already in use", "a port the job needs is taken"),
+    # jax 0.9 without libtpu (a tester's run): not the TPU in use, which it was read as
+    ("RuntimeError: Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so: "
+     "libtpu.so: cannot open shared object file: No such file or directory (set "
+     "JAX_PLATFORMS='' to automatically choose an available backend)",
+     "libtpu, the TPU's runtime, is not installed"),
+    ("RuntimeError: Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by "
+     "process with pid 1234. Not attempting to load libtpu.so in this process.",
+     "another process holds this host's TPU"),
     ("step 7/10 loss 0.5", None),
 ])
 def test_library_texts_in_a_failed_tail_get_their_meaning(line, said):
