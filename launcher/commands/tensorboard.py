@@ -74,16 +74,28 @@ def _safe(text: str) -> str:
 def run_names(run_dirs: list) -> dict:
     """{run dir: a readable, unique name}: its start time and the settings it differs in.
 
-    A setting differs when the runs do not all have the same value for it (a key
-    some runs lack counts); at most ``NAME_KEYS`` are named, in key order.
+    A setting differs when the runs do not all have the same value for it (a key some runs
+    lack counts). Each run names those of its values that are not the most common one (all of
+    them where no value is more common than the others): what it trained, before where
+    (``cluster.*`` keys last), at most ``NAME_KEYS``, in key order. So one rehearsal among
+    sixteen runs names its ``cluster.backend``, and the others are told apart by what they do
+    not share.
     """
+    import collections
+
     specs = {d: runs.spec_of(d) for d in run_dirs}
-    keys = sorted({k for spec in specs.values() for k in spec})
-    differing = [k for k in keys if len({repr(spec.get(k)) for spec in specs.values()}) > 1]
+    keys = sorted({k for spec in specs.values() for k in spec},
+                  key=lambda k: (k.startswith("cluster."), k))
+    common = {}
+    for k in keys:
+        counts = collections.Counter(repr(spec.get(k)) for spec in specs.values()).most_common()
+        if len(counts) > 1:  # it differs; None: no value is more common than another
+            common[k] = counts[0][0] if counts[0][1] > counts[1][1] else None
     names: dict = {}
     for d in run_dirs:
         started = runs.read(d).started.replace("T", " ") or os.path.basename(d)
-        settings = " ".join(f"{k}={specs[d].get(k)}" for k in differing[:NAME_KEYS] if k in specs[d])
+        own = [k for k in common if k in specs[d] and repr(specs[d].get(k)) != common[k]]
+        settings = " ".join(f"{k}={specs[d].get(k)}" for k in own[:NAME_KEYS])
         name = _safe(f"{started} {settings}".strip())
         if name in names.values():
             name = _safe(f"{name} ({os.path.basename(d)})")

@@ -443,6 +443,28 @@ def test_tensorboard_names_a_job_s_runs_by_start_and_what_differs(tmp_path):
                               "2026-11-30 11:15:00 optimizer.learning_rate=0.3"]
     for name, run_dir in linked.items():
         assert os.path.realpath(links / name) == os.path.join(run_dir, "tensorboard")
+    # a tester's report: with one rehearsal among them, every name said cluster.backend=local
+    # and nothing else; each run names what it does not share, training settings first
+    for stamp, sets in (("20261130-121500-000", "optimizer:\n  name: sgd\n  learning_rate: 0.1\n"
+                                                 "cluster:\n  backend: tpu\n  num_processes: 4\n"),
+                        ("20261130-131500-000", "optimizer:\n  name: sgd\n  learning_rate: 1.0e+6\n")):
+        d = root / "linear" / stamp
+        (d / "tensorboard").mkdir(parents=True)
+        (d / "spec.yaml").write_text("name: linear\n" + sets)
+        dirs.append(str(d))
+    for d in dirs[:2]:  # the first two ran locally (their specs said nothing of it)
+        with open(os.path.join(d, "spec.yaml"), "a") as f:
+            f.write("cluster:\n  backend: local\n  num_processes: 2\n")
+    (root / "linear" / "20261130-141500-000" / "tensorboard").mkdir(parents=True)
+    (root / "linear" / "20261130-141500-000" / "spec.yaml").write_text(
+        "name: linear\noptimizer:\n  name: sgd\n  learning_rate: 0.1\n"
+        "cluster:\n  backend: local\n  num_processes: 2\n")
+    dirs.append(str(root / "linear" / "20261130-141500-000"))
+    names = tensorboard_command.run_names(dirs)
+    assert [names[d] for d in dirs] == [
+        "2026-11-30 10:15:00", "2026-11-30 11:15:00 optimizer.learning_rate=0.3",
+        "2026-11-30 12:15:00 cluster.backend=tpu cluster.num_processes=4",
+        "2026-11-30 13:15:00 optimizer.learning_rate=1000000.0", "2026-11-30 14:15:00"], names
     one = tensorboard_command.served_runs(dirs[0], str(root))
     assert one == ([dirs[0]], None, os.path.join(dirs[0], "tensorboard"))
     assert tensorboard_command.served_runs(str(root), str(root))[1] == str(root)  # any other dir: as is
