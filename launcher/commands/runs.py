@@ -8,7 +8,8 @@ included); ``--resume`` updates the same file. Its keys::
     started      when the run directory's first launch started (local time, ISO 8601)
     state        running, succeeded, diverged (it ran every step, and its final loss is
                  nan or inf: launch exits 1), failed or interrupted
-    attempts     attempts made in this run directory (restarts and resumes included)
+    attempts     attempts made in this run directory (restarts and resumes included; while
+                 running, the one under way counted)
     step         the furthest step reached, or null
     num_steps    the steps the job asks for
     final_loss   the last loss logged, or null
