@@ -318,14 +318,18 @@ _CANDIDATE_PORTS = 12000               # how far below the ephemeral range free_
 
 
 def _try_bind(family, address):
+    """bind's error for ``address``, or None: it bound (closed again). socket()'s is raised."""
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
             s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         s.bind(address)
+    except OSError as exc:
+        return exc
     finally:
         s.close()
+    return None
 
 
 def bind_error(port, host=""):
@@ -333,26 +337,27 @@ def bind_error(port, host=""):
 
     Checked as gRPC binds it: ``[::]:port`` dual-stack with SO_REUSEADDR
     (connections of an earlier run left in TIME_WAIT do not count as in use),
-    or ``host:port`` over IPv4 on a machine without IPv6.
+    or ``host:port`` over IPv4 on a machine without IPv6. Only EADDRINUSE is
+    "in use"; bind's other errnos (EACCES below 1024) are said by their meaning.
 
     Raises:
-      OSError: no TCP socket can be opened here at all (EAFNOSUPPORT for IPv4 too: a
-        sandbox, a locked-down host): nothing could listen on any port.
+      OSError: no TCP socket can be opened here at all (EAFNOSUPPORT for IPv4 too, or EPERM:
+        a sandbox, a seccomp filter, a locked-down host): nothing could listen on any port.
     """
-    try:
-        if socket.has_ipv6:
-            try:
-                _try_bind(socket.AF_INET6, ("::", port))
-                return None
-            except OSError as exc:
-                if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
-                    raise
-        _try_bind(socket.AF_INET, (host, port))
-    except OSError as exc:
-        if exc.errno == errno.EAFNOSUPPORT:
-            raise
-        return "port %d is in use (%s)" % (port, exc.strerror)
-    return None
+    if socket.has_ipv6:
+        try:
+            exc = _try_bind(socket.AF_INET6, ("::", port))
+            if exc is None or exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                return _bind_words(port, exc)
+        except OSError:  # no IPv6 socket (IPv6 off, or refused): IPv4 decides
+            pass
+    return _bind_words(port, _try_bind(socket.AF_INET, (host, port)))
+
+
+def _bind_words(port, exc):
+    if exc is None or exc.errno == errno.EADDRINUSE:
+        return None if exc is None else "port %d is in use (%s)" % (port, exc.strerror)
+    return "port %d cannot be bound here (%s, errno %s)" % (port, os.strerror(exc.errno), exc.errno)
 
 
 def ephemeral_range():
@@ -374,6 +379,9 @@ def free_port(host=""):
     seconds before process 0 binds it another connection can take it and JAX
     fails with "Failed to add port to server". Falls back to bind(0) where no
     port below the range is free.
+
+    Raises:
+      OSError: no TCP socket can be opened or bound here (a sandbox: see ``bind_error``).
     """
     import random
     low, _ = ephemeral_range()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from launcher import proctl
+from launcher import ports, proctl
 from launcher.backends import localadopt, localdevices
 from launcher.backends.localdevices import LocalCluster
 from launcher.spec import checks
@@ -28,32 +28,31 @@ from launcher.words import plural
 
 
 def coordinator_port(job) -> int:
-    """The spec's coordinator port, checked free on 127.0.0.1, or a free one for 0.
+    """The spec's coordinator port, checked free on 127.0.0.1, or a free one for 0; either
+    checked reachable from here.
 
     Raises:
-      SpecError: the spec's fixed port is in use.
-      LaunchError: no TCP socket can be opened here (a sandbox, a locked-down host).
+      SpecError: the spec's fixed port is in use, or refused by bind (named where it was set:
+        file and line, ``--set``, or the ``--cluster`` file).
+      LaunchError: no TCP socket can be opened here (a sandbox, a locked-down host), or
+        127.0.0.1 cannot be reached (the loopback interface down).
     """
+    what = f"the JAX coordinator of a job of {plural(job.num_processes, 'process')}"
     port = job.cluster.coordinator_port or 0
     try:
-        if port == 0:
-            return proctl.free_port(HOST)
-        error = proctl.bind_error(port, HOST)
+        error = None if port == 0 else proctl.bind_error(port, HOST)
+        port = port or proctl.free_port(HOST)
     except OSError as exc:
-        raise LaunchError(no_socket("the JAX coordinator of a job of "
-                                    f"{plural(job.num_processes, 'process')}", exc)) from None
+        raise LaunchError(ports.no_socket(what, HOST, exc, ONE_PROCESS)) from None
     if error is not None:
-        raise SpecError([Problem(job.source, None, "cluster.coordinator_port",
+        raise SpecError([Problem(*job.where(("cluster", "coordinator_port")),
+                                 "cluster.coordinator_port",
                                  f"{error} on {HOST}; pick another or use 0")])
+    ports.check_reachable(what, HOST, port, ONE_PROCESS)
     return port
 
 
-def no_socket(what: str, exc: OSError) -> str:
-    """The sentence for a TCP socket that cannot be opened at all (``exc``), for ``what``."""
-    why = os.strerror(exc.errno) if exc.errno else str(exc)
-    return (f"{what} needs a TCP port on {HOST}, and this machine allows no TCP socket "
-            f"({why}, errno {exc.errno}): a sandbox or locked-down host; a job of one process "
-            "needs none (cluster.num_processes: 1)")
+ONE_PROCESS = "a job of one process needs none (cluster.num_processes: 1)"
 
 
 def coordinator_address(job) -> str:
@@ -99,14 +98,11 @@ def placements(job, run_dir: str, python: str, platform: str) -> tuple:
     if platform == "cpu" or n == 1:
         return (local_placement(job, run_dir, python, n, devices, env, platform),)
     if platform == "tpu":
-        try:
-            ports = tuple(proctl.free_port(HOST) for _ in range(n))
-        except OSError as exc:
-            raise LaunchError(no_socket("libtpu, to split the chips among processes,", exc)) \
-                from None
+        split = tuple(ports.free_port("libtpu, to split the chips among processes,", HOST,
+                                      ONE_PROCESS) for _ in range(n))
         chips = len(cluster.chips)
         return tuple(local_placement(job, run_dir, python, 1, devices,
-                                     {**localdevices.tpu_env(chips, n, i, ports), **env}, platform)
+                                     {**localdevices.tpu_env(chips, n, i, split), **env}, platform)
                      for i in range(n))
     return tuple(local_placement(job, run_dir, python, 1, devices,
                                  {**localdevices.gpu_env(devices, i), **env}, platform)

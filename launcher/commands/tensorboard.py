@@ -28,7 +28,7 @@ import tempfile
 import time
 import urllib.request
 
-from launcher import flags, interrupts, proctl
+from launcher import flags, interrupts, ports, proctl
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.words import pip_install, plural
@@ -218,7 +218,8 @@ def main(argv: list[str]) -> int:
 
     Raises:
       SpecError: bad RUN_DIR, ``--port`` or ``--startup-timeout-s`` (exit 2); nothing served.
-      LaunchError: TensorBoard is not installed, or did not start (exit 1).
+      LaunchError: TensorBoard is not installed, or did not start, or no TCP socket can be
+        opened or ``--host`` cannot be reached from here (exit 1).
     """
     args = _parser().parse_args(argv)
     flags.check(("--port", args.port, flags.port, "the port to serve on"),
@@ -240,8 +241,31 @@ def main(argv: list[str]) -> int:
             shutil.rmtree(links, ignore_errors=True)  # the links, never what they point to
 
 
+def _port(args) -> int:
+    """``--port``, or a free port; either checked before TensorBoard starts: TensorBoard where
+    no socket can be opened ends with a traceback in its log, and one whose address cannot
+    be reached (the loopback interface down) serves nothing while we wait out
+    ``--startup-timeout-s``.
+
+    Raises:
+      LaunchError: no TCP socket can be opened here, or ``--host`` cannot be reached from here.
+    """
+    what, advice = "TensorBoard's server", "run launch tensorboard where TCP sockets work"
+    port = args.port
+    if port:
+        try:
+            proctl.bind_error(port, args.host)  # in use: TensorBoard says so itself
+        except OSError as exc:
+            raise LaunchError(ports.no_socket(what, args.host, exc, advice)) from None
+    else:
+        port = ports.free_port(what, args.host, f"pass --port PORT (one allowed here), or {advice}")
+    ports.check_reachable(what, args.host, port, "serve on an address this host reaches "
+                          "(--host), or run launch tensorboard where the network is up")
+    return port
+
+
 def _serve(args, logdir: str, what: str) -> int:
-    port = args.port or proctl.free_port(args.host)
+    port = _port(args)
     shown_host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     url = f"http://{shown_host}:{port}/"
     # Its own process group (TensorBoard starts a data server child) that dies

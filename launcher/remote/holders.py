@@ -67,7 +67,11 @@ def main(args):
                 pass
             out["lockfile"] = "removed"
     if args["port"] is not None:
-        error = proctl.bind_error(args["port"])
+        try:
+            error = proctl.bind_error(args["port"])
+        except OSError as exc:
+            error = "cannot be had: this host allows no TCP socket (%s, errno %s)" % (
+                os.strerror(exc.errno), exc.errno)
         if error:
             out["port_error"] = error
     print(MARK + json.dumps(out), flush=True)

@@ -141,10 +141,15 @@ def foreign_worker():
 
 
 def check_port(port):
-    """``{"port": p}`` when ``port`` is free here (0: a free one), else ``{"port_error": why}``."""
-    if port == 0:
-        return {"port": proctl.free_port()}
-    error = proctl.bind_error(port)
+    """``{"port": p}`` when ``port`` is free here (0: a free one), else ``{"port_error": why}``
+    (in use, refused by bind, or no TCP socket at all on this host: a sandbox)."""
+    try:
+        if port == 0:
+            return {"port": proctl.free_port()}
+        error = proctl.bind_error(port)
+    except OSError as exc:
+        return {"port_error": "cannot be had: this host allows no TCP socket (%s, errno %s)"
+                % (os.strerror(exc.errno), exc.errno)}
     return {"port_error": error} if error else {"port": port}
 
 

@@ -114,7 +114,12 @@ def connect(args):
         _say(out)
         return out
     out["resolved"] = where[0]
-    s = socket.socket(family, kind, proto)
+    try:
+        s = socket.socket(family, kind, proto)
+    except OSError as exc:  # a sandbox: no socket of this family at all
+        out["error"] = "this host allows no TCP socket (%s)" % (exc.strerror or exc)
+        _say(out)
+        return out
     s.settimeout(timeout_s)
     try:
         s.connect(where)

@@ -164,7 +164,8 @@ def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
     """The class of one process's end, read from the end alone."""
     ended, pid = t.exit, t.plan.process_id
     where = f"process_id {pid} on {t.plan.host}"
-    if t.failed_to_join:
+    explained = causes.said(t.tail) if isinstance(ended, Exited) else None
+    if t.failed_to_join and explained is None:  # not the worker's own words: JAX's timeout
         try:
             host = contract.split_host_port(t.joining)
         except ValueError:
@@ -176,7 +177,6 @@ def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
             f"{host[-1]} (firewalls, security groups), that host 0 started (its log), and that "
             "no proxy is forced on the workers (podlaunch adds the coordinator to no_proxy; a "
             "setup line that resets it undoes that)"))
-    explained = causes.said(t.tail) if isinstance(ended, Exited) else None
     diverged = _nonfinite_loss(t.tail) if isinstance(ended, Exited) else None
     if explained is not None:  # the worker's own words decide (worker.contract.causes)
         failure_class, what = _explained(ended, *explained)
@@ -200,6 +200,8 @@ _EXPLAINED = {
     causes.MISMATCH: (FailureClass.PROGRAM, "a configuration problem that a restart repeats"),
     causes.DATA: (FailureClass.PROGRAM, "bad data that a restart reads again"),
     causes.DISK_FULL: (FailureClass.FINAL, "a full disk that a restart finds full again"),
+    causes.UNREACHABLE: (FailureClass.PROGRAM, "a network problem of its host that a restart "
+                         "repeats"),
 }
 
 

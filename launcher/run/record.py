@@ -112,8 +112,7 @@ class Record:
 
         # the attempt under way counts among the attempts made (``launch runs`` said 0 for a
         # run in its first attempt, 1 once it had ended)
-        under_way = [a for t in tracked if isinstance(
-            a := getattr(getattr(getattr(t, "worker", None), "plan", None), "attempt", None), int)]
+        under_way = [t.worker.plan.attempt for t in tracked]
         if under_way:
             self.data["attempts"] = max(self.data.get("attempts") or 0, max(under_way) + 1)
         reported = [t for t in tracked if t.stats.progress is not None]

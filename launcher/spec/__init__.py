@@ -344,6 +344,8 @@ def _build_cluster(raw: Any, ctx: schema.Context, registry) -> Any:
     return MISSING if problems else cluster
 
 
-# Keys checked after loading, for one backend only (task importable, memory).
+# Keys checked after loading, for one backend only (task importable, memory, the coordinator
+# port free).
 LATE_CHECKED = (("task", "name"), ("task", "args"), ("data", "num_examples"),
-                ("cluster", "hosts", 0), ("cluster", "env", "PYTHONPATH"))
+                ("cluster", "hosts", 0), ("cluster", "env", "PYTHONPATH"),
+                ("cluster", "coordinator_port"))

@@ -8,12 +8,14 @@ import json
 import re
 import signal
 import subprocess
+import time
 import urllib.parse
 import urllib.request
 
 import pytest
 
 from harness.helpers import LAUNCH, REPO, Output, env_for_tests
+from harness.nosockets import SAID, loopback_down, no_socket_env
 
 
 @pytest.mark.slow
@@ -50,3 +52,33 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
         code, text = out.finish(30)
     # a quiet console (issue 50): TensorBoard's start-up lines and access log are in its file
     assert code == 0 and all(line.startswith("podlaunch: ") for line in text.splitlines()), text
+
+
+# A host without a network (harness.nosockets): the launcher says what needed the port and
+# why it cannot have it, at once. It was a traceback from proctl.free_port (no socket), and
+# with the loopback down a 60 s wait for a server that could never answer.
+@pytest.mark.parametrize("errno_name", sorted(SAID))
+@pytest.mark.parametrize("port", [None, "6123"])
+def test_tensorboard_where_no_tcp_socket_can_be_opened_is_a_sentence(tmp_path, errno_name, port):
+    (tmp_path / "run" / "tensorboard").mkdir(parents=True)
+    args = ["tensorboard", str(tmp_path / "run")] + (["--port", port] if port else [])
+    done = subprocess.run(LAUNCH + args, cwd=REPO, env=no_socket_env(tmp_path, errno_name),
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "launch: TensorBoard's server needs a TCP port on 127.0.0.1, and this machine allows " \
+           f"no TCP socket ({SAID[errno_name]}): a sandbox or locked-down host; " in done.stderr
+    assert ("pass --port PORT" in done.stderr) is (port is None)  # a given port: no use saying it
+    assert "Traceback" not in done.stderr
+
+
+def test_tensorboard_on_a_host_whose_loopback_is_down_is_refused_at_once(tmp_path):
+    (tmp_path / "run" / "tensorboard").mkdir(parents=True)
+    began = time.monotonic()
+    done = subprocess.run(loopback_down() + LAUNCH + ["tensorboard", str(tmp_path / "run")],
+                          cwd=REPO, env=env_for_tests(), capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.search(r"launch: TensorBoard's server at 127\.0\.0\.1:\d+ cannot be reached from "
+                     r"this host \(Network is unreachable, errno 101\): the loopback interface "
+                     r"is down", done.stderr), done.stderr
+    assert "did not answer" not in done.stderr and time.monotonic() - began < 30

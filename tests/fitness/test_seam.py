@@ -149,6 +149,33 @@ def test_a_coordinator_port_in_use_is_refused_before_anything_starts(tmp_path):
         assert "step 1/" not in result.stdout and not run_pids(str(run_dir))
 
 
+@pytest.mark.parametrize("given", ["job", "--set", "--cluster"])
+def test_a_coordinator_port_in_use_is_named_where_it_was_set(tmp_path, given):
+    # it named jobs/linear.yaml without a line, whichever of them set the port
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with open(os.path.join(REPO, "jobs", "linear.yaml"), encoding="utf-8") as f:
+            text = f.read()
+        job = tmp_path / "job.yaml"
+        job.write_text(text.replace("  devices_per_process: 2\n",
+                                    f"  devices_per_process: 2\n  coordinator_port: {port}\n"))
+        line = job.read_text().splitlines().index(f"  coordinator_port: {port}") + 1
+        cluster = tmp_path / "cluster.yaml"
+        cluster.write_text(f"backend: local\nnum_processes: 2\ncoordinator_port: {port}\n")
+        args, where = {
+            "job": ([str(job)], f"{job}:{line}"),
+            "--set": (["jobs/linear.yaml", "--set", f"cluster.coordinator_port={port}"], "--set"),
+            "--cluster": (["jobs/linear.yaml", "--cluster", str(cluster)], f"{cluster}:3"),
+        }[given]
+        result = launch(*args, "--dry-run", timeout_s=60)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr
+    assert f"error: {where}: cluster.coordinator_port: port {port} is in use " in result.stderr
+
+
 def test_rehearse_on_a_non_tpu_backend_is_bad_input(tmp_path):
     job = _job(tmp_path)
     with pytest.raises(SpecError, match="--rehearse: only applies to cluster.backend: tpu"):

@@ -126,6 +126,20 @@ def test_a_process_that_never_joined_is_a_program_error_whatever_its_tail_says()
     assert verdict.failure_class is FailureClass.PROGRAM and "could not join" in verdict.why
 
 
+def test_a_process_that_found_the_coordinator_unreachable_is_named_with_its_own_words():
+    # worker.runtime.joining ends the wait at once (the loopback down: ENETUNREACH); the
+    # summary says that, not JAX's timeout and firewalls
+    said = ("the coordinator at 127.0.0.1:27362 cannot be reached from this host (Network is "
+            "unreachable, errno 101): the loopback interface is down here")
+    never = tracked(1, Exited(contract.EXIT_INIT), [causes.line(causes.UNREACHABLE, said)])
+    never.joining = "127.0.0.1:27362"
+    verdict = classes.classify(result(never))
+    assert verdict.failure_class is FailureClass.PROGRAM and verdict.process_id == 1
+    assert verdict.why == (f"process_id 1 on h1 exited with code {contract.EXIT_INIT}, a network "
+                           f"problem of its host that a restart repeats: {said}")
+    assert "firewall" not in verdict.why
+
+
 @pytest.mark.parametrize("verdict_end", [
     Final("Slurm job 4 reached its time limit"), Lost("no answer for 4 s"),
     Preempted("Slurm job 4 is being preempted"), Stalled("no step progress for 3.0 s")])

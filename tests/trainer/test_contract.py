@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from harness.helpers import REPO, env_for_tests
+from harness.nosockets import loopback_down
 from launcher import backends
 from launcher.commands import launch
 from launcher import plan as planning
@@ -361,6 +362,29 @@ def test_a_process_waits_for_the_coordinators_port_before_joining():
     clock = iter([0.0, 0.0, 0.1, 0.2, 0.3]).__next__  # the deadline 0.25 s, passed at once
     assert not joining.wait_for_coordinator(f"127.0.0.1:{port}", 0.25, clock=clock,
                                             sleep=lambda s: None)
+
+
+def test_a_coordinator_this_host_cannot_reach_ends_the_wait_at_once():
+    """With the loopback interface down (unshare -n), connect() to 127.0.0.1 fails with
+    ENETUNREACH: every process waited out initialization_timeout_s (60 s by default), then
+    the launcher blamed firewalls. Such an error ends the wait at once, with its meaning."""
+    code = textwrap.dedent("""
+        import time
+        from worker.runtime import joining
+        began = time.monotonic()
+        try:
+            joining.wait_for_coordinator("127.0.0.1:23456", 20.0)
+        except joining.Unreachable as exc:
+            print(f"{time.monotonic() - began:.2f} {exc}")
+    """)
+    done = subprocess.run(loopback_down() + [sys.executable, "-c", code], cwd=REPO,
+                          env=env_for_tests(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    took, _, said = done.stdout.strip().partition(" ")
+    assert float(took) < 5.0, done.stdout
+    assert said == ("the coordinator at 127.0.0.1:23456 cannot be reached from this host (Network "
+                    "is unreachable, errno 101): the loopback interface is down here (ip link set "
+                    "lo up), or a sandbox forbids it; waiting would not change that")
 
 
 @pytest.mark.parametrize("name", ["linear", "digits", "diabetes", "mlp_digits", "seed_program"])

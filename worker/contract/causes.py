@@ -16,7 +16,8 @@ import re
 MISMATCH = "mismatch"    # the identity or JAX's devices disagree with the plan: configuration
 DATA = "data"            # bad rows (file, row, column): the same on every restart
 DISK_FULL = "disk-full"  # no space (or quota) writing the run directory: free it, then --resume
-CAUSES = (MISMATCH, DATA, DISK_FULL)
+UNREACHABLE = "unreachable"  # the coordinator's address unreachable from the host: its network
+CAUSES = (MISMATCH, DATA, DISK_FULL, UNREACHABLE)
 
 _LINE_RE = re.compile(r"^worker: (?P<text>.*) \[(?P<cause>%s)\]$"
                       % "|".join(re.escape(c) for c in CAUSES))

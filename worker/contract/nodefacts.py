@@ -13,6 +13,7 @@ checked free by binding it (0: a free one picked by the kernel), or
 locally.
 """
 
+import errno
 import json
 import os
 import platform
@@ -55,12 +56,25 @@ def port_answer(wanted):
 
 
 def _bind(port):
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError as exc:
-            return {"port": port, "port_error": exc.strerror or str(exc)}
-        return {"port": s.getsockname()[1]}
+    """Only EADDRINUSE is "in use": any other errno (no TCP socket at all in a sandbox, EPERM
+    of a seccomp filter) is said with its meaning, as ``launcher.proctl.bind_error`` says it."""
+    try:
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError as exc:
+                what = ("port %d is in use" % port if exc.errno == errno.EADDRINUSE else
+                        "port %d cannot be bound here" % port)
+                return {"port": port,
+                        "port_error": "%s (%s, errno %s)" % (what, _meaning(exc), exc.errno)}
+            return {"port": s.getsockname()[1]}
+    except OSError as exc:
+        return {"port": port, "port_error": "this node allows no TCP socket (%s, errno %s): a "
+                "sandbox or locked-down host" % (_meaning(exc), exc.errno)}
+
+
+def _meaning(exc):
+    return os.strerror(exc.errno) if exc.errno else str(exc)
 
 
 def facts(coordinator_port=None):

@@ -16,7 +16,8 @@ import sys
 import time
 
 from worker import contract
-from worker.contract import nodefacts
+from worker.contract import causes, nodefacts
+from worker.contract.address import unreachable
 from worker.contract import job as jobs
 
 
@@ -59,9 +60,17 @@ def wait_for_coordinator(address: str, timeout_s: float, clock=time.monotonic,
     for a process 5 s early, against 0.03 s when the port is open first). A plain connect
     every ``COORDINATOR_POLL_S`` costs nothing and ends the wait within 20 ms of it.
 
+    A refusal or a timeout is retried (the coordinator may not be up yet); an error no wait
+    cures (the network unreachable, no route, the address family unsupported:
+    ``worker.contract.address.UNREACHABLE_ERRNOS``) ends the wait at once.
+
     Returns:
       True once a connection was accepted (closed at once), False at ``timeout_s``: the
       caller initializes anyway and JAX reports its own timeout.
+
+    Raises:
+      Unreachable: ``address`` cannot be reached from this host (for 127.0.0.1: the
+        loopback interface is down), with the errno's meaning.
     """
     host, port = contract.split_host_port(address)
     deadline = clock() + timeout_s
@@ -69,10 +78,17 @@ def wait_for_coordinator(address: str, timeout_s: float, clock=time.monotonic,
         try:
             socket.create_connection((host, port), timeout=COORDINATOR_TRY_S).close()
             return True
-        except OSError:
+        except OSError as exc:
+            said = unreachable(host, port, exc)
+            if said is not None:
+                raise Unreachable(f"the coordinator at {said}") from None
             if clock() >= deadline:
                 return False
             sleep(COORDINATOR_POLL_S)
+
+
+class Unreachable(contract.ContractError):
+    """The coordinator's address cannot be reached from this host: no wait would change it."""
 
 
 def join(identity: contract.Identity, job: jobs.WorkerJob):
@@ -111,7 +127,11 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
         timeout_s = dist.initialization_timeout_s
         if identity.process_id != 0:  # process 0 starts the service in initialize
             began = time.monotonic()
-            wait_for_coordinator(identity.coordinator_address, timeout_s)
+            try:
+                wait_for_coordinator(identity.coordinator_address, timeout_s)
+            except Unreachable as exc:
+                print(causes.line(causes.UNREACHABLE, str(exc)), flush=True)
+                os._exit(contract.EXIT_INIT)  # as a failed initialize below: no atexit barrier
             timeout_s = max(1, int(timeout_s - (time.monotonic() - began)))  # one timeout in all
         try:
             jax.distributed.initialize(

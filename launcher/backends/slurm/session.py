@@ -129,7 +129,7 @@ class SlurmSession(adoption.Adoption, Session):
         return tuple(placements), contract.host_port(addr, port)
 
     def _problem(self, key: str, message: str) -> SpecError:
-        return SpecError([Problem(self.job.source, None, f"cluster.{key}", message)])
+        return SpecError([Problem(*self.job.where(("cluster", key)), f"cluster.{key}", message)])
 
     # ---- before anything is queued ------------------------------------------------
     def _preflight(self) -> None:

@@ -20,9 +20,7 @@ no channel of its own per host; only host 0's own try runs here.
 from __future__ import annotations
 
 import concurrent.futures
-import ipaddress
 import secrets
-import socket
 from typing import Sequence
 
 from launcher import remote
@@ -32,20 +30,10 @@ from launcher.errors import Problem, SpecError
 from launcher.remote import reach as remote_reach
 from launcher.words import plural
 from worker import contract
+from worker.contract.address import is_loopback
 
 REACH_TIMEOUT_S = 5.0   # each host's connect; a firewall that drops shows as this timeout
 LISTEN_TIMEOUT_S = 30.0  # host 0's listener ends by itself after this at the latest
-
-
-def is_loopback(address: str) -> bool:
-    """Whether ``address`` (an IP, or a name resolved here) is a loopback address."""
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        try:
-            return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
-        except (OSError, ValueError):
-            return False
 
 
 def _read_mark(chan, timeout_s: float) -> dict | None:

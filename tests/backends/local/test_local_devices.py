@@ -18,6 +18,7 @@ import textwrap
 import pytest
 
 from harness.helpers import LAUNCH, REPO, env_for_tests, launch
+from harness.nosockets import SAID, loopback_down, no_socket_env
 
 
 def chips(tmp_path, n: int, name: str = "accel", extra=()) -> str:
@@ -168,34 +169,13 @@ def test_a_process_holding_the_chips_is_named_and_nothing_starts(tmp_path, held)
 
 
 # A machine that allows no TCP or UDP socket at all (the TPU test machine, sandboxes): every
-# AF_INET/AF_INET6 socket fails as the kernel makes it fail there (EAFNOSUPPORT), in the
-# launcher and in every worker (sitecustomize runs at each interpreter's start).
-NO_INET = textwrap.dedent("""
-    import errno, socket
-    _socket = socket.socket
-    class socket_without_inet(_socket):
-        def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
-            if fileno is None and family in (-1, socket.AF_INET, socket.AF_INET6):
-                raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
-            super().__init__(family, type, proto, fileno)
-    socket.socket = socket_without_inet
-""")
-
-
-def no_inet_env(tmp_path) -> dict:
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(NO_INET)
-    env = env_for_tests()
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
-    return env
-
-
+# AF_INET/AF_INET6 socket fails as the kernel makes it fail there (EAFNOSUPPORT; EPERM under a
+# seccomp filter), in the launcher and in every worker (harness.nosockets).
 @pytest.mark.slow
 def test_a_job_of_one_process_runs_where_no_tcp_socket_can_be_opened(tmp_path):
     done = subprocess.run(LAUNCH + ["jobs/linear.yaml", "--set", "cluster.num_processes=1",
                                     "--set", "train.num_steps=20", "--run-dir", str(tmp_path / "run")],
-                          cwd=REPO, env=no_inet_env(tmp_path), capture_output=True, text=True,
+                          cwd=REPO, env=no_socket_env(tmp_path), capture_output=True, text=True,
                           timeout=300, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "no coordinator (one process)" in done.stdout
@@ -211,7 +191,7 @@ def test_a_job_of_one_process_leaves_a_coordinator_port_unused(tmp_path):
 
     sets = ["--set", "cluster.num_processes=1", "--set", "cluster.coordinator_port=23456"]
     done = subprocess.run(LAUNCH + ["jobs/linear.yaml", *sets, "--dry-run"], cwd=REPO,
-                          env=no_inet_env(tmp_path), capture_output=True, text=True, timeout=120)
+                          env=no_socket_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "coordinator_address 127.0.0.1:0" in done.stdout, done.stdout
     with socket.socket() as held:  # the port in use here
@@ -231,7 +211,7 @@ def test_a_program_of_one_process_runs_where_no_tcp_socket_can_be_opened(tmp_pat
     """A program job of one process got a coordinator port it never uses (its
     ``initialize`` joins no jax.distributed for one process), so it failed where no socket
     opens; and its log said "process 0/1 joined" a coordinator that never ran."""
-    env = no_inet_env(tmp_path)
+    env = no_socket_env(tmp_path)
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.path.join(REPO, "tests", "programs")])
     done = subprocess.run(LAUNCH + ["jobs/seed_program.yaml", "--set", "cluster.num_processes=1",
                                     "--run-dir", str(tmp_path / "run")], cwd=REPO, env=env,
@@ -242,32 +222,50 @@ def test_a_program_of_one_process_runs_where_no_tcp_socket_can_be_opened(tmp_pat
     assert "one process, in-process collectives (no jax.distributed)" in log and "joined" not in log
 
 
-@pytest.mark.parametrize("sets,what", [
-    ((), "the JAX coordinator of a job of 2 processes"),
-    (("cluster.coordinator_port=23456",), "the JAX coordinator of a job of 2 processes"),
-])
-def test_a_coordinator_that_cannot_open_a_socket_is_a_sentence(tmp_path, sets, what):
+@pytest.mark.parametrize("errno_name", sorted(SAID))
+@pytest.mark.parametrize("sets", [(), ("cluster.coordinator_port=23456",)])
+def test_a_coordinator_that_cannot_open_a_socket_is_a_sentence(tmp_path, sets, errno_name):
+    # EPERM on a fixed port was "port 23456 is in use (Operation not permitted)", exit 2: only
+    # EADDRINUSE is in use; any errno of socket() says no socket can be had, with its meaning
     args = ["jobs/linear.yaml", "--run-dir", str(tmp_path / "run")]
     for item in sets:
         args += ["--set", item]
-    done = subprocess.run(LAUNCH + args, cwd=REPO, env=no_inet_env(tmp_path), capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    done = subprocess.run(LAUNCH + args, cwd=REPO, env=no_socket_env(tmp_path, errno_name),
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"launch: {what} needs a TCP port on 127.0.0.1, and this machine allows no TCP " \
-           "socket (Address family not supported by protocol, errno 97)" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert "launch: the JAX coordinator of a job of 2 processes needs a TCP port on 127.0.0.1, " \
+           f"and this machine allows no TCP socket ({SAID[errno_name]})" in done.stderr
+    assert "in use" not in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "run" / "logs").exists()
 
 
-def test_a_tpu_split_that_needs_ports_where_none_can_be_opened_is_a_sentence(tmp_path):
+def test_a_coordinator_on_a_host_whose_loopback_is_down_is_refused_at_once(tmp_path):
+    # unshare -n: sockets open and bind, 127.0.0.1 is unreachable. The workers waited out
+    # distributed.initialization_timeout_s, then the summary blamed firewalls
+    done = subprocess.run(loopback_down() + LAUNCH + [
+        "jobs/linear.yaml", "--set", "train.num_steps=20",
+        "--set", "distributed.initialization_timeout_s=20", "--run-dir", str(tmp_path / "run")],
+        cwd=REPO, env=env_for_tests(), capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.search(r"launch: the JAX coordinator of a job of 2 processes at 127\.0\.0\.1:\d+ "
+                     r"cannot be reached from this host \(Network is unreachable, errno 101\): "
+                     r"the loopback interface is down", done.stderr), done.stderr
+    assert "Traceback" not in done.stderr and "firewall" not in done.stderr
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+@pytest.mark.parametrize("errno_name", sorted(SAID))
+def test_a_tpu_split_that_needs_ports_where_none_can_be_opened_is_a_sentence(tmp_path, errno_name):
     pattern = chips(tmp_path, 4)
     done = subprocess.run(LAUNCH + ["jobs/linear.yaml", "--dry-run", "--set", "cluster.platform=tpu",
                                     "--set", f"cluster.tpu_device_paths=[{pattern!r}]",
                                     "--set", f"cluster.libtpu_lockfile={tmp_path / 'lock'}"],
-                          cwd=REPO, env=no_inet_env(tmp_path), capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+                          cwd=REPO, env=no_socket_env(tmp_path, errno_name), capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "libtpu, to split the chips among processes, needs a TCP port" in done.stderr
+    assert "libtpu, to split the chips among processes, needs a TCP port on 127.0.0.1, and " \
+           f"this machine allows no TCP socket ({SAID[errno_name]})" in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from harness.helpers import LAUNCH, REPO, env_for_tests
+from harness.nosockets import SAID, python_json
 from launcher.backends.slurm import nodes
 from launcher.errors import LaunchError, Problem, SpecError
 from worker import contract
@@ -106,3 +107,13 @@ def test_a_free_coordinator_port_is_picked_below_the_ephemeral_range_and_is_bind
         taken.listen()
         answer = nodefacts.port_answer(taken.getsockname()[1])
         assert answer["port_error"] and answer["port"] == taken.getsockname()[1]
+
+
+@pytest.mark.parametrize("errno_name", sorted(SAID))
+def test_a_node_without_tcp_sockets_says_so_not_in_use(tmp_path, errno_name):
+    # the probe step's port check raised from socket() (a traceback instead of its facts line)
+    fixed, free = python_json(tmp_path, errno_name, (
+        "import json; from worker.contract import nodefacts; "
+        "print(json.dumps([nodefacts.port_answer(23456), nodefacts.port_answer(0)]))"))
+    said = f"this node allows no TCP socket ({SAID[errno_name]}): a sandbox or locked-down host"
+    assert fixed == {"port": 23456, "port_error": said} and free["port_error"] == said

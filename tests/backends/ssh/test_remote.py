@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from harness.nosockets import SAID, python_json
 from launcher import proctl, remote
 from launcher.remote import holders, killpg, preflight, reach, wrapper
 
@@ -294,6 +295,16 @@ def test_preflight_reports_versions_modules_and_port(tmp_path, capsys, monkeypat
     free = preflight.main({**args, "port": 0})
     assert "port_error" not in free and proctl.bind_error(free["port"]) is None
     assert "port" not in preflight.main({**args, "port": None})
+
+
+@pytest.mark.parametrize("errno_name", sorted(SAID))
+def test_preflight_on_a_host_without_tcp_sockets_says_so_not_in_use(tmp_path, errno_name):
+    # bind_error read every errno as "in use" (EPERM: "port 23456 is in use (Operation not
+    # permitted)") and free_port's traceback ended the preflight program without its line
+    said = {"port_error": f"cannot be had: this host allows no TCP socket ({SAID[errno_name]})"}
+    assert python_json(tmp_path, errno_name, (
+        "import json; from launcher.remote import preflight; "
+        "print(json.dumps([preflight.check_port(23456), preflight.check_port(0)]))")) == [said] * 2
 
 
 # ---- wrapper -----------------------------------------------------------------------
