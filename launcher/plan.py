@@ -42,6 +42,8 @@ class Placement:
         an ssh host's workdir, where the program's directory is synced).
       local_device_ids: the node's device indices its (one) process uses (Slurm GPU
         steps), or None: JAX's own choice.
+      unset: variables its workers must not inherit from the launcher's environment (the
+        local backend's chip variables, which it decides itself); ``env`` still sets them.
     """
 
     host: str
@@ -55,6 +57,7 @@ class Placement:
     label_host: bool = True
     cwd: str | None = None
     local_device_ids: tuple[int, ...] | None = None
+    unset: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +83,8 @@ class ProcessPlan:
       attempt, resume: which attempt this is and whether it restores a checkpoint
         (``for_attempt``; also in ``env``, where the worker reads them through
         ``contract.Identity``).
-      local_device_ids, run_dir: as its Placement's (the run directory as its host sees it).
+      local_device_ids, run_dir, unset: as its Placement's (the run directory as its host
+        sees it).
     """
 
     process_id: int
@@ -98,6 +102,7 @@ class ProcessPlan:
     resume: bool = False
     local_device_ids: tuple[int, ...] | None = None
     run_dir: str = ""
+    unset: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +251,8 @@ def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
                 log_path=log_path(run_dir, process_id), label=label, python=placement.python,
                 cwd=placement.cwd, program=job.user_command,
                 program_num_steps=job.num_steps if job.user_command else None,
-                local_device_ids=placement.local_device_ids, run_dir=placement.run_dir))
+                local_device_ids=placement.local_device_ids, run_dir=placement.run_dir,
+                unset=placement.unset))
     return Plan(job=job, run_dir=run_dir, coordinator_address=coordinator_address,
                 processes=tuple(processes), placements=placements)
 

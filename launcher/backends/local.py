@@ -14,6 +14,7 @@ they outlive a killed supervisor, and ``launch attach`` takes them back
 
 from __future__ import annotations
 
+import errno
 import os
 
 from launcher import ports, proctl
@@ -27,9 +28,33 @@ from launcher.plan import Placement, Plan
 from launcher.words import plural
 
 
-def coordinator_port(job) -> int:
-    """The spec's coordinator port, checked free on 127.0.0.1, or a free one for 0; either
-    checked reachable from here.
+def free_ports(count: int, host: str, taken=()) -> tuple:
+    """``count`` distinct TCP ports, each as ``proctl.free_port`` picks one, none in ``taken``.
+
+    Each port is free only a moment ago, and two calls may pick the same one: a plan that
+    gives each of its processes a port (libtpu's ``TPU_PROCESS_PORT``, beside the
+    coordinator's) asks here, and a port already picked is picked again.
+
+    Raises:
+      OSError: no TCP socket can be opened here at all, or ``count`` distinct free ports
+        could not be found.
+    """
+    picked, exclude = [], set(taken)
+    for _ in range(count * 64):
+        if len(picked) == count:
+            break
+        port = proctl.free_port(host)
+        if port not in exclude:
+            picked.append(port)
+            exclude.add(port)
+    if len(picked) < count:
+        raise OSError(errno.EADDRINUSE, f"no {count} distinct free TCP ports found")
+    return tuple(picked)
+
+
+def coordinator_port(job, taken=()) -> int:
+    """The spec's coordinator port, checked free on 127.0.0.1, or a free one for 0 (none of
+    ``taken``: the ports of a TPU split, picked before); either checked reachable from here.
 
     Raises:
       SpecError: the spec's fixed port is in use, or refused by bind (named where it was set:
@@ -41,7 +66,7 @@ def coordinator_port(job) -> int:
     port = job.cluster.coordinator_port or 0
     try:
         error = None if port == 0 else proctl.bind_error(port, HOST)
-        port = port or proctl.free_port(HOST)
+        port = port or free_ports(1, HOST, taken)[0]
     except OSError as exc:
         raise LaunchError(ports.no_socket(what, HOST, exc, ONE_PROCESS)) from None
     if error is not None:
@@ -55,7 +80,7 @@ def coordinator_port(job) -> int:
 ONE_PROCESS = "a job of one process needs none (cluster.num_processes: 1)"
 
 
-def coordinator_address(job) -> str:
+def coordinator_address(job, taken=()) -> str:
     """``host:port`` of the coordinator, or ``127.0.0.1:0`` where nothing joins one.
 
     A trainer job of one process joins no ``jax.distributed``
@@ -64,11 +89,12 @@ def coordinator_address(job) -> str:
     A program of one process gets a port, as a program may call ``jax.distributed.initialize``
     itself; on a machine that allows no TCP socket it gets none (``podlaunch.program``'s
     ``initialize`` joins nothing for one process), as no coordinator could run there anyway.
+    ``taken``: ports the coordinator's must differ from (a TPU split's).
     """
     if not job.needs_coordinator:
         return f"{HOST}:0"
     try:
-        return f"{HOST}:{coordinator_port(job)}"
+        return f"{HOST}:{coordinator_port(job, taken)}"
     except LaunchError:
         if job.num_processes == 1:
             return f"{HOST}:0"
@@ -77,29 +103,44 @@ def coordinator_address(job) -> str:
 
 def local_placement(job, run_dir: str, python: str, num_processes: int,
                     local_device_count: int, env: dict, platform: str = "cpu") -> Placement:
-    """``num_processes`` on this machine with ``local_device_count`` devices of ``platform``."""
+    """``num_processes`` on this machine with ``local_device_count`` devices of ``platform``;
+    on tpu or gpu the variables that give a process its chips (``localdevices.DEVICE_VARS``)
+    and ``JAX_PLATFORMS`` are the launcher's alone: those this shell exported are not
+    inherited."""
     return Placement(host="localhost", num_processes=num_processes,
                      local_device_count=local_device_count, platform=platform, python=python,
                      run_dir=run_dir, job_path=os.path.join(run_dir, "job.json"), env=env,
-                     label_host=False, cwd=job.working_directory)
+                     label_host=False, cwd=job.working_directory,
+                     unset=localdevices.DEVICE_VARS[platform] + ("JAX_PLATFORMS",)
+                     if platform in localdevices.DEVICE_VARS else ())
 
 
-def placements(job, run_dir: str, python: str, platform: str) -> tuple:
+def placements(job, run_dir: str, python: str, platform: str, taken_ports=()) -> tuple:
     """Every process's placement on this machine: one for all of them on the CPU or on every
-    chip, one per process where each gets its own TPU chips (libtpu's variables) or GPUs.
+    TPU chip, one per process where each gets its own TPU chips (libtpu's variables) or GPUs
+    (``CUDA_VISIBLE_DEVICES``, set even for one process: it may have fewer than all).
+
+    Args:
+      taken_ports: ports this plan uses already (a fixed ``coordinator_port``); a TPU
+        split's ports are distinct from them and from each other.
 
     Raises:
       LaunchError: a TPU split needs a port per process and no TCP socket can be opened.
     """
     cluster, n, devices = job.cluster, job.num_processes, job.local_device_count
     env = dict(cluster.env)
-    if platform == "tpu":  # a JAX_PLATFORMS=cpu this shell exported must not hide the chips
+    # a JAX_PLATFORMS=cpu this shell exported must not hide the chips: tpu is named; on gpu
+    # JAX picks the GPUs itself (its "gpu" would also demand ROCm's plugin on a CUDA box)
+    if platform == "tpu":
         env = {"JAX_PLATFORMS": "tpu", **env}
-    if platform == "cpu" or n == 1:
+    if platform == "cpu" or (platform == "tpu" and n == 1):
         return (local_placement(job, run_dir, python, n, devices, env, platform),)
     if platform == "tpu":
-        split = tuple(ports.free_port("libtpu, to split the chips among processes,", HOST,
-                                      ONE_PROCESS) for _ in range(n))
+        try:
+            split = free_ports(n, HOST, taken_ports)
+        except OSError as exc:
+            raise LaunchError(ports.no_socket("libtpu, to split the chips among processes,", HOST,
+                                              exc, ONE_PROCESS)) from None
         chips = len(cluster.chips)
         return tuple(local_placement(job, run_dir, python, 1, devices,
                                      {**localdevices.tpu_env(chips, n, i, split), **env}, platform)
@@ -118,9 +159,15 @@ class LocalSession(Session):
         # the dry run names a holder too: the run would be refused; processes taken back
         # (launch attach) hold the chips themselves
         if platform != "cpu" and (restart or not self.options.adopting):
-            localdevices.check_chips_free(job)
-        return placements(job, self.run_dir, self.options.python, platform), \
-            coordinator_address(job)
+            unreadable = localdevices.check_chips_free(job)
+            if unreadable:
+                self.console.say(localdevices.unchecked_text(job, unreadable))
+        # every port of the plan distinct: the split's, then the coordinator's apart from them
+        found = placements(job, self.run_dir, self.options.python, platform,
+                           taken_ports=(job.cluster.coordinator_port,)
+                           if job.cluster.coordinator_port else ())
+        split = [int(p.env["TPU_PROCESS_PORT"]) for p in found if "TPU_PROCESS_PORT" in p.env]
+        return found, coordinator_address(job, taken=split)
 
     def platform(self) -> str:
         return self.job.cluster.resolved_platform
@@ -140,7 +187,7 @@ class LocalSession(Session):
                  f"({', '.join(cluster.chips)})")
         if platform == "cpu":
             return f"devices: {found}; rehearsed on CPU devices, {each} per process"
-        if self.job.num_processes == 1:
+        if self.job.num_processes == 1 and self.job.local_device_count == len(cluster.chips):
             return f"devices: {found}; one process gets every one"
         return f"devices: {found}; {plural(self.job.local_device_count, name)} per process"
 
@@ -148,9 +195,14 @@ class LocalSession(Session):
         cluster, platform = self.job.cluster, self.platform()
         each = plural(plan.job.local_device_count, f"{platform.upper()} device"
                       if platform != "cpu" else "CPU device")
-        mode = ("single-host debug mode" if platform == "cpu" else
-                f"{plural(len(cluster.chips), 'TPU chip' if platform == 'tpu' else 'GPU')} "
-                "found on this machine")
+        chips = (f"{plural(len(cluster.chips), 'TPU chip' if cluster.resolved_platform == 'tpu' else 'GPU')} "
+                 "found on this machine")
+        if cluster.resolved_platform == "cpu":
+            mode = "single-host debug mode"
+        elif platform == "cpu":
+            mode = f"rehearsal on CPU devices of a {cluster.resolved_platform} run; {chips}"
+        else:
+            mode = chips
         if plan.job.num_processes == 1 and plan.coordinator_address.endswith(":0"):
             where = "no coordinator (one process" + (
                 f"; cluster.coordinator_port {cluster.coordinator_port} unused)"

@@ -26,6 +26,7 @@ from typing import Literal
 from launcher import proctl
 from launcher.errors import LaunchError
 from launcher.backends.base import ClusterSettings
+from launcher.console.lines import printable
 from launcher.words import plural
 from launcher.spec import schema
 from launcher.spec.schema import non_negative, port_or_zero, setting
@@ -40,6 +41,15 @@ TPU_SPLITS = {
     4: {1: ("1,1,1", "2,2,1"), 2: ("2,1,1", "1,2,1")},
     8: {1: ("1,1,1", "2,4,1"), 4: ("2,2,1", "1,2,1")},
 }
+
+# The variables that give a process its chips: the launcher decides them for every process of
+# a tpu (libtpu's) or gpu (CUDA's) run, so neither cluster.env nor the shell that launches may
+# set them (``tpu_env``, ``gpu_env``; the worker's environment drops what the shell exported).
+TPU_VARS = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
+            "TPU_PROCESS_ADDRESSES", "TPU_PROCESS_PORT", "CLOUD_TPU_TASK_ID",
+            "ALLOW_MULTIPLE_LIBTPU_LOAD")
+GPU_VARS = ("CUDA_VISIBLE_DEVICES",)
+DEVICE_VARS = {"tpu": TPU_VARS, "gpu": GPU_VARS}
 
 _NUMBERED = re.compile(r"(accel|nvidia|)(\d+)$")
 
@@ -59,12 +69,26 @@ def device_files(patterns) -> tuple:
     return tuple(sorted(found, key=found.get))
 
 
-def tpu_split(chips: int, num_processes: int) -> str | None:
+def tpu_split(chips: int, num_processes: int, devices_per_process: int | None = None) -> str | None:
     """None when ``num_processes`` processes can share ``chips`` TPU chips, else why not and
-    what would work (a sentence for the user)."""
+    what would work (a sentence for the user).
+
+    With ``devices_per_process`` (the user's setting, not None), the processes must also
+    use every chip between them, and what would work names both settings.
+    """
+    works = [chips // per for per in sorted(TPU_SPLITS.get(chips, {}), reverse=True)]
+    if devices_per_process is not None:
+        if devices_per_process * num_processes == chips and tpu_split(chips, num_processes) is None:
+            return None
+        pers = ", ".join(str(chips // n) for n in [1] + works)
+        options = ", ".join(str(n) for n in [1] + works)
+        return (f"{devices_per_process} x {plural(num_processes, 'process')} is not a split of "
+                f"this machine's {plural(chips, 'TPU chip')} that libtpu makes (it splits a host's "
+                "chips only in known shapes, each process an equal share); use num_processes "
+                f"{options} with devices_per_process {pers} respectively, or leave "
+                "devices_per_process unset (each process gets its share)")
     if num_processes == 1:
         return None
-    works = [chips // per for per in sorted(TPU_SPLITS.get(chips, {}), reverse=True)]
     if num_processes > chips:
         why = f"more processes than the {plural(chips, 'TPU chip')} found"
     elif chips % num_processes or chips // num_processes not in TPU_SPLITS.get(chips, {}):
@@ -89,7 +113,8 @@ def tpu_env(chips: int, num_processes: int, process_id: int, ports: tuple) -> di
 
     Returns:
       The variables to add to the worker's environment; empty for one process, which
-      gets every chip as libtpu does by default.
+      gets every chip as libtpu does by default (``TPU_VARS`` are then dropped from the
+      environment it inherits).
     """
     if num_processes == 1:
         return {}
@@ -114,7 +139,7 @@ def gpu_env(devices_per_process: int, process_id: int) -> dict:
                                                                    first + devices_per_process))}
 
 
-def holders(paths, lockfile: str | None = None) -> tuple:
+def holders(paths, lockfile: str | None = None, unreadable_pids=None) -> tuple:
     """Processes that hold any of ``paths`` (device files) or ``lockfile`` open.
 
     Found by reading ``/proc/*/fd`` (never by name), as the tpu backend does on its hosts
@@ -123,18 +148,22 @@ def holders(paths, lockfile: str | None = None) -> tuple:
     Returns:
       ``(holders, unreadable)``: ``[(pid, command line, [paths held])]`` by pid, and how
       many processes' open files could not be read (another user's, without root).
+      ``unreadable_pids`` (tests) are counted as such, never as holders.
     """
     real = {os.path.realpath(p) for p in paths}
     if lockfile:
         real.add(os.path.realpath(lockfile))
     found, unreadable = proctl.open_files(real, skip_pid=os.getpid())
+    for pid in unreadable_pids or ():  # tests: another user's process, as /proc shows it
+        if found.pop(pid, None) is not None or os.path.isdir(f"/proc/{pid}"):
+            unreadable += 1
     return [(pid, proctl.cmdline(pid), sorted(held)) for pid, held in sorted(found.items())], \
         unreadable
 
 
 def describe_holders(found: list) -> str:
     """``holders``' list as one sentence's worth: pid, command and the files it holds."""
-    return "; ".join(f"pid {pid} ({cmd or '?'}) holds {', '.join(paths)}"
+    return "; ".join(f"pid {pid} ({printable(cmd) if cmd else '?'}) holds {', '.join(paths)}"
                      for pid, cmd, paths in found)
 
 
@@ -157,7 +186,8 @@ class LocalCluster(ClusterSettings):
     num_processes: int | None = setting(
         None, check=schema.in_range(1, 256),
         doc="worker processes to start; null: 2 on cpu, 1 on tpu (every chip), one per GPU on "
-        "gpu. On a TPU VM several processes split the chips only in the shapes libtpu knows: 4 "
+        "gpu, or on either the chips found divided by devices_per_process where that is set. On "
+        "a TPU VM several processes split the chips only in the shapes libtpu knows: 4 "
         "chips 1, 2 or 4 processes, 8 chips 1, 2 or 8")
     devices_per_process: int | None = setting(
         None, check=schema.in_range(1, 256),
@@ -170,7 +200,9 @@ class LocalCluster(ClusterSettings):
     env: dict[str, schema.EnvValue] = setting({}, check=schema.env_names,
                                               doc="extra environment for every worker (strings or "
                                               "integers, passed exactly as written; secrets masked "
-                                              "wherever printed)")
+                                              "wherever printed); on tpu or gpu not the variables "
+                                              "that give a process its chips (TPU_VISIBLE_CHIPS "
+                                              "..., CUDA_VISIBLE_DEVICES): podlaunch sets them")
     tpu_device_paths: tuple[str, ...] = setting(
         TPU_DEVICE_PATHS, doc="globs of this machine's TPU chip files (numbered "
         "entries only), counted for a tpu run; a process holding one refuses the launch, named")
@@ -202,6 +234,8 @@ class LocalCluster(ClusterSettings):
     def num_processes_total(self) -> int:
         if self.num_processes is not None:
             return self.num_processes
+        if self.resolved_platform != "cpu" and self.devices_per_process is not None:
+            return max(1, len(self.chips) // self.devices_per_process)
         if self.resolved_platform == "gpu":
             return max(1, len(self.chips))
         return 2 if self.resolved_platform == "cpu" else 1
@@ -216,33 +250,52 @@ class LocalCluster(ClusterSettings):
         return max(1, len(self.chips) // self.num_processes_total)
 
     def problems(self) -> list:
-        """This machine's chips against the split asked for: none found, too few, or a TPU
-        split libtpu does not make (``tpu_split``)."""
+        """This machine's chips against the split asked for: none found, too few, a TPU
+        split libtpu does not make (``tpu_split``), or ``env`` setting a variable that gives
+        the processes their chips (``DEVICE_VARS``). Each problem names a key the user set
+        where one is to blame (``num_processes`` derived from ``devices_per_process`` is not)."""
         platform, n = self.resolved_platform, self.num_processes_total
         if platform == "cpu":
             return []
+        problems = [(("env", name), f"{name!r} is set by podlaunch itself for every process of a "
+                     f"{platform} run (it gives each process its own "
+                     f"{'TPU chips' if platform == 'tpu' else 'GPUs'}: "
+                     f"{', '.join(DEVICE_VARS[platform])}); remove it, and choose the split with "
+                     "cluster.num_processes and cluster.devices_per_process")
+                    for name in self.env if name in DEVICE_VARS[platform]]
         paths = self.tpu_device_paths if platform == "tpu" else self.gpu_device_paths
         name = "TPU chip" if platform == "tpu" else "GPU"
+        key = "num_processes" if self.num_processes is not None or \
+            self.devices_per_process is None else "devices_per_process"
         if not self.chips:
-            return [("platform", f"{platform}, but no {name} was found on this machine (looked "
-                     f"for {', '.join(paths)}); run on a machine that has them, or use cpu")]
+            looked = (f"looked for {', '.join(paths)}" if paths else
+                      f"looked for none: cluster.{platform}_device_paths is empty")
+            return problems + [("platform", f"{platform}, but no {name} was found on this machine "
+                                f"({looked}); run on a machine that has them, or use cpu")]
         if platform == "tpu":
-            if self.devices_per_process is not None and \
-                    self.devices_per_process * n != len(self.chips):
-                return [("devices_per_process", f"{self.devices_per_process} x {plural(n, 'process')} "
-                         f"does not use this machine's {plural(len(self.chips), name)}; leave it "
-                         "unset (each process gets its share)")]
-            why = tpu_split(len(self.chips), n)
-            return [] if why is None else [("num_processes", why)]
+            why = tpu_split(len(self.chips), n, self.devices_per_process)
+            return problems + ([] if why is None else [(key, why)])
         if n * self.resolved_devices_per_process > len(self.chips):
-            return [("num_processes", f"{plural(n, 'process')} x {plural(self.resolved_devices_per_process, name)} "
-                     f"need more than the {plural(len(self.chips), name)} found; use at most "
-                     f"{len(self.chips)} in all")]
-        return []
+            return problems + [(key, f"{plural(n, 'process')} x "
+                                f"{plural(self.resolved_devices_per_process, name)} need more than "
+                                f"the {plural(len(self.chips), name)} found; use at most "
+                                f"{len(self.chips)} in all" + (
+                                    f" (devices_per_process {len(self.chips)} or less)"
+                                    if key == "devices_per_process" else ""))]
+        return problems
 
 
-def check_chips_free(job) -> None:
+def check_chips_free(job, unreadable_pids=None) -> int:
     """Refuse to start while another process holds this machine's TPU chips or GPUs.
+
+    Args:
+      job: the validated spec.
+      unreadable_pids: for tests, pids to count as unreadable (another user's) whatever
+        ``/proc`` lets this process read.
+
+    Returns:
+      How many processes' open files could not be read (another user's, without root):
+      one of them may hold a chip unseen; 0 when a holder is found or none is unread.
 
     Raises:
       LaunchError: a holder lives (its pid, command and the files it holds are named;
@@ -250,10 +303,21 @@ def check_chips_free(job) -> None:
     """
     cluster = job.cluster
     if not cluster.chips:
-        return
+        return 0
     lockfile = cluster.libtpu_lockfile if cluster.resolved_platform == "tpu" else None
-    found, _ = holders(cluster.chips, lockfile)
+    found, unreadable = holders(cluster.chips, lockfile, unreadable_pids)
     if found:
         raise LaunchError(f"the {cluster.resolved_platform.upper()} is in use: "
                           f"{describe_holders(found)}; wait for it to end, or stop it "
                           f"(kill {' '.join(str(pid) for pid, _, _ in found)}), then launch again")
+    return unreadable
+
+
+def unchecked_text(job, unreadable: int) -> str:
+    """The warning for ``unreadable`` processes ``check_chips_free`` could not check."""
+    cluster = job.cluster
+    files = " ".join(cluster.chips + ((cluster.libtpu_lockfile,)
+                                      if cluster.resolved_platform == "tpu" else ()))
+    return (f"warning: {plural(unreadable, 'process')} of other users could not be checked for "
+            f"holding the {cluster.resolved_platform.upper()} (their open files are not readable "
+            f"without root); if the run cannot get its chips, check with: sudo lsof {files}")

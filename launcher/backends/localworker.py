@@ -59,9 +59,12 @@ class LocalWorker:
                 # an attempt started again (its supervisor killed while starting it): what its
                 # strays wrote stays, and is not this worker's
                 self.read_to = os.fstat(out).st_size
+            # the chip variables this shell exported are not the worker's (``plan.unset``)
+            inherited = {k: v for k, v in os.environ.items() if k not in plan.unset}
             self._proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, text=True, encoding="utf-8", errors="replace", bufsize=1)
+                start_new_session=True, text=True, encoding="utf-8", errors="replace", bufsize=1,
+                env=inherited)
         except OSError as exc:
             raise LaunchError(f"cannot start process_id {plan.process_id}: {plan.argv[0]}: "
                               f"{exc.strerror}") from None

@@ -278,5 +278,225 @@ def test_rehearse_runs_a_tpu_split_on_cpu_devices(tmp_path):
         "--set", "train.num_steps=20", "--run-dir", str(tmp_path / "run"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 processes x 2 CPU devices" in done.stdout
+    # the start line says what is rehearsed, not the cpu platform's debug mode
+    assert "(rehearsal on CPU devices of a tpu run; 4 TPU chips found on this machine)" in done.stdout
+    assert "single-host debug mode" not in done.stdout
     log = (tmp_path / "run" / "logs" / "process-000.log").read_text()
     assert "2 cpu devices" in log
+
+
+def test_the_ports_of_a_tpu_split_are_distinct_from_each_other_and_the_coordinator(monkeypatch):
+    from launcher import proctl
+    from launcher.backends import local
+    # free_port as it can be: a port free a moment ago, picked again by the next call
+    picks = iter([7001, 7001, 7002, 7000, 7002, 7003] * 1000)
+    monkeypatch.setattr(proctl, "free_port", lambda host="": next(picks))
+    assert local.free_ports(3, "127.0.0.1", taken=(7000,)) == (7001, 7002, 7003)
+    monkeypatch.undo()
+    for _ in range(300):  # the real picks: 8 ports, never two alike, never the coordinator's
+        ports = local.free_ports(8, local.HOST, taken=(7000,))
+        assert len(set(ports)) == 8 and 7000 not in ports
+
+
+def fake_job(tmp_path, platform: str, num_chips: int, num_processes: int, **cluster):
+    """What ``local.placements`` reads of a job, for ``num_chips`` chips of ``platform``."""
+    from types import SimpleNamespace
+    return SimpleNamespace(
+        cluster=SimpleNamespace(env=cluster.get("env", {}),
+                                chips=tuple(f"/dev/accel{i}" for i in range(num_chips))),
+        num_processes=num_processes, local_device_count=cluster.get("per", num_chips // num_processes),
+        working_directory=None)
+
+
+@pytest.mark.parametrize("platform,num_chips,num_processes,per", [
+    ("tpu", 4, 1, 4), ("tpu", 4, 2, 2), ("tpu", 8, 8, 1), ("gpu", 2, 1, 1), ("gpu", 2, 1, 2),
+    ("gpu", 4, 2, 2)])
+def test_every_placement_on_chips_drops_the_chip_variables_of_the_shell(tmp_path, platform,
+                                                                        num_chips, num_processes, per):
+    from launcher.backends import local, localdevices
+    job = fake_job(tmp_path, platform, num_chips, num_processes, per=per)
+    found = local.placements(job, str(tmp_path), sys.executable, platform, taken_ports=(7000,))
+    for i, placement in enumerate(found):
+        # a JAX_PLATFORMS=cpu exported is not kept either: tpu is named, gpu is JAX's pick
+        assert set(placement.unset) == set(localdevices.DEVICE_VARS[platform]) | {"JAX_PLATFORMS"}
+        assert placement.env.get("JAX_PLATFORMS") == ("tpu" if platform == "tpu" else None)
+        if platform == "gpu":  # even one process: its GPUs, not every one
+            first = i * per
+            assert placement.env["CUDA_VISIBLE_DEVICES"] == ",".join(
+                str(g) for g in range(first, first + per))
+        elif num_processes > 1:
+            assert "7000" not in placement.env["TPU_PROCESS_ADDRESSES"]
+    assert local.placements(job, str(tmp_path), sys.executable, "cpu")[0].unset == ()
+
+
+def test_a_worker_does_not_inherit_the_chip_variables_its_plan_decides(tmp_path, monkeypatch):
+    from launcher.backends.localworker import LocalWorker
+    from launcher.plan import ProcessPlan
+    monkeypatch.setenv("TPU_VISIBLE_CHIPS", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("PODLAUNCH_TEST_KEPT", "yes")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    show = "import os; print([os.environ.get(k) for k in ('TPU_VISIBLE_CHIPS', " \
+           "'CUDA_VISIBLE_DEVICES', 'PODLAUNCH_TEST_KEPT', 'JAX_PLATFORMS')])"
+    plan = ProcessPlan(process_id=0, host="localhost", local_device_count=1,
+                       env={"CUDA_VISIBLE_DEVICES": "1"},
+                       argv=(sys.executable, "-c", show), log_path=str(tmp_path / "log"),
+                       python=sys.executable, run_dir=str(tmp_path),
+                       unset=("TPU_VISIBLE_CHIPS", "CUDA_VISIBLE_DEVICES", "JAX_PLATFORMS"))
+    worker = LocalWorker(plan)
+    lines = [line for line in worker.lines() if line.startswith("[")]
+    assert lines == ["[None, '1', 'yes', None]"]
+
+
+@pytest.mark.parametrize("platform,name", [("tpu", "TPU_VISIBLE_CHIPS"), ("tpu", "CLOUD_TPU_TASK_ID"),
+                                           ("gpu", "CUDA_VISIBLE_DEVICES")])
+def test_a_chip_variable_in_cluster_env_is_bad_input(tmp_path, platform, name):
+    paths = "tpu_device_paths" if platform == "tpu" else "gpu_device_paths"
+    pattern = chips(tmp_path, 4, "accel" if platform == "tpu" else "nvidia")
+    done = launch("jobs/linear.yaml", "--dry-run", "--set", f"cluster.platform={platform}",
+                  "--set", f"cluster.{paths}=[{pattern!r}]", "--set", "cluster.num_processes=2",
+                  "--set", "cluster.devices_per_process=null",
+                  "--set", f"cluster.libtpu_lockfile={tmp_path / 'lock'}",
+                  "--set", f"cluster.env.{name}=0", "--run-dir", str(tmp_path / "run"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"cluster.env.{name}: {name!r} is set by podlaunch itself for every process of a " \
+           f"{platform} run" in done.stderr
+    assert "remove it" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_fewer_gpus_than_the_machine_has_are_said_and_made_visible(tmp_path):
+    pattern = chips(tmp_path, 2, "nvidia")
+    done = launch("jobs/linear.yaml", "--dry-run", "--set", "cluster.platform=gpu",
+                  "--set", f"cluster.gpu_device_paths=[{pattern!r}]",
+                  "--set", "cluster.num_processes=1", "--set", "cluster.devices_per_process=1")
+    assert done.returncode == 0, done.stderr
+    assert "one process gets every one" not in done.stdout
+    assert "devices: 2 GPUs found on this machine" in done.stdout and "1 GPU per process" in done.stdout
+    assert "1 process x 1 device" in done.stdout
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs(done.stdout)] == ["0"]
+
+
+def cluster_file(tmp_path, *lines: str) -> str:
+    """jobs/linear.yaml with its cluster's num_processes and devices_per_process replaced by
+    ``lines``; returns its path."""
+    with open(os.path.join(REPO, "jobs", "linear.yaml")) as f:
+        text = f.read()
+    text = re.sub(r"\n  num_processes: .*\n  devices_per_process: .*", "\n" + "\n".join(
+        "  " + line for line in lines), text)
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_devices_per_process_alone_on_gpus_derives_the_processes(tmp_path):
+    pattern = chips(tmp_path, 2, "nvidia")
+    path = cluster_file(tmp_path, "platform: gpu", f"gpu_device_paths: [{pattern!r}]",
+                        "devices_per_process: 2")
+    done = launch(path, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "1 process x 2 devices" in done.stdout
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs(done.stdout)] == ["0,1"]
+    path = cluster_file(tmp_path, "platform: gpu", f"gpu_device_paths: [{pattern!r}]",
+                        "devices_per_process: 3")
+    done = launch(path, "--dry-run")
+    assert done.returncode == 2
+    # the key the user set, at its line; not num_processes, which they did not
+    with open(path) as f:
+        line = 1 + f.read().splitlines().index("  devices_per_process: 3")
+    assert f"{path}:{line}: cluster.devices_per_process: 1 process x 3 GPUs need more than the " \
+           "2 GPUs found; use at most 2 in all (devices_per_process 2 or less)" in done.stderr
+    assert "cluster.num_processes" not in done.stderr
+
+
+@pytest.mark.parametrize("num_chips,num_processes,works", [
+    (4, 3, "use num_processes 1, 2, 4 with devices_per_process 4, 2, 1"),
+    (4, 5, "use num_processes 1, 2, 4 with devices_per_process 4, 2, 1"),
+    (8, 4, "use num_processes 1, 2, 8 with devices_per_process 8, 4, 1"),
+])
+def test_a_split_with_devices_per_process_names_the_splits_that_work(tmp_path, num_chips,
+                                                                     num_processes, works):
+    pattern = chips(tmp_path, num_chips)
+    done = tpu_launch(tmp_path, pattern, f"cluster.num_processes={num_processes}",
+                      f"cluster.devices_per_process={num_chips // 4 if num_chips == 8 else 1}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert works in done.stderr and "Traceback" not in done.stderr
+    for n, per in zip(*(w.split(", ") for w in re.findall(r"\d(?:, \d)*", works.split("use ")[1])[:2])):
+        assert tpu_launch(tmp_path, pattern, f"cluster.num_processes={n}",
+                          f"cluster.devices_per_process={per}").returncode == 0  # the advice works
+
+
+def test_a_holder_command_line_with_a_newline_stays_one_line(tmp_path):
+    pattern = chips(tmp_path, 4)
+    holder = subprocess.Popen([sys.executable, "-c", "\n" + HOLD, str(tmp_path / "dev" / "accel1")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        done = tpu_launch(tmp_path, pattern)
+        assert done.returncode == 1
+        line, = [l for l in done.stderr.splitlines() if "the TPU is in use" in l]
+        assert f"pid {holder.pid} (" in line and "holds " in line and "\\x0aimport sys" in line
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_an_empty_device_path_list_is_said(tmp_path):
+    done = launch("jobs/linear.yaml", "--dry-run", "--set", "cluster.platform=tpu",
+                  "--set", "cluster.tpu_device_paths=[]")
+    assert done.returncode == 2
+    assert "looked for none: cluster.tpu_device_paths is empty" in done.stderr
+
+
+def test_processes_that_could_not_be_checked_are_said_without_refusing(tmp_path):
+    from types import SimpleNamespace
+    from launcher.backends import localdevices
+    pattern = chips(tmp_path, 4)
+    held = tmp_path / "dev" / "accel1"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(held)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        cluster = SimpleNamespace(chips=localdevices.device_files([pattern]), resolved_platform="tpu",
+                                  libtpu_lockfile=str(tmp_path / "lock"))
+        job = SimpleNamespace(cluster=cluster)
+        # the holder as another user's process: its files unread, so not refused, but counted
+        assert localdevices.check_chips_free(job, unreadable_pids=[holder.pid]) == 1
+        text = localdevices.unchecked_text(job, 1)
+        assert text.startswith("warning: 1 process of other users could not be checked")
+        assert f"sudo lsof {tmp_path / 'dev' / 'accel0'}" in text
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not __import__("shutil").which("setpriv"),
+                    reason="runs the launcher as user nobody: needs root and setpriv")
+def test_a_launch_that_cannot_read_another_users_processes_says_so():
+    import pathlib
+    import tempfile
+    tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="podlaunch-nobody-"))  # nobody reads it
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "out").mkdir(mode=0o777)
+    os.chmod(tmp_path / "out", 0o777)
+    pattern = chips(tmp_path, 4)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "dev" / "accel1")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + LAUNCH + [
+                "jobs/linear.yaml", "--dry-run", "--set", "cluster.platform=tpu",
+                "--set", f"cluster.tpu_device_paths=[{pattern!r}]",
+                "--set", f"cluster.libtpu_lockfile={tmp_path / 'lock'}",
+                "--run-dir", str(tmp_path / "out" / "run")],
+            cwd=REPO, env={**env_for_tests(), "HOME": str(tmp_path / "out")}, capture_output=True,
+            text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "could not be checked for holding the TPU" in done.stdout + done.stderr
+        assert "sudo lsof" in done.stdout + done.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+        __import__("shutil").rmtree(tmp_path)
+
