@@ -39,9 +39,10 @@ def split_host_port(address: str) -> tuple:
 
 # connect() errors that waiting cannot cure: this host has no way to the address at all (no
 # route, the interface down, no address of that family), unlike a refusal or a timeout, which
-# a coordinator that is not up yet gives too.
+# a coordinator that is not up yet gives too. Not EADDRNOTAVAIL: on connect it also means this
+# host's ephemeral ports ran out for a moment (many processes joining at once), which passes.
 UNREACHABLE_ERRNOS = frozenset(getattr(errno, name) for name in (
-    "ENETUNREACH", "EHOSTUNREACH", "ENETDOWN", "EHOSTDOWN", "EADDRNOTAVAIL", "EAFNOSUPPORT",
+    "ENETUNREACH", "EHOSTUNREACH", "ENETDOWN", "EHOSTDOWN", "EAFNOSUPPORT",
     "EPROTONOSUPPORT", "EPERM", "EACCES") if hasattr(errno, name))
 
 
