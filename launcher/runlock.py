@@ -51,12 +51,14 @@ def holder(path: str) -> dict:
     return found if isinstance(found, dict) else {}
 
 
-def acquire(run_dir: str, flag: str) -> RunLock:
+def acquire(run_dir: str, flag: str, secrets=()) -> RunLock:
     """Take ``run_dir``'s lock (made with the directory if need be) or refuse.
 
     Args:
       run_dir: the run directory (created, mode 0700 when new).
       flag: the command-line flag that named it, for the error.
+      secrets: the spec's ``secrets:`` names, masked in the command line the lock keeps (and
+        a refused launch prints) with every value that looks secret (``redact.masked_argv``).
 
     Raises:
       SpecError: another live launcher holds it (its pid, host and start time named), or
@@ -86,7 +88,7 @@ def acquire(run_dir: str, flag: str) -> RunLock:
             f"{who.get('host', '?')}{since_text}: {who.get('command', '?')}); wait for it to end "
             f"or stop it (kill {who.get('pid', 'PID')}), then run again"))]) from None
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-              "command": " ".join(["launch", *redact.masked_argv(sys.argv[1:])])[:500]}
+              "command": " ".join(["launch", *redact.masked_argv(sys.argv[1:], secrets)])[:500]}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     return RunLock(path, fd)

@@ -266,7 +266,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     try:
         taken = None
         if args.adopt:  # the run's lock first: nothing is asked of its backend by a second one
-            held.append(runlock.acquire(run_dir, "RUN"))
+            held.append(runlock.acquire(run_dir, "RUN", job.secrets))
             taken = adopt.check(run_dir)  # SpecError: nothing to take back
             session.rejoin(taken.get("session") or {})
         plan = session.plan()
@@ -274,7 +274,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
             console.block(session.describe(plan))
             return EXIT_OK
         if not args.adopt:
-            held.append(runlock.acquire(run_dir, "--resume" if args.resume else "--run-dir"))
+            held.append(runlock.acquire(run_dir, "--resume" if args.resume else "--run-dir",
+                                        job.secrets))
         first_attempt = taken["attempt"] if taken else restarts.next_attempt(run_dir)
         try:
             changes = [] if taken else _write_run_files(plan, first_attempt if args.resume else 0, job)

@@ -233,6 +233,10 @@ def parse_override(text: str) -> tuple[tuple, Any]:
     try:
         value = yamlio.load_scalar(raw)
     except SpecError as exc:
+        if yamlio.secret_path(tuple(key.strip().split("."))):  # YAML's words quote the value
+            raise SpecError([Problem("--set", None, key, (
+                "its value is not valid YAML (not shown: the key is a secret); quote it: "
+                f"--set '{key}=\"...\"'"))]) from None
         raise SpecError([Problem("--set", None, key, p.message) for p in exc.problems]) from None
     return tuple(key.strip().split(".")), value
 

@@ -17,7 +17,7 @@ import typing
 from typing import Any, Callable, Literal
 
 from launcher.errors import Problem
-from launcher.spec.yamlio import dotted
+from launcher.spec.yamlio import dotted, secret_path
 # the job's sections and their checks are the worker's too (worker.contract.sections): declared once
 from worker.contract.sections import (LOCAL_PATH, MISSING, NUMBER_MAX, SEED_MAX, Check,  # noqa: F401
                              allows, identifier, in_range, index, non_negative, positive, seed,
@@ -116,8 +116,16 @@ class Context:
         return source, None
 
     def error(self, path: tuple, message: str) -> None:
+        """A problem at ``path``; under a secret key (``cluster.env.DB_PASSWORD``) the value
+        the message quotes after "got" is shown as ``****``."""
         source, line = self.where(path)
+        if secret_path(path):
+            message = _GOT_VALUE.sub("got ****", message)
         self.problems.append(Problem(source, line, dotted(path), message))
+
+
+# "got 'x' (a string)", "got 12.5 (a number)", "got True": the value a message quotes
+_GOT_VALUE = re.compile(r"got (?!a list\b|a mapping\b|null\b)(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s;,()]+)")
 
 
 def describe(value: Any) -> str:

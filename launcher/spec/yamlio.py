@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from launcher.errors import Problem
+from worker.contract import redact
 
 _BOOL = "tag:yaml.org,2002:bool"
 _INT = "tag:yaml.org,2002:int"
@@ -246,6 +247,9 @@ class _Builder:
         untagged = ("; write the value without a tag (a spec holds strings, numbers, true/false, "
                     "null, lists and mappings)")
         shown = node.tag.replace("tag:yaml.org,2002:", "!!")
+        secret = secret_path(path)  # its text is not repeated: a tag or a value may be it
+        if secret and node.tag not in _PLAIN:
+            shown = "(not shown: the key is a secret)"
         if node.tag not in _PLAIN:
             why = f"the tag {shown} is not read here{untagged}"
         else:
@@ -259,7 +263,8 @@ class _Builder:
                        "surrogate pair, which is not text; write the character itself, or its "
                        "\\U00XXXXXX escape")
             except (yaml.YAMLError, ValueError, TypeError, AttributeError):
-                why = f"{node.value!r:.60} is not {_WORDS.get(node.tag, shown)}{untagged}"
+                why = (f"{'its value' if secret else repr(node.value)[:60]} is not "
+                       f"{_WORDS.get(node.tag, shown)}{untagged}")
         self.problems.append(Problem(self.source, node.start_mark.line + 1, dotted(path), why))
         return _BAD
 
@@ -324,6 +329,12 @@ def load_scalar(text: str) -> Any:
     """Parse one ``--set`` value with the same typing rules as files."""
     value, _ = load(text, "--set")
     return "" if value is None and text.strip() == "" else value
+
+
+def secret_path(path: tuple) -> bool:
+    """Whether a key of ``path`` names a secret (``worker.contract.redact.is_secret``): a
+    problem's message there must not repeat the value."""
+    return any(isinstance(key, str) and redact.is_secret(key) for key in path)
 
 
 def dotted(path: tuple) -> str:

@@ -99,3 +99,44 @@ def test_a_set_flag_s_secrets_are_masked_in_the_resume_command_and_the_run_lock(
     # the run lock's record of the command line (launcher.runlock)
     locked = " ".join(redact.masked_argv([part for s in sets[:4] for part in ("--set", s)]))
     assert not re.findall(r"pw-[a-z]+-\d", locked), locked
+
+
+def test_secrets_given_every_way_stay_masked_in_the_lock_the_dry_run_and_errors(tmp_path, monkeypatch):
+    """A tester's report on the change above: launcher.lock ignored the spec's ``secrets:``
+    names (and a refused second launch printed that line); ``--set=KEY=VALUE`` in one argument
+    and a block mapping (``cluster.env=HF_TOKEN: x``) were not masked; a dotted entry in
+    ``secrets:`` did nothing; a bad value of a secret key was quoted in its error."""
+    import json
+    import sys as system
+
+    from launcher import runlock
+
+    monkeypatch.setattr(system, "argv", ["launch", "j.yaml", "--set", "cluster.env.TEAM_PIN=pw-lock-1",
+                                         "--set=cluster.env.DB_PASSWORD=pw-lock-2",
+                                         "--set", "cluster.env=HF_TOKEN: pw-lock-3"])
+    lock = runlock.acquire(str(tmp_path / "run"), "--run-dir", ("TEAM_PIN",))
+    try:
+        kept = (tmp_path / "run" / "launcher.lock").read_text()
+    finally:
+        lock.release()
+    assert not re.findall(r"pw-[a-z]+-\d", kept), kept
+    assert json.loads(kept)["command"].count("****") == 3, kept
+    dry = launch("jobs/linear.yaml", "--dry-run", "--set", "secrets=[cluster.env.OTHER]",
+                 "--set", "cluster.env.OTHER=pw-dot-1")
+    assert dry.returncode == 0 and "pw-dot" not in dry.stdout and "OTHER='****'" in dry.stdout, dry.stdout
+    for value in ("!pw-tag-1", "*pw-alias-1", "1e5", "true", "12.5"):
+        bad = launch("jobs/linear.yaml", "--dry-run", "--set", f"cluster.env.DB_PASSWORD={value}")
+        assert bad.returncode == 2 and "DB_PASSWORD" in bad.stderr, bad.stderr
+        assert value.lstrip("!*") not in bad.stderr and "100000" not in bad.stderr \
+            and "True" not in bad.stderr, bad.stderr
+    plain = launch("jobs/linear.yaml", "--dry-run", "--set", "train.num_steps=abc")
+    assert "got 'abc' (a string)" in plain.stderr  # other keys' values are still quoted
+
+
+def test_a_spec_s_secrets_list_is_kept_as_names_not_masked(tmp_path):
+    """The ``secrets:`` list holds key names; masked as a secret itself (its key is named
+    "secrets"), spec.yaml and TensorBoard showed ``secrets: '****'`` and nobody could tell
+    which keys were listed."""
+    masked = redact.masked({"secrets": ["TEAM"], "cluster": {"env": {"TEAM": "pw-list-1"}}},
+                           ("TEAM",))
+    assert masked == {"secrets": ["TEAM"], "cluster": {"env": {"TEAM": "****"}}}

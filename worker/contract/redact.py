@@ -65,9 +65,12 @@ def is_secret(name: str, explicit=()) -> bool:
     Args:
       name: the key (an environment variable, a task argument, any spec key), or a dotted
         path to it (``cluster.env.TEAM``: its last part is the key).
-      explicit: names the spec lists under ``secrets:``.
+      explicit: names the spec lists under ``secrets:`` (a dotted entry,
+        ``cluster.env.TEAM``, names its last part).
     """
-    if name in explicit or str(name).rsplit(".", 1)[-1] in explicit:  # --set's dotted keys
+    last = str(name).rsplit(".", 1)[-1]  # --set's dotted keys; a dotted entry of secrets:
+    if name in explicit or last in explicit or any(str(e).rsplit(".", 1)[-1] == last
+                                                   for e in explicit):
         return True
     return any(p in SECRET_PARTS or (p not in NOT_GLUED and (GLUED.search(p) or _GLUED_END.match(p)))
                for p in name_parts(name))
@@ -98,8 +101,9 @@ def masked(value, explicit=(), name=None):
     """
     if name is not None and is_secret(name, explicit):
         return MASK
-    if isinstance(value, dict):
-        return {k: masked(v, explicit, k) for k, v in value.items()}
+    if isinstance(value, dict):  # a spec's own secrets: list holds key names, shown as they are
+        return {k: list(v) if name is None and k == "secrets" and isinstance(v, (list, tuple))
+                else masked(v, explicit, k) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         items = masked_argv(value, explicit) if any(isinstance(v, str) for v in value) else value
         return type(value)(masked(v, explicit) for v in items)
@@ -143,7 +147,11 @@ def masked_argv(argv, explicit=()) -> list:
         if assignment and is_secret(assignment.group("name").lstrip("-"), explicit):
             out[i] = assignment.group("name") + "=" + MASK
             continue
-        if assignment and assignment.group("value").lstrip().startswith("{"):
+        if assignment and _ASSIGNMENT.match(assignment.group("value")):  # --set=KEY=VALUE
+            out[i] = assignment.group("name") + "=" + masked_argv([assignment.group("value")],
+                                                                  explicit)[0]
+            continue
+        if assignment and ":" in assignment.group("value"):  # {KEY: v} or KEY: v (YAML)
             out[i] = assignment.group("name") + "=" + mask_text(
                 mask_flow(assignment.group("value"), explicit), explicit)
             continue
