@@ -69,14 +69,15 @@ def _set_flag(key: str, value) -> str:
     return f"--set {shlex.quote(f'{key}={text}')}"
 
 
-def newest_checkpoint(run_dir: str) -> int | None:
-    """The newest step saved in ``run_dir`` on this machine: process 0's checkpoints
-    (``checkpoints/``) and the local tier's copies in their default place
-    (``local-checkpoints/process-NNN``); None when there are none here."""
+def newest_checkpoint(run_dir: str, local_dir: str = "local-checkpoints") -> int | None:
+    """The newest step saved for the run in ``run_dir`` on this machine: process 0's
+    checkpoints (``checkpoints/``) and the local tier's copies (``process-NNN`` under
+    ``checkpoint.local_dir``, ``local_dir``: the run's own directory there when it lies
+    outside the run, ``runfiles.local_tier_base``); None when there are none here."""
     dirs = [os.path.join(run_dir, "checkpoints")]
+    base = runfiles.local_tier_base(local_dir, run_dir)
     try:
-        dirs += [os.path.join(run_dir, "local-checkpoints", name)
-                 for name in os.listdir(os.path.join(run_dir, "local-checkpoints"))]
+        dirs += [os.path.join(base, name) for name in os.listdir(base)]
     except OSError:
         pass
     steps = []
@@ -95,16 +96,20 @@ def check_steps_left(run_dir: str, job, earlier: dict) -> None:
     Raises:
       SpecError: naming the key, the checkpoint's step, the run's own value and what to do.
     """
-    newest, num_steps = newest_checkpoint(run_dir), job.num_steps
+    local_dir = job.checkpoint.local_dir
+    newest, num_steps = newest_checkpoint(run_dir, local_dir), job.num_steps
     if newest is None or num_steps is None or num_steps >= newest:
         return
     section, key = job.num_steps_key.split(".")
     before = (earlier.get(section) or {}).get(key) if isinstance(earlier.get(section), dict) else None
+    # the run's own value only where it is above the checkpoint (an earlier resume may have
+    # lowered it)
+    theirs = (f"the run's value ({_set_flag(job.num_steps_key, before)}) or "
+              if isinstance(before, int) and before > newest else "")
     raise SpecError([Problem("--resume", None, job.num_steps_key, (
         f"{num_steps}, below step {newest}, the run's newest checkpoint: the resume would "
-        f"restore it and train nothing; resume with the run's value"
-        + (f" ({_set_flag(job.num_steps_key, before)})" if before is not None else "")
-        + f" or any above {newest}, or start a new run with --run-dir"))])
+        f"restore it and train nothing; resume with {theirs}any value above {newest}, or "
+        "start a new run with --run-dir"))])
 
 
 def resume_dir(job, run_dir: str, flag: str = "--resume") -> str:

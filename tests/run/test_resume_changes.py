@@ -5,6 +5,8 @@ real CLI."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 
@@ -64,6 +66,26 @@ def test_a_resume_below_the_newest_checkpoint_is_refused_naming_the_run_s_steps(
     assert "Traceback" not in done.stderr and not (tmp_path / "logs").exists()
     assert ("--resume: train.num_steps: 100, below step 16399, the run's newest checkpoint: "
             "the resume would restore it and train nothing; resume with the run's value "
-            "(--set train.num_steps=200000) or any above 16399") in done.stderr, done.stderr
+            "(--set train.num_steps=200000) or any value above 16399") in done.stderr, done.stderr
     above = launch(JOB, "--resume", run_dir, "--set", "train.num_steps=20000", "--dry-run")
     assert above.returncode == 0, above.stdout + above.stderr
+
+
+def test_the_resume_check_reads_a_local_tier_outside_the_run_and_offers_only_values_that_work(
+        tmp_path):
+    """A tester's second pass: copies under a ``checkpoint.local_dir`` outside the run
+    (``/dev/shm/NAME``: the run's own directory there) were not seen, so the launch started
+    and its worker refused; and a run whose spec an earlier resume had lowered was offered that
+    same value, which the check refuses."""
+    from worker.contract import runfiles
+
+    (tmp_path / "run").mkdir()
+    run_dir = _run_dir_of(tmp_path / "run", "train.num_steps=120")
+    outside = tmp_path / "shm"
+    base = runfiles.local_tier_base(str(outside), run_dir)
+    os.makedirs(os.path.join(base, "process-000", "step-0000252"))
+    done = launch(JOB, "--resume", run_dir, "--set", f"checkpoint.local_dir={outside}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert ("train.num_steps: 100, below step 252, the run's newest checkpoint: the resume would "
+            "restore it and train nothing; resume with any value above 252") in done.stderr, done.stderr
+    assert "the run's value" not in done.stderr  # its 120 would be refused too

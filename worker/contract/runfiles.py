@@ -13,6 +13,7 @@ and the worker share it.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 import tempfile
@@ -108,3 +109,18 @@ def links_in(run_dir: str, limit: int = 5) -> list:
                 if len(found) >= limit:
                     return found
     return found
+
+
+def local_tier_base(local_dir: str, run_dir: str) -> str:
+    """A run's local tier (``worker.recovery.localtier``; the launcher reads it before a
+    resume): ``local_dir`` (under ``run_dir`` when relative), then, when
+    that is outside the run directory (``/dev/shm/NAME``, ``../NAME``: shared by other runs),
+    a directory of this run's own (its run directory's name and a hash of its path: the
+    same for every attempt and ``--resume``), then ``process-NNN``. Another run's copies are
+    never this run's, and this run's cleanup never removes them."""
+    base = local_dir if os.path.isabs(local_dir) else os.path.join(run_dir, local_dir)
+    run = os.path.realpath(run_dir)
+    if not os.path.realpath(base).startswith(run + os.sep):
+        digest = hashlib.sha256(run.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+        base = os.path.join(base, f"{os.path.basename(run)}-{digest}")
+    return base

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Callable
 
+from worker.contract.runfiles import local_tier_base as base_directory  # noqa: F401 (its callers')
 from worker.recovery import checkpoint
 
 KEEP = 2  # the newest two: one may be being written when the process dies
@@ -40,20 +41,6 @@ PROCESS_DIR = "process-{process_id:03d}"
 def directory(local_dir: str, run_dir: str, process_id: int) -> str:
     """This process's directory of local copies: ``base_directory``, then ``process-NNN``."""
     return os.path.join(base_directory(local_dir, run_dir), PROCESS_DIR.format(process_id=process_id))
-
-
-def base_directory(local_dir: str, run_dir: str) -> str:
-    """This process's local tier: ``local_dir`` (under ``run_dir`` when relative), then, when
-    that is outside the run directory (``/dev/shm/NAME``, ``../NAME``: shared by other runs),
-    a directory of this run's own (its run directory's name and a hash of its path: the
-    same for every attempt and ``--resume``), then ``process-NNN``. Another run's copies are
-    never this run's, and this run's cleanup never removes them."""
-    base = local_dir if os.path.isabs(local_dir) else os.path.join(run_dir, local_dir)
-    run = os.path.realpath(run_dir)
-    if not os.path.realpath(base).startswith(run + os.sep):
-        digest = hashlib.sha256(run.encode("utf-8", "surrogateescape")).hexdigest()[:12]
-        base = os.path.join(base, f"{os.path.basename(run)}-{digest}")
-    return base
 
 
 ELECTION_PREFIX = "podlaunch/localtier/"
