@@ -17,7 +17,6 @@ with an empty disk.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import threading
