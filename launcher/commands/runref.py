@@ -33,9 +33,14 @@ def resolve(name: str, root: str = "runs") -> str:
     except OSError:
         pass
     found = [os.path.abspath(c) for c in candidates if os.path.isdir(c) and runs.is_run_dir(c)]
-    if not found and os.sep not in name and os.path.isdir(os.path.join(root, name)):
-        newest = runs.find(root, name)  # a job's name: its newest run
-        found = [os.path.abspath(newest[0].run_dir)] if newest else []
+    newest = (runs.find(root, name) if os.sep not in name and not runs.is_run_dir(
+        os.path.join(root, name)) and os.path.isdir(os.path.join(root, name)) else [])
+    if found and newest and not os.path.isdir(name):  # a run and a job of that name
+        raise SpecError([Problem("RUN", None, "", (
+            f"{name!r} names a run ({found[0]}) and a job whose newest run is "
+            f"{os.path.abspath(newest[0].run_dir)}: give the run's directory"))])
+    if not found and newest:  # a job's name: its newest run
+        found = [os.path.abspath(newest[0].run_dir)]
     if not found:
         raise SpecError([Problem("RUN", None, "", f"no run {name!r}: give a run directory, a job's name or a "
                                  f"name `launch runs` lists (under {os.path.abspath(root)})")])

@@ -116,3 +116,23 @@ def test_a_job_s_name_names_its_newest_run(tmp_path):
     waited = subprocess.run(LAUNCH + ["wait", "linear"], cwd=str(tmp_path), env=env_for_tests(),
                             capture_output=True, text=True, timeout=60)
     assert waited.returncode == 1, waited  # the newest, failed
+
+
+def test_a_name_that_is_both_a_run_and_a_job_is_refused_naming_both(tmp_path):
+    """A tester's report: a job named like a run (det1) made `launch logs det1` take the run
+    without a word, while `launch tensorboard det1` took the job."""
+    import json
+
+    for job, stamp in (("linear", "det1"), ("det1", "20261201-090000-000")):
+        run = tmp_path / "runs" / job / stamp
+        run.mkdir(parents=True)
+        (run / "spec.yaml").write_text(f"name: {job}\n")
+        (run / "run.json").write_text(json.dumps({"job": job, "state": "succeeded"}))
+    logs = subprocess.run(LAUNCH + ["logs", "det1"], cwd=str(tmp_path), env=env_for_tests(),
+                          capture_output=True, text=True, timeout=60)
+    assert logs.returncode == 2, logs
+    assert "'det1' names a run (" in logs.stderr and "and a job whose newest run is" in logs.stderr
+    whole = subprocess.run(LAUNCH + ["wait", str(tmp_path / "runs" / "linear" / "det1")],
+                           cwd=str(tmp_path), env=env_for_tests(), capture_output=True, text=True,
+                           timeout=60)
+    assert whole.returncode == 0, whole  # its directory: no doubt
