@@ -300,7 +300,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
             journal.write()
         if taken:
             adopt.continue_record(record, taken)
-        record.start()
+        record.start(first_attempt)
         console.watchers.append(record.progress)  # launch runs: a running run's step and ETA
         handoff.run_dir_is(run_dir, console)
         console.say(f"run directory {run_dir}"

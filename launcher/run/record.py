@@ -132,7 +132,11 @@ class Record:
         except OSError:
             pass  # the next one may pass; the end is written regardless
 
-    def start(self) -> None:
+    def start(self, attempt: int | None = None) -> None:
+        """Write run.json as the run starts; ``attempt``: the attempt about to start, counted
+        among the attempts made from now (``end`` says how many were made in the end)."""
+        if attempt is not None:
+            self.data["attempts"] = max(self.data.get("attempts") or 0, attempt + 1)
         _write(self.run_dir, self.data)
 
     def end(self, state: str, result=None, attempts: list = (), made: int | None = None,

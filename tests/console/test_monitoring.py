@@ -412,6 +412,28 @@ def test_a_background_tracker_writes_every_call_in_order_and_raises_its_writer_s
     assert Full.written == [1]
 
 
+@pytest.mark.slow
+def test_process_0_ending_itself_in_a_task_s_hook_keeps_every_step_it_logged(tmp_path):
+    """A tester's report on the writer thread: process 0 ending hard in its task's hook at
+    step 25 (os._exit) logged steps 1-25 on the console, but metrics.jsonl and TensorBoard
+    stopped at 23: two records were still queued. The hook now waits for them. (One process:
+    with several, process 0 holds a record until every process's step time is in, and one
+    ending hard loses what it holds, as before.)"""
+    from harness.helpers import NO_RESTARTS
+
+    run_dir = tmp_path / "run"
+    result = launch("jobs/linear.yaml", "--run-dir", str(run_dir), "--set", "train.num_steps=60",
+                    "--set", "logging.log_every_steps=1", "--set", "cluster.num_processes=1",
+                    "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=25",
+                    "--set", "task.args.crash_process_id=0", "--set", "task.args.mode=exit",
+                    *NO_RESTARTS)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert re.search(r"^\[p0\] step 25/60 ", result.stdout, re.M), result.stdout[-3000:]
+    records = [json.loads(line) for line in open(run_dir / "tensorboard" / "metrics.jsonl")]
+    assert [r["step"] for r in records] == list(range(1, 26))
+    assert [step for step, _ in read_scalars(str(run_dir / "tensorboard"))["loss"]] == list(range(1, 26))
+
+
 def test_a_resumed_launch_s_attempts_table_counts_the_run_s_attempts_too():
     # a new user resumed a stopped run: the summary said "attempts: 1 (0 restarts)" and listed
     # attempt 1, while `launch runs` said 2 attempts

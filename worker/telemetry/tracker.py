@@ -62,6 +62,10 @@ class NullTracker:
     def flush(self) -> None:
         """Hand what was written so far to the OS (called once per batch of log steps)."""
 
+    def drain(self) -> None:
+        """Return once every call made so far is written and flushed (``BackgroundTracker``
+        writes later; every other tracker has already)."""
+
     def close(self) -> None:
         pass
 
@@ -190,6 +194,10 @@ class Trackers(NullTracker):
         for tracker in self._trackers:
             tracker.flush()
 
+    def drain(self) -> None:
+        for tracker in self._trackers:
+            tracker.drain()
+
     def close(self) -> None:
         for tracker in self._trackers:
             tracker.close()
@@ -212,7 +220,7 @@ class BackgroundTracker(NullTracker):
 
     def __init__(self, tracker):
         self._tracker = tracker
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, daemon=True, name="tracker")
         self._thread.start()
@@ -220,14 +228,17 @@ class BackgroundTracker(NullTracker):
     def _serve(self) -> None:
         while True:
             call = self._calls.get()
-            if call is None:
-                return
-            if self._error is None:
-                name, args = call
-                try:
-                    getattr(self._tracker, name)(*args)
-                except BaseException as exc:  # noqa: BLE001 - raised on the loop's thread
-                    self._error = exc
+            try:
+                if call is None:
+                    return
+                if self._error is None:
+                    name, args = call
+                    try:
+                        getattr(self._tracker, name)(*args)
+                    except BaseException as exc:  # noqa: BLE001 - raised on the loop's thread
+                        self._error = exc
+            finally:
+                self._calls.task_done()
 
     def _raise_error(self) -> None:
         error, self._error = self._error, None
@@ -250,6 +261,13 @@ class BackgroundTracker(NullTracker):
 
     def flush(self) -> None:
         self._put("flush")
+
+    def drain(self) -> None:
+        """Wait until every call made so far is written, flushed to the OS (a task's hook may
+        end the process next: ``worker.trainer.actions.Hook``); raise the writer's error."""
+        self._put("flush")
+        self._calls.join()
+        self._raise_error()
 
     def close(self) -> None:
         """Write everything queued, then close the tracker (waits for the writer)."""

@@ -121,5 +121,6 @@ class Hook:
 
     def after(self, call: Call) -> None:
         self.logger.flush()
+        self.logger.tracker.drain()  # written, not only queued: the hook may end the process
         for done in range(call.first, call.step + 1):
             self.on_step_end(done, self.process_id)
