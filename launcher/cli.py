@@ -21,12 +21,28 @@ from launcher.words import plural
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        code = _run(argv)
+        sys.stdout.flush()  # what is still buffered: a reader that left shows here
+    except BrokenPipeError:  # `launch logs RUN | head`: the reader has what it wanted
+        if not _stdout_broken():
+            raise
+        code = _stdout_closed()
+    except SystemExit as exc:  # argparse's --help and --version, which print, then exit
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            code = _stdout_closed()
+        else:
+            raise exc from None
+    sys.exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
+    """The command's exit code; bad input, a failed launch and Ctrl-C are said here."""
+    try:
         argv = sys.argv[1:] if argv is None else argv
         if argv[:1] and argv[0] in commands.COMMANDS:
-            try:
-                code = commands.run(argv[0], argv[1:])
-            except BrokenPipeError:  # `launch logs RUN | head`: the reader has what it wanted
-                code = _stdout_closed()
+            code = commands.run(argv[0], argv[1:])
         elif argv[:1] and commands.mistyped(argv[0]):
             raise SpecError([Problem("COMMAND", None, "", (
                 f"{argv[0]!r} is neither a command nor a job file; did you mean "
@@ -44,7 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         _say_error(f"launch: interrupted ({str(exc) or 'SIGINT'}); nothing is left running")
         code = EXIT_INTERRUPTED
-    sys.exit(code)
+    return code
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end):
+    a BrokenPipeError from elsewhere (a host's channel) is not the reader's doing."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def _stdout_closed() -> int:

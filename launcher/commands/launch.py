@@ -344,7 +344,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
             ledger.write_scalars(os.path.join(run_dir, "tensorboard"), entries,
                                  sum(a.times is not None for a in attempts))
         except OSError as exc:
-            console.say(f"podlaunch: cannot write the ledger's TensorBoard scalars ({exc})")
+            console.say(f"cannot write the ledger's TensorBoard scalars ({exc})")
     if len(attempts) > 1 or attempts[-1].number > 0:
         console.block(restarts.attempts_table(attempts))
     for line in nextsteps.closing(args.job, run_dir, result.exit_code, job.logging.tensorboard,
@@ -373,7 +373,7 @@ def _write_ledger(run_dir: str, attempts, console: Console) -> tuple:
     try:
         return entries, ledger.write(run_dir, entries)["goodput"]
     except OSError as exc:
-        console.say(f"podlaunch: cannot write {os.path.join(run_dir, ledger.LEDGER_FILE)} "
+        console.say(f"cannot write {os.path.join(run_dir, ledger.LEDGER_FILE)} "
                     f"({exc.strerror})")
         return entries, ledger.totals(entries)["goodput"]
 

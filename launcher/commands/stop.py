@@ -102,4 +102,27 @@ def _resume_command(run_dir: str) -> str:
                     command = line.split(RESUME_PREFIX, 1)[1].strip()
     except OSError:
         pass
-    return command or f"launch JOB.yaml --resume {run_dir}"
+    if command is None:
+        return f"launch JOB.yaml --resume {run_dir}"
+    return _from_its_directory(run_dir, command)
+
+
+def _from_its_directory(run_dir: str, command: str) -> str:
+    """``command`` as it works from here: its job file's path was written relative to the
+    directory the run was launched from (a detached run's journal keeps it), so elsewhere the
+    command starts with a ``cd`` there."""
+    import json
+    import shlex
+
+    from launcher.run.journal import JOURNAL_FILE
+
+    try:
+        words = shlex.split(command.split("  (", 1)[0])
+        with open(os.path.join(run_dir, JOURNAL_FILE), encoding="utf-8") as f:
+            cwd = json.load(f).get("cwd")
+    except (OSError, ValueError, AttributeError):
+        return command
+    if len(words) < 2 or os.path.isabs(words[1]) or not isinstance(cwd, str) or \
+            os.path.realpath(cwd) == os.path.realpath(os.getcwd()):
+        return command
+    return f"cd {shlex.quote(cwd)} && {command}"

@@ -38,6 +38,8 @@ INSTALL = pip_install("tensorboard")  # the extra in pyproject.toml, from a chec
 PROFILE_INSTALL = pip_install("profile")  # TensorBoard's profile plugin (xprof)
 PROFILES_SUFFIX = "profiles"  # "<run name> profiles": where the plugin finds a run's traces
 NAME_KEYS = 3  # differing settings named in a run's name, at most
+# a run's name in bytes, at most: a file name (255 bytes on Linux) with room for " profiles"
+NAME_BYTES = 200
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,7 +70,18 @@ def tensorboard_installed() -> bool:
 
 
 def _safe(text: str) -> str:
-    return text.replace(os.sep, "|").replace("\0", "")
+    """``text`` as one file name: no separator, no NUL, at most ``NAME_BYTES`` bytes (a run's
+    name is a link's name, and a file name longer than 255 bytes cannot be made)."""
+    name = text.replace(os.sep, "|").replace("\0", "")
+    while len(name.encode("utf-8", "surrogateescape")) > NAME_BYTES:
+        name = name[:-2] + "…"
+    return name
+
+
+def _short(value, chars: int = 40) -> str:
+    """A setting's value in a run's name: its text, cut to ``chars`` with an ellipsis."""
+    text = str(value)
+    return text if len(text) <= chars else text[:chars - 1] + "…"
 
 
 def run_names(run_dirs: list) -> dict:
@@ -95,10 +108,10 @@ def run_names(run_dirs: list) -> dict:
     for d in run_dirs:
         started = runs.read(d).started.replace("T", " ") or os.path.basename(d)
         own = [k for k in common if k in specs[d] and repr(specs[d].get(k)) != common[k]]
-        settings = " ".join(f"{k}={specs[d].get(k)}" for k in own[:NAME_KEYS])
+        settings = " ".join(f"{k}={_short(specs[d].get(k))}" for k in own[:NAME_KEYS])
         name = _safe(f"{started} {settings}".strip())
         if name in names.values():
-            name = _safe(f"{name} ({os.path.basename(d)})")
+            name = _safe(f"{name} ({os.path.basename(d)[:40]})")
         names[d] = name
     return names
 

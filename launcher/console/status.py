@@ -203,7 +203,7 @@ def summary(result: Result) -> str:
         lines.append(f"OK: {plural(len(result.processes), 'process')} succeeded in "
                      f"{result.elapsed_s:.1f}s." if lost is None else
                      f"DIVERGED: every step ran, but the final loss is {lost}: the training "
-                     "diverged (lower train.learning_rate, or look for extreme values in the "
+                     "diverged (lower optimizer.learning_rate, or look for extreme values in the "
                      "data); launch runs lists the run as diverged.")
     return "\n".join(lines)
 

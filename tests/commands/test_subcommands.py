@@ -67,6 +67,15 @@ def test_a_reader_that_closes_the_pipe_ends_logs_and_runs_quietly(tmp_path):
         err = proc.stderr.read()
         assert proc.wait(timeout=60) == 141 and first, (argv, first, err)
         assert "Traceback" not in err and "BrokenPipe" not in err, (argv, err)
+    # a reader gone before anything was written (`launch --version | true`)
+    import os as system
+
+    read, write = system.pipe()
+    system.close(read)
+    with system.fdopen(write, "w") as closed:
+        done = subprocess.run(LAUNCH + ["--version"], cwd=str(tmp_path), env=env_for_tests(),
+                              stdout=closed, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
 
 
 def test_wait_and_stop_say_attach_only_for_a_detached_run_whose_supervisor_is_gone(tmp_path):
@@ -136,3 +145,23 @@ def test_a_name_that_is_both_a_run_and_a_job_is_refused_naming_both(tmp_path):
                            cwd=str(tmp_path), env=env_for_tests(), capture_output=True, text=True,
                            timeout=60)
     assert whole.returncode == 0, whole  # its directory: no doubt
+
+
+def test_stop_s_continue_command_works_from_another_directory(tmp_path, monkeypatch):
+    """A tester's report: `launch stop RUN` from /tmp printed `launch jobs/linear.yaml ...
+    --resume RUN`, a job path relative to where the run was launched, which did not resolve
+    there. Elsewhere than that directory the command now starts with a cd to it."""
+    import json
+
+    from launcher.commands import stop
+    from launcher.console.nextsteps import RESUME_PREFIX
+
+    run = tmp_path / "run"
+    run.mkdir()
+    command = f"launch jobs/linear.yaml --set train.num_steps=500 --resume {run}"
+    (run / "launcher.log").write_text(f"2026-12-06T10:00:00.000Z podlaunch: {RESUME_PREFIX}{command}\n")
+    (run / "supervisor.json").write_text(json.dumps({"cwd": REPO}))
+    monkeypatch.chdir(tmp_path)
+    assert stop._resume_command(str(run)) == f"cd {REPO} && {command}"
+    monkeypatch.chdir(REPO)
+    assert stop._resume_command(str(run)) == command

@@ -465,6 +465,16 @@ def test_tensorboard_names_a_job_s_runs_by_start_and_what_differs(tmp_path):
         "2026-11-30 10:15:00", "2026-11-30 11:15:00 optimizer.learning_rate=0.3",
         "2026-11-30 12:15:00 cluster.backend=tpu cluster.num_processes=4",
         "2026-11-30 13:15:00 optimizer.learning_rate=1000000.0", "2026-11-30 14:15:00"], names
+    # a tester's report: a 300-character value made a name too long for a file (a traceback,
+    # the temporary directory left behind)
+    long = root / "linear" / "20261130-151500-000"
+    (long / "tensorboard").mkdir(parents=True)
+    (long / "spec.yaml").write_text("name: linear\ndata:\n  path: /" + "x" * 300 + "\n")
+    long_name = tensorboard_command.run_names(dirs + [str(long)])[str(long)]
+    assert len(long_name.encode()) <= 200 and long_name.startswith("2026-11-30 15:15:00 data.path=|xxx")
+    (tmp_path / "links2").mkdir()
+    assert list(tensorboard_command.link_runs([str(long)], str(tmp_path / "links2")).values()) == [
+        str(long)]
     one = tensorboard_command.served_runs(dirs[0], str(root))
     assert one == ([dirs[0]], None, os.path.join(dirs[0], "tensorboard"))
     assert tensorboard_command.served_runs(str(root), str(root))[1] == str(root)  # any other dir: as is
