@@ -21,6 +21,7 @@ from launcher import proctl
 from launcher.commands import runref, runs
 from launcher.errors import LaunchError, Problem, SpecError
 from worker import contract
+from worker.contract import runfiles
 
 POLL_S = 0.1
 
@@ -96,7 +97,8 @@ def _resume_command(run_dir: str) -> str:
 
     command = None
     try:
-        with open(os.path.join(run_dir, "launcher.log"), encoding="utf-8", errors="replace") as f:
+        with open(os.path.join(run_dir, "launcher.log"), encoding="utf-8", errors="replace",
+                  opener=runfiles.opener) as f:  # a link in the run directory is not followed
             for line in f:
                 if RESUME_PREFIX in line:
                     command = line.split(RESUME_PREFIX, 1)[1].strip()
@@ -111,16 +113,14 @@ def _from_its_directory(run_dir: str, command: str) -> str:
     """``command`` as it works from here: its job file's path was written relative to the
     directory the run was launched from (a detached run's journal keeps it), so elsewhere the
     command starts with a ``cd`` there."""
-    import json
     import shlex
 
-    from launcher.run.journal import JOURNAL_FILE
+    from launcher.run import journal
 
     try:
         words = shlex.split(command.split("  (", 1)[0])
-        with open(os.path.join(run_dir, JOURNAL_FILE), encoding="utf-8") as f:
-            cwd = json.load(f).get("cwd")
-    except (OSError, ValueError, AttributeError):
+        cwd = journal.read(run_dir).get("cwd")
+    except (SpecError, ValueError):  # no journal (not detached), or one that cannot be read
         return command
     if len(words) < 2 or os.path.isabs(words[1]) or not isinstance(cwd, str) or \
             os.path.realpath(cwd) == os.path.realpath(os.getcwd()):

@@ -112,9 +112,8 @@ class Record:
 
         # the attempt under way counts among the attempts made (``launch runs`` said 0 for a
         # run in its first attempt, 1 once it had ended)
-        under_way = [t.worker.plan.attempt for t in tracked]
-        if under_way:
-            self.data["attempts"] = max(self.data.get("attempts") or 0, max(under_way) + 1)
+        for t in tracked:
+            self._under_way(t.worker.plan.attempt)
         reported = [t for t in tracked if t.stats.progress is not None]
         if not reported:
             return
@@ -136,8 +135,12 @@ class Record:
         """Write run.json as the run starts; ``attempt``: the attempt about to start, counted
         among the attempts made from now (``end`` says how many were made in the end)."""
         if attempt is not None:
-            self.data["attempts"] = max(self.data.get("attempts") or 0, attempt + 1)
+            self._under_way(attempt)
         _write(self.run_dir, self.data)
+
+    def _under_way(self, attempt: int) -> None:
+        """Count ``attempt`` (0-based), started or about to, among the attempts made."""
+        self.data["attempts"] = max(self.data.get("attempts") or 0, attempt + 1)
 
     def end(self, state: str, result=None, attempts: list = (), made: int | None = None,
             goodput: float | None = None, ended_at: float | None = None) -> None:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from harness.adopted import STEPS, attach, journal, kill, logged_step
+from harness.adopted import STEPS, attach, attach_to_end, journal, kill, logged_step
 from harness.detached import launch, supervisor, supervisors, until  # noqa: F401 (a fixture)
 from harness.helpers import LAUNCH, REPO, checked_ledger, env_for_tests, run_pids
 from harness.runs import assert_same_params, fault, params
@@ -130,13 +130,7 @@ def test_a_process_that_failed_unwatched_is_classified_from_its_exit_report_and_
     assert run_pids(str(run_dir)) == []  # the failed attempt was torn down before the wait
     log = (run_dir / "launcher.log").read_text()
     assert re.search(r"attempt 0 failed: process_id 1 .*code 7 \[program error\]; restarting", log), log[-3000:]
-    attached = attach(run_dir)
-    try:
-        code = attached.wait(timeout=180)
-    finally:
-        attached.kill()
-    out = attached.stdout.read()
-    assert code == 0, out[-3000:]
+    attach_to_end(run_dir, 180)
     assert reference.wait(timeout=120) == 0
     assert_same_params(params(run_dir), params(ref_dir))
     record = json.loads((run_dir / "run.json").read_text())

@@ -160,7 +160,9 @@ def test_stop_s_continue_command_works_from_another_directory(tmp_path, monkeypa
     run.mkdir()
     command = f"launch jobs/linear.yaml --set train.num_steps=500 --resume {run}"
     (run / "launcher.log").write_text(f"2026-12-06T10:00:00.000Z podlaunch: {RESUME_PREFIX}{command}\n")
-    (run / "supervisor.json").write_text(json.dumps({"cwd": REPO}))
+    from launcher.run.journal import VERSION
+
+    (run / "supervisor.json").write_text(json.dumps({"version": VERSION, "argv": [], "cwd": REPO}))
     monkeypatch.chdir(tmp_path)
     assert stop._resume_command(str(run)) == f"cd {REPO} && {command}"
     monkeypatch.chdir(REPO)

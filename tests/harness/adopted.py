@@ -67,6 +67,19 @@ def attach(run_dir, env=None) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL)
 
 
+def attach_to_end(run_dir, timeout_s: float, env=None) -> str:
+    """``launch attach`` on ``run_dir`` until the run ends; asserts it exited 0 and returns its
+    output (the attach is killed if the wait runs out)."""
+    attached = attach(run_dir, env)
+    try:
+        code = attached.wait(timeout=timeout_s)
+    finally:
+        attached.kill()
+    out = attached.stdout.read()
+    assert code == 0, out[-5000:]
+    return out
+
+
 def kill_and_take_back(run_dir, remote_dirs: list, supervisors: list, env=None) -> str:
     """The detached run in ``run_dir`` (its workers' run directories on their hosts:
     ``remote_dirs``) SIGKILLed mid-run and taken back by ``launch attach``; asserts that the

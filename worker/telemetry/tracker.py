@@ -246,8 +246,7 @@ class BackgroundTracker(NullTracker):
             raise error
 
     def _put(self, name: str, *args) -> None:
-        if self._error is not None:
-            self._raise_error()
+        self._raise_error()
         self._calls.put((name, args))
 
     def scalars(self, step: int, values: dict) -> None:

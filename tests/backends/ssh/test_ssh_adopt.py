@@ -14,8 +14,8 @@ import pytest
 
 from launcher import logtimes
 from harness import detached
-from harness.adopted import (EVERY, PACED_0, STEPS_ARGS, assert_as_uninterrupted, attach, journal,
-                             kill, kill_and_take_back, logged_step)
+from harness.adopted import (EVERY, PACED_0, STEPS_ARGS, assert_as_uninterrupted, attach,
+                             attach_to_end, journal, kill, kill_and_take_back, logged_step)
 from harness.helpers import checked_ledger, pids_with_env
 from harness.runs import assert_same_params, fault, params, remote_run_dir, ssh_cluster
 
@@ -75,13 +75,7 @@ def test_a_process_that_failed_unwatched_on_its_host_is_classified_and_a_supervi
     log = (run_dir / "launcher.log").read_text()
     assert re.search(r"attempt 0 failed: process_id 1 .*code 7 \[program error\]; restarting", log), \
         log[-3000:]
-    attached = attach(run_dir)
-    try:
-        code = attached.wait(timeout=240)
-    finally:
-        attached.kill()
-    out = attached.stdout.read()
-    assert code == 0, out[-5000:]
+    attach_to_end(run_dir, 240)
     log = (run_dir / "launcher.log").read_text()
     # taken back in the wait (not after it), and attempt 1 started at the wait's end, not at once
     left = re.findall(r"attempt 0 had failed, and its restart waits (\d+\.\d) s more", log)
