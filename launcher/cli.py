@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from launcher import commands
+from launcher import commands, owned
 from launcher.commands import launch
 from launcher.commands.launch import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 from launcher.console import lines
@@ -41,6 +41,8 @@ def _run(argv: list[str] | None) -> int:
     """The command's exit code; bad input, a failed launch and Ctrl-C are said here."""
     try:
         argv = sys.argv[1:] if argv is None else argv
+        if not argv and owned.ARGV_VAR in os.environ:  # a detached supervisor (detach.spawn)
+            argv = _supervisor_argv()
         if argv[:1] and argv[0] in commands.COMMANDS:
             code = commands.run(argv[0], argv[1:])
         elif argv[:1] and commands.mistyped(argv[0]):
@@ -61,6 +63,23 @@ def _run(argv: list[str] | None) -> int:
         _say_error(f"launch: interrupted ({str(exc) or 'SIGINT'}); nothing is left running")
         code = EXIT_INTERRUPTED
     return code
+
+
+def _supervisor_argv() -> list:
+    """A detached supervisor's arguments: ``detach.spawn`` hands them over in the environment
+    (``owned.ARGV_VAR``, taken out at once: no worker inherits it), never in the command line,
+    where ``ps`` would show every ``--set`` value to every user. ``sys.argv`` gets them (the
+    run's lock records them, masked)."""
+    import json
+
+    try:
+        argv = json.loads(os.environ.pop(owned.ARGV_VAR))
+    except ValueError:
+        argv = None
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise SpecError([Problem(owned.ARGV_VAR, None, "", "is not a JSON list of arguments")])
+    sys.argv[1:] = argv
+    return argv
 
 
 def _stdout_broken() -> bool:

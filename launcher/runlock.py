@@ -16,14 +16,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import pwd
 import signal
 import socket
 import stat
 import sys
 import time
 
-from launcher import proctl
+from launcher import owned, proctl
 from launcher.errors import Problem, SpecError
 from worker.contract import redact, runfiles
 
@@ -61,11 +60,12 @@ def acquire(run_dir: str, flag: str, secrets=()) -> RunLock:
         a refused launch prints) with every value that looks secret (``redact.masked_argv``).
 
     Raises:
-      SpecError: another live launcher holds it (its pid, host and start time named), or
-        a symbolic link stands in the run directory (the lock file or any other: refused,
+      SpecError: another live launcher holds it (its pid, host and start time named), it is
+        not the user's own (``owned.check_dir``), or a symbolic link stands in the run directory (the lock file or any other: refused,
         never followed); nothing was started.
     """
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    owned.check_dir(run_dir, flag)  # the user's own, writable by nobody else
     links = runfiles.links_in(run_dir)
     if links:  # each file is opened without following links too; this says so before anything
         raise SpecError([Problem(flag, None, "", runfiles.refused(path).strerror)
@@ -73,7 +73,7 @@ def acquire(run_dir: str, flag: str, secrets=()) -> RunLock:
     path = os.path.join(run_dir, LOCK_FILE)
     try:
         fd = runfiles.opener(path, os.O_RDWR | os.O_CREAT)
-    except runfiles.LinkRefused as exc:
+    except (runfiles.LinkRefused, runfiles.NotOwned) as exc:
         raise SpecError([Problem(flag, None, "", exc.strerror)]) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -224,9 +224,4 @@ def holds_for_writing(pid: int, file_id: tuple) -> bool:
     return False
 
 
-def user_name(uid: int) -> str:
-    """The name of the user ``uid`` (``uid N`` where it has none)."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+user_name = owned.user_name

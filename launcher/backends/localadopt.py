@@ -2,10 +2,12 @@
 
 A detached run's wrapper does not die with its supervisor, and its worker writes its output
 into the run directory (``localworker.LocalWorker`` with ``out_path``). A new supervisor finds each
-process from the journal (``launcher.run.journal``): its wrapper, proven by its pid, its start
-ticks and its owner before anything is signalled (a pid reused since is another process,
-never signalled); its worker's process group, proven the wrapper's own child leading its
-group; and its output file, read again from where the killed supervisor had logged it. A
+process from the journal (``launcher.run.journal``, sealed): its wrapper, proven before anything
+is signalled by its pid, its start ticks, its owner and its environment, which must show the
+run's directory and secret (``owned.shows_run``: a reused pid, a process of the user's that a
+journal names, a copied run's process is never signalled); its worker's process group, proven
+the wrapper's own child leading its group; and its output file, the run's own path for the
+process (``plan.output_path``), read again from where the killed supervisor had logged it. A
 process that ended meanwhile is classified from its wrapper's exit report in that file;
 one whose wrapper is gone without a report is lost.
 """
@@ -16,13 +18,12 @@ import os
 import signal
 import threading
 
-from launcher import proctl
+from launcher import owned, proctl
 from launcher.backends.localworker import LocalWorker
 from launcher.errors import Problem, SpecError
-from launcher.plan import Plan, ProcessPlan
+from launcher.plan import Plan, ProcessPlan, output_path
 from launcher.remote import tail, wrapper
 from launcher.state import Exit, Lost, exit_of
-from worker import contract
 from worker.contract import signals
 
 
@@ -31,25 +32,31 @@ class AdoptedWorker(LocalWorker):
 
     def __init__(self, plan: ProcessPlan, record: dict):  # noqa: super().__init__ starts one
         self.plan = plan
-        self._wrapper, self.since = int(record["pid"]), record.get("since")
-        self._token, self.out_path = str(record["token"]), str(record["out"])
-        self.read_to = int(record.get("offset") or 0)
+        self._wrapper, self.since = _whole(record["pid"]), _whole(record.get("since"))
+        self._token = str(record["token"])
+        self.out_path = output_path(plan.run_dir, plan.process_id, plan.attempt)
+        self.read_to = _whole(record.get("offset") or 0)
         self._reported: str | None = None
         self._eof = threading.Event()
         self.pgid = None
+        # the proof, once: a process that shows the run's secret and directory now is the
+        # run's for as long as it is the process of that pid and start tick
+        self._proven = proctl.is_process(self._wrapper, self.since) and owned.shows_run(
+            self._wrapper, os.environ.get(owned.SECRET_VAR))
         if isinstance(record.get("logged"), int):  # what follows the offset is read again
-            tail.cut(plan.log_path, record["logged"])
+            tail.cut(plan.log_path, _whole(record["logged"]))
         if record.get("pgid") is not None and self._alive():
-            self.pgid = self._own_group(str(record["pgid"]))
+            self.pgid = self._own_group(str(_whole(record["pgid"])))
 
     @property
     def pid(self) -> int:
         return self._wrapper
 
     def _alive(self) -> bool:
-        """Whether the wrapper is still the process the journal names: this user's, started
-        at the recorded tick, and not a zombie."""
-        return proctl.is_process(self._wrapper, self.since)
+        """Whether the wrapper is still the process the journal names, proven the run's when
+        taken back (``owned.shows_run``): this user's, started at the recorded tick, and not
+        a zombie."""
+        return self._proven and proctl.is_process(self._wrapper, self.since)
 
     def lines(self):
         try:
@@ -66,6 +73,10 @@ class AdoptedWorker(LocalWorker):
             proctl.wait_until(lambda: not self._alive(), 2.0)  # its last line said: it ends
             exit_code, sig, at = wrapper.parse_exit_report(self._reported)
             return exit_of(exit_code, sig, at)
+        if not self._proven and proctl.is_process(self._wrapper, self.since):
+            return Lost(f"pid {self._wrapper}, its wrapper as the journal names it, does not show "
+                        "the run's directory and secret: not provably the run's, so it was "
+                        "neither taken back nor signalled")
         return Lost(f"its wrapper (pid {self._wrapper}) ended without an exit report while no "
                     "supervisor watched")
 
@@ -129,20 +140,21 @@ def adopt(plan: Plan, records: list) -> list:
             from None
 
 
+def _whole(value) -> int:
+    """A journal's number, which must be an int (a bool or text is not)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{value!r} is not a whole number")
+    return value
+
+
 def stop_strays(run_dir: str, timeout_s: float = proctl.KILL_WAIT_S) -> list:
-    """SIGKILL every worker of this user whose run directory (its environment's
-    ``contract.RUN_DIR``) is ``run_dir``, and wait until they and their wrappers are gone;
-    returns the workers' pids."""
-    item = f"{contract.RUN_DIR}={run_dir}".encode()
-    found = []
-    for pid in proctl.pids():
-        if pid == os.getpid() or item not in proctl.environ(pid):
-            continue
-        try:
-            if os.stat(f"/proc/{pid}").st_uid == os.getuid():
-                found.append(pid)
-        except OSError:
-            continue
+    """SIGKILL every worker of this user that shows the run ``run_dir`` (``owned.shows_run``: it
+    carries the run's secret, derived from that directory), and wait until they and their
+    wrappers are gone; returns the workers' pids."""
+    secret = os.environ.get(owned.SECRET_VAR)
+    found = [pid for pid in proctl.pids() if pid != os.getpid()
+             and owned.shows_run(pid, secret)
+             and "launcher.remote.wrapper" not in proctl.cmdline(pid, 200)]
     # and their wrappers, which write a last line into the output file as their worker ends:
     # gone before an attempt started again reads that file
     wrappers = [fields[1] for fields in map(proctl.stat_fields, found) if fields is not None

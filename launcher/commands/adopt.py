@@ -1,9 +1,10 @@
 """``launch attach RUN`` of a detached run whose supervisor was killed: a new supervisor takes
 the run back, where the killed one left it.
 
-``attach`` starts it (``spawn``: ``launch ARGV --adopt RUN_DIR``, with the command line the
-run was started with, from the run's journal, ``launcher.run.journal``) as ``--detach``
-starts a supervisor: its own session, its messages on this terminal until it holds the run,
+``attach`` starts it (``spawn``: ``launch --adopt RUN_DIR``; the supervisor reads the command
+line the run was started with from the run's journal, ``launcher.run.journal``, once its seal
+proves the user's own launcher wrote it for this very directory: ``command``) as
+``--detach`` starts a supervisor: its own session, its messages on this terminal until it holds the run,
 then its console in ``RUN_DIR/console.log``. The new supervisor takes the run's lock first
 (``launcher.runlock``: a second one is refused, naming the first), checks that the run's
 state is still ``running`` (a state written as final is never overwritten), then
@@ -16,8 +17,10 @@ watched.
 
 from __future__ import annotations
 
+import os
 import time
 
+from launcher import owned
 from launcher import plan as planning
 from launcher.commands import runref
 from launcher.errors import Problem, SpecError
@@ -149,10 +152,35 @@ def continue_record(record, data: dict) -> None:
         record._launched = journals.to_mono(float(launched["wall"]), record.clock)
 
 
-def spawn(run_dir: str, data: dict) -> int:
-    """Start the supervisor that takes the run back (``detach.spawn``, from the directory the
-    run was launched in); 0 once it holds the run, else its exit code."""
+def spawn(run_dir: str, handed: list | None = None) -> int:
+    """Start the supervisor that takes the run back: ``launch --adopt RUN_DIR``, what the user
+    asked, nothing read from a file (``detach.spawn``; it reads the run's sealed journal itself,
+    ``command``); 0 once it holds the run, else its exit code. ``handed``: ``detach.spawn``'s."""
     from launcher.commands import detach
 
-    return detach.spawn([*data["argv"], "--adopt", run_dir], cwd=data.get("cwd") or None,
-                        quiet=True)
+    return detach.spawn(["--adopt", run_dir], quiet=True, handed=handed)
+
+
+def command(argv: list) -> list:
+    """``--adopt RUN_DIR`` (``spawn``'s supervisor) as the command line the run was started
+    with, from its journal once that proves itself (``journal.read``: the user's own directory,
+    the seal of the user's own launcher for this very directory); the process moves to the
+    directory the run was launched from, which the same sealed journal names.
+
+    Raises:
+      SpecError: ``argv`` is not ``--adopt RUN_DIR``, or the journal is missing, not the
+        user's or not sealed for this directory; nothing was started.
+    """
+    if len(argv) != 2:
+        raise SpecError([Problem("--adopt", None, "", "takes one run directory and nothing "
+                                 "else (`launch attach RUN` starts it)")])
+    run_dir = os.path.abspath(argv[1])
+    owned.check_dir(run_dir)
+    data = journals.read(run_dir)
+    try:
+        os.chdir(data["cwd"])
+    except OSError as exc:
+        raise SpecError([Problem("RUN", None, "", f"the run was launched from {data['cwd']}, "
+                                 f"which cannot be entered now ({exc.strerror}); the run cannot "
+                                 "be taken back from there")]) from None
+    return [*data["argv"], "--adopt", run_dir]

@@ -19,17 +19,25 @@ PIPE_VAR = "PODLAUNCH_DETACH_FD"  # the supervisor's end of the pipe; never a wo
 CONSOLE_FILE = "console.log"
 
 
-def spawn(argv: list, cwd: str | None = None, quiet: bool = False) -> int:
-    """Start the supervisor (``argv`` without ``--detach``; in ``cwd``); returns this
-    command's exit code. ``quiet``: say nothing once it started, and leave it alone on Ctrl-C
-    (``launch attach``, whose Ctrl-C never stops a run, follows it)."""
+def spawn(argv: list, cwd: str | None = None, quiet: bool = False,
+          handed: list | None = None) -> int:
+    """Start the supervisor (``argv`` without ``--detach``, handed over in its environment:
+    ``ps`` shows no ``--set`` value; in ``cwd``); returns this command's exit code.
+    ``quiet``: say nothing once it started, and leave it alone on Ctrl-C (``launch attach``,
+    whose Ctrl-C never stops a run, follows it). ``handed``: gets the size of the run's
+    ``launcher.log`` (bytes) when the supervisor left this terminal: every line before it was
+    shown here, so a follower starts there and shows none twice."""
+    import json
     import subprocess  # here: launch --help pays for no import it does not use
 
+    from launcher import owned
+
     read_fd, write_fd = os.pipe()
-    try:
-        child = subprocess.Popen([sys.executable, "-P", "-m", "launcher.cli", *argv],
+    try:  # its arguments in its environment (owner-only in /proc), never in its command line
+        child = subprocess.Popen([sys.executable, "-P", "-m", "launcher.cli"],
                                  stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd,
-                                 pass_fds=(write_fd,), env={**os.environ, PIPE_VAR: str(write_fd)})
+                                 pass_fds=(write_fd,), env={**os.environ, PIPE_VAR: str(write_fd),
+                                                            owned.ARGV_VAR: json.dumps(argv)})
     finally:
         os.close(write_fd)
     run_dir, started = None, False
@@ -41,6 +49,8 @@ def spawn(argv: list, cwd: str | None = None, quiet: bool = False) -> int:
                     run_dir = rest
                 elif word == "started":
                     started = True
+                    if handed is not None and rest.isdigit():
+                        handed.append(int(rest))
         if not started:
             return child.wait()
     except KeyboardInterrupt:  # Ctrl-C before the hand-off: the start is stopped in order
@@ -92,6 +102,11 @@ class Handoff:
         """Every process started: the console now goes to ``console.log``."""
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
+        with self.console._log_lock:  # what launcher.log holds that this terminal has shown
+            try:
+                shown = os.fstat(self.console.log.fileno()).st_size
+            except (AttributeError, OSError, ValueError):
+                shown = None
         try:  # O_NOFOLLOW: a link planted in the run directory is not written through
             out = os.open(os.path.join(self.run_dir, CONSOLE_FILE),
                           os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
@@ -100,7 +115,7 @@ class Handoff:
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.close(out)
-        self._say("started")
+        self._say("started" if shown is None else f"started {shown}")
         os.close(self.fd)
         self.fd = None
         self.console.watchers.remove(self)

@@ -23,7 +23,7 @@ import yaml
 
 from launcher import backends
 from launcher import plan as planning
-from launcher import commands, flags, interrupts, runlock
+from launcher import commands, flags, interrupts, owned, runlock
 from launcher.commands import adopt, detach, resumes, runs
 from launcher.console import nextsteps
 from launcher.run import journal as journals, ledger, restarts
@@ -141,6 +141,11 @@ def _run_dir(job: specs.JobSpec, requested: str | None, create: bool = False) ->
     if os.path.isdir(run_dir) and os.listdir(run_dir):
         raise SpecError([Problem("--run-dir", None, "", f"{run_dir} is not empty; a run's files "
                                  "would mix with what is there: name a new or empty directory")])
+    if create:  # an empty one of the user's own is made private as a new one is
+        owned.make_private(run_dir)
+    elif os.path.lexists(run_dir) and (os.path.islink(run_dir)
+                                       or os.lstat(run_dir).st_uid != os.geteuid()):
+        owned.check_dir(run_dir, "--run-dir")  # another user's: refused, in the dry run too
     return run_dir
 
 
@@ -227,6 +232,8 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
 def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     launched_at = time.monotonic()  # the ledger's and run.json's duration count from here
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--adopt"]:  # launch attach's supervisor: the run's own sealed command line
+        argv = adopt.command(argv)
     args = _parser().parse_args(argv)
     flags.check(("--status-every", args.status_every, flags.seconds_or_never,
                  "how often to print the progress line when stdout is not a terminal"))
@@ -259,6 +266,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
             raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])
         run_dir = (resumes.resume_dir(job, args.resume) if args.resume
                    else _run_dir(job, args.run_dir, create=not args.dry_run))
+        if args.resume:
+            owned.refuse_live_processes(run_dir, args.resume)
         if not args.resume and args.run_dir is None and not args.dry_run:
             held.append(_RemovedIfEmpty(run_dir))  # a start that fails before any file: no trace
         _check_creatable(run_dir, "--resume" if args.resume else "--run-dir")
@@ -276,6 +285,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         if not args.adopt:
             held.append(runlock.acquire(run_dir, "--resume" if args.resume else "--run-dir",
                                         job.secrets))
+        proof = owned.carry_run_secret(run_dir, taken) if handoff.detached else (None, "")
         first_attempt = taken["attempt"] if taken else restarts.next_attempt(run_dir)
         try:
             changes = [] if taken else _write_run_files(plan, first_attempt if args.resume else 0, job)
@@ -292,7 +302,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         if handoff.detached:
             journal = journals.Journal(run_dir, backend.name, taken["argv"] if taken else argv,
                                        taken["cwd"] if taken else os.getcwd(), session.adopts,
-                                       session=session.journaled)
+                                       session=session.journaled, key=proof[0], nonce=proof[1])
             journal.data["launched"] = (taken or {}).get("launched") or {
                 "wall": journals.to_wall(launched_at), "before_s": record._before_s}
             if taken:  # where the killed one left it, until this one's attempt is under way

@@ -24,6 +24,7 @@ from launcher import commands, logtimes
 from launcher.commands import runref
 from launcher.console.lines import printable
 from launcher.errors import Problem, SpecError
+from worker.contract import runfiles
 
 POLL_S = 0.2
 ATTACH_TAIL = 20  # lines of the past that attach shows first
@@ -75,13 +76,18 @@ def _show(text: str, timestamps: bool = False) -> None:
 
 
 def follow(run_dir: str, path: str, name: str, tail: int | None = None,
-           timestamps: bool = False) -> int:
-    """Print ``path`` (its last ``tail`` lines when given), then what comes, until no
-    supervisor holds the run; returns the run's exit code."""
-    with open(path, "r", encoding="utf-8", errors="replace") as f:
+           timestamps: bool = False, start: int | None = None) -> int:
+    """Print ``path`` (its last ``tail`` lines when given; from byte ``start`` when given: what
+    this terminal showed already is not shown again), then what comes, until no supervisor
+    holds the run; returns the run's exit code. The file is opened without following a link
+    and only as the user's own (``runfiles.opener``)."""
+    with _open_log(path) as f:
+        if start is not None:
+            f.seek(start)
         # a line still being written waits for its end (its time is not cut in two)
         whole, _, pending = f.read().rpartition("\n")
-        _show(whole if tail is None else "\n".join(whole.splitlines()[-tail:]), timestamps)
+        _show(whole if tail is None or start is not None
+              else "\n".join(whole.splitlines()[-tail:]), timestamps)
         while True:
             alive = runref.state(run_dir)[1]  # read before the file: its last lines come first
             chunk = f.read()
@@ -110,9 +116,21 @@ def main(argv: list) -> int:
         except KeyboardInterrupt:
             print(f"launch logs: interrupted; the run in {run_dir} goes on")
             return 130
-    with open(path, "r", encoding="utf-8", errors="replace") as f:
+    with _open_log(path) as f:
         _show(f.read(), args.timestamps)
     return 0
+
+
+def _open_log(path: str):
+    """``path`` open for reading, never through a link nor another user's file.
+
+    Raises:
+      SpecError: it is a link, not the user's own, or cannot be read (one sentence, exit 2).
+    """
+    try:
+        return open(path, "r", encoding="utf-8", errors="replace", opener=runfiles.opener)
+    except OSError as exc:
+        raise SpecError([Problem("RUN", None, "", exc.strerror or str(exc))]) from None
 
 
 def attach_main(argv: list) -> int:
@@ -125,6 +143,7 @@ def attach_main(argv: list) -> int:
     args = _parser("attach").parse_args(argv)
     run_dir = runref.resolve(args.run, args.root)
     value, alive = runref.state(run_dir)
+    handed: list = []  # where the supervisor that took the run back left this terminal
     if not alive and value in runref.EXIT_CODES:
         raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} has ended (state "
                                  f"{value}): `launch logs {args.run}` shows it")])
@@ -132,11 +151,11 @@ def attach_main(argv: list) -> int:
         from launcher.commands import adopt
         from launcher.run import journal
 
-        data = journal.read(run_dir)  # SpecError: not a detached run's, nothing to take back
+        journal.read(run_dir)  # SpecError: not a detached run's, or not proven; nothing taken
         print(f"launch attach: the run's supervisor is gone; taking the run back ({run_dir})",
               flush=True)
         try:
-            code = adopt.spawn(run_dir, data)
+            code = adopt.spawn(run_dir, handed)
         except KeyboardInterrupt:
             print(f"launch attach: left; the run is being taken back and goes on (`launch attach "
                   f"{args.run}` again)")
@@ -147,7 +166,8 @@ def attach_main(argv: list) -> int:
                       f"`launch attach {args.run}` again views it", flush=True)
             return code
     try:
-        return follow(run_dir, log_file(run_dir, None), args.run, tail=ATTACH_TAIL)
+        return follow(run_dir, log_file(run_dir, None), args.run, tail=ATTACH_TAIL,
+                      start=handed[0] if handed else None)
     except KeyboardInterrupt:
         print(f"launch attach: left; the run goes on (`launch attach {args.run}` again)")
         return 0

@@ -18,6 +18,7 @@ import shlex
 
 import yaml
 
+from launcher import owned
 from launcher.commands import runs
 from launcher.errors import Problem, SpecError
 from worker import contract
@@ -120,6 +121,7 @@ def resume_dir(job, run_dir: str, flag: str = "--resume") -> str:
         what the run trains (``launcher.commands.resumes``).
     """
     run_dir = os.path.abspath(run_dir)
+    owned.check_dir(run_dir, flag)  # another user's, or open to others: refused first
     spec_file = os.path.join(run_dir, "spec.yaml")
     try:
         earlier = yaml.safe_load(runfiles.read_regular(spec_file))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 
-from launcher import proctl, runlock
+from launcher import owned, proctl, runlock
 from launcher.commands import runs
 from launcher.errors import Problem, SpecError
 
@@ -47,6 +47,7 @@ def resolve(name: str, root: str = "runs") -> str:
     if len(set(found)) > 1 and not os.path.isdir(name):
         raise SpecError([Problem("RUN", None, "", f"{name!r} names several runs ("
                                  + ", ".join(sorted(set(found))) + "): give its directory")])
+    owned.check_dir(found[0])  # another user's run is theirs: said, nothing read or signalled
     return found[0]
 
 

@@ -17,7 +17,7 @@ import socket
 import time
 
 from launcher import commands
-from launcher import flags, interrupts, runlock
+from launcher import flags, interrupts, owned, runlock
 from launcher.commands import runs
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import stacks
@@ -65,13 +65,9 @@ def live_launcher(run_dir: str, command: str) -> tuple:
 
     Raises:
       SpecError: RUN_DIR is not a run with a live launcher on this machine, not this user's
-        to read, or the process it names is not provably its launcher (exit 2).
+        own (``owned.check_dir``), or the process it names is not provably its launcher (exit 2).
     """
-    if os.path.isdir(run_dir) and not os.access(run_dir, os.R_OK | os.X_OK):
-        owner = os.stat(run_dir).st_uid
-        raise SpecError([Problem("RUN_DIR", None, "", f"{run_dir} is not yours to read (it "
-                                 f"belongs to {runlock.user_name(owner)}): {command} asks "
-                                 "only your own runs; run it as its owner")])
+    owned.check_dir(run_dir, "RUN_DIR")  # another user's run is theirs: said, nothing signalled
     record = runs.read_record(os.path.join(run_dir, runs.RUN_FILE)) if os.path.isdir(run_dir) else None
     if record is None:
         raise SpecError([Problem("RUN_DIR", None, "", f"{run_dir} holds no run.json: give the "

@@ -16,6 +16,14 @@ Rewritten whole every ``EVERY_S`` while the run goes on (``alive_at``: the last 
 supervisor is known to have watched; the gap to the adoption is the ledger's
 ``unsupervised``), and removed when the run ends by itself. Mode 0600: it holds the tokens
 and the command line's ``--set`` values.
+
+It is data, never trusted for what it says: each write is sealed (``launcher.owned.seal``:
+an HMAC with the user's own key over its content and the run directory's real path), and
+``read`` refuses one whose seal does not verify: written by someone else, or copied with its
+run directory. The run's ``nonce`` derives the secret its processes carry
+(``owned.run_secret``); a process named here is signalled only once it shows that secret.
+Each process's output file is the run's own path (``plan.output_path``), never the
+``out`` written here.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import os
 import time
 from typing import Callable
 
-from launcher import logtimes
+from launcher import logtimes, owned
 from launcher.errors import Problem, SpecError
 from launcher.run import ledger
 from worker.contract import runfiles
@@ -79,11 +87,14 @@ class Journal:
 
     def __init__(self, run_dir: str, backend: str, argv: list, cwd: str, adopts: bool = True,
                  clock: Callable[[], float] = time.monotonic,
-                 session: Callable[[], dict] | None = None):
-        self.path = os.path.join(run_dir, JOURNAL_FILE)
+                 session: Callable[[], dict] | None = None, key: bytes | None = None,
+                 nonce: str = ""):
+        """``key``: the user's (``owned.key``) that seals each write; ``nonce``: the run's, from
+        which its processes' secret is derived (``owned.run_secret``)."""
+        self.path, self.run_dir, self.key = os.path.join(run_dir, JOURNAL_FILE), run_dir, key
         self.clock, self.adopts = clock, adopts  # not adopts: written once, to say so
         self.data = {"version": VERSION, "backend": backend, "adopts": adopts,
-                     "argv": list(argv), "cwd": cwd,
+                     "argv": list(argv), "cwd": cwd, "nonce": nonce,
                      "attempt": None, "restarts": 0, "counted": "", "budgets": {},
                      "entries": [], "failures": [], "times": None, "workers": [],
                      "waiting": None, "alive_at": time.time()}
@@ -161,8 +172,9 @@ class Journal:
             self.data["session"] = self.session()
         self.data["alive_at"] = time.time()
         self._written_at = self.clock()
+        data = self.data if self.key is None else owned.seal(self.run_dir, self.data, self.key)
         try:
-            runfiles.write_whole(self.path, json.dumps(self.data) + "\n")
+            runfiles.write_whole(self.path, json.dumps(data) + "\n")
         except OSError:
             pass  # the next write may pass; a run is never stopped for its journal
 
@@ -178,7 +190,8 @@ def read(run_dir: str) -> dict:
     """The journal of ``run_dir``.
 
     Raises:
-      SpecError: there is none (the run was not detached, or ended), or it cannot be read.
+      SpecError: there is none (the run was not detached, or ended), it cannot be read, or
+        its seal does not verify (``owned.unseal``: nothing it says is acted on).
     """
     path = os.path.join(run_dir, JOURNAL_FILE)
     try:
@@ -186,10 +199,19 @@ def read(run_dir: str) -> dict:
     except FileNotFoundError:
         data = None
     except (OSError, ValueError, RecursionError) as exc:
-        raise SpecError([Problem("RUN", None, "", f"cannot read {path} ({exc}): the run's "
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise SpecError([Problem("RUN", None, "", f"cannot read {path} ({why}): the run's "
                                  "processes cannot be taken back")]) from None
+    if data is not None:
+        why = owned.unseal(run_dir, data)
+        if why is not None:
+            raise SpecError([Problem("RUN", None, "", (
+                f"the run's journal ({path}) is not trusted: {why}; nothing was taken back "
+                "or signalled. A run's processes are taken back only from the directory they "
+                "run in, by the user who started them"))])
     if not isinstance(data, dict) or data.get("version") != VERSION \
-            or not isinstance(data.get("argv"), list):
+            or not isinstance(data.get("argv"), list) or not all(
+                isinstance(a, str) for a in data["argv"]) or not isinstance(data.get("cwd"), str):
         raise SpecError([Problem("RUN", None, "", (
             f"the run in {run_dir} has no supervisor's journal ({path}): only a run started with "
             "--detach can be taken back; `launch JOB.yaml --resume RUN` continues it from its "

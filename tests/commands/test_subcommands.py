@@ -162,7 +162,13 @@ def test_stop_s_continue_command_works_from_another_directory(tmp_path, monkeypa
     (run / "launcher.log").write_text(f"2026-12-06T10:00:00.000Z podlaunch: {RESUME_PREFIX}{command}\n")
     from launcher.run.journal import VERSION
 
-    (run / "supervisor.json").write_text(json.dumps({"version": VERSION, "argv": [], "cwd": REPO}))
+    from launcher import owned
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    (run / "supervisor.json").write_text(json.dumps(owned.seal(str(run), {
+        "version": VERSION, "argv": [], "cwd": REPO}, owned.key(create=True))))
     monkeypatch.chdir(tmp_path)
     assert stop._resume_command(str(run)) == f"cd {REPO} && {command}"
     monkeypatch.chdir(REPO)

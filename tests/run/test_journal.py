@@ -9,11 +9,26 @@ import os
 
 import pytest
 
+from launcher import owned
 from launcher.errors import SpecError
 from launcher.remote import tail
 from launcher.run import journal, ledger
 from launcher.run.classes import FailureClass
 from launcher.run.restarts import Budgets
+
+
+@pytest.fixture
+def user_key(tmp_path, monkeypatch):
+    """The user's key (``owned.key``) in a state folder of the test's own."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return owned.key(create=True)
+
+
+def _sealed(run_dir, data: dict, key: bytes) -> str:
+    """A journal's text as the user's own launcher writes it for ``run_dir``."""
+    return json.dumps(owned.seal(str(run_dir), data, key))
 
 
 def test_a_tail_gives_whole_lines_from_an_offset_and_the_last_one_once_its_writer_is_gone(tmp_path):
@@ -37,13 +52,14 @@ def test_a_tail_gives_whole_lines_from_an_offset_and_the_last_one_once_its_write
         list(tail.lines(str(tmp_path / "link"), 0, lambda: False))
 
 
-def test_the_journal_keeps_the_budgets_a_restart_needs(tmp_path):
+def test_the_journal_keeps_the_budgets_a_restart_needs(tmp_path, user_key):
     class Policy:
         program_errors, infrastructure, preemptions, stalls, max_restarts, backoff_s = 2, 0, 0, 0, None, 1.0
 
     budgets = Budgets(Policy())
     budgets.take(FailureClass.PROGRAM)
-    kept = journal.Journal(str(tmp_path), "local", ["jobs/linear.yaml"], str(tmp_path))
+    kept = journal.Journal(str(tmp_path), "local", ["jobs/linear.yaml"], str(tmp_path),
+                           key=user_key, nonce="n")
     kept.state(1, budgets, 1, budgets.count_text(FailureClass.PROGRAM), [])
     kept.write()
     data = journal.read(str(tmp_path))
@@ -58,9 +74,10 @@ def test_the_journal_keeps_the_budgets_a_restart_needs(tmp_path):
         journal.read(str(tmp_path))
 
 
-def test_a_backend_that_cannot_take_processes_back_is_named_by_the_journal(tmp_path):
-    (tmp_path / journal.JOURNAL_FILE).write_text(json.dumps(
-        {"version": journal.VERSION, "backend": "ssh", "adopts": False, "argv": []}))
+def test_a_backend_that_cannot_take_processes_back_is_named_by_the_journal(tmp_path, user_key):
+    (tmp_path / journal.JOURNAL_FILE).write_text(_sealed(tmp_path, {
+        "version": journal.VERSION, "backend": "ssh", "adopts": False, "argv": [], "cwd": "/"},
+        user_key))
     with pytest.raises(SpecError, match=r"its backend \(ssh\) could not take a run's processes back"):
         journal.read(str(tmp_path))
 
@@ -96,17 +113,18 @@ def _killed_run(tmp_path, state: str = "running"):
     return run_dir
 
 
-@pytest.mark.parametrize("journal_text, said", [
+@pytest.mark.parametrize("journal_data, said", [
     (None, "only a run started with --detach can be taken back"),
-    (json.dumps({"version": journal.VERSION, "backend": "slurm", "adopts": False, "argv": []}),
+    ({"version": journal.VERSION, "backend": "slurm", "adopts": False, "argv": [], "cwd": "/"},
      r"its backend \(slurm\) could not take a run's processes back"),
 ])
-def test_attach_of_a_killed_run_it_cannot_take_back_refuses_at_once(tmp_path, journal_text, said):
+def test_attach_of_a_killed_run_it_cannot_take_back_refuses_at_once(tmp_path, user_key,
+                                                                   journal_data, said):
     from launcher.commands import logs as logs_command
 
     run_dir = _killed_run(tmp_path)
-    if journal_text is not None:
-        (run_dir / journal.JOURNAL_FILE).write_text(journal_text)
+    if journal_data is not None:
+        (run_dir / journal.JOURNAL_FILE).write_text(_sealed(run_dir, journal_data, user_key))
     with pytest.raises(SpecError, match=said):
         logs_command.attach_main([str(run_dir)])
 
@@ -121,20 +139,25 @@ def test_attach_never_takes_back_a_run_whose_state_is_final(tmp_path):
         logs_command.attach_main([str(run_dir)])
 
 
-def test_the_strays_of_a_start_a_killed_supervisor_left_are_stopped_and_only_they(tmp_path):
+def test_the_strays_of_a_start_a_killed_supervisor_left_are_stopped_and_only_they(
+        tmp_path, user_key, monkeypatch):
     # a supervisor killed while starting an attempt leaves processes no journal names: the
-    # one taking the run back finds them by their run directory before it starts any
+    # one taking the run back finds them by the run's secret before it starts any; one that
+    # names the run's directory without its secret (a copy's, a forged one) is not signalled
     import subprocess
     import sys
 
     from launcher.backends import localadopt
 
     run_dir = str(tmp_path / "run")
+    secret = owned.run_secret(run_dir, "n", user_key)
+    monkeypatch.setenv(owned.SECRET_VAR, secret)
     code = "import time; print('up', flush=True); time.sleep(60)"
     ours = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             env={**os.environ, "PODLAUNCH_RUN_DIR": run_dir})
     other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                             env={**os.environ, "PODLAUNCH_RUN_DIR": run_dir + "-2"})
+                             env={**os.environ, "PODLAUNCH_RUN_DIR": run_dir,
+                                  owned.SECRET_VAR: owned.run_secret(run_dir + "-2", "n", user_key)})
     try:
         assert ours.stdout.readline() == b"up\n" and other.stdout.readline() == b"up\n"
         assert localadopt.stop_strays(run_dir) == [ours.pid]

@@ -23,6 +23,32 @@ class LinkRefused(OSError):
     """A run directory's file is a symbolic link (or a link stands where one would be made)."""
 
 
+class NotOwned(OSError):
+    """A run directory's file belongs to another user, or others may write it: whoever can
+    write it could steer what podlaunch reads from it."""
+
+
+def not_owned(path: str, found: os.stat_result) -> NotOwned | None:
+    """The error for a file of another owner, or writable by group or others; None if it is
+    the user's own. As OpenSSH's ``StrictModes`` refuses such a key file."""
+    mode = stat.S_IMODE(found.st_mode)
+    if found.st_uid != os.geteuid():
+        try:
+            import pwd
+
+            owner = pwd.getpwuid(found.st_uid).pw_name
+        except (ImportError, KeyError):
+            owner = f"uid {found.st_uid}"
+        return NotOwned(errno.EPERM, f"{path} belongs to user {owner}, not to you (mode {mode:04o}); "
+                        "podlaunch reads and writes only your own files in a run directory: "
+                        "remove it, or use a run directory of your own", path)
+    if mode & 0o022:
+        return NotOwned(errno.EPERM, f"{path} is writable by others (mode {mode:04o}); podlaunch "
+                        f"trusts no file others could have written: `chmod go-w {path}` if its "
+                        "content is yours, else remove it", path)
+    return None
+
+
 def refused(path: str) -> LinkRefused:
     """The error for a link at ``path``: what was seen, why it is refused, what to do."""
     return LinkRefused(errno.ELOOP, f"{path} is a symbolic link; podlaunch follows no link in a "
@@ -32,18 +58,28 @@ def refused(path: str) -> LinkRefused:
 
 def opener(path: str, flags: int) -> int:
     """An ``open(..., opener=opener)`` for a run directory's files: made with mode 0600, never
-    through a link.
+    through a link, never one of another owner or that others may write.
 
     Raises:
       LinkRefused: ``path`` is a symbolic link.
+      NotOwned: it is another user's, or writable by group or others (``not_owned``).
       OSError: it cannot be opened otherwise.
     """
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise refused(path) from None
         raise
+    try:
+        error = not_owned(path, os.fstat(fd))
+    except OSError:
+        os.close(fd)
+        raise
+    if error is not None:
+        os.close(fd)
+        raise error
+    return fd
 
 
 def read_regular(path: str, limit: int = 1 << 24) -> str:

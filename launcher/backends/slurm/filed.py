@@ -31,7 +31,7 @@ import time
 from typing import Iterator
 
 from launcher import plan as planning
-from launcher import proctl
+from launcher import owned, proctl
 from launcher.backends.slurm.commands import scrubbed
 from launcher.backends.slurm.workers import EOF_WAIT_S, SrunWorker
 from launcher.errors import LaunchError
@@ -114,6 +114,10 @@ class FiledWorker(SrunWorker):
         w = cls(plan, str(record["job_id"]), str(record["step_name"]), slurm, judge)
         w.pid, w.since = int(record["pid"]), record.get("since")
         w.read_to, w.err_from = int(record.get("offset") or 0), int(record.get("err_from") or 0)
+        # its holder is signalled only if it shows the run's directory and secret now
+        # (``owned.shows_run``); the step itself was proven by Slurm (``adoption``)
+        w._proven = proctl.is_process(w.pid, w.since) and owned.shows_run(
+            w.pid, os.environ.get(owned.SECRET_VAR))
         w._step = step
         if isinstance(record.get("logged"), int):  # what follows the offset is read again
             tail.cut(plan.log_path, record["logged"])
@@ -124,7 +128,7 @@ class FiledWorker(SrunWorker):
         (this user's, started at the recorded tick, not a zombie)."""
         if self._proc is not None:
             return self._proc.poll() is None
-        return proctl.is_process(self.pid, self.since)
+        return getattr(self, "_proven", False) and proctl.is_process(self.pid, self.since)
 
     def facts(self) -> dict | None:
         for line, end in tail.lines(self.out_path, self.read_to, self._alive):
