@@ -61,6 +61,8 @@ class AdoptedWorker(LocalWorker):
     def lines(self):
         try:
             yield from self._tailed(self._alive)
+        except OSError:  # no output file of the run's own (never one the journal names)
+            return
         finally:
             self._eof.set()
 
