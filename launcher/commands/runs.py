@@ -43,6 +43,7 @@ import os
 import socket
 import time
 
+from launcher import owned
 from launcher.errors import Problem, SpecError
 from launcher.console.lines import printable as lines_printable
 from launcher.words import duration
@@ -124,7 +125,16 @@ def _last_metrics(run_dir: str) -> dict:
 
 
 def read(run_dir: str) -> PastRun:
-    """What is known of the run in ``run_dir``: its ``run.json``, else what its files say."""
+    """What is known of the run in ``run_dir``: its ``run.json``, else what its files say;
+    another user's run is listed as theirs, nothing in it read (``owned.check_dir``)."""
+    try:
+        found = os.lstat(run_dir)
+    except OSError:
+        found = None
+    if found is not None and found.st_uid != os.geteuid():
+        return PastRun(os.path.basename(os.path.dirname(run_dir)), "",
+                       f"{owned.user_name(found.st_uid)}'s run (not read)", None, None, None,
+                       None, None, run_dir)
     data = read_record(os.path.join(run_dir, RUN_FILE))
     if data is not None:
         # any file may be found here (hand-edited, another version's, damaged): each value

@@ -88,6 +88,10 @@ def test_a_run_directory_another_user_made_is_refused_by_owner_and_mode(tmp_path
         assert "belongs to user nobody, not to you (root)" in done.stderr, (command, done.stderr)
     done = _cli("jobs/linear.yaml", "--resume", str(tmp_path / "theirs"))
     assert done.returncode == 2 and "belongs to user nobody" in done.stderr, done.stderr
+    (tmp_path / "runs" / "linear").mkdir(parents=True)
+    shutil.move(tmp_path / "theirs", tmp_path / "runs" / "linear" / "theirs")
+    done = _cli("runs", "--root", str(tmp_path / "runs"))
+    assert done.returncode == 0 and "nobody's run (not read)" in done.stdout, done.stdout
 
 
 def test_a_run_directory_others_may_write_is_refused_and_an_empty_one_of_ones_own_made_private(
