@@ -107,7 +107,7 @@ def make_private(run_dir: str, flag: str = "--run-dir") -> None:
     """
     try:
         found = os.lstat(run_dir)
-    except FileNotFoundError:
+    except OSError:  # missing, or under a file: the caller says what is wrong with the path
         return
     if not stat.S_ISLNK(found.st_mode) and found.st_uid == os.geteuid():
         os.chmod(run_dir, 0o700)
@@ -179,7 +179,7 @@ def key(create: bool = False) -> bytes | None:
         data = f.read(KEY_BYTES + 1)
     if found.st_uid != os.geteuid() or found.st_mode & 0o077 or len(data) != KEY_BYTES:
         raise refuse(f"is not yours alone or not a key (mode {stat.S_IMODE(found.st_mode):04o}, "
-                     f"{len(data)} bytes): remove it (a new one is made; runs detached with "
+                     f"{len(data)} B): remove it (a new one is made; runs detached with "
                      "the old one can then not be taken back)")
     return data
 

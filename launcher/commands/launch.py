@@ -266,7 +266,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
             raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])
         run_dir = (resumes.resume_dir(job, args.resume) if args.resume
                    else _run_dir(job, args.run_dir, create=not args.dry_run))
-        if args.resume:
+        if args.resume and runlock.held(run_dir) is not True:  # held: the lock names its launcher
             owned.refuse_live_processes(run_dir, args.resume)
         if not args.resume and args.run_dir is None and not args.dry_run:
             held.append(_RemovedIfEmpty(run_dir))  # a start that fails before any file: no trace

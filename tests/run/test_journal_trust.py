@@ -223,7 +223,8 @@ def test_a_copied_run_takes_back_nothing_a_resume_beside_live_workers_starts_non
     done = _cli("attach", str(copy))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "is not trusted" in done.stderr and "a copy of a run is another run" in done.stderr
-    done = _cli("jobs/linear.yaml", "--set", "task.name=faulty_task:make", "--resume", str(run_dir))
+    done = _cli("jobs/linear.yaml", "--set", "task.name=faulty_task:make", "--set",
+                "train.num_steps=400", "--resume", str(run_dir))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "the run's processes still run" in done.stderr
     assert f"launch attach {run_dir}" in done.stderr
