@@ -1,7 +1,9 @@
 """``launch stop RUN``: the ordered stop Ctrl-C makes, from any terminal.
 
 SIGTERM to the run's supervisor, and only to a process proven to be it
-(``runref.supervisor``: this user's, holding the run's lock file open for writing):
+(``runref.supervisor``: this user's, holding the run's lock file open for writing); a
+detached run whose supervisor was killed is taken back first (``_taken_back``), then stopped
+the same way:
 it tears down as on Ctrl-C (every worker told; a run that is not hung agrees a step
 and saves it; ``--resume`` continues from there). Returns once the supervisor and every
 process below it on this machine are gone (the ssh, tpu and slurm backends' remote
@@ -60,6 +62,8 @@ def main(argv: list) -> int:
     run_dir = runref.resolve(args.run, args.root)
     value, alive = runref.state(run_dir)
     pid = runref.supervisor(run_dir) if alive else None
+    if pid is None and not alive and value == "running":
+        pid = _taken_back(run_dir)  # a detached run whose supervisor was killed
     if pid is None:
         why = (f"has ended (state {value})" if value in runref.EXIT_CODES else
                "has no live supervisor on this machine (it was killed, or runs elsewhere: stop "
@@ -88,6 +92,32 @@ def main(argv: list) -> int:
     print(f"launch stop: every process is gone (state {runref.state(run_dir)[0]}); continue it "
           f"with `{_resume_command(run_dir)}`")
     return 0
+
+
+def _taken_back(run_dir: str) -> int | None:
+    """A detached run whose supervisor was killed, taken back to be stopped in order: a new
+    supervisor (``adopt.spawn``, as ``launch attach`` starts it: every process proven before
+    anything is signalled) that the stop then reaches as any live one; its pid, or None where
+    the run kept no journal (it was not detached: its processes ended with their launcher).
+
+    Raises:
+      SpecError: the journal is not trusted, or the run cannot be taken back (nothing signalled).
+      LaunchError: the supervisor that would take it back failed to (its own error said why).
+    """
+    from launcher.commands import adopt
+    from launcher.run import journal
+
+    if not os.path.lexists(os.path.join(run_dir, journal.JOURNAL_FILE)):
+        return None
+    journal.read(run_dir)  # SpecError: not trusted, or not a run that can be taken back
+    print(f"launch stop: the run's supervisor is gone; taking the run back to stop it in order "
+          f"({run_dir})", flush=True)
+    code = adopt.spawn(run_dir)
+    pid = runref.supervisor(run_dir)
+    if code != 0 or pid is None:
+        raise LaunchError(f"the run in {run_dir} could not be taken back to be stopped (exit "
+                          f"{code}, said above); nothing was signalled by this command")
+    return pid
 
 
 def _resume_command(run_dir: str) -> str:

@@ -41,12 +41,16 @@ from launcher import proctl
 MARK = "podlaunch-follow "
 ARGS_VAR = "PODLAUNCH_FOLLOW_ARGS"
 TOKEN_VAR = "PODLAUNCH_WRAPPER_TOKEN"  # wrapper.TOKEN_VAR (programs import nothing but proctl)
+SECRET_VAR = "PODLAUNCH_RUN_SECRET"  # launcher.owned.SECRET_VAR: carried by a detached run
 POLL_S = 0.05
 CHUNK = 1 << 16
 
 
 def alive(pid, since):
-    """Whether ``pid`` is still the process started at tick ``since``, this user's, not a zombie."""
+    """Whether ``pid`` is still the process started at tick ``since``, this user's, not a zombie,
+    and, where this follower carries the run's secret (``SECRET_VAR``: a detached run's), one
+    that shows it in its environment: a process of the user's that a journal names, or another
+    run's, is never taken for the run's wrapper."""
     fields = proctl.stat_fields(pid)
     if fields is None or fields[0] == b"Z" or since is None:
         return False
@@ -54,6 +58,9 @@ def alive(pid, since):
         if os.stat("/proc/%d" % pid).st_uid != os.getuid():
             return False
     except OSError:
+        return False
+    secret = os.environ.get(SECRET_VAR)
+    if secret and ("%s=%s" % (SECRET_VAR, secret)).encode() not in proctl.environ(pid):
         return False
     return proctl.start_ticks(pid) == since
 

@@ -16,7 +16,7 @@ import socket
 import paramiko
 
 from launcher import plan as planning
-from launcher import remote
+from launcher import owned, remote
 from launcher.backends.ssh import connection
 from launcher.backends.ssh.connection import Host
 from launcher.backends.ssh.preflight import state_dir
@@ -26,13 +26,18 @@ from launcher.remote import follow, wrapper
 def script(host: Host, plan: planning.Plan, placement: planning.Placement, process_id: int,
            files: tuple, env: dict, token: str) -> tuple:
     """``(argv, files, env)`` of a start script that runs ``launcher.remote.follow`` (its file
-    among ``files``): only the cluster's environment, the token and ``env`` are exported (the
-    worker's own goes to its wrapper on a pipe: the follower, which lives as long, is no
-    process of the run by its environment)."""
+    among ``files``): only the cluster's environment, the token, a detached run's secret and
+    ``env`` are exported (the worker's own goes to its wrapper on a pipe: the follower, which
+    lives as long, is no process of the run by its run directory)."""
     argv, program = remote.script_call(placement.python, state_dir(host.workdir, plan.job.name),
                                        "follow")
     writer = f"{socket.gethostname()}-{os.getpid()}-{host.index}-f{process_id}"
-    return argv, files + (program + (writer,),), {**placement.env, wrapper.TOKEN_VAR: token, **env}
+    # a detached run's secret (``owned.carry_run_secret``): the follower proves a wrapper by it
+    # before it signals anything, and the wrapper it starts inherits it
+    secret = {owned.SECRET_VAR: os.environ[owned.SECRET_VAR]} \
+        if os.environ.get(owned.SECRET_VAR) else {}
+    return argv, files + (program + (writer,),), {**placement.env, wrapper.TOKEN_VAR: token,
+                                                    **secret, **env}
 
 
 def first_line(chan: paramiko.Channel, token: str, timeout_s: float) -> tuple:
