@@ -30,8 +30,8 @@ COMMANDS = {
                             "return once every process is gone"),
     "tensorboard": ("tensorboard", "[JOB | RUN_DIR]", "serve the TensorBoard of every run "
                                    "of a job (default: the newest run's), or of one run"),
-    "stacks": ("stacks", "RUN_DIR", "every process's stacks of a live run"),
-    "profile": ("profile", "RUN_DIR [--steps N]", "trace N steps of every process of a live run"),
+    "stacks": ("stacks", "RUN", "every process's stacks of a live run"),
+    "profile": ("profile", "RUN [--steps N]", "trace N steps of every process of a live run"),
 }
 
 

@@ -1,4 +1,4 @@
-"""``launch profile RUN_DIR [--steps N]``: a ``jax.profiler`` trace of N steps of every process of a live run.
+"""``launch profile RUN [--steps N]``: a ``jax.profiler`` trace of N steps of every process of a live run.
 
 Writes the request (a ``launcher.run.profiles.REQUEST_PREFIX`` file of its own) into the run
 directory and signals the run's launcher (run.json's ``launcher`` pid, on this machine) with
@@ -20,7 +20,7 @@ import time
 
 from launcher import commands
 from launcher import flags, interrupts
-from launcher.commands import runs
+from launcher.commands import runref, runs
 from launcher.commands.stacks import answers, ask, live_launcher, print_answer
 from launcher.words import plural
 from launcher.errors import LaunchError, Problem, SpecError
@@ -31,7 +31,9 @@ from worker.contract import runfiles, sections
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch profile", description=commands.described("profile"))
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the live run's directory")
+    parser.add_argument("run_dir", metavar="RUN", help="the live run: its directory, a name "
+                        "`launch runs` lists, or a job's name (its newest run)")
+    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
     parser.add_argument("--steps", type=int, default=None,
                         help="steps to trace (default: the job's profile.num_steps, 5 unless set)")
     parser.add_argument("--timeout-s", type=float, default=60.0,
@@ -63,7 +65,9 @@ def main(argv: list) -> int:
     """
     args = _parser().parse_args(argv)
     flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for every trace"))
-    run_dir = args.run_dir
+    if args.steps is not None:  # bad input is said before the run is looked for
+        _num_steps("", args.steps)
+    run_dir = runref.resolve(args.run_dir, args.root)  # as logs, attach, wait and stop do
     num_steps = _num_steps(run_dir, args.steps)
     launcher, proven = live_launcher(run_dir, "launch profile")
     asked_at = time.time()

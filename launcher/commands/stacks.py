@@ -1,4 +1,4 @@
-"""``launch stacks RUN_DIR``: every process's stacks of a live run, now.
+"""``launch stacks RUN``: every process's stacks of a live run, now.
 
 Asks the run's launcher (``run.json``'s ``launcher`` pid, on this machine, signalled only once
 proven to hold the run's lock: ``launcher.runlock.prove``) with
@@ -18,7 +18,7 @@ import time
 
 from launcher import commands
 from launcher import flags, interrupts, owned, runlock
-from launcher.commands import runs
+from launcher.commands import runref, runs
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import stacks
 from worker.contract import runfiles
@@ -26,7 +26,9 @@ from worker.contract import runfiles
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch stacks", description=commands.described("stacks"))
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the live run's directory")
+    parser.add_argument("run_dir", metavar="RUN", help="the live run: its directory, a name "
+                        "`launch runs` lists, or a job's name (its newest run)")
+    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
     parser.add_argument("--timeout-s", type=float, default=15.0,
                         help="how long to wait for the launcher's answer (default 15)")
     return parser
@@ -108,7 +110,7 @@ def main(argv: list) -> int:
     """
     args = _parser().parse_args(argv)
     flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for the answer"))
-    run_dir = args.run_dir
+    run_dir = runref.resolve(args.run_dir, args.root)  # as logs, attach, wait and stop do
     launcher, proven = live_launcher(run_dir, "launch stacks")
     asked_at = time.time()
     ask(proven, interrupts.STACKS_REQUEST_SIGNAL)

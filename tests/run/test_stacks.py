@@ -231,7 +231,7 @@ def test_launch_stacks_needs_a_live_run_on_this_machine(tmp_path):
     from launcher.commands import runs, stacks as stacks_command
     from launcher.errors import SpecError
 
-    with pytest.raises(SpecError, match="holds no run.json"):
+    with pytest.raises(SpecError, match="no run '.*': give a run directory"):
         stacks_command.main([str(tmp_path)])
     record = runs.Record(str(tmp_path), "linear", 10)
     record.start()
@@ -253,3 +253,20 @@ def test_a_dump_nobody_asked_for_is_output_like_any_other():
         assert tracked.observe(line, 0.0), line
     assert "Current thread 0x00007f0000000002 (most recent call first):" in tracked.tail
     assert tracked.stacks.lines == []
+
+
+def test_launch_stacks_and_profile_take_a_jobs_name_as_every_run_command_does(tmp_path):
+    # a newcomer's report: `launch stacks linear` refused, advising the very name it refused
+    from launcher.commands import profile as profile_command, runs, stacks as stacks_command
+    from launcher.errors import SpecError
+
+    run_dir = tmp_path / "runs" / "linear" / "20261206-120000-000"
+    run_dir.mkdir(parents=True)
+    record = runs.Record(str(run_dir), "linear", 10)
+    record.start()
+    record.end("succeeded")
+    for command in (stacks_command, profile_command):
+        for name in ("linear", "linear/20261206-120000-000", "20261206-120000-000"):
+            with pytest.raises(SpecError, match=rf"the run in {re.escape(str(run_dir))} is not "
+                                                r"running \(state 'succeeded'"):
+                command.main([name, "--root", str(tmp_path / "runs")])
