@@ -115,7 +115,9 @@ def make_private(run_dir: str, flag: str = "--run-dir") -> None:
     check_dir(run_dir, flag)
 
 
-def _state_dir() -> str:
+def state_dir() -> str:
+    """The user's own podlaunch folder outside any run directory: ``$XDG_STATE_HOME/podlaunch``
+    (default ``~/.local/state/podlaunch``)."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
                                                             ".local", "state")
     return os.path.join(base, "podlaunch")
@@ -130,7 +132,7 @@ def key(create: bool = False) -> bytes | None:
       SpecError: it (or its folder) is a link, another user's, or open to others; or it cannot
         be made or read.
     """
-    folder = _state_dir()
+    folder = state_dir()
     path = os.path.join(folder, "key")
 
     def refuse(why: str) -> SpecError:
@@ -206,7 +208,7 @@ def unseal(run_dir: str, data) -> str | None:
     except SpecError as exc:
         return str(exc.problems[0].message)
     if secret is None:
-        return f"your key ({os.path.join(_state_dir(), 'key')}) is not there to check it"
+        return f"your key ({os.path.join(state_dir(), 'key')}) is not there to check it"
     content = {k: v for k, v in data.items() if k != "mac"}
     if not hmac.compare_digest(_mac(secret, run_dir, content), data["mac"]):
         return ("its seal does not verify: it was not written by your launcher for this "

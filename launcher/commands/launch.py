@@ -26,7 +26,7 @@ from launcher import plan as planning
 from launcher import commands, flags, interrupts, owned, runlock
 from launcher.commands import adopt, detach, resumes, runs
 from launcher.console import nextsteps
-from launcher.run import journal as journals, ledger, restarts
+from launcher.run import index, journal as journals, ledger, restarts
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
@@ -285,6 +285,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         if not args.adopt:
             held.append(runlock.acquire(run_dir, "--resume" if args.resume else "--run-dir",
                                         job.secrets))
+            index.add(run_dir)  # launch runs and every run command find it from anywhere
         proof = owned.carry_run_secret(run_dir, taken) if handoff.detached else (None, "")
         first_attempt = taken["attempt"] if taken else restarts.next_attempt(run_dir)
         try:

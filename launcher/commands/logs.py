@@ -42,7 +42,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         parser.add_argument("-t", "--timestamps", action="store_true",
                             help="lead each line with the UTC time it was written "
                                  "(2026-12-06T07:30:01.123Z)")
-    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
+    parser.add_argument("--root", default=None, help=runref.ROOT_HELP)
     return parser
 
 

@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch profile", description=commands.described("profile"))
     parser.add_argument("run_dir", metavar="RUN", help="the live run: its directory, a name "
                         "`launch runs` lists, or a job's name (its newest run)")
-    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
+    parser.add_argument("--root", default=None, help=runref.ROOT_HELP)
     parser.add_argument("--steps", type=int, default=None,
                         help="steps to trace (default: the job's profile.num_steps, 5 unless set)")
     parser.add_argument("--timeout-s", type=float, default=60.0,

@@ -17,16 +17,20 @@ from launcher import owned, proctl, runlock
 from launcher.commands import runs
 from launcher.errors import Problem, SpecError
 
+ROOT_HELP = "where runs are (default: runs/ here, then every run you started anywhere)"
 EXIT_CODES = {"succeeded": 0, "diverged": 1, "failed": 1,
               "interrupted": 130}  # as launcher.cli exits
 
 
-def resolve(name: str, root: str = "runs") -> str:
-    """The run directory ``name`` means (absolute).
+def resolve(name: str, root: str | None = None) -> str:
+    """The run directory ``name`` means (absolute), looked for under ``root``, and where that
+    is not given (``--root`` left out) also among every run the user started anywhere
+    (``launcher.run.index``), after those under ``runs/`` here.
 
     Raises:
       SpecError: no such run (exit 2), at once.
     """
+    indexed, root = root is None, root or "runs"
     candidates = [name, os.path.join(root, name)]
     try:
         candidates += [os.path.join(root, job, name) for job in sorted(os.listdir(root))]
@@ -41,6 +45,8 @@ def resolve(name: str, root: str = "runs") -> str:
             f"{os.path.abspath(newest[0].run_dir)}: give the run's directory"))])
     if not found and newest:  # a job's name: its newest run
         found = [os.path.abspath(newest[0].run_dir)]
+    if not found and indexed and not os.path.isabs(name):  # started from another directory
+        found = _indexed(name)
     if not found:
         raise SpecError([Problem("RUN", None, "", f"no run {name!r}: give a run directory, a job's name or a "
                                  f"name `launch runs` lists (under {os.path.abspath(root)})")])
@@ -49,6 +55,19 @@ def resolve(name: str, root: str = "runs") -> str:
                                  + ", ".join(sorted(set(found))) + "): give its directory")])
     owned.check_dir(found[0])  # another user's run is theirs: said, nothing read or signalled
     return found[0]
+
+
+def _indexed(name: str) -> list:
+    """The user's runs from anywhere (``launcher.run.index``) that ``name`` means: the one whose
+    directory ends in ``name`` (``STAMP``, ``JOB/STAMP``), else a job's newest run."""
+    from launcher.run import index
+
+    known = index.runs()
+    ending = [d for d in known if d.endswith(os.sep + name.strip(os.sep))]
+    if ending:
+        return ending[-1:]
+    of_job = sorted((runs.read(d) for d in known), key=lambda r: (r.started, r.run_dir))
+    return [r.run_dir for r in of_job if r.job == name][-1:]
 
 
 def state(run_dir: str) -> tuple:

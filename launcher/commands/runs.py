@@ -44,6 +44,7 @@ import socket
 import time
 
 from launcher import owned
+from launcher.run import index
 from launcher.errors import Problem, SpecError
 from launcher.console.lines import printable as lines_printable
 from launcher.words import duration
@@ -169,8 +170,28 @@ def is_run_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "spec.yaml")) or os.path.isfile(os.path.join(path, RUN_FILE))
 
 
-def find(root: str = "runs", job: str | None = None) -> list:
-    """Every run under ``root`` (``root/<job>/<run>``), of ``job`` only if given, newest first."""
+def find(root: str = "runs", job: str | None = None, indexed: bool = False) -> list:
+    """Every run under ``root`` (``root/<job>/<run>``), and with ``indexed`` every run the user's
+    index knows (``launcher.run.index``: started from any directory), of ``job`` only if given,
+    each once, newest first."""
+    found = _find_under(root, job)
+    if indexed:
+        known = index.runs()
+        listed = {os.path.realpath(d) for d in known}
+        for past in found:  # a lost index gets back what is found where it was looked for
+            if os.path.realpath(past.run_dir) not in listed:
+                index.add(past.run_dir)
+        seen = {os.path.realpath(r.run_dir) for r in found}
+        for run_dir in known:
+            if os.path.realpath(run_dir) not in seen:
+                seen.add(os.path.realpath(run_dir))
+                past = read(run_dir)
+                if job is None or past.job == job:
+                    found.append(past)
+    return sorted(found, key=lambda r: (r.started, r.run_dir), reverse=True)
+
+
+def _find_under(root: str, job: str | None) -> list:
     found = []
     try:
         jobs = [job] if job is not None else sorted(os.listdir(root))
@@ -185,7 +206,7 @@ def find(root: str = "runs", job: str | None = None) -> list:
             path = os.path.join(root, name, entry)
             if os.path.isdir(path) and is_run_dir(path):
                 found.append(read(path))
-    return sorted(found, key=lambda r: (r.started, r.run_dir), reverse=True)
+    return found
 
 
 def _shown_path(path: str) -> str:
@@ -221,8 +242,9 @@ def _parser() -> argparse.ArgumentParser:
         description="List past runs (job, started, state, attempts, steps, final loss, duration, "
                     "goodput, failed attempts by class, devices, run dir), newest first.")
     parser.add_argument("job", metavar="JOB", nargs="?", help="only this job's runs (its name)")
-    parser.add_argument("--root", default="runs",
-                        help="where runs are (default runs/, as launch makes them: runs/<job>/<time>)")
+    parser.add_argument("--root", default=None,
+                        help="only the runs under this folder (default: runs/ here, as launch "
+                             "makes them: runs/<job>/<time>, and every run you started anywhere)")
     return parser
 
 
@@ -233,13 +255,13 @@ def main(argv: list) -> int:
       SpecError: JOB has no runs under the root (exit 2), naming the jobs that do.
     """
     args = _parser().parse_args(argv)
-    found = find(args.root, args.job)
+    found = find(args.root or "runs", args.job, indexed=args.root is None)
     if not found:
-        root = os.path.abspath(args.root)
+        root = os.path.abspath(args.root or "runs")
         if args.job is None:
             print(f"launch runs: no runs under {root} yet; `launch JOB.yaml` starts one")
             return 0
-        others = sorted(r.job for r in {r.job: r for r in find(args.root)}.values())
+        others = sorted(r.job for r in {r.job: r for r in find(args.root or "runs", indexed=args.root is None)}.values())
         raise SpecError([Problem("JOB", None, "", f"no runs of job {args.job!r} under {root}"
                                  + (f"; jobs with runs: {', '.join(others)}" if others else ""))])
     print(table(found))

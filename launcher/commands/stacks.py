@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch stacks", description=commands.described("stacks"))
     parser.add_argument("run_dir", metavar="RUN", help="the live run: its directory, a name "
                         "`launch runs` lists, or a job's name (its newest run)")
-    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
+    parser.add_argument("--root", default=None, help=runref.ROOT_HELP)
     parser.add_argument("--timeout-s", type=float, default=15.0,
                         help="how long to wait for the launcher's answer (default 15)")
     return parser

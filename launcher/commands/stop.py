@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="how long to wait for every process to be gone (default 300: the "
                              "agreed step's save included)")
-    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
+    parser.add_argument("--root", default=None, help=runref.ROOT_HELP)
     return parser
 
 

@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
                         "lists, or a job's name (its newest run)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="give up after S seconds with exit code 124 (default: no limit)")
-    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
+    parser.add_argument("--root", default=None, help=runref.ROOT_HELP)
     return parser
 
 

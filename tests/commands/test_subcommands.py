@@ -99,7 +99,10 @@ def test_wait_and_stop_say_attach_only_for_a_detached_run_whose_supervisor_is_go
         stopped = subprocess.run(LAUNCH + ["stop", str(run)], cwd=str(tmp_path), env=env_for_tests(),
                                  capture_output=True, text=True, timeout=60)
         assert waited.returncode == 1 and stopped.returncode == 2, (waited, stopped)
-        for said in (waited.stdout, stopped.stderr):
+        if detached:  # a stop takes a detached run back to stop it: never from this journal,
+            # which no launcher of the user's sealed (tests/commands/test_stop_killed.py)
+            assert "is not trusted" in stopped.stderr, stopped.stderr
+        for said in (waited.stdout,) + (() if detached else (stopped.stderr,)):
             if detached:
                 assert f"`launch attach {run}` takes them back" in said, said
             else:
@@ -173,3 +176,40 @@ def test_stop_s_continue_command_works_from_another_directory(tmp_path, monkeypa
     assert stop._resume_command(str(run)) == f"cd {REPO} && {command}"
     monkeypatch.chdir(REPO)
     assert stop._resume_command(str(run)) == command
+
+
+def test_a_run_started_in_another_directory_is_listed_and_named_from_anywhere(tmp_path):
+    """A newcomer's report: runs and their names resolved only under ./runs of the current
+    directory. The user's index of runs (pointers only) finds a run from anywhere; --root
+    still means that folder alone; a lost index loses no run."""
+    import json
+    import os
+    import subprocess
+
+    state, here, there = tmp_path / "state", tmp_path / "here", tmp_path / "there"
+    for folder in (state, here, there):
+        folder.mkdir(mode=0o700)
+    env = env_for_tests(XDG_STATE_HOME=str(state), JAX_PLATFORMS="cpu")
+    job = os.path.join(REPO, "jobs", "linear.yaml")
+
+    def launch(*args, cwd):
+        return subprocess.run(LAUNCH + list(args), cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+    done = launch(job, "--set", "train.num_steps=2", "--set", "cluster.num_processes=1", cwd=here)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run_dir] = list((here / "runs" / "linear").iterdir())
+    listed = launch("runs", cwd=there)
+    assert listed.returncode == 0 and str(run_dir) in listed.stdout, listed.stdout + listed.stderr
+    for name in ("linear", f"linear/{run_dir.name}", run_dir.name):
+        for command in (["logs"], ["wait", "--timeout", "5"]):
+            shown = launch(*command, name, cwd=there)
+            assert shown.returncode == 0, (command, name, shown.stdout + shown.stderr)
+    assert "OK: 1 process succeeded" in launch("logs", "linear", cwd=there).stdout
+    alone = launch("runs", "--root", str(there / "runs"), cwd=there)  # that folder alone
+    assert str(run_dir) not in alone.stdout
+    (state / "podlaunch" / "runs.index").unlink()  # lost: found where it is looked for again
+    assert str(run_dir) not in launch("runs", cwd=there).stdout
+    assert "linear" in launch("runs", cwd=here).stdout
+    assert str(run_dir) in launch("runs", cwd=there).stdout
+    assert json.loads((run_dir / "run.json").read_text())["state"] == "succeeded"
