@@ -43,6 +43,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import slurmenv, sshenv  # noqa: E402  (after the path is set)
 from harness import helpers  # noqa: E402
+
+# this venv's own `launch` on PATH, as after `source .venv/bin/activate` (the launches the tests
+# start get it from helpers.env_for_tests): next steps are written as `launch ...`
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 from harness.helpers import launch  # noqa: E402
 from harness.runs import params  # noqa: E402
 

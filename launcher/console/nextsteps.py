@@ -31,6 +31,24 @@ def cluster_example(job_path: str) -> str | None:
     return None
 
 
+def launch_word() -> str:
+    """``launch`` as the user can type it here: ``launch`` where that is on PATH and is this very
+    install's; else this install's entry point (``.venv/bin/launch`` after the README's first
+    command, which runs it by its path), relative to the current directory when under it.
+    Next steps are written with it, so that each works as printed."""
+    import shutil
+    import sys
+
+    candidates = [sys.argv[0]] if os.path.basename(sys.argv[0] or "") == "launch" else []
+    candidates.append(os.path.join(os.path.dirname(sys.executable), "launch"))
+    mine = next((c for c in candidates if os.path.isfile(c) and os.access(c, os.X_OK)), None)
+    found = shutil.which("launch")
+    if mine is None or (found and os.path.realpath(found) == os.path.realpath(mine)):
+        return "launch"
+    relative = os.path.relpath(mine)
+    return shlex.quote(relative if not relative.startswith("..") else os.path.abspath(mine))
+
+
 def resume_command(job_path: str, run_dir: str, cluster: str | None = None,
                    overrides: tuple = (), secrets=()) -> str:
     """The command that continues the run in ``run_dir``: the same job, cluster and ``--set``s
@@ -40,7 +58,7 @@ def resume_command(job_path: str, run_dir: str, cluster: str | None = None,
     argv = ["launch", job_path, *(["--cluster", cluster] if cluster else []),
             *[part for kv in overrides for part in ("--set", kv)], "--resume", run_dir]
     shown = redact.masked_argv(argv, secrets)
-    return " ".join(shlex.quote(a) for a in shown) + (
+    return launch_word() + " " + " ".join(shlex.quote(a) for a in shown[1:]) + (
         "  (secrets shown as ****: give their values again)" if shown != argv else "")
 
 
@@ -70,10 +88,11 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
     Returns:
       Lines without a prefix; the console adds its own.
     """
+    launch = launch_word()
     lines = [f"logs: {os.path.join(run_dir, 'logs')}"]
     if tensorboard:
         missing = importlib.util.find_spec("tensorboard") is None
-        lines.append(f"view: launch tensorboard {shlex.quote(run_dir)}"
+        lines.append(f"view: {launch} tensorboard {shlex.quote(run_dir)}"
                      + (f"  (TensorBoard first: {pip_install('tensorboard')})" if missing else ""))
     if exit_code != 0:
         what = "stopped" if exit_code == 130 else "failed"
@@ -83,9 +102,9 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
         job = shlex.quote(job_path)
         example = cluster_example(job_path)
         lines += ["next steps:",
-                  "  launch runs                      your runs, newest first",
-                  f"  launch {job} --set cluster.num_processes=4   the same job on 4 processes",
-                  f"  launch {job} --cluster {shlex.quote(example) if example else 'CLUSTER.yaml'}"
+                  f"  {launch} runs                      your runs, newest first",
+                  f"  {launch} {job} --set cluster.num_processes=4   the same job on 4 processes",
+                  f"  {launch} {job} --cluster {shlex.quote(example) if example else 'CLUSTER.yaml'}"
                   "   on your own SSH hosts (docs/ssh.md; TPU: docs/tpu.md, Slurm: docs/slurm.md)",
                   f"  words such as goodput and attempt: {GLOSSARY}"]
     return lines

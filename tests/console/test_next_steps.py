@@ -111,3 +111,31 @@ def test_a_first_success_points_to_runs_more_processes_and_another_cluster(tmp_p
     assert os.path.isfile(os.path.join(REPO, cluster)), cluster
     for page in re.findall(r"docs/\w+\.md", lines[2]):
         assert os.path.isfile(os.path.join(REPO, page)), page
+
+
+@pytest.mark.slow
+def test_next_steps_are_written_with_the_launch_that_ran_where_launch_is_not_on_path(tmp_path):
+    """A newcomer's report: the README's first command runs `.venv/bin/launch`, then the run
+    suggested `launch runs`: command not found in that shell. Without the venv on PATH, each
+    next step names this install's entry point, and runs as printed in a plain shell."""
+    import subprocess
+    import sys
+
+    from harness.helpers import env_for_tests
+
+    entry = os.path.join(os.path.dirname(sys.executable), "launch")
+    bin_dir = os.path.dirname(entry)
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                           if p and os.path.realpath(p) != os.path.realpath(bin_dir))
+    env = env_for_tests(PATH=path, XDG_STATE_HOME=str(tmp_path / "state"))
+    shutil.copytree(os.path.join(REPO, "jobs"), tmp_path / "jobs")
+    first = subprocess.run([entry, "jobs/linear.yaml", "--set", "train.num_steps=5", "--set",
+                            "cluster.num_processes=1"], cwd=str(tmp_path), env=env,
+                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert first.returncode == 0, first.stdout + first.stderr
+    word = shlex.quote(entry)  # not under tmp_path: its absolute path
+    assert f"podlaunch:   {word} runs " in first.stdout, first.stdout
+    assert f"podlaunch: view: {word} tensorboard " in first.stdout
+    listed = subprocess.run(f"{word} runs", shell=True, cwd=str(tmp_path), env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "linear" in listed.stdout, listed.stdout + listed.stderr

@@ -100,6 +100,9 @@ def env_for_tests(**extra) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("JAX_", "PODLAUNCH_")) and k not in ("COLUMNS", "LINES")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PROGRAMS, REPO, env.get("PYTHONPATH")) if p)
+    # the venv's own `launch` on PATH, as after `source .venv/bin/activate`: next steps are
+    # then written as `launch ...` (tests/console/test_next_steps.py tries them without it)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     if SHARED_COMPILATION_CACHE:
         env["JAX_COMPILATION_CACHE_DIR"] = SHARED_COMPILATION_CACHE
     env.update(extra)
