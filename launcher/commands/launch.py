@@ -360,8 +360,9 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         console.block(restarts.attempts_table(attempts))
     for line in nextsteps.closing(args.job, run_dir, result.exit_code, job.logging.tensorboard,
                                   cluster=args.cluster, overrides=tuple(args.overrides),
-                                  default_dir=not (args.run_dir or args.resume),
-                                  secrets=job.secrets):
+                                  default_dir=not (args.run_dir or args.resume), secrets=job.secrets,
+                                  failure=attempts[-1].failure, saved_step=resumes.newest_checkpoint(
+                                      run_dir, job.checkpoint.local_dir)):
         console.say(line)
     console.close()
     return 1 if result.exit_code == 0 and result.diverged_loss is not None else result.exit_code

@@ -16,6 +16,7 @@ from worker.contract import redact
 CLUSTER_EXAMPLE = "jobs/clusters/ssh-example.yaml"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESUME_PREFIX = "continue this stopped run from its last checkpoint: "
+FIX_FIRST = "a restart with the same settings repeats this failure: fix its cause (above) first"
 
 
 def cluster_example(job_path: str) -> str | None:
@@ -55,8 +56,38 @@ def resume_command(job_path: str, run_dir: str, cluster: str | None = None,
     (a resume refuses a spec that trains something else), ``--resume RUN_DIR``; a secret's
     value in a ``--set`` (``worker.contract.redact``: its key, the spec's ``secrets``, a
     password in a URL) is shown as ``****``, with a word that it must be given again."""
+    return _new_run_command(job_path, cluster, overrides, secrets, ("--resume", run_dir))
+
+
+def _fix_first(job_path: str, run_dir: str, cluster, overrides: tuple, secrets, failure,
+               saved_step: int | None) -> list:
+    """Advice after a failure a restart repeats: what to fix, then the command that runs after
+    it (a diverged loss: a new run with a tenth of the learning rate the ``--set`` gave, where
+    one did; else ``--resume`` from the checkpoint there is, or the job again in a new run)."""
+    lr_key = "optimizer.learning_rate="
+    given = [kv for kv in overrides if kv.startswith(lr_key)]
+    if "optimizer.learning_rate" in failure.why and given:
+        try:
+            lower = float(given[-1][len(lr_key):]) / 10
+        except ValueError:
+            lower = None
+        if lower is not None:
+            changed = tuple(kv for kv in overrides if not kv.startswith(lr_key)) + (
+                f"{lr_key}{lower:g}",)
+            return [f"{FIX_FIRST}; the loss diverged: a new run with a lower learning rate "
+                    f"({given[-1][len(lr_key):]} -> {lower:g}): "
+                    + _new_run_command(job_path, cluster, changed, secrets)]
+    if saved_step is not None:
+        return [f"{FIX_FIRST}, then continue from the checkpoint of step {saved_step}: "
+                + resume_command(job_path, run_dir, cluster, overrides, secrets)]
+    return [f"{FIX_FIRST}, then run the job again (the run saved no checkpoint to continue "
+            "from): " + _new_run_command(job_path, cluster, overrides, secrets)]
+
+
+def _new_run_command(job_path: str, cluster, overrides: tuple, secrets, tail: tuple = ()) -> str:
+    """``launch JOB [--cluster C] [--set KV ...] TAIL`` as typed here, secret values masked."""
     argv = ["launch", job_path, *(["--cluster", cluster] if cluster else []),
-            *[part for kv in overrides for part in ("--set", kv)], "--resume", run_dir]
+            *[part for kv in overrides for part in ("--set", kv)], *tail]
     shown = redact.masked_argv(argv, secrets)
     return launch_word() + " " + " ".join(shlex.quote(a) for a in shown[1:]) + (
         "  (secrets shown as ****: give their values again)" if shown != argv else "")
@@ -70,7 +101,7 @@ def first_run(runs_root: str, run_dir: str) -> bool:
 
 def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
             cluster: str | None = None, overrides: tuple = (), default_dir: bool = False,
-            secrets=()) -> list:
+            secrets=(), failure=None, saved_step: int | None = None) -> list:
     """The run's last lines, each a thing to do and how.
 
     Args:
@@ -84,6 +115,10 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
       default_dir: the run is in the default place (``runs/JOB/TIME``, no ``--run-dir`` or
         ``--resume``): a success that is the only run under ``runs/`` is the user's first,
         and the lines point to what comes next.
+      failure: the last attempt's ``Verdict`` (None: no failure was classified). One a restart
+        repeats (``repeats``: a program error) gets a fix to make first and no retry of the
+        same: a loss that diverged, a new run with a tenth of the ``--set`` learning rate; else
+        ``--resume`` only where a checkpoint exists (``saved_step``: its step, or None).
 
     Returns:
       Lines without a prefix; the console adds its own.
@@ -94,7 +129,9 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
         missing = importlib.util.find_spec("tensorboard") is None
         lines.append(f"view: {launch} tensorboard {shlex.quote(run_dir)}"
                      + (f"  (TensorBoard first: {pip_install('tensorboard')})" if missing else ""))
-    if exit_code != 0:
+    if exit_code not in (0, 130) and getattr(failure, "repeats", False):
+        lines += _fix_first(job_path, run_dir, cluster, overrides, secrets, failure, saved_step)
+    elif exit_code != 0:
         what = "stopped" if exit_code == 130 else "failed"
         lines.append(f"continue this {what} run from its last checkpoint: "
                      + resume_command(job_path, run_dir, cluster, overrides, secrets))

@@ -87,6 +87,13 @@ class Verdict:
     process_id: int
     why: str
 
+    @property
+    def repeats(self) -> bool:
+        """Whether a restart with the same settings repeats it (a program error: the job's own
+        code, its data, its configuration, a loss that diverged): advice then names a fix to
+        make first, never a retry of the same."""
+        return self.failure_class is FailureClass.PROGRAM
+
 
 def classify(result: Result, retry_exit_codes: tuple = ()) -> Verdict:
     """The class of a failed, not interrupted, attempt (see the module's docstring).

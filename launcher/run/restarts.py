@@ -95,6 +95,8 @@ class Budgets:
             return "a restart would end the same way"
         budget, used = self.budget(failure_class), self.used[failure_class]
         if used >= budget:
+            if budget == 0 and failure_class is FailureClass.PROGRAM:  # a retry repeats it
+                return f"not retried: a restart repeats it (restarts.{key} is 0)"
             if budget == 0:
                 return (f"not retried: restarts.{key} is 0 (set it to retry "
                         f"{failure_class.value}s)")

@@ -46,7 +46,9 @@ def test_a_failed_run_ends_with_the_command_that_continues_it_and_that_command_d
     assert _last_lines(failed.stdout, 2)[0] == f"podlaunch: view: launch tensorboard {run_dir}" \
         or f"podlaunch: view: launch tensorboard {run_dir}  (TensorBoard first: " \
         in _last_lines(failed.stdout, 2)[0], failed.stdout
-    command = _printed(failed.stdout, "continue this failed run from its last checkpoint: ")
+    # a program error: the fix first, then the resume from the checkpoint the run saved
+    command = _printed(failed.stdout, "a restart with the same settings repeats this failure: fix "
+                       "its cause (above) first, then continue from the checkpoint of step 20: ")
     assert command == " ".join(shlex.quote(a) for a in (
         "launch", *args, "--resume", run_dir)), command
     resumed = _run_printed(command)
@@ -139,3 +141,23 @@ def test_next_steps_are_written_with_the_launch_that_ran_where_launch_is_not_on_
     listed = subprocess.run(f"{word} runs", shell=True, cwd=str(tmp_path), env=env,
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0 and "linear" in listed.stdout, listed.stdout + listed.stderr
+
+
+@pytest.mark.slow
+def test_a_diverged_loss_ends_with_a_fix_and_no_resume_or_retry_of_the_same_settings(tmp_path):
+    """A newcomer's report: after optimizer.learning_rate=1000 made the loss inf, the console
+    offered `--set optimizer.learning_rate=1000 --resume RUN` (no checkpoint: it starts at step
+    1 and diverges again) and "set it to retry program errors" right after saying a restart
+    repeats it. Now: no retry hint, no --resume, a new run with a tenth of the rate, which runs."""
+    run_dir = str(tmp_path / "run")
+    failed = launch("jobs/linear.yaml", "--set", "optimizer.learning_rate=1000", "--run-dir", run_dir)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    tail = "\n".join(_last_lines(failed.stdout, 6))
+    assert "--resume" not in tail and "set it to retry" not in failed.stdout, tail
+    command = _printed(failed.stdout, "a restart with the same settings repeats this failure: fix "
+                       "its cause (above) first; the loss diverged: a new run with a lower "
+                       "learning rate (1000 -> 100): ")
+    assert command == "launch jobs/linear.yaml --set optimizer.learning_rate=100", command
+    again = _run_printed(command.replace("optimizer.learning_rate=100", "optimizer.learning_rate=0.1")
+                         + f" --run-dir {tmp_path / 'again'}")
+    assert again.returncode == 0, again.stdout + again.stderr

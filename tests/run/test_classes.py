@@ -165,8 +165,8 @@ def test_budgets_are_per_class_with_defaults_a_long_run_survives_on():
     assert (policy.program_errors, policy.infrastructure, policy.preemptions, policy.stalls,
             policy.max_restarts) == (0, 10, 100, 3, None)
     budgets = restarts.Budgets(policy)
-    assert budgets.refusal(FailureClass.PROGRAM) == (
-        "not retried: restarts.program_errors is 0 (set it to retry program errors)")
+    assert budgets.refusal(FailureClass.PROGRAM) == (  # no retry hint: a restart repeats it
+        "not retried: a restart repeats it (restarts.program_errors is 0)")
     assert budgets.refusal(FailureClass.FINAL) == "a restart would end the same way"
     for n in range(10):
         assert budgets.refusal(FailureClass.INFRASTRUCTURE) is None

@@ -224,8 +224,8 @@ def test_a_python_error_is_not_retried_and_says_so(tmp_path):
     out = result.stdout
     assert result.returncode == 1, out[-3000:]
     assert ("attempt 0 failed: process_id 1 on localhost exited with code 1: a Python error in the job "
-            "[program error]; not retried: restarts.program_errors is 0 (set it to retry program "
-            "errors)") in out, out[-3000:]
+            "[program error]; not retried: a restart repeats it (restarts.program_errors is 0)") \
+        in out, out[-3000:]
     assert "RuntimeError: injected failure at step 7" in out
     assert "attempt 1" not in out and not (run_dir / "logs" / "attempt-1").exists()
     # the furthest step the ledger saw is the logs' (each worker's own failure line names its step)

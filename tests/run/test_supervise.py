@@ -462,8 +462,8 @@ def test_by_default_a_sigkill_is_retried_and_a_python_error_is_not(tmp_path, mon
     assert r.events() == ["plan(restart=False)", "start"]
     assert attempts[0].failure.failure_class is FailureClass.PROGRAM
     assert attempts[0].verdict.endswith("a Python error in the job [program error]; not retried: "
-                                        "restarts.program_errors is 0 (set it to retry program "
-                                        "errors)"), attempts[0].verdict
+                                        "a restart repeats it (restarts.program_errors is 0)"), \
+        attempts[0].verdict
 
 
 def test_max_restarts_bounds_the_attempts_and_the_backoff_doubles(tmp_path, monkeypatch):
