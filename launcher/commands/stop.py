@@ -18,7 +18,7 @@ import os
 import signal
 import time
 
-from launcher import commands
+from launcher import commands, flags
 from launcher import proctl
 from launcher.commands import runref, runs
 from launcher.errors import LaunchError, Problem, SpecError
@@ -59,6 +59,8 @@ def main(argv: list) -> int:
       LaunchError: processes still alive at the timeout, named (exit 1).
     """
     args = _parser().parse_args(argv)
+    flags.check(("--timeout", args.timeout, flags.seconds, "how long to wait for every process "
+                 "to be gone"))
     run_dir = runref.resolve(args.run, args.root)
     value, alive = runref.state(run_dir)
     pid = runref.supervisor(run_dir) if alive else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from launcher import commands
+from launcher import commands, flags
 from launcher.commands import runref
 
 EXIT_TIMEOUT = 124  # as timeout(1), xpk and Ray say it
@@ -30,9 +30,11 @@ def main(argv: list) -> int:
     """Returns the run's exit code (0, 1, 130), or 124 when ``--timeout`` passed first.
 
     Raises:
-      SpecError: no such run (exit 2), at once.
+      SpecError: no such run, or ``--timeout`` not a number of seconds > 0 (exit 2), at once.
     """
     args = _parser().parse_args(argv)
+    if args.timeout is not None:  # -3, nan, inf: said, not waited on
+        flags.check(("--timeout", args.timeout, flags.seconds, "how long to wait for the run's end"))
     run_dir = runref.resolve(args.run, args.root)
     deadline = None if args.timeout is None else time.monotonic() + max(0.0, args.timeout)
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from harness.helpers import LAUNCH, REPO, env_for_tests
 from launcher import commands
 
@@ -213,3 +215,13 @@ def test_a_run_started_in_another_directory_is_listed_and_named_from_anywhere(tm
     assert "linear" in launch("runs", cwd=here).stdout
     assert str(run_dir) in launch("runs", cwd=there).stdout
     assert json.loads((run_dir / "run.json").read_text())["state"] == "succeeded"
+
+
+@pytest.mark.parametrize("argv", [["wait", "r", "--timeout", "-3"], ["wait", "r", "--timeout", "nan"],
+                                  ["wait", "r", "--timeout", "inf"], ["stop", "r", "--timeout", "-5"],
+                                  ["stop", "r", "--timeout", "0"]])
+def test_a_timeout_that_is_no_number_of_seconds_is_bad_input(argv):
+    done = subprocess.run(LAUNCH + argv, cwd=REPO, env=env_for_tests(), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: --timeout: expected a number of seconds > 0, got {argv[-1]}" in done.stderr
