@@ -234,6 +234,7 @@ class LocalBackend(Backend):
 
     def check(self, job, options: Options) -> None:
         checks.check_task_importable(job)
+        checks.check_program_found(job)
         checks.check_worker_is_podlaunchs(job)
         checks.check_fits_in_memory(job)
 

@@ -352,4 +352,4 @@ def _build_cluster(raw: Any, ctx: schema.Context, registry) -> Any:
 # port free).
 LATE_CHECKED = (("task", "name"), ("task", "args"), ("data", "num_examples"),
                 ("cluster", "hosts", 0), ("cluster", "env", "PYTHONPATH"),
-                ("cluster", "coordinator_port"))
+                ("cluster", "coordinator_port"), ("program", "argv"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
+import shutil
 import sys
 
 from launcher.errors import Problem, SpecError
@@ -124,6 +125,38 @@ def check_task_importable(spec, pythonpath: str | None = None) -> None:
         problems = taskargs.problems(spec, found.origin)
         if problems:
             raise SpecError(problems)
+
+
+def check_program_found(spec) -> None:
+    """For workers on this machine: a program job's command (``program.argv[0]``) must be one
+    they can run: ``python``/``python3`` (the cluster's python), an executable file (a path,
+    relative to the program's directory), or a name on the workers' PATH (``cluster.env.PATH``,
+    else this environment's). Its wrapper's ``FileNotFoundError`` after the start said it late.
+
+    Raises:
+      SpecError: naming the key, where it was set, what was looked at, and a close name.
+    """
+    program = getattr(spec, "program", None)
+    if program is None or program.argv[0] in ("python", "python3"):
+        return
+    command, hint = program.argv[0], ""
+    if os.sep in command:
+        path = command if os.path.isabs(command) else os.path.join(spec.working_directory, command)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return
+        why = f"{os.path.normpath(path)} is not an executable file"
+    else:
+        search = spec.cluster.env.get("PATH") or os.environ.get("PATH", "")
+        if shutil.which(command, path=search):
+            return
+        import difflib  # only for a command that is not found
+
+        close = difflib.get_close_matches(command, ("python", "python3", "bash", "sh"), n=1)
+        why = f"{command!r} is not on the workers' PATH ({search[:120]})"
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise SpecError([Problem(*spec.where(("program", "argv")), "program.argv",
+                             f"{why}; the workers must be able to run it (python, a path, or a "
+                             f"name on their PATH){hint}")])
 
 
 def check_worker_is_podlaunchs(spec, pythonpath: str | None = None) -> None:

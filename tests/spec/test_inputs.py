@@ -275,3 +275,20 @@ def test_known_hosts_names_and_fingerprints_as_openssh_writes_them(tmp_path):
     expected = subprocess.run(["ssh-keygen", "-lf", f"{key_file}.pub"], capture_output=True,
                               text=True, check=True).stdout.split()[1]
     assert sha256_fingerprint(paramiko.Ed25519Key.from_private_key_file(str(key_file))) == expected
+
+
+@pytest.mark.parametrize("argv, needle", [
+    ("[pythn, train.py]", "program.argv: 'pythn' is not on the workers' PATH"),
+    ("[./nosuch.sh]", "program.argv: {tmp}/nosuch.sh is not an executable file"),
+])
+def test_a_program_command_the_workers_cannot_run_is_refused_before_start(tmp_path, argv, needle):
+    spec = tmp_path / "prog.yaml"
+    spec.write_text(f"name: prog\nprogram:\n  argv: {argv}\ncluster:\n  num_processes: 1\n")
+    for extra in ((), ("--dry-run",)):
+        done = launch(str(spec), "--run-dir", str(tmp_path / "run"), *extra)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"error: {spec}:3: {needle.format(tmp=tmp_path)}" in done.stderr, done.stderr
+        assert not (tmp_path / "run").exists()
+    if argv.startswith("[pythn"):
+        assert "did you mean 'python'?" in done.stderr
