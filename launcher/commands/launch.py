@@ -26,7 +26,7 @@ from launcher import plan as planning
 from launcher import commands, flags, interrupts, owned, runlock
 from launcher.commands import adopt, detach, resumes, runs
 from launcher.console import nextsteps
-from launcher.run import index, journal as journals, ledger, restarts
+from launcher.run import index, journal as journals, ledger, notify, restarts
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
@@ -298,7 +298,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         adopted = adopt.take_back(session, plan, taken, console, run_dir) if taken else None
         running = ledger.Running(ledger.read(run_dir))  # launch runs: the goodput so far
         record = runs.Record(run_dir, job.name, job.num_steps, launched_at=launched_at,
-                             running=running, devices=planning.devices_text(plan))
+                             running=running, devices=planning.devices_text(plan),
+                             notify=notify.sender(job.notify, job.name, run_dir, console.say))
         journal = None  # a detached run's: what a supervisor needs to take it back
         if handoff.detached:
             journal = journals.Journal(run_dir, backend.name, taken["argv"] if taken else argv,

@@ -72,11 +72,16 @@ class Record:
         the end.
       devices: this launch's devices (``launcher.plan.devices_text``: ``1x4 tpu``); None:
         the earlier launch's, if any.
+      notify: ``launcher.run.notify.sender``'s callable, told ``end`` once run.json says how
+        the run ended and ``restart`` when an attempt after this launch's first is under way;
+        None: nobody is told.
     """
 
     def __init__(self, run_dir: str, job: str, num_steps: int, clock=time.monotonic,
-                 launched_at: float | None = None, running=None, devices: str | None = None):
-        self.run_dir, self.clock, self.running = run_dir, clock, running
+                 launched_at: float | None = None, running=None, devices: str | None = None,
+                 notify=None):
+        self.run_dir, self.clock, self.running, self.notify = run_dir, clock, running, notify
+        self._first_attempt: int | None = None
         earlier = read_record(os.path.join(run_dir, RUN_FILE)) or {}
         self.data = {
             "job": job,
@@ -139,8 +144,14 @@ class Record:
         _write(self.run_dir, self.data)
 
     def _under_way(self, attempt: int) -> None:
-        """Count ``attempt`` (0-based), started or about to, among the attempts made."""
-        self.data["attempts"] = max(self.data.get("attempts") or 0, attempt + 1)
+        """Count ``attempt`` (0-based), started or about to, among the attempts made; one after
+        this launch's first is a restart (``notify``)."""
+        before = self.data.get("attempts") or 0
+        self.data["attempts"] = max(before, attempt + 1)
+        if self._first_attempt is None:
+            self._first_attempt = attempt
+        elif attempt + 1 > before and self.notify is not None:
+            self.notify("restart", dict(self.data))
 
     def end(self, state: str, result=None, attempts: list = (), made: int | None = None,
             goodput: float | None = None, ended_at: float | None = None) -> None:
@@ -195,6 +206,8 @@ class Record:
             _write(self.run_dir, data)
         except OSError:
             pass  # the run's outcome is printed anyway; the table then shows it unfinished
+        if self.notify is not None:  # bounded; it never changes the outcome
+            self.notify("end", dict(data))
 
 
 def _failures(value) -> dict:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from launcher.spec import crosschecks, kinds, schema, yamlio
 from launcher.errors import Problem, SpecError
 from launcher.spec import programspec
+from launcher.spec.notifyspec import NotifySpec
 from launcher.spec.programspec import ProgramSpec
 from launcher.spec.schema import MISSING, non_negative, positive, setting
 from worker.contract import redact
@@ -108,6 +109,7 @@ class JobSpec:
     restarts: RestartSpec = setting(RestartSpec())
     watchdog: sections.Watchdog = setting(sections.Watchdog())
     profile: sections.Profile = setting(sections.Profile())
+    notify: NotifySpec = setting(NotifySpec())
     cluster: Any = setting(None, doc="where it runs (default: cluster.backend local); see the "
                            "cluster reference")
     secrets: tuple[str, ...] = setting((), doc="key names (any depth: cluster.env, task.args) whose "
@@ -192,7 +194,7 @@ class ProgramJobSpec(kinds.Program, JobSpec):
 
 
 SECTION_ORDER = ("name", "task", "data", "optimizer", "train", "program", "logging", "distributed",
-                 "checkpoint", "restarts", "watchdog", "profile", "cluster", "secrets")
+                 "checkpoint", "restarts", "watchdog", "profile", "notify", "cluster", "secrets")
 
 
 def _read(path: str, flag: str | None = None) -> tuple[Any, dict]:

@@ -35,6 +35,7 @@ SECRET_PARTS = frozenset({
     "SECRET", "SECRETS", "TOKEN", "TOKENS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS",
     "PWD", "PASSPHRASE", "KEY", "KEYS", "APIKEY", "CREDENTIAL", "CREDENTIALS", "CRED",
     "CREDS", "PRIVATE", "AUTH", "AUTHORIZATION", "COOKIE", "SESSION", "SIGNATURE", "DSN", "PAT",
+    "WEBHOOK",  # a webhook's URL is its credential (notify.webhook, SLACK_WEBHOOK_URL)
 })
 _PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z]|[^A-Za-z]|$)|[A-Z]?[a-z]+|[0-9]+")
 # secret words inside a part written without separators; TOKEN not in TOKENIZER

@@ -1,0 +1,41 @@
+"""The ``notify:`` section of a job spec: a word when a run ends (``launcher.run.notify``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from launcher.spec.schema import positive, setting
+
+
+def _webhook(value: str | None) -> str | None:
+    if value is None or re.match(r"https?://[^\s/]+", value):
+        return None
+    return "expected an http:// or https:// URL (a Slack, Teams or any webhook that takes a JSON POST)"
+
+
+def _command(value: tuple) -> str | None:
+    if value and not value[0].strip():
+        return "argv[0] is empty; name the command, e.g. [mail, -s, run ended, me@example.com]"
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NotifySpec:
+    """``notify``: a word when a run ends (``launcher.run.notify``): a webhook and/or a
+    command, each given one JSON object; neither can change the run's outcome."""
+
+    webhook: str | None = setting(None, check=_webhook,
+                                  doc="a URL that gets a JSON POST when the run ends (succeeded, "
+                                  "failed, diverged, interrupted): run_dir, job, state, step, "
+                                  "num_steps, goodput, last_failure; masked wherever printed "
+                                  "(it is a credential); null: none")
+    command: tuple[str, ...] = setting((), check=_command,
+                                       doc="a command run when the run ends, the same JSON on "
+                                       "its stdin (no shell: a list, e.g. [sh, notify.sh]); "
+                                       "[]: none")
+    on_restart: bool = setting(False, doc="also notify when an attempt failed and the run "
+                               "restarts (event: restart)")
+    timeout_s: float = setting(10.0, check=positive,
+                               doc="how long one notification may take; a slower or failed one "
+                               "is said in launcher.log and given up")
