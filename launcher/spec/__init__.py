@@ -17,7 +17,7 @@ import dataclasses
 import re
 from typing import Any, Literal
 
-from launcher.spec import crosschecks, kinds, schema, yamlio
+from launcher.spec import crosschecks, datafiles, kinds, schema, yamlio
 from launcher.errors import Problem, SpecError
 from launcher.spec import programspec
 from launcher.spec.notifyspec import NotifySpec
@@ -172,6 +172,9 @@ class TrainerJobSpec(kinds.Trainer, JobSpec):
         rows, batch = self.data_rows, self.train.global_batch_size
         whole, rest = divmod(rows, batch)
         text = f"data: {rows} rows, global_batch_size {batch}: "
+        if self.data.path and not datafiles.values_checked(self.data.path):
+            text = (f"data: {rows} rows (a file too large to check before start: its values are "
+                    f"checked by the workers as they read them), global_batch_size {batch}: ")
 
         def batches(n: int) -> str:  # "1 batch per epoch uses", "2 batches per epoch use"
             return f"{n} batch per epoch uses" if n == 1 else f"{n} batches per epoch use"

@@ -73,6 +73,7 @@ def check_trainer(spec, raw: dict, ctx: schema.Context):
         return spec
     try:
         rows, columns = datafiles.shape(full)
+        datafiles.check_values(full)  # a NaN in a .npy is found now, not in a worker
     except datafiles.DataFileError as exc:
         ctx.error(("data", "path"), f"{full}: {exc}")
         return spec

@@ -16,6 +16,12 @@ from typing import IO
 from worker.contract import csvdata
 
 SUFFIXES = (".npy", ".npz", ".csv")
+# .npy/.npz files up to this size have every value checked before anything starts (about a
+# second per GiB here, memory-mapped); a larger one is checked by the workers as they read it.
+# PODLAUNCH_DATA_CHECK_MAX_BYTES sets another size (0: leave every file to the workers).
+VALUES_CHECKED_MAX_BYTES = 1 << 30
+MAX_BYTES_VAR = "PODLAUNCH_DATA_CHECK_MAX_BYTES"
+CHUNK_ROWS = 1 << 16
 
 
 class DataFileError(Exception):
@@ -66,7 +72,7 @@ def shape(path: str) -> tuple[int, int]:
             if row_bytes and size < data_start + dims[0] * row_bytes:  # a copy cut short
                 raise DataFileError(
                     f"the file is {size} bytes, too short for its {dims[0]} rows: rows "
-                    f"{(size - data_start) // row_bytes} (0-based) onwards are missing (a "
+                    f"{(size - data_start) // row_bytes + 1} onwards (counted from 1) are missing (a "
                     "truncated copy?); copy the file again")
             return dims
         if path.endswith(".npz"):
@@ -80,6 +86,48 @@ def shape(path: str) -> tuple[int, int]:
     except (zipfile.BadZipFile, ValueError, SyntaxError, KeyError, struct.error) as exc:
         raise DataFileError(f"cannot read the file's header: {exc}") from None
     raise DataFileError(f"expected a file ending in {', '.join(SUFFIXES)}")
+
+
+def values_checked(path: str) -> bool:
+    """Whether ``check_values`` reads every value of ``path`` (a .csv's are read by ``shape``)."""
+    limit = os.environ.get(MAX_BYTES_VAR, "")
+    limit = int(limit) if limit.isdigit() else VALUES_CHECKED_MAX_BYTES
+    try:
+        return not path.endswith((".npy", ".npz")) or os.path.getsize(path) <= limit
+    except OSError:
+        return False
+
+
+def check_values(path: str) -> None:
+    """Every value of a .npy (memory-mapped) or .npz finite, and finite in float32, before any
+    worker starts: the workers' own rule and words (``worker.data.sources.check_finite``: row
+    and column counted from 1). numpy is imported here only, for such a file; a file over
+    ``VALUES_CHECKED_MAX_BYTES`` is left to the workers (``values_checked``).
+
+    Raises:
+      DataFileError: the first value that is not, its row, column and array named.
+    """
+    if path.endswith(".csv") or not values_checked(path):
+        return
+    import numpy as np  # only for a .npy/.npz's values: `launch --help` never pays for it
+
+    from worker.data.sources import DataError, check_finite
+
+    try:
+        if path.endswith(".npy"):
+            arrays = {"": np.load(path, mmap_mode="r", allow_pickle=False)}
+        else:
+            with np.load(path, allow_pickle=False) as archive:
+                arrays = {f"array {name!r}, ": archive[name] for name in archive.files}
+        for what, table in arrays.items():
+            flat = table.reshape(len(table), -1) if table.ndim else table.reshape(1, 1)
+            for start in range(0, len(flat), CHUNK_ROWS):
+                block = np.asarray(flat[start:start + CHUNK_ROWS])
+                check_finite("", block, np.arange(start, start + len(block)), what)
+    except DataError as exc:
+        raise DataFileError(str(exc).removeprefix(": ")) from None
+    except (OSError, ValueError) as exc:
+        raise DataFileError(f"cannot read its values: {exc}") from None
 
 
 def npz_arrays(path: str) -> dict:

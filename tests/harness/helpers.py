@@ -109,9 +109,11 @@ def env_for_tests(**extra) -> dict:
     return {k: v for k, v in env.items() if v is not None}
 
 
-def launch(*args: str, timeout_s: float = 300, cwd: str | None = None) -> subprocess.CompletedProcess:
-    """Run ``launch ARGS`` to completion; returns the CompletedProcess (text)."""
-    return subprocess.run(LAUNCH + list(args), cwd=cwd or REPO, env=env_for_tests(),
+def launch(*args: str, timeout_s: float = 300, cwd: str | None = None,
+           **env) -> subprocess.CompletedProcess:
+    """Run ``launch ARGS`` to completion (``env``: variables beside ``env_for_tests``'s);
+    returns the CompletedProcess (text)."""
+    return subprocess.run(LAUNCH + list(args), cwd=cwd or REPO, env=env_for_tests(**env),
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
 
 

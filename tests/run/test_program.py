@@ -140,7 +140,7 @@ def test_a_python_error_while_a_peer_is_in_host_code_is_a_program_error_not_retr
     assert done.returncode == 1, out
     assert re.search(r"attempt 0 failed: process_id 0 on localhost exited with code 1: a Python "
                      r"error in the job.* \[program error\]; not retried: "
-                     r"restarts\.program_errors is 0", out), out
+                     r"a restart repeats it \(restarts\.program_errors is 0\)", out), out
     assert "RuntimeError: injected failure at step 5" in out
     assert "attempt 1" not in out and not (run_dir / "logs" / "attempt-1").exists()
     record = json.loads((run_dir / "run.json").read_text())

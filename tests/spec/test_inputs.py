@@ -292,3 +292,44 @@ def test_a_program_command_the_workers_cannot_run_is_refused_before_start(tmp_pa
         assert not (tmp_path / "run").exists()
     if argv.startswith("[pythn"):
         assert "did you mean 'python'?" in done.stderr
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+def test_a_value_that_is_not_finite_in_a_npy_or_npz_is_refused_before_start(tmp_path, suffix):
+    """A newcomer's report: a NaN in a CSV was refused before anything started, the same NaN in
+    a .npy only after the workers started (exit 1, another process's XLA abort on the console,
+    the row counted from 0). Now both before start, rows and columns counted from 1."""
+    import numpy as np
+
+    table = np.ones((100, 4), dtype=np.float64)
+    table[41, 2] = np.nan
+    data = tmp_path / f"data{suffix}"
+    if suffix == ".npy":
+        np.save(data, table)
+    else:
+        np.savez(data, x=table[:, :3], y=table[:, 3:])
+    spec = tmp_path / "job.yaml"
+    spec.write_text(textwrap.dedent(f"""\
+        name: bad
+        task:
+          name: linear_regression
+        data:
+          source: file
+          path: {data.name}
+        train:
+          num_steps: 5
+          global_batch_size: 32
+        cluster:
+          num_processes: 2
+        """))
+    done = launch(str(spec), "--run-dir", str(tmp_path / "run"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    where = "array 'x', " if suffix == ".npz" else ""
+    assert (f"error: {spec}:6: data.path: {data}: {where}row 42, column 3: nan is not a finite "
+            "number") in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "run" / "logs").exists()
+    table[41, 2] = 1e300  # finite in the file, inf in float32
+    np.save(tmp_path / "big.npy", table)
+    done = launch(str(spec), "--set", "data.path=big.npy", "--dry-run")
+    assert done.returncode == 2 and "row 42, column 3: 1e+300 is beyond float32's range" in \
+        done.stderr, done.stderr

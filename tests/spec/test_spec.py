@@ -320,7 +320,7 @@ def test_a_truncated_npy_is_reported_before_launch(tmp_path):
     result = launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2, result.stdout + result.stderr
     assert (f"job.yaml:6: data.path: {tmp_path / 'data.npy'}: the file is {size - 152} bytes, too "
-            "short for its 40 rows: rows 30 (0-based) onwards are missing") in result.stderr, result.stderr
+            "short for its 40 rows: rows 31 onwards (counted from 1) are missing") in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()
 
 

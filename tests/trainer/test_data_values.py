@@ -22,7 +22,7 @@ def test_a_float64_npy_value_beyond_float32_is_a_data_error(tmp_path):
     np.save(tmp_path / "t.npy", table)
     source = sources.NpyTable(str(tmp_path / "t.npy"), -1, "float32")
     source.read(np.arange(0, 4))  # rows without it read fine
-    with pytest.raises(sources.DataError, match=r"row 5 \(0-based\), column 2: 1e\+300 is beyond float32"):
+    with pytest.raises(sources.DataError, match=r"row 6, column 2: 1e\+300 is beyond float32"):
         source.read(np.arange(4, 8))
 
 
@@ -35,7 +35,7 @@ def test_labels_outside_the_tasks_classes_are_a_data_error(tmp_path):
     source = sources.NpyTable(str(tmp_path / "t.npy"), -1, "int32")
     source.read(np.arange(6))  # without a task's class count, any whole label passes
     source.num_classes = tasks.softmax_classifier(num_classes=3).num_classes
-    with pytest.raises(sources.DataError, match=r"row 4 \(0-based\), column 3: label 3.0 is outside 0..2"):
+    with pytest.raises(sources.DataError, match=r"row 5, column 3: label 3.0 is outside 0..2"):
         source.read(np.arange(6))
     table[4, -1] = -1
     np.save(tmp_path / "t.npy", table)

@@ -132,17 +132,18 @@ def test_a_non_finite_row_met_late_is_a_data_error_not_retried(tmp_path):
     table = np.ones((64, 3), np.float32)
     table[45, 1] = np.inf  # batch 5 (rows 40-47): process 1's share, step 6
     np.save(tmp_path / "data.npy", table)
-    result = launch(_job(tmp_path, "{source: file, path: data.npy}"),
-                    "--run-dir", str(tmp_path / "run"), "--show", "all")
+    result = launch(_job(tmp_path, "{source: file, path: data.npy}"),  # the workers' own check
+                    "--run-dir", str(tmp_path / "run"), "--show", "all",
+                    PODLAUNCH_DATA_CHECK_MAX_BYTES="0")
     out = result.stdout
     assert result.returncode == 1, out[-3000:]
-    assert f"data error: {tmp_path / 'data.npy'}: row 45 (0-based), column 2: inf is not a " \
+    assert f"data error: {tmp_path / 'data.npy'}: row 46, column 2: inf is not a " \
         "finite number" in out, out[-3000:]
     assert "failed at step 6: DataError" in out, out[-3000:]  # the steps before it ran
     # the worker's own explanation is said between the exit code and the class
     assert re.search(r"process_id 1 on localhost exited with code 5, bad data that a restart "
                      r"reads again: data error: .* \[program error\]; not retried: "
-                     r"restarts\.program_errors is 0", out), out[-3000:]
+                     r"a restart repeats it \(restarts\.program_errors is 0\)", out), out[-3000:]
     assert "FAILED: process_id 1 on localhost (exit code 5)" in out, out[-3000:]
     assert "restarting" not in out and "attempt 1" not in out, out[-3000:]
     assert not re.search(r"loss (nan|inf)", out), out[-3000:]
@@ -162,7 +163,7 @@ def test_a_file_cut_short_during_the_run_is_a_data_error(tmp_path):
         code, text = out.finish(120)
     assert code == 1, text[-3000:]
     assert re.search(r"data error: .*data\.npy: the file is 12128 bytes, too short for its 4096 "
-                     r"rows: row 1000 \(0-based\), column 1 onwards are missing", text), text[-3000:]
+                     r"rows: row 1001, column 1 onwards are missing", text), text[-3000:]
     assert "restarting" not in text
 
 

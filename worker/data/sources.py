@@ -165,7 +165,10 @@ def _take(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return table[rows]  # fancy indexing copies only these rows
 
 
-def _check_finite(name: str, values: np.ndarray, rows: np.ndarray, what: str = "") -> None:
+def check_finite(name: str, values: np.ndarray, rows: np.ndarray, what: str = "") -> None:
+    """Raise ``DataError`` naming the first value of ``values`` (rows ``rows`` of the file, 0-based
+    indices; said counted from 1, as columns are) that is not finite, or not finite in float32;
+    the launcher's check before start (``launcher.spec.datafiles.check_values``) uses it too."""
     if not np.issubdtype(values.dtype, np.floating):
         return
     flat = values.reshape(len(values), -1)
@@ -180,7 +183,7 @@ def _check_finite(name: str, values: np.ndarray, rows: np.ndarray, what: str = "
     value = float(flat[index, column])
     why = ("is beyond float32's range (+-3.4e38): the batch would hold inf" if np.isfinite(value)
            else "is not a finite number; data must be finite (fix or drop the row)")
-    raise DataError(f"{name}: {what}row {int(rows[index])} (0-based), column {column + 1}: "
+    raise DataError(f"{name}: {what}row {int(rows[index]) + 1}, column {column + 1}: "
                     f"{value!r} {why}")
 
 
@@ -204,7 +207,7 @@ class _Mapped:
         if size < self.offset + rows_needed * self.row_bytes:
             whole = max(0, (size - self.offset) // self.row_bytes) if self.row_bytes else 0
             raise DataError(f"{self.path}: {self.label}the file is {size} bytes, too short for its "
-                            f"{self.shape[0]} rows: row {whole} (0-based), column 1 onwards are "
+                            f"{self.shape[0]} rows: row {whole + 1}, column 1 onwards are "
                             "missing (a truncated copy?); copy the file again")
 
     def read(self, rows: np.ndarray, copy: bool = True) -> np.ndarray:
@@ -244,7 +247,7 @@ class NpyTable:
 
     def read(self, rows: np.ndarray) -> dict:
         table = self.mapped.read(rows, copy=False)  # read once into x and y below
-        _check_finite(self.name, table, rows)
+        check_finite(self.name, table, rows)
         # x in one pass (the columns around the target, cast to float32) into an aligned
         # batch that the devices then use in place
         x = aligned_empty((len(table), table.shape[1] - 1), np.float32)
@@ -254,13 +257,13 @@ class NpyTable:
             labels = y[:, 0]
             wrong = np.flatnonzero(labels != np.round(labels))
             if wrong.size:
-                raise DataError(f"{self.name}: row {int(rows[wrong[0]])} (0-based), column "
+                raise DataError(f"{self.name}: row {int(rows[wrong[0]]) + 1}, column "
                                 f"{self.target + 1}: label {float(labels[wrong[0]])!r} is not a "
                                 "whole number (data.target_dtype: int32)")
             if self.num_classes is not None:
                 outside = np.flatnonzero((labels < 0) | (labels >= self.num_classes))
                 if outside.size:
-                    raise DataError(f"{self.name}: row {int(rows[outside[0]])} (0-based), column "
+                    raise DataError(f"{self.name}: row {int(rows[outside[0]]) + 1}, column "
                                     f"{self.target + 1}: label {float(labels[outside[0]])!r} is "
                                     f"outside 0..{self.num_classes - 1} (the task's num_classes "
                                     f"{self.num_classes}): a NaN loss, or silent training on it")
@@ -303,7 +306,7 @@ class NpzArrays:
         out = {}
         for key, array in self.arrays.items():
             values = array.read(rows) if isinstance(array, _Mapped) else array[rows]
-            _check_finite(self.name, values, rows, f"array {key!r}, ")
+            check_finite(self.name, values, rows, f"array {key!r}, ")
             out[key] = values.astype(np.float32, copy=False) if values.dtype.kind == "f" else values
         if "y" in out and out["y"].ndim == 1 and out["y"].dtype.kind == "f":
             out["y"] = out["y"][:, None]  # targets as a column, like .npy and .csv

@@ -281,7 +281,7 @@ def test_a_python_error_is_not_retried_and_a_sigkill_spends_its_own_budget(slurm
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
     assert re.search(r"attempt 0 failed: process_id 1 on n\d exited with code 1: a Python error in the "
-                     r"job \[program error\]; not retried: restarts\.program_errors is 0", out), out
+                     r"job \[program error\]; not retried: a restart repeats it \(restarts\.program_errors is 0\)", out), out
     assert "attempt 1" not in out
     run_dir = tmp_path / "sigkill"
     result = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--run-dir", str(run_dir),

@@ -575,7 +575,7 @@ def test_helpers_that_left_the_workers_group_die_on_every_host(tmp_path, hosts, 
                      re.M), result.stdout
     # the default budgets over ssh: a program error is named as one and not retried
     assert re.search(r"attempt 0 failed: process_id 2 on 127\.0\.0\.4 exited with code 1: a Python error "
-                     r"in the job \[program error\]; not retried: restarts\.program_errors is 0",
+                     r"in the job \[program error\]; not retried: a restart repeats it \(restarts\.program_errors is 0\)",
                      result.stdout), result.stdout
     assert "attempt 1" not in result.stdout
     started = rf"^\[p\d 127\.0\.0\.\d\] faulty_{kind.replace('trainer', 'task')}: started 2 helpers"
