@@ -138,7 +138,8 @@ def test_example_cluster_file_loads():
                      os.path.join(REPO, "jobs/clusters/ssh-example.yaml"), registry=backends)
     cluster = job.cluster
     assert cluster.backend == "ssh" and job.num_processes == 4
-    assert [h.host for h in cluster.hosts] == ["trainer-a", "trainer-b", "10.0.0.12", "10.0.0.13"]
+    assert [h.host for h in cluster.hosts] == ["trainer-a.invalid", "trainer-b.invalid",
+                                               "trainer-c.invalid", "trainer-d.invalid"]
     assert (cluster.hosts[2].user, cluster.hosts[2].port) == ("ubuntu", 2222)
     assert cluster.python.startswith("/") and cluster.max_parallel == 32
 
@@ -807,3 +808,15 @@ def test_a_tilde_workdir_is_the_remote_home(tmp_path, hosts):
         assert not os.path.exists(os.path.join(home, "~"))
     finally:
         shutil.rmtree(os.path.join(home, name), ignore_errors=True)
+
+
+def test_the_example_cluster_run_as_it_is_reaches_nothing_and_says_its_hosts_are_placeholders():
+    # a newcomer's report: the first run's next step ran this file, whose hosts were private
+    # addresses (10.0.0.12 ...) that may belong to someone
+    for extra in ((), ("--dry-run",)):
+        result = launch("jobs/linear.yaml", "--cluster", "jobs/clusters/ssh-example.yaml", *extra)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "Traceback" not in result.stderr
+        for i, name in enumerate(("trainer-a", "trainer-b", "trainer-c", "trainer-d")):
+            assert f"cluster.hosts[{i}]: {name}.invalid is a placeholder (RFC 2606" in result.stderr
+        assert "connect" not in result.stdout
