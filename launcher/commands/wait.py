@@ -37,6 +37,10 @@ def main(argv: list) -> int:
         flags.check(("--timeout", args.timeout, flags.seconds, "how long to wait for the run's end"))
     run_dir = runref.resolve(args.run, args.root)
     deadline = None if args.timeout is None else time.monotonic() + max(0.0, args.timeout)
+    began = time.monotonic()
+    if runref.state(run_dir)[1]:
+        print(f"launch wait: waiting for the run in {run_dir} to end"
+              + (f" (at most {args.timeout:g} s)" if args.timeout is not None else ""), flush=True)
     try:
         while runref.state(run_dir)[1]:
             if deadline is not None and time.monotonic() >= deadline:
@@ -46,4 +50,9 @@ def main(argv: list) -> int:
     except KeyboardInterrupt:
         print(f"launch wait: interrupted; the run in {run_dir} goes on")
         return 130
-    return runref.final_code(run_dir, args.run)
+    code = runref.final_code(run_dir, args.run)
+    value = runref.state(run_dir)[0]
+    if value in runref.EXIT_CODES:
+        print(f"launch wait: the run {value} (exit code {code}) after {time.monotonic() - began:.1f} s "
+              "of waiting")
+    return code

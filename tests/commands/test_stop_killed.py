@@ -40,4 +40,5 @@ def test_stop_of_a_run_whose_supervisor_was_killed_stops_every_process_with_the_
     assert run_pids(str(run_dir)) == []
     assert re.search(r"checkpoint of step \d+ saved",
                      (run_dir / "logs" / "process-000.log").read_text())
-    assert launch("wait", str(run_dir), timeout_s=60).returncode == 130
+    waited = launch("wait", str(run_dir), timeout_s=60)
+    assert waited.returncode == 130 and "the run interrupted (exit code 130)" in waited.stdout
