@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -47,6 +48,10 @@ from harness import helpers  # noqa: E402
 # this venv's own `launch` on PATH, as after `source .venv/bin/activate` (the launches the tests
 # start get it from helpers.env_for_tests): next steps are written as `launch ...`
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+# the user's podlaunch state (the key that seals detached runs' journals, the index of runs) in
+# a folder of this test process's own (0700, made here): the suite's runs never fill the
+# developer's `launch runs`, and every launch a test starts (helpers.env_for_tests) shares it
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="podlaunch-test-state-")
 from harness.helpers import launch  # noqa: E402
 from harness.runs import params  # noqa: E402
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from harness.detached import launch, supervisor, supervisors, until  # noqa: F401 (a fixture)
+from harness.detached import launch, step, supervisor, supervisors, until  # noqa: F401 (a fixture)
 from harness.helpers import LAUNCH, REPO, env_for_tests, run_pids
 from launcher import owned, proctl, runlock
 from launcher.plan import ProcessPlan
@@ -206,7 +206,7 @@ def test_a_copied_run_takes_back_nothing_a_resume_beside_live_workers_starts_non
         tmp_path, supervisors):
     run_dir, copy = tmp_path / "r", tmp_path / "copy"
     secrets = ("hf_tok3n_never_in_ps", "pw_n3ver_in_ps")
-    started = launch("jobs/linear.yaml", "--set", "train.num_steps=400",
+    started = launch("jobs/linear.yaml", "--set", "train.num_steps=1000000",
                      "--set", "logging.log_every_steps=20", "--set", "task.name=faulty_task:make",
                      "--set", "task.args.sleep_s=0.03", "--set", f"cluster.env.HF_TOKEN={secrets[0]}",
                      "--set", f"cluster.env.DATABASE_URL=postgres://u:{secrets[1]}@db/x",
@@ -224,20 +224,32 @@ def test_a_copied_run_takes_back_nothing_a_resume_beside_live_workers_starts_non
     assert done.returncode == 2, done.stdout + done.stderr
     assert "is not trusted" in done.stderr and "a copy of a run is another run" in done.stderr
     done = _cli("jobs/linear.yaml", "--set", "task.name=faulty_task:make", "--set",
-                "train.num_steps=400", "--resume", str(run_dir))
+                "train.num_steps=1000000", "--resume", str(run_dir))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "the run's processes still run" in done.stderr
     assert f"launch attach {run_dir}" in done.stderr
     assert sorted(run_pids(str(run_dir))) == sorted(workers)  # untouched, and none beside them
-    taken = _cli("attach", str(run_dir))  # to the run's end
-    supervisors.append(supervisor(run_dir))
-    assert taken.returncode == 0, taken.stdout + taken.stderr
-    assert "taking the run back" in taken.stdout
-    lines = [line for line in taken.stdout.splitlines() if line.strip()]
-    repeated = {line for line in lines if lines.count(line) > 1 and "step" in line}
+    attached = subprocess.Popen(LAUNCH + ["attach", str(run_dir)], cwd=REPO, env=env_for_tests(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                stdin=subprocess.DEVNULL)
+    try:
+        until(lambda: supervisor(run_dir) != first, "the supervisor that took the run back")
+        supervisors.append(supervisor(run_dir))
+        reached = step(run_dir)
+        until(lambda: step(run_dir) >= reached + 40, "steps after the take-back")
+        assert _cmdlines_holding(secrets) == []  # the supervisor that took it back too
+        assert sorted(run_pids(str(run_dir))) == sorted(workers)  # the very same workers
+        stopped = _cli("stop", str(run_dir))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        out, _ = attached.communicate(timeout=120)
+    finally:
+        attached.kill()
+    assert attached.returncode == 130, out
+    assert "taking the run back" in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    repeated = {line for line in lines if lines.count(line) > 1 and " step " in line}
     assert not repeated, repeated  # the take-back's lines shown once on this terminal
-    assert _cmdlines_holding(secrets) == []
-    assert json.loads((run_dir / "run.json").read_text())["state"] == "succeeded"
+    assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
 
 
 # every name the launcher reads or writes in a run directory, and what may be planted there
