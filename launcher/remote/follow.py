@@ -47,10 +47,7 @@ CHUNK = 1 << 16
 
 
 def alive(pid, since):
-    """Whether ``pid`` is still the process started at tick ``since``, this user's, not a zombie,
-    and, where this follower carries the run's secret (``SECRET_VAR``: a detached run's), one
-    that shows it in its environment: a process of the user's that a journal names, or another
-    run's, is never taken for the run's wrapper."""
+    """Whether ``pid`` is still the process started at tick ``since``, this user's, not a zombie."""
     fields = proctl.stat_fields(pid)
     if fields is None or fields[0] == b"Z" or since is None:
         return False
@@ -59,10 +56,17 @@ def alive(pid, since):
             return False
     except OSError:
         return False
-    secret = os.environ.get(SECRET_VAR)
-    if secret and ("%s=%s" % (SECRET_VAR, secret)).encode() not in proctl.environ(pid):
-        return False
     return proctl.start_ticks(pid) == since
+
+
+def shows_run(pid):
+    """Whether ``pid`` shows the run's secret in its environment, where this follower carries
+    one (``SECRET_VAR``: a detached run's): asked once, when a journaled wrapper is taken back,
+    so that a process of the user's that a journal names, or another run's, is never taken for
+    it (a process's environment is read as it stands, never while it starts: no race with an
+    exec)."""
+    secret = os.environ.get(SECRET_VAR)
+    return not secret or ("%s=%s" % (SECRET_VAR, secret)).encode() in proctl.environ(pid)
 
 
 def own_group(pid, pgid):
@@ -148,6 +152,8 @@ def main(args):
         pgid = None
     else:
         pid, since, offset = int(args["pid"]), args.get("since"), int(args.get("offset") or 0)
+        if alive(pid, since) and not shows_run(pid):
+            since = None  # not provably the run's: never signalled, never waited on
         pgid = own_group(pid, args.get("pgid")) if alive(pid, since) else None
 
     def living():

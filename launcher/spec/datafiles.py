@@ -13,7 +13,7 @@ import struct
 import zipfile
 from typing import IO
 
-from worker.contract import csvdata
+from worker.contract import csvdata, datavalues
 
 SUFFIXES = (".npy", ".npz", ".csv")
 # .npy/.npz files up to this size have every value checked before anything starts (about a
@@ -100,7 +100,7 @@ def values_checked(path: str) -> bool:
 
 def check_values(path: str) -> None:
     """Every value of a .npy (memory-mapped) or .npz finite, and finite in float32, before any
-    worker starts: the workers' own rule and words (``worker.data.sources.check_finite``: row
+    worker starts: the workers' own rule and words (``worker.contract.datavalues``: row
     and column counted from 1). numpy is imported here only, for such a file; a file over
     ``VALUES_CHECKED_MAX_BYTES`` is left to the workers (``values_checked``).
 
@@ -110,8 +110,6 @@ def check_values(path: str) -> None:
     if path.endswith(".csv") or not values_checked(path):
         return
     import numpy as np  # only for a .npy/.npz's values: `launch --help` never pays for it
-
-    from worker.data.sources import DataError, check_finite
 
     try:
         if path.endswith(".npy"):
@@ -123,9 +121,9 @@ def check_values(path: str) -> None:
             flat = table.reshape(len(table), -1) if table.ndim else table.reshape(1, 1)
             for start in range(0, len(flat), CHUNK_ROWS):
                 block = np.asarray(flat[start:start + CHUNK_ROWS])
-                check_finite("", block, np.arange(start, start + len(block)), what)
-    except DataError as exc:
-        raise DataFileError(str(exc).removeprefix(": ")) from None
+                bad = datavalues.first_bad(block, np.arange(start, start + len(block)), what)
+                if bad is not None:
+                    raise DataFileError(bad)
     except (OSError, ValueError) as exc:
         raise DataFileError(f"cannot read its values: {exc}") from None
 

@@ -21,7 +21,7 @@ import zipfile
 
 import numpy as np
 
-from worker.contract import csvdata, runfiles
+from worker.contract import csvdata, datavalues, runfiles
 from worker.contract import sections
 
 CACHE_DIR = "data-cache"  # under the run directory
@@ -166,25 +166,11 @@ def _take(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def check_finite(name: str, values: np.ndarray, rows: np.ndarray, what: str = "") -> None:
-    """Raise ``DataError`` naming the first value of ``values`` (rows ``rows`` of the file, 0-based
-    indices; said counted from 1, as columns are) that is not finite, or not finite in float32;
-    the launcher's check before start (``launcher.spec.datafiles.check_values``) uses it too."""
-    if not np.issubdtype(values.dtype, np.floating):
-        return
-    flat = values.reshape(len(values), -1)
-    bad = ~np.isfinite(flat)
-    if values.dtype.itemsize > 4:  # float64: finite here can still be inf as float32
-        with np.errstate(invalid="ignore"):
-            too_big = np.abs(flat) > np.finfo(np.float32).max
-        bad |= too_big
-    if not bad.any():
-        return
-    index, column = (int(v) for v in np.argwhere(bad)[0])
-    value = float(flat[index, column])
-    why = ("is beyond float32's range (+-3.4e38): the batch would hold inf" if np.isfinite(value)
-           else "is not a finite number; data must be finite (fix or drop the row)")
-    raise DataError(f"{name}: {what}row {int(rows[index]) + 1}, column {column + 1}: "
-                    f"{value!r} {why}")
+    """Raise ``DataError`` naming the first value of ``values`` (rows ``rows`` of the file) that
+    breaks the data values' rule (``worker.contract.datavalues``)."""
+    bad = datavalues.first_bad(values, rows, what)
+    if bad is not None:
+        raise DataError(f"{name}: {bad}")
 
 
 class _Mapped:
