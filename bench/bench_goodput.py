@@ -11,7 +11,7 @@ included). The sides differ in the task only:
   SIGTERMs itself after step ``--term-at`` of attempt 1 (a preemption's notice).
 
 Measured per side: the launch's wall seconds from outside (start to exit), and its
-``ledger.json`` (``launcher.run.ledger``): the run's goodput, its buckets, the steps
+``ledger.json`` (``launcher.rundir.ledger``): the run's goodput, its buckets, the steps
 trained again; and per round, whether the two sides' final params (``params.npz``) are
 equal within rtol 1e-6. Checked: the ledger's wall time is within 1% of what the launch took
 (less its interpreter start) and its buckets add up. Rounds alternate the order (ABBA);
@@ -43,7 +43,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from launcher.run import ledger  # noqa: E402
+from launcher.rundir import ledger  # noqa: E402
 from worker import contract  # noqa: E402
 
 

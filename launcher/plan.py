@@ -146,7 +146,7 @@ def log_path(run_dir: str, process_id: int, attempt: int = 0) -> str:
 def output_path(run_dir: str, process_id: int, attempt: int = 0) -> str:
     """A detached run's worker's own output on its host (``output/attempt-N/process-NNN.out``):
     written there by the worker and its wrapper, read by whichever supervisor watches the
-    run (``launcher.run.journal``), so nothing is lost while none does."""
+    run (``launcher.rundir.journal``), so nothing is lost while none does."""
     return os.path.join(run_dir, "output", f"attempt-{attempt}", f"process-{process_id:03d}.out")
 
 

@@ -29,7 +29,7 @@ class ProcessStats:
     cache_hits: int | None = None
     cache_misses: int | None = None
     first_step_s: float | None = None
-    # for the ledger (launcher.run.ledger), when lines arrived: the first step done (its CACHE_FORMAT
+    # for the ledger (launcher.rundir.ledger), when lines arrived: the first step done (its CACHE_FORMAT
     # line, else its first progress line), the latest progress line, each save and restore (+ seconds)
     first_step_at: float | None = None
     progress_at: float | None = None

@@ -156,7 +156,7 @@ class Session(abc.ABC):
 
     def adopt(self, plan: planning.Plan, records: list) -> list:
         """Take back the running processes of ``plan`` (its attempt) that a killed supervisor
-        started, from their journal ``records`` (``launcher.run.journal``); one ``Worker``
+        started, from their journal ``records`` (``launcher.rundir.journal``); one ``Worker``
         each, in process_id order, as ``start`` returns them.
 
         Raises:

@@ -118,7 +118,7 @@ class LocalWorker:
                 return
 
     def journal_entry(self) -> dict:
-        """What a supervisor that takes the run back needs of this process (``launcher.run.journal``)."""
+        """What a supervisor that takes the run back needs of this process (``launcher.rundir.journal``)."""
         return {"process_id": self.plan.process_id, "pid": self.pid, "since": self.since,
                 "pgid": self.pgid, "token": self._token, "out": self.out_path}
 

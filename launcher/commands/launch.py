@@ -23,10 +23,12 @@ import yaml
 
 from launcher import backends
 from launcher import plan as planning
-from launcher import commands, flags, interrupts, owned, runlock
-from launcher.commands import adopt, detach, resumes, runs
+from launcher import commands, flags, interrupts, owned
+from launcher.run import adopt, detach
+from launcher.rundir import index, journal as journals, ledger, runlock, specdiff as resumes
+from launcher.rundir.record import Record
 from launcher.console import nextsteps
-from launcher.run import index, journal as journals, ledger, notify, restarts
+from launcher.run import notify, restarts
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console
@@ -297,7 +299,7 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
         console.log_to(os.path.join(run_dir, "launcher.log"))
         adopted = adopt.take_back(session, plan, taken, console, run_dir) if taken else None
         running = ledger.Running(ledger.read(run_dir))  # launch runs: the goodput so far
-        record = runs.Record(run_dir, job.name, job.num_steps, launched_at=launched_at,
+        record = Record(run_dir, job.name, job.num_steps, launched_at=launched_at,
                              running=running, devices=planning.devices_text(plan),
                              notify=notify.sender(job.notify, job.name, run_dir, console.say))
         journal = None  # a detached run's: what a supervisor needs to take it back

@@ -21,7 +21,7 @@ import sys
 import time
 
 from launcher import commands, logtimes
-from launcher.commands import runref
+from launcher.rundir import names
 from launcher.console.lines import printable
 from launcher.errors import Problem, SpecError
 from worker.contract import runfiles
@@ -42,7 +42,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         parser.add_argument("-t", "--timestamps", action="store_true",
                             help="lead each line with the UTC time it was written "
                                  "(2026-12-06T07:30:01.123Z)")
-    parser.add_argument("--root", default=None, help=runref.ROOT_HELP)
+    parser.add_argument("--root", default=None, help=names.ROOT_HELP)
     return parser
 
 
@@ -89,14 +89,14 @@ def follow(run_dir: str, path: str, name: str, tail: int | None = None,
         _show(whole if tail is None or start is not None
               else "\n".join(whole.splitlines()[-tail:]), timestamps)
         while True:
-            alive = runref.state(run_dir)[1]  # read before the file: its last lines come first
+            alive = names.state(run_dir)[1]  # read before the file: its last lines come first
             chunk = f.read()
             if chunk:
                 whole, _, pending = (pending + chunk).rpartition("\n")
                 _show(whole, timestamps)
             if not alive:
                 _show(pending + f.read(), timestamps)
-                return runref.final_code(run_dir, name)
+                return names.final_code(run_dir, name)
             if not chunk:
                 time.sleep(POLL_S)
 
@@ -108,7 +108,7 @@ def main(argv: list) -> int:
       SpecError: no such run or log (exit 2), at once.
     """
     args = _parser("logs").parse_args(argv)
-    run_dir = runref.resolve(args.run, args.root)
+    run_dir = names.resolve(args.run, args.root)
     path = log_file(run_dir, args.process)
     if args.follow:
         try:
@@ -135,21 +135,21 @@ def _open_log(path: str):
 
 def attach_main(argv: list) -> int:
     """``launch attach``: the run's exit code, or 0 after Ctrl-C (the run goes on). A detached
-    run whose supervisor was killed is taken back first (``launcher.commands.adopt``).
+    run whose supervisor was killed is taken back first (``launcher.run.adopt``).
 
     Raises:
       SpecError: no such run, it has ended, or it cannot be taken back (exit 2), at once.
     """
     args = _parser("attach").parse_args(argv)
-    run_dir = runref.resolve(args.run, args.root)
-    value, alive = runref.state(run_dir)
+    run_dir = names.resolve(args.run, args.root)
+    value, alive = names.state(run_dir)
     handed: list = []  # where the supervisor that took the run back left this terminal
-    if not alive and value in runref.EXIT_CODES:
+    if not alive and value in names.EXIT_CODES:
         raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} has ended (state "
                                  f"{value}): `launch logs {args.run}` shows it")])
     if not alive:
-        from launcher.commands import adopt
-        from launcher.run import journal
+        from launcher.run import adopt
+        from launcher.rundir import journal
 
         journal.read(run_dir)  # SpecError: not a detached run's, or not proven; nothing taken
         print(f"launch attach: the run's supervisor is gone; taking the run back ({run_dir})",
@@ -161,7 +161,7 @@ def attach_main(argv: list) -> int:
                   f"{args.run}` again)")
             return 0
         if code != 0:  # its own error said why
-            if runref.state(run_dir)[1]:
+            if names.state(run_dir)[1]:
                 print(f"launch attach: another supervisor took the run back first (named above); "
                       f"`launch attach {args.run}` again views it", flush=True)
             return code

@@ -20,7 +20,7 @@ import time
 
 from launcher import commands
 from launcher import flags, interrupts
-from launcher.commands import runref, runs
+from launcher.rundir import names, record
 from launcher.commands.stacks import answers, ask, live_launcher, print_answer
 from launcher.words import plural
 from launcher.errors import LaunchError, Problem, SpecError
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch profile", description=commands.described("profile"))
     parser.add_argument("run_dir", metavar="RUN", help="the live run: its directory, a name "
                         "`launch runs` lists, or a job's name (its newest run)")
-    parser.add_argument("--root", default=None, help=runref.ROOT_HELP)
+    parser.add_argument("--root", default=None, help=names.ROOT_HELP)
     parser.add_argument("--steps", type=int, default=None,
                         help="steps to trace (default: the job's profile.num_steps, 5 unless set)")
     parser.add_argument("--timeout-s", type=float, default=60.0,
@@ -67,7 +67,7 @@ def main(argv: list) -> int:
     flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for every trace"))
     if args.steps is not None:  # bad input is said before the run is looked for
         _num_steps("", args.steps)
-    run_dir = runref.resolve(args.run_dir, args.root)  # as logs, attach, wait and stop do
+    run_dir = names.resolve(args.run_dir, args.root)  # as logs, attach, wait and stop do
     num_steps = _num_steps(run_dir, args.steps)
     launcher, proven = live_launcher(run_dir, "launch profile")
     asked_at = time.time()
@@ -92,7 +92,7 @@ def main(argv: list) -> int:
                 if fresh[0].get("traced", 0) < fresh[0].get("asked", 0):
                     raise LaunchError(f"{fresh[0]['traced']} of {fresh[0]['asked']} processes traced")
                 return 0
-            if not runs.launcher_alive(launcher):
+            if not record.launcher_alive(launcher):
                 raise LaunchError(f"the run's launcher (pid {launcher['pid']}) ended before every "
                                   "trace came (the run is over)")
             time.sleep(0.1)

@@ -1,7 +1,7 @@
 """``launch stacks RUN``: every process's stacks of a live run, now.
 
 Asks the run's launcher (``run.json``'s ``launcher`` pid, on this machine, signalled only once
-proven to hold the run's lock: ``launcher.runlock.prove``) with
+proven to hold the run's lock: ``launcher.rundir.runlock.prove``) with
 ``launcher.interrupts.STACKS_REQUEST_SIGNAL``; the launcher reads every process's
 stacks through its backend's transport (``launcher.run.stacks``), writes them beside the
 attempt's logs and its answer, ``stacks.json``, which this command waits for (at most
@@ -17,8 +17,9 @@ import socket
 import time
 
 from launcher import commands
-from launcher import flags, interrupts, owned, runlock
-from launcher.commands import runref, runs
+from launcher import flags, interrupts, owned
+from launcher.rundir import names, runlock
+from launcher.rundir.record import RUN_FILE, launcher_alive, read_record
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import stacks
 from worker.contract import runfiles
@@ -28,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch stacks", description=commands.described("stacks"))
     parser.add_argument("run_dir", metavar="RUN", help="the live run: its directory, a name "
                         "`launch runs` lists, or a job's name (its newest run)")
-    parser.add_argument("--root", default=None, help=runref.ROOT_HELP)
+    parser.add_argument("--root", default=None, help=names.ROOT_HELP)
     parser.add_argument("--timeout-s", type=float, default=15.0,
                         help="how long to wait for the launcher's answer (default 15)")
     return parser
@@ -70,12 +71,12 @@ def live_launcher(run_dir: str, command: str) -> tuple:
         own (``owned.check_dir``), or the process it names is not provably its launcher (exit 2).
     """
     owned.check_dir(run_dir, "RUN_DIR")  # another user's run is theirs: said, nothing signalled
-    record = runs.read_record(os.path.join(run_dir, runs.RUN_FILE)) if os.path.isdir(run_dir) else None
+    record = read_record(os.path.join(run_dir, RUN_FILE)) if os.path.isdir(run_dir) else None
     if record is None:
         raise SpecError([Problem("RUN_DIR", None, "", f"{run_dir} holds no run.json: give the "
                                  "directory of a run (`launch runs` lists them)")])
     launcher = record.get("launcher")
-    if record.get("state") != "running" or not runs.launcher_alive(launcher):
+    if record.get("state") != "running" or not launcher_alive(launcher):
         raise SpecError([Problem("RUN_DIR", None, "", f"the run in {run_dir} is not running "
                                  f"(state {record.get('state')!r}, its launcher gone): {command} "
                                  "asks a live run")])
@@ -110,7 +111,7 @@ def main(argv: list) -> int:
     """
     args = _parser().parse_args(argv)
     flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for the answer"))
-    run_dir = runref.resolve(args.run_dir, args.root)  # as logs, attach, wait and stop do
+    run_dir = names.resolve(args.run_dir, args.root)  # as logs, attach, wait and stop do
     launcher, proven = live_launcher(run_dir, "launch stacks")
     asked_at = time.time()
     ask(proven, interrupts.STACKS_REQUEST_SIGNAL)

@@ -1,7 +1,7 @@
 """``launch stop RUN``: the ordered stop Ctrl-C makes, from any terminal.
 
 SIGTERM to the run's supervisor, and only to a process proven to be it
-(``runref.supervisor``: this user's, holding the run's lock file open for writing); a
+(``names.supervisor``: this user's, holding the run's lock file open for writing); a
 detached run whose supervisor was killed is taken back first (``_taken_back``), then stopped
 the same way:
 it tears down as on Ctrl-C (every worker told; a run that is not hung agrees a step
@@ -20,7 +20,7 @@ import time
 
 from launcher import commands, flags
 from launcher import proctl
-from launcher.commands import runref, runs
+from launcher.rundir import names, record
 from launcher.errors import LaunchError, Problem, SpecError
 from worker import contract
 from worker.contract import runfiles
@@ -35,13 +35,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="how long to wait for every process to be gone (default 300: the "
                              "agreed step's save included)")
-    parser.add_argument("--root", default=None, help=runref.ROOT_HELP)
+    parser.add_argument("--root", default=None, help=names.ROOT_HELP)
     return parser
 
 
 def _alive(pid: int, since) -> bool:
     """Whether ``pid`` is still the process first seen (``since``: its start ticks)."""
-    return proctl.state(pid) not in (None, "Z") and runs._start_ticks(pid) == since
+    return proctl.state(pid) not in (None, "Z") and proctl.start_ticks(pid) == since
 
 
 def _named(pid: int) -> str:
@@ -61,18 +61,18 @@ def main(argv: list) -> int:
     args = _parser().parse_args(argv)
     flags.check(("--timeout", args.timeout, flags.seconds, "how long to wait for every process "
                  "to be gone"))
-    run_dir = runref.resolve(args.run, args.root)
-    value, alive = runref.state(run_dir)
-    pid = runref.supervisor(run_dir) if alive else None
+    run_dir = names.resolve(args.run, args.root)
+    value, alive = names.state(run_dir)
+    pid = names.supervisor(run_dir) if alive else None
     if pid is None and not alive and value == "running":
         pid = _taken_back(run_dir)  # a detached run whose supervisor was killed
     if pid is None:
-        why = (f"has ended (state {value})" if value in runref.EXIT_CODES else
+        why = (f"has ended (state {value})" if value in names.EXIT_CODES else
                "has no live supervisor on this machine (it was killed, or runs elsewhere: stop "
-               f"it there; {runref.after_supervisor(run_dir, args.run)})" if value == "running"
+               f"it there; {names.after_supervisor(run_dir, args.run)})" if value == "running"
                else "is not running")
         raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} {why}; nothing to stop")])
-    watched = [(p, runs._start_ticks(p)) for p in [pid] + proctl.descendants(pid)]
+    watched = [(p, proctl.start_ticks(p)) for p in [pid] + proctl.descendants(pid)]
     os.kill(pid, signal.SIGTERM)
     print(f"launch stop: stopping the run in {run_dir} (its supervisor, pid {pid}, stops every "
           "process in order; an agreed step is saved)", flush=True)
@@ -91,7 +91,7 @@ def main(argv: list) -> int:
         print(f"launch stop: interrupted while waiting; the run's supervisor is stopping it "
               f"(`launch wait {run_dir}` waits for its end)")
         return 130
-    print(f"launch stop: every process is gone (state {runref.state(run_dir)[0]}); continue it "
+    print(f"launch stop: every process is gone (state {names.state(run_dir)[0]}); continue it "
           f"with `{_resume_command(run_dir)}`")
     return 0
 
@@ -106,8 +106,8 @@ def _taken_back(run_dir: str) -> int | None:
       SpecError: the journal is not trusted, or the run cannot be taken back (nothing signalled).
       LaunchError: the supervisor that would take it back failed to (its own error said why).
     """
-    from launcher.commands import adopt
-    from launcher.run import journal
+    from launcher.run import adopt
+    from launcher.rundir import journal
 
     if not os.path.lexists(os.path.join(run_dir, journal.JOURNAL_FILE)):
         return None
@@ -115,7 +115,7 @@ def _taken_back(run_dir: str) -> int | None:
     print(f"launch stop: the run's supervisor is gone; taking the run back to stop it in order "
           f"({run_dir})", flush=True)
     code = adopt.spawn(run_dir)
-    pid = runref.supervisor(run_dir)
+    pid = names.supervisor(run_dir)
     if code != 0 or pid is None:
         raise LaunchError(f"the run in {run_dir} could not be taken back to be stopped (exit "
                           f"{code}, said above); nothing was signalled by this command")
@@ -147,7 +147,7 @@ def _from_its_directory(run_dir: str, command: str) -> str:
     command starts with a ``cd`` there."""
     import shlex
 
-    from launcher.run import journal
+    from launcher.rundir import journal
 
     try:
         words = shlex.split(command.split("  (", 1)[0])

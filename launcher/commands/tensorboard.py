@@ -29,7 +29,7 @@ import time
 import urllib.request
 
 from launcher import flags, interrupts, ports, proctl
-from launcher.commands import runs
+from launcher.rundir import names, record, specdiff
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.words import pip_install, plural
 from worker.contract import profiling
@@ -96,7 +96,7 @@ def run_names(run_dirs: list) -> dict:
     """
     import collections
 
-    specs = {d: runs.spec_of(d) for d in run_dirs}
+    specs = {d: specdiff.spec_of(d) for d in run_dirs}
     keys = sorted({k for spec in specs.values() for k in spec},
                   key=lambda k: (k.startswith("cluster."), k))
     common = {}
@@ -106,7 +106,7 @@ def run_names(run_dirs: list) -> dict:
             common[k] = counts[0][0] if counts[0][1] > counts[1][1] else None
     names: dict = {}
     for d in run_dirs:
-        started = runs.read(d).started.replace("T", " ") or os.path.basename(d)
+        started = record.read(d).started.replace("T", " ") or os.path.basename(d)
         own = [k for k in common if k in specs[d] and repr(specs[d].get(k)) != common[k]]
         settings = " ".join(f"{k}={_short(specs[d].get(k))}" for k in own[:NAME_KEYS])
         name = _safe(f"{started} {settings}".strip())
@@ -127,7 +127,7 @@ def served_runs(target: str | None, root: str = "runs") -> tuple:
       SpecError: no such job or directory, or no run under ``root`` at all.
     """
     if target is None:
-        newest = runs.find(root)
+        newest = names.find(root)
         if not newest:
             raise SpecError([Problem("JOB", None, "", f"no run under {os.path.abspath(root)}; "
                                      "pass a job's name or the run directory `launch` printed")])
@@ -140,9 +140,9 @@ def served_runs(target: str | None, root: str = "runs") -> tuple:
         if inner:  # runs/<job>: a job's runs
             return inner, None, f"{plural(len(inner), 'run')} in {path}"
         return None, path, path
-    found = runs.find(root, target)
+    found = names.find(root, target)
     if not found:
-        others = sorted({r.job for r in runs.find(root)})
+        others = sorted({r.job for r in names.find(root)})
         raise SpecError([Problem("JOB | RUN_DIR", None, "", f"{target!r} is neither a directory nor "
                                  f"a job with runs under {os.path.abspath(root)}"
                                  + (f" (jobs with runs: {', '.join(others)})" if others else ""))])
@@ -151,7 +151,7 @@ def served_runs(target: str | None, root: str = "runs") -> tuple:
 
 
 def _is_run(path: str) -> bool:
-    return runs.is_run_dir(path) or os.path.isdir(os.path.join(path, "tensorboard"))
+    return names.is_run_dir(path) or os.path.isdir(os.path.join(path, "tensorboard"))
 
 
 def link_runs(run_dirs: list, into: str) -> dict:

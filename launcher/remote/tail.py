@@ -1,7 +1,7 @@
 """Whole lines of a file another process appends to, from a byte offset, until its writer is gone.
 
 A detached run's worker writes its output (and its wrapper's control lines) to a file on its
-host instead of the supervisor's pipe (``launcher.run.journal``), so that nothing it prints
+host instead of the supervisor's pipe (``launcher.rundir.journal``), so that nothing it prints
 is lost while no supervisor reads; the supervisor reads that file with a ``Tail``, and a
 supervisor that takes the run back (``launch attach``) reopens it at the offset the one
 before it had read to.

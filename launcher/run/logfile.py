@@ -65,7 +65,7 @@ class LogFile:
     def flushed_size(self) -> int | None:
         """Flush, then the file's size: every line written so far is within it, and it ends
         at the end of a line (a supervisor that takes the run back cuts the log there and
-        reads the rest again from the process's output: ``launcher.run.journal``); None when
+        reads the rest again from the process's output: ``launcher.rundir.journal``); None when
         the file cannot be written or is closed."""
         with self.lock:
             try:

@@ -2,7 +2,7 @@
 gets a JSON POST and/or a command that gets the same JSON on stdin, as SkyPilot's and
 OLMo-core's users ask for (a run of days ends or dies while nobody looks).
 
-``sender`` makes the callable that ``launcher.run.record.Record`` calls when the run ends
+``sender`` makes the callable that ``launcher.rundir.record.Record`` calls when the run ends
 (``end``) and, with ``notify.on_restart``, when an attempt after the first is under way
 (``restart``). Each notification runs in a thread of its own, waited on for
 ``notify.timeout_s`` (and a second): a webhook that hangs (its DNS included) or a command

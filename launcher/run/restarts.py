@@ -28,9 +28,10 @@ from launcher import plan as planning
 from launcher.backends.base import Session
 from launcher.console import Console
 from launcher.errors import LaunchError
-from launcher.run import classes, ledger
+from launcher.run import classes
+from launcher.rundir import ledger
 from launcher.run.classes import FailureClass, Verdict
-from launcher.run.journal import Adopted
+from launcher.rundir.journal import Adopted
 from launcher.state import Result, Watchdog
 from launcher.console.status import compile_text, summary
 from launcher.words import plural
@@ -49,7 +50,7 @@ class Attempt:
       result: supervise's Result.
       verdict: what the launcher did next, in words ("succeeded", "retried after 2 s", ...).
       failure: the failure's class and cause (``classes.Verdict``), None when it did not fail.
-      times: the launcher's clock at its stages, for the goodput ledger (``launcher.run.ledger``).
+      times: the launcher's clock at its stages, for the goodput ledger (``launcher.rundir.ledger``).
       host_changes: the hosts this attempt no longer used (``Session.host_changes``'s
         entries made while it was prepared: replaced by a spare, or dropped by a shrink).
     """
@@ -75,7 +76,7 @@ class Budgets:
         self.in_a_row = 0
 
     def restore(self, state: dict) -> None:
-        """The counts a journal kept (``launcher.run.journal.Journal.state``)."""
+        """The counts a journal kept (``launcher.rundir.journal.Journal.state``)."""
         named = {c.value: c for c in FailureClass}
         for name, used in (state.get("used") or {}).items():
             if name in named and isinstance(used, int):
@@ -164,7 +165,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
       clock: seconds, monotonic, for each attempt's ``ledger.Times``.
       running: kept up to date with the attempts (``ledger.Running``: the goodput so far that
         run.json shows while the run goes on).
-      journal: a detached run's ``launcher.run.journal.Journal``, kept up to date.
+      journal: a detached run's ``launcher.rundir.journal.Journal``, kept up to date.
       adopted: where a killed supervisor left the run (``launch attach``): its attempt's
         processes taken back, or the restart's wait it was in; ``first_attempt`` is that
         attempt's number.

@@ -39,7 +39,7 @@ from typing import Callable, Iterable
 from launcher import interrupts, proctl
 from launcher.interrupts import Interrupted
 from launcher.run import classes, profiles, stacks
-from launcher.run import journal as journals
+from launcher.rundir import journal as journals
 from launcher.run.output import Output, pump
 from launcher.run.pauses import Pauses
 from launcher.console import Console
@@ -82,7 +82,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
       notice_grace_s: how long the teardown waits, in all, for a process that said it
         stops after an agreed step and saves it (``worker.recovery.notice``; the launcher's own
         SIGTERM is such a notice), where ``grace_s`` would cut its save short.
-      journal: a detached run's ``launcher.run.journal.Journal``, told at every poll how far
+      journal: a detached run's ``launcher.rundir.journal.Journal``, told at every poll how far
         each process's output is in its log; None: none is kept.
       adopted: the workers were taken back from a killed supervisor: what their lines said
         before is read again from their logs (``journal.replay``).

@@ -165,7 +165,7 @@ def test_stop_s_continue_command_works_from_another_directory(tmp_path, monkeypa
     run.mkdir()
     command = f"launch jobs/linear.yaml --set train.num_steps=500 --resume {run}"
     (run / "launcher.log").write_text(f"2026-12-06T10:00:00.000Z podlaunch: {RESUME_PREFIX}{command}\n")
-    from launcher.run.journal import VERSION
+    from launcher.rundir.journal import VERSION
 
     from launcher import owned
 

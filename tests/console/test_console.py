@@ -1,7 +1,7 @@
 """The first screen: one view of the job, no library noise, the progress view, past runs.
 
 Fast tests drive the pieces (``launcher.console.lines``, ``Console`` under the real
-``supervise`` with fake workers in fake time, ``launcher.commands.runs``, the run names
+``supervise`` with fake workers in fake time, ``launcher.rundir.record``, the run names
 of ``launch tensorboard``); the slow one reads a real 4-process run's screen
 through a pseudo-terminal with a terminal emulator (pyte), as a user sees it.
 """
@@ -25,7 +25,8 @@ from harness.fakes import FakeClock, FakeWorker, process_plan
 from harness.helpers import LAUNCH, REPO, env_for_tests, fill, full_disk_ready
 from launcher import logtimes
 from launcher.console import lines as kinds
-from launcher.commands import runs, tensorboard as tensorboard_command
+from launcher.commands import runs as runs_command, tensorboard as tensorboard_command
+from launcher.rundir import record as runs
 from launcher.run import logfile
 from launcher.run import supervise as supervision
 from launcher.console import Console
@@ -372,7 +373,7 @@ def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(t
                           env=env_for_tests(), capture_output=True, text=True, timeout=60)
     assert len(only.stdout.splitlines()) == 2
     with pytest.raises(SpecError) as err:
-        runs.main(["nosuch", "--root", str(root)])
+        runs_command.main(["nosuch", "--root", str(root)])
     assert "jobs with runs: diabetes, linear" in str(err.value.problems[0])
 
 

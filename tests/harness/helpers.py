@@ -345,7 +345,7 @@ def fill(path) -> None:
 
 
 def checked_ledger(run_dir) -> dict:
-    """``<run_dir>/ledger.json`` (``launcher.run.ledger``), checked as every test of a real
+    """``<run_dir>/ledger.json`` (``launcher.rundir.ledger``), checked as every test of a real
     run checks it: every bucket present and >= 0, each attempt's buckets adding up to its
     ``wall_s``, and the run's to its wall time (run.json's ``duration_s``) within 1%.
 
@@ -353,7 +353,7 @@ def checked_ledger(run_dir) -> dict:
     """
     import json
 
-    from launcher.run import ledger
+    from launcher.rundir import ledger
 
     with open(os.path.join(run_dir, ledger.LEDGER_FILE)) as f:
         data = json.load(f)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import types
 
-from launcher.commands import runs
+from launcher.rundir import record as runs
 from launcher.console.status import summary
 from launcher.state import Result, State
 from launcher.stats import ProcessStats

@@ -12,7 +12,7 @@ import pytest
 from launcher import owned
 from launcher.errors import SpecError
 from launcher.remote import tail
-from launcher.run import journal, ledger
+from launcher.rundir import journal, ledger
 from launcher.run.classes import FailureClass
 from launcher.run.restarts import Budgets
 
@@ -102,7 +102,7 @@ def test_the_unsupervised_gap_is_its_own_bucket_and_the_buckets_still_add_up():
 
 def _killed_run(tmp_path, state: str = "running"):
     """A run directory whose supervisor is gone (its lock file held by nobody)."""
-    from launcher import runlock
+    from launcher.rundir import runlock
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -181,7 +181,7 @@ def _adopting(tmp_path, monkeypatch):
 
     from harness.fakes import FakeClock, FakeSession, FakeTrainerJob, FakeWorker
     from launcher import spec as specs
-    from launcher.commands import adopt
+    from launcher.run import adopt
     from launcher.console import Console
     from launcher.run import restarts
     from launcher.run import supervise as supervision
@@ -217,8 +217,8 @@ def test_a_wait_taken_back_counts_every_second_once_in_the_ledger_as_in_the_dura
     # takes it back starts at 11.0, reads its clock at 11.2 (its start-up) and starts its
     # record and journal by 11.3. Its ledger (ledger.json's entry of attempt 0, then its own
     # attempt) must add up to run.json's duration: from the killed launch's start to the end.
-    from launcher.commands import adopt
-    from launcher.run import record as records
+    from launcher.run import adopt
+    from launcher.rundir import record as records
     from launcher.run import restarts
 
     clock, session, console = _adopting(tmp_path, monkeypatch)
@@ -265,8 +265,8 @@ def test_a_taken_back_launchs_duration_counts_from_the_killed_launchs_start_once
                                                                                  monkeypatch):
     # the mid-run kill: the ledger's adopted attempt begins at the killed launch's start (0),
     # and so does run.json's duration, however long the adopting launch took to start
-    from launcher.commands import adopt
-    from launcher.run import record as records
+    from launcher.run import adopt
+    from launcher.rundir import record as records
 
     clock, _, _ = _adopting(tmp_path, monkeypatch)
     clock.sleep(11.0)

@@ -18,9 +18,10 @@ import pytest
 
 from harness.detached import launch, step, supervisor, supervisors, until  # noqa: F401 (a fixture)
 from harness.helpers import LAUNCH, REPO, env_for_tests, run_pids
-from launcher import owned, proctl, runlock
+from launcher import owned, proctl
+from launcher.rundir import runlock
 from launcher.plan import ProcessPlan
-from launcher.run import journal
+from launcher.rundir import journal
 
 PRIVATE_TEXT = "-----BEGIN OPENSSH PRIVATE KEY----- not for the logs"
 

@@ -1,5 +1,5 @@
 """The goodput ledger without processes: scripted workers in fake time through the real
-``restarts.run`` and ``supervise``, then ``launcher.run.ledger`` on what they recorded.
+``restarts.run`` and ``supervise``, then ``launcher.rundir.ledger`` on what they recorded.
 
 Every bucket is checked against the script's own times (when each line arrived, what
 the workers said their saves and restores took), and the buckets against the wall time
@@ -19,7 +19,8 @@ import pytest
 from harness.fakes import FakeClock, FakeSession, FakeTrainerJob, FakeWorker
 from launcher import spec as specs
 from launcher.console import Console
-from launcher.run import ledger, restarts
+from launcher.run import restarts
+from launcher.rundir import ledger
 from launcher.run import supervise as supervision
 from launcher.state import Exited, Killed
 from worker import contract

@@ -13,7 +13,7 @@ import pytest
 
 from launcher.console import Console
 from launcher.remote import wrapper
-from launcher import runlock
+from launcher.rundir import runlock
 from launcher.run import logfile
 from launcher import remote
 from worker.contract import runfiles

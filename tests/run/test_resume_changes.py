@@ -13,7 +13,7 @@ import yaml
 from harness.helpers import REPO, launch
 from launcher import backends
 from launcher import spec as specs
-from launcher.commands import resumes
+from launcher.rundir import specdiff as resumes
 
 JOB = f"{REPO}/jobs/linear.yaml"
 

@@ -18,10 +18,11 @@ import textwrap
 import pytest
 
 from harness.helpers import LAUNCH, REPO, env_for_tests
-from launcher.commands import runs
+from launcher.rundir import record as runs
+from launcher import proctl
 from launcher.errors import SpecError
-from launcher import runlock
-from launcher.run import ledger
+from launcher.rundir import runlock
+from launcher.rundir import ledger
 from launcher.run.logfile import LogFile
 from worker.contract import runfiles
 
@@ -86,7 +87,7 @@ def run_json(run_dir, pid: int) -> None:
     """A run.json naming ``pid`` as its live launcher, as a live run's looks."""
     (run_dir / "run.json").write_text(json.dumps({
         "job": "linear", "state": "running", "attempts": 0,
-        "launcher": {"pid": pid, "host": socket.gethostname(), "since": runs._start_ticks(pid)}}))
+        "launcher": {"pid": pid, "host": socket.gethostname(), "since": proctl.start_ticks(pid)}}))
 
 
 def ask(command: str, run_dir) -> subprocess.CompletedProcess:
@@ -110,7 +111,7 @@ def test_a_process_run_json_names_is_not_signalled_unless_it_holds_the_runs_lock
         holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
             import sys, time
             sys.path.insert(0, {REPO!r})
-            from launcher import runlock
+            from launcher.rundir import runlock
             runlock.acquire({str(run_dir)!r}, "--run-dir")
             print("held", flush=True)
             time.sleep(300)
@@ -193,8 +194,8 @@ def test_asking_another_users_live_run_is_a_sentence_not_a_permission_error(comm
         holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
             import os, sys, time
             sys.path.insert(0, {REPO!r})
-            from launcher.commands import runs
-            from launcher import runlock
+            from launcher.rundir import record as runs
+            from launcher.rundir import runlock
             runlock.acquire({run_dir!r}, "--run-dir")
             os.chmod({run_dir!r}, 0o755)
             runs.Record({run_dir!r}, "linear", 10).start()

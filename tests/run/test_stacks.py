@@ -228,7 +228,8 @@ def test_ctrl_c_on_a_run_that_looks_hung_reads_the_stacks_first(tmp_path):
 
 
 def test_launch_stacks_needs_a_live_run_on_this_machine(tmp_path):
-    from launcher.commands import runs, stacks as stacks_command
+    from launcher.commands import stacks as stacks_command
+    from launcher.rundir import record as runs
     from launcher.errors import SpecError
 
     with pytest.raises(SpecError, match="no run '.*': give a run directory"):
@@ -257,7 +258,8 @@ def test_a_dump_nobody_asked_for_is_output_like_any_other():
 
 def test_launch_stacks_and_profile_take_a_jobs_name_as_every_run_command_does(tmp_path):
     # a newcomer's report: `launch stacks linear` refused, advising the very name it refused
-    from launcher.commands import profile as profile_command, runs, stacks as stacks_command
+    from launcher.commands import profile as profile_command, stacks as stacks_command
+    from launcher.rundir import record as runs
     from launcher.errors import SpecError
 
     run_dir = tmp_path / "runs" / "linear" / "20261206-120000-000"

@@ -96,7 +96,7 @@ def test_a_set_flag_s_secrets_are_masked_in_the_resume_command_and_the_run_lock(
     assert command.endswith("--resume /runs/r1  (secrets shown as ****: give their values again)")
     plain = nextsteps.closing("jobs/linear.yaml", "/runs/r1", 1, False, overrides=sets[-1:])
     assert plain[-1].endswith("--resume /runs/r1"), plain  # nothing masked: nothing said
-    # the run lock's record of the command line (launcher.runlock)
+    # the run lock's record of the command line (launcher.rundir.runlock)
     locked = " ".join(redact.masked_argv([part for s in sets[:4] for part in ("--set", s)]))
     assert not re.findall(r"pw-[a-z]+-\d", locked), locked
 
@@ -109,7 +109,7 @@ def test_secrets_given_every_way_stay_masked_in_the_lock_the_dry_run_and_errors(
     import json
     import sys as system
 
-    from launcher import runlock
+    from launcher.rundir import runlock
 
     monkeypatch.setattr(system, "argv", ["launch", "j.yaml", "--set", "cluster.env.TEAM_PIN=pw-lock-1",
                                          "--set=cluster.env.DB_PASSWORD=pw-lock-2",

@@ -10,7 +10,7 @@ import re
 from harness.helpers import REPO
 
 from launcher.words import GLOSSARY
-from launcher.run import ledger
+from launcher.rundir import ledger
 
 # what a user reads: the shipped jobs (their comments), the docs, the README, the examples;
 # bench/ and tests/ may keep the project's own word

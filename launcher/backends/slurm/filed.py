@@ -9,7 +9,7 @@ joined on the node) goes to ``RUN_DIR/output/attempt-N/process-NNN.out``, srun's
 (``podlaunch-srun-exit N``, the file's last line) to ``process-NNN.srun`` beside it; both
 0600, appended, written only by srun and its holder (the task cannot write into the second).
 The supervisor follows the output file by offset (``read_to``, journaled with the log's size,
-``launcher.run.journal``) and reads the second once srun has ended.
+``launcher.rundir.journal``) and reads the second once srun has ended.
 
 Taken back (``adopted``): the holder is proven by its pid, start ticks and owner (a pid reused
 since is another process, never signalled); the step by its id and name in the job, which the
@@ -219,7 +219,7 @@ class FiledWorker(SrunWorker):
             proctl.signal_group(group, (signal.SIGTERM,))
 
     def journal_entry(self) -> dict:
-        """What a supervisor that takes the run back needs of this step (``launcher.run.journal``
+        """What a supervisor that takes the run back needs of this step (``launcher.rundir.journal``
         adds the offset and the log's size)."""
         if self._step is None and self._proc is not None and self._alive() \
                 and time.monotonic() - self._asked_at >= ASK_STEP_EVERY_S:

@@ -3,7 +3,7 @@
 A sweep launches one job several times side by side (submitit #1624): every launch's
 Slurm job has the same name, so a name says nothing of staleness. Stale means its
 launcher is gone, and the launcher says so itself: it holds its run directory's lock
-(``launcher.runlock``) for as long as it lives, and the kernel drops the lock
+(``launcher.rundir.runlock``) for as long as it lives, and the kernel drops the lock
 however it ends (SIGKILL included). A batch job names its run directory through its
 output file (``RUN_DIR/slurm/batch-%j.out``); a step names it through its tag
 (``<job name>.<tag>.p<id>``, the tag mapped back by a file under
@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from launcher import runlock
+from launcher.rundir import runlock
 
 
 def run_tag(run_dir: str) -> str:

@@ -195,7 +195,7 @@ class SshWorker:
 
     def journal_entry(self) -> dict:
         """What a supervisor that takes a detached run back needs of this process
-        (``launcher.run.journal``; ``adopt_all``)."""
+        (``launcher.rundir.journal``; ``adopt_all``)."""
         return {"process_id": self.plan.process_id, "host": self.host.name,
                 "pid": self.wrapper_pid, "since": self.since, "pgid": self.pgid,
                 "token": self._token, "out": self.out_path}

@@ -19,7 +19,7 @@ import yaml
 from harness.helpers import PACED, REPO, PROGRAMS, launch, launched, pids_with_env
 from harness.runs import remote_run_dir
 from launcher import backends
-from launcher import runlock
+from launcher.rundir import runlock
 from launcher.spec import syncrules
 from launcher.backends.ssh import transfer
 from launcher.errors import SpecError
@@ -94,7 +94,7 @@ def test_the_run_directory_lock_refuses_a_second_holder_and_is_stale_after_a_kil
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
         import sys, time
         sys.path.insert(0, {REPO!r})
-        from launcher import runlock
+        from launcher.rundir import runlock
         runlock.acquire({run_dir!r}, "--run-dir")
         print("held", flush=True)
         time.sleep(300)

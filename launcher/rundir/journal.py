@@ -36,7 +36,7 @@ from typing import Callable
 
 from launcher import logtimes, owned
 from launcher.errors import Problem, SpecError
-from launcher.run import ledger
+from launcher.rundir import ledger
 from worker.contract import runfiles
 
 JOURNAL_FILE = "supervisor.json"

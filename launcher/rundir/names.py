@@ -3,8 +3,8 @@
 RUN is a run directory, or a short name: ``JOB/STAMP`` or ``STAMP`` under ``runs/`` (what
 ``launch runs`` lists), or a job's name under ``runs/``: its newest run, as ``launch runs JOB``
 lists first. Nothing in a run directory is trusted: run.json is read defensively
-(``runs.read_record``) and its pid is only a first guess. The supervisor is the process
-that holds the run's lock (``launcher.runlock``): this user's, with the lock file open
+(``record.read_record``) and its pid is only a first guess. The supervisor is the process
+that holds the run's lock (``launcher.rundir.runlock``): this user's, with the lock file open
 for writing per ``/proc/PID/fd`` and ``fdinfo``; only such a process is ever signalled.
 """
 
@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import stat
 
-from launcher import owned, proctl, runlock
-from launcher.commands import runs
+from launcher import owned, proctl
+from launcher.rundir import index, runlock
+from launcher.rundir.record import RUN_FILE, read, read_record
 from launcher.errors import Problem, SpecError
 
 ROOT_HELP = "where runs are (default: runs/ here, then every run you started anywhere)"
@@ -25,7 +26,7 @@ EXIT_CODES = {"succeeded": 0, "diverged": 1, "failed": 1,
 def resolve(name: str, root: str | None = None) -> str:
     """The run directory ``name`` means (absolute), looked for under ``root``, and where that
     is not given (``--root`` left out) also among every run the user started anywhere
-    (``launcher.run.index``), after those under ``runs/`` here.
+    (``launcher.rundir.index``), after those under ``runs/`` here.
 
     Raises:
       SpecError: no such run (exit 2), at once.
@@ -36,8 +37,8 @@ def resolve(name: str, root: str | None = None) -> str:
         candidates += [os.path.join(root, job, name) for job in sorted(os.listdir(root))]
     except OSError:
         pass
-    found = [os.path.abspath(c) for c in candidates if os.path.isdir(c) and runs.is_run_dir(c)]
-    newest = (runs.find(root, name) if os.sep not in name and not runs.is_run_dir(
+    found = [os.path.abspath(c) for c in candidates if os.path.isdir(c) and is_run_dir(c)]
+    newest = (find(root, name) if os.sep not in name and not is_run_dir(
         os.path.join(root, name)) and os.path.isdir(os.path.join(root, name)) else [])
     if found and newest and not os.path.isdir(name):  # a run and a job of that name
         raise SpecError([Problem("RUN", None, "", (
@@ -58,22 +59,21 @@ def resolve(name: str, root: str | None = None) -> str:
 
 
 def _indexed(name: str) -> list:
-    """The user's runs from anywhere (``launcher.run.index``) that ``name`` means: the one whose
+    """The user's runs from anywhere (``launcher.rundir.index``) that ``name`` means: the one whose
     directory ends in ``name`` (``STAMP``, ``JOB/STAMP``), else a job's newest run."""
-    from launcher.run import index
 
     known = index.runs()
     ending = [d for d in known if d.endswith(os.sep + name.strip(os.sep))]
     if ending:
         return ending[-1:]
-    of_job = sorted((runs.read(d) for d in known), key=lambda r: (r.started, r.run_dir))
+    of_job = sorted((read(d) for d in known), key=lambda r: (r.started, r.run_dir))
     return [r.run_dir for r in of_job if r.job == name][-1:]
 
 
 def state(run_dir: str) -> tuple:
     """``(state, alive)``: run.json's state ("running", "succeeded", ...; "" when none yet)
     and whether a supervisor holds the run now."""
-    record = runs.read_record(os.path.join(run_dir, runs.RUN_FILE)) or {}
+    record = read_record(os.path.join(run_dir, RUN_FILE)) or {}
     value = record.get("state")
     return (value if isinstance(value, str) else ""), runlock.held(run_dir) is True
 
@@ -98,7 +98,7 @@ def supervisor(run_dir: str) -> int | None:
         return None
     if not stat.S_ISREG(lock.st_mode) or runlock.held(run_dir) is not True:
         return None
-    record = runs.read_record(os.path.join(run_dir, runs.RUN_FILE)) or {}
+    record = read_record(os.path.join(run_dir, RUN_FILE)) or {}
     guess = (record.get("launcher") or {}).get("pid") if isinstance(record.get("launcher"), dict) else None
     others = [p for p in proctl.pids() if p not in (guess, os.getpid())]
     for pid in ([guess] if isinstance(guess, int) and guess > 0 else []) + others:
@@ -122,9 +122,53 @@ def after_supervisor(run_dir: str, name: str) -> str:
     """What to do about a run whose supervisor is gone: a detached run (it kept a journal)
     is taken back by ``launch attach``; a run started in the foreground ended with its
     launcher, and ``--resume`` continues it."""
-    from launcher.run.journal import JOURNAL_FILE
+    from launcher.rundir.journal import JOURNAL_FILE
 
     if os.path.exists(os.path.join(run_dir, JOURNAL_FILE)):
         return f"its processes may go on: `launch attach {name}` takes them back"
     return ("it was started without --detach, so its processes ended with its launcher: "
             f"`launch JOB.yaml --resume {name}` continues it from its last checkpoint")
+
+
+def is_run_dir(path: str) -> bool:
+    """Whether ``path`` holds a run (what ``launch`` writes before any worker starts)."""
+    return os.path.isfile(os.path.join(path, "spec.yaml")) or os.path.isfile(os.path.join(path, RUN_FILE))
+
+
+def find(root: str = "runs", job: str | None = None, indexed: bool = False) -> list:
+    """Every run under ``root`` (``root/<job>/<run>``), and with ``indexed`` every run the user's
+    index knows (``launcher.rundir.index``: started from any directory), of ``job`` only if given,
+    each once, newest first."""
+    found = _find_under(root, job)
+    if indexed:
+        known = index.runs()
+        listed = {os.path.realpath(d) for d in known}
+        for past in found:  # a lost index gets back what is found where it was looked for
+            if os.path.realpath(past.run_dir) not in listed:
+                index.add(past.run_dir)
+        seen = {os.path.realpath(r.run_dir) for r in found}
+        for run_dir in known:
+            if os.path.realpath(run_dir) not in seen:
+                seen.add(os.path.realpath(run_dir))
+                past = read(run_dir)
+                if job is None or past.job == job:
+                    found.append(past)
+    return sorted(found, key=lambda r: (r.started, r.run_dir), reverse=True)
+
+
+def _find_under(root: str, job: str | None) -> list:
+    found = []
+    try:
+        jobs = [job] if job is not None else sorted(os.listdir(root))
+    except OSError:
+        return []
+    for name in jobs:
+        try:
+            entries = os.listdir(os.path.join(root, name))
+        except OSError:
+            continue
+        for entry in entries:
+            path = os.path.join(root, name, entry)
+            if os.path.isdir(path) and is_run_dir(path):
+                found.append(read(path))
+    return found

@@ -19,7 +19,6 @@ import shlex
 import yaml
 
 from launcher import owned
-from launcher.commands import runs
 from launcher.errors import Problem, SpecError
 from worker import contract
 from worker.contract import runfiles
@@ -33,10 +32,10 @@ UNSET = "(unset)"
 def changes(run_dir: str, masked: dict) -> list:
     """``(key, before, now)`` for every setting in which ``masked`` (the spec about to run,
     secrets masked) differs from the run's ``spec.yaml``; ``UNSET`` for a key one lacks."""
-    earlier = runs.spec_of(run_dir)
+    earlier = spec_of(run_dir)
     if not earlier:
         return []
-    now = runs.flat(json.loads(json.dumps(masked)))  # tuples as lists, as YAML read them back
+    now = flat(json.loads(json.dumps(masked)))  # tuples as lists, as YAML read them back
     return [(key, earlier.get(key, UNSET), now.get(key, UNSET))
             for key in sorted(set(earlier) | set(now)) if earlier.get(key) != now.get(key)]
 
@@ -118,7 +117,7 @@ def resume_dir(job, run_dir: str, flag: str = "--resume") -> str:
 
     Raises:
       SpecError: no such run directory, it holds another job's run, or the spec changes
-        what the run trains (``launcher.commands.resumes``).
+        what the run trains (``launcher.rundir.specdiff``).
     """
     run_dir = os.path.abspath(run_dir)
     owned.check_dir(run_dir, flag)  # another user's, or open to others: refused first
@@ -140,3 +139,23 @@ def resume_dir(job, run_dir: str, flag: str = "--resume") -> str:
     check(run_dir, job.to_masked_dict())
     check_steps_left(run_dir, job, earlier)
     return run_dir
+
+
+def flat(value, prefix: str = "") -> dict:
+    """A nested dict as ``{"dotted.key": leaf}``."""
+    if isinstance(value, dict):
+        out: dict = {}
+        for key, inner in value.items():
+            out.update(flat(inner, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def spec_of(run_dir: str) -> dict:
+    """The run's resolved spec (``spec.yaml``), flattened to dotted keys; {} if unreadable."""
+    import yaml  # the launcher's own dependency; ``launch runs`` alone does not need it
+
+    try:
+        return flat(yaml.safe_load(runfiles.read_regular(os.path.join(run_dir, "spec.yaml"))) or {})
+    except (OSError, yaml.YAMLError, RecursionError):  # a deeply nested file too
+        return {}

@@ -1,25 +1,56 @@
-"""A launch's entry in ``<run dir>/run.json`` (``Record``), and reading one back.
+"""``<run dir>/run.json``: a launch's entry (``Record``, its writer) and reading one back
+(``read``: what ``launch runs`` lists). Every write replaces the file whole, never through
+a link planted in the run directory (``worker.contract.runfiles``).
 
-The keys and what ``launch runs`` makes of them: ``launcher.commands.runs``. Every write
-replaces the file whole, never through a link planted in the run directory
-(``worker.contract.runfiles``).
+``launch`` writes ``<run dir>/run.json`` when the workers are about to start
+(state ``running``) and again when the run ends, however it ends (Ctrl-C
+included); ``--resume`` updates the same file. Its keys::
+
+    job          the job's name
+    started      when the run directory's first launch started (local time, ISO 8601)
+    state        running, succeeded, diverged (it ran every step, and its final loss is
+                 nan or inf: launch exits 1), failed or interrupted
+    attempts     attempts made in this run directory (restarts and resumes included; while
+                 running, the one under way counted)
+    step         the furthest step reached, or null
+    num_steps    the steps the job asks for
+    final_loss   the last loss logged, or null
+    duration_s   seconds the launcher ran, over every launch of this run directory (while
+                 running: so far, written with the step)
+    launcher     {"pid", "host"} of the launch that is running or ran last
+    failures     failed attempts by class (launcher.run.classes): {"preemption": 2, ...},
+                 over every launch of this run directory
+    last_failure {"attempt", "class", "process_id", "why"} of the newest failed attempt,
+                 or null
+    goodput      productive seconds / wall seconds over every launch (ledger.json,
+                 launcher.rundir.ledger), or null; while running, so far (every 5 s with the
+                 step: the attempt under way counted as if it ended then)
+    eta_s, progress_at  while running: seconds left as of progress_at (time.time())
+    devices      the newest launch's devices: processes x devices each and the platform,
+                 "2x2 cpu", "1x4 tpu" (launcher.plan.devices_text)
+
+A run still ``running`` whose launcher is gone (killed with SIGKILL, a
+machine that rebooted) is listed as ``unfinished``. Run directories from
+before ``run.json`` existed are listed from what they hold (the job from
+the directory name, steps and loss from ``tensorboard/metrics.jsonl``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
 import socket
 import time
 
-from launcher import proctl
+from launcher import owned, proctl
 from launcher.console.lines import printable as lines_printable
 from launcher.state import HOST_CHANGE_FIELDS
-from worker.contract import runfiles
+from worker.contract import metrics, runfiles
 
 RUN_FILE = "run.json"
-
+STAMP = "%Y%m%d-%H%M%S-%f"  # the default run directory's name, as commands.launch._run_dir makes it
 
 
 def read_record(path: str) -> dict | None:
@@ -99,7 +130,7 @@ class Record:
             "host_changes": [c for c in earlier.get("host_changes") or () if isinstance(c, dict)],
             "devices": devices or _text(earlier.get("devices")),
             "launcher": {"pid": os.getpid(), "host": socket.gethostname(),
-                         "since": _start_ticks(os.getpid())},
+                         "since": proctl.start_ticks(os.getpid())},
         }
         self._before_s = self.data["duration_s"]
         self._launched = clock() if launched_at is None else launched_at
@@ -164,7 +195,7 @@ class Record:
           attempts: every ``restarts.Attempt`` of this launch.
           made: attempts made in the run directory so far, when ``attempts`` is not known
             (the launch ended by an exception).
-          goodput: the run's goodput so far (``launcher.run.ledger``), when known.
+          goodput: the run's goodput so far (``launcher.rundir.ledger``), when known.
           ended_at: when (``clock``) the duration ends: the moment this launch's ledger entries
             count to (default: now).
         """
@@ -221,11 +252,6 @@ def _finite(value: float) -> float | None:
     return value if value == value and value not in (float("inf"), float("-inf")) else None
 
 
-def _start_ticks(pid: int) -> int | None:
-    """When ``pid`` started (``proctl.start_ticks``), or None if it is gone."""
-    return proctl.start_ticks(pid)
-
-
 def _text(value) -> str:
     return lines_printable(value)[:200] if isinstance(value, str) else ""
 
@@ -238,3 +264,91 @@ def _number(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return _finite(float(value))
+
+
+@dataclasses.dataclass
+class PastRun:
+    job: str
+    started: str          # ISO 8601, or "" when unknown
+    state: str
+    attempts: int | None
+    step: int | None
+    num_steps: int | None
+    final_loss: float | None
+    duration_s: float | None
+    run_dir: str
+    failures: dict = dataclasses.field(default_factory=dict)  # class name -> failed attempts
+    goodput: float | None = None  # productive seconds / wall seconds (launcher.rundir.ledger)
+    eta_s: float | None = None  # a running run's: seconds left as of now
+    devices: str = ""  # "2x2 cpu", "1x4 tpu" (launcher.plan.devices_text), "" when unknown
+
+
+def launcher_alive(launcher) -> bool:
+    """Whether the launch that wrote ``launcher`` ({"pid", "host", "since"}) still runs (as far
+    as this machine can tell: one on another host is taken to run)."""
+    if not isinstance(launcher, dict) or not isinstance(launcher.get("pid"), int):
+        return False
+    if launcher.get("host") != socket.gethostname():
+        return True
+    since = proctl.start_ticks(launcher["pid"])
+    return since is not None and since == launcher.get("since")
+
+
+def _last_metrics(run_dir: str) -> dict:
+    """The last record of ``tensorboard/metrics.jsonl``, or {}."""
+    path = os.path.join(run_dir, "tensorboard", metrics.METRICS_FILE)
+    try:
+        with open(path, "rb", opener=runfiles.opener) as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - 65536, 0))
+            tail = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return {}
+    for line in reversed(tail):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            return record
+    return {}
+
+
+def read(run_dir: str) -> PastRun:
+    """What is known of the run in ``run_dir``: its ``run.json``, else what its files say;
+    another user's run is listed as theirs, nothing in it read (``owned.check_dir``)."""
+    try:
+        found = os.lstat(run_dir)
+    except OSError:
+        found = None
+    if found is not None and found.st_uid != os.geteuid():
+        return PastRun(os.path.basename(os.path.dirname(run_dir)), "",
+                       f"{owned.user_name(found.st_uid)}'s run (not read)", None, None, None,
+                       None, None, run_dir)
+    data = read_record(os.path.join(run_dir, RUN_FILE))
+    if data is not None:
+        # any file may be found here (hand-edited, another version's, damaged): each value
+        # is taken only if it has its type, so the table never fails on one run
+        state = _text(data.get("state")) or "-"
+        eta = _number(data.get("eta_s"))
+        if state == "running" and not launcher_alive(data.get("launcher")):
+            state, eta = "unfinished", None
+        elif eta is not None and _number(data.get("progress_at")) is not None:
+            eta = max(0.0, eta - max(0.0, time.time() - data["progress_at"]))
+        return PastRun(_text(data.get("job")) or os.path.basename(os.path.dirname(run_dir)),
+                       _text(data.get("started")), state, _count(data.get("attempts")),
+                       _count(data.get("step")), _count(data.get("num_steps")),
+                       _number(data.get("final_loss")), _number(data.get("duration_s")), run_dir,
+                       _failures(data.get("failures")), _number(data.get("goodput")),
+                       eta if state == "running" else None, _text(data.get("devices")))
+    try:  # a run directory from before run.json
+        started = datetime.datetime.strptime(os.path.basename(run_dir), STAMP).isoformat(timespec="seconds")
+    except ValueError:
+        try:
+            started = datetime.datetime.fromtimestamp(os.path.getmtime(run_dir)).isoformat(
+                timespec="seconds")
+        except OSError:  # removed while listed
+            started = ""
+    last = _last_metrics(run_dir)
+    return PastRun(os.path.basename(os.path.dirname(run_dir)), started, "-", None,
+                   last.get("step"), None, last.get("loss"), None, run_dir)

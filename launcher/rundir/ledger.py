@@ -281,7 +281,7 @@ def add_attempts(earlier: list, attempts: list) -> list:
 
 class Running:
     """The ledger's figures while a launch goes on, for ``launch runs``' goodput so far
-    (``launcher.run.record``): the entries of the run's earlier launches (``ledger.json``),
+    (``launcher.rundir.record``): the entries of the run's earlier launches (``ledger.json``),
     this launch's ended attempts, and the attempt under way as if it ended now.
 
     ``restarts.run`` keeps ``attempts`` (this launch's ended ones, ``restarts.Attempt``) and

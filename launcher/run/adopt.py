@@ -2,11 +2,11 @@
 the run back, where the killed one left it.
 
 ``attach`` starts it (``spawn``: ``launch --adopt RUN_DIR``; the supervisor reads the command
-line the run was started with from the run's journal, ``launcher.run.journal``, once its seal
+line the run was started with from the run's journal, ``launcher.rundir.journal``, once its seal
 proves the user's own launcher wrote it for this very directory: ``command``) as
 ``--detach`` starts a supervisor: its own session, its messages on this terminal until it holds the run,
 then its console in ``RUN_DIR/console.log``. The new supervisor takes the run's lock first
-(``launcher.runlock``: a second one is refused, naming the first), checks that the run's
+(``launcher.rundir.runlock``: a second one is refused, naming the first), checks that the run's
 state is still ``running`` (a state written as final is never overwritten), then
 (``take_back``) takes back the attempt's processes through its backend
 (``Session.adopt``: each proven before anything is signalled), or goes on with the restart's
@@ -22,10 +22,10 @@ import time
 
 from launcher import owned
 from launcher import plan as planning
-from launcher.commands import runref
+from launcher.rundir import names
 from launcher.errors import Problem, SpecError
-from launcher.run import journal as journals
-from launcher.run import ledger
+from launcher.rundir import journal as journals
+from launcher.rundir import ledger
 from launcher.words import plural
 
 
@@ -35,7 +35,7 @@ def check(run_dir: str) -> dict:
     Raises:
       SpecError: the run has ended (its final state stays as written), or has no usable journal.
     """
-    value, _ = runref.state(run_dir)
+    value, _ = names.state(run_dir)
     if value != "running":
         raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} has ended (state "
                                  f"{value or 'none'}); nothing to take back")])
@@ -137,7 +137,7 @@ def _count_wait(entry: dict, since: float, counted: float, end: float, gap_from:
 
 
 def continue_record(record, data: dict) -> None:
-    """The killed launch's failures and duration, in this launch's run.json (``runs.Record``)."""
+    """The killed launch's failures and duration, in this launch's run.json (``launcher.rundir.record.Record``)."""
     for failure in data.get("failures") or ():
         if isinstance(failure, dict) and isinstance(failure.get("class"), str):
             name = failure["class"]
@@ -156,7 +156,7 @@ def spawn(run_dir: str, handed: list | None = None) -> int:
     """Start the supervisor that takes the run back: ``launch --adopt RUN_DIR``, what the user
     asked, nothing read from a file (``detach.spawn``; it reads the run's sealed journal itself,
     ``command``); 0 once it holds the run, else its exit code. ``handed``: ``detach.spawn``'s."""
-    from launcher.commands import detach
+    from launcher.run import detach
 
     return detach.spawn(["--adopt", run_dir], quiet=True, handed=handed)
 
