@@ -21,7 +21,7 @@ import time
 from launcher import commands
 from launcher import flags, interrupts
 from launcher.rundir import names, record
-from launcher.commands.stacks import answers, ask, live_launcher, print_answer
+from launcher.rundir.asked import answers, ask, live_launcher, print_answer
 from launcher.words import plural
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import profiles

@@ -20,7 +20,7 @@ import time
 
 from launcher import commands, flags
 from launcher import proctl
-from launcher.rundir import names, record
+from launcher.rundir import names
 from launcher.errors import LaunchError, Problem, SpecError
 from worker import contract
 from worker.contract import runfiles

@@ -148,7 +148,7 @@ def continue_record(record, data: dict) -> None:
         # the run's duration counts from the killed launch's own start, on this clock: the
         # moment its first attempt's ledger entry begins at (the gap and this launch's start-up
         # are then counted once, in the ledger's buckets as in the duration)
-        record._before_s = float(launched.get("before_s") or 0.0)
+        record.before_s = float(launched.get("before_s") or 0.0)
         record._launched = journals.to_mono(float(launched["wall"]), record.clock)
 
 

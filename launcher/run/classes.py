@@ -259,3 +259,72 @@ def _class_of(ended: Exit, retry_exit_codes: tuple) -> tuple:
         case Exited(code=code):
             return FailureClass.PROGRAM, f"exited with code {code}"
     return FailureClass.PROGRAM, f"ended ({ended})"
+
+
+class Budgets:
+    """What each failure class may still use: ``restarts``' budgets, the ``max_restarts``
+    cap, and the run of the same class that sets the wait."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.used = {c: 0 for c in FailureClass}
+        self.total = 0
+        self.last: FailureClass | None = None
+        self.in_a_row = 0
+
+    def restore(self, state: dict) -> None:
+        """The counts a journal kept (``launcher.rundir.journal.Journal.state``)."""
+        named = {c.value: c for c in FailureClass}
+        for name, used in (state.get("used") or {}).items():
+            if name in named and isinstance(used, int):
+                self.used[named[name]] = used
+        self.total = int(state.get("total") or 0)
+        self.in_a_row = int(state.get("in_a_row") or 0)
+        self.last = named.get(state.get("last"))
+
+    def budget(self, failure_class: FailureClass) -> int:
+        key = failure_class.budget_key
+        return 0 if key is None else getattr(self.policy, key)
+
+    def refusal(self, failure_class: FailureClass) -> str | None:
+        """Why no restart is left for this class (None: one is)."""
+        key = failure_class.budget_key
+        if key is None:
+            return "a restart would end the same way"
+        budget, used = self.budget(failure_class), self.used[failure_class]
+        if used >= budget:
+            if budget == 0 and failure_class is FailureClass.PROGRAM:  # a retry repeats it
+                return f"not retried: a restart repeats it (restarts.{key} is 0)"
+            if budget == 0:
+                return (f"not retried: restarts.{key} is 0 (set it to retry "
+                        f"{failure_class.value}s)")
+            return f"not retrying: restarts.{key} is {budget} and {used} used"
+        cap = self.policy.max_restarts
+        if cap is not None and self.total >= cap:
+            return f"not retrying: restarts.max_restarts is {cap} and {self.total} used"
+        return None
+
+    def take(self, failure_class: FailureClass) -> float:
+        """Count a restart of this class; the seconds to wait before it (``wait_s``)."""
+        self.in_a_row = self.in_a_row + 1 if failure_class is self.last else 1
+        self.last = failure_class
+        self.used[failure_class] += 1
+        self.total += 1
+        return wait_s(self.policy.backoff_s, failure_class, self.in_a_row)
+
+    def count_text(self, failure_class: FailureClass) -> str:
+        """``infrastructure restart 1 of 10`` (and the cap's count when there is one)."""
+        text = (f"{failure_class.value} restart {self.used[failure_class]} of "
+                f"{self.budget(failure_class)}")
+        if self.policy.max_restarts is not None:
+            text += f"; restart {self.total} of {self.policy.max_restarts} in all"
+        return text
+
+
+def wait_s(backoff_s: float, failure_class: FailureClass, in_a_row: int) -> float:
+    """Seconds before a restart: none for the first infrastructure fault or preemption of
+    a run of them (the machines are back, or another is: waiting only loses time); else
+    ``backoff_s`` doubling with each failure of the same class in a row."""
+    if failure_class in (FailureClass.INFRASTRUCTURE, FailureClass.PREEMPTION):
+        return 0.0 if in_a_row == 1 else backoff_s * 2 ** (in_a_row - 2)
+    return backoff_s * 2 ** (in_a_row - 1)

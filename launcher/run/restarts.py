@@ -29,9 +29,11 @@ from launcher.backends.base import Session
 from launcher.console import Console
 from launcher.errors import LaunchError
 from launcher.run import classes
+from launcher.run.classes import Budgets
 from launcher.rundir import ledger
-from launcher.run.classes import FailureClass, Verdict
+from launcher.run.classes import Verdict
 from launcher.rundir.journal import Adopted
+from launcher.rundir.watcher import RunWatcher, Watchers
 from launcher.state import Result, Watchdog
 from launcher.console.status import compile_text, summary
 from launcher.words import plural
@@ -64,75 +66,6 @@ class Attempt:
     host_changes: list = dataclasses.field(default_factory=list)
 
 
-class Budgets:
-    """What each failure class may still use: ``restarts``' budgets, the ``max_restarts``
-    cap, and the run of the same class that sets the wait."""
-
-    def __init__(self, policy):
-        self.policy = policy
-        self.used = {c: 0 for c in FailureClass}
-        self.total = 0
-        self.last: FailureClass | None = None
-        self.in_a_row = 0
-
-    def restore(self, state: dict) -> None:
-        """The counts a journal kept (``launcher.rundir.journal.Journal.state``)."""
-        named = {c.value: c for c in FailureClass}
-        for name, used in (state.get("used") or {}).items():
-            if name in named and isinstance(used, int):
-                self.used[named[name]] = used
-        self.total = int(state.get("total") or 0)
-        self.in_a_row = int(state.get("in_a_row") or 0)
-        self.last = named.get(state.get("last"))
-
-    def budget(self, failure_class: FailureClass) -> int:
-        key = failure_class.budget_key
-        return 0 if key is None else getattr(self.policy, key)
-
-    def refusal(self, failure_class: FailureClass) -> str | None:
-        """Why no restart is left for this class (None: one is)."""
-        key = failure_class.budget_key
-        if key is None:
-            return "a restart would end the same way"
-        budget, used = self.budget(failure_class), self.used[failure_class]
-        if used >= budget:
-            if budget == 0 and failure_class is FailureClass.PROGRAM:  # a retry repeats it
-                return f"not retried: a restart repeats it (restarts.{key} is 0)"
-            if budget == 0:
-                return (f"not retried: restarts.{key} is 0 (set it to retry "
-                        f"{failure_class.value}s)")
-            return f"not retrying: restarts.{key} is {budget} and {used} used"
-        cap = self.policy.max_restarts
-        if cap is not None and self.total >= cap:
-            return f"not retrying: restarts.max_restarts is {cap} and {self.total} used"
-        return None
-
-    def take(self, failure_class: FailureClass) -> float:
-        """Count a restart of this class; the seconds to wait before it (``wait_s``)."""
-        self.in_a_row = self.in_a_row + 1 if failure_class is self.last else 1
-        self.last = failure_class
-        self.used[failure_class] += 1
-        self.total += 1
-        return wait_s(self.policy.backoff_s, failure_class, self.in_a_row)
-
-    def count_text(self, failure_class: FailureClass) -> str:
-        """``infrastructure restart 1 of 10`` (and the cap's count when there is one)."""
-        text = (f"{failure_class.value} restart {self.used[failure_class]} of "
-                f"{self.budget(failure_class)}")
-        if self.policy.max_restarts is not None:
-            text += f"; restart {self.total} of {self.policy.max_restarts} in all"
-        return text
-
-
-def wait_s(backoff_s: float, failure_class: FailureClass, in_a_row: int) -> float:
-    """Seconds before a restart: none for the first infrastructure fault or preemption of
-    a run of them (the machines are back, or another is: waiting only loses time); else
-    ``backoff_s`` doubling with each failure of the same class in a row."""
-    if failure_class in (FailureClass.INFRASTRUCTURE, FailureClass.PREEMPTION):
-        return 0.0 if in_a_row == 1 else backoff_s * 2 ** (in_a_row - 2)
-    return backoff_s * 2 ** (in_a_row - 1)
-
-
 def next_attempt(run_dir: str) -> int:
     """The first attempt number whose logs do not exist yet in ``run_dir`` (0 for a new run)."""
     logs = os.path.join(run_dir, "logs")
@@ -144,12 +77,32 @@ def next_attempt(run_dir: str) -> int:
     return 1 if any(n.startswith("process-") for n in os.listdir(logs)) else 0
 
 
-def run(session: Session, plan: planning.Plan, console: Console, first_attempt: int = 0,
-        resume: bool = False, sleep: Callable[[float], None] = time.sleep,
-        began_at: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        running: ledger.Running | None = None, journal=None,
-        adopted: Adopted | None = None) -> tuple[Result, list]:
+@dataclasses.dataclass
+class Begin:
+    """Where the restart loop begins, and the time it keeps.
+
+    Attributes:
+      first_attempt: number of the first attempt (``next_attempt`` of the run directory).
+      resume: whether the first attempt restores the latest checkpoint (``--resume``).
+      began_at: when (``clock``) the launch began: the first attempt's ledger counts from
+        there (None: now).
+      adopted: where a killed supervisor left the run (``launch attach``): its attempt's
+        processes taken back, or the restart's wait it was in; ``first_attempt`` is that
+        attempt's number.
+      clock: seconds, monotonic, for each attempt's ``ledger.Times``.
+      sleep: waits the backoff (tests pass a recorder).
+    """
+
+    first_attempt: int = 0
+    resume: bool = False
+    began_at: float | None = None
+    adopted: Adopted | None = None
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def run(session: Session, plan: planning.Plan, console: Console, begin: Begin | None = None,
+        watchers: RunWatcher | None = None) -> tuple[Result, list]:
     """Run attempts of ``plan`` until success, a failure not retried, or its class's budget spent.
 
     Args:
@@ -157,18 +110,11 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         and ``plan(restart=True)`` for each restart).
       plan: the prepared plan of the first attempt.
       console: where every attempt is announced.
-      first_attempt: number of the first attempt (``next_attempt`` of the run directory).
-      resume: whether the first attempt restores the latest checkpoint (``--resume``).
-      sleep: waits the backoff (tests pass a recorder).
-      began_at: when (``clock``) the launch began: the first attempt's ledger counts from
-        there (default: now).
-      clock: seconds, monotonic, for each attempt's ``ledger.Times``.
-      running: kept up to date with the attempts (``ledger.Running``: the goodput so far that
-        run.json shows while the run goes on).
-      journal: a detached run's ``launcher.rundir.journal.Journal``, kept up to date.
-      adopted: where a killed supervisor left the run (``launch attach``): its attempt's
-        processes taken back, or the restart's wait it was in; ``first_attempt`` is that
-        attempt's number.
+      begin: the first attempt, whether it resumes, a take-back's state, the clock (default:
+        attempt 0, fresh, real time).
+      watchers: the run-level watchers (``launcher.rundir.watcher``: run.json's goodput so
+        far, a detached run's journal), told of each attempt's start and end in order, and
+        supervision's polls.
 
     Returns:
       (the last attempt's Result, every Attempt in order; each failed one with its class).
@@ -177,8 +123,9 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
       LaunchError: a backend could not start an attempt.
       KeyboardInterrupt: interrupted during an adopted restart's wait (nothing runs).
     """
-    loop = _Attempts(session, plan, console, first_attempt, resume, clock, running, journal,
-                     began_at)
+    begin = begin or Begin()
+    loop = _Attempts(session, plan, console, begin, watchers or Watchers())
+    adopted = begin.adopted
     wait, then = None, None  # wait set: go on with a restart's wait (an adopted one)
     if adopted is not None:
         wait, then = loop.restore(adopted)
@@ -191,7 +138,7 @@ def run(session: Session, plan: planning.Plan, console: Console, first_attempt: 
         elif wait > 0:
             console.say(f"attempt {loop.number + 1} of the run starts in {wait:.1f} s (the "
                         "restart's wait the killed supervisor was in)")
-        if not loop.wait(sleep, wait, then):
+        if not loop.wait(begin.sleep, wait, then):
             return loop.result, loop.attempts
         loop.plan_next()
         wait, then = None, None
@@ -202,11 +149,11 @@ class _Attempts:
     times of the one under way or waited for; ``attempt`` runs one, ``wait`` waits a
     restart's backoff, ``plan_next`` plans the next."""
 
-    def __init__(self, session: Session, plan: planning.Plan, console: Console,
-                 first_attempt: int, resume: bool, clock: Callable[[], float],
-                 running: ledger.Running | None, journal, began_at: float | None):
+    def __init__(self, session: Session, plan: planning.Plan, console: Console, begin: Begin,
+                 watchers: RunWatcher):
         self.session, self.plan, self.console, self.job = session, plan, console, plan.job
-        self.resume, self.clock, self.running, self.journal = resume, clock, running, journal
+        self.resume, self.clock, self.watchers = begin.resume, begin.clock, watchers
+        first_attempt, began_at, clock = begin.first_attempt, begin.began_at, begin.clock
         self.budgets = Budgets(self.job.restarts)
         self.watchdog = Watchdog(self.job.watchdog.stall_timeout_s,
                                  self.job.watchdog.first_step_timeout_s)
@@ -234,7 +181,7 @@ class _Attempts:
           The restart's wait in seconds, or None when the run is over (succeeded, interrupted,
           or a failure its budget does not retry): ``result`` and ``attempts`` say which.
         """
-        session, console, journal, clock = self.session, self.console, self.journal, self.clock
+        session, console, watchers, clock = self.session, self.console, self.watchers, self.clock
         times = self.times
         plan = self.plan = planning.for_attempt(self.plan, self.number,
                                                 resume=self.resume or self.restarts > 0)
@@ -248,28 +195,28 @@ class _Attempts:
                         f"{log_dir}")
         else:
             console.say(f"{label}: {session.describe_start(plan)}; logs in {log_dir}")
-            if journal is not None:
-                journal.state(self.number, self.budgets, self.restarts, self.counted, self.attempts)
-                journal.starting(times)
+            watchers.attempt_starting(self, times)
             workers, pending = _start(session, plan, console)
             times.started_at = clock()
-        if self.running is not None:
-            self.running.attempts, self.running.current = self.attempts, (self.number, times)
-        if journal is not None:
-            journal.state(self.number, self.budgets, self.restarts, self.counted, self.attempts)
-            journal.attempt_started(times, workers)
+        watchers.attempt_started(self, times, workers)
         job = self.job
         result = self.result = supervise(workers, job.cluster.grace_s, console,
                                          watchdog=self.watchdog, interrupted_by=pending,
                                          notice_grace_s=job.checkpoint.notice_grace_s,
-                                         journal=journal, adopted=taken)
+                                         watchers=watchers, adopted=taken)
         times.ended_at = clock()
         console.attempt_over(result)
         self.attempts.append(Attempt(self.number, log_dir, result, times=times,
                                      host_changes=self.changes))
-        last = self.attempts[-1]
-        if self.running is not None:
-            self.running.current = None  # among the attempts now
+        wait = self._verdict(self.attempts[-1], label)
+        watchers.attempt_ended(self, self.attempts[-1], wait)
+        return wait
+
+    def _verdict(self, last: Attempt, label: str) -> float | None:
+        """The ended attempt's verdict (said, and kept on it): the restart's wait, or None
+        when the run is over."""
+        session, console, job, result = self.session, self.console, self.job, self.result
+        plan = self.plan
         if result.exit_code == 0:
             last.verdict = "succeeded"
             return None
@@ -293,9 +240,6 @@ class _Attempts:
                     f"{wait:g} s ({self.counted})")
         session.failed(plan, failure, result)
         session.end_attempt()
-        if journal is not None:
-            journal.state(self.number, self.budgets, self.restarts, self.counted, self.attempts)
-            journal.waiting(times.ended_at, wait)
         return wait
 
     def wait(self, sleep: Callable[[float], None], wait_s: float, then) -> bool:

@@ -65,7 +65,7 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
               clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] | None = None,
               interrupted_by: str | None = None, notice_grace_s: float = 0.0,
-              journal=None, adopted: bool = False) -> Result:
+              watchers=None, adopted: bool = False) -> Result:
     """Run until every worker succeeded, one failed, or the launcher is interrupted.
 
     Args:
@@ -82,8 +82,9 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
       notice_grace_s: how long the teardown waits, in all, for a process that said it
         stops after an agreed step and saves it (``worker.recovery.notice``; the launcher's own
         SIGTERM is such a notice), where ``grace_s`` would cut its save short.
-      journal: a detached run's ``launcher.rundir.journal.Journal``, told at every poll how far
-        each process's output is in its log; None: none is kept.
+      watchers: the run-level watchers (``launcher.rundir.watcher``), told before and after
+        every poll's flush of the logs (a detached run's journal keeps how far each process's
+        output is in its log); None: none.
       adopted: the workers were taken back from a killed supervisor: what their lines said
         before is read again from their logs (``journal.replay``).
 
@@ -127,12 +128,12 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                 sweep = clock() >= next_sweep
                 if sweep:
                     next_sweep = clock() + sweep_every_s
-                if journal is not None:
-                    journal.before_flush()
+                if watchers is not None:
+                    watchers.before_flush()
                 for log in logs:
                     log.flush_pending()
-                if journal is not None:
-                    journal.after_flush(logs)
+                if watchers is not None:
+                    watchers.after_flush(logs)
                 console.status(tracked)
                 if sweep:
                     answers.poll(output.wait)  # launch stacks / launch profile; profiles traced

@@ -37,6 +37,7 @@ from typing import Callable
 from launcher import logtimes, owned
 from launcher.errors import Problem, SpecError
 from launcher.rundir import ledger
+from launcher.rundir.watcher import RunWatcher
 from worker.contract import runfiles
 
 JOURNAL_FILE = "supervisor.json"
@@ -64,7 +65,7 @@ class Adopted:
       attempt: the attempt under way (or, while ``wait_s`` is not None, the one that failed).
       workers: the attempt's processes, watched again; None between attempts.
       times: the attempt's ``ledger.Times`` (this clock), its ``unsupervised`` gap set.
-      budgets: ``restarts.Budgets``' counts as the journal kept them.
+      budgets: ``classes.Budgets``' counts as the journal kept them.
       restarts: restarts made in the killed launch; counted: its last count's words.
       wait_s: the restart's wait still to go (between attempts), else None.
       next_times: between attempts, the ``ledger.Times`` the next attempt begins with (this
@@ -82,8 +83,9 @@ class Adopted:
     next_times: ledger.Times | None = None
 
 
-class Journal:
-    """The supervisor's side: kept up to date by ``restarts.run`` and ``supervise``."""
+class Journal(RunWatcher):
+    """The supervisor's side, a run watcher (``launcher.rundir.watcher``): kept up to date by
+    the restart loop and supervision's polls, removed when the launch ends."""
 
     def __init__(self, run_dir: str, backend: str, argv: list, cwd: str, adopts: bool = True,
                  clock: Callable[[], float] = time.monotonic,
@@ -115,6 +117,25 @@ class Journal:
                                     "process_id": a.failure.process_id, "why": a.failure.why[:500]}
                                    for a in attempts if a.failure is not None])
 
+    def attempt_starting(self, loop, times) -> None:
+        self._state(loop)
+        self.starting(times)
+
+    def attempt_started(self, loop, times, workers: list) -> None:
+        self._state(loop)
+        self.started(times, workers)
+
+    def attempt_ended(self, loop, attempt, wait_s: float | None) -> None:
+        if wait_s is not None:
+            self._state(loop)
+            self.waiting(attempt.times.ended_at, wait_s)
+
+    def run_ended(self, ending) -> None:
+        self.close()
+
+    def _state(self, loop) -> None:
+        self.state(loop.number, loop.budgets, loop.restarts, loop.counted, loop.attempts)
+
     def starting(self, times: ledger.Times) -> None:
         """The attempt's processes are being started: a supervisor killed now leaves some that
         the journal does not name (``starting``: the one taking the run back stops them and
@@ -126,7 +147,8 @@ class Journal:
                          times={"began": to_wall(times.began_at, self.clock)})
         self.write()
 
-    def attempt_started(self, times: ledger.Times, workers: list) -> None:
+    def started(self, times: ledger.Times, workers: list) -> None:
+        """The attempt's processes run (started or taken back): each one's journal entry."""
         if not self.adopts:
             return
         self.workers = list(workers)

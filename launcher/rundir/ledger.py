@@ -55,6 +55,7 @@ import os
 from worker.contract import runfiles
 from launcher.words import GLOSSARY, plural
 from launcher.state import HOST_CHANGE_FIELDS, Result
+from launcher.rundir.watcher import RunWatcher
 
 LEDGER_FILE = "ledger.json"
 BUCKETS = ("launch", "start_and_join", "setup", "compilation", "restore", "productive",
@@ -279,20 +280,27 @@ def add_attempts(earlier: list, attempts: list) -> list:
     return entries
 
 
-class Running:
+class Running(RunWatcher):
     """The ledger's figures while a launch goes on, for ``launch runs``' goodput so far
     (``launcher.rundir.record``): the entries of the run's earlier launches (``ledger.json``),
     this launch's ended attempts, and the attempt under way as if it ended now.
 
-    ``restarts.run`` keeps ``attempts`` (this launch's ended ones, ``restarts.Attempt``) and
-    ``current`` (the number and ``Times`` of the attempt whose processes run now, or None)
-    up to date; nothing is written here (``ledger.json`` is written once, at the end).
+    A run watcher (``launcher.rundir.watcher``): the restart loop keeps ``attempts`` (this
+    launch's ended ones, ``restarts.Attempt``) and ``current`` (the number and ``Times`` of the
+    attempt whose processes run now, or None) up to date; nothing is written here
+    (``ledger.json`` is written once, at the end: ``Written``).
     """
 
     def __init__(self, earlier: list):
         self.earlier = earlier
         self.attempts: list = []
         self.current: tuple | None = None  # (attempt number, Times) while its processes run
+
+    def attempt_started(self, loop, times, workers: list) -> None:
+        self.attempts, self.current = loop.attempts, (loop.number, times)
+
+    def attempt_ended(self, loop, attempt, wait_s: float | None) -> None:
+        self.current = None  # among the attempts now
 
     def goodput(self, tracked: list, now: float) -> float | None:
         """Productive seconds / wall seconds of the run so far, ``now`` on the clock of
@@ -308,6 +316,35 @@ class Running:
                 result = Result(list(tracked), first_failure=None, interrupted=False, elapsed_s=0.0)
                 entries.append(attempt_entry(number, live, result, before))
         return totals(entries)["goodput"] if entries else None
+
+
+class Written(RunWatcher):
+    """``ledger.json`` written as the launch ends (a run watcher): this launch's attempts added
+    to the earlier launches' entries; the ``Ending`` gets every entry, the run's goodput and
+    the moment the entries count to. A ledger that cannot be written is said (``say``) and
+    the run's end goes on."""
+
+    def __init__(self, run_dir: str, say):
+        self.run_dir, self.say = run_dir, say
+
+    def run_ended(self, ending) -> None:
+        ending.ended_at = end_of(ending.attempts)
+        ending.entries = add_attempts(read(self.run_dir), ending.attempts or ())
+        if not ending.entries:
+            return
+        try:
+            ending.goodput = write(self.run_dir, ending.entries)["goodput"]
+        except OSError as exc:
+            self.say(f"cannot write {os.path.join(self.run_dir, LEDGER_FILE)} ({exc.strerror})")
+            ending.goodput = totals(ending.entries)["goodput"]
+
+
+def end_of(attempts) -> float | None:
+    """The moment (``time.monotonic``) a launch's ledger entries count to: its last attempt's
+    end and wait (run.json's duration ends there too), or None for no attempt."""
+    timed = [a.times for a in attempts or () if getattr(a, "times", None) is not None
+             and a.times.ended_at is not None]
+    return timed[-1].ended_at + max(0.0, timed[-1].waited_s) if timed else None
 
 
 def write_scalars(logdir: str, entries: list, new: int) -> None:

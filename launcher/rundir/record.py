@@ -47,6 +47,7 @@ import time
 from launcher import owned, proctl
 from launcher.console.lines import printable as lines_printable
 from launcher.state import HOST_CHANGE_FIELDS
+from launcher.rundir.watcher import RunWatcher
 from worker.contract import metrics, runfiles
 
 RUN_FILE = "run.json"
@@ -89,7 +90,7 @@ def _write(run_dir: str, data: dict) -> None:
             os.fsync(f.fileno())
 
 
-class Record:
+class Record(RunWatcher):
     """This launch's entry in ``<run dir>/run.json``: ``start`` it, then ``end`` it once.
 
     Args:
@@ -132,7 +133,7 @@ class Record:
             "launcher": {"pid": os.getpid(), "host": socket.gethostname(),
                          "since": proctl.start_ticks(os.getpid())},
         }
-        self._before_s = self.data["duration_s"]
+        self.before_s = self.data["duration_s"]
         self._launched = clock() if launched_at is None else launched_at
         self._progress_at = -float("inf")
 
@@ -157,7 +158,7 @@ class Record:
         eta = eta_s(lead, now)
         self.data.update(step=lead.stats.progress.step, final_loss=_finite(lead.stats.progress.loss),
                          eta_s=None if eta is None else round(eta, 1), progress_at=time.time(),
-                         duration_s=round(self._before_s + self.clock() - self._launched, 3))
+                         duration_s=round(self.before_s + self.clock() - self._launched, 3))
         if self.running is not None:
             goodput = self.running.goodput(tracked, self.clock())  # the ledger's clock
             if goodput is not None:
@@ -166,6 +167,11 @@ class Record:
             _write(self.run_dir, self.data)
         except OSError:
             pass  # the next one may pass; the end is written regardless
+
+    def run_ended(self, ending) -> None:
+        """The run watcher's end (``launcher.rundir.watcher``): run.json says how it ended."""
+        self.end(ending.state, ending.result, ending.attempts, made=ending.made,
+                 goodput=ending.goodput, ended_at=ending.ended_at)
 
     def start(self, attempt: int | None = None) -> None:
         """Write run.json as the run starts; ``attempt``: the attempt about to start, counted
@@ -232,7 +238,7 @@ class Record:
         if goodput is not None:
             data["goodput"] = goodput
         ended_at = self.clock() if ended_at is None else ended_at
-        data["duration_s"] = round(self._before_s + ended_at - self._launched, 3)
+        data["duration_s"] = round(self.before_s + ended_at - self._launched, 3)
         try:
             _write(self.run_dir, data)
         except OSError:

@@ -1,4 +1,4 @@
-"""Failure classes and their budgets (launcher.run.classes, launcher.run.restarts.Budgets),
+"""Failure classes and their budgets (launcher.run.classes, launcher.run.classes.Budgets),
 process-free: each end as a backend reports it, each cascade in either order of arrival."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from launcher import backends
 from launcher import spec as specs
-from launcher.run import classes, restarts
+from launcher.run import classes
 from launcher.run.classes import FailureClass
 from launcher.state import (EndedEarly, Exited, Final, Killed, Lost, Preempted, Result, Stalled,
                             State, Tracked)
@@ -164,7 +164,7 @@ def test_budgets_are_per_class_with_defaults_a_long_run_survives_on():
     policy = specs.RestartSpec()
     assert (policy.program_errors, policy.infrastructure, policy.preemptions, policy.stalls,
             policy.max_restarts) == (0, 10, 100, 3, None)
-    budgets = restarts.Budgets(policy)
+    budgets = classes.Budgets(policy)
     assert budgets.refusal(FailureClass.PROGRAM) == (  # no retry hint: a restart repeats it
         "not retried: a restart repeats it (restarts.program_errors is 0)")
     assert budgets.refusal(FailureClass.FINAL) == "a restart would end the same way"
@@ -179,7 +179,7 @@ def test_budgets_are_per_class_with_defaults_a_long_run_survives_on():
 
 
 def test_max_restarts_caps_every_class_together():
-    budgets = restarts.Budgets(specs.RestartSpec(max_restarts=2))
+    budgets = classes.Budgets(specs.RestartSpec(max_restarts=2))
     budgets.take(FailureClass.PREEMPTION)
     budgets.take(FailureClass.STALL)
     assert budgets.count_text(FailureClass.STALL) == "stall restart 1 of 3; restart 2 of 2 in all"
@@ -188,7 +188,7 @@ def test_max_restarts_caps_every_class_together():
 
 
 def test_the_first_infrastructure_fault_or_preemption_restarts_at_once_and_backoff_grows_as_a_class_repeats():
-    budgets = restarts.Budgets(specs.RestartSpec(backoff_s=1.5, program_errors=5))
+    budgets = classes.Budgets(specs.RestartSpec(backoff_s=1.5, program_errors=5))
     waits = [budgets.take(c) for c in (
         FailureClass.INFRASTRUCTURE, FailureClass.INFRASTRUCTURE, FailureClass.INFRASTRUCTURE,
         FailureClass.PREEMPTION, FailureClass.INFRASTRUCTURE,
@@ -237,7 +237,7 @@ def test_a_full_disk_the_worker_explained_is_final_with_its_advice_not_a_program
     assert verdict.failure_class is FailureClass.FINAL, verdict
     assert "Python error" not in verdict.why and "free space there" in verdict.why
     assert "launch --resume" in verdict.why
-    budgets = restarts.Budgets(specs.RestartSpec(program_errors=5, infrastructure=5))
+    budgets = classes.Budgets(specs.RestartSpec(program_errors=5, infrastructure=5))
     assert budgets.refusal(verdict.failure_class) == "a restart would end the same way"
 
 

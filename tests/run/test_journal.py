@@ -14,7 +14,7 @@ from launcher.errors import SpecError
 from launcher.remote import tail
 from launcher.rundir import journal, ledger
 from launcher.run.classes import FailureClass
-from launcher.run.restarts import Budgets
+from launcher.run.classes import Budgets
 
 
 @pytest.fixture
@@ -242,8 +242,8 @@ def test_a_wait_taken_back_counts_every_second_once_in_the_ledger_as_in_the_dura
     if killed_in_the_wait == 2:  # killed in the same wait, at 11.3; taken back at 15.0
         data.update(entries=[], alive_at=WALL + 11.3)
         adopted, record = take_back(14.8, 15.0)
-    result, attempts = restarts.run(session, session.plan(), console, began_at=clock.now,
-                                    sleep=clock.sleep, clock=clock, adopted=adopted)
+    result, attempts = restarts.run(session, session.plan(), console, restarts.Begin(
+        began_at=clock.now, sleep=clock.sleep, clock=clock, adopted=adopted))
     assert result.exit_code == 0
     end = clock.now
     record.end("succeeded", result, attempts)

@@ -20,6 +20,7 @@ from harness.fakes import FakeClock, FakeSession, FakeTrainerJob, FakeWorker
 from launcher import spec as specs
 from launcher.console import Console
 from launcher.run import restarts
+from launcher.rundir.watcher import Watchers
 from launcher.rundir import ledger
 from launcher.run import supervise as supervision
 from launcher.state import Exited, Killed
@@ -84,9 +85,10 @@ class Ledgered:
 
     def run(self, running: ledger.Running | None = None):
         plan = self.session.plan()
-        self.result, self.attempts = restarts.run(self.session, plan, self.console,
-                                                  sleep=self.clock.sleep, began_at=0.0,
-                                                  clock=self.clock, running=running)
+        self.result, self.attempts = restarts.run(
+            self.session, plan, self.console,
+            restarts.Begin(sleep=self.clock.sleep, began_at=0.0, clock=self.clock),
+            Watchers([running]))
         self.entries = ledger.add_attempts([], self.attempts)
         return self.entries
 

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from launcher import backends
-from launcher.commands import launch
+from launcher.run import starts
 from launcher import spec as specs
 from harness.helpers import REPO, fill, full_disk_ready, launched
 
@@ -25,12 +25,12 @@ class _Frozen(datetime.datetime):
 
 def test_two_launches_in_one_millisecond_get_two_run_directories(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(launch.datetime, "datetime", _Frozen)
+    monkeypatch.setattr(starts.datetime, "datetime", _Frozen)
     job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), None, (), registry=backends)
-    named = launch._run_dir(job, None)  # a dry run: named, not made
+    named = starts.run_dir_for(job, None)  # a dry run: named, not made
     assert not os.path.exists(named)
-    first = launch._run_dir(job, None, create=True)
-    second = launch._run_dir(job, None, create=True)
+    first = starts.run_dir_for(job, None, create=True)
+    second = starts.run_dir_for(job, None, create=True)
     assert first == named and second == named + "-2"
     assert os.path.isdir(first) and os.path.isdir(second)
     assert oct(os.stat(first).st_mode & 0o777) == "0o700"

@@ -423,7 +423,7 @@ class Restarts:
             if interrupt_backoff:
                 raise KeyboardInterrupt
         self.result, self.attempts = restarts.run(self.session, self.session.plan(), self.console,
-                                                  sleep=backoff)
+                                                  restarts.Begin(sleep=backoff))
         return self.result, self.attempts
 
     def events(self) -> list:

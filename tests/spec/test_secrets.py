@@ -56,7 +56,7 @@ def test_glued_names_and_credentials_in_values_are_masked_by_dry_run(job_file):
 
 def test_glued_names_and_credentials_in_values_are_masked_in_spec_yaml(job_file):
     job = specs.load(job_file, None, (), registry=backends)
-    kept = yaml.safe_dump(job.to_masked_dict())  # what spec.yaml holds (launcher.commands.launch._write_run_files)
+    kept = yaml.safe_dump(job.to_masked_dict())  # what spec.yaml holds (launcher.run.starts.write_run_files)
     _no_secret_in(kept)
     assert "Pwd=****;Database=x" in kept and "token=****&page=2" in kept
     assert "bert-base" in kept and "10:30@site" in kept

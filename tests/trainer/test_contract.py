@@ -16,7 +16,7 @@ import pytest
 from harness.helpers import REPO, env_for_tests
 from harness.nosockets import loopback_down
 from launcher import backends
-from launcher.commands import launch
+from launcher.run import starts
 from launcher import plan as planning
 from launcher import spec as specs
 from worker import contract
@@ -196,7 +196,7 @@ def test_the_launcher_writes_job_json_through_the_contract(tmp_path):
                                    job_path=os.path.join(str(tmp_path), "job.json"))
     plan = planning.make_plan(specs.load(LINEAR,
                                          registry=backends), [placement], str(tmp_path), "127.0.0.1:1")
-    launch._write_run_files(plan)
+    starts.write_run_files(plan)
     assert os.stat(plan.job_path).st_mode & 0o777 == 0o600  # it may hold the task's secrets
     with open(plan.job_path, encoding="utf-8") as f:
         assert set(json.load(f)) == {field.name for field in dataclasses.fields(WorkerJob)}
