@@ -146,7 +146,8 @@ def placements(job, run_dir: str, python: str, platform: str, taken_ports=()) ->
                                      {**localdevices.tpu_env(chips, n, i, split), **env}, platform)
                      for i in range(n))
     return tuple(local_placement(job, run_dir, python, 1, devices,
-                                 {**localdevices.gpu_env(devices, i), **env}, platform)
+                                 {**localdevices.gpu_env(cluster.gpus, devices, i,
+                                                         cluster.gpu_order), **env}, platform)
                  for i in range(n))
 
 
@@ -183,11 +184,10 @@ class LocalSession(Session):
         if cluster.resolved_platform == "cpu":
             return f"devices: CPU, {each} per process (JAX_NUM_CPU_DEVICES)"
         name = "TPU chip" if cluster.resolved_platform == "tpu" else "GPU"
-        found = (f"{plural(len(cluster.chips), name)} found on this machine "
-                 f"({', '.join(cluster.chips)})")
+        found = cluster.devices_found_text
         if platform == "cpu":
             return f"devices: {found}; rehearsed on CPU devices, {each} per process"
-        if self.job.num_processes == 1 and self.job.local_device_count == len(cluster.chips):
+        if self.job.num_processes == 1 and self.job.local_device_count == cluster.device_count:
             return f"devices: {found}; one process gets every one"
         return f"devices: {found}; {plural(self.job.local_device_count, name)} per process"
 

@@ -48,7 +48,11 @@ TPU_SPLITS = {
 TPU_VARS = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
             "TPU_PROCESS_ADDRESSES", "TPU_PROCESS_PORT", "CLOUD_TPU_TASK_ID",
             "ALLOW_MULTIPLE_LIBTPU_LOAD")
-GPU_VARS = ("CUDA_VISIBLE_DEVICES",)
+GPU_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+# CUDA numbers GPUs fastest first unless told PCI_BUS_ID, the order the driver (NVML,
+# nvidia-smi, the /dev/nvidiaN files) numbers them in: a GPU named by its file is GPU N only so
+# (NVIDIA, CUDA C++ Programming Guide, "CUDA Environment Variables")
+PCI_ORDER = "PCI_BUS_ID"
 DEVICE_VARS = {"tpu": TPU_VARS, "gpu": GPU_VARS}
 
 _NUMBERED = re.compile(r"(accel|nvidia|)(\d+)$")
@@ -132,11 +136,34 @@ def tpu_env(chips: int, num_processes: int, process_id: int, ports: tuple) -> di
     }
 
 
-def gpu_env(devices_per_process: int, process_id: int) -> dict:
-    """``CUDA_VISIBLE_DEVICES`` for ``process_id``: its own ``devices_per_process`` GPUs."""
+def gpu_ids(files: tuple, given: str | None = None) -> tuple:
+    """The GPUs a gpu run splits among its processes, as ``CUDA_VISIBLE_DEVICES`` names them.
+
+    Args:
+      files: the GPUs' device files (``device_files``: ``/dev/nvidia4``...), in order.
+      given: the launching shell's ``CUDA_VISIBLE_DEVICES`` (a scheduler's allocation, or the
+        user's choice), or None where it has none.
+
+    Returns:
+      ``given``'s entries as they are (indices or ``GPU-<uuid>``s: never widened to the
+      machine's other GPUs), else each file's number (``nvidia4`` is ``4``), which is the
+      driver's numbering of the GPUs, and CUDA's under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+    """
+    if given is not None:
+        return tuple(e.strip() for e in given.split(",") if e.strip())
+    return tuple(_NUMBERED.match(os.path.basename(f)).group(2) for f in files)
+
+
+def gpu_env(gpus: tuple, devices_per_process: int, process_id: int,
+            order: str | None = PCI_ORDER) -> dict:
+    """``CUDA_VISIBLE_DEVICES`` for ``process_id``: its own ``devices_per_process`` of ``gpus``
+    (``gpu_ids``), the i-th process the i-th share, and ``CUDA_DEVICE_ORDER`` (``order``:
+    PCI_BUS_ID for GPUs named by their files; the shell's own, or none, for its list)."""
     first = process_id * devices_per_process
-    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(first,
-                                                                   first + devices_per_process))}
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[first:first + devices_per_process])}
+    if order:
+        env["CUDA_DEVICE_ORDER"] = order
+    return env
 
 
 def holders(paths, lockfile: str | None = None, unreadable_pids=None) -> tuple:
@@ -222,6 +249,38 @@ class LocalCluster(ClusterSettings):
         return ()
 
     @functools.cached_property
+    def gpus(self) -> tuple:
+        """The GPUs a gpu run splits (``gpu_ids``): the launching shell's
+        ``CUDA_VISIBLE_DEVICES`` where it exported one, else every GPU file's number."""
+        return gpu_ids(self.chips, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    @property
+    def gpu_order(self) -> str | None:
+        """``CUDA_DEVICE_ORDER`` for the processes: the shell's where its list is split (each
+        entry means what it meant there), else PCI_BUS_ID."""
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            return os.environ.get("CUDA_DEVICE_ORDER")
+        return PCI_ORDER
+
+    @property
+    def device_count(self) -> int:
+        """The chips or GPUs this run may use: every TPU chip; the GPUs of ``gpus``."""
+        return len(self.gpus) if self.resolved_platform == "gpu" else len(self.chips)
+
+    @property
+    def devices_found_text(self) -> str:
+        """``4 GPUs found on this machine (/dev/nvidia0, ...)``, and the shell's list where
+        it narrows them."""
+        name = "TPU chip" if self.resolved_platform == "tpu" else "GPU"
+        text = (f"{plural(len(self.chips), name)} found on this machine "
+                f"({', '.join(self.chips)})")
+        given = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if self.resolved_platform == "gpu" and given is not None:
+            text += (f"; this shell's CUDA_VISIBLE_DEVICES={given} gives the run "
+                     f"{plural(len(self.gpus), 'GPU')}, split among its processes")
+        return text
+
+    @functools.cached_property
     def resolved_platform(self) -> str:
         """``platform`` with ``auto`` answered from this machine's device files."""
         if self.platform != "auto":
@@ -235,9 +294,9 @@ class LocalCluster(ClusterSettings):
         if self.num_processes is not None:
             return self.num_processes
         if self.resolved_platform != "cpu" and self.devices_per_process is not None:
-            return max(1, len(self.chips) // self.devices_per_process)
+            return max(1, self.device_count // self.devices_per_process)
         if self.resolved_platform == "gpu":
-            return max(1, len(self.chips))
+            return max(1, self.device_count)
         return 2 if self.resolved_platform == "cpu" else 1
 
     @property
@@ -247,7 +306,7 @@ class LocalCluster(ClusterSettings):
             return self.devices_per_process
         if self.resolved_platform == "cpu":
             return 2
-        return max(1, len(self.chips) // self.num_processes_total)
+        return max(1, self.device_count // self.num_processes_total)
 
     def problems(self) -> list:
         """This machine's chips against the split asked for: none found, too few, a TPU
@@ -275,12 +334,15 @@ class LocalCluster(ClusterSettings):
         if platform == "tpu":
             why = tpu_split(len(self.chips), n, self.devices_per_process)
             return problems + ([] if why is None else [(key, why)])
-        if n * self.resolved_devices_per_process > len(self.chips):
+        count = self.device_count
+        where = "found" if os.environ.get("CUDA_VISIBLE_DEVICES") is None else \
+            f"of this shell's CUDA_VISIBLE_DEVICES ({os.environ['CUDA_VISIBLE_DEVICES']})"
+        if n * self.resolved_devices_per_process > count:
             return problems + [(key, f"{plural(n, 'process')} x "
                                 f"{plural(self.resolved_devices_per_process, name)} need more than "
-                                f"the {plural(len(self.chips), name)} found; use at most "
-                                f"{len(self.chips)} in all" + (
-                                    f" (devices_per_process {len(self.chips)} or less)"
+                                f"the {plural(count, name)} {where}; use at most "
+                                f"{count} in all" + (
+                                    f" (devices_per_process {count} or less)"
                                     if key == "devices_per_process" else ""))]
         return problems
 

@@ -92,13 +92,14 @@ SHARED_COMPILATION_CACHE: str | None = None
 
 
 def env_for_tests(**extra) -> dict:
-    """This environment plus tests/programs on PYTHONPATH (for test tasks), minus JAX device
-    vars, plus the session's ``SHARED_COMPILATION_CACHE``; ``extra`` is added last (a value of
+    """This environment plus tests/programs on PYTHONPATH (for test tasks), minus JAX and CUDA
+    device vars, plus the session's ``SHARED_COMPILATION_CACHE``; ``extra`` is added last (a value of
     None removes the variable)."""
     # COLUMNS and LINES too: a test's terminal is the pty it makes (pytest-xdist's workers
     # have COLUMNS set, which shutil.get_terminal_size would prefer to the pty's size)
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("JAX_", "PODLAUNCH_")) and k not in ("COLUMNS", "LINES")}
+           if not k.startswith(("JAX_", "PODLAUNCH_"))
+           and k not in ("COLUMNS", "LINES", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PROGRAMS, REPO, env.get("PYTHONPATH")) if p)
     # the venv's own `launch` on PATH, as after `source .venv/bin/activate`: next steps are
     # then written as `launch ...` (tests/console/test_next_steps.py tries them without it)

@@ -137,6 +137,45 @@ def test_gpus_default_to_one_process_each(tmp_path):
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs(done.stdout)] == ["0", "1", "2", "3"]
 
 
+def test_each_process_gets_the_gpus_its_device_files_name_in_pci_order(tmp_path):
+    # a report: files nvidia4, nvidia5 gave CUDA_VISIBLE_DEVICES 0 and 1 (GPUs the run was
+    # never given); CUDA's own order is fastest first, the driver's (and the files') PCI order
+    folder = tmp_path / "dev"
+    folder.mkdir()
+    for name in ("nvidia4", "nvidia5", "nvidiactl", "nvidia-uvm"):
+        (folder / name).write_text("")
+    done = launch("jobs/linear.yaml", "--dry-run", "--set", "cluster.platform=gpu",
+                  "--set", f"cluster.gpu_device_paths=[{str(folder / 'nvidia*')!r}]",
+                  "--set", "cluster.num_processes=2", "--set", "cluster.devices_per_process=null")
+    assert done.returncode == 0, done.stderr
+    assert [(e["CUDA_VISIBLE_DEVICES"], e["CUDA_DEVICE_ORDER"]) for e in envs(done.stdout)] == \
+        [("4", "PCI_BUS_ID"), ("5", "PCI_BUS_ID")]
+
+
+def test_a_shells_cuda_visible_devices_is_split_among_the_processes_never_widened(tmp_path):
+    # a scheduler's allocation (CUDA_VISIBLE_DEVICES=2,3 on a 4-GPU box) gave 4 processes
+    # GPUs 0-3 without a word
+    pattern = chips(tmp_path, 4, "nvidia")
+    gpu = ("jobs/linear.yaml", "--dry-run", "--set", "cluster.platform=gpu",
+           "--set", f"cluster.gpu_device_paths=[{pattern!r}]",
+           "--set", "cluster.devices_per_process=null")
+    done = launch(*gpu, "--set", "cluster.num_processes=null", CUDA_VISIBLE_DEVICES="2,3")
+    assert done.returncode == 0, done.stderr
+    assert "this shell's CUDA_VISIBLE_DEVICES=2,3 gives the run 2 GPUs" in done.stdout
+    # each entry means what it meant in the shell: CUDA's default order, as there
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs(done.stdout)] == ["2", "3"]
+    assert all("CUDA_DEVICE_ORDER" not in e for e in envs(done.stdout))
+    done = launch(*gpu, "--set", "cluster.num_processes=1", CUDA_VISIBLE_DEVICES="GPU-aaa,GPU-bbb",
+                  CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    assert done.returncode == 0, done.stderr
+    assert [(e["CUDA_VISIBLE_DEVICES"], e["CUDA_DEVICE_ORDER"]) for e in envs(done.stdout)] == \
+        [("GPU-aaa,GPU-bbb", "PCI_BUS_ID")]
+    done = launch(*gpu, "--set", "cluster.num_processes=4", CUDA_VISIBLE_DEVICES="2,3")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert "cluster.num_processes: 4 processes x 1 GPU need more than the 2 GPUs of this " \
+           "shell's CUDA_VISIBLE_DEVICES (2,3); use at most 2 in all" in done.stderr
+
+
 HOLD = textwrap.dedent("""
     import sys, time
     files = [open(p) for p in sys.argv[1:]]
@@ -303,7 +342,9 @@ def fake_job(tmp_path, platform: str, num_chips: int, num_processes: int, **clus
     from types import SimpleNamespace
     return SimpleNamespace(
         cluster=SimpleNamespace(env=cluster.get("env", {}),
-                                chips=tuple(f"/dev/accel{i}" for i in range(num_chips))),
+                                chips=tuple(f"/dev/accel{i}" for i in range(num_chips)),
+                                gpus=tuple(str(i) for i in range(num_chips)),
+                                gpu_order="PCI_BUS_ID"),
         num_processes=num_processes, local_device_count=cluster.get("per", num_chips // num_processes),
         working_directory=None)
 
