@@ -49,6 +49,7 @@ sys.path.insert(0, REPO)
 
 from launcher import logtimes  # noqa: E402  (after the path is set)
 from worker import contract  # noqa: E402
+from worker.contract import wire  # noqa: E402
 
 
 def deep_mlp(layers: int = 12, width: int = 32, crash_at_step: int = 0,
@@ -135,7 +136,7 @@ def run(cache: bool, args, workdir: str, tag: str) -> dict:
     for process_id in range(processes):
         log = os.path.join(run_dir, "logs", "" if args.rerun else "attempt-1",
                            f"process-{process_id:03d}.log")
-        lines[process_id] = next(m for m in map(contract.CACHE_RE.match,
+        lines[process_id] = next(m for m in map(wire.CACHE_RE.match,
                                                 logtimes.read_text(log).splitlines()) if m)
     return {"restart_s": first_at - restart_at,
             "first_step_s": {p: float(m["seconds"]) for p, m in lines.items()},

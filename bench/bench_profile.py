@@ -31,7 +31,7 @@ sys.path.insert(0, REPO)
 from bench.bench_step import _env  # noqa: E402  (after the path is set)
 from launcher import logtimes  # noqa: E402
 from launcher.stats import ProcessStats  # noqa: E402
-from worker import contract  # noqa: E402
+from worker.contract import wire  # noqa: E402
 from worker.contract import profiling
 
 TRACED = 10
@@ -50,8 +50,8 @@ def run_once(side: str, steps: int, processes: int, devices: int, workdir: str, 
         raise SystemExit(f"{side} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
     stats, traced = ProcessStats(), None
     for line in logtimes.read_text(os.path.join(run_dir, "logs", "process-000.log")).splitlines():
-        progress = contract.parse_progress(line)
-        if progress is not None and progress.step <= steps - TRACED:
+        progress = wire.parse(line)
+        if isinstance(progress, wire.Progress) and progress.step <= steps - TRACED:
             stats.observe(line)
         if (trace := profiling.parse(line)) is not None:
             traced = trace.ms_per_step

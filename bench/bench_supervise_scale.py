@@ -34,7 +34,7 @@ from harness.fakes import process_plan  # noqa: E402
 from launcher.console import Console  # noqa: E402
 from launcher.run import supervise as supervision  # noqa: E402
 from launcher.state import Exited, Killed, Watchdog  # noqa: E402
-from worker import contract  # noqa: E402
+from worker.contract import wire  # noqa: E402
 
 
 class ScriptedWorker:
@@ -63,13 +63,13 @@ class ScriptedWorker:
                 return
             if now >= next_at:
                 step += 1
-                yield contract.PROGRESS_FORMAT.format(step=step, num_steps=10**6, loss=0.5,
+                yield wire.PROGRESS_FORMAT.format(step=step, num_steps=10**6, loss=0.5,
                                                       steps_per_s=1 / self.step_s,
                                                       step_time_s=self.step_s, own_step_time_s=0.001)
                 next_at += self.step_s
                 continue
             if now >= next_at - self.step_s / 2 and step:  # a heartbeat half way
-                yield contract.HEARTBEAT_FORMAT.format(step=step)
+                yield wire.HEARTBEAT_FORMAT.format(step=step)
             wait = next_at - now
             if self.fail_at is not None:
                 wait = min(wait, max(0.0, self.fail_at - now))

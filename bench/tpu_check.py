@@ -55,7 +55,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from launcher import logtimes, proctl  # noqa: E402  (after the path is set)
-from worker import contract  # noqa: E402
+from worker.contract import wire  # noqa: E402
 
 SHAPES = {"seed": (256, 4), "large": (65536, 256)}
 # the bench's rates leave out the first 5% of each run's steps: the first call's device work
@@ -301,8 +301,8 @@ def _rate_after_first_call(text: str, warmup_fraction: float = 0.0) -> float:
     (docs/tpu.md)."""
     match = re.search(r", (\d+) steps per call", text)
     first_call = int(match.group(1)) if match else 1
-    progress = [p for p in map(contract.parse_progress, text.splitlines())
-                if p is not None and p.step_time_s is not None]
+    progress = [p for p in map(wire.parse, text.splitlines())
+                if isinstance(p, wire.Progress) and p.step_time_s is not None]
     start = max(first_call, int(warmup_fraction * max((p.step for p in progress), default=0)))
     steps = seconds = 0.0
     previous = None

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Protocol
 from launcher.plan import ProcessPlan
 from launcher.stats import ProcessStats  # noqa: F401  (state.ProcessStats, as before)
 from worker import contract
-from worker.contract import signals
+from worker.contract import signals, wire
 
 TAIL_LINES = 15
 
@@ -219,7 +219,7 @@ class Tracked:
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
     stacks: StacksCapture = dataclasses.field(default_factory=StacksCapture)  # launch stacks, a kill
-    in_detail: bool = False  # inside an expected failure's traceback (contract.DETAIL_BEGIN)
+    in_detail: bool = False  # inside an expected failure's traceback (wire.DETAIL_BEGIN)
     stats: ProcessStats = dataclasses.field(default_factory=ProcessStats)  # for status and summary
 
     @property
@@ -239,35 +239,41 @@ class Tracked:
         """
         if self.stacks.take(line, now):
             return False
-        progress = contract.parse_progress(line)  # parsed once: finished, stats
-        if contract.is_finished(line, progress):
-            self.finished = True
-        if self.joining is None and (joining := contract.JOINING_RE.match(line)):
-            self.joining, self.joining_at = joining.group("address"), now
-            self.joining_timeout_s = float(joining.group("timeout_s"))
-        elif not self.joined and contract.JOINED_RE.match(line):
-            self.joined, self.joined_at = True, now
-        step = contract.parse_step(line)
-        if step is not None:
-            self.last_step, self.progress_at = step, now
-            self.failed_at_step = contract.is_failure(line)
-        if contract.is_heartbeat(line):
-            return False
-        reported = contract.parse_failed_time(line)
-        if reported is not None:
-            self.failed_reported_at = reported
-            return False
+        parsed = wire.parse(line)  # once: the step, the join, the end, then the stats
+        match parsed:
+            case wire.Heartbeat(step=step):
+                self._stepped(step, now, failed=False)
+                return False
+            case wire.FailedAt(at=at):
+                self.failed_reported_at = at
+                return False
+            case wire.Progress(step=step):
+                self.finished = self.finished or parsed.finished
+                self._stepped(step, now, failed=False)
+            case wire.Failed(step=step):
+                self._stepped(step, now, failed=True)
+            case wire.Done():
+                self.finished = True
+            case wire.Joining(address=address, timeout_s=timeout_s) if self.joining is None:
+                self.joining, self.joining_at, self.joining_timeout_s = address, now, timeout_s
+            case wire.Joined() if not self.joined:
+                self.joined, self.joined_at = True, now
         self.tail.append(line)
-        self.stats.observe(line, now, progress)
+        self.stats.observe(parsed, now)
         return True
+
+    def _stepped(self, step: int | None, now: float, failed: bool) -> None:
+        """A line that names the step it reached (None: one of its head without a step)."""
+        if step is not None:
+            self.last_step, self.progress_at, self.failed_at_step = step, now, failed
 
     def detail(self, line: str) -> bool:
         """Whether ``line`` is for the log file only: an expected failure's traceback, between
-        ``contract.DETAIL_BEGIN`` and ``DETAIL_END`` (its sentence is on the console)."""
-        if line == contract.DETAIL_BEGIN:
+        ``wire.DETAIL_BEGIN`` and ``DETAIL_END`` (its sentence is on the console)."""
+        if line == wire.DETAIL_BEGIN:
             self.in_detail = True
         elif self.in_detail:
-            self.in_detail = line != contract.DETAIL_END
+            self.in_detail = line != wire.DETAIL_END
             return True
         return self.in_detail
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from worker import contract
-from worker.contract import profiling
+from worker.contract import profiling, wire
 
 
 @dataclasses.dataclass
@@ -14,12 +13,12 @@ class ProcessStats:
     """What one process's progress lines said so far (for the status line and summary).
 
     Attributes:
-      progress: the latest ``contract.Progress``, or None before the first.
+      progress: the latest ``wire.Progress``, or None before the first.
       timed_steps: steps covered by reported intervals.
       timed_s: seconds those steps took (sum of step_time_s x steps per interval).
     """
 
-    progress: contract.Progress | None = None
+    progress: wire.Progress | None = None
     timed_steps: int = 0
     timed_s: float = 0.0
     own_timed_s: float = 0.0  # of those seconds, the host's own (outside JAX: own_step_time_s)
@@ -38,32 +37,30 @@ class ProcessStats:
     restores: list = dataclasses.field(default_factory=list)   # [(at, seconds)]
     profiles: list = dataclasses.field(default_factory=list)   # [worker.contract.profiling.Trace]
 
-    def observe(self, line: str, now: float | None = None,
-                progress: contract.Progress | None | bool = False) -> contract.Progress | None:
-        """Update from one output line read at ``now``; returns its Progress, or None for
-        other lines. ``progress``: the line's ``contract.parse_progress``, when the caller
-        parsed it already (False: parse it here)."""
-        if progress is False:
-            progress = contract.parse_progress(line)
-        if progress is None and (cache := contract.CACHE_RE.match(line)):
-            self.cache_hits, self.cache_misses = int(cache["hits"]), int(cache["misses"])
-            self.first_step_s = None if cache["seconds"] == "?" else float(cache["seconds"])
-            if self.first_step_at is None:
-                self.first_step_at = now
-        if progress is None:
-            if not line.startswith(("checkpoint of step ", "resumed from ", "profile of steps ")):
-                return None  # every line passes here: three regular expressions only for these
-            if (trace := profiling.parse(line)) is not None:
-                self.profiles.append(trace)
-            if (saved := contract.parse_seconds(contract.CHECKPOINT_RE, line)) is not None:
-                self.saves.append((now, saved[1]))
-                self.saved_step = max(saved[0], self.saved_step or 0)
-            resumed = contract.parse_seconds(contract.RESUMED_RE, line)
-            if resumed is not None:
-                self.restores.append((now, resumed[1]))
+    def observe(self, line, now: float | None = None) -> wire.Progress | None:
+        """Update from one output line read at ``now`` (its text, or ``wire.parse``'s type of
+        it); returns its ``wire.Progress``, or None for other lines."""
+        parsed = wire.parse(line) if isinstance(line, str) else line
+        match parsed:
+            case wire.Progress():
+                self._progressed(parsed, now)
+                return parsed
+            case wire.CacheReport(hits=hits, misses=misses, seconds=seconds):
+                self.cache_hits, self.cache_misses, self.first_step_s = hits, misses, seconds
+                if self.first_step_at is None:
+                    self.first_step_at = now
+            case profiling.Trace():
+                self.profiles.append(parsed)
+            case wire.CheckpointSaved(step=step, seconds=seconds):
+                self.saves.append((now, seconds))
+                self.saved_step = max(step, self.saved_step or 0)
+            case wire.Resumed(step=step, seconds=seconds):
+                self.restores.append((now, seconds))
                 if self.progress is None:
-                    self.resumed_at = resumed[0]
-            return None
+                    self.resumed_at = step
+        return None
+
+    def _progressed(self, progress: wire.Progress, now: float | None) -> None:
         if self.first_step_at is None:
             self.first_step_at = now
         self.progress_at = now
@@ -75,7 +72,6 @@ class ProcessStats:
             if progress.own_step_time_s is not None:
                 self.own_timed_s += progress.own_step_time_s * steps
         self.progress = progress
-        return progress
 
     @property
     def mean_step_time_s(self) -> float | None:

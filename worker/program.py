@@ -23,7 +23,7 @@ the rest of what the built-in trainer has::
   TensorBoard scalars and ``metrics.jsonl``, with every process's step time
   (``step_time_s/process_NNN``, through JAX's coordination service, no device
   collective); between them heartbeats for the stall watchdog.
-* ``done()``: says the program completed (``contract.DONE_LINE``), e.g. when it
+* ``done()``: says the program completed (``wire.Done``), e.g. when it
   stops before ``num_steps`` on purpose. Reporting the last step says so too.
 * ``stop_after(step)`` after every step, and ``preempted()`` once it returned True and
   the program saved that step: a preemption notice (SIGTERM) to any process becomes one
@@ -48,7 +48,7 @@ import sys
 import time
 
 from worker import contract
-from worker.contract import causes
+from worker.contract import causes, wire
 from worker.contract import job as jobs
 from worker.runtime import interrupts
 
@@ -130,8 +130,8 @@ def initialize(num_steps: int | None = None):
     if joining.single_process(me):
         print("process 0/1: one process, in-process collectives (no jax.distributed)", flush=True)
     else:
-        print(f"process {jax.process_index()}/{jax.process_count()} joined "
-              f"{me.coordinator_address}", flush=True)
+        print(wire.Joined(jax.process_index(), jax.process_count(),
+                          me.coordinator_address).text(), flush=True)
     _state.update(identity=me, num_steps=num_steps or job.program.num_steps)
     atexit.register(_at_exit)  # after JAX's own: runs before its shutdown barrier
     sys.excepthook = _on_uncaught
@@ -174,9 +174,9 @@ def _on_uncaught(kind, exc, tb) -> None:
 
     traceback.print_exception(kind, exc, tb)
     reporter = _state.get("reporter")
-    print(contract.FAILED_TIME_FORMAT.format(at=time.time()), flush=True)
-    print(contract.FAILED_FORMAT.format(step=reporter.last_step if reporter else 0,
-                                        error=f"{kind.__name__}: {exc}"), flush=True)
+    print(wire.FailedAt(time.time()).text(), flush=True)
+    print(wire.Failed(reporter.last_step if reporter else 0, f"{kind.__name__}: {exc}").text(),
+          flush=True)
     full = causes.disk_full(exc) if isinstance(exc, OSError) else None
     if full:  # the class and the advice come from this line (worker.contract.causes), not exit 1
         print(causes.line(causes.DISK_FULL, full), flush=True)
@@ -194,7 +194,7 @@ class _Reporter:
 
         self.me, self.num_steps = me, num_steps
         self.log_every = job.logging.log_every_steps
-        self.interval_s = contract.heartbeat_interval_s(job.watchdog.stall_timeout_s)
+        self.interval_s = wire.heartbeat_interval_s(job.watchdog.stall_timeout_s)
         self.tracker = make_tracker(me.run_dir, me.process_id, job.logging.tensorboard)
         self.gather = None
         if job.logging.tensorboard and me.num_processes > 1:
@@ -222,7 +222,7 @@ class _Reporter:
         self.last_step = step
         if not (step % self.log_every == 0 or step == self.num_steps):
             if self.interval_s is not None and now - self.last_beat >= self.interval_s:
-                print(contract.HEARTBEAT_FORMAT.format(step=step), flush=True)
+                print(wire.Heartbeat(step).text(), flush=True)
                 self.last_beat = now
             return
         with interrupts.held():  # a progress line printed is a record written or held
@@ -236,9 +236,8 @@ class _Reporter:
         self.mark, self.mark_step = now, step
         loss = values.get("loss", math.nan)
         # a program's own host time is not told apart from JAX's: both numbers are the wall time
-        print(contract.PROGRESS_FORMAT.format(
-            step=step, num_steps=self.num_steps, loss=loss, steps_per_s=1.0 / step_time_s,
-            step_time_s=step_time_s, own_step_time_s=step_time_s), flush=True)
+        print(wire.Progress(step, self.num_steps, loss, 1.0 / step_time_s, step_time_s,
+                            step_time_s).text(), flush=True)
         self.last_beat = now
         values["step_time_s"] = step_time_s
         if step == self.num_steps and "loss" in values:
@@ -301,8 +300,8 @@ def report(step: int, **scalars) -> None:
 def resumed_from(step: int, seconds: float = 0.0) -> None:
     """Say that this attempt continues after ``step`` (a checkpoint the program restored,
     in ``seconds``): the launcher's status line, step times and goodput ledger then count
-    from it (``contract.RESUMED_FORMAT``), not from step 0."""
-    print(contract.RESUMED_FORMAT.format(step=step, attempt=attempt(), seconds=seconds), flush=True)
+    from it (``wire.Resumed``), not from step 0."""
+    print(wire.Resumed(step, attempt(), seconds).text(), flush=True)
 
 
 def stop_after(step: int) -> bool:
@@ -365,7 +364,7 @@ def done() -> None:
     """Say the program completed (the launcher counts its exit 0 as a success)."""
     _close(wait_s=60.0)
     _state["done"] = True
-    print(contract.DONE_LINE, flush=True)
+    print(wire.Done().text(), flush=True)
 
 
 def _close(wait_s: float = 60.0) -> None:

@@ -37,8 +37,7 @@ from launcher.console import lines as kinds
 from launcher.state import State
 from launcher.console.status import status_text
 from launcher.words import plural
-from worker import contract
-from worker.contract import runfiles
+from worker.contract import runfiles, wire
 from worker.contract import notice
 
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
@@ -48,7 +47,7 @@ LOG_STATUS_EVERY_S = 10.0  # the progress line in launcher.log: when did the run
 
 # How a worker's failure sentence starts: the loop's "failed at step N: ..." and worker/trainer/main.py's
 # "worker: ..." (a contract error, bad data, a full disk, a checkpoint that cannot be used)
-FAILURE_HEADS = (contract.FAILED_PREFIX, "worker: ")
+FAILURE_HEADS = (wire.FAILED_PREFIX, "worker: ")
 
 
 class Console:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable, NamedTuple
 
-from worker import contract
+from worker.contract import wire
 
 
 class Reading(NamedTuple):
@@ -30,7 +30,7 @@ def _words(pattern: str, flags: int = 0) -> Callable[[str], bool]:
 _CASCADE = 2
 
 READINGS = (
-    Reading(lambda line: contract.is_peer_loss(line) and "Gloo" in line,  # the cascade markers
+    Reading(lambda line: wire.is_peer_loss(line) and "Gloo" in line,  # the cascade markers
             "a collective (gloo, JAX's CPU all-reduce) was cut off from another process: "
             "that process died or its host went away, so this failure follows from another; "
             "look at the process that failed first"),
@@ -87,8 +87,8 @@ def follows_from_another(tail: Iterable[str]) -> bool:
     service's shutdown is logged after it). ``launcher.run.classes`` reads a
     failure with such a tail as a consequence, not a cause."""
     lines = list(tail)
-    cascade = [contract.is_peer_loss(line) or any(r.matches(line) for r in READINGS[:_CASCADE])
+    cascade = [wire.is_peer_loss(line) or any(r.matches(line) for r in READINGS[:_CASCADE])
                for line in lines]
-    own_error = any(not seen and (_EXCEPTION_LINE.match(line.lstrip(" |")) or contract.is_failure(line))
+    own_error = any(not seen and (_EXCEPTION_LINE.match(line.lstrip(" |")) or isinstance(wire.parse(line), wire.Failed))
                     for line, seen in zip(lines, cascade))
     return any(cascade) and not own_error

@@ -1,7 +1,7 @@
 """What the console says about processes: the status line's text, ``--show``, the summary.
 
 Everything here is derived on the launcher side from the progress lines
-workers already print (``worker.contract.PROGRESS_FORMAT``); no worker sends
+workers already print (``worker.contract.wire.Progress``); no worker sends
 anything extra. Nothing here imports jax or numpy.
 
 The status line reads::

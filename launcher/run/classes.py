@@ -39,7 +39,7 @@ from launcher.console import explain
 from launcher.state import (EndedEarly, Exit, Exited, Final, Killed, Lost, Preempted, Result,
                             Stalled, State, Tracked)
 from worker import contract
-from worker.contract import causes
+from worker.contract import causes, wire
 from worker.contract import notice
 
 
@@ -216,7 +216,7 @@ def _nonfinite_loss(tail) -> str | None:
     """The worker's words when a non-finite loss stopped it (``worker.telemetry.metrics``: a
     ``FloatingPointError`` in its ``failed at step N`` line), or None."""
     for line in reversed(list(tail)):
-        if line.startswith(contract.FAILED_PREFIX) and ": FloatingPointError: " in line:
+        if ": FloatingPointError: " in line and isinstance(wire.parse(line), wire.Failed):
             return line.split(": FloatingPointError: ", 1)[1].split(" (logging.", 1)[0]
     return None
 

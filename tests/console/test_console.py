@@ -35,13 +35,13 @@ from launcher.run.classes import FailureClass, Verdict
 from launcher.state import Exited, Result, State
 from launcher.console.status import status_text
 from launcher.words import duration, plural
-from worker import contract
+from worker.contract import wire
 
 GLOO = "[Gloo] Rank {} is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
 
 
 def progress(step: int, num_steps: int = 100, loss: float = 0.5, step_time_s: float = 0.1) -> str:
-    return contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=loss,
+    return wire.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=loss,
                                            steps_per_s=1 / step_time_s, step_time_s=step_time_s,
                                            own_step_time_s=0.01)
 
@@ -60,7 +60,7 @@ def test_gloo_lines_are_noise_and_glued_ones_split_back_into_noise_pieces():
         pieces = kinds.split_glued(line)
         kept = [p for p in pieces if not kinds.is_noise(p)]
         assert [p.rstrip() for p in kept] == [progress(10)], pieces
-        assert contract.parse_progress(kept[0]).step == 10
+        assert wire.parse(kept[0]).step == 10
     assert kinds.split_glued(progress(10)) == [progress(10)]
     assert kinds.split_glued("") == [""]
     # interleaved word by word (seen in a CI run): still noise, every piece of it
@@ -265,7 +265,7 @@ def _tracked(lines, last_at, state=State.RUNNING):
         stats.observe(line)
     plan = process_plan(0, "/tmp")
     return types.SimpleNamespace(plan=plan, stats=stats, state=state,
-                                 last_step=contract.parse_step(lines[-1]), progress_at=last_at)
+                                 last_step=wire.parse(lines[-1]).step, progress_at=last_at)
 
 
 def test_the_eta_counts_down_between_progress_lines_and_the_line_has_elapsed_and_loss():
@@ -293,7 +293,7 @@ def test_plural_and_duration():
 def _result(steps_and_losses, exit_code_states):
     processes = []
     for (step, loss), state in zip(steps_and_losses, exit_code_states):
-        stats = types.SimpleNamespace(progress=contract.parse_progress(progress(step, 50, loss)),
+        stats = types.SimpleNamespace(progress=wire.parse(progress(step, 50, loss)),
                                       saved_step=None)  # launcher.stats.ProcessStats's fields
         processes.append(types.SimpleNamespace(stats=stats, state=state))
     return Result(processes, None, False, 1.0)

@@ -29,7 +29,7 @@ from launcher.plan import ProcessPlan
 from launcher.console import CLEAR_LINE, StatusLine
 from launcher.state import Exited, Killed, ProcessStats, Result, State, Tracked
 from launcher.console.status import parse_show, status_text, summary
-from worker import contract
+from worker.contract import wire
 
 LOGGED = ("loss", "learning_rate", "grad_norm", "param_norm", "step_time_s", "examples_per_s")
 
@@ -46,18 +46,18 @@ def test_show_accepts_ids_ranges_all_and_none_and_echoes_bad_parts():
 
 
 def test_progress_lines_round_trip():
-    line = contract.PROGRESS_FORMAT.format(step=40, num_steps=100, loss=0.0123, steps_per_s=81.25,
+    line = wire.PROGRESS_FORMAT.format(step=40, num_steps=100, loss=0.0123, steps_per_s=81.25,
                                            step_time_s=0.0123, own_step_time_s=0.00042)
-    got = contract.parse_progress(line)
-    assert got == contract.Progress(40, 100, 0.0123, 81.2, 0.0123, 0.00042)
-    assert contract.parse_step(line) == 40
-    old = contract.parse_progress("step 7/9 loss nan | 3.0 steps/s")  # a worker without step times
+    got = wire.parse(line)
+    assert got == wire.Progress(40, 100, 0.0123, 81.2, 0.0123, 0.00042)
+    assert wire.parse(line).step == 40 and got.text() == line
+    old = wire.parse("step 7/9 loss nan | 3.0 steps/s")  # a worker without step times
     assert old.step == 7 and np.isnan(old.loss) and old.own_step_time_s is None
-    assert contract.parse_progress("[Gloo] step 3/4") is None
+    assert wire.parse("[Gloo] step 3/4") == wire.Other("[Gloo] step 3/4")  # no progress
 
 
 def test_mean_step_time_of_a_resumed_attempt_counts_from_its_checkpoint():
-    lines = [contract.RESUMED_FORMAT.format(step=1000, attempt=1, seconds=0.5),
+    lines = [wire.RESUMED_FORMAT.format(step=1000, attempt=1, seconds=0.5),
              _progress(1010, 0.0, step_time_s=0.02), _progress(1020, 0.0, step_time_s=0.04)]
     stats = ProcessStats()
     for line in lines:
@@ -77,12 +77,12 @@ def _tracked(process_id, host="localhost", lines=(), state=State.RUNNING, exit=N
     t = Tracked(types.SimpleNamespace(plan=plan), state=state, exit=exit)
     for line in lines:
         t.stats.observe(line)
-        t.last_step = contract.parse_step(line) or t.last_step
+        t.last_step = getattr(wire.parse(line), "step", None) or t.last_step
     return t
 
 
 def _progress(step, own_s, step_time_s=0.05, num_steps=100):
-    return contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5,
+    return wire.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5,
                                            steps_per_s=1 / step_time_s, step_time_s=step_time_s,
                                            own_step_time_s=own_s)
 
@@ -144,7 +144,7 @@ def test_summary_reports_each_process_compilation_and_the_attempts_slowest():
     from launcher.run import restarts
 
     def cache(hits, misses, seconds):
-        return contract.CACHE_FORMAT.format(hits=hits, misses=misses, seconds=seconds, path="/r/cc")
+        return wire.CACHE_FORMAT.format(hits=hits, misses=misses, seconds=seconds, path="/r/cc")
 
     done = [_progress(10, 0.01, num_steps=10)]
     first = [_tracked(0, lines=[cache(0, 4, "1.250")] + done, state=State.SUCCEEDED, exit=Exited(0)),

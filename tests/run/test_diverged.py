@@ -10,16 +10,16 @@ from launcher.rundir import record as runs
 from launcher.console.status import summary
 from launcher.state import Result, State
 from launcher.stats import ProcessStats
-from worker import contract
+from worker.contract import wire
 
 
 def _ended(*losses: float) -> Result:
     processes = []
     for process_id, loss in enumerate(losses):
-        line = contract.PROGRESS_FORMAT.format(step=50, num_steps=50, loss=loss, steps_per_s=10.0,
+        line = wire.PROGRESS_FORMAT.format(step=50, num_steps=50, loss=loss, steps_per_s=10.0,
                                                step_time_s=0.1, own_step_time_s=0.01)
         stats = ProcessStats()
-        stats.observe(line, 1.0, contract.parse_progress(line))
+        stats.observe(line, 1.0)
         plan = types.SimpleNamespace(process_id=process_id, host="localhost",
                                      label=f"p{process_id}", log_path="/x")
         processes.append(types.SimpleNamespace(stats=stats, state=State.SUCCEEDED, plan=plan,

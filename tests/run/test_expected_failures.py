@@ -13,7 +13,7 @@ import pytest
 
 from harness.helpers import launch
 
-from worker import contract
+from worker.contract import wire
 
 
 def _streamed(out: str) -> list:
@@ -29,9 +29,9 @@ def _summary(out: str) -> str:
 def _log_holds_the_traceback(path: str) -> None:
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    begin = text.index(contract.DETAIL_BEGIN)
+    begin = text.index(wire.DETAIL_BEGIN)
     assert text.index("Traceback (most recent call last):") > begin
-    assert text.index(contract.DETAIL_END) > begin
+    assert text.index(wire.DETAIL_END) > begin
 
 
 @pytest.mark.slow
@@ -45,7 +45,7 @@ def test_a_non_finite_loss_is_its_sentence_once_and_its_traceback_in_the_log_onl
                   "--set", "cluster.num_processes=1")
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
-    assert "Traceback" not in out and contract.DETAIL_BEGIN not in out, out
+    assert "Traceback" not in out and wire.DETAIL_BEGIN not in out, out
     said = [line for line in _streamed(out) if "FloatingPointError: loss is" in line]
     assert len(said) == 1, out
     assert re.search(r"^  \| failed at step \d+: FloatingPointError: loss is (inf|nan) at step \d+ "
@@ -68,7 +68,7 @@ def test_a_checkpoint_that_cannot_be_used_is_its_sentence_once_without_gloo_chat
     done = launch("jobs/linear.yaml", *settings, "--resume", str(run_dir))
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
-    assert "Traceback" not in out and contract.DETAIL_BEGIN not in out, out
+    assert "Traceback" not in out and wire.DETAIL_BEGIN not in out, out
     said = [line for line in _streamed(out) if line.startswith("worker: every checkpoint in ")]
     assert len(said) == 1 and "is corrupt" in said[0], out
     summary = _summary(out)

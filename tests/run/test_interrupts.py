@@ -17,6 +17,7 @@ from launcher import backends
 from launcher import spec as specs
 from harness.helpers import REPO
 from worker import contract, program
+from worker.contract import wire
 from worker.contract import job as jobs
 from worker.recovery import checkpoint
 from worker.runtime import interrupts
@@ -147,7 +148,8 @@ def test_a_sigterm_during_a_checkpoint_save_ends_the_worker_after_it(sigterm_han
         recovery.after_step(100, params, (), loss=np.float32(0.5))  # linear.yaml's last step
     assert raised.value.code == 143
     [line] = lines
-    assert contract.parse_seconds(contract.CHECKPOINT_RE, line)[0] == 100
+    saved = wire.parse(line)
+    assert isinstance(saved, wire.CheckpointSaved) and saved.step == 100
     assert line.endswith(": " + checkpoint.step_dir(checkpoint.directory(str(tmp_path)), 100))
     template = [np.zeros((1,), np.float32), np.zeros((4, 1), np.float32)]
     saved = checkpoint.latest(checkpoint.directory(str(tmp_path)), template, num_batches=1)

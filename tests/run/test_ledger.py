@@ -24,7 +24,7 @@ from launcher.rundir.watcher import Watchers
 from launcher.rundir import ledger
 from launcher.run import supervise as supervision
 from launcher.state import Exited, Killed
-from worker import contract
+from worker.contract import wire
 
 STEP_TIME_S = 0.1  # every progress line's step_time_s
 # a line is read at the first poll (supervise's 0.05 s in fake time) at or after its time
@@ -32,7 +32,7 @@ POLL = dict(abs=0.051)
 
 
 def progress(step: int, num_steps: int = 30) -> str:
-    return contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5,
+    return wire.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5,
                                            steps_per_s=1 / STEP_TIME_S, step_time_s=STEP_TIME_S,
                                            own_step_time_s=0.01)
 
@@ -41,16 +41,16 @@ def joined(process_id: int) -> str:
     return f"process {process_id}/2 joined 127.0.0.1:1"
 
 
-CACHE = contract.CACHE_FORMAT.format(hits=0, misses=3, seconds="0.4", path="/cache")
+CACHE = wire.CACHE_FORMAT.format(hits=0, misses=3, seconds="0.4", path="/cache")
 
 
 def saved(step: int, seconds: float) -> str:
-    return contract.CHECKPOINT_FORMAT.format(step=step, seconds=seconds,
+    return wire.CHECKPOINT_FORMAT.format(step=step, seconds=seconds,
                                              path=f"/r/checkpoints/step-{step:07d}")
 
 
 def resumed(step: int, seconds: float) -> str:
-    return contract.RESUMED_FORMAT.format(step=step, attempt=1, seconds=seconds)
+    return wire.RESUMED_FORMAT.format(step=step, attempt=1, seconds=seconds)
 
 
 def _job(**budgets):
@@ -217,7 +217,7 @@ def test_a_crash_before_the_first_step_is_setup_then_teardown(tmp_path, monkeypa
 def test_a_host_late_to_join_is_join_time_not_compilation(tmp_path, monkeypatch):
     # issue 51.2: process 1 starts joining 12 s late at a restart; process 0 gives up after
     # initialization_timeout_s 10 (JAX's abort): its 10.6 s of waiting were filed as compilation
-    joining = contract.JOINING_FORMAT.format(address="127.0.0.1:1", timeout_s=10)
+    joining = wire.JOINING_FORMAT.format(address="127.0.0.1:1", timeout_s=10)
     r = Ledgered(tmp_path, monkeypatch, _job(),
                  [{"lines": [(0.5, joining)], "exit": Killed(signal.SIGABRT), "exit_at": 10.6},
                   {"lines": []}])
@@ -233,7 +233,7 @@ def test_compilation_is_the_first_steps_measured_seconds_not_the_data_before_it(
     # issue 51.2: one process making a 65,536 x 256 table for 7.7 s, then its first step
     # (trace, compile, dispatch) in 1.5 s: compilation was 9.2 s
     one = [{"lines": [(0.2, "process 0/1: one process, in-process collectives (no jax.distributed)"),
-                      (9.4, contract.CACHE_FORMAT.format(hits=0, misses=3, seconds="1.5",
+                      (9.4, wire.CACHE_FORMAT.format(hits=0, misses=3, seconds="1.5",
                                                          path="/cache")),
                       (9.6, progress(30)), (9.7, "done")], "exit": Exited(0), "exit_at": 9.8}]
     r = Ledgered(tmp_path, monkeypatch, _job(), one)

@@ -16,7 +16,7 @@ from launcher.console import Console, lines
 from launcher.console.status import summary
 from launcher.run import supervise as supervision
 from launcher.state import Exited
-from worker import contract
+from worker.contract import wire
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ")  # UTC, milliseconds
 
@@ -51,7 +51,7 @@ def test_each_line_of_a_process_log_has_its_utc_time_and_the_summary_shows_the_l
     clock = FakeClock()
     out = io.StringIO()
     console = Console(out, tty=False, status_every_s=0)
-    progress = contract.PROGRESS_FORMAT.format(step=1, num_steps=100, loss=0.5, steps_per_s=10.0,
+    progress = wire.PROGRESS_FORMAT.format(step=1, num_steps=100, loss=0.5, steps_per_s=10.0,
                                                step_time_s=0.1, own_step_time_s=0.01)
     pieces = [lines.Piece("a" * 70_000), lines.Piece("b" * 70_000)]  # one long line, in parts
     said = [progress, "a line with a \r inside", "".join(pieces) + "c", "failed at step 2: boom"]

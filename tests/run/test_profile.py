@@ -30,13 +30,13 @@ from launcher.backends.ssh import fetches as ssh_fetches
 from launcher.run import supervise as supervision
 from launcher.state import Exited
 from launcher.stats import ProcessStats
-from worker import contract
+from worker.contract import wire
 from worker.contract import profiling, sections
 from worker.telemetry.profiler import Profiler
 
 
 def progress(step: int, num_steps: int = 1000, steps_per_s: float = 10.0) -> str:
-    return contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5,
+    return wire.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5,
                                            steps_per_s=steps_per_s, step_time_s=1 / steps_per_s,
                                            own_step_time_s=0.01)
 

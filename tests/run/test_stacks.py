@@ -30,6 +30,7 @@ from launcher.run import stacks
 from launcher.run import supervise as supervision
 from launcher.state import Tracked, Watchdog
 from worker import contract
+from worker.contract import wire
 from worker.runtime import interrupts
 
 HANGS = textwrap.dedent("""\
@@ -133,7 +134,7 @@ def dump_text(function: str, path: str, line: int) -> list:
 
 
 def progress(step: int) -> str:
-    return contract.PROGRESS_FORMAT.format(step=step, num_steps=100, loss=0.5, steps_per_s=10.0,
+    return wire.PROGRESS_FORMAT.format(step=step, num_steps=100, loss=0.5, steps_per_s=10.0,
                                            step_time_s=0.1, own_step_time_s=0.01)
 
 

@@ -28,13 +28,14 @@ from launcher.console import Console
 from launcher.state import Exited, Killed, Stalled, State, Watchdog
 from launcher.console.status import summary
 from worker import contract
+from worker.contract import wire
 
 POLL_S = 0.05
 KILLED, OK = Killed(signal.SIGKILL), Exited(0)
 
 
 def progress(step: int, num_steps: int = 100) -> str:
-    return contract.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5, steps_per_s=10.0,
+    return wire.PROGRESS_FORMAT.format(step=step, num_steps=num_steps, loss=0.5, steps_per_s=10.0,
                                            step_time_s=0.1, own_step_time_s=0.01)
 
 
@@ -44,7 +45,7 @@ DUMP = ["Current thread 0x00007f0000000001 (most recent call first):",
 
 
 def heartbeat(step: int) -> str:
-    return contract.HEARTBEAT_FORMAT.format(step=step)
+    return wire.HEARTBEAT_FORMAT.format(step=step)
 
 
 class Run:

@@ -16,7 +16,7 @@ from launcher.run import restarts
 from launcher import spec as specs
 from launcher.errors import SpecError
 from launcher.plan import log_path
-from worker import contract
+from worker.contract import wire
 from worker.recovery import checkpoint
 
 TEMPLATE = [np.zeros((4, 1), np.float32), np.zeros((1,), np.float32), np.zeros((), np.int32)]
@@ -237,11 +237,11 @@ def test_recovery_settings_are_validated_together():
 
 
 def test_heartbeats_parse_as_progress():
-    line = contract.HEARTBEAT_FORMAT.format(step=41)
-    assert contract.parse_step(line) == 41 and contract.is_heartbeat(line)
-    assert not contract.is_heartbeat("step 40/100 loss 0.1 | 3.0 steps/s")
-    assert contract.heartbeat_interval_s(3) == 0.5 and contract.heartbeat_interval_s(300) == 10
-    assert contract.heartbeat_interval_s(None) is None
+    line = wire.HEARTBEAT_FORMAT.format(step=41)
+    assert wire.parse(line) == wire.Heartbeat(41)
+    assert not isinstance(wire.parse("step 40/100 loss 0.1 | 3.0 steps/s"), wire.Heartbeat)
+    assert wire.heartbeat_interval_s(3) == 0.5 and wire.heartbeat_interval_s(300) == 10
+    assert wire.heartbeat_interval_s(None) is None
 
 
 def test_a_local_tier_outside_the_run_directory_is_the_runs_own(tmp_path):

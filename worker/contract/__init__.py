@@ -1,8 +1,9 @@
-"""The launcher-worker contract: the worker's identity, its job, and progress lines.
+"""The launcher-worker contract: the worker's identity, its exit codes and its run directory's
+checkpoints.
 
 The package is the one place where what crosses the launcher-worker boundary is written (its
 modules: ``job``, ``sections``, ``signals``, ``notice``, ``profiling``, ``metrics``, ``causes``...);
-this one holds the identity and the progress lines. Standard library only: the launcher is instant.
+this one holds the identity; ``wire`` the lines a worker prints. Standard library only: the launcher is instant.
 
 Two typed halves, built by the launcher and read by the worker:
 
@@ -39,11 +40,8 @@ Optional (set by the launcher's restart loop and ``--resume``, and by the tpu ba
                                  ``<run dir>/compilation-cache``. The launcher sets it
                                  (``launcher.plan.compilation_cache_dir``).
 
-Progress lines: a worker prints ``PROGRESS_FORMAT`` lines at every logged step,
-``HEARTBEAT_FORMAT`` lines at most every ``heartbeat_interval_s`` between them
-(for the launcher's stall watchdog; the launcher does not echo them), and
-``FAILED_FORMAT`` when it dies of an exception; the launcher parses all three
-with ``parse_step`` to know the step each process reached, and when.
+The lines a worker prints for its launcher (progress, heartbeats, failures, joining...) are
+typed in ``worker.contract.wire``, each knowing its text, and read through its one ``parse``.
 """
 
 from __future__ import annotations
@@ -51,7 +49,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import typing
-from typing import NamedTuple
 
 COORDINATOR_ADDRESS = "PODLAUNCH_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "PODLAUNCH_NUM_PROCESSES"
@@ -73,119 +70,22 @@ COMPILATION_CACHE_DIR = "PODLAUNCH_COMPILATION_CACHE_DIR"
 # The compilation cache's directory name: in the job's directory (runs/<job>/) for a run
 # in the default layout, else in the run directory (launcher.plan.compilation_cache_dir).
 COMPILATION_CACHE = "compilation-cache"
-
-# "step 40/100 loss 0.012345 | 812.3 steps/s | step_time_s 0.001231 (own 0.000402)": wall
-# seconds per step since the last logged step (equal on every process), and own: this process's
-# host work outside JAX, what singles out a straggler (worker/telemetry/metrics.py).
-PROGRESS_FORMAT = ("step {step}/{num_steps} loss {loss:.6g} | {steps_per_s:.1f} steps/s"
-                   " | step_time_s {step_time_s:.6g} (own {own_step_time_s:.6g})")
-PROGRESS_RE = re.compile(
-    r"^step (?P<step>\d+)/(?P<num_steps>\d+) loss (?P<loss>\S+) \| (?P<steps_per_s>\S+) steps/s"
-    r"(?: \| step_time_s (?P<step_time_s>\S+) \(own (?P<own_step_time_s>\S+)\))?")
-FAILED_PREFIX = "failed at step "
-FAILED_FORMAT = FAILED_PREFIX + "{step}: {error}"
-# Just before FAILED_FORMAT: when (time.time(), the host's clock) the worker caught its error; a
-# cascade's victims catch theirs after the cause died, so the launcher leads with the earliest.
-FAILED_TIME_FORMAT = "podlaunch-failed-at {at:.6f}"
-FAILED_TIME_RE = re.compile(r"^podlaunch-failed-at (?P<at>\d+(?:\.\d+)?)$")
-DETAIL_BEGIN, DETAIL_END = "traceback of the failure above:", "end of the traceback"  # log only
-HEARTBEAT_PREFIX = "podlaunch-heartbeat step "
-HEARTBEAT_FORMAT = HEARTBEAT_PREFIX + "{step}"
-# Every process of a resumed attempt, before its first step: the steps before N + 1 were done
-# by an earlier attempt, the restore's wall seconds (launcher.run.ledger), ": process N's local copy"
-RESUMED_FORMAT = "resumed from the checkpoint of step {step} (attempt {attempt}) in {seconds:.3f} s"
-RESUMED_RE = re.compile(r"^resumed from the checkpoint of step (?P<step>\d+) \(attempt \d+\)"
-                        r"(?: in (?P<seconds>[0-9.]+) s)?(?:: .*)?$")
-# Every process after its first call: JAX's persistent cache's hits and misses (its own
-# events) and that call's wall seconds ("?" unknown); the launcher's summary shows them.
-CACHE_FORMAT = ("compilation cache: {hits} hits, {misses} misses; first step (trace, compile, "
-                "dispatch) {seconds} s ({path})")
-CACHE_RE = re.compile(r"^compilation cache: (?P<hits>\d+) hits, (?P<misses>\d+) misses; first step "
-                      r"\(trace, compile, dispatch\) (?P<seconds>[0-9.]+|\?) s")
-# Process 0, once a checkpoint is complete (renamed into place), with the save's seconds:
-# over ssh the launcher copies it from host 0 to the local run directory when it sees this.
-CHECKPOINT_FORMAT = "checkpoint of step {step} saved in {seconds:.3f} s: {path}"
-CHECKPOINT_RE = re.compile(r"^checkpoint of step (?P<step>\d+) saved(?: in (?P<seconds>[0-9.]+) s)?: ")
-STEP_RE = re.compile(rf"^(?:step (?P<done>\d+)/\d+ |{re.escape(FAILED_PREFIX)}(?P<failed>\d+):"
-                     rf"|{re.escape(HEARTBEAT_PREFIX)}(?P<beat>\d+)$)")
-_STEP_HEADS = ("step ", FAILED_PREFIX, HEARTBEAT_PREFIX)
 EXIT_MISMATCH = 3  # the exit code of a worker whose own checks (identity, devices) failed
 
 # The slurm backend starts every process at once, without a probe step before them
 # (bench/bench_slurm.py): with RENDEZVOUS=stdin a worker first prints one line,
-# FACTS_PREFIX + JSON of ``worker.contract.nodefacts.facts`` (versions; process 0 also the
+# ``wire.Facts``: JSON of ``worker.contract.nodefacts.facts`` (versions; process 0 also the
 # coordinator port of its address, 0 for any free one, checked free on its node),
 # then imports jax while the launcher compares every node's facts, and then reads
 # the coordinator's ``host:port`` as one line on stdin. End of input instead: the
 # launcher refused the start; the worker exits EXIT_MISMATCH.
 RENDEZVOUS = "PODLAUNCH_RENDEZVOUS"
-FACTS_PREFIX = "podlaunch-facts "
 
-# Around jax.distributed.initialize: JOINING before, JOINED after. A process that
-# dies in between (JAX aborts with SIGABRT when the coordinator cannot be reached
-# within initialization_timeout_s; a Python error exits EXIT_INIT after an
-# INIT_FAILED line) failed to join: a configuration or network problem that a
-# restart does not fix.
-JOINING_FORMAT = "joining the coordinator at {address} (initialization_timeout_s {timeout_s:g})"
-JOINING_RE = re.compile(r"^joining the coordinator at (?P<address>\S+) \(initialization_timeout_s "
-                        r"(?P<timeout_s>[0-9.]+)\)$")
-JOINED_RE = re.compile(r"^process \d+/\d+ joined ")
-INIT_FAILED_FORMAT = "podlaunch-init-failed: {error}"
+# A process that dies between ``wire.Joining`` and ``wire.Joined`` with a Python error exits
+# EXIT_INIT after a ``wire.InitFailed`` line: it failed to join.
 EXIT_INIT = 4
 # Bad data found reading batches (worker.data.sources.DataError: file, row, column): not retried
 EXIT_DATA = 5
-
-# The worker's last line after a complete run. A process that exits 0 without it
-# (and without a progress line of its last step) ended early: the launcher counts
-# that as a failure, not a success (its peers would wait for it in a collective).
-DONE_LINE = "done"
-
-
-def is_finished(line: str, progress: "Progress | None | bool" = False) -> bool:
-    """Whether ``line`` says training is complete (``DONE_LINE``, step N/N); ``progress``:
-    its ``parse_progress`` if the caller has it (False: parsed here)."""
-    progress = parse_progress(line) if progress is False else progress
-    return line == DONE_LINE or (progress is not None and progress.step >= progress.num_steps)
-
-
-class Progress(NamedTuple):
-    """One parsed progress line; times in seconds (None when the line predates them)."""
-
-    step: int
-    num_steps: int
-    loss: float
-    steps_per_s: float
-    step_time_s: float | None
-    own_step_time_s: float | None
-
-
-def parse_progress(line: str) -> "Progress | None":
-    """Return the ``Progress`` a ``PROGRESS_FORMAT`` line reports, or None for any other line."""
-    match = PROGRESS_RE.match(line) if line.startswith("step ") else None  # every line is asked
-    if match is None:
-        return None
-    try:
-        times = [None if match.group(k) is None else float(match.group(k))
-                 for k in ("step_time_s", "own_step_time_s")]
-        return Progress(int(match.group("step")), int(match.group("num_steps")),
-                        float(match.group("loss")), float(match.group("steps_per_s")), *times)
-    except ValueError:
-        return None
-
-
-def parse_step(line: str):
-    """Return the step number a progress or failure line reports, or None."""
-    match = STEP_RE.match(line) if line.startswith(_STEP_HEADS) else None
-    if match is None:
-        return None
-    return int(match.group("done") or match.group("failed") or match.group("beat"))
-
-
-def parse_seconds(pattern: re.Pattern, line: str):
-    """``(step, seconds)`` of a line ``pattern`` (``RESUMED_RE``, ``CHECKPOINT_RE``) matches, or None."""
-    match = pattern.match(line)
-    return (int(match["step"]), float(match["seconds"] or 0.0)) if match else None
-
 
 # host:port, IPv6 bracketed: built and parsed in one place (worker.contract.address)
 from worker.contract.address import host_port, split_host_port  # noqa: E402,F401
@@ -201,53 +101,6 @@ def checkpoints_in(names) -> list:
     """``(step, name)`` of the checkpoint directories among ``names``, oldest first."""
     return sorted((int(m.group(1)), name) for name in names if (m := CHECKPOINT_DIR_RE.match(name)))
 
-
-def is_checkpoint_saved(line: str) -> bool:
-    """Whether ``line`` is process 0's ``CHECKPOINT_FORMAT`` line."""
-    return CHECKPOINT_RE.match(line) is not None
-
-
-def is_failure(line: str) -> bool:
-    """Whether ``line`` is a worker's own ``FAILED_FORMAT`` report (it names the exact step)."""
-    return line.startswith(FAILED_PREFIX)
-
-
-def parse_failed_time(line: str):
-    """The host time a ``FAILED_TIME_FORMAT`` line reports, or None for any other line."""
-    match = FAILED_TIME_RE.match(line)
-    return float(match.group("at")) if match else None
-
-
-# What a worker's error says when a peer died under it (a cascade, not a cause):
-# gloo's and the coordination service's words, as JAX 0.9-0.12 print them.
-PEER_LOSS_MARKERS = (
-    "Gloo all-reduce failed", "Gloo all-gather failed", "Gloo broadcast failed",
-    "Connection closed by peer", "Connection reset by peer",
-    "coordination service has stopped", "Coordination service", "heartbeat timeout",
-    "Terminating process because the JAX distributed service detected fatal errors",
-)
-
-
-def is_peer_loss(line: str) -> bool:
-    """Whether a worker's output ``line`` says it failed because a peer went away."""
-    return any(marker in line for marker in PEER_LOSS_MARKERS)
-
-
-def is_heartbeat(line: str) -> bool:
-    """Whether ``line`` is a heartbeat (progress for the watchdog, noise for people)."""
-    return line.startswith(HEARTBEAT_PREFIX)
-
-
-def heartbeat_interval_s(stall_timeout_s: float | None) -> float | None:
-    """Seconds between a worker's heartbeats: a tenth of the stall timeout, 0.5 to 10 s.
-
-    None (no heartbeats) when the watchdog is off. Each heartbeat waits for the
-    current step to finish on the device (one sync per interval, not per step),
-    so it proves progress rather than dispatch.
-    """
-    if not stall_timeout_s:
-        return None
-    return min(10.0, max(0.5, stall_timeout_s / 10))
 
 # Optional: JAX's cluster_detection_method for jax.distributed.initialize.
 # "deactivate" (the default): the launcher's process_id and num_processes are

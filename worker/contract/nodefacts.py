@@ -3,7 +3,7 @@
 Standard library only, and runnable alone (the slurm backend ships its source
 to every node as ``python -c`` for a program job, whose processes are not this
 package's worker). The built-in worker prints the same facts itself as its
-first line (``contract.FACTS_PREFIX``), so Slurm runs no separate probe step.
+first line (``wire.Facts``), so Slurm runs no separate probe step.
 
 The facts: the node's name, its Python version and executable, and the
 ``jax`` and ``jaxlib`` versions (read from package metadata, without importing

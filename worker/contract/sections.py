@@ -355,7 +355,7 @@ class Profile(_Section):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Watchdog(_Section):
     """``watchdog``: the launcher's stall timeouts; ``stall_timeout_s`` also paces the
-    workers' heartbeats (``contract.heartbeat_interval_s``)."""
+    workers' heartbeats (``wire.heartbeat_interval_s``)."""
 
     stall_timeout_s: float | None = setting(
         300.0, check=positive,

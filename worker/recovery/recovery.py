@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from worker import contract
-from worker.contract import job as jobs
+from worker.contract import job as jobs, wire
 from worker.runtime import interrupts
 from worker.runtime.joining import client_of
 
@@ -58,9 +58,7 @@ def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Call
                                                        template, num_batches, warn=out,
                                                        order=order, local=local)
     if step:
-        out(contract.RESUMED_FORMAT.format(step=step, attempt=identity.attempt,
-                                           seconds=time.monotonic() - began)
-            + (f": {source}" if source else ""))
+        out(wire.Resumed(step, identity.attempt, time.monotonic() - began, source or "").text())
         return state, step + 1
     out(f"no checkpoint to resume from; starting at step 1 (attempt {identity.attempt})")
     return _from_process_0(identity.process_id, initial_state, lambda: template), 1
@@ -124,14 +122,14 @@ class Recovery:
 
     A heartbeat waits for the step's loss on the device, so it proves the step
     ran (collectives included) rather than was dispatched; it costs one sync
-    per ``contract.heartbeat_interval_s``, never one per step.
+    per ``wire.heartbeat_interval_s``, never one per step.
     """
 
     def __init__(self, identity: contract.Identity, job: jobs.WorkerJob, num_batches: int,
                  out, unreplicate: Callable, order: dict | None = None):
         self.every, self.keep = job.checkpoint.every_steps, job.checkpoint.keep
         self.num_steps = job.train.num_steps
-        self.interval_s = contract.heartbeat_interval_s(job.watchdog.stall_timeout_s)
+        self.interval_s = wire.heartbeat_interval_s(job.watchdog.stall_timeout_s)
         self.identity, self.num_batches, self.out = identity, num_batches, out
         self.unreplicate = unreplicate  # pmap's or jit's layout of the replicated state
         self.order = order
@@ -160,12 +158,12 @@ class Recovery:
             return
         if saving or time.monotonic() - self.last_beat >= self.interval_s:
             wait(loss)
-            self.out(contract.HEARTBEAT_FORMAT.format(step=step))
+            self.out(wire.Heartbeat(step).text())
             self.last_beat = time.monotonic()
 
 
     def save(self, step: int, params, opt_state) -> None:
-        """Process 0: save ``step``'s checkpoint and say so (``contract.CHECKPOINT_FORMAT``)."""
+        """Process 0: save ``step``'s checkpoint and say so (``wire.CheckpointSaved``)."""
         from worker.recovery import checkpoint
 
         with interrupts.held():  # a SIGTERM mid-save: the save and its line, then the exit
@@ -174,7 +172,7 @@ class Recovery:
                                               self.num_batches, self.keep, self.order,
                                               self.unreplicate)
             self.saved_step, self.save_s = step, time.monotonic() - began
-            self.out(contract.CHECKPOINT_FORMAT.format(step=step, path=path, seconds=self.save_s))
+            self.out(wire.CheckpointSaved(step, self.save_s, path).text())
 
     def after_notice(self, notice, step: int, params, opt_state) -> None:
         """The loop stopped for a notice after ``step``: say so; process 0 saves that step

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from worker import contract
+from worker.contract import wire
 
 # JAX reads it at import into ``jax_compilation_cache_dir``, which the worker sets again below:
 # without this, a directory the user named for every JAX program would be ignored here.
@@ -65,7 +66,6 @@ class CompilationCache:
         jax.monitoring.register_event_listener(count)
 
     def line(self, compile_time_s: float | None) -> str:
-        """``contract.CACHE_FORMAT``: hits, misses, the first call's seconds, the directory."""
-        seconds = "?" if compile_time_s is None else f"{compile_time_s:.3f}"
-        return contract.CACHE_FORMAT.format(hits=self.hits, misses=self.requests - self.hits,
-                                            seconds=seconds, path=self.path)
+        """``wire.CacheReport``: hits, misses, the first call's seconds, the directory."""
+        return wire.CacheReport(self.hits, self.requests - self.hits, compile_time_s,
+                                self.path).text()

@@ -9,14 +9,13 @@ imports cheaply, and a process's environment is read and checked before jax star
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import socket
 import sys
 import time
 
 from worker import contract
-from worker.contract import causes, nodefacts
+from worker.contract import causes, nodefacts, wire
 from worker.contract.address import unreachable
 from worker.contract import job as jobs
 
@@ -122,8 +121,8 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
         if identity.platform == "cpu":
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         bypass_proxies(identity.coordinator_address)
-        print(contract.JOINING_FORMAT.format(address=identity.coordinator_address,
-                                             timeout_s=dist.initialization_timeout_s), flush=True)
+        print(wire.Joining(identity.coordinator_address, dist.initialization_timeout_s).text(),
+              flush=True)
         timeout_s = dist.initialization_timeout_s
         if identity.process_id != 0:  # process 0 starts the service in initialize
             began = time.monotonic()
@@ -142,7 +141,7 @@ def join(identity: contract.Identity, job: jobs.WorkerJob):
                 **explicit,
             )
         except Exception as exc:  # JAX aborts (SIGABRT) on a timeout; a raise is reported here
-            print(contract.INIT_FAILED_FORMAT.format(error=f"{type(exc).__name__}: {exc}"), flush=True)
+            print(wire.InitFailed(f"{type(exc).__name__}: {exc}").text(), flush=True)
             sys.stderr.flush()
             os._exit(contract.EXIT_INIT)  # not atexit's JAX shutdown barrier (_exit_now was undefined here)
     seen = {
@@ -203,7 +202,7 @@ def rendezvous(identity: contract.Identity, stdin=sys.stdin, out=print) -> contr
         line is not ``host:port``.
     """
     port = contract.split_host_port(identity.coordinator_address)[1] if identity.process_id == 0 else None
-    out(contract.FACTS_PREFIX + json.dumps(nodefacts.facts(port)), flush=True)
+    out(wire.Facts(nodefacts.facts(port)).text(), flush=True)
     import jax  # noqa: F401  (the import join() needs, done while the launcher checks)
 
     address = stdin.readline().strip()

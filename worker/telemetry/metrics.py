@@ -61,9 +61,8 @@ import math
 import time
 from typing import Any, Callable
 
-from worker import contract
 from worker.contract import job as jobs
-from worker.contract import redact
+from worker.contract import redact, wire
 from worker.contract.metrics import STEP_METRICS
 from worker.runtime import interrupts
 from worker.telemetry.records import Records
@@ -324,10 +323,8 @@ class StepLogger:
                               map(float, rows[0].reshape(-1, len(self.metric_names))[row])))
             loss_value = values["loss"]
             self.last_loss = loss_value
-            lines.append(contract.PROGRESS_FORMAT.format(
-                step=step, num_steps=self.num_steps, loss=loss_value,
-                steps_per_s=1.0 / step_time_s, step_time_s=step_time_s,
-                own_step_time_s=own_step_time_s))
+            lines.append(wire.Progress(step, self.num_steps, loss_value, 1.0 / step_time_s,
+                                       step_time_s, own_step_time_s).text())
             values.update(learning_rate=self.learning_rate, step_time_s=step_time_s,
                           examples_per_s=self.global_batch_size / step_time_s)
             if self.timer.compile_time_s is not None:

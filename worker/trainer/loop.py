@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from worker import contract, tasks
-from worker.contract import job as jobs
+from worker.contract import job as jobs, wire
 from worker.contract.metrics import STEP_METRICS
 from worker.data import batches as datasets
 from worker.recovery import recovery
@@ -48,8 +48,8 @@ def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
     except BaseException as exc:
         if not isinstance(exc, SystemExit):
             failed_at = getattr(exc, "step", loop.step)  # a non-finite loss names its (earlier) step
-            out(contract.FAILED_TIME_FORMAT.format(at=time.time()))
-            out(contract.FAILED_FORMAT.format(step=failed_at, error=f"{type(exc).__name__}: {exc}"))
+            out(wire.FailedAt(time.time()).text())
+            out(wire.Failed(failed_at, f"{type(exc).__name__}: {exc}").text())
         raise
     finally:
         loop.close()

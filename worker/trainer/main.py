@@ -14,7 +14,7 @@ import sys
 import traceback
 
 from worker import contract
-from worker.contract import causes
+from worker.contract import causes, wire
 from worker.contract import job as jobs
 from worker.data.sources import DataError
 from worker.runtime import interrupts
@@ -31,9 +31,9 @@ def _unusable_checkpoint(exc: BaseException) -> bool:
 def _traceback_for_the_log() -> None:
     """The traceback of an expected failure (its sentence already said), between the marks
     that keep it in the process's log file only: off the console and the summary."""
-    print(contract.DETAIL_BEGIN, flush=True)
+    print(wire.DETAIL_BEGIN, flush=True)
     traceback.print_exc(file=sys.stdout)
-    print(contract.DETAIL_END, flush=True)
+    print(wire.DETAIL_END, flush=True)
 
 
 def _exit_now(code: int) -> None:
@@ -69,8 +69,8 @@ def main() -> None:
             print("process 0/1: one process, in-process collectives "
                   "(no jax.distributed)", flush=True)
         else:
-            print(f"process {jax.process_index()}/{jax.process_count()} joined "
-                  f"{identity.coordinator_address}", flush=True)
+            print(wire.Joined(jax.process_index(), jax.process_count(),
+                              identity.coordinator_address).text(), flush=True)
         from worker.trainer import loop  # jax, after the join
 
         loop.train(identity, job, out=lambda text: print(text, flush=True))
@@ -104,7 +104,7 @@ def main() -> None:
         _exit_now(1)
     if not single_process(identity):
         jax.distributed.shutdown()
-    print(contract.DONE_LINE, flush=True)
+    print(wire.Done().text(), flush=True)
     _without_jax_clean_up()
 
 

@@ -21,7 +21,6 @@ job's state (``SlurmSession.judge``); a holder gone without a report is lost.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -38,7 +37,7 @@ from launcher.errors import LaunchError
 from launcher.remote import tail
 from launcher.state import Exit, Lost
 from worker import contract
-from worker.contract import runfiles
+from worker.contract import runfiles, wire
 
 REPORT = re.compile(r"^podlaunch-srun-exit (\d+)$")
 # srun a child of sh, which reports its exit code; a signal to the holder's group reaches srun
@@ -132,14 +131,10 @@ class FiledWorker(SrunWorker):
 
     def facts(self) -> dict | None:
         for line, end in tail.lines(self.out_path, self.read_to, self._alive):
-            if line.startswith(contract.FACTS_PREFIX):
-                try:
-                    found = json.loads(line[len(contract.FACTS_PREFIX):])
-                except ValueError:
-                    found = None
-                if found is not None:
-                    self.read_to = end
-                    return found
+            parsed = wire.parse(line)
+            if isinstance(parsed, wire.Facts) and parsed.facts is not None:
+                self.read_to = end
+                return parsed.facts
             self._early.append(line)
         return None
 

@@ -22,7 +22,6 @@ a line like any other, and cannot make the launcher think it died.
 from __future__ import annotations
 
 import ctypes
-import json
 import queue
 import re
 import signal
@@ -39,7 +38,7 @@ from launcher.state import Exit, exit_of, Exited, Killed, Lost
 from worker import contract
 
 # srun's own report of how its task ended: "srun: error: n2: task 0: Killed"
-from worker.contract import profiling, signals
+from worker.contract import profiling, signals, wire
 TASK_END = re.compile(r"^srun: error: (?P<node>\S+): task \d+: (?P<what>.+)$")
 NODE_FAILURE = re.compile(r"^srun: error: Node failure on (?P<node>\S+)$")  # srun then exits 0
 EXITED = re.compile(r"^Exited with exit code (\d+)$")
@@ -139,16 +138,14 @@ class SrunWorker:
             return out
 
     def facts(self) -> dict | None:
-        """The worker's first line (``contract.FACTS_PREFIX``) as a dict; None if its output ends first.
+        """The worker's first line (``wire.Facts``) as a dict; None if its output ends first.
 
         Lines before it (srun's own errors) are kept for ``lines``.
         """
         for line in self._proc.stdout:
-            if line.startswith(contract.FACTS_PREFIX):
-                try:
-                    return json.loads(line[len(contract.FACTS_PREFIX):])
-                except ValueError:
-                    pass
+            parsed = wire.parse(line.rstrip("\n"))
+            if isinstance(parsed, wire.Facts) and parsed.facts is not None:
+                return parsed.facts
             self._early.append(line)
         return None
 

@@ -12,6 +12,7 @@ from launcher.backends.ssh.connection import Host
 from launcher.backends.ssh.transfer import get_file, mkdirs
 from launcher.console import NullConsole
 from worker import contract
+from worker.contract import wire
 
 
 class CheckpointMirror:
@@ -22,7 +23,7 @@ class CheckpointMirror:
     the local ``<run dir>/checkpoints`` lacks (among host 0's newest
     ``checkpoint.keep``) into a hidden temporary directory, then renames it into
     place, and drops local ones beyond the newest ``keep``; the worker
-    triggers it with each ``contract.CHECKPOINT_FORMAT`` line and at the end.
+    triggers it with each ``wire.CheckpointSaved`` line and at the end.
     ``push`` (before a resumed or restarted attempt starts) uploads the local
     checkpoints host 0 lacks, the same way: so a run survives losing host 0
     (a preempted VM replaced by a new one, a wiped disk).
@@ -60,7 +61,7 @@ class CheckpointMirror:
 
     def on_line(self, line: str) -> None:
         """Start a background ``sync`` when ``line`` says a checkpoint was saved."""
-        if contract.is_checkpoint_saved(line):
+        if isinstance(wire.parse(line), wire.CheckpointSaved):
             threading.Thread(target=self.sync, name="checkpoint-mirror", daemon=True).start()
 
     def sync(self) -> list:

@@ -21,6 +21,7 @@ from harness.nosockets import SAID, python_json
 from launcher.backends.slurm import nodes
 from launcher.errors import LaunchError, Problem, SpecError
 from worker import contract
+from worker.contract import wire
 from worker.contract import nodefacts
 
 
@@ -75,8 +76,8 @@ def test_the_worker_says_its_facts_first_and_stops_when_stdin_ends(tmp_path):
     result = worker(tmp_path, stdin="")
     lines = result.stdout.splitlines()
     assert result.returncode == contract.EXIT_MISMATCH, result.stdout + result.stderr
-    assert lines[0].startswith(contract.FACTS_PREFIX), lines
-    facts = json.loads(lines[0][len(contract.FACTS_PREFIX):])
+    assert lines[0].startswith(wire.FACTS_PREFIX), lines
+    facts = json.loads(lines[0][len(wire.FACTS_PREFIX):])
     assert facts["jax"] == nodefacts.version("jax") and facts["executable"] == sys.executable
     assert 0 < facts["port"] < 65536  # process 0: a free port for the coordinator
     assert "no coordinator address on stdin: the launcher stopped the start" in result.stdout
@@ -86,7 +87,7 @@ def test_only_process_0_checks_a_port_and_a_bad_address_is_refused(tmp_path):
     result = worker(tmp_path, stdin="not-an-address\n", process_id=1)
     lines = result.stdout.splitlines()
     assert result.returncode == contract.EXIT_MISMATCH, result.stdout + result.stderr
-    assert "port" not in json.loads(lines[0][len(contract.FACTS_PREFIX):])
+    assert "port" not in json.loads(lines[0][len(wire.FACTS_PREFIX):])
     assert "expected the coordinator's host:port on stdin, got 'not-an-address'" in result.stdout
 
 
