@@ -34,8 +34,8 @@ def port_or_zero(value) -> str | None:
 
 # Environment variables the launcher sets itself; a user value would break the
 # worker's identity or its devices (names, and prefixes ending in "_").
-RESERVED_ENV = ("PODLAUNCH_", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES", "JAX_COORDINATOR_ADDRESS",
-                "MEGASCALE_", "PYTHONUNBUFFERED")
+RESERVED_ENV = ("PODLAUNCH_", "JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES",
+                "JAX_COORDINATOR_ADDRESS", "MEGASCALE_", "PYTHONUNBUFFERED")
 
 
 def env_names(env: dict) -> str | None:

@@ -113,7 +113,10 @@ def test_hostile_yaml_is_one_line_and_exit_2(tmp_path, text, needle):
 
 # ---- 8. the launcher's own variables are not the user's ----------------------------------
 @pytest.mark.parametrize("name", ["PODLAUNCH_PROCESS_ID", "PODLAUNCH_COORDINATOR_ADDRESS",
-                                  "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES", "MEGASCALE_SLICE_ID"])
+                                  "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES", "MEGASCALE_SLICE_ID",
+                                  # jax's older name of JAX_PLATFORMS: a tpu here was blamed
+                                  # on the network when every process failed to join
+                                  "JAX_PLATFORM_NAME"])
 def test_reserved_env_names_are_refused(tmp_path, name):
     for result in _both(_spec(tmp_path, BASE + LOCAL % f", env: {{{name}: '1'}}")):
         _refused(result, f"cluster.env: {name!r} is set by podlaunch itself")
