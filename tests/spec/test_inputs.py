@@ -137,6 +137,55 @@ def test_a_task_on_the_workers_pythonpath_or_in_the_current_directory_is_accepte
     _refused(launch(in_cwd, "--dry-run"), "module 'mytask_xyz' is not importable by the workers")
 
 
+# ---- 9b. a task module Python cannot compile is refused before start, one that works is not
+@pytest.mark.parametrize("source, needle", [
+    (b"def make(:\n    pass\n", "bad_task_xyz.py:1: SyntaxError: "),
+    (b"def make():\n    return 1\n\x00\n", "source code string cannot contain null bytes"),
+    (b"def make():\n  return 1\n    x = 2\n", "bad_task_xyz.py:3: IndentationError: "),
+    (b"X = " + b"+".join([b"1"] * 3000) + b"\n\ndef make():\n    pass\n",
+     "an expression is nested too deeply for Python to compile (RecursionError); split it"),
+])
+def test_a_task_module_that_does_not_compile_is_one_line_and_starts_nothing(tmp_path, source,
+                                                                             needle):
+    # each passed the dry run and failed in every worker with a traceback
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "bad_task_xyz.py").write_bytes(source)
+    path = _spec(tmp_path, BASE + "task: {name: 'bad_task_xyz:make'}\n"
+                 + LOCAL % f", env: {{PYTHONPATH: '{tasks}'}}")
+    for result in _both(path, "--run-dir", str(tmp_path / "run")):
+        _refused(result, "task.name: ", needle, "every worker's import of it would fail")
+        assert len(result.stderr.strip().splitlines()) == 2, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_task_function_rebound_to_a_wrapper_is_left_to_its_start(tmp_path):
+    # a module that puts a **kwargs wrapper in its def's place was refused, although it works
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "wrapped_task_xyz.py").write_text(textwrap.dedent("""\
+        import functools
+
+        def make(width):
+            return width
+
+        def logged(fn):
+            @functools.wraps(fn)
+            def wrapper(**kwargs):
+                return fn(kwargs.get("width", 1))
+            return wrapper
+
+        make = logged(make)
+        """))
+    path = _spec(tmp_path, BASE + "task: {name: 'wrapped_task_xyz:make', args: {depth: 3}}\n"
+                 + LOCAL % f", env: {{PYTHONPATH: '{tasks}'}}")
+    result = launch(path, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    # the same def not rebound: its missing and unknown arguments are still said
+    (tasks / "wrapped_task_xyz.py").write_text("def make(width):\n    return width\n")
+    _refused(launch(path, "--dry-run"), "task.args.depth: make() in ", "takes no argument 'depth'")
+
+
 # ---- 3. secrets ----------------------------------------------------------------------------
 @pytest.mark.slow  # starts JAX workers
 def test_secrets_are_masked_everywhere_printed_or_kept(tmp_path):
