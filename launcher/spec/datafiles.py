@@ -41,6 +41,13 @@ def _npy_header(stream: IO[bytes], name: str) -> tuple[tuple[int, ...], int]:
     size_format = "<H" if major == 1 else "<I"
     (header_len,) = struct.unpack(size_format, stream.read(struct.calcsize(size_format)))
     header = ast.literal_eval(stream.read(header_len).decode("latin1"))
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise DataFileError(f"{name}'s header is not numpy's (a dict of descr, fortran_order "
+                            f"and shape), got {_short(header)}; save the array with numpy.save")
+    dims = header["shape"]
+    if not isinstance(dims, tuple) or not all(type(d) is int and d >= 0 for d in dims):
+        raise DataFileError(f"{name}'s header has shape {_short(dims)}; expected a tuple of "
+                            "sizes >= 0: save the array with numpy.save")
     descr = header.get("descr")
     if not isinstance(descr, str) or descr[1:2] not in ("f", "i", "u", "b"):
         raise DataFileError(f"{name} holds dtype {descr!r}; expected numbers (float, int or bool): "
@@ -48,7 +55,12 @@ def _npy_header(stream: IO[bytes], name: str) -> tuple[tuple[int, ...], int]:
     if header.get("fortran_order"):
         raise DataFileError(f"{name} is in Fortran order; save it with C order "
                             "(numpy.ascontiguousarray) so rows can be memory-mapped")
-    return tuple(header["shape"]), int(descr[2:]) if descr[2:].isdigit() else 0
+    return dims, int(descr[2:]) if descr[2:].isdigit() else 0
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def shape(path: str) -> tuple[int, int]:
@@ -85,6 +97,9 @@ def shape(path: str) -> tuple[int, int]:
         raise DataFileError("not UTF-8 text; a .csv must be text") from None
     except (zipfile.BadZipFile, ValueError, SyntaxError, KeyError, struct.error) as exc:
         raise DataFileError(f"cannot read the file's header: {exc}") from None
+    except (RecursionError, MemoryError):  # a header nested or sized beyond reason
+        raise DataFileError("cannot read the file's header: it is not numpy's (nested too "
+                            "deeply); save the array with numpy.save") from None
     raise DataFileError(f"expected a file ending in {', '.join(SUFFIXES)}")
 
 

@@ -324,6 +324,44 @@ def test_a_truncated_npy_is_reported_before_launch(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def _npy_with_header(path, header: str) -> None:
+    """A .npy whose header dict is ``header`` (version 1.0, padded as numpy pads it), 40 rows of
+    4 float32 after it."""
+    text = header.encode("latin1") + b" "
+    pad = -(10 + len(text) + 1) % 64
+    text += b" " * pad + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text
+                     + bytes(40 * 4 * 4))
+
+
+@pytest.mark.parametrize("header, expected", [
+    ("[1, 2, 3]", "header is not numpy's (a dict of descr, fortran_order and shape), got [1, 2, 3]"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (10, None), }",
+     "header has shape (10, None); expected a tuple of sizes >= 0"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (-40, 4), }",
+     "header has shape (-40, 4); expected a tuple of sizes >= 0"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': [40, 4], }",
+     "header has shape [40, 4]; expected a tuple"),
+    ("{'descr': '<f4', 'shape': (40, 4), }", "header is not numpy's"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': " + "(" * 400 + ")" * 400 + "}",
+     "cannot read the file's header: too many nested parentheses"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': " + "-" * 5000 + "1}",
+     "cannot read the file's header: it is not numpy's (nested too deeply)"),
+])
+def test_a_npy_whose_header_is_not_numpys_is_one_line_before_launch(tmp_path, header, expected):
+    # each was an AttributeError or TypeError traceback
+    _npy_with_header(tmp_path / "data.npy", header)
+    (tmp_path / "job.yaml").write_text(GOOD.replace(
+        "source: synthetic\n  num_examples: 64", "source: file\n  path: data.npy").replace(
+        "global_batch_size: 64", "global_batch_size: 4").replace("num_processes: 2", "num_processes: 1"))
+    for dry in (["--dry-run"], []):
+        result = launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"), *dry)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "job.yaml:6: data.path: " in result.stderr and expected in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_spec_that_is_not_utf8_is_bad_input(tmp_path):
     (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe bad\n")
     result = launch(str(tmp_path / "bin.yaml"))
