@@ -2,7 +2,7 @@
 
 Every row (key path, default, type and allowed values, meaning) comes from a section's
 ``setting(default, check=, doc=)`` fields (``worker.contract.sections``, ``launcher.spec``, the
-local backend's ``cluster:`` in ``launcher.backends.localdevices``): the doc text is the
+local backend's ``cluster:`` in ``launcher.backends.local.devices``): the doc text is the
 one source, so the table is never edited by hand. ``docs/NAME.md`` in a doc text becomes
 a link. The table stands between two markers in docs/settings.md; the prose around it is
 kept. It lives here, on the commands' floor, because it reads both the spec and a backend.

@@ -147,7 +147,7 @@ def test_the_strays_of_a_start_a_killed_supervisor_left_are_stopped_and_only_the
     import subprocess
     import sys
 
-    from launcher.backends import localadopt
+    from launcher.backends.local import adopt as localadopt
 
     run_dir = str(tmp_path / "run")
     secret = owned.run_secret(run_dir, "n", user_key)

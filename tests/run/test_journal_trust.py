@@ -156,7 +156,7 @@ def test_a_process_the_journal_names_is_signalled_only_if_it_shows_the_runs_secr
     """Even a journal that passes its seal names a process of the user's (a ``sleep``) as
     process 0's wrapper, and a private file as its output: the process is never signalled,
     the file never read."""
-    from launcher.backends import localadopt
+    from launcher.backends.local import adopt as localadopt
 
     _, key = state
     run_dir = tmp_path / "run"

@@ -3,7 +3,7 @@
 The chips are device files (``cluster.tpu_device_paths``, ``gpu_device_paths``): here real
 files in a temporary directory stand for a TPU VM's ``/dev/accel*`` or ``/dev/vfio/N`` and a
 GPU box's ``/dev/nvidia*``, counted and checked for holders exactly as the real ones are
-(``launcher.backends.localdevices``: globs, then ``/proc/*/fd``). The holders are real
+(``launcher.backends.local.devices``: globs, then ``/proc/*/fd``). The holders are real
 processes with the files open. Every ``launch`` is the real command line.
 """
 
@@ -354,7 +354,8 @@ def fake_job(tmp_path, platform: str, num_chips: int, num_processes: int, **clus
     ("gpu", 4, 2, 2)])
 def test_every_placement_on_chips_drops_the_chip_variables_of_the_shell(tmp_path, platform,
                                                                         num_chips, num_processes, per):
-    from launcher.backends import local, localdevices
+    from launcher.backends import local
+    from launcher.backends.local import devices as localdevices
     job = fake_job(tmp_path, platform, num_chips, num_processes, per=per)
     found = local.placements(job, str(tmp_path), sys.executable, platform, taken_ports=(7000,))
     for i, placement in enumerate(found):
@@ -371,7 +372,7 @@ def test_every_placement_on_chips_drops_the_chip_variables_of_the_shell(tmp_path
 
 
 def test_a_worker_does_not_inherit_the_chip_variables_its_plan_decides(tmp_path, monkeypatch):
-    from launcher.backends.localworker import LocalWorker
+    from launcher.backends.local.worker import LocalWorker
     from launcher.plan import ProcessPlan
     monkeypatch.setenv("TPU_VISIBLE_CHIPS", "0")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
@@ -491,7 +492,7 @@ def test_an_empty_device_path_list_is_said(tmp_path):
 
 def test_processes_that_could_not_be_checked_are_said_without_refusing(tmp_path):
     from types import SimpleNamespace
-    from launcher.backends import localdevices
+    from launcher.backends.local import devices as localdevices
     pattern = chips(tmp_path, 4)
     held = tmp_path / "dev" / "accel1"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(held)], stdout=subprocess.PIPE,

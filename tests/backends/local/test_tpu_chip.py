@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from harness.helpers import REPO, env_for_tests
-from launcher.backends import localdevices
+from launcher.backends.local import devices as localdevices
 
 CHIPS = localdevices.device_files(localdevices.TPU_DEVICE_PATHS)
 

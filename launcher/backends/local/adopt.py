@@ -19,7 +19,7 @@ import signal
 import threading
 
 from launcher import owned, proctl
-from launcher.backends.localworker import LocalWorker
+from launcher.backends.local.worker import LocalWorker
 from launcher.errors import Problem, SpecError
 from launcher.plan import Plan, ProcessPlan, output_path
 from launcher.remote import tail, wrapper

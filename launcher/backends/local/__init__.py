@@ -9,7 +9,7 @@ and is the subreaper of everything the worker starts, so even a SIGKILLed
 launcher leaves no worker, and no helper a worker started, behind. A detached
 run's wrappers are the exception (``localworker.LocalWorker`` with ``out_path``):
 they outlive a killed supervisor, and ``launch attach`` takes them back
-(``localadopt``).
+(``launcher.backends.local.adopt``).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import errno
 import os
 
 from launcher import ports, proctl
-from launcher.backends import localadopt, localdevices
-from launcher.backends.localdevices import LocalCluster
+from launcher.backends.local import adopt as localadopt, devices as localdevices
+from launcher.backends.local.devices import LocalCluster
 from launcher.spec import checks
 from launcher.backends.base import Backend, Options, Session
-from launcher.backends.localworker import HOST, start_all
+from launcher.backends.local.worker import HOST, start_all
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
 from launcher.words import plural

@@ -200,7 +200,7 @@ PLATFORMS = ("cpu", "tpu", "gpu")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LocalCluster(ClusterSettings):
     """Single-host mode: every process on this machine, on its CPU (the default, for debugging),
-    its TPU chips or its GPUs (``platform``; ``launcher.backends.localdevices``)."""
+    its TPU chips or its GPUs (``platform``; ``launcher.backends.local.devices``)."""
 
     backend: Literal["local"] = setting(
         "local", doc="local (this machine), ssh (docs/ssh.md: hosts, users, keys, known_hosts, "

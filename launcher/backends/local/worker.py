@@ -44,7 +44,7 @@ class LocalWorker:
         self._token = secrets.token_hex(16)
         # a detached run's (``out_path``): the worker writes into a file of the run, read from
         # there (``read_to``: how far), and its wrapper outlives the supervisor (no
-        # PR_SET_PDEATHSIG), so that a supervisor killed loses nothing (``localadopt``)
+        # PR_SET_PDEATHSIG), so that a supervisor killed loses nothing (``launcher.backends.local.adopt``)
         self.out_path, self.read_to = out_path, 0
         argv = remote.module_call(plan.python or plan.argv[0], "wrapper", {
             "argv": list(plan.argv), "cwd": plan.cwd, "pid_file": None, "run_dir": plan.run_dir or ".",
