@@ -150,6 +150,13 @@ def supervise(workers: Iterable[Worker], grace_s: float, console: Console,
                     break
                 if first_failure is not None:
                     first_failure = _root_cause(tracked, output, clock)
+                    frozen = _frozen(tracked, first_failure)
+                    if frozen is not None:  # the cause, though its peer ended first
+                        console.say(f"{frozen.plan.label} {frozen.stall}; "
+                                    f"{first_failure.plan.label} ended ({first_failure.exit}) "
+                                    "because of it; killing every process")
+                        first_failure = frozen
+                        break
                     running = sum(t.running for t in tracked)
                     console.say(f"{first_failure.plan.label} failed ({first_failure.exit})"
                                 + (f"; stopping the other {plural(running, 'process')}"
@@ -257,6 +264,24 @@ def _stalled(tracked: list, watchdog: Watchdog, started: float, console: Console
 
 
 READER_JOIN_S = 1.0
+
+
+def _frozen(tracked: list, cause: Tracked) -> Tracked | None:
+    """A process stopped (SIGSTOP, a paused VM, a debugger) while the failure seen first only
+    lost a peer (``classes.follows_from_another``: JAX's coordination service aborted it when
+    the stopped one's heartbeats ceased, jax-ml/jax#23599): the stopped one is the cause, marked
+    stalled (killed at once, as the watchdog would), or None."""
+    if not classes.follows_from_another(cause):
+        return None
+    stopped = [t for t in tracked if t.running and t.worker.stopped()]
+    if not stopped:
+        return None
+    first = stopped[0]
+    first.mark_stalled(f"stopped (SIGSTOP, a paused VM or a debugger) while its peers waited "
+                       f"for it: JAX's coordination service ended {cause.plan.label} when "
+                       f"{first.plan.label}'s heartbeats ceased; resume or stop what froze it "
+                       "(kill -CONT, the VM's host)")
+    return first
 
 
 def _root_cause(tracked: list, output: Output, clock: Callable[[], float],

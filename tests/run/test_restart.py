@@ -286,6 +286,28 @@ def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, k
     assert not pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir))
 
 
+def test_a_frozen_process_is_named_the_cause_not_the_peer_the_coordinator_aborted(tmp_path):
+    """jax-ml/jax#23599: a process frozen by SIGSTOP (a paused VM, a process stuck in the
+    kernel) stops sending heartbeats; JAX's coordination service aborts its peer after the
+    heartbeat timeout, and that peer ends first. The summary named the peer ("killed by SIGABRT
+    ... a crash"); the frozen one is the cause, as /proc says."""
+    run_dir = tmp_path / "run"
+    with launched("jobs/linear.yaml", *COMMON, *fault("sigstop", 12), "--set",
+                  "restarts.max_restarts=0", "--set", "watchdog.stall_timeout_s=null",
+                  "--set", "watchdog.first_step_timeout_s=null",
+                  "--set", "distributed.heartbeat_timeout_s=3", "--run-dir", str(run_dir),
+                  "--show", "all") as output:
+        output.wait_for("injecting sigstop", 120)
+        code, out = output.finish(120)
+    assert code == 1, out[-4000:]
+    assert re.search(r"^podlaunch: p1 stalled: stopped \(SIGSTOP, a paused VM or a debugger\) while "
+                     r"its peers waited for it: JAX's coordination service ended p0 when p1's "
+                     r"heartbeats ceased; .*; p0 ended \(.*\) because of it; killing every "
+                     r"process", out, re.M), out[-4000:]
+    assert re.search(r"^p1 +localhost +failed \(first\) +stalled: stopped", out, re.M), out[-4000:]
+    assert not pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir))
+
+
 @pytest.mark.parametrize("mode, failure_class, budget", [("sigkill", "infrastructure", "infrastructure"),
                                                          ("sigterm", "preemption", "preemptions")])
 def test_a_signal_death_is_retried_by_default_under_its_own_budget_until_it_is_spent(
