@@ -211,11 +211,13 @@ def kernel_silence(transport) -> float | None:
 
 
 def shell_script(workdir: str, setup: tuple, env: dict, argv: list, files: tuple = (),
-                 written_mark: str | None = None, first: tuple = ()) -> str:
+                 written_mark: str | None = None, first: tuple = (),
+                 setup_mark: str | None = None) -> str:
     """A POSIX sh script: enter ``workdir`` (created), write ``files`` (``(path, text,
     writer)``: ``file_lines``) and print the line ``written_mark`` once they are written,
-    run ``setup``, export ``env``, run each argv of ``first`` (the script ends with the
-    exit status of one that fails), exec ``argv``.
+    run ``setup`` (then print the line ``setup_mark``, if given: a failure after it is not the
+    setup's), export ``env``, run each argv of ``first`` (the script ends with the exit status
+    of one that fails), exec ``argv``.
 
     Fed to ``sh -s`` on stdin rather than as the SSH command line, so env
     values (secrets included) never show in the host's process list, and it
@@ -235,6 +237,8 @@ def shell_script(workdir: str, setup: tuple, env: dict, argv: list, files: tuple
         lines.append(f"printf '\\n%s\\n' {shlex.quote(written_mark)}")
     if setup:  # in this shell (what it exports stays), but never reading the script on stdin
         lines += ["{"] + list(setup) + ["} </dev/null"]
+    if setup_mark is not None:
+        lines.append(f"printf '\\n%s\\n' {shlex.quote(setup_mark)}")
     lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
     lines += [" ".join(shlex.quote(a) for a in command) for command in first]
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))

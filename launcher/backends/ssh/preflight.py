@@ -32,6 +32,7 @@ from worker import contract
 # (stop this run's own, from its failed attempt; refuse another run's: a restart), ADOPT (this
 # run's own are the processes a supervisor takes back: left alone; another run's refused).
 REFUSE, STOP, REPORT, OWN, ADOPT = "refuse", "stop", "report", "own", "adopt"
+SETUP_DONE = "podlaunch-setup-done"  # printed by the preflight script once cluster.setup ran
 
 
 @dataclasses.dataclass
@@ -67,7 +68,8 @@ def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: in
     # with reach_argv: the coordinator reach check from this host, after the preflight, in
     # its channel (reach.Listener)
     argv, first = (reach_argv, (program,)) if reach_argv else (program, ())
-    text = shell_script(host.workdir, settings.setup, dict(settings.env), argv, first=first)
+    text = shell_script(host.workdir, settings.setup, dict(settings.env), argv, first=first,
+                        setup_mark=SETUP_DONE if settings.setup else None)
     try:
         status, output = run_script(host.connection.transport, text)
     except Exception as exc:  # noqa: BLE001
@@ -77,11 +79,32 @@ def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: in
         if reach_argv:
             facts["reach"] = reach.answer(output)
         return Check(host, None, facts)
-    tail = " | ".join(output.strip().splitlines()[-3:]) or "no output"
+    return Check(host, failed_text(status, output, settings))
+
+
+def failed_text(status: int, output: str, settings: SshSettings) -> str:
+    """Why the preflight script of a host ended with ``status`` before its facts, read from
+    how far it got: the setup's lines did not all run (no ``SETUP_DONE`` line), or the
+    interpreter after them. Exit 127 is the shell's "command not found" (POSIX, 2.8.2), of a
+    setup line's command (a ``conda activate`` or ``module load`` missing on this host) or of
+    ``cluster.python``; 126 found but not executable."""
+    lines = output.strip().splitlines()
+    setup_ran = not settings.setup or SETUP_DONE in lines
+    shown = [line for line in lines if line != SETUP_DONE]
+    tail = " | ".join(shown[-3:]) or "no output"
+    if not setup_ran:
+        what = {127: "a command of cluster.setup was not found on this host (exit 127)",
+                126: "a command of cluster.setup is not executable on this host (exit 126)"}.get(
+            status, f"the workdir or cluster.setup failed with exit {status}")
+        return (f"{what}: {tail}; run the setup lines by hand there (ssh, then each line), and "
+                "install what is missing or fix the line")
     if status == 127:
-        return Check(host, f"{settings.python} not found ({tail}); set cluster.python to the "
-                     "remote interpreter's absolute path")
-    return Check(host, f"workdir/setup/python failed with exit {status}: {tail}")
+        return (f"{settings.python} not found ({tail}); set cluster.python to the remote "
+                "interpreter's absolute path" + (" (or activate it in cluster.setup)"
+                                                 if settings.setup else ""))
+    if status == 126:
+        return f"{settings.python} is not executable ({tail}); set cluster.python to an interpreter"
+    return f"workdir/python failed with exit {status}: {tail}"
 
 
 VERSION_KEYS = ("python", "jax", "jaxlib")

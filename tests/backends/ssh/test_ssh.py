@@ -788,6 +788,29 @@ def test_a_setup_line_that_reads_stdin_neither_eats_the_script_nor_waits(tmp_pat
     assert "OK: 4 processes succeeded" in result.stdout
 
 
+@pytest.mark.slow
+def test_a_setup_lines_missing_command_is_told_from_a_missing_interpreter(tmp_path, hosts):
+    # every exit 127 of the preflight was "python not found; set cluster.python", a setup
+    # line's missing command too (a `conda activate` on a host without conda, skypilot#7001)
+    only_host_1 = f'if [ "$PWD" = {tmp_path / "host1"} ]; then podlaunch_no_such_tool_xyz init; fi'
+    cluster = write_cluster(tmp_path, hosts, setup=[only_host_1])
+    result = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--dry-run", timeout_s=120)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    assert re.search(r"a command of cluster\.setup was not found on this host \(exit 127\): .*"
+                     r"podlaunch_no_such_tool_xyz.*not found; run the setup lines by hand there",
+                     result.stderr), result.stderr
+    assert "set cluster.python" not in result.stderr
+    assert hosts.hosts[1] in result.stderr
+    cluster = write_cluster(tmp_path, hosts, python="/nonexistent/python3.99",
+                            setup=["export FROM_SETUP=yes"])
+    result = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--dry-run", timeout_s=120)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    assert "/nonexistent/python3.99 not found (" in result.stderr, result.stderr
+    assert "set cluster.python to the remote interpreter's absolute path (or activate it in " \
+           "cluster.setup)" in result.stderr
+    assert "cluster.setup was not found" not in result.stderr
+
+
 def test_kill_stale_is_refused_for_local_runs():
     result = launch("jobs/linear.yaml", "--kill-stale", "--dry-run")
     assert result.returncode == 2
