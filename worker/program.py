@@ -178,8 +178,11 @@ def _on_uncaught(kind, exc, tb) -> None:
     print(wire.Failed(reporter.last_step if reporter else 0, f"{kind.__name__}: {exc}").text(),
           flush=True)
     full = causes.disk_full(exc) if isinstance(exc, OSError) else None
+    ran_out = causes.exhausted(exc) if isinstance(exc, OSError) else None
     if full:  # the class and the advice come from this line (worker.contract.causes), not exit 1
         print(causes.line(causes.DISK_FULL, full), flush=True)
+    elif ran_out:
+        print(causes.line(causes.EXHAUSTED, ran_out), flush=True)
     _close(wait_s=0.5)
     _exit_now(1)
 

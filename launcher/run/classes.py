@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
+import resource  # loaded with the launcher: under EMFILE its import would fail
 import signal
 
 from launcher.console import explain
@@ -192,6 +194,9 @@ def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
             f"exited with code {ended.code}, a loss that is no longer a number, which a restart "
             f"from the last checkpoint repeats: {diverged}; lower optimizer.learning_rate or "
             "look at the data of the steps before it")
+    elif (ran_out := _ran_out(t.tail)) is not None and isinstance(ended, (Exited, Killed)):
+        failure_class, what = FailureClass.FINAL, f"{_class_of(ended, ())[1].split(' (')[0]}, " \
+            f"a limit of its host that ran out, which a restart finds run out again: {ran_out}"
     else:
         failure_class, what = _class_of(ended, retry_exit_codes)
     said = [line for line in t.tail if line.startswith(notice.PREFIX)]
@@ -209,7 +214,25 @@ _EXPLAINED = {
     causes.DISK_FULL: (FailureClass.FINAL, "a full disk that a restart finds full again"),
     causes.UNREACHABLE: (FailureClass.PROGRAM, "a network problem of its host that a restart "
                          "repeats"),
+    causes.EXHAUSTED: (FailureClass.FINAL, "a limit of its host ran out, which a restart "
+                       "finds run out again"),
 }
+
+
+_EMFILE_RE = re.compile(r"Too many open files|\[Errno 24\]|EMFILE")
+
+
+def _ran_out(tail) -> str | None:
+    """What a process's last lines say ran out of its host's open files (a library's own
+    words: gloo's "accept: Too many open files", Python's ``[Errno 24]``), with this
+    launcher's limit for scale (a local worker inherits it), or None."""
+    if not any(_EMFILE_RE.search(line) for line in tail):
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    here = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    return (f"too many open files (EMFILE; the launching shell's ulimit -n is {here}): raise "
+            "the limit (ulimit -n 65536) in the shell that launches or in cluster.setup, then "
+            "launch again")
 
 
 def _nonfinite_loss(tail) -> str | None:

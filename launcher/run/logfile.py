@@ -7,7 +7,7 @@ import time
 from typing import Callable
 
 from launcher import logtimes
-from worker.contract import runfiles
+from worker.contract import causes, runfiles
 
 
 class LogFile:
@@ -24,13 +24,18 @@ class LogFile:
 
     def __init__(self, path: str, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
         self.path, self.say, self.clock = path, say, clock
-        # mode 0600: a worker's output may hold secrets (a printed environment, a URL)
-        self.file = open(path, "a", encoding="utf-8", errors="replace", opener=runfiles.opener)
         self.failed = False
         self.lock = threading.Lock()  # the reader writes, the supervision loop flushes
         self.pending = False
         self.flushed_at = -float("inf")
         self.at_line_start = True  # the next text begins a line (it gets a time)
+        try:  # mode 0600: a worker's output may hold secrets (a printed environment, a URL)
+            self.file = open(path, "a", encoding="utf-8", errors="replace", opener=runfiles.opener)
+        except (runfiles.LinkRefused, runfiles.NotOwned):
+            raise  # a file planted in the run directory: refused, never written through
+        except OSError as exc:  # the reader goes on without it: the console and the tail
+            self.file = None
+            self._failed(exc, "open")
 
     def write(self, text: str, flush: bool = True) -> None:
         if self.failed:
@@ -67,6 +72,8 @@ class LogFile:
         at the end of a line (a supervisor that takes the run back cuts the log there and
         reads the rest again from the process's output: ``launcher.rundir.journal``); None when
         the file cannot be written or is closed."""
+        if self.file is None:
+            return None
         with self.lock:
             try:
                 self.file.flush()
@@ -75,15 +82,18 @@ class LogFile:
             except (OSError, ValueError):
                 return None
 
-    def _failed(self, exc: OSError) -> None:
+    def _failed(self, exc: OSError, what: str = "write") -> None:
         self.failed = True
-        self.say(f"podlaunch: cannot write {self.path} ({exc.strerror}); this process's "
+        why = causes.exhausted(exc) or exc.strerror
+        self.say(f"podlaunch: cannot {what} {self.path} ({why}); this process's "
                  "further lines reach the console only")
 
     def __enter__(self) -> "LogFile":
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.file is None:
+            return
         with self.lock:
             try:
                 self.file.close()

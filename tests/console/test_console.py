@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import fcntl
 import io
+import errno
 import json
+import resource
 import os
 import re
 import struct
@@ -35,7 +37,7 @@ from launcher.run.classes import FailureClass, Verdict
 from launcher.state import Exited, Result, State
 from launcher.console.status import status_text
 from launcher.words import duration, plural
-from worker.contract import wire
+from worker.contract import causes, wire
 
 GLOO = "[Gloo] Rank {} is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
 
@@ -424,6 +426,22 @@ def test_run_json_is_still_written_when_the_disk_is_full(tmp_path):
                 log.write(f"line {i} " + "x" * 100 + "\n")
         assert len(said) == 1 and "(No space left on device); this process's further lines " \
             "reach the console only" in said[0], said
+
+
+def test_a_log_that_cannot_be_opened_is_said_once_and_its_reader_goes_on(tmp_path):
+    # the reader's log was opened outside the try that keeps a reader alive: with the
+    # open-files limit reached, readers died with tracebacks and processes lost their lines
+    (tmp_path / "process-000.log").mkdir()  # what open() refuses, as it refuses at EMFILE
+    said: list = []
+    with logfile.LogFile(str(tmp_path / "process-000.log"), said.append) as log:
+        log.write("step 1/2 loss 0.5\n")
+        log.flush_pending()
+        assert log.flushed_size() is None
+    assert len(said) == 1 and said[0].startswith(f"podlaunch: cannot open {tmp_path / 'process-000.log'} (")
+    assert said[0].endswith("this process's further lines reach the console only"), said
+    words = causes.exhausted(OSError(errno.EMFILE, "Too many open files"))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert words.startswith(f"too many open files: this process's limit is {soft} (hard limit ")
 
 
 def test_tensorboard_names_a_job_s_runs_by_start_and_what_differs(tmp_path):

@@ -30,7 +30,8 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
         early exit that looks like success), ``sigkill`` (kills
         itself with SIGKILL), ``wipe_sigkill`` (its run directory removed once the local tier's
         writer is done, then SIGKILL: over ssh, a host that dies and comes back empty), ``sigterm`` (itself with SIGTERM: a preemption's notice), ``stall`` (sleeps forever: alive, no progress),
-        ``sigstop`` (stops itself), ``long_line`` (prints ``long_line_mb`` MiB of ``x``
+        ``sigstop`` (stops itself), ``emfile`` (opens /dev/null until the open-files limit
+        refuses one: OSError EMFILE, as a leak of file handles ends), ``long_line`` (prints ``long_line_mb`` MiB of ``x``
         without a newline, then exits with 7: its last line ends without one).
       sleep_s: seconds every step of ``slow_process_id`` sleeps (a straggler).
       slow_process_id: which process is slow (-1 = none).
@@ -81,6 +82,10 @@ def make(crash_at_step: int = 0, crash_process_id: int = 0, mode: str = "raise",
             _wipe_then_die(os.environ["PODLAUNCH_RUN_DIR"])
         if mode == "sigstop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        if mode == "emfile":
+            leaked = []
+            while True:  # raises OSError(EMFILE) at the limit
+                leaked.append(open(os.devnull))
         if mode == "stall":
             while True:
                 time.sleep(3600)

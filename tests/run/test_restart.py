@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -20,7 +22,8 @@ import pytest
 import yaml
 
 from harness import helpers
-from harness.helpers import (KINDS, PROGRAMS, REPO, checked_ledger, launch, launched, logged_steps,
+from harness.helpers import (KINDS, LAUNCH, PROGRAMS, REPO, checked_ledger, env_for_tests, launch,
+                             launched, logged_steps,
                              pids_with_env, program_job, read_scalars)
 from harness.runs import (agreed_step, assert_one_agreed_stop, assert_same_params, fault, params,
                           remote_run_dir, ssh_cluster)
@@ -283,6 +286,39 @@ def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, k
     else:  # the program is told the attempt and that it resumes
         assert "[p1] faulty_program: attempt 1, PODLAUNCH_RESUME=1" in out, out[-4000:]
         assert f"[p0] step {STEPS}/{STEPS} loss" in out
+    assert not pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir))
+
+
+def test_an_exhausted_open_files_limit_is_a_cause_of_its_own_with_the_limit(tmp_path):
+    # "Too many open files" was filed as a Python error in the job, with a retry hint
+    result = launch("jobs/linear.yaml", *COMMON, *fault("emfile", 7), "--run-dir",
+                    str(tmp_path / "run"))
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-4000:]
+    assert re.search(r"attempt 0 failed: process_id 1 on localhost exited with code 1, a limit of "
+                     r"its host ran out, which a restart finds run out again: too many open "
+                     r"files: this process's limit is \d+ \(hard limit \d+\) \(ulimit -n\); "
+                     r"raise it .*\[final\]; a restart would end the same way", out), out[-4000:]
+    assert "a Python error in the job" not in out and "retried after" not in out
+
+
+def test_a_launcher_short_of_open_files_keeps_its_readers_and_names_the_limit(tmp_path):
+    # ulimit -n 20 (skypilot#3004): the readers died with tracebacks (the log opened outside
+    # the try that keeps a reader alive), processes got no log, and the verdict invented a
+    # 60 s join timeout; gloo then aborts a worker for the files it cannot open
+    run_dir, limit = tmp_path / "run", 20
+    command = f"ulimit -n {limit} && exec " + shlex.join(  # 2 x 2 devices: gloo needs more
+        [*LAUNCH, "jobs/linear.yaml", "--set", "restarts.max_restarts=0", "--run-dir", str(run_dir)])
+    done = subprocess.run(["bash", "-c", command], cwd=REPO, env=env_for_tests(),
+                          capture_output=True, text=True, timeout=240)
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out, out[-4000:]
+    assert done.returncode == 1, out[-4000:]
+    assert f"too many open files (EMFILE; the launching shell's ulimit -n is {limit})" in out \
+        or f"this process's limit is {limit} " in out, out[-4000:]
+    assert "[final]; a restart would end the same way" in out, out[-4000:]
+    assert all((run_dir / "logs" / f"process-00{i}.log").stat().st_size for i in range(2))
+    assert "could not join the coordinator" not in out, out[-4000:]  # no invented join timeout
     assert not pids_with_env("PODLAUNCH_RUN_DIR", str(run_dir))
 
 

@@ -85,12 +85,14 @@ def main() -> None:
     except SystemExit as exc:  # SIGTERM from the launcher
         _exit_now(exc.code if isinstance(exc.code, int) else 1)
     except OSError as exc:
-        said = causes.disk_full(exc, identity.run_dir if identity is not None else None)
-        if said is None:
+        full = causes.disk_full(exc, identity.run_dir if identity is not None else None)
+        ran_out = causes.exhausted(exc)
+        if full is None and ran_out is None:
             traceback.print_exc()  # kept in the log; the cause comes last, where the summary looks
         else:
             _traceback_for_the_log()
-        print(causes.line(causes.DISK_FULL, said) if said else
+        print(causes.line(causes.DISK_FULL, full) if full else
+              causes.line(causes.EXHAUSTED, ran_out) if ran_out else
               f"worker: {type(exc).__name__}: {exc}", flush=True)
         _exit_now(1)
     except BaseException as exc:
