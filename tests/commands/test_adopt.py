@@ -37,7 +37,10 @@ def test_a_killed_supervisor_is_taken_back_by_one_attach_and_the_run_ends_as_uni
         tmp_path, supervisors):
     run_dir, ref_dir = tmp_path / "r", tmp_path / "ref"
     reference = _reference(ref_dir)
-    started = launch(*PACED, "--set", "task.name=faulty_task:make", "--run-dir", str(run_dir),
+    # 0.12 s a step here (24 s in all): the take-back and the third supervisor's refusal
+    # happen while it runs, however loaded the machine (at 0.05 s it had ended first)
+    started = launch(*PACED, "--set", "task.name=faulty_task:make", "--set",
+                     "task.args.sleep_s=0.12", "--run-dir", str(run_dir),
                      "--detach")
     assert started.returncode == 0, started.stdout + started.stderr
     killed = supervisor(run_dir)

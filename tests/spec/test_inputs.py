@@ -142,8 +142,6 @@ def test_a_task_on_the_workers_pythonpath_or_in_the_current_directory_is_accepte
     (b"def make(:\n    pass\n", "bad_task_xyz.py:1: SyntaxError: "),
     (b"def make():\n    return 1\n\x00\n", "source code string cannot contain null bytes"),
     (b"def make():\n  return 1\n    x = 2\n", "bad_task_xyz.py:3: IndentationError: "),
-    (b"X = " + b"+".join([b"1"] * 3000) + b"\n\ndef make():\n    pass\n",
-     "an expression is nested too deeply for Python to compile (RecursionError); split it"),
 ])
 def test_a_task_module_that_does_not_compile_is_one_line_and_starts_nothing(tmp_path, source,
                                                                              needle):
@@ -157,6 +155,28 @@ def test_a_task_module_that_does_not_compile_is_one_line_and_starts_nothing(tmp_
         _refused(result, "task.name: ", needle, "every worker's import of it would fail")
         assert len(result.stderr.strip().splitlines()) == 2, result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_task_module_too_deep_to_compile_is_refused_exactly_where_python_refuses_it(tmp_path):
+    # 3,000 terms: a RecursionError in every worker's import on Python 3.11, compiled by later
+    # ones (the workers run this interpreter): refused where it fails, accepted where it works
+    source = b"X = " + b"+".join([b"1"] * 3000) + b"\n\ndef make():\n    pass\n"
+    try:
+        compile(source, "deep.py", "exec")
+        compiles = True
+    except RecursionError:
+        compiles = False
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "deep_task_xyz.py").write_bytes(source)
+    path = _spec(tmp_path, BASE + "task: {name: 'deep_task_xyz:make'}\n"
+                 + LOCAL % f", env: {{PYTHONPATH: '{tasks}'}}")
+    result = launch(path, "--dry-run")
+    if compiles:
+        assert result.returncode == 0, result.stderr
+    else:
+        _refused(result, "an expression is nested too deeply for Python to compile "
+                 "(RecursionError); split it")
 
 
 def test_a_task_function_rebound_to_a_wrapper_is_left_to_its_start(tmp_path):

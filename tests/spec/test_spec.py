@@ -345,8 +345,10 @@ def _npy_with_header(path, header: str) -> None:
     ("{'descr': '<f4', 'shape': (40, 4), }", "header is not numpy's"),
     ("{'descr': '<f4', 'fortran_order': False, 'shape': " + "(" * 400 + ")" * 400 + "}",
      "cannot read the file's header: too many nested parentheses"),
+    # RecursionError on Python 3.11 ("it is not numpy's (nested too deeply)"), a ValueError of
+    # literal_eval's on later ones: one line either way
     ("{'descr': '<f4', 'fortran_order': False, 'shape': " + "-" * 5000 + "1}",
-     "cannot read the file's header: it is not numpy's (nested too deeply)"),
+     "cannot read the file's header: "),
 ])
 def test_a_npy_whose_header_is_not_numpys_is_one_line_before_launch(tmp_path, header, expected):
     # each was an AttributeError or TypeError traceback
