@@ -114,7 +114,17 @@ def initialize(num_steps: int | None = None):
     Exits (never returns) with ``contract.EXIT_MISMATCH`` (3) when the identity in the
     environment is missing or JAX disagrees with the launcher's plan, and with
     ``contract.EXIT_INIT`` (4) when ``jax.distributed.initialize`` raises.
+
+    A second call (a library and the program both calling it) returns the same joined
+    ``jax``, with ``num_steps`` updated if given: JAX allows one
+    ``jax.distributed.initialize`` per process and raised a RuntimeError for the second.
     """
+    if "identity" in _state:
+        import jax
+
+        if num_steps is not None:
+            _state["num_steps"] = num_steps
+        return jax
     from worker.runtime import joining
 
     try:

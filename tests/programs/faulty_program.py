@@ -11,7 +11,8 @@ RuntimeError at STEP), ``busy`` (every other process spends its steps from STEP 
 host code, 2 s each, as a process busy with its input or a logger would: it is not in a
 collective when the faulty one ends), ``helpers`` (after step 1 every
 process starts two ``sleep 1234`` helpers, one in its process group, one in a session of
-its own: they must die with the run). Faults fire on attempt 0 only
+its own: they must die with the run), ``init-twice`` (every process calls initialize a second
+time: a library and the program both do). Faults fire on attempt 0 only
 (``PODLAUNCH_ATTEMPT``), so a restarted run can finish. Every process trains STEPS
 (environment, default 20) steps of a tiny pmean, 0.05 s apart.
 """
@@ -41,6 +42,8 @@ if "never-join" in modes and faulty:
 from worker import program  # noqa: E402
 
 jax = program.initialize()
+if "init-twice" in modes:
+    assert program.initialize() is jax
 import jax.numpy as jnp  # noqa: E402
 
 step_fn = jax.pmap(lambda x: jax.lax.pmean(x, "i"), axis_name="i")

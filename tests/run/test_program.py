@@ -202,6 +202,17 @@ def test_program_killed_at_step_k_fails_fast_with_its_root_cause(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_program_that_calls_initialize_twice_gets_the_same_joined_jax(tmp_path):
+    # a library and the program both calling it: jax's raw RuntimeError ("should only be
+    # called once") ended every process
+    done = launch(program_job(tmp_path, "init-twice", num_processes=2), "--run-dir",
+                  str(tmp_path / "run"), timeout_s=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "OK: 2 processes succeeded" in out and "RuntimeError" not in out
+
+
+@pytest.mark.slow
 def test_program_exiting_0_early_is_a_failure(tmp_path):
     run_dir = tmp_path / "run"
     done = launch(program_job(tmp_path, "exit0", target=1, at=5), "--run-dir", str(run_dir),
