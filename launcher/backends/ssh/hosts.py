@@ -182,6 +182,13 @@ def _why(exc: BaseException, c, known_hosts_file: str) -> str:
     if isinstance(exc, paramiko.AuthenticationException):
         return (f"authentication failed for user {c.user!r}; check identity_file, ssh-agent "
                 f"and the host's authorized_keys")
+    if isinstance(exc, paramiko.SSHException) and "No authentication methods available" in str(exc):
+        agent = "ssh-agent holds no key" if os.environ.get("SSH_AUTH_SOCK") else \
+            "no ssh-agent (SSH_AUTH_SOCK is unset)"
+        return (f"no key to log in as user {c.user!r} with: {agent}, no identity_file is set "
+                "(cluster.identity_file, or IdentityFile in the ssh config) and ~/.ssh has "
+                "no default key; load one into the agent (ssh-add) or set "
+                "cluster.identity_file")
     if isinstance(exc, UnknownHostKey):
         return (f"unknown host key ({exc}); add it (ssh-keyscan) or "
                 f"set cluster.host_key_policy: accept-new")

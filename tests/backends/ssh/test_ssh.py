@@ -811,6 +811,23 @@ def test_a_setup_lines_missing_command_is_told_from_a_missing_interpreter(tmp_pa
     assert "cluster.setup was not found" not in result.stderr
 
 
+@pytest.mark.slow
+def test_no_key_at_all_is_said_as_such_not_as_paramikos_words(tmp_path, hosts):
+    # an empty ssh-agent and no identity file: "ssh failed: SSHException: No authentication
+    # methods available"
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(line for line in open(hosts.ssh_config)
+                              if "IdentityFile" not in line and "IdentitiesOnly" not in line))
+    cluster = write_cluster(tmp_path, hosts, ssh_config_file=str(config))
+    result = launch("jobs/linear.yaml", "--cluster", cluster, *SHORT, "--dry-run", timeout_s=120,
+                    HOME=str(tmp_path), SSH_AUTH_SOCK=None)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    assert "no key to log in as user " in result.stderr, result.stderr
+    assert "no ssh-agent (SSH_AUTH_SOCK is unset), no identity_file is set" in result.stderr
+    assert "load one into the agent (ssh-add) or set cluster.identity_file" in result.stderr
+    assert "No authentication methods available" not in result.stderr
+
+
 def test_kill_stale_is_refused_for_local_runs():
     result = launch("jobs/linear.yaml", "--kill-stale", "--dry-run")
     assert result.returncode == 2
