@@ -14,7 +14,8 @@ included); ``--resume`` updates the same file. Its keys::
                  running, the one under way counted)
     step         the furthest step reached, or null
     num_steps    the steps the job asks for
-    final_loss   the last loss logged, or null
+    final_loss   the last loss logged ("nan", "inf" or "-inf" for one that is not a
+                 number: JSON has none), or null
     duration_s   seconds the launcher ran, over every launch of this run directory (while
                  running: so far, written with the step)
     launcher     {"pid", "host"} of the launch that is running or ran last
@@ -156,7 +157,7 @@ class Record(RunWatcher):
             return
         lead = max(reported, key=lambda t: t.stats.progress.step)
         eta = eta_s(lead, now)
-        self.data.update(step=lead.stats.progress.step, final_loss=_finite(lead.stats.progress.loss),
+        self.data.update(step=lead.stats.progress.step, final_loss=_loss(lead.stats.progress.loss),
                          eta_s=None if eta is None else round(eta, 1), progress_at=time.time(),
                          duration_s=round(self.before_s + self.clock() - self._launched, 3))
         if self.running is not None:
@@ -229,7 +230,7 @@ class Record(RunWatcher):
             reported = [t.stats.progress for t in result.processes if t.stats.progress is not None]
             if reported:
                 furthest = max(reported, key=lambda p: p.step)
-                data["step"], data["final_loss"] = furthest.step, _finite(furthest.loss)
+                data["step"], data["final_loss"] = furthest.step, _loss(furthest.loss)
             # a run stopped at an agreed step saved it after its last logged one (the summary's
             # table says the same): the step a --resume continues from
             saved = [t.stats.saved_step for t in result.processes if t.stats.saved_step is not None]
@@ -256,6 +257,19 @@ def _failures(value) -> dict:
 
 def _finite(value: float) -> float | None:
     return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def _loss(value: float) -> float | str:
+    """A loss as run.json keeps it: the number, or its name when it is not one."""
+    return value if _finite(value) is not None else str(float(value))
+
+
+_NOT_NUMBERS = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def _read_loss(value) -> float | None:
+    """``_loss``'s value read back (a diverged run's nan or inf kept), else None."""
+    return _NOT_NUMBERS[value] if isinstance(value, str) and value in _NOT_NUMBERS else _number(value)
 
 
 def _text(value) -> str:
@@ -344,7 +358,7 @@ def read(run_dir: str) -> PastRun:
         return PastRun(_text(data.get("job")) or os.path.basename(os.path.dirname(run_dir)),
                        _text(data.get("started")), state, _count(data.get("attempts")),
                        _count(data.get("step")), _count(data.get("num_steps")),
-                       _number(data.get("final_loss")), _number(data.get("duration_s")), run_dir,
+                       _read_loss(data.get("final_loss")), _number(data.get("duration_s")), run_dir,
                        _failures(data.get("failures")), _number(data.get("goodput")),
                        eta if state == "running" else None, _text(data.get("devices")))
     try:  # a run directory from before run.json

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import types
 
+from launcher.commands import runs as runs_command
 from launcher.rundir import record as runs
 from launcher.console.status import summary
 from launcher.state import Result, State
@@ -35,8 +36,12 @@ def test_a_run_that_ends_with_a_nan_loss_is_listed_diverged_not_succeeded(tmp_pa
     record.end("succeeded", _ended(float("nan"), float("nan")),
                [types.SimpleNamespace(number=0, failure=None)])
     written = json.loads((run_dir / "run.json").read_text())
-    assert written["state"] == "diverged" and written["final_loss"] is None, written
-    assert runs.read(str(run_dir)).state == "diverged"
+    # the loss kept by name (JSON has no nan): `launch runs` showed "-" for it (issue 63)
+    assert written["state"] == "diverged" and written["final_loss"] == "nan", written
+    past = runs.read(str(run_dir))
+    assert past.state == "diverged" and past.final_loss != past.final_loss  # nan
+    row = runs_command.table([past]).splitlines()[1]
+    assert " diverged " in row and " nan " in row, row
 
 
 def test_a_finite_final_loss_is_a_success_and_nan_is_said_in_the_summary():
