@@ -73,7 +73,12 @@ def main(argv: list) -> int:
                else "is not running")
         raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} {why}; nothing to stop")])
     watched = [(p, proctl.start_ticks(p)) for p in [pid] + proctl.descendants(pid)]
+    frozen = proctl.is_stopped(pid)  # SIGSTOP, a debugger: it acts on SIGTERM once continued
     os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGCONT)
+    if frozen:
+        print(f"launch stop: the run's supervisor (pid {pid}) was stopped (SIGSTOP); continued "
+              "so that it stops the run", flush=True)
     print(f"launch stop: stopping the run in {run_dir} (its supervisor, pid {pid}, stops every "
           "process in order; an agreed step is saved)", flush=True)
     deadline = time.monotonic() + args.timeout

@@ -42,3 +42,24 @@ def test_stop_of_a_run_whose_supervisor_was_killed_stops_every_process_with_the_
                      (run_dir / "logs" / "process-000.log").read_text())
     waited = launch("wait", str(run_dir), timeout_s=60)
     assert waited.returncode == 130 and "the run interrupted (exit code 130)" in waited.stdout
+
+
+def test_stop_of_a_run_whose_supervisor_is_stopped_continues_it_and_it_stops_the_run(
+        tmp_path, supervisors):
+    # a supervisor stopped by SIGSTOP (a ^Z'd shell's job, a debugger) never acted on the
+    # SIGTERM: the stop waited out its timeout and left the run stopped
+    run_dir = tmp_path / "run"
+    started = launch("jobs/linear.yaml", "--set", "train.num_steps=1000000", "--set",
+                     "logging.log_every_steps=20", "--set", "task.name=faulty_task:make",
+                     "--set", "task.args.sleep_s=0.02", "--run-dir", str(run_dir), "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    pid = supervisor(run_dir)
+    supervisors.append(pid)
+    until(lambda: step(run_dir) >= 20, "a first logged step")
+    os.kill(pid, signal.SIGSTOP)
+    until(lambda: proctl.is_stopped(pid), "the supervisor stopped")
+    stopped = launch("stop", str(run_dir), "--timeout", "120", timeout_s=300)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"the run's supervisor (pid {pid}) was stopped (SIGSTOP); continued" in stopped.stdout
+    assert "every process is gone (state interrupted)" in stopped.stdout
+    assert run_pids(str(run_dir)) == []
