@@ -247,11 +247,26 @@ def main(argv: list[str]) -> int:
         links = logdir = tempfile.mkdtemp(prefix="podlaunch-tensorboard-")
         link_runs(run_dirs, links)
     args.profiled = run_dirs
+    if not _has_events(run_dirs or [logdir]):  # it would serve an empty page without a word
+        print(f"podlaunch: no TensorBoard events in {what} yet (a run with "
+              "logging.tensorboard: false writes none, and a run writes its first at its "
+              "first logged step); serving anyway: TensorBoard shows them as they come",
+              flush=True)
     try:
         return _serve(args, logdir, what)
     finally:
         if links is not None:
             shutil.rmtree(links, ignore_errors=True)  # the links, never what they point to
+
+
+def _has_events(dirs: list) -> bool:
+    """Whether any of ``dirs`` holds a TensorBoard event file (``events.out.tfevents.*``), at
+    most three levels down (a run's tensorboard/ and its profile plugin's directories)."""
+    for top in dirs:
+        for depth in range(4):
+            if glob.glob(os.path.join(glob.escape(top), *["*"] * depth, "events.out.tfevents.*")):
+                return True
+    return False
 
 
 def _port(args) -> int:

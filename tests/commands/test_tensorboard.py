@@ -54,6 +54,28 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
     assert code == 0 and all(line.startswith("podlaunch: ") for line in text.splitlines()), text
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_tensorboard_of_a_run_without_events_says_so_and_serves(tmp_path):
+    # it served an empty page without a word (a run with logging.tensorboard: false)
+    run_dir = tmp_path / "run"
+    (run_dir / "tensorboard").mkdir(parents=True)
+    (run_dir / "spec.yaml").write_text("name: linear\n")
+    proc = subprocess.Popen(LAUNCH + ["tensorboard", str(run_dir)], cwd=REPO, env=env_for_tests(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL)
+    out = Output.of(proc)
+    try:
+        out.wait_for(r"^podlaunch: TensorBoard of ", 120)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code, text = out.finish(30)
+    assert code == 0, text
+    assert f"podlaunch: no TensorBoard events in {run_dir / 'tensorboard'} yet (a run with " \
+           "logging.tensorboard: false writes none" in text, text
+    assert text.index("no TensorBoard events") < text.index("podlaunch: TensorBoard of ")
+
+
 # A host without a network (harness.nosockets): the launcher says what needed the port and
 # why it cannot have it, at once. It was a traceback from proctl.free_port (no socket), and
 # with the loopback down a 60 s wait for a server that could never answer.
