@@ -18,7 +18,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from harness.helpers import REPO, launch, launched
+from harness.helpers import PROGRAMS, REPO, launch, launched
 from harness.runs import assert_same_params, fault, params, ssh_cluster
 from launcher import logtimes
 
@@ -165,6 +165,35 @@ def test_a_file_cut_short_during_the_run_is_a_data_error(tmp_path):
     assert re.search(r"data error: .*data\.npy: the file is 12128 bytes, too short for its 4096 "
                      r"rows: row 1001, column 1 onwards are missing", text), text[-3000:]
     assert "restarting" not in text
+
+
+def test_a_file_replaced_between_the_check_and_the_start_is_a_data_error(tmp_path):
+    """The launcher reads the .npy's header before anything starts; the workers open it after.
+    Replaced between the two (a sync still writing it) it was a raw ValueError, exit 1 and a
+    Python error's class; it is bad data, with the data error's exit code."""
+    np.save(tmp_path / "data.npy", np.ones((64, 3), np.float32))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    # in the workers only (they have a process_id): the file replaced as they start
+    (hook / "sitecustomize.py").write_text(textwrap.dedent(f"""\
+        import os
+        if "PODLAUNCH_PROCESS_ID" in os.environ:
+            with open({str(tmp_path / "data.npy")!r}, "wb") as f:
+                f.write(b"\\x93NUMPY\\x01\\x00\\x10\\x00[not, a header]     \\n")
+        """))
+    spec = _job(tmp_path, "{source: file, path: data.npy}")
+    with open(spec) as f:  # the hook on the workers' path (cluster.env.PYTHONPATH)
+        text = f.read().replace("devices_per_process: 1}", "devices_per_process: 1, env: "
+                                f"{{PYTHONPATH: '{hook}:{PROGRAMS}:{REPO}'}}}}")
+    with open(spec, "w") as f:
+        f.write(text)
+    result = launch(spec, "--run-dir", str(tmp_path / "run"))
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    assert re.search(r"exited with code 5, bad data that a restart reads again: data error: "
+                     r".*data\.npy: cannot be read as the data the launch checked \(.*\); was it "
+                     r"changed or still being written after the launch checked it\?", out), out[-3000:]
+    assert "restarting" not in out and "a Python error in the job" not in out, out[-3000:]
 
 
 def test_digits_job_classifies_the_digits(tmp_path):

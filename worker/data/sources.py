@@ -357,11 +357,20 @@ def open_source(data: sections.Data, run_dir: str):
     if data.source == "synthetic":
         return Synthetic(data)
     path = data.path
-    if path.endswith(".npz"):
-        return NpzArrays(path)
-    if path.endswith(".csv"):
-        source = NpyTable(csv_cache(path, os.path.join(run_dir, CACHE_DIR)), data.target_column,
-                          data.target_dtype)
-        source.name = f"{path} (converted: {source.path})"
-        return source
-    return NpyTable(path, data.target_column, data.target_dtype)
+    try:
+        if path.endswith(".npz"):
+            return NpzArrays(path)
+        if path.endswith(".csv"):
+            source = NpyTable(csv_cache(path, os.path.join(run_dir, CACHE_DIR)),
+                              data.target_column, data.target_dtype)
+            source.name = f"{path} (converted: {source.path})"
+            return source
+        return NpyTable(path, data.target_column, data.target_dtype)
+    except DataError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, zipfile.BadZipFile, EOFError) as exc:
+        # the launcher read its header before the start: a file changed since (replaced while
+        # the workers started, a copy still being written) is bad data, not a Python error
+        raise DataError(f"{path}: cannot be read as the data the launch checked ({type(exc).__name__}: "
+                        f"{exc}); was it changed or still being written after the launch "
+                        "checked it? copy it whole, then launch again") from None
