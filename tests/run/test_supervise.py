@@ -290,7 +290,7 @@ def test_a_stopped_worker_that_resumes_before_its_own_limit_is_no_stall(tmp_path
 
 def test_a_process_that_finished_training_is_given_time_to_end(tmp_path):
     # step 100/100 said, then JAX's shutdown waits for the peer for 6 s: no stall at a
-    # stall_timeout_s of 2 (the shutdown bound, supervise.FINISHED_SHUTDOWN_S, applies)
+    # stall_timeout_s of 2 (the shutdown bound, blame.FINISHED_SHUTDOWN_S, applies)
     run = Run(tmp_path)
     run.worker(lines=[(0.5, progress(100)), (6.8, "done")], exit=OK, exit_at=7.0)
     run.worker(lines=[(0.5, progress(99)), (0.7, progress(100)), (6.8, "done")], exit=OK,

@@ -9,7 +9,7 @@ import concurrent.futures
 import json
 
 from launcher import plan as planning
-from launcher.backends.ssh import connection, fetches, followlines
+from launcher.backends.ssh import fetches, followlines, hostscript
 from launcher.backends.ssh import preflight as checks
 from launcher.backends.ssh.channels import GroupStates
 from launcher.backends.ssh.connection import Host
@@ -80,7 +80,7 @@ def adopt_all(plan: planning.Plan, channels: dict, settings: SshSettings, consol
                 "pid": record["pid"], "since": record["since"], "pgid": record.get("pgid"),
                 "offset": record.get("offset") or 0, "out": record["out"],
                 "pid_file": path})}, token)
-        text = connection.shell_script(host.workdir, settings.setup, env, argv, files)
+        text = hostscript.shell_script(host.workdir, settings.setup, env, argv, files)
         if isinstance(record.get("logged"), int):  # what follows the offset is read again
             tail.cut(process.log_path, record["logged"])
         on_exit, on_line = fetches.hooks(plan, process, host, placement, console, adopted=True)

@@ -19,7 +19,8 @@ from typing import Callable, Sequence
 from launcher import plan as planning
 from launcher import remote
 from launcher.backends.ssh import reach, transfer
-from launcher.backends.ssh.connection import Host, run_script, shell_script
+from launcher.backends.ssh.connection import Host, run_script
+from launcher.backends.ssh.hostscript import shell_script
 from launcher.backends.ssh.hosts import connect_error
 from launcher.backends.ssh.settings import SshSettings
 from launcher.errors import LaunchError

@@ -17,7 +17,8 @@ import threading
 
 from launcher import plan as planning
 from launcher.backends.ssh import hosts as hostlib
-from launcher.backends.ssh.connection import run_script, shell_script
+from launcher.backends.ssh.connection import run_script
+from launcher.backends.ssh.hostscript import shell_script
 
 CLEANUP_TIMEOUT_S = 30.0
 

@@ -1,5 +1,5 @@
 """Files to and from hosts over SFTP: a synced directory, process 0's results (the job file
-goes in each worker's script: ``connection.file_lines``)."""
+goes in each worker's script: ``hostscript.file_lines``)."""
 
 from __future__ import annotations
 

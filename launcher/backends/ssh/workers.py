@@ -27,7 +27,7 @@ import paramiko
 from launcher.console import lines
 from launcher import plan as planning
 from launcher import proctl, remote
-from launcher.backends.ssh import connection, fetches, followlines, transfer
+from launcher.backends.ssh import connection, fetches, followlines, hostscript, transfer
 from launcher.backends.ssh.channels import GroupStates, HostChannels
 from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S, Host
 from launcher.backends.ssh.hosts import expand
@@ -296,7 +296,7 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     host = channels.host
     placement = plan.placements[index]
     writer = f"{socket.gethostname()}-{os.getpid()}-{index}"
-    # The job file goes in the first worker's script (connection.file_lines). One session is
+    # The job file goes in the first worker's script (hostscript.file_lines). One session is
     # held back for a stop that finds every other taken: host 0's SFTP session (process 0's
     # results, checkpoints put back), a bare one elsewhere (docs/ssh.md, MaxSessions).
     host.connection.sftp() if index == 0 else channels.reserve()
@@ -323,7 +323,7 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
             argv, files, env = followlines.script(host, plan, placement, process.process_id, files, {
                 wrapper.ARGS_VAR: args, follow.ARGS_VAR: json.dumps(
                     {"start": argv, "out": out, "pid_file": pid_path, "env": process.env})}, token)
-        text = connection.shell_script(host.workdir, settings.setup, env, argv, files,
+        text = hostscript.shell_script(host.workdir, settings.setup, env, argv, files,
                                        None if detached else written)  # detached: its follower says
         on_exit, on_line = fetches.hooks(plan, process, host, placement, console)
         started.append(SshWorker(process, channels, states, text, settings.grace_s, token,

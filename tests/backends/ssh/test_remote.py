@@ -478,7 +478,7 @@ def test_source_refuses_a_program_that_imports_more_of_launcher(tmp_path, monkey
 
 def test_a_tilde_workdir_is_the_login_home_not_a_directory_named_tilde(tmp_path):
     """issue 12, kind 2: the remote script expands ~ and ~/... as OpenSSH and scp users expect."""
-    from launcher.backends.ssh.connection import remote_path, shell_script
+    from launcher.backends.ssh.hostscript import remote_path, shell_script
 
     home = tmp_path / "home"
     home.mkdir()

@@ -30,7 +30,7 @@ from harness.helpers import NO_RESTARTS, PACED, REPO, PROGRAMS, Output, launch, 
 from launcher import backends
 from launcher import plan as planning
 from launcher import spec as specs
-from launcher.backends.ssh import connection
+from launcher.backends.ssh import connection, hostscript
 from launcher.backends.ssh import session as ssh_session
 from launcher.backends.ssh import transfer
 from launcher.errors import SpecError
@@ -302,7 +302,7 @@ def _preflight_saw(c, host, workdir: str) -> dict:
     args = {"modules": [], "port": None, "kill_stale": False, "grace_s": 1.0,
             "state_dir": ".podlaunch/none", "run_dir_env": "PODLAUNCH_RUN_DIR", "own_run_dir": "",
             "synced": transfer.MANIFEST}
-    status, out = connection.run_script(c.transport, connection.shell_script(
+    status, out = connection.run_script(c.transport, hostscript.shell_script(
         workdir, (), {}, remote.python_call(host.python, "preflight", args)))
     assert status == 0, out
     return remote.parse_marked(out, remote_preflight.MARK)["synced"]
@@ -356,13 +356,13 @@ def test_sync_dir_copies_only_what_changed_and_the_job_file_arrives_whole(tmp_pa
             undo()
             assert transfer.unchanged(_preflight_saw(c, host, target), str(src))
         # the job file, as each worker's script writes it before its worker starts
-        # (connection.file_lines): the exact bytes, whatever the shell would make of them,
+        # (hostscript.file_lines): the exact bytes, whatever the shell would make of them,
         # owner-only in directories made owner-only, no temporary left; written again, it
         # is replaced whole
         text = '{\n "args": "$HOME `id` $(id) \\\\ \'q\' \\"d\\" PODLAUNCH_EOF_0"\n}\n'
         inodes = []
         for body in (text, text, text.replace("id", "whoami")):
-            script = connection.shell_script(str(tmp_path), (), {}, ["true"],
+            script = hostscript.shell_script(str(tmp_path), (), {}, ["true"],
                                              ((str(remote_job), body, "w-p0"),))
             status, out = connection.run_script(c.transport, script)
             assert status == 0, out
