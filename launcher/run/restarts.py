@@ -231,7 +231,10 @@ class _Attempts:
             last.verdict = f"failed: {why}; {refusal}"
             console.say(f"{label} failed: {why}; {refusal}")
             return None
-        console.block(summary(result))  # the last attempt's is printed by the caller
+        # the last attempt's is printed by the caller; this one's is said to be the attempt's
+        # (it read as the run's end, its FAILED line and table, with the run going on)
+        console.say(f"{label} is over, not the run: a restart follows; what {label} reached:")
+        console.block(summary(result))
         self.restarts += 1
         wait = self.budgets.take(failure.failure_class)
         self.counted = self.budgets.count_text(failure.failure_class)

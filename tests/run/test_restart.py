@@ -273,6 +273,9 @@ def test_a_sigstopped_worker_is_reported_killed_and_the_run_recovers(tmp_path, k
                      out), out
     assert re.search(r"^p1 +localhost +failed \(first\) +stalled: no step progress", out, re.M), out
     assert "stalled (no step progress for " in out and "retried after 0.2 s" in out
+    # the failed attempt's summary is said to be the attempt's, not the run's end
+    said = out.index("attempt 0 is over, not the run: a restart follows; what attempt 0 reached:")
+    assert said < out.index("FAILED: process_id 1 on localhost") < out.index("attempt 1"), out
     # the ledger of a stalled run: the stall's wait is failure detection and teardown
     ledger = checked_ledger(run_dir)
     stalled, again = ledger["attempts"]
