@@ -18,7 +18,7 @@ import errno
 import os
 
 from launcher import ports, proctl
-from launcher.backends.local import adopt as localadopt, devices as localdevices
+from launcher.backends.local import adopt as localadopt, devices as localdevices, nvml
 from launcher.backends.local.devices import LocalCluster
 from launcher.spec import checks
 from launcher.backends.base import Backend, Options, Session
@@ -159,7 +159,10 @@ class LocalSession(Session):
         platform = self.platform()
         # the dry run names a holder too: the run would be refused; processes taken back
         # (launch attach) hold the chips themselves
-        if platform != "cpu" and (restart or not self.options.adopting):
+        if platform == "gpu" and (restart or not self.options.adopting):
+            for note in nvml.notes(job.cluster.gpus):  # the driver's tenants, not file holders
+                self.console.say(note)
+        elif platform != "cpu" and (restart or not self.options.adopting):
             unreadable = localdevices.check_chips_free(job)
             if unreadable:
                 self.console.say(localdevices.unchecked_text(job, unreadable))
@@ -185,6 +188,10 @@ class LocalSession(Session):
             return f"devices: CPU, {each} per process (JAX_NUM_CPU_DEVICES)"
         name = "TPU chip" if cluster.resolved_platform == "tpu" else "GPU"
         found = cluster.devices_found_text
+        if cluster.resolved_platform == "gpu":
+            named, _ = nvml.gpus()
+            if named:  # as the driver names them: index, model and UUID
+                found += "; " + ", ".join(nvml.described(g) for g in nvml.used(named, cluster.gpus))
         if platform == "cpu":
             return f"devices: {found}; rehearsed on CPU devices, {each} per process"
         if self.job.num_processes == 1 and self.job.local_device_count == cluster.device_count:

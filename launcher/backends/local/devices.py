@@ -348,7 +348,8 @@ class LocalCluster(ClusterSettings):
 
 
 def check_chips_free(job, unreadable_pids=None) -> int:
-    """Refuse to start while another process holds this machine's TPU chips or GPUs.
+    """Refuse to start while another process holds this machine's TPU chips (a GPU's tenants
+    are the driver's to name: ``launcher.backends.local.nvml``).
 
     Args:
       job: the validated spec.

@@ -9,6 +9,7 @@ processes with the files open. Every ``launch`` is the real command line.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -174,6 +175,61 @@ def test_a_shells_cuda_visible_devices_is_split_among_the_processes_never_widene
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
     assert "cluster.num_processes: 4 processes x 1 GPU need more than the 2 GPUs of this " \
            "shell's CUDA_VISIBLE_DEVICES (2,3); use at most 2 in all" in done.stderr
+
+
+NVML = os.path.join(REPO, "tests", "harness", "nvml")  # the stand-in pynvml
+
+
+def _gpu_dry_run(tmp_path, pattern, driver=None):
+    """The dry run of a 2-process gpu job over stand-in device files; ``driver``: what the
+    stand-in NVML reports (None: no NVML at all)."""
+    env = {"PYTHONPATH": os.pathsep.join([NVML, REPO]) if driver is not None else None}
+    if driver is not None:
+        (tmp_path / "nvml.json").write_text(json.dumps({"gpus": driver}))
+        env["PODLAUNCH_TEST_NVML"] = str(tmp_path / "nvml.json")
+    return launch("jobs/linear.yaml", "--dry-run", "--set", "cluster.platform=gpu",
+                  "--set", f"cluster.gpu_device_paths=[{pattern!r}]", "--set",
+                  "cluster.num_processes=2", "--set", "cluster.devices_per_process=null", **env)
+
+
+def _gpu(minor, processes=()):
+    return {"minor": minor, "uuid": f"GPU-{minor}aaa-bbbb", "name": "NVIDIA H200",
+            "total": 140 * 2**30, "processes": [{"pid": p, "used": u} for p, u in processes]}
+
+
+def test_a_process_holding_only_a_gpus_file_is_no_tenant_the_drivers_list_decides(tmp_path):
+    # nvidia-persistenced, Xorg, monitoring agents hold /dev/nvidia* for good: every gpu
+    # launch there was refused (NVIDIA gpu-operator #118)
+    pattern = chips(tmp_path, 2, "nvidia")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "dev" / "nvidia0")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        done = _gpu_dry_run(tmp_path, pattern, driver=[_gpu(0), _gpu(1)])
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "in use" not in done.stdout + done.stderr and "other process" not in done.stdout
+        # the GPUs as the driver names them, each process its own
+        assert "GPU 0 (NVIDIA H200, GPU-0aaa-bbbb), GPU 1 (NVIDIA H200, GPU-1aaa-bbbb)" in done.stdout
+        # the driver lists the holder as a compute process with 100 GiB: said, with what to do
+        done = _gpu_dry_run(tmp_path, pattern, driver=[_gpu(0, [(holder.pid, 100 * 2**30)]),
+                                                       _gpu(1)])
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert re.search(rf"GPU 0 \(NVIDIA H200, GPU-0aaa-bbbb\): 1 other process hold 102,400 of "
+                         rf"its 143,360 MiB: pid {holder.pid} \(.*\) 102,400 MiB; JAX preallocates "
+                         r"75% of it at start, which is more than is free: wait for them to end, "
+                         r"stop them, or set cluster.env.XLA_PYTHON_CLIENT_MEM_FRACTION", done.stdout), \
+            done.stdout
+        assert holder.poll() is None  # never signalled
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_without_nvml_the_gpus_tenants_are_said_unchecked(tmp_path):
+    done = _gpu_dry_run(tmp_path, chips(tmp_path, 2, "nvidia"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "GPUs: which processes use them was not checked: pynvml (pip install nvidia-ml-py) " \
+           "is not installed" in done.stdout, done.stdout
 
 
 HOLD = textwrap.dedent("""
