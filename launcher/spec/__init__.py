@@ -14,6 +14,7 @@ are properties, never typed by the user.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Any, Literal
 
@@ -222,6 +223,11 @@ def _read(path: str, flag: str | None = None) -> tuple[Any, dict]:
     return {k: v for k, v in value.items() if not k.startswith(EXTENSION_PREFIX)}, lines
 
 
+# Settings that are local paths: in a spec file relative to the file, on the command line
+# (--set) relative to the shell's directory, as every other path given there
+SHELL_PATHS = (("data", "path"), ("program", "dir"))
+
+
 def parse_override(text: str) -> tuple[tuple, Any]:
     """Split ``--set train.num_steps=50`` into (('train', 'num_steps'), 50).
 
@@ -298,6 +304,9 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
                 sources[keys[:i + 1]] = "--set"  # errors under a section --set made name --set
             node = node[key]
         else:
+            if keys in SHELL_PATHS and isinstance(value, str) and value.strip():
+                # a path on the command line is the shell's, as every other one there is
+                value = os.path.abspath(os.path.expanduser(value))
             node[keys[-1]] = value
             sources[keys] = "--set"
             if isinstance(value, (int, float)) and not isinstance(value, bool):

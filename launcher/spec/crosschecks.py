@@ -69,7 +69,7 @@ def check_trainer(spec, raw: dict, ctx: schema.Context):
     base = os.path.dirname(os.path.abspath(spec.source))
     full = os.path.normpath(os.path.join(base, os.path.expanduser(data.path)))
     if not os.path.exists(full):
-        ctx.error(("data", "path"), f"no such file: {full} (paths are relative to the spec file)")
+        ctx.error(("data", "path"), f"no such file: {full} ({schema.relative_to(ctx, ('data', 'path'))})")
         return spec
     try:
         rows, columns = datafiles.shape(full)

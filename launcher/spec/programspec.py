@@ -121,8 +121,8 @@ def check_program(spec, raw: dict, ctx: schema.Context):
     base = os.path.dirname(os.path.abspath(spec.source))
     full = os.path.normpath(os.path.join(base, os.path.expanduser(program.dir or ".")))
     if not os.path.isdir(full):
-        ctx.error(("program", "dir"), f"no such directory: {full} (paths are relative to the "
-                  "spec file)")
+        ctx.error(("program", "dir"), f"no such directory: {full} "
+                  f"({schema.relative_to(ctx, ('program', 'dir'))})")
     for section, key, why in IGNORED_BY_PROGRAMS:
         if schema.given(raw.get(section), key):
             ctx.error((section, key), f"does not apply to a program job: {why}; remove it")

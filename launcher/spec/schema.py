@@ -285,3 +285,11 @@ def build(cls: type, raw: Any, path: tuple, ctx: Context) -> Any:
 def given(raw: Any, key: str) -> bool:
     """Whether the user wrote ``key`` in mapping ``raw``."""
     return isinstance(raw, dict) and key in raw
+
+
+def relative_to(ctx: "Context", key: tuple) -> str:
+    """What a relative local path at ``key`` was taken relative to, in words: the spec file's
+    directory, or the shell's for one given with ``--set`` (``launcher.spec.SHELL_PATHS``)."""
+    if ctx.where(key)[0] == "--set":
+        return "a path given with --set is relative to the directory launch runs in"
+    return "paths are relative to the spec file"

@@ -206,6 +206,23 @@ def test_a_task_function_rebound_to_a_wrapper_is_left_to_its_start(tmp_path):
     _refused(launch(path, "--dry-run"), "task.args.depth: make() in ", "takes no argument 'depth'")
 
 
+def test_a_path_given_with_set_is_the_shells_as_every_other_command_line_path(tmp_path):
+    # --set data.path=x.csv was read relative to the spec file, not the shell
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "shell").mkdir()
+    (tmp_path / "shell" / "rows.csv").write_text("a,b,y\n" + "1,2,3\n" * 16)
+    (tmp_path / "spec" / "rows.csv").write_text("a,b,y\n" + "1,2,3\n" * 24)  # not meant
+    path = _spec(tmp_path / "spec", BASE + "data: {source: file, path: rows.csv}\n" + LOCAL % "")
+    done = launch(path, "--dry-run", cwd=str(tmp_path / "spec"))  # in the file: the file's
+    assert done.returncode == 0 and "data: 24 rows" in done.stdout, done.stdout + done.stderr
+    done = launch(path, "--set", "data.path=rows.csv", "--dry-run", cwd=str(tmp_path / "shell"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "data: 16 rows" in done.stdout, done.stdout
+    _refused(launch(path, "--set", "data.path=rows.csv", "--dry-run", cwd=str(tmp_path)),
+             f"--set: data.path: no such file: {tmp_path / 'rows.csv'} (a path given with --set "
+             "is relative to the directory launch runs in)")
+
+
 # ---- 3. secrets ----------------------------------------------------------------------------
 @pytest.mark.slow  # starts JAX workers
 def test_secrets_are_masked_everywhere_printed_or_kept(tmp_path):
@@ -402,6 +419,6 @@ def test_a_value_that_is_not_finite_in_a_npy_or_npz_is_refused_before_start(tmp_
     assert "Traceback" not in done.stderr and not (tmp_path / "run" / "logs").exists()
     table[41, 2] = 1e300  # finite in the file, inf in float32
     np.save(tmp_path / "big.npy", table)
-    done = launch(str(spec), "--set", "data.path=big.npy", "--dry-run")
+    done = launch(str(spec), "--set", "data.path=big.npy", "--dry-run", cwd=str(tmp_path))
     assert done.returncode == 2 and "row 42, column 3: 1e+300 is beyond float32's range" in \
         done.stderr, done.stderr

@@ -227,6 +227,10 @@ def test_every_shipped_cluster_loads(path, tmp_path):
         for i in range(4):
             (tmp_path / f"accel{i}").write_text("")
         overrides = (f"cluster.tpu_device_paths=[{str(tmp_path / 'accel*')!r}]",)
+    if "platform: gpu" in open(path).read():  # this machine's GPUs: four stand-in files
+        for i in range(4):
+            (tmp_path / f"nvidia{i}").write_text("")
+        overrides = (f"cluster.gpu_device_paths=[{str(tmp_path / 'nvidia*')!r}]",)
     job = spec.load(os.path.join(REPO, "jobs", "linear.yaml"), cluster_path=path,
                     overrides=overrides, registry=backends)
     # what the launcher writes for the workers (cli: job.json) reads back as the same job there
