@@ -1,12 +1,16 @@
 """``launch wait RUN [--timeout S]``: wait for a run to end; its exit code, 124 at the timeout.
 
 The run has ended once no supervisor holds its lock (``launcher.rundir.runlock``: the kernel
-drops it however the supervisor ends); its exit code is then its run.json state's.
+drops it however the supervisor ends); its exit code is then its run.json state's. A detached
+run whose lock is free while run.json says it runs may be changing hands (``launch attach``
+starting the supervisor that takes it back, which holds the lock within a second or two):
+that is waited for, up to ``HANDOVER_S``, before the supervisor is called gone.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from launcher import commands, flags
@@ -14,6 +18,7 @@ from launcher.rundir import names
 
 EXIT_TIMEOUT = 124  # as timeout(1), xpk and Ray say it
 POLL_S = 0.2
+HANDOVER_S = 10.0  # how long a detached run's free lock is waited on for a take-back
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,11 +47,14 @@ def main(argv: list) -> int:
         print(f"launch wait: waiting for the run in {run_dir} to end"
               + (f" (at most {args.timeout:g} s)" if args.timeout is not None else ""), flush=True)
     try:
-        while names.state(run_dir)[1]:
-            if deadline is not None and time.monotonic() >= deadline:
-                print(f"launch wait: {run_dir} still running after {args.timeout:g} s")
-                return EXIT_TIMEOUT
-            time.sleep(POLL_S)
+        while True:
+            while names.state(run_dir)[1]:
+                if deadline is not None and time.monotonic() >= deadline:
+                    print(f"launch wait: {run_dir} still running after {args.timeout:g} s")
+                    return EXIT_TIMEOUT
+                time.sleep(POLL_S)
+            if not _changing_hands(run_dir, deadline):
+                break
     except KeyboardInterrupt:
         print(f"launch wait: interrupted; the run in {run_dir} goes on")
         return 130
@@ -56,3 +64,24 @@ def main(argv: list) -> int:
         print(f"launch wait: the run {value} (exit code {code}) after {time.monotonic() - began:.1f} s "
               "of waiting")
     return code
+
+
+def _changing_hands(run_dir: str, deadline: float | None) -> bool:
+    """Whether a supervisor holds the run again within ``HANDOVER_S`` (or by ``deadline``):
+    asked only of a detached run (it keeps a journal: only such a run is taken back) whose
+    lock is free while run.json says it runs; its supervisor was killed, and ``launch attach``
+    may be taking it back (its new supervisor was still loading: wait said "gone", exit 1)."""
+    from launcher.rundir.journal import JOURNAL_FILE
+
+    if names.state(run_dir)[0] != "running" or not os.path.exists(os.path.join(run_dir, JOURNAL_FILE)):
+        return False
+    end = time.monotonic() + HANDOVER_S
+    if deadline is not None:
+        end = min(end, deadline)
+    while time.monotonic() < end:
+        if names.state(run_dir)[1]:
+            print(f"launch wait: the run in {run_dir} was taken back by a new supervisor; "
+                  "waiting on", flush=True)
+            return True
+        time.sleep(POLL_S)
+    return False

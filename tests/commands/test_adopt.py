@@ -53,6 +53,12 @@ def test_a_killed_supervisor_is_taken_back_by_one_attach_and_the_run_ends_as_uni
     killed_at = time.time()
     # nobody watches: the workers train on (no PR_SET_PDEATHSIG for a detached run)
     assert sorted(run_pids(str(run_dir))) == workers
+    # a wait started now sees a free lock while run.json says running: it said the supervisor
+    # was gone (exit 1) while a take-back was starting; it waits for the hand-over
+    waiting = subprocess.Popen(LAUNCH + ["wait", str(run_dir)], cwd=REPO, env=env_for_tests(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               stdin=subprocess.DEVNULL)
+    time.sleep(1.0)  # it has looked, and found the lock free
     # two attaches at once: one takes the run back, the other is refused naming it
     first, second = attach(run_dir), attach(run_dir)
     until(lambda: supervisor(run_dir) != killed, "a new supervisor in run.json")
@@ -89,6 +95,10 @@ def test_a_killed_supervisor_is_taken_back_by_one_attach_and_the_run_ends_as_uni
     assert len(taken) == 1, taken
     assert reference.wait(timeout=120) == 0
     assert_same_params(params(run_dir), params(ref_dir))
+    waited = waiting.communicate(timeout=60)[0]
+    assert waiting.returncode == 0, waited
+    assert "was taken back by a new supervisor; waiting on" in waited, waited
+    assert "launch wait: the run succeeded (exit code 0)" in waited, waited
     record = json.loads((run_dir / "run.json").read_text())
     assert record["state"] == "succeeded" and record["attempts"] == 1, record
     assert not (run_dir / "logs" / "attempt-1").exists()
