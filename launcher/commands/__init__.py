@@ -30,6 +30,9 @@ COMMANDS = {
                             "return once every process is gone"),
     "tensorboard": ("tensorboard", "[JOB | RUN_DIR]", "serve the TensorBoard of every run "
                                    "of a job (default: the newest run's), or of one run"),
+    "why": ("why", "RUN [--attempt N]", "why each failed attempt of a run failed: the "
+                                         "launcher's verdict and the last lines of the "
+                                         "process that failed first"),
     "stacks": ("stacks", "RUN", "every process's stacks of a live run"),
     "profile": ("profile", "RUN [--steps N]", "trace N steps of every process of a live run"),
 }

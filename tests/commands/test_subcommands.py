@@ -225,3 +225,26 @@ def test_a_timeout_that_is_no_number_of_seconds_is_bad_input(argv):
                           text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"error: --timeout: expected a number of seconds > 0, got {argv[-1]}" in done.stderr
+
+
+@pytest.mark.slow
+def test_launch_why_says_why_each_failed_attempt_failed(tmp_path):
+    # "why did attempt N fail" had no command: launch runs shows the class only
+    from harness.helpers import launch
+
+    run_dir = tmp_path / "run"
+    done = launch("jobs/linear.yaml", "--set", "train.num_steps=20", "--set",
+                  "cluster.devices_per_process=1", "--set", "logging.log_every_steps=5",
+                  "--set", "task.name=faulty_task:make", "--set", "task.args.crash_at_step=7",
+                  "--set", "task.args.crash_process_id=1", "--run-dir", str(run_dir))
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr
+    why = launch("why", str(run_dir))
+    assert why.returncode == 0, why.stdout + why.stderr
+    lines = why.stdout.splitlines()
+    assert lines[0].startswith("attempt 0 failed: process_id 1 on localhost exited with code 1: "
+                               "a Python error in the job [program error]"), why.stdout
+    assert lines[1] == f"  last lines of {run_dir / 'logs' / 'process-001.log'}:", why.stdout
+    assert "  | RuntimeError: injected failure at step 7" in lines, why.stdout
+    refused = launch("why", str(run_dir), "--attempt", "3")
+    assert refused.returncode == 2 and "attempt 3 of the run in" in refused.stderr \
+        and "did not fail (failed attempts: 0)" in refused.stderr, refused.stderr
