@@ -23,10 +23,11 @@ survivor), ``stop_own`` (bool: stop only this run's own),
 files are), ``run_dir_env`` (the env name holding a worker's run dir),
 ``own_run_dir`` (this run's directory on the host), ``keep_own`` (bool: leave this run's own
 alone, a detached run taken back), ``synced`` (the sync manifest's path
-relative to the workdir, ``launcher.backends.ssh.transfer.MANIFEST``, or null: no sync).
+relative to the workdir, ``launcher.backends.ssh.transfer.MANIFEST``, or null: no sync),
+``commands`` (a program's command names, looked up on this shell's PATH: after the setup).
 
 Prints ``MARK`` + JSON: ``python``, ``workdir`` (absolute), ``jax``, ``jaxlib``
-(None when not installed), ``missing_modules``, ``foreign_worker`` (where a module
+(None when not installed), ``missing_modules``, ``missing_commands``, ``foreign_worker`` (where a module
 named ``worker`` that is not podlaunch's is found first, when ``worker.trainer.main`` is asked:
 a user's package on ``PYTHONPATH`` that would run instead; else null), ``port`` or ``port_error``,
 ``survivors`` (records with ``pids`` still alive and ``stopped`` when stopped), and with
@@ -41,6 +42,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import socket
 import stat
 import sys
@@ -196,6 +198,8 @@ def main(args):
                                  args.get("keep_own", False))
     if args.get("synced"):
         out["synced"] = synced(args["synced"])
+    # a program's command, as the worker's shell will look it up (this shell ran the setup)
+    out["missing_commands"] = [c for c in args.get("commands", ()) if shutil.which(c) is None]
     print(MARK + json.dumps(out), flush=True)
     return out
 

@@ -71,6 +71,11 @@ class Trainer:
         return self.task.name.split(":")[0]
 
     @property
+    def host_commands(self) -> tuple:
+        """Commands each host must find on its PATH (none: the worker is the interpreter's)."""
+        return ()
+
+    @property
     def worker_modules(self) -> tuple:
         """The modules a worker imports first, which a preflight looks for on each host:
         ``worker.trainer.main`` and a user task's module."""
@@ -138,6 +143,14 @@ class Program:
     needs_coordinator = True  # a program calls jax.distributed.initialize itself
     task_module = None  # no task: what it imports is the program's business
     worker_modules = ()  # nothing of podlaunch's by name (it imports podlaunch.program)
+
+    @property
+    def host_commands(self) -> tuple:
+        """``program.argv[0]`` when each host finds it on its PATH (a bare name other than
+        ``python``/``python3``, which are the cluster's interpreter): the ssh preflight looks
+        it up there, after the setup and the environment, as the workers will."""
+        command = self.program.argv[0]
+        return () if command in ("python", "python3") or "/" in command else (command,)
 
     def command(self, python: str, run_dir: str, process_id: int) -> tuple:
         """Every process's argv on a host whose interpreter is ``python``: ``program.argv``,

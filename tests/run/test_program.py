@@ -86,6 +86,24 @@ def _ssh_cluster(path, ssh_env) -> str:
 
 
 @pytest.mark.slow
+def test_a_program_command_missing_on_a_host_is_refused_before_anything_starts(tmp_path,
+                                                                            two_ssh_hosts):
+    # program.argv: [pythn, ...] passed the dry run and showed the wrapper's FileNotFoundError
+    cluster = _ssh_cluster(tmp_path, two_ssh_hosts)
+    done = launch("jobs/seed_program.yaml", "--cluster", cluster, "--set",
+                  "program.argv=[podlaunch_no_such_cmd_xyz, examples/seed_program.py]",
+                  "--dry-run", timeout_s=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "program.argv[0] 'podlaunch_no_such_cmd_xyz' is not on this host's PATH (after " \
+           "cluster.setup and cluster.env; workdir " in out, out
+    assert "FileNotFoundError" not in out and "Traceback" not in out
+    done = launch("jobs/seed_program.yaml", "--cluster", cluster, "--set",
+                  "program.argv=[sh, -c, 'exit 0']", "--dry-run", timeout_s=120)
+    assert done.returncode == 0, done.stdout + done.stderr  # on every host's PATH
+
+
+@pytest.mark.slow
 def test_seed_program_matches_linear_yaml_over_ssh_from_each_hosts_own_copy(tmp_path, two_ssh_hosts):
     cluster = _ssh_cluster(tmp_path, two_ssh_hosts)
     ran = {}

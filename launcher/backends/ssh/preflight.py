@@ -58,6 +58,7 @@ def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: in
         return Check(host, connect_error(host, exc))
     # the modules its workers import first (none for a program: its imports are its own)
     args = {"modules": list(job.worker_modules), "port": port if host.index == 0 else None,
+            "commands": list(job.host_commands),
             "kill_stale": survivors == STOP, "stop_own": survivors == OWN,
             "keep_own": survivors == ADOPT,
             "grace_s": settings.grace_s,
@@ -144,6 +145,11 @@ def judge(checks: list, job, python: str, survivors: str, reference: dict | None
                         "podlaunch's (on cluster.env.PYTHONPATH or in the workdir): every "
                         "process would run it instead; rename it, or take its directory off "
                         "cluster.env.PYTHONPATH")
+        elif c.facts.get("missing_commands"):
+            c.reason = (f"program.argv[0] {c.facts['missing_commands'][0]!r} is not on this "
+                        f"host's PATH (after cluster.setup and cluster.env; workdir "
+                        f"{c.facts.get('workdir')}): install it there, give its absolute "
+                        "path, or put its directory on cluster.env.PATH")
         elif c.facts.get("missing_modules"):
             c.reason = (f"not importable: {', '.join(c.facts['missing_modules'])}; install podlaunch "
                         "there, set cluster.env.PYTHONPATH, or use cluster.sync_dir")
