@@ -52,7 +52,7 @@ from launcher.rundir.watcher import RunWatcher
 from worker.contract import metrics, runfiles
 
 RUN_FILE = "run.json"
-STAMP = "%Y%m%d-%H%M%S-%f"  # the default run directory's name, as commands.launch._run_dir makes it
+STAMP = "%Y%m%d-%H%M%S-%f"  # the default run directory's name, as run.starts.run_dir_for makes it
 
 
 def read_record(path: str) -> dict | None:

@@ -7,7 +7,7 @@ whole, and a Ctrl-C in the terminal reaches only the launcher, which then
 tears down in order). The wrapper dies with the launcher (PR_SET_PDEATHSIG)
 and is the subreaper of everything the worker starts, so even a SIGKILLed
 launcher leaves no worker, and no helper a worker started, behind. A detached
-run's wrappers are the exception (``localworker.LocalWorker`` with ``out_path``):
+run's wrappers are the exception (``launcher.backends.local.worker.LocalWorker`` with ``out_path``):
 they outlive a killed supervisor, and ``launch attach`` takes them back
 (``launcher.backends.local.adopt``).
 """
