@@ -1,8 +1,8 @@
 """Taking back a detached local run's processes after its supervisor was killed (``launch attach``).
 
 A detached run's wrapper does not die with its supervisor, and its worker writes its output
-into the run directory (``launcher.backends.local.worker.LocalWorker`` with ``out_path``). A new supervisor finds each
-process from the journal (``launcher.rundir.journal``, sealed): its wrapper, proven before anything
+into the run directory (``launcher.backends.local.worker.LocalWorker`` with ``out_path``).
+A new supervisor finds each process from the journal (``launcher.rundir.journal``, sealed): its wrapper, proven before anything
 is signalled by its pid, its start ticks, its owner and its environment, which must show the
 run's directory and secret (``owned.shows_run``: a reused pid, a process of the user's that a
 journal names, a copied run's process is never signalled); its worker's process group, proven
