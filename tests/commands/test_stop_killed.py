@@ -17,13 +17,18 @@ from launcher import proctl
 pytestmark = pytest.mark.slow  # real workers
 
 
-def test_stop_of_a_run_whose_supervisor_was_killed_stops_every_process_with_the_agreed_step_saved(
-        tmp_path, supervisors):
-    run_dir = tmp_path / "run"
+def _start_detached(run_dir) -> None:
+    """A detached run that goes on until stopped (1,000,000 steps, process 0 paced 20 ms)."""
     started = launch("jobs/linear.yaml", "--set", "train.num_steps=1000000", "--set",
                      "logging.log_every_steps=20", "--set", "task.name=faulty_task:make",
                      "--set", "task.args.sleep_s=0.02", "--run-dir", str(run_dir), "--detach")
     assert started.returncode == 0, started.stdout + started.stderr
+
+
+def test_stop_of_a_run_whose_supervisor_was_killed_stops_every_process_with_the_agreed_step_saved(
+        tmp_path, supervisors):
+    run_dir = tmp_path / "run"
+    _start_detached(run_dir)
     killed = supervisor(run_dir)
     supervisors.append(killed)
     workers = until(lambda: (lambda p: p if len(p) == 2 else None)(run_pids(str(run_dir))),
@@ -49,10 +54,7 @@ def test_stop_of_a_run_whose_supervisor_is_stopped_continues_it_and_it_stops_the
     # a supervisor stopped by SIGSTOP (a ^Z'd shell's job, a debugger) never acted on the
     # SIGTERM: the stop waited out its timeout and left the run stopped
     run_dir = tmp_path / "run"
-    started = launch("jobs/linear.yaml", "--set", "train.num_steps=1000000", "--set",
-                     "logging.log_every_steps=20", "--set", "task.name=faulty_task:make",
-                     "--set", "task.args.sleep_s=0.02", "--run-dir", str(run_dir), "--detach")
-    assert started.returncode == 0, started.stdout + started.stderr
+    _start_detached(run_dir)
     pid = supervisor(run_dir)
     supervisors.append(pid)
     until(lambda: step(run_dir) >= 20, "a first logged step")
