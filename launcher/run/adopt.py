@@ -11,8 +11,9 @@ state is still ``running`` (a state written as final is never overwritten), then
 (``take_back``) takes back the attempt's processes through its backend
 (``Session.adopt``: each proven before anything is signalled), or goes on with the restart's
 wait the killed one was in; ``restarts.run`` then goes on as if nothing happened: fail-fast,
-the watchdog, restarts, the ledger, whose ``unsupervised`` bucket holds the time nobody
-watched.
+the watchdog, restarts, the ledger (``unwatched_s``: the time nobody watched; the steps
+trained meanwhile count as any others, and only a stretch in which nothing ran is the
+``unsupervised`` bucket).
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def _count_wait(entry: dict, since: float, counted: float, end: float, gap_from:
     buckets = entry["buckets_s"]
     unwatched = max(0.0, min(gap_to, end) - max(gap_from, since))
     buckets["unsupervised"] = round(buckets.get("unsupervised", 0.0) + unwatched, 3)
+    entry["unwatched_s"] = round(ledger.seconds(entry.get("unwatched_s")) + unwatched, 3)
     buckets["restart_wait"] = round(max(0.0, buckets.get("restart_wait", 0.0)
                                         + end - counted - unwatched), 3)
     entry["wall_s"] = round(sum(buckets.values()), 3)

@@ -36,14 +36,22 @@ two attempts:
 ``shutdown``        after a clean end: the last progress line to every process
                     ended (the final save is ``checkpoint``)
 ``restart_wait``    between attempts: the backoff and the end of the attempt
-``unsupervised``    no supervisor watched: from the last moment the killed one
-                    is known to have watched (its journal, ``launcher.run.
-                    journal``) to the moment ``launch attach`` took the run back
+``unsupervised``    nothing ran and no supervisor could start it: the part of
+                    a stretch nobody watched (from the last moment the killed
+                    supervisor is known to have watched, its journal
+                    ``launcher.rundir.journal``, to the moment ``launch
+                    attach`` took the run back) that lay before the attempt's
+                    processes had started, or in a restart's wait
 ==================  ==========================================================
 
 The buckets add up to the attempt's wall time exactly (every one is a difference of
 the same clock), so the run's add up to its wall time; the ``ledger.json`` of a run
 directory keeps every launch's attempts (``--resume`` adds to it).
+
+A stretch nobody watched while the attempt's processes ran is not a bucket: they trained
+on, and its seconds stay in the stages they lay in (steps reached then are productive
+unless trained again after a restart, as any step). Its length is a fact beside the
+buckets, ``unwatched_s``, in each entry and the run's totals.
 """
 
 from __future__ import annotations
@@ -67,7 +75,7 @@ WORDS = {"launch": "launch and preflight", "start_and_join": "process start and 
          "productive": "productive steps", "checkpoint": "checkpoint saves",
          "retrained": "steps trained again", "teardown": "failure detection and teardown",
          "shutdown": "shutdown", "restart_wait": "waiting before a restart",
-         "unsupervised": "no supervisor watching (killed, until taken back)"}
+         "unsupervised": "no supervisor to start the run's processes (killed, until taken back)"}
 
 
 @dataclasses.dataclass
@@ -79,7 +87,8 @@ class Times:
       started_at: every process had been started.
       ended_at: every process had ended (``supervise`` returned).
       waited_s: seconds waited after it before the next attempt began (``restart_wait``).
-      unsupervised: ``(from, to)`` of each stretch no supervisor watched it (``unsupervised``).
+      unsupervised: ``(from, to)`` of each stretch no supervisor watched it (``unwatched_s``;
+        its part before ``started_at`` is the ``unsupervised`` bucket).
     """
 
     began_at: float
@@ -108,10 +117,14 @@ def attempt_entry(number: int, times: Times, result, reached_before: int | None)
     """
     buckets = dict.fromkeys(BUCKETS, 0.0)
     entry = {"attempt": number, "buckets_s": buckets, "resumed_step": 0, "reached_step": None,
-             "steps_again": 0}
+             "steps_again": 0, "unwatched_s": round(sum(max(0.0, b - a)
+                                                       for a, b in times.unsupervised), 3)}
     end = times.ended_at if times.ended_at is not None else times.started_at
     if times.started_at is None or end is None or result is None:
         buckets["launch"] = max(0.0, (end or times.began_at) - times.began_at)
+        idle = min(entry["unwatched_s"], buckets["launch"])  # nothing of it ever started
+        buckets["launch"] -= idle
+        buckets["unsupervised"] += idle
         return _finish(entry, times)
     processes = result.processes
     stats = [t.stats for t in processes]
@@ -170,8 +183,11 @@ def attempt_entry(number: int, times: Times, result, reached_before: int | None)
             take(at, seconds, "restore")
         for at, seconds in zero.saves:
             take(at, seconds, "checkpoint")
-    for gap_from, gap_to in times.unsupervised:  # the lines printed meanwhile came at its end
-        take(gap_to, gap_to - gap_from, "unsupervised")
+    # A stretch nobody watched: its part before the processes had started ran nothing (the
+    # bucket); while they ran they trained on, so that part stays where it lay.
+    for gap_from, gap_to in times.unsupervised:
+        idle_to = min(gap_to, start)
+        take(idle_to, idle_to - gap_from, "unsupervised")
     # the furthest step its logs show: progress lines and a worker's own failure line (a
     # heartbeat's step is for the watchdog, and not logged)
     reached = max([t.stats.progress.step for t in processes if t.stats.progress is not None]
@@ -210,7 +226,13 @@ def totals(entries: list) -> dict:
     return {"wall_s": wall, "buckets_s": buckets,
             "goodput": round(buckets["productive"] / wall, 4) if wall > 0 else None,
             "largest_badput": largest,
-            "steps_again": sum(e.get("steps_again", 0) for e in entries)}
+            "steps_again": sum(e.get("steps_again", 0) for e in entries),
+            "unwatched_s": round(sum(seconds(e.get("unwatched_s")) for e in entries), 3)}
+
+
+def seconds(value) -> float:
+    """A number of seconds read from ``ledger.json`` (a file: anything else counts 0)."""
+    return float(value) if isinstance(value, (int, float)) and value > 0 else 0.0
 
 
 ONE_OFF = ("launch", "start_and_join", "setup", "compilation", "shutdown")  # paid once, however long
@@ -234,6 +256,9 @@ def summary_line(run: dict) -> str | None:
             text += ", paid once however long the run"
     if run.get("steps_again"):
         text += f"; {plural(run['steps_again'], 'step')} trained again"
+    if run.get("unwatched_s"):
+        text += (f"; {run['unwatched_s']:.1f} s without a supervisor (killed, until taken "
+                 "back): the steps trained meanwhile count")
     return text + f" ({GLOSSARY})"
 
 

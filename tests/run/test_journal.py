@@ -82,7 +82,10 @@ def test_a_backend_that_cannot_take_processes_back_is_named_by_the_journal(tmp_p
         journal.read(str(tmp_path))
 
 
-def test_the_unsupervised_gap_is_its_own_bucket_and_the_buckets_still_add_up():
+def test_a_gap_while_the_processes_trained_counts_its_steps_and_only_an_idle_gap_is_badput():
+    """Steps trained while no supervisor watched are productive (issue: 0.42 goodput with
+    "no supervisor watching 17.1 s" after a take-back that retrained nothing); the gap's
+    length is a fact beside the buckets; a gap before the processes started ran nothing."""
     from launcher.state import Result, Tracked
 
     class Worker:
@@ -91,13 +94,27 @@ def test_the_unsupervised_gap_is_its_own_bucket_and_the_buckets_still_add_up():
     t = Tracked(Worker())
     t.stats.first_step_at, t.stats.progress_at = 10.0, 100.0
     result = Result([t], first_failure=None, interrupted=False, elapsed_s=0.0)
-    # taken back twice: each gap is the bucket's
+    # taken back twice while training: the steps count
     times = ledger.Times(0.0, started_at=1.0, ended_at=101.0,
                          unsupervised=[(20.0, 30.0), (40.0, 60.0)])
     entry = ledger.attempt_entry(0, times, result, None)
-    assert entry["buckets_s"]["unsupervised"] == 30.0
-    assert entry["buckets_s"]["productive"] == 60.0
+    assert entry["buckets_s"]["unsupervised"] == 0.0
+    assert entry["buckets_s"]["productive"] == 90.0
+    assert entry["unwatched_s"] == 30.0
     assert entry["wall_s"] == 101.0 == sum(entry["buckets_s"].values())
+    # killed while starting the attempt: the gap before its processes started ran nothing
+    times = ledger.Times(0.0, started_at=6.0, ended_at=101.0, unsupervised=[(1.0, 5.0)])
+    entry = ledger.attempt_entry(0, times, result, None)
+    assert entry["buckets_s"]["unsupervised"] == 4.0
+    assert entry["buckets_s"]["launch"] == 2.0
+    assert entry["buckets_s"]["productive"] == 90.0
+    assert entry["wall_s"] == 101.0 == sum(entry["buckets_s"].values())
+    run = ledger.totals([entry, ledger.attempt_entry(1, ledger.Times(
+        0.0, started_at=1.0, ended_at=101.0, unsupervised=[(20.0, 30.0)]), result, None)])
+    assert run["unwatched_s"] == 14.0 and run["largest_badput"] != "unsupervised"
+    line = ledger.summary_line(run)
+    assert "14.0 s without a supervisor (killed, until taken back): the steps trained " \
+        "meanwhile count" in line, line
 
 
 def _killed_run(tmp_path, state: str = "running"):

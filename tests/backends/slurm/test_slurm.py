@@ -738,7 +738,8 @@ def test_a_detached_slurm_runs_killed_supervisor_is_taken_back_in_the_same_job(
         np.testing.assert_allclose(got, expected, rtol=1e-6)
     record = json.loads((run_dir / "run.json").read_text())
     assert record["state"] == "succeeded" and record["attempts"] == 1, record
-    assert checked_ledger(run_dir)["attempts"][0]["buckets_s"]["unsupervised"] > 0
+    taken = checked_ledger(run_dir)["attempts"][0]  # the gap a fact; its steps count
+    assert taken["unwatched_s"] > 0 and taken["buckets_s"]["unsupervised"] == 0, taken
     for i in range(2):  # every step line once: none lost while nobody read, none twice
         assert _logged_steps(run_dir, i) == list(range(20, TAKEN_BACK_STEPS + 1, 20)), i
     assert "ending the job" not in batch.read_text()
