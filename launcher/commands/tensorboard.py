@@ -1,4 +1,5 @@
-"""``launch tensorboard [JOB | RUN_DIR]``: serve TensorBoard on a free port and print its URL.
+"""``launch tensorboard [JOB | RUN_DIR]``: serve TensorBoard on a free port and print its URL,
+which opens on the loss and every process's own step time (``FIRST_VIEW``).
 
 With a job's name (or nothing: the job of the newest run under ``runs/``)
 every run of that job is served side by side, each under a readable name:
@@ -79,9 +80,13 @@ def _safe(text: str) -> str:
 
 
 def _short(value, chars: int = 40) -> str:
-    """A setting's value in a run's name: its text, cut to ``chars`` with an ellipsis."""
-    text = str(value)
+    """A setting's value in a run's name: its text, cut to ``chars`` with an ellipsis; a
+    setting left to its default (``null`` in the resolved spec) is ``default``."""
+    text = "default" if value is None else str(value)
     return text if len(text) <= chars else text[:chars - 1] + "…"
+
+
+REHEARSAL = "-rehearsal"  # the end of a rehearsal backend's name (run.json's backend)
 
 
 def run_names(run_dirs: list) -> dict:
@@ -90,9 +95,10 @@ def run_names(run_dirs: list) -> dict:
     A setting differs when the runs do not all have the same value for it (a key some runs
     lack counts). Each run names those of its values that are not the most common one (all of
     them where no value is more common than the others): what it trained, before where
-    (``cluster.*`` keys last), at most ``NAME_KEYS``, in key order. So one rehearsal among
-    sixteen runs names its ``cluster.backend``, and the others are told apart by what they do
-    not share.
+    (``cluster.*`` keys last), at most ``NAME_KEYS``, in key order. So one run among sixteen
+    that trained at another learning rate names it, and the others are told apart by what
+    they do not share. A rehearsal (run.json's ``backend``: ``tpu-rehearsal``) is called one,
+    in place of the ``cluster.*`` settings it differs in.
     """
     import collections
 
@@ -106,10 +112,14 @@ def run_names(run_dirs: list) -> dict:
             common[k] = counts[0][0] if counts[0][1] > counts[1][1] else None
     names: dict = {}
     for d in run_dirs:
-        started = record.read(d).started.replace("T", " ") or os.path.basename(d)
-        own = [k for k in common if k in specs[d] and repr(specs[d].get(k)) != common[k]]
-        settings = " ".join(f"{k}={_short(specs[d].get(k))}" for k in own[:NAME_KEYS])
-        name = _safe(f"{started} {settings}".strip())
+        run = record.read(d)
+        started = run.started.replace("T", " ") or os.path.basename(d)
+        rehearsal = run.backend.endswith(REHEARSAL)
+        own = [k for k in common if k in specs[d] and repr(specs[d].get(k)) != common[k]
+               and not (rehearsal and k.startswith("cluster."))]
+        words = ["rehearsal"] if rehearsal else []
+        words += [f"{k}={_short(specs[d].get(k))}" for k in own[:NAME_KEYS]]
+        name = _safe(" ".join([started, *words]))
         if name in names.values():
             name = _safe(f"{name} ({os.path.basename(d)[:40]})")
         names[d] = name
@@ -209,6 +219,13 @@ def profile_note(run_dirs: list | None, installed: bool) -> str | None:
 # the points there are). Not 0, which its help calls "keep all": with TensorBoard 2.21's
 # data server, scalars=0 serves no point at all (measured; images=0 likewise, #5550).
 KEEP_EVERY_SCALAR = ("--samples_per_plugin", "scalars=10000000")
+# The view the printed URL opens on: the Custom Scalars tab, whose layout the job's process 0
+# writes (worker.telemetry.tracker.LAYOUT: the loss, then every process's own step time on
+# one chart, one run per process so that each has its colour, then the step time and the
+# goodput). TensorBoard's own first tab is the Time Series of every tag in name order, where
+# the loss came 7th of 9 groups, after compile_time_s's single point.
+FIRST_VIEW = "#custom_scalars"
+EVERY_SCALAR = "#timeseries"
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -312,8 +329,11 @@ def _serve(args, logdir: str, what: str) -> int:
     failed = True
     try:
         _wait_ready(f"http://{args.host}:{port}/", proc, args.startup_timeout_s)
-        print(f"podlaunch: TensorBoard of {what} at {url} (Ctrl-C stops it; its own messages: "
-              f"{output.name})", flush=True)
+        print(f"podlaunch: TensorBoard of {what} at {url}{FIRST_VIEW} (Ctrl-C stops it)",
+              flush=True)
+        print(f"podlaunch: it opens on the loss, then each process's own step time, a colour "
+              f"each; every scalar: {url}{EVERY_SCALAR}; TensorBoard's own messages: "
+              f"{output.name}", flush=True)
         note = profile_note(args.profiled, profile_plugin_installed())
         if note is not None:
             print(note, flush=True)

@@ -127,7 +127,8 @@ class Start:
         running = ledger.Running(ledger.read(run_dir))  # launch runs: the goodput so far
         record = Record(run_dir, job.name, job.num_steps, launched_at=launched_at,
                         running=running, devices=planning.devices_text(plan),
-                        notify=notify.sender(job.notify, job.name, run_dir, console.say))
+                        notify=notify.sender(job.notify, job.name, run_dir, console.say),
+                        backend=self.backend)
         journal = self._journal(session, proof, launched_at, record) if handoff.detached else None
         self.continue_record(record)
         record.start(first)

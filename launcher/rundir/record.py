@@ -29,6 +29,8 @@ included); ``--resume`` updates the same file. Its keys::
     eta_s, progress_at  while running: seconds left as of progress_at (time.time())
     devices      the newest launch's devices: processes x devices each and the platform,
                  "2x2 cpu", "1x4 tpu" (launcher.plan.devices_text)
+    backend      the newest launch's backend: "local", "ssh", "tpu", "slurm", or a
+                 rehearsal's ("tpu-rehearsal", "local-rehearsal"); "" when unknown
 
 A run still ``running`` whose launcher is gone (killed with SIGKILL, a
 machine that rebooted) is listed as ``unfinished``. Run directories from
@@ -105,6 +107,7 @@ class Record(RunWatcher):
         the end.
       devices: this launch's devices (``launcher.plan.devices_text``: ``1x4 tpu``); None:
         the earlier launch's, if any.
+      backend: this launch's backend's name (``Backend.name``); None: the earlier launch's.
       notify: ``launcher.run.notify.sender``'s callable, told ``end`` once run.json says how
         the run ended and ``restart`` when an attempt after this launch's first is under way;
         None: nobody is told.
@@ -112,7 +115,7 @@ class Record(RunWatcher):
 
     def __init__(self, run_dir: str, job: str, num_steps: int, clock=time.monotonic,
                  launched_at: float | None = None, running=None, devices: str | None = None,
-                 notify=None):
+                 notify=None, backend: str | None = None):
         self.run_dir, self.clock, self.running, self.notify = run_dir, clock, running, notify
         self._first_attempt: int | None = None
         earlier = read_record(os.path.join(run_dir, RUN_FILE)) or {}
@@ -131,6 +134,7 @@ class Record(RunWatcher):
             "goodput": _number(earlier.get("goodput")),
             "host_changes": [c for c in earlier.get("host_changes") or () if isinstance(c, dict)],
             "devices": devices or _text(earlier.get("devices")),
+            "backend": backend or _text(earlier.get("backend")),
             "launcher": {"pid": os.getpid(), "host": socket.gethostname(),
                          "since": proctl.start_ticks(os.getpid())},
         }
@@ -301,6 +305,7 @@ class PastRun:
     goodput: float | None = None  # productive seconds / wall seconds (launcher.rundir.ledger)
     eta_s: float | None = None  # a running run's: seconds left as of now
     devices: str = ""  # "2x2 cpu", "1x4 tpu" (launcher.plan.devices_text), "" when unknown
+    backend: str = ""  # the newest launch's backend's name ("tpu-rehearsal"), "" when unknown
 
 
 def launcher_alive(launcher) -> bool:
@@ -360,7 +365,8 @@ def read(run_dir: str) -> PastRun:
                        _count(data.get("step")), _count(data.get("num_steps")),
                        _read_loss(data.get("final_loss")), _number(data.get("duration_s")), run_dir,
                        _failures(data.get("failures")), _number(data.get("goodput")),
-                       eta if state == "running" else None, _text(data.get("devices")))
+                       eta if state == "running" else None, _text(data.get("devices")),
+                       _text(data.get("backend")))
     try:  # a run directory from before run.json
         started = datetime.datetime.strptime(os.path.basename(run_dir), STAMP).isoformat(timespec="seconds")
     except ValueError:

@@ -34,7 +34,8 @@ def test_launch_tensorboard_serves_a_run_on_a_free_port(tmp_path):
     out = Output.of(proc)
     try:
         line = out.wait_for(r"^podlaunch: TensorBoard of ", 120)
-        match = re.match(r"podlaunch: TensorBoard of (\S+) at (http://localhost:\d+/) ", line)
+        match = re.match(r"podlaunch: TensorBoard of (\S+) at (http://localhost:\d+/)"
+                         r"#custom_scalars ", line)
         assert match and match.group(1) == str(run_dir / "tensorboard"), line
         with urllib.request.urlopen(match.group(2) + "data/plugin/scalars/tags", timeout=30) as reply:
             tags = json.load(reply)
@@ -104,3 +105,69 @@ def test_tensorboard_on_a_host_whose_loopback_is_down_is_refused_at_once(tmp_pat
                      r"this host \(Network is unreachable, errno 101\): the loopback interface "
                      r"is down", done.stderr), done.stderr
     assert "did not answer" not in done.stderr and time.monotonic() - began < 30
+
+
+def _a_run(root, name: str, spec: str, backend: str, losses: list) -> None:
+    """A run directory of job ``linear`` as a launch leaves it: spec.yaml, run.json and the
+    events process 0 writes for two processes (through the worker's own tracker)."""
+    from worker.telemetry.tracker import make_tracker
+
+    run_dir = root / "linear" / name
+    tracker = make_tracker(str(run_dir), 0, True)
+    for step, loss in enumerate(losses, start=1):
+        tracker.scalars(step, {"loss": loss, "step_time_s": 0.01,
+                               "step_time_s/process_000": 0.002,
+                               "step_time_s/process_001": 0.004 + step * 1e-4})
+    tracker.close()
+    (run_dir / "spec.yaml").write_text(f"name: linear\n{spec}")
+    (run_dir / "run.json").write_text(json.dumps({
+        "job": "linear", "state": "succeeded", "backend": backend,
+        "started": f"2026-12-07T10:0{len(name)}:00"}))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_tensorboard_opens_on_the_loss_then_each_processs_own_step_time_a_colour_each(tmp_path):
+    """The first view answers first (issue 62): the printed URL opens the Custom Scalars tab,
+    whose first chart is the loss and second every process's own step time, one run per
+    process (TensorBoard colours lines by run; as tags of one run they shared a colour); runs
+    are named by what differs, a setting left to its default as ``default`` (not ``None``),
+    a rehearsal as one (not by its three cluster settings). Looked at once in headless
+    Chromium (2026-12-07): the tab opens with the loss and the own step times side by side,
+    each process's line in its run's colour."""
+    root = tmp_path / "runs"
+    _a_run(root, "a", "optimizer:\n  momentum: null\n", "local", [1.0, 0.5, 0.25])
+    _a_run(root, "bb", "optimizer:\n  momentum: 0.9\n", "local", [1.0, 0.4, 0.2])
+    _a_run(root, "ccc", "optimizer:\n  momentum: null\ncluster:\n  backend: tpu\n  "
+           "tpu_name: my-pod\n  zone: us-east5-a\n", "tpu-rehearsal", [1.0, 0.5, 0.25])
+    _a_run(root, "dddd", "optimizer:\n  momentum: null\n", "local", [1.0, 0.5, 0.3])
+    proc = subprocess.Popen(LAUNCH + ["tensorboard", "linear", "--root", str(root)], cwd=REPO,
+                            env=env_for_tests(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    out = Output.of(proc)
+    try:
+        line = out.wait_for(r"^podlaunch: TensorBoard of ", 120)
+        url = re.search(r"at (http://localhost:\d+/)#custom_scalars \(Ctrl-C stops it\)$",
+                        line).group(1)
+        said = out.wait_for(r"^podlaunch: it opens on ", 30)
+        assert "the loss, then each process's own step time, a colour each; every scalar: " \
+               f"{url}#timeseries;" in said, said
+        with urllib.request.urlopen(url + "data/plugin/custom_scalars/layout", timeout=30) as reply:
+            layout = json.load(reply)
+        charts = [chart for category in layout["category"] for chart in category["chart"]]
+        assert [c["title"] for c in charts][:2] == ["loss", "own step time of each process (s)"]
+        with urllib.request.urlopen(url + "data/plugin/scalars/tags", timeout=30) as reply:
+            tags = json.load(reply)
+        names = sorted(run for run in tags if "/" not in run)
+        assert names == ["2026-12-07 10:01:00", "2026-12-07 10:02:00 optimizer.momentum=0.9",
+                         "2026-12-07 10:03:00 rehearsal",
+                         "2026-12-07 10:04:00"], names
+        for name in names:  # each process a run of its own, its own step time its one tag
+            assert sorted(run for run in tags if run.startswith(name + "/")) == \
+                [f"{name}/process_000", f"{name}/process_001"], tags
+            assert set(tags[f"{name}/process_001"]) == {"own_step_time_s"}
+            assert "loss" in tags[name] and not any(t.startswith("step_time_s/") for t in tags[name])
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code, text = out.finish(30)
+    assert code == 0, text

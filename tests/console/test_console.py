@@ -491,6 +491,20 @@ def test_tensorboard_names_a_job_s_runs_by_start_and_what_differs(tmp_path):
     (long / "spec.yaml").write_text("name: linear\ndata:\n  path: /" + "x" * 300 + "\n")
     long_name = tensorboard_command.run_names(dirs + [str(long)])[str(long)]
     assert len(long_name.encode()) <= 200 and long_name.startswith("2026-11-30 15:15:00 data.path=|xxx")
+    # issue 62: a setting left to its default was named "=None"; a rehearsal by three settings
+    for stamp, sets, backend in (("20261130-161500-000", "train:\n  momentum: 0.9\n", "local"),
+                                 ("20261130-171500-000", "train:\n  momentum: null\n", "local"),
+                                 ("20261130-181500-000", "train:\n  momentum: 0.9\ncluster:\n  "
+                                  "backend: tpu\n  tpu_name: pod\n", "tpu-rehearsal")):
+        d = root / "other" / stamp
+        (d / "tensorboard").mkdir(parents=True)
+        (d / "spec.yaml").write_text("name: other\n" + sets)
+        (d / "run.json").write_text(json.dumps({"job": "other", "backend": backend, "started":
+                                                f"2026-11-30T{stamp[9:11]}:{stamp[11:13]}:00"}))
+    others = sorted(str(d) for d in (root / "other").iterdir())
+    assert list(tensorboard_command.run_names(others).values()) == [
+        "2026-11-30 16:15:00", "2026-11-30 17:15:00 train.momentum=default",
+        "2026-11-30 18:15:00 rehearsal"]
     (tmp_path / "links2").mkdir()
     assert list(tensorboard_command.link_runs([str(long)], str(tmp_path / "links2")).values()) == [
         str(long)]

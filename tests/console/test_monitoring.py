@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from harness.helpers import (LAUNCH, REPO, custom_scalars_layout, env_for_tests, event_files, launch,
-                             read_plugin_data, read_scalars, read_text)
+                             read_own_step_times, read_plugin_data, read_scalars, read_text)
 from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
 from launcher.console import CLEAR_LINE, StatusLine
@@ -225,16 +225,22 @@ def test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jso
     assert sorted(os.path.basename(f).rsplit(".", 1)[1] for f in event_files(str(run_dir))
                   if os.path.dirname(f) == logdir) == ["goodput", "process-000"], \
         event_files(str(run_dir))
-    assert len(event_files(str(run_dir))) == 2
+    # and each process's own step times in a run of its own (process_NNN), by process 0 too
+    assert len(event_files(str(run_dir))) == 4
     scalars = read_scalars(logdir)
+    own = read_own_step_times(logdir)
     steps = [5, 10, 15, 20]
-    per_process = ["step_time_s/process_000", "step_time_s/process_001"]
-    # the Custom Scalars tab: the loss first, every process's own step time on one chart
+    per_process = ["step_time_s/process_000", "step_time_s/process_001"]  # metrics.jsonl's keys
+    # the Custom Scalars tab: the loss first, every process's own step time on one chart (one
+    # line per process's run: TensorBoard colours lines by run)
     charts = [chart for category in custom_scalars_layout(logdir).category for chart in category.chart]
     assert [chart.title for chart in charts][:2] == ["loss", "own step time of each process (s)"]
-    assert all(re.match(charts[1].multiline.tag[0], tag) for tag in per_process)
-    for tag in LOGGED + tuple(per_process):
+    assert re.match(charts[1].multiline.tag[0], "own_step_time_s")
+    assert sorted(own) == [0, 1]
+    for tag in LOGGED:
         assert [s for s, _ in scalars[tag]] == steps, tag
+    for process_id in own:
+        assert [s for s, _ in own[process_id]] == steps, process_id
     assert [s for s, _ in scalars["compile_time_s"]] == [5] and scalars["compile_time_s"][0][1] > 0
     assert scalars["final_loss"] == [scalars["loss"][-1]]
     grad_norms, param_norms = reference_norms(20)
@@ -245,8 +251,8 @@ def test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jso
     assert all(v == pytest.approx(0.1) for _, v in scalars["learning_rate"])
     for (_, examples), (_, step_time) in zip(scalars["examples_per_s"], scalars["step_time_s"]):
         assert examples == pytest.approx(256 / step_time, rel=1e-5)
-    for tag in per_process:  # host time outside JAX: a small part of a step here
-        assert all(0 <= own < 0.5 for _, own in scalars[tag]), scalars[tag]
+    for values in own.values():  # host time outside JAX: a small part of a step here
+        assert all(0 <= v < 0.5 for _, v in values), values
 
     text, session, experiment = read_plugin_data(logdir)
     assert json.loads("\n".join(line[4:] for line in text.splitlines()))["name"] == "linear"
@@ -260,11 +266,14 @@ def test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jso
     assert [r["step"] for r in records] == steps
     for record in records:
         for tag, value in record.items():
-            if tag != "step":
+            if tag in per_process:  # the process's own run's
+                got = dict(own[per_process.index(tag)])[record["step"]]
+                assert got == pytest.approx(value, rel=1e-6), tag
+            elif tag != "step":
                 assert dict(scalars[tag])[record["step"]] == pytest.approx(value, rel=1e-6), tag
     # the job's tags (the launcher's goodput ledger, its own file in the run, has its own)
     assert {tag for r in records for tag in r} - {"step"} == {
-        tag for tag in scalars if not tag.startswith("goodput/")}
+        tag for tag in scalars if not tag.startswith("goodput/")} | set(per_process)
 
 
 def launch_in_a_terminal(*args: str, timeout_s: float = 120) -> tuple[int, str]:
@@ -307,8 +316,8 @@ def test_a_straggler_has_the_slowest_curve_and_the_terminal_status_line_names_it
     assert any("slowest p1 (own" in d for d in drawn), drawn
     assert "podlaunch: status:" not in out  # no plain status lines on a terminal
     assert re.search(r"\[p0\] step 40/40 loss", out)
-    scalars = read_scalars(str(run_dir / "tensorboard"))
-    slow, fast = (dict(scalars[f"step_time_s/process_{i:03d}"]) for i in (1, 0))
+    own = read_own_step_times(str(run_dir / "tensorboard"))
+    slow, fast = (dict(own[i]) for i in (1, 0))
     assert sorted(slow) == sorted(fast) == [5, 10, 15, 20, 25, 30, 35, 40]
     for step in slow:
         assert slow[step] > 0.04 and slow[step] > 3 * fast[step], (step, slow[step], fast[step])

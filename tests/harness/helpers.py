@@ -283,7 +283,8 @@ def wait_gone(run_dir: str, timeout_s: float) -> list[int]:
 
 
 def read_scalars(logdir: str) -> dict:
-    """Every scalar in every event file under ``logdir``, read with TensorBoard's own reader.
+    """Every scalar in every event file under ``logdir``, read with TensorBoard's own reader,
+    but those of each process's own run (``tensorboard/process_NNN``: ``read_own_step_times``).
 
     Returns {tag: [(step, value), ...]} sorted by step.
     """
@@ -291,11 +292,37 @@ def read_scalars(logdir: str) -> dict:
 
     out: dict = {}
     for path in sorted(glob.glob(os.path.join(logdir, "**", "events.out.tfevents.*"), recursive=True)):
+        if re.fullmatch(r"process_\d{3}", os.path.basename(os.path.dirname(path))):
+            continue
         acc = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
         acc.Reload()
         for tag in acc.Tags()["scalars"]:
             out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
     return {tag: sorted(values) for tag, values in out.items()}
+
+def read_own_step_times(logdir: str) -> dict:
+    """{process id: [(step, own step time s), ...]}: the ``own_step_time_s`` scalar of each
+    process's own TensorBoard run (``logdir/process_NNN``), read with TensorBoard's reader."""
+    out = {}
+    for run in sorted(glob.glob(os.path.join(logdir, "process_[0-9][0-9][0-9]"))):
+        scalars = read_scalars_of_run(run)
+        assert set(scalars) == {"own_step_time_s"}, (run, set(scalars))
+        out[int(os.path.basename(run)[len("process_"):])] = scalars["own_step_time_s"]
+    return out
+
+
+def read_scalars_of_run(run: str) -> dict:
+    """The scalars of one TensorBoard run (its directory's own event files, not below)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict = {}
+    for path in sorted(glob.glob(os.path.join(run, "events.out.tfevents.*"))):
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return {tag: sorted(values) for tag, values in out.items()}
+
 
 def custom_scalars_layout(logdir: str):
     """The Custom Scalars plugin's layout in ``logdir``'s event files, read with TensorBoard's

@@ -34,7 +34,7 @@ def served(run_dir) -> tuple:
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             stdin=subprocess.DEVNULL)
     line = Output.of(proc).wait_for(r"^podlaunch: TensorBoard of ", 120)
-    return proc, re.search(r"at (http://localhost:\d+/) ", line).group(1)
+    return proc, re.search(r"at (http://localhost:\d+/)#custom_scalars ", line).group(1)
 
 
 def get(url: str):

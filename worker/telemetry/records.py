@@ -14,12 +14,14 @@ import collections
 import time
 from typing import Callable
 
+from worker.contract import metrics
 from worker.runtime import interrupts
 
 
 def process_tag(process_id: int) -> str:
-    """The scalar tag of one process's own step time: ``step_time_s/process_NNN``."""
-    return f"step_time_s/process_{process_id:03d}"
+    """A record's key of one process's own step time: ``step_time_s/process_NNN``
+    (``worker.contract.metrics.PROCESS_STEP_TIME``)."""
+    return f"{metrics.PROCESS_STEP_TIME}{process_id:03d}"
 
 
 class Records:

@@ -15,6 +15,7 @@ import threading
 import time
 
 from worker.contract import runfiles
+from worker.contract import metrics
 from worker.contract.metrics import METRICS_FILE
 
 # Clients tensorboardX imports when installed, for gs:// and s3:// log directories, which
@@ -99,22 +100,44 @@ class TensorBoardTracker(NullTracker):
         # writer (a broken process-0-only rule) would be invisible
         self._events = EventsWriter(os.path.join(logdir, "events"),
                                     filename_suffix=f".process-{process_id:03d}")
+        self._logdir, self._process_id, self._writer = logdir, process_id, EventsWriter
+        self._own: dict = {}  # process id -> the EventsWriter of its own run (process_run)
         self._event, self._summary = Event, Summary
         # the Custom Scalars tab: the loss first, then one chart of every process's own step
         # time (the Scalars tab gives each process a card and a y-scale of its own, so "which
         # host is slow" cannot be read there), then the launcher's goodput ledger
         self._write(custom_scalars(LAYOUT))
 
-    def _write(self, summary, step: int | None = None) -> None:
+    def _write(self, summary, step: int | None = None, events=None) -> None:
         event = self._event(wall_time=time.time(), summary=summary)
         if step is not None:
             event.step = int(step)
-        self._events.write_event(event)
+        (events or self._events).write_event(event)
 
     def scalars(self, step: int, values: dict) -> None:
-        Value = self._summary.Value
+        """One event of ``values`` (tag -> number) at ``step``; each process's own step time
+        (``step_time_s/process_NNN``) goes to that process's own run instead, as
+        ``own_step_time_s`` (``worker.contract.metrics``)."""
+        Value, prefix = self._summary.Value, metrics.PROCESS_STEP_TIME
+        own = [tag for tag in values if tag.startswith(prefix)]
         self._write(self._summary(value=[Value(tag=tag, simple_value=float(value))
-                                         for tag, value in values.items()]), step)
+                                         for tag, value in values.items()
+                                         if not tag.startswith(prefix)]), step)
+        for tag in own:
+            process_id = int(tag[len(prefix):])
+            self._write(self._summary(value=[Value(tag=metrics.OWN_STEP_TIME,
+                                                   simple_value=float(values[tag]))]),
+                        step, self._own_run(process_id))
+
+    def _own_run(self, process_id: int):
+        """The event writer of process ``process_id``'s own run, opened at its first value."""
+        events = self._own.get(process_id)
+        if events is None:
+            logdir = os.path.join(self._logdir, metrics.process_run(process_id))
+            os.makedirs(logdir, exist_ok=True)
+            events = self._own[process_id] = self._writer(
+                os.path.join(logdir, "events"), filename_suffix=f".process-{self._process_id:03d}")
+        return events
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
         from tensorboardX.summary import text as text_summary
@@ -136,14 +159,16 @@ class TensorBoardTracker(NullTracker):
         # The file's own flush: EventsWriter.flush also fsyncs, about 1 ms a call here, and
         # a process's end (close) or the OS writes the pages anyway; only a machine's crash
         # loses what is not yet on disk
-        writer = getattr(getattr(self._events, "_py_recordio_writer", None), "_writer", None)
-        if writer is not None and hasattr(writer, "flush"):
-            writer.flush()
-        else:  # another tensorboardX: its own flush
-            self._events.flush()
+        for events in (self._events, *self._own.values()):
+            writer = getattr(getattr(events, "_py_recordio_writer", None), "_writer", None)
+            if writer is not None and hasattr(writer, "flush"):
+                writer.flush()
+            else:  # another tensorboardX: its own flush
+                events.flush()
 
     def close(self) -> None:
-        self._events.close()
+        for events in (self._events, *self._own.values()):
+            events.close()
 
 
 class JsonlTracker(NullTracker):
@@ -279,7 +304,8 @@ class BackgroundTracker(NullTracker):
 
 LAYOUT = {"podlaunch": {
     "loss": ["Multiline", ["^loss$"]],
-    "own step time of each process (s)": ["Multiline", [r"^step_time_s/process_\d+$"]],
+    # one line per process's own run (worker.contract.metrics.process_run), a colour each
+    "own step time of each process (s)": ["Multiline", [f"^{metrics.OWN_STEP_TIME}$"]],
     "step time (s)": ["Multiline", ["^step_time_s$"]],
     "goodput": ["Multiline", ["^goodput/goodput$"]],
 }}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from harness.helpers import (KINDS, NO_RESTARTS, REPO, PROGRAMS, checked_ledger, event_files, launch, launched, long_job, read_scalars, run_pids,
-                     wait_gone)
+                     read_own_step_times, wait_gone)
 
 pytestmark = pytest.mark.slow
 
@@ -36,10 +36,16 @@ def test_main_job_trains_and_logs_to_tensorboard(tmp_path):
     assert "tensorboard --logdir" not in out
     assert "OK: 2 processes succeeded" in out
     # one event file of the job, process 0's, with the loss at every logged step, and the
-    # launcher's of the goodput ledger beside it: one TensorBoard run, not two (issue 50)
+    # launcher's of the goodput ledger beside it: one TensorBoard run, not two (issue 50);
+    # and each process's own step times in a run of its own (a colour each on one chart),
+    # written by process 0 too
     files = sorted(event_files(str(run_dir)))
-    assert [os.path.dirname(f) for f in files] == [str(run_dir / "tensorboard")] * 2
-    assert sorted(f.rsplit(".", 1)[1] for f in files) == ["goodput", "process-000"]
+    logdir = run_dir / "tensorboard"
+    assert sorted((os.path.dirname(f), f.rsplit(".", 1)[1]) for f in files) == [
+        (str(logdir), "goodput"), (str(logdir), "process-000"),
+        (str(logdir / "process_000"), "process-000"), (str(logdir / "process_001"), "process-000")]
+    own = read_own_step_times(str(logdir))
+    assert [[s for s, _ in own[i]] for i in (0, 1)] == [list(range(10, 101, 10))] * 2
     scalars = read_scalars(str(run_dir / "tensorboard"))
     steps = [step for step, _ in scalars["loss"]]
     assert steps == list(range(10, 101, 10))
@@ -329,8 +335,7 @@ def test_one_process_runs_without_jax_distributed_with_the_same_outputs(tmp_path
     assert not (run_dir / "compilation-cache").exists()
     assert "one process, in-process collectives (no jax.distributed)" in result.stdout
     assert "joined" not in result.stdout
-    scalars = read_scalars(str(run_dir / "tensorboard"))
-    assert [s for s, _ in scalars["step_time_s/process_000"]] == [10, 20, 30]
+    assert [s for s, _ in read_own_step_times(str(run_dir / "tensorboard"))[0]] == [10, 20, 30]
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["step-0000010", "step-0000020",
                                                            "step-0000030"]
     reference = numpy_gradient_descent(steps=30, lr=0.1)
@@ -358,7 +363,8 @@ def test_fused_steps_the_packed_all_reduce_and_jit_give_the_same_params(tmp_path
             assert "4 batches of [2, 64, 4] x" in result.stdout and "3 steps per call" in result.stdout
             scalars = read_scalars(str(run_dir / "tensorboard"))
             assert [s for s, _ in scalars["loss"]] == [6, 12, 18, 24, 30]
-            assert [s for s, _ in scalars["step_time_s/process_001"]] == [6, 12, 18, 24, 30]
+            assert [s for s, _ in read_own_step_times(str(run_dir / "tensorboard"))[1]] == \
+                [6, 12, 18, 24, 30]
             assert sorted(os.listdir(run_dir / "checkpoints"))[-1] == "step-0000030"
         if parallelism == "jit":  # the checkpoint holds the replicated state once, as pmap's does
             with np.load(run_dir / "checkpoints" / "step-0000030" / "state.npz") as saved, \
@@ -385,8 +391,9 @@ def test_log_steps_inside_a_fused_call_are_logged_with_their_own_values(tmp_path
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr
         scalars = read_scalars(str(run_dir / "tensorboard"))
         assert [s for s, _ in scalars["loss"]] == [4, 8, 12, 16, 20, 24, 28, 30]
-        assert [s for s, _ in scalars["step_time_s/process_001"]] == [4, 8, 12, 16, 20, 24, 28, 30]
-        assert all(v > 0 for _, v in scalars["step_time_s/process_000"])
+        own = read_own_step_times(str(run_dir / "tensorboard"))
+        assert [s for s, _ in own[1]] == [4, 8, 12, 16, 20, 24, 28, 30]
+        assert all(v > 0 for _, v in own[0])
         logged[k, parallelism] = {n: [v for _, v in scalars[n]] for n in ("loss", "grad_norm", "param_norm")}
         finals[k, parallelism] = read_params(run_dir)
         assert sorted(os.listdir(run_dir / "checkpoints")) == ["step-0000010", "step-0000020",

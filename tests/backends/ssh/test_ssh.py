@@ -26,7 +26,8 @@ import yaml
 from harness import helpers
 from harness import sshenv
 from harness.runs import remote_run_dir
-from harness.helpers import NO_RESTARTS, PACED, REPO, PROGRAMS, Output, launch, pids_with_env, program_job, start_launch
+from harness.helpers import (NO_RESTARTS, PACED, REPO, PROGRAMS, Output, launch, pids_with_env, program_job,
+                             read_own_step_times, start_launch)
 from launcher import backends
 from launcher import plan as planning
 from launcher import spec as specs
@@ -434,6 +435,8 @@ def test_four_hosts_match_single_host_debug_mode(tmp_path, hosts, parallelism, r
     events = [n for n in os.listdir(ssh_dir / "tensorboard")  # the workers' (not the ledger's)
               if n.startswith("events.out.tfevents") and not n.endswith(".goodput")]
     assert len(events) == 1 and events[0].endswith(".process-000"), events
+    # each process's own run (its own step times, written by process 0) came back too
+    assert sorted(read_own_step_times(str(ssh_dir / "tensorboard"))) == [0, 1, 2, 3]
     # the process-0-only rule where it can fail: hosts 1..3 write no TensorBoard or metrics
     remote = remote_run_dirs(tmp_path, ssh_dir)
     assert os.path.isdir(os.path.join(remote[0], "tensorboard"))
