@@ -34,6 +34,7 @@ from typing import Callable, TextIO
 
 from launcher import logtimes
 from launcher.console import lines as kinds
+from launcher.console import width
 from launcher.state import State
 from launcher.console.status import status_text
 from launcher.words import plural
@@ -143,21 +144,28 @@ class Console:
                 self._same_failure.add(process_id)
                 return
         if shown and (self.show is None or process_id in self.show or (self.others and notable)):
-            self.live.write(f"[{label}] {text}\n")
+            line = f"[{label}] {text}"
+            self.live.write((width.worker_line(line, width.columns()) if self.live.tty
+                             else line) + "\n")
         else:
             self._hidden.setdefault(process_id, collections.deque(maxlen=HIDDEN_TAIL)).append(
                 (label, text))
 
     def say(self, text: str) -> None:
-        self.live.write(f"podlaunch: {kinds.printable(text, keep_newlines=True)}\n")
+        self.live.write(self._fitted(f"podlaunch: {kinds.printable(text, keep_newlines=True)}")
+                        + "\n")
         self._log_text(f"podlaunch: {text}\n")
 
     def block(self, text: str) -> None:
         """A finished block of lines (the summary): to the console and to launcher.log.
 
         Worker text in it (log tails) is shown escaped (``lines.printable``)."""
-        self.live.write(kinds.printable(text, keep_newlines=True) + "\n")
+        self.live.write(self._fitted(kinds.printable(text, keep_newlines=True)) + "\n")
         self._log_text(text + "\n")
+
+    def _fitted(self, text: str) -> str:
+        """On a terminal, the launcher's sentences wrapped to its width (``console.width``)."""
+        return width.fitted(text, width.columns()) if self.live.tty else text
 
     def close(self) -> None:
         with self._log_lock:

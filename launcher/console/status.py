@@ -220,9 +220,10 @@ def _never_joined(processes: list, timeout_s: float) -> list:
 
 def _table(processes: list, first: Tracked | None) -> list:
     """One row per process: host, state, exit, steps done, mean step time (ms), the first
-    step's seconds (trace, compile, dispatch) and the compilation cache's hits/misses."""
-    header = ("process", "host", "state", "exit", "steps", "mean step ms", "first step s",
-              "cache hits/misses")
+    step's seconds (trace, compile, dispatch) and the compilation cache's hits/misses; headers
+    short enough that a run on one host fits 80 columns (the line after the table,
+    ``compile_text``, says what the last two are)."""
+    header = ("process", "host", "state", "exit", "steps", "step ms", "first s", "cache")
     # a checkpoint of step N is saved once every process has done step N (its all-reduce):
     # a run stopped at an agreed step reports that step, not its last logged one
     saved = max((t.stats.saved_step for t in processes if t.stats.saved_step is not None),
