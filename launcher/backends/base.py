@@ -25,6 +25,12 @@ around one run loop, ``launcher.run.restarts.run``)::
 Adding a backend is one module with a ``Backend`` subclass (and its cluster
 settings dataclass) plus one entry in ``launcher.backends.REGISTRY``; see
 docs/backends.md.
+
+Taking a run back (``launch attach`` of a detached run whose supervisor was killed) is not
+part of the seam every backend implements: a session whose processes outlive their
+supervisor offers it as an object, ``Session.reattach`` (a ``Reattach``; None: it cannot),
+with a typed ``Handle`` of what the run holds on the backend beyond its processes, kept in
+the run's journal (the shape of SkyPilot's ``ResourceHandle``).
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ class Options:
       resume: the run continues an earlier one (``--resume``): its first attempt follows a
         fault too (a spare may take the place of a host that is gone).
       detached: the supervisor is a detached run's (``launch --detach``, ``launch attach``):
-        a backend that can (``Session.adopts``) starts processes that outlive it and keep
+        a backend that can (``Session.reattach``) starts processes that outlive it and keep
         their output on their hosts.
       adopting: the first plan is of processes already running, taken back (``launch
         attach``): nothing is checked that they themselves would fail (the chips they hold).
@@ -95,11 +101,9 @@ class Session(abc.ABC):
     ``close`` exactly once at the end (also after errors). ``close`` must be
     safe to call at any point.
 
-    ``adopts``: a detached run's processes outlive a supervisor that is killed, and
-    ``adopt`` takes them back (``launch attach``); a backend without it refuses.
+    ``reattach``: how a detached run's processes, which outlive a supervisor that is killed,
+    are taken back (``launch attach``), a ``Reattach``; None (the default): they cannot be.
     """
-
-    adopts: ClassVar[bool] = False
 
     def __init__(self, job, run_dir: str, console=None, options: Options | None = None):
         self.job = job
@@ -109,6 +113,7 @@ class Session(abc.ABC):
         # each host the run stopped using, in order: {host, process_ids, by (its
         # replacement, or None: the run shrank), why, text}; ``restarts`` reports them
         self.host_changes: list = []
+        self.reattach: Reattach | None = None
 
     def failed(self, plan: planning.Plan, failure, result=None) -> None:
         """An attempt of ``plan`` failed with ``failure`` (``launcher.run.classes.Verdict``;
@@ -154,37 +159,6 @@ class Session(abc.ABC):
             has been stopped.
         """
 
-    def adopt(self, plan: planning.Plan, records: list) -> list:
-        """Take back the running processes of ``plan`` (its attempt) that a killed supervisor
-        started, from their journal ``records`` (``launcher.rundir.journal``); one ``Worker``
-        each, in process_id order, as ``start`` returns them.
-
-        Raises:
-          SpecError: this backend cannot (``adopts`` False), or a record is not usable;
-            nothing was signalled.
-        """
-        raise SpecError([Problem("RUN", None, "", (
-            f"the {self.job.cluster.backend} backend cannot take a run's processes back: stop "
-            "what is left of it (`launch JOB.yaml --resume RUN --kill-stale` on ssh and tpu "
-            "hosts) and continue it from its last checkpoint"))])
-
-    def journaled(self) -> dict:
-        """What a supervisor that takes the run back needs of this session beyond its processes
-        (the journal's ``session``, rewritten with it: a scheduler's job id, the nodes it
-        placed), for ``rejoin``; none by default."""
-        return {}
-
-    def rejoin(self, entry: dict) -> None:
-        """This session takes back the run whose killed session ``journaled`` ``entry``, before
-        its first ``plan`` (called with the run's lock held); nothing is signalled or changed
-        until what ``entry`` names is proven the run's own."""
-
-    def stop_strays(self) -> list:
-        """Stop every process of this run still running that no journal names (a supervisor
-        killed while starting them), before a supervisor that took the run back starts any;
-        returns their pids. Only a backend that ``adopts`` has any."""
-        return []
-
     def end_attempt(self) -> None:
         """Release what only the ended attempt used (connections, channels)."""
 
@@ -195,6 +169,96 @@ class Session(abc.ABC):
     def close(self) -> None:
         """Release everything; safe to call more than once."""
         self.end_attempt()
+
+
+class Handle:
+    """What a run holds on a backend beyond its processes (a scheduler's job and the nodes it
+    placed), typed per backend, in a detached run's journal: the shape of SkyPilot's
+    ``ResourceHandle``. A subclass is a frozen dataclass of plain fields."""
+
+    def to_json(self) -> dict:
+        """The journal's ``session`` entry."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, entry: dict) -> "Handle":
+        """The handle a journal's ``session`` entry names, every field checked.
+
+        Raises:
+          SpecError: it names nothing usable (the journal is a file: never trusted as is).
+        """
+        raise NotImplementedError
+
+
+class Reattach(abc.ABC):
+    """Taking a detached run back after its supervisor was killed (``launch attach``): the
+    part of a session whose processes outlive their supervisor (``Session.reattach``).
+
+    The supervisor that takes the run back (``launcher.run.starts.TakeBack``,
+    ``launcher.run.adopt``) calls, with the run's lock held: ``rejoin`` with the journal's
+    handle before the session's first ``plan``; then ``adopt`` with the processes the journal
+    names, or ``stop_strays`` where the killed one was starting an attempt or waiting to.
+    Nothing is signalled before what the journal names is proven the run's own.
+
+    Attributes:
+      handle_type: the backend's ``Handle`` class; None: it keeps none (the processes'
+        records, proven one by one, are all it needs).
+    """
+
+    handle_type: ClassVar[type | None] = None
+
+    def handle(self) -> Handle | None:
+        """What the journal keeps of the session beyond its processes (rewritten with it)."""
+        return None
+
+    def rejoin(self, handle: Handle | None) -> None:
+        """Take back the run whose killed session kept ``handle``, before the first ``plan``;
+        nothing is changed until what it names is proven the run's own."""
+
+    @abc.abstractmethod
+    def adopt(self, plan: planning.Plan, records: list) -> list:
+        """Take back the running processes of ``plan`` (its attempt) that a killed supervisor
+        started, from their journal ``records`` (``launcher.rundir.journal``); one ``Worker``
+        each, in process_id order, as ``Session.start`` returns them.
+
+        Raises:
+          SpecError: a record is not usable; nothing was signalled.
+        """
+
+    def stop_strays(self) -> list:
+        """Stop every process of this run still running that no journal names (a supervisor
+        killed while starting them), before one that took the run back starts any; returns
+        their pids (or step ids)."""
+        return []
+
+    def handle_entry(self) -> dict:
+        """``handle`` as the journal's ``session`` entry ({} for none)."""
+        handle = self.handle()
+        return handle.to_json() if handle is not None else {}
+
+    def read_handle(self, entry) -> Handle | None:
+        """The journal's ``session`` entry as this backend's ``Handle`` (None: it keeps none).
+
+        Raises:
+          SpecError: the entry names nothing usable.
+        """
+        if self.handle_type is None:
+            return None
+        return self.handle_type.from_json(entry if isinstance(entry, dict) else {})
+
+
+def reattach_of(session: Session) -> Reattach:
+    """``session.reattach``, or the sentence why this backend cannot take a run back.
+
+    Raises:
+      SpecError: the session has no ``Reattach``; nothing was signalled.
+    """
+    if session.reattach is None:
+        raise SpecError([Problem("RUN", None, "", (
+            f"the {session.job.cluster.backend} backend cannot take a run's processes back: "
+            "stop what is left of it (`launch JOB.yaml --resume RUN --kill-stale` on ssh and "
+            "tpu hosts) and continue it from its last checkpoint"))])
+    return session.reattach
 
 
 class Backend(abc.ABC):

@@ -27,7 +27,7 @@ from launcher.console import Console, nextsteps
 from launcher.console.status import check_show, parse_show, summary
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import adopt, detach, restarts, starts
-from launcher.rundir import ledger, specdiff
+from launcher.rundir import ledger, ledgerscalars, specdiff
 from launcher.rundir.watcher import Ending
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -214,7 +214,7 @@ def _closing(args, job, run_dir: str, ending: Ending, console: Console) -> None:
         console.say(f"{run_ledger} (ledger: {os.path.join(run_dir, ledger.LEDGER_FILE)})")
     if entries and job.logging.tensorboard:
         try:
-            ledger.write_scalars(os.path.join(run_dir, "tensorboard"), entries,
+            ledgerscalars.write_scalars(os.path.join(run_dir, "tensorboard"), entries,
                                  sum(a.times is not None for a in attempts))
         except OSError as exc:
             console.say(f"cannot write the ledger's TensorBoard scalars ({exc})")

@@ -9,7 +9,7 @@ then its console in ``RUN_DIR/console.log``. The new supervisor takes the run's 
 (``launcher.rundir.runlock``: a second one is refused, naming the first), checks that the run's
 state is still ``running`` (a state written as final is never overwritten), then
 (``take_back``) takes back the attempt's processes through its backend
-(``Session.adopt``: each proven before anything is signalled), or goes on with the restart's
+(``Session.reattach``: each proven before anything is signalled), or goes on with the restart's
 wait the killed one was in; ``restarts.run`` then goes on as if nothing happened: fail-fast,
 the watchdog, restarts, the ledger (``unwatched_s``: the time nobody watched; the steps
 trained meanwhile count as any others, and only a stretch in which nothing ran is the
@@ -23,6 +23,7 @@ import time
 
 from launcher import owned
 from launcher import plan as planning
+from launcher.backends.base import reattach_of
 from launcher.rundir import names
 from launcher.errors import Problem, SpecError
 from launcher.rundir import journal as journals
@@ -50,7 +51,7 @@ def check(run_dir: str) -> dict:
 def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
               clock=time.monotonic) -> journals.Adopted:
     """Where the killed supervisor left the run, taken back: its attempt's processes
-    (``session.adopt``), or the restart's wait it was in. The ledger entries of its ended
+    (``Session.reattach``'s ``adopt``), or the restart's wait it was in. The ledger entries of its ended
     attempts are written into ``ledger.json`` (the restart's wait and the gap with them).
 
     Raises:
@@ -67,7 +68,7 @@ def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
     if data.get("starting") or isinstance(waiting, dict):
         # nothing of its own runs: whatever was being started (a kill while starting leaves
         # processes the journal does not name) is stopped before anything starts again
-        stopped = session.stop_strays()
+        stopped = reattach_of(session).stop_strays()
         if stopped:
             console.say(f"stopped {plural(len(stopped), 'process')} of the run that no journal "
                         f"named (pid {', '.join(map(str, stopped))}): its supervisor was killed "
@@ -106,7 +107,7 @@ def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
                     f"{attempt} had failed, and its restart waits {resume_at - now:.1f} s more")
     else:
         resume = bool(common["restarts"]) or attempt > 0
-        workers = session.adopt(planning.for_attempt(plan, attempt, resume=resume),
+        workers = reattach_of(session).adopt(planning.for_attempt(plan, attempt, resume=resume),
                                 data.get("workers") or [])
         times = data.get("times") or {}
         began = journals.to_mono(times.get("began"), clock) or now

@@ -23,6 +23,7 @@ import yaml
 
 from launcher import owned
 from launcher import plan as planning
+from launcher.backends.base import reattach_of
 from launcher.errors import Problem, SpecError
 from launcher.run import adopt, notify, restarts
 from launcher.rundir import index, journal as journals, ledger, runlock, specdiff
@@ -148,8 +149,10 @@ class Start:
     def _journal(self, session, proof: tuple, launched_at: float, record: Record):
         """A detached run's journal, written once before the first attempt."""
         argv, cwd, launched = self.journal_source()
-        journal = journals.Journal(self.dir, self.backend, argv, cwd, session.adopts,
-                                   session=session.journaled, key=proof[0], nonce=proof[1])
+        reattach = session.reattach
+        journal = journals.Journal(self.dir, self.backend, argv, cwd, reattach is not None,
+                                   session=reattach.handle_entry if reattach else None,
+                                   key=proof[0], nonce=proof[1])
         journal.data["launched"] = launched or {"wall": journals.to_wall(launched_at),
                                                 "before_s": record.before_s}
         taken = self.taken
@@ -216,7 +219,8 @@ class TakeBack(Start):
     def join(self, session, held: list) -> None:
         held.append(runlock.acquire(self.dir, "RUN", self.job.secrets))
         self.taken = adopt.check(self.dir)  # SpecError: nothing to take back
-        session.rejoin(self.taken.get("session") or {})
+        reattach = reattach_of(session)  # SpecError where the backend cannot
+        reattach.rejoin(reattach.read_handle(self.taken.get("session")))
 
     def claim(self, held: list) -> None:
         """Its lock is held since ``join``; the run is indexed since its first launch."""

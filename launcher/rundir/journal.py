@@ -10,7 +10,7 @@ taken for it), its worker's process group, the control token of its lines, its o
 is lost while nobody reads), how far the supervisor has read it (``offset``: every line
 before it is in the process's log) and the log's size then (``logged``: a supervisor that
 takes the run back cuts the log there and reads what follows the offset again, so no line is
-lost or written twice), and the backend session's own part (``session``, its ``journaled``:
+lost or written twice), and the backend session's own part (``session``, ``Reattach.handle``:
 a Slurm job's id and nodes). Between attempts it says the restart's wait instead.
 Rewritten whole every ``EVERY_S`` while the run goes on (``alive_at``: the last moment a
 supervisor is known to have watched; the gap to the adoption is the ledger's
@@ -100,7 +100,7 @@ class Journal(RunWatcher):
                      "attempt": None, "restarts": 0, "counted": "", "budgets": {},
                      "entries": [], "failures": [], "times": None, "workers": [],
                      "waiting": None, "alive_at": time.time()}
-        self.session = session  # the backend session's own part (``Session.journaled``)
+        self.session = session  # the backend session's own part (``Reattach.handle_entry``)
         self.workers: list = []
         self._marks: list | None = None
         self._sizes: dict = {}  # each log's size (its path's) when the offsets were taken

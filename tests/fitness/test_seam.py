@@ -274,3 +274,37 @@ def test_a_local_start_that_fails_leaves_no_started_worker_running(tmp_path):
     assert not pids_with_env("PODLAUNCH_TEST_MARK", str(tmp_path))
     assert not subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True).stdout
 
+
+
+# ---- taking a run back: optional, composed ------------------------------------------
+SEAM = ("close", "describe", "describe_start", "end_attempt", "failed", "plan", "prepare",
+        "start", "succeeded")
+REATTACHING = ("adopt", "handle", "handle_entry", "read_handle", "rejoin", "stop_strays")
+
+
+def test_the_session_seam_is_what_every_backend_does_and_taking_a_run_back_is_an_object(tmp_path):
+    """Taking a run back had widened the seam from 9 methods to 13 (and a flag) for one
+    optional capability, the Slurm session's share a mixin reaching into its private state:
+    it is a ``Reattach`` a session may hold, each backend's its own object."""
+    import inspect
+
+    from launcher.backends.base import Reattach
+
+    assert tuple(sorted(n for n, _ in inspect.getmembers(Session, inspect.isfunction)
+                        if not n.startswith("_"))) == SEAM
+    for name in backends.names():  # each backend's session module, by the registry's name
+        __import__(f"launcher.backends.{name}.session" if name != "local" else "launcher.backends.local")
+    sessions = {cls for cls in _subclasses(Session) if cls.__module__.startswith("launcher.")}
+    assert len(sessions) >= 5, sessions  # local, its rehearsal, ssh, tpu, slurm (and theirs)
+    for cls in sessions:
+        assert not {n for n in REATTACHING if n in vars(cls)}, cls  # never on the seam
+        assert not any(issubclass(base, Reattach) for base in cls.__mro__), cls  # never mixed in
+    reattaches = {cls.__name__ for cls in _subclasses(Reattach)}
+    assert reattaches >= {"LocalReattach", "SshReattach", "SlurmReattach"}, reattaches
+
+
+def _subclasses(cls) -> set:
+    found = set()
+    for sub in cls.__subclasses__():
+        found |= {sub} | _subclasses(sub)
+    return found

@@ -19,7 +19,7 @@ import time
 import types
 
 from launcher import plan as planning
-from launcher.backends.base import Session
+from launcher.backends.base import Reattach, Session
 from launcher.plan import Placement, ProcessPlan
 from launcher.spec import kinds
 from launcher.state import Exit, Killed
@@ -233,6 +233,22 @@ class FakeTrainerJob(kinds.Trainer, types.SimpleNamespace):
     (``launcher.spec.kinds.Trainer``: its command, environment, compilation cache)."""
 
 
+class FakeReattach(Reattach):
+    """A FakeSession's part in being taken back: its processes are FakeWorkers of the test's
+    own making, so there are none to adopt and no strays; each call is recorded in ``events``."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def adopt(self, plan: planning.Plan, records: list) -> list:
+        self.events.append(("adopt", len(records)))
+        raise AssertionError("a FakeSession has no processes to take back")
+
+    def stop_strays(self) -> list:
+        self.events.append(("stop_strays",))
+        return []
+
+
 class FakeSession(Session):
     """A backend session whose ``start`` hands out FakeWorkers made by ``attempts[n](plan)``.
 
@@ -243,6 +259,7 @@ class FakeSession(Session):
         super().__init__(job, run_dir, console)
         self.attempts = list(attempts)
         self.events: list = []
+        self.reattach = FakeReattach(self.events)
 
     def prepare(self, restart: bool = False):
         self.events.append(("plan", restart))

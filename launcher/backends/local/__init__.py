@@ -152,7 +152,9 @@ def placements(job, run_dir: str, python: str, platform: str, taken_ports=()) ->
 
 
 class LocalSession(Session):
-    adopts = True
+    def __init__(self, job, run_dir: str, console=None, options: Options | None = None):
+        super().__init__(job, run_dir, console, options)
+        self.reattach = localadopt.LocalReattach(run_dir)
 
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:
         job = self.job
@@ -220,12 +222,6 @@ class LocalSession(Session):
 
     def start(self, plan: Plan) -> list:
         return start_all(plan, self.job.cluster.grace_s, self.options.detached)
-
-    def adopt(self, plan: Plan, records: list) -> list:
-        return localadopt.adopt(plan, records)
-
-    def stop_strays(self) -> list:
-        return localadopt.stop_strays(self.run_dir)
 
 
 class RehearsalSession(LocalSession):

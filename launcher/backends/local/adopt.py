@@ -19,6 +19,7 @@ import signal
 import threading
 
 from launcher import owned, proctl
+from launcher.backends.base import Reattach
 from launcher.backends.local.worker import LocalWorker
 from launcher.errors import Problem, SpecError
 from launcher.plan import Plan, ProcessPlan, output_path
@@ -166,3 +167,17 @@ def stop_strays(run_dir: str, timeout_s: float = proctl.KILL_WAIT_S) -> list:
     proctl.wait_until(lambda: all(proctl.state(p) in (None, "Z") for p in found + wrappers),
                       timeout_s)
     return found
+
+
+class LocalReattach(Reattach):
+    """A local run's part in being taken back: its processes, each proven from the journal
+    (``adopt``), and those no journal names stopped (``stop_strays``); no handle."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+
+    def adopt(self, plan: Plan, records: list) -> list:
+        return adopt(plan, records)
+
+    def stop_strays(self) -> list:
+        return stop_strays(self.run_dir)

@@ -13,9 +13,11 @@ if Slurm still lists it, carries that name; a step no longer listed has ended.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
+from launcher.backends.base import Handle, Reattach
 from launcher.backends.slurm import launches
 from launcher.backends.slurm.filed import FiledWorker
 from launcher.errors import Problem, SpecError
@@ -29,19 +31,32 @@ def _refused(text: str) -> SpecError:
                               "of it (scancel) and continue with `launch JOB.yaml --resume RUN`")])
 
 
-def checked_entry(entry: dict) -> dict:
-    """The journal's ``session`` entry of a Slurm run (``SlurmSession.journaled``), checked.
+@dataclasses.dataclass(frozen=True)
+class SlurmHandle(Handle):
+    """What a detached Slurm run holds beyond its steps, in its journal: the job (``job_id``,
+    the one podlaunch submitted or the user's allocation: ``mode``), the nodes it placed the
+    processes on, and the coordinator's address they joined."""
 
-    Raises:
-      SpecError: it names no usable job.
-    """
-    job_id, nodes = entry.get("job_id"), entry.get("nodes")
-    if not (isinstance(job_id, str) and job_id.isdigit()
-            and entry.get("mode") in ("allocation", "submit")
-            and isinstance(nodes, list) and nodes and all(isinstance(n, str) for n in nodes)
-            and isinstance(entry.get("coordinator"), str)):
-        raise _refused(f"the run's journal names no usable Slurm job ({entry!r})")
-    return dict(entry)
+    job_id: str
+    mode: str  # "allocation" or "submit"
+    nodes: tuple
+    coordinator: str
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "mode": self.mode, "nodes": list(self.nodes),
+                "coordinator": self.coordinator}
+
+    @classmethod
+    def from_json(cls, entry: dict) -> "SlurmHandle":
+        """Raises:
+          SpecError: the entry names no usable job."""
+        job_id, nodes = entry.get("job_id"), entry.get("nodes")
+        if not (isinstance(job_id, str) and job_id.isdigit()
+                and entry.get("mode") in ("allocation", "submit")
+                and isinstance(nodes, list) and nodes and all(isinstance(n, str) for n in nodes)
+                and isinstance(entry.get("coordinator"), str)):
+            raise _refused(f"the run's journal names no usable Slurm job ({entry!r})")
+        return cls(job_id, entry["mode"], tuple(nodes), entry["coordinator"])
 
 
 def prove(job_id: str, record: dict | None, mode: str, name: str, run_dir: str) -> None:
@@ -93,43 +108,55 @@ def adopted_steps(plan: Plan, records: list, slurm, job_id: str, step_prefix: st
     return workers
 
 
-class Adoption:
-    """``SlurmSession``'s part in taking a run back (``launcher.backends.base.Session``'s
-    ``journaled``, ``rejoin``, ``adopt`` and ``stop_strays``)."""
+class SlurmReattach(Reattach):
+    """A Slurm run's part in being taken back: its job and nodes (``SlurmHandle``), proven
+    the run's at the first ``plan`` (``prepare``), then its steps (``adopt``), or those no
+    journal names cancelled (``stop_strays``).
 
-    adopts = True  # a detached run's steps outlive its supervisor (``filed``)
+    Args:
+      session: the ``SlurmSession`` it takes back (its job, nodes, and whether they are
+        ``ours`` to cancel: not until proven).
+    """
 
-    def journaled(self) -> dict:
-        if not (self._ours and self.job_id):
-            return {}
-        return {"job_id": self.job_id, "mode": self.mode, "nodes": list(self.nodes),
-                "coordinator": self._coordinator}
+    handle_type = SlurmHandle
 
-    def rejoin(self, entry: dict) -> None:
-        self._rejoined = checked_entry(entry)
+    def __init__(self, session):
+        self.session = session
+        self.pending: SlurmHandle | None = None  # rejoined, to be proven at the first plan
 
-    def _rejoin_prepare(self) -> tuple[tuple, str]:
+    def handle(self) -> SlurmHandle | None:
+        s = self.session
+        if not (s.ours and s.job_id):
+            return None
+        return SlurmHandle(s.job_id, s.mode, tuple(s.nodes), s.coordinator)
+
+    def rejoin(self, handle: SlurmHandle | None) -> None:
+        if handle is None:
+            raise _refused("the run's journal names no Slurm job")
+        self.pending = handle
+
+    def prepare(self) -> tuple[tuple, str]:
         """The killed supervisor's job, proven this run's, and its nodes: the plan it made."""
-        entry, self._rejoined = self._rejoined, None
-        self.mode, job_id = entry["mode"], entry["job_id"]
-        prove(job_id, self.slurm.job(job_id), self.mode, self.name, self.run_dir)
-        self.job_id, self.nodes = job_id, list(entry["nodes"])
-        placements, _ = self._placements(self.nodes, port=0)
-        self._ours = True  # its steps and job are this session's to stop from now on
-        if self.mode == "submit":
-            self._heartbeat()  # its batch script waits on this supervisor now
-        return placements, entry["coordinator"]
+        handle, self.pending, s = self.pending, None, self.session
+        prove(handle.job_id, s.slurm.job(handle.job_id), handle.mode, s.name, s.run_dir)
+        s.mode, s.job_id, s.nodes = handle.mode, handle.job_id, list(handle.nodes)
+        placements, _ = s.placements_on(s.nodes, port=0)
+        s.ours = True  # its steps and job are this session's to stop from now on
+        if s.mode == "submit":
+            s.heartbeat()  # its batch script waits on this supervisor now
+        return placements, handle.coordinator
 
     def adopt(self, plan: Plan, records: list) -> list:
-        self.exclusions.last_processes = plan.processes
+        s = self.session
+        s.exclusions.last_processes = plan.processes
         # a journal that does not name the steps: refused, and nothing cancelled at the close
-        self._ours = False
-        workers = adopted_steps(plan, records, self.slurm, self.job_id, self.step_prefix,
-                                self.judge)
-        self._ours = True
+        s.ours = False
+        workers = adopted_steps(plan, records, s.slurm, s.job_id, s.step_prefix, s.judge)
+        s.ours = True
         return workers
 
     def stop_strays(self) -> list:
-        steps = self.slurm.steps_named(self.job_id, self.step_prefix) if self.job_id else []
-        self._cancel_steps(steps)
+        s = self.session
+        steps = s.slurm.steps_named(s.job_id, s.step_prefix) if s.job_id else []
+        s.cancel_steps(steps)
         return [step for step, _ in steps]

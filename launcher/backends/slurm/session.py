@@ -40,7 +40,7 @@ from worker.contract import redact, runfiles
 TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")
 
 
-class SlurmSession(adoption.Adoption, Session):
+class SlurmSession(Session):
     def __init__(self, job, run_dir, console=None, options=None, slurm: Slurm | None = None):
         super().__init__(job, run_dir, console, options)
         self.slurm = slurm or Slurm()
@@ -58,15 +58,15 @@ class SlurmSession(adoption.Adoption, Session):
         self._beat_stop = threading.Event()
         self._beat: threading.Thread | None = None
         self.lifecycle = lifecycle.JobLifecycle(self.slurm.job, job.cluster.poll_s)
-        # taking a run back (``rejoin``): nothing of its job is cancelled until it is proven ours
-        self._rejoined: dict | None = None
-        self._ours = not self.options.adopting
-        self._coordinator = ""
+        # taking a run back (adoption.SlurmReattach): nothing is cancelled until proven ours
+        self.ours = not self.options.adopting
+        self.coordinator = ""
+        self.reattach = adoption.SlurmReattach(self)
 
     # ---- prepare ----------------------------------------------------------------
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:
-        if self._rejoined is not None:
-            return self._rejoin_prepare()
+        if self.reattach.pending is not None:
+            return self.reattach.prepare()
         cluster = self.job.cluster
         if self.mode == "allocation":
             if not self.job_id:
@@ -90,7 +90,7 @@ class SlurmSession(adoption.Adoption, Session):
                 self._preflight()
                 self._stale_jobs()
                 if self.options.dry_run:
-                    return self._placements(self.test_only_nodes or [f"node{i}" for i in
+                    return self.placements_on(self.test_only_nodes or [f"node{i}" for i in
                                             range(cluster.nodes)], port=cluster.coordinator_port)
                 self._submit()
             elif restart:
@@ -104,10 +104,10 @@ class SlurmSession(adoption.Adoption, Session):
         before, self.nodes = self.nodes, nodes[:cluster.nodes]
         self.exclusions.placed(before, self.nodes)
         if self.options.dry_run or self.job.rendezvous:  # the workers say their facts
-            return self._placements(self.nodes, port=cluster.coordinator_port)
-        return self._placements(self.nodes, port=self._probe())
+            return self.placements_on(self.nodes, port=cluster.coordinator_port)
+        return self.placements_on(self.nodes, port=self._probe())
 
-    def _placements(self, nodes: list, port: int) -> tuple[tuple, str]:
+    def placements_on(self, nodes: list, port: int) -> tuple[tuple, str]:
         cluster, job = self.job.cluster, self.job
         python = cluster.python or self.options.python
         job_path = os.path.join(self.run_dir, "job.json")  # a shared filesystem: the same path
@@ -198,7 +198,7 @@ class SlurmSession(adoption.Adoption, Session):
         restart) or a gone launcher's (stale); another live launch's are left alone."""
         own, stale = launches.job_steps(self.slurm, self.job_id, self.name, self.step_prefix)
         if own and restart:
-            self._cancel_steps(own)
+            self.cancel_steps(own)
             own = []
         stale += own
         if not stale:
@@ -208,7 +208,7 @@ class SlurmSession(adoption.Adoption, Session):
             raise LaunchError(f"step(s) {listed} of an earlier launch whose launcher is gone still "
                               f"run in allocation {self.job_id}; rerun with --kill-stale to cancel them")
         self.console.say(f"cancelling stale step(s) {listed}")
-        self._cancel_steps(stale)
+        self.cancel_steps(stale)
 
     # ---- the job --------------------------------------------------------------------
     def _submit(self) -> None:
@@ -216,13 +216,13 @@ class SlurmSession(adoption.Adoption, Session):
         path = os.path.join(self.run_dir, "slurm", "job.sbatch")
         runfiles.write_whole(path, script.script_text(self.job, self.run_dir, self.exclusions.excluded,
                                                      detached=self.options.detached))
-        self._heartbeat()
+        self.heartbeat()
         out = self.slurm.run(["sbatch", "--parsable", path]).stdout.strip()
         self.job_id = out.split(";")[0]
         self.console.say(f"submitted Slurm job {self.job_id} ({plural(self.job.cluster.nodes, 'node')} "
                          f"x {plural(self.job.cluster.processes_per_node, 'task')}; script {path})")
 
-    def _heartbeat(self) -> None:
+    def heartbeat(self) -> None:
         """Renew the file the batch script watches (it ends the job when the launcher is gone)."""
         path = script.heartbeat_path(self.run_dir)
         with open(path, "a", encoding="utf-8", opener=runfiles.opener):
@@ -268,7 +268,7 @@ class SlurmSession(adoption.Adoption, Session):
         now, state = lifecycle.phase(record), lifecycle.state_text(record)
         if state == "RUNNING" or now is lifecycle.Phase.WAITING:
             if state == "RUNNING":
-                self._cancel_steps(self.slurm.steps_named(self.job_id, self.step_prefix))
+                self.cancel_steps(self.slurm.steps_named(self.job_id, self.step_prefix))
             return
         if now is lifecycle.Phase.TIMEOUT:
             raise LaunchError(f"Slurm job {self.job_id} reached its time limit (state {state}); not "
@@ -345,7 +345,7 @@ class SlurmSession(adoption.Adoption, Session):
         cluster = plan.job.cluster
         workers: list = []
         self.exclusions.last_processes = plan.processes
-        self._coordinator = plan.coordinator_address
+        self.coordinator = plan.coordinator_address
         try:
             for process in plan.processes:
                 name = f"{self.step_prefix}p{process.process_id}"
@@ -371,7 +371,7 @@ class SlurmSession(adoption.Adoption, Session):
         for w in workers:
             w.send(address)
 
-    def _cancel_steps(self, steps: list) -> None:
+    def cancel_steps(self, steps: list) -> None:
         for step, _ in steps:
             self.slurm.cancel(step, signal="KILL")
         deadline = time.monotonic() + 10
@@ -384,14 +384,14 @@ class SlurmSession(adoption.Adoption, Session):
         self.lifecycle.gone(job_id, timeout_s)
 
     def end_attempt(self) -> None:
-        if self.job_id and self._ours and not self.options.dry_run:
+        if self.job_id and self.ours and not self.options.dry_run:
             steps = self.slurm.steps_named(self.job_id, self.step_prefix)
             if steps:
-                self._cancel_steps(steps)
+                self.cancel_steps(steps)
 
     def close(self) -> None:
         self._beat_stop.set()
-        if self.options.dry_run or not self.job_id or not self._ours:
+        if self.options.dry_run or not self.job_id or not self.ours:
             return
         if self.mode == "submit":
             job_id, self.job_id = self.job_id, None

@@ -9,6 +9,7 @@ import concurrent.futures
 import json
 
 from launcher import plan as planning
+from launcher.backends.base import Reattach
 from launcher.backends.ssh import fetches, followlines, hostscript
 from launcher.backends.ssh import preflight as checks
 from launcher.backends.ssh.channels import GroupStates
@@ -116,3 +117,22 @@ def _unusable(record: dict | None, host: Host, out: str) -> str | None:
             or not (record.get("pgid") is None or isinstance(record.get("pgid"), int)):
         return "its journal record is not usable"
     return None
+
+
+class SshReattach(Reattach):
+    """An ssh or tpu run's part in being taken back: each host's wrappers proven and followed
+    from the journal's offsets (``adopt_all``) over the session's connected hosts; no
+    handle (the hosts are the spec's, or found again from the TPU's name).
+
+    Args:
+      hosts: the session's ``SshHosts`` once ``plan`` has connected them (a callable: the TPU
+        session makes its hosts at discovery).
+      console: the session's.
+    """
+
+    def __init__(self, hosts, console):
+        self.hosts, self.console = hosts, console
+
+    def adopt(self, plan: planning.Plan, records: list) -> list:
+        ssh = self.hosts()
+        return adopt_all(plan, ssh.channels, ssh.settings, self.console, records)

@@ -195,10 +195,9 @@ class SshSession(Session):
     attempt runs on; each change is in ``host_changes``, said once the restart's hosts
     are all fit.
     """
-    adopts = True
-
     def __init__(self, job, run_dir: str, console=None, options=None):
         super().__init__(job, run_dir, console, options)
+        self.reattach = adoption.SshReattach(lambda: self.ssh, self.console)
         cluster = job.cluster
         self.spec_processes = job.num_processes
         self.spares = list(cluster.spares)
@@ -385,9 +384,6 @@ class SshSession(Session):
 
     def start(self, plan: planning.Plan) -> list:
         return self.ssh.start(plan)
-
-    def adopt(self, plan: planning.Plan, records: list) -> list:
-        return adoption.adopt_all(plan, self.ssh.channels, self.ssh.settings, self.console, records)
 
     def end_attempt(self) -> None:
         self.ssh.close()

@@ -40,10 +40,9 @@ def ssh_settings(cluster: TpuCluster) -> TpuCluster:
 class TpuSession(Session):
     """Discovery, then the SSH machinery over the discovered hosts, then the TPU holders."""
 
-    adopts = True
-
     def __init__(self, job, run_dir: str, console=None, options=None):
         super().__init__(job, run_dir, console, options)
+        self.reattach = adoption.SshReattach(lambda: self.ssh, self.console)
         self.ssh: SshHosts | None = None
 
     def hosts_of(self, found: discovering.Discovery) -> SshHosts:
@@ -101,9 +100,6 @@ class TpuSession(Session):
 
     def start(self, plan: planning.Plan) -> list:
         return self.ssh.start(plan)
-
-    def adopt(self, plan: planning.Plan, records: list) -> list:
-        return adoption.adopt_all(plan, self.ssh.channels, self.ssh.settings, self.console, records)
 
     def end_attempt(self) -> None:
         if self.ssh is not None:

@@ -6,6 +6,7 @@ real run back."""
 from __future__ import annotations
 
 import os
+import json
 import re
 import subprocess
 
@@ -46,7 +47,13 @@ def test_only_the_runs_own_job_is_taken_back(tmp_path):
                                    {"job_id": "7", "mode": "submit", "nodes": [], "coordinator": ""}])
 def test_a_journal_naming_no_usable_job_is_refused(entry):
     with pytest.raises(SpecError, match="names no usable Slurm job"):
-        adoption.checked_entry(entry)
+        adoption.SlurmHandle.from_json(entry)
+
+
+def test_the_handle_a_journal_keeps_reads_back_as_it_was_written():
+    handle = adoption.SlurmHandle("7", "submit", ("n1", "n2"), "n1:1234")
+    entry = json.loads(json.dumps(handle.to_json()))  # through the journal's file
+    assert adoption.SlurmHandle.from_json(entry) == handle
 
 
 class Steps:
