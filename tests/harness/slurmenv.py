@@ -9,6 +9,11 @@ free, and waits until ``sinfo`` shows every node idle. Every "node" is this
 machine: they share the filesystem and the process table, as a real cluster
 shares its filesystem.
 
+Every node has ``gpus`` GPUs (4 by default; 0: none), declared as generic resources
+(``GresTypes=gpu``, ``Gres=gpu:4``, a ``gres.conf`` over stand-in device files:
+``_write_gres_conf``), so a job or step that asks for GPUs gets them named as on a GPU node;
+a job that asks for none is placed as before.
+
 Partitions, each of every node: ``debug`` (the default), ``cancel`` and
 ``urgent`` (higher PriorityTier), with partition preemption so a job in
 ``urgent`` preempts one in ``debug`` (``PreemptMode`` REQUEUE, or CANCEL,
@@ -33,6 +38,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -43,6 +49,7 @@ from harness.sshenv import proc_table
 
 MUNGE_DIR = Path("/run/munge")
 SBIN = "/usr/sbin"
+NVIDIA_MAJOR = 195  # the NVIDIA driver's character devices (unregistered here: opening one fails)
 
 
 def available() -> str | None:
@@ -84,9 +91,10 @@ class SlurmTestEnv:
     """One slurmctld and ``num_nodes`` slurmd daemons named n1..nN, all on this machine."""
 
     def __init__(self, num_nodes: int = 3, cpus: int = 4, preempt_mode: str = "REQUEUE",
-                 grace_s: int = 2):
+                 grace_s: int = 2, gpus: int = 4):
         self.num_nodes = num_nodes
         self.cpus = cpus
+        self.gpus = gpus
         self.preempt_mode = preempt_mode
         self.grace_s = grace_s
         self.base = Path(tempfile.mkdtemp(prefix="slm", dir="/tmp"))
@@ -139,10 +147,11 @@ class SlurmTestEnv:
             "MessageTimeout=10", "TCPTimeout=5",
             "PreemptType=preempt/partition_prio", f"PreemptMode={self.preempt_mode}",
             "SchedulerParameters=defer_batch=0",
-        ]
+        ] + (["GresTypes=gpu"] if self.gpus else [])
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
         for node, port in zip(self.nodes, node_ports):
             lines.append(f"NodeName={node} NodeHostname={self.host} NodeAddr=127.0.0.1 "
-                         f"Port={port} CPUs={self.cpus} RealMemory=2000 State=UNKNOWN")
+                         f"Port={port} CPUs={self.cpus} RealMemory=2000{gres} State=UNKNOWN")
         nodes = ",".join(self.nodes)
         lines.append(f"PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP "
                      f"PriorityTier=1 GraceTime={self.grace_s}")
@@ -152,9 +161,31 @@ class SlurmTestEnv:
         lines.append(f"PartitionName=urgent Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=10 "
                      "PreemptMode=OFF")
         self.conf.write_text("\n".join(lines) + "\n")
+        if self.gpus:
+            self._write_gres_conf()
         (b / "state").mkdir()
         for node in self.nodes:
             (b / "spool" / node).mkdir(parents=True)
+
+    def _write_gres_conf(self) -> None:
+        """Every node's ``gpus`` GPUs as generic resources, over stand-in device files.
+
+        The stand-ins are character devices of the NVIDIA driver's major number (195), minors
+        0..gpus-1, under the cluster's directory: nothing can open them here (no driver
+        registers 195), but slurmd takes them for GPUs as on a GPU node and names them in each
+        step's ``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS`` and ``scontrol -d show job``'s
+        ``GRES=gpu:N(IDX:...)``. Regular files it refuses (``is not a valid character or block
+        device``: it then counts the GPUs but names none, so no step gets a
+        ``CUDA_VISIBLE_DEVICES``). Every node lists the same files, as every GPU node has its
+        own /dev/nvidia0...; ``task/none`` constrains no device, so Slurm numbers the GPUs of a
+        step by their index on the node (0..gpus-1), not from 0 per step."""
+        dev = self.base / "dev"
+        dev.mkdir()
+        for i in range(self.gpus):
+            os.mknod(dev / f"nvidia{i}", stat.S_IFCHR | 0o600, os.makedev(NVIDIA_MAJOR, i))
+        files = f"{dev}/nvidia[0-{self.gpus - 1}]" if self.gpus > 1 else f"{dev}/nvidia0"
+        (self.base / "gres.conf").write_text(
+            f"NodeName={','.join(self.nodes)} Name=gpu File={files}\n")
 
     # -- lifecycle ---------------------------------------------------------
     def start(self, timeout_s: float = 30.0) -> "SlurmTestEnv":

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import subprocess
 
+from launcher.backends.slurm.gpus import gpu_indices
+from launcher.backends.slurm.settings import SRUN_INPUT_PREFIXES
 from launcher.errors import LaunchError
 
 KEEP = ("SLURM_CONF", "SLURM_JOB_ID")
-PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
+PREFIXES = SRUN_INPUT_PREFIXES  # what srun (sbatch, salloc) reads as its own options
 # Job states in which no step can run, by what podlaunch does next (docs/slurm.md).
 RESUBMIT = ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL")
 WAIT = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "RESIZING",
@@ -25,10 +27,16 @@ WAIT = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "RE
 UNFIT_STATES = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"}
 
 
-def scrubbed(environ=None, extra: dict | None = None) -> dict:
-    """``environ`` without inherited Slurm variables (but SLURM_CONF, SLURM_JOB_ID), plus ``extra``."""
+def scrubbed(environ=None, extra: dict | None = None, drop=()) -> dict:
+    """``environ`` without inherited Slurm variables (but SLURM_CONF, SLURM_JOB_ID) and without
+    ``drop``, plus ``extra``.
+
+    The variables srun reads as its options go: inside ``salloc --gpus-per-task=1`` the shell
+    has ``SLURM_GPUS_PER_TASK=1`` (and ``SLURM_GPUS_PER_NODE``, ``SLURM_TRES_PER_TASK`` ...),
+    which would give each step one GPU of Slurm's choice instead of the plan's."""
     environ = os.environ if environ is None else environ
-    env = {k: v for k, v in environ.items() if not k.startswith(PREFIXES) or k in KEEP}
+    env = {k: v for k, v in environ.items()
+           if (not k.startswith(PREFIXES) or k in KEEP) and k not in drop}
     env.update(extra or {})
     return env
 
@@ -72,6 +80,14 @@ class Slurm:
                 return None
             raise LaunchError(f"scontrol show job {job_id} failed: {result.stderr.strip()}")
         return parse_record(result.stdout.splitlines()[0])
+
+    def gpus(self, job_id: str) -> dict:
+        """node -> the job's GPUs there, by Slurm's index (``gpu_indices``); {} when Slurm
+        names none (a job without GPUs, a cluster without GresTypes=gpu) or cannot answer."""
+        result = self.run(["scontrol", "-o", "-d", "show", "job", job_id], check=False)
+        if result.returncode != 0 or not result.stdout.strip():
+            return {}
+        return gpu_indices(result.stdout.splitlines()[0])
 
     def hostnames(self, nodelist: str) -> list:
         """A compressed node list (``n[1-3]``) expanded, in Slurm's order."""

@@ -79,7 +79,7 @@ class FiledWorker(SrunWorker):
                 rendezvous: bool = False) -> "FiledWorker":
         w = cls(plan, job_id, step_name, slurm, judge)
         folder = os.path.dirname(w.out_path)
-        env = scrubbed(None, plan.env)
+        env = scrubbed(None, plan.env, drop=plan.unset)
         if rendezvous:
             env[contract.RENDEZVOUS] = "stdin"
         out = err = None

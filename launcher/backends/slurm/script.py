@@ -34,7 +34,7 @@ def sbatch_options(job, run_dir: str, exclude: tuple = ()) -> list:
     if c.cpus_per_process:
         opts.append(f"--cpus-per-task={c.cpus_per_process}")
     if c.platform == "gpu":
-        opts.append(f"--gres=gpu:{c.processes_per_node * c.devices_per_process}")
+        opts.append(f"--gres=gpu:{c.gpus_per_node}")
     for key, flag in (("partition", "partition"), ("time_limit", "time"), ("account", "account"),
                       ("qos", "qos")):
         if getattr(c, key):

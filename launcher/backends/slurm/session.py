@@ -25,7 +25,7 @@ import time
 from launcher import interrupts
 from launcher import plan as planning
 from launcher.backends.base import Session
-from launcher.backends.slurm import adoption, launches, lifecycle, nodes as nodefacts, script
+from launcher.backends.slurm import adoption, gpus, launches, lifecycle, nodes as nodefacts, script
 from launcher.backends.slurm.commands import Slurm
 from launcher.backends.slurm.exclusions import NodeExclusions
 from launcher.backends.slurm.filed import FiledWorker
@@ -62,6 +62,7 @@ class SlurmSession(Session):
         self.ours = not self.options.adopting
         self.coordinator = ""
         self.reattach = adoption.SlurmReattach(self)
+        self.node_gpus: dict = {}  # node -> a gpu job's GPUs there, by Slurm's index
 
     # ---- prepare ----------------------------------------------------------------
     def prepare(self, restart: bool = False) -> tuple[tuple, str]:
@@ -103,6 +104,9 @@ class SlurmSession(Session):
                                 "or lower cluster.nodes")
         before, self.nodes = self.nodes, nodes[:cluster.nodes]
         self.exclusions.placed(before, self.nodes)
+        if cluster.gpus_per_node:  # too few in the user's allocation: refused (``gpus.check``)
+            self.node_gpus = gpus.check(self.slurm, cluster, self.job_id, self.nodes, self.mode,
+                                        self._problem)
         if self.options.dry_run or self.job.rendezvous:  # the workers say their facts
             return self.placements_on(self.nodes, port=cluster.coordinator_port)
         return self.placements_on(self.nodes, port=self._probe())
@@ -119,12 +123,8 @@ class SlurmSession(Session):
             if cluster.platform == "cpu":
                 placements.append(Placement(node, cluster.processes_per_node, job.local_device_count,
                                             "cpu", python, self.run_dir, job_path, env, cwd=cwd))
-                continue
-            for rank in range(cluster.processes_per_node):  # each its own GPUs, named explicitly
-                ids = range(rank * cluster.devices_per_process, (rank + 1) * cluster.devices_per_process)
-                placements.append(Placement(node, 1, job.local_device_count, "gpu", python,
-                                            self.run_dir, job_path, env, cwd=cwd,
-                                            local_device_ids=tuple(ids)))
+            else:  # one placement per process, each its own GPUs named explicitly (``gpus``)
+                placements += gpus.placements(job, node, python, self.run_dir, job_path, env, cwd)
         addr = self.slurm.node_addrs(nodes[:1]).get(nodes[0], nodes[0]) if self.job_id else nodes[0]
         return tuple(placements), contract.host_port(addr, port)
 
@@ -325,7 +325,7 @@ class SlurmSession(Session):
         out.append("devices (JAX's own Slurm detection is off: every value is explicit):")
         for p in plan.processes:
             ids = p.local_device_ids
-            devices = (f"local_device_ids {','.join(map(str, ids))} of the node's GPUs" if ids else
+            devices = (gpus.devices_text(c, p, self.node_gpus) if ids else
                        f"JAX_NUM_CPU_DEVICES={p.local_device_count}")
             step = srun_argv(self.job_id or "<job id>", p.host, f"{self.step_prefix}p{p.process_id}",
                              c, p.argv, p.cwd or c.workdir)

@@ -97,6 +97,15 @@ def sbatch_options(values: tuple) -> str | None:
     return None
 
 
+# Read by srun from its environment as its own options (SLURM_GPUS_PER_TASK is
+# --gpus-per-task, SLURM_NTASKS --ntasks): podlaunch gives each step its shape itself, and an
+# inherited one is scrubbed (``commands.scrubbed``), so cluster.env may not set one either.
+SRUN_INPUT_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
+# What gives a gpu step's process its GPUs: Slurm's CUDA_VISIBLE_DEVICES (the step's --gres),
+# read in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID, podlaunch's): ``gpus``
+GPU_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
 # What only a job podlaunch submits reads (sbatch's options).
 SUBMIT_ONLY = ("time_limit", "time_limit_lead_s", "partition", "account", "qos", "sbatch_options")
 
@@ -115,9 +124,9 @@ class SlurmCluster(ClusterSettings):
     devices_per_process: int = setting(1, check=schema.in_range(1, 256),
                                        doc="devices each process sees (CPU devices, or GPUs)")
     platform: Literal["cpu", "gpu"] = setting(
-        "cpu", doc="cpu: JAX_NUM_CPU_DEVICES per process; gpu: the job asks for "
-        "processes_per_node x devices_per_process GPUs per node and each process gets "
-        "local_device_ids explicitly")
+        "cpu", doc="cpu: JAX_NUM_CPU_DEVICES per process; gpu: the job and each step ask for "
+        "processes_per_node x devices_per_process GPUs per node (--gres=gpu:N, whatever the "
+        "allocation's SLURM_GPUS_* say) and each process gets its local_device_ids of them")
     cpus_per_process: int | None = setting(None, check=schema.in_range(1, 4096),
                                            doc="--cpus-per-task; unset: the site's default")
     partition: str | None = setting(None, check=SLURM_NAME, doc="partition; unset: the default one")
@@ -155,6 +164,12 @@ class SlurmCluster(ClusterSettings):
         return self.nodes * self.processes_per_node
 
     @property
+    def gpus_per_node(self) -> int:
+        """The GPUs a gpu job asks for on each node (``--gres=gpu:N``, the job's and every
+        step's): ``processes_per_node`` x ``devices_per_process``; 0 on cpu."""
+        return self.processes_per_node * self.devices_per_process if self.platform == "gpu" else 0
+
+    @property
     def signal_lead_s(self) -> int:
         """The ``--signal=TERM@N`` lead the submitted job asks for, in seconds: with a
         finite ``time_limit``, ``time_limit_lead_s`` (unset: ``DEFAULT_LEAD_S``, at most half
@@ -173,7 +188,21 @@ class SlurmCluster(ClusterSettings):
 
     def problems(self) -> list:
         """A lead without a finite time limit, or one that is not under it; a setting of a
-        submitted job with ``mode: allocation``."""
+        submitted job with ``mode: allocation``; ``env`` setting a variable srun reads as its
+        own option, or (gpu) one that gives a process its GPUs."""
+        for name in self.env:
+            if name.startswith(SRUN_INPUT_PREFIXES):
+                return [(("env", name), f"{name!r} would be read by srun as one of its own options "
+                         "(SLURM_GPUS_PER_TASK is --gpus-per-task) and reshape every step; podlaunch "
+                         "gives each step its shape from the cluster settings (nodes, "
+                         "processes_per_node, devices_per_process, cpus_per_process): remove it")]
+            if self.platform == "gpu" and name in GPU_VARS:
+                return [(("env", name), f"{name!r} is not yours to set on a gpu job: Slurm sets "
+                         "CUDA_VISIBLE_DEVICES for each step (its GPUs on the node, --gres) and "
+                         "podlaunch sets CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers them as "
+                         "Slurm does; each process then uses its own by local_device_ids. Remove "
+                         "it, and choose the split with cluster.processes_per_node and "
+                         "cluster.devices_per_process")]
         if self.mode == "allocation" and (unused := self.submit_only()):
             key = unused[0]
             return [(key, f"is for a job podlaunch submits, and mode: allocation runs in your "

@@ -58,12 +58,22 @@ def _term_with_parent() -> None:
 
 def srun_argv(job_id: str, node: str, step_name: str, cluster, argv: tuple,
               workdir: str | None = None) -> list:
-    """The srun command of one process: one task on ``node``, in job ``job_id``."""
+    """The srun command of one process: one task on ``node``, in job ``job_id``.
+
+    A gpu job's step asks for every GPU the job has on the node (``--gres=gpu:N``,
+    ``gpus_per_node``), so its ``CUDA_VISIBLE_DEVICES`` (Slurm's) lists the same GPUs for
+    every process there, and each process uses its own ``local_device_ids`` of them. Without
+    it a step inherits the allocation's per-task request: inside ``salloc --gpus-per-task=1``
+    every one-task step got the same single GPU, renumbered 0 for JAX, and the planned
+    ``local_device_ids`` 1 did not exist (Slurm 22.05, tests/backends/slurm/test_slurm_gpu.py).
+    Steps share those GPUs (``--overlap``); Slurm gives each the first N of the job's there."""
     cmd = ["srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
            f"--job-name={step_name}", "--overlap", "--kill-on-bad-exit=1", "--wait=0",
            "--export=ALL", "--quiet"]
     if cluster.cpus_per_process:
         cmd.append(f"--cpus-per-task={cluster.cpus_per_process}")
+    if cluster.gpus_per_node:
+        cmd.append(f"--gres=gpu:{cluster.gpus_per_node}")
     if workdir:
         cmd.append(f"--chdir={workdir}")
     return cmd + ["--", *TASK_SHELL] + list(argv)
@@ -90,7 +100,7 @@ class SrunWorker:
         self.argv = argv
         self._early: list = []  # lines read before the facts line (contract.RENDEZVOUS)
         self._srun: queue.Queue = queue.Queue()  # srun's own stderr lines, as they come
-        env = scrubbed(base_env, plan.env)
+        env = scrubbed(base_env, plan.env, drop=plan.unset)
         if rendezvous:
             env[contract.RENDEZVOUS] = "stdin"
         try:
