@@ -2,7 +2,7 @@
 
 Allocation mode (``SLURM_JOB_ID`` set by salloc or an sbatch script): the
 processes run as steps of that job; the job is the user's and is never
-cancelled, only podlaunch's steps are. Submit mode: the preflight (partition,
+cancelled, only podlaunch's steps are. Submit mode: the preflight (``queued``: partition,
 ``sbatch --test-only``), a stale-job check, ``sbatch`` of ``script.script_text``,
 then the job is followed (``pending (reason)`` on the status line) until it
 runs; at the end, or on Ctrl-C/SIGTERM/SIGHUP at any point, it is cancelled
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import shlex
 import os
-import re
 import threading
 import time
 
 from launcher import interrupts
 from launcher import plan as planning
 from launcher.backends.base import Session
-from launcher.backends.slurm import adoption, gpus, launches, lifecycle, nodes as nodefacts, script
+from launcher.backends.slurm import adoption, gpus, launches, lifecycle, nodes as nodefacts
+from launcher.backends.slurm import queued, script
 from launcher.backends.slurm.commands import Slurm
 from launcher.backends.slurm.exclusions import NodeExclusions
 from launcher.backends.slurm.filed import FiledWorker
@@ -36,8 +36,6 @@ from launcher.state import Exit, Lost
 from launcher.words import plural
 from worker import contract
 from worker.contract import redact, runfiles
-
-TEST_ONLY_NODES = re.compile(r" on nodes (\S+)")
 
 
 class SlurmSession(Session):
@@ -83,13 +81,16 @@ class SlurmSession(Session):
                                  f"{'is' if len(unused) == 1 else 'are'} not used in allocation "
                                  f"{self.job_id} (SLURM_JOB_ID): only a job podlaunch submits "
                                  "(mode: submit) reads them")
-            self._stale_steps(restart)
+            queued.stale_steps(self.slurm, self.job_id, self.name, self.step_prefix, restart,
+                               self.options, self.console, self.cancel_steps)
             if not self.options.dry_run:
                 launches.register_run(self.run_dir)
         else:
             if self.job_id is None:
-                self._preflight()
-                self._stale_jobs()
+                self.test_only_nodes = queued.check_request(self.slurm, self.job, self.run_dir,
+                                                            self.options.detached, self._problem)
+                queued.stale_jobs(self.slurm, self.name, self.job.name, self.options, self.console,
+                                  self._cancel_and_wait)
                 if self.options.dry_run:
                     return self.placements_on(self.test_only_nodes or [f"node{i}" for i in
                                             range(cluster.nodes)], port=cluster.coordinator_port)
@@ -130,85 +131,6 @@ class SlurmSession(Session):
 
     def _problem(self, key: str, message: str) -> SpecError:
         return SpecError([Problem(*self.job.where(("cluster", key)), f"cluster.{key}", message)])
-
-    # ---- before anything is queued ------------------------------------------------
-    def _preflight(self) -> None:
-        """The partition exists and is up, and Slurm says it could run the request."""
-        cluster = self.job.cluster
-        partitions = self.slurm.partitions()
-        name = cluster.partition or next((p for p, (_, _, d) in partitions.items() if d), None)
-        if name is None or name not in partitions:
-            known = ", ".join(sorted(partitions)) or "none"
-            raise self._problem("partition", f"unknown partition {name!r} (this cluster has: "
-                                f"{known})" if name else f"is unset and Slurm has no default "
-                                f"partition; set one of: {known}")
-        avail, count, _ = partitions[name]
-        if avail != "up":
-            raise self._problem("partition", f"partition {name!r} is {avail}, not up; pick another")
-        if cluster.nodes > count:
-            raise self._problem("nodes", f"asks for {cluster.nodes} nodes; partition {name!r} has "
-                                f"{count}")
-        result = self.slurm.run(["sbatch", "--test-only"]
-                                + script.sbatch_options(self.job, self.run_dir), check=False,
-                                stdin=script.script_text(self.job, self.run_dir,
-                                                         detached=self.options.detached))
-        said = (result.stderr or result.stdout).strip()
-        if result.returncode != 0:
-            if "node configuration is not available" in said:  # no node has that shape
-                key = ("cpus_per_process" if cluster.cpus_per_process else
-                       "devices_per_process" if cluster.platform == "gpu" else "processes_per_node")
-                shape = (f"{plural(cluster.processes_per_node, 'process')} per node x "
-                         f"{plural(cluster.cpus_per_process or 1, 'CPU')}"
-                         + (f" x {plural(cluster.devices_per_process, 'GPU')}"
-                            if cluster.platform == "gpu" else ""))
-                raise self._problem(key, f"no node of partition {name!r} fits {shape}; Slurm says: "
-                                    f"{said.splitlines()[-1]}")
-            key = next((k for word, k in (("node count", "nodes"), ("partition", "partition"),
-                                          ("time limit", "time_limit"), ("account", "account"),
-                                          ("qos", "qos"), ("gres", "devices_per_process"),
-                                          ("cpu count", "cpus_per_process"))
-                        if word in said.lower()), "sbatch_options")
-            raise self._problem(key, f"Slurm refuses the request: {said.splitlines()[-1]}")
-        match = TEST_ONLY_NODES.search(said)
-        if match:
-            self.test_only_nodes = self.slurm.hostnames(match.group(1))
-
-    def _stale_jobs(self) -> None:
-        """Jobs of other launches of this job still queued: those whose launcher is gone are
-        stale (refused, or cancelled with --kill-stale); a live launch's job runs beside this
-        one (``launches.queued_jobs``)."""
-        stale, beside = launches.queued_jobs(self.slurm, self.name)
-        for job_id, state, run_dir in beside:
-            self.console.say(f"Slurm job {job_id} ({state}) of another launch of {self.job.name!r} "
-                             f"({run_dir}) has its launcher running: this one runs beside it")
-        if not stale:
-            return
-        listed = ", ".join(f"{j} ({s})" for j, s, _ in stale)
-        if not self.options.kill_stale or self.options.dry_run:
-            raise LaunchError(f"Slurm job(s) {listed} named {self.name} are still queued and "
-                              "their launcher is gone; rerun with --kill-stale to cancel them "
-                              "(scancel), or wait for them to end by themselves (orphan_timeout_s); "
-                              "a detached run's is taken back by `launch attach RUN`")
-        self.console.say(f"cancelling stale Slurm job(s) {listed} (their launcher is gone)")
-        for job_id, _, _ in stale:
-            self._cancel_and_wait(job_id)
-
-    def _stale_steps(self, restart: bool) -> None:
-        """Steps of this job in the allocation: this launch's earlier attempt's (cancelled on a
-        restart) or a gone launcher's (stale); another live launch's are left alone."""
-        own, stale = launches.job_steps(self.slurm, self.job_id, self.name, self.step_prefix)
-        if own and restart:
-            self.cancel_steps(own)
-            own = []
-        stale += own
-        if not stale:
-            return
-        listed = ", ".join(f"{s} ({n})" for s, n in stale)
-        if not self.options.kill_stale or self.options.dry_run:
-            raise LaunchError(f"step(s) {listed} of an earlier launch whose launcher is gone still "
-                              f"run in allocation {self.job_id}; rerun with --kill-stale to cancel them")
-        self.console.say(f"cancelling stale step(s) {listed}")
-        self.cancel_steps(stale)
 
     # ---- the job --------------------------------------------------------------------
     def _submit(self) -> None:
