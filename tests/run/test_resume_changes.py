@@ -13,6 +13,7 @@ import yaml
 from harness.helpers import REPO, launch
 from launcher import backends
 from launcher import spec as specs
+from launcher.errors import SpecError
 from launcher.rundir import specdiff as resumes
 
 JOB = f"{REPO}/jobs/linear.yaml"
@@ -89,3 +90,17 @@ def test_the_resume_check_reads_a_local_tier_outside_the_run_and_offers_only_val
     assert ("train.num_steps: 100, below step 252, the run's newest checkpoint: the resume would "
             "restore it and train nothing; resume with any value above 252") in done.stderr, done.stderr
     assert "the run's value" not in done.stderr  # its 120 would be refused too
+
+
+def test_the_newest_checkpoint_is_the_newest_of_every_place_that_holds_some(tmp_path):
+    """Process 0's checkpoints (step 200, the newest) and two processes' local copies (steps
+    100 and 150, older) are all counted: the newest is 200 whichever place is read last."""
+    (tmp_path / "checkpoints" / "step-0000200").mkdir(parents=True)
+    for process, step in ((0, 100), (1, 150)):
+        (tmp_path / "local-checkpoints" / f"process-{process:03d}" / f"step-{step:07d}").mkdir(
+            parents=True)
+    (tmp_path / "local-checkpoints" / "process-002").mkdir()  # a process that saved none
+    assert resumes.newest_checkpoint(str(tmp_path)) == 200
+    job = specs.load(JOB, None, ("train.num_steps=180",), registry=backends)
+    with pytest.raises(SpecError, match="180, below step 200, the run's newest checkpoint"):
+        resumes.check_steps_left(str(tmp_path), job, {})

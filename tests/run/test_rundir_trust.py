@@ -76,6 +76,26 @@ def test_each_writer_replaces_a_link_at_its_name_and_never_writes_through_it(tmp
         runlock.acquire(str(lock_dir), "--resume")
 
 
+@pytest.mark.parametrize("name, linked", [
+    ("checkpoints", "a directory"),  # a link to a directory, listed among a folder's sub-directories
+    ("logs/attempt-0/process-000.log", "the victim"),  # a file's link down in a sub-directory
+    ("output/attempt-0", "a directory"),
+])
+def test_the_run_lock_refuses_a_link_in_a_sub_directory_or_to_a_directory(tmp_path, victim, name,
+                                                                           linked):
+    """Not only the run directory's own files: a link anywhere below it, to a file or to a
+    directory, is refused before anything is written (``runfiles.links_in``)."""
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True, mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    plant(run_dir, [name], elsewhere if linked == "a directory" else victim)
+    assert runfiles.links_in(str(run_dir)) == [str(run_dir / name)]
+    with pytest.raises(SpecError, match=f"{run_dir / name} is a symbolic link"):
+        runlock.acquire(str(run_dir), "--resume")
+    assert not (run_dir / runlock.LOCK_FILE).exists() and not os.listdir(elsewhere)
+
+
 def test_readers_of_a_run_directory_follow_no_link(tmp_path, victim):
     (tmp_path / "real.json").write_text(json.dumps({"job": "x", "state": "running"}))
     os.symlink(tmp_path / "real.json", tmp_path / "run.json")

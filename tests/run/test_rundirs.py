@@ -1,6 +1,7 @@
 """Run directories: default ones are made exclusively (issue 25, item 2): two launches of one
 job in the same millisecond (a sweep) each get their own, and a dry run makes none; a run
-whose disk fills ends with its cause and a true run.json (item 11)."""
+whose disk fills ends with its cause and a true run.json (item 11); a new holder of a run
+directory's lock replaces the record a stale one left."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from launcher import backends
 from launcher.run import starts
+from launcher.rundir import runlock
 from launcher import spec as specs
 from harness.helpers import REPO, fill, full_disk_ready, launched
 
@@ -61,3 +63,21 @@ def test_a_disk_that_fills_during_a_save_ends_the_run_with_its_cause_and_a_true_
         assert "program errors" not in text[text.index("attempt 0 failed"):], text[-3000:]
         assert "Traceback" not in text  # issue 50, item 4: the sentence, not the traceback
         assert not list((run_dir / "checkpoints").glob(".tmp-step-*"))  # the half-save is gone
+
+
+def test_a_new_lock_holder_replaces_the_whole_record_a_longer_stale_one_left(tmp_path):
+    """The lock file of a launcher that ended keeps its record, here a longer one (a long
+    command line): the next holder's record replaces it whole, so what a refused launcher reads
+    of the holder (``runlock.holder``) is the new holder's, not a record with the old one's
+    tail after it (which reads as no holder at all)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    stale = {"pid": 1, "host": "elsewhere", "started": 1.0, "command": "launch " + "x" * 400}
+    (run_dir / runlock.LOCK_FILE).write_text(json.dumps(stale) + "\n")
+    lock = runlock.acquire(str(run_dir), "--resume")
+    try:
+        text = (run_dir / runlock.LOCK_FILE).read_text()
+        assert text.count("\n") == 1 and "elsewhere" not in text
+        assert runlock.holder(str(run_dir / runlock.LOCK_FILE))["pid"] == os.getpid()
+    finally:
+        lock.release()

@@ -206,6 +206,34 @@ def test_a_task_function_rebound_to_a_wrapper_is_left_to_its_start(tmp_path):
     _refused(launch(path, "--dry-run"), "task.args.depth: make() in ", "takes no argument 'depth'")
 
 
+def test_a_task_function_that_takes_keyword_arguments_takes_any_but_one_with_positional_ones_does_not(
+        tmp_path):
+    """``def make(width, **options)`` is called as ``make(**task.args)`` with any other
+    argument too: nothing is refused (its required ``width`` still is, when missing);
+    ``def make(width, *rest)`` takes no other argument by keyword: ``depth`` is refused.
+    The check as a launch runs it (``checks.check_task_importable``), in this process."""
+    from launcher import backends
+    from launcher import spec as specs
+    from launcher.errors import SpecError
+    from launcher.spec import checks
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+
+    def checked(source: str, args: str):
+        (tasks / "kw_task_xyz.py").write_text(source)
+        path = _spec(tmp_path, BASE + f"task: {{name: 'kw_task_xyz:make', args: {args}}}\n"
+                     + LOCAL % "")
+        checks.check_task_importable(specs.load(path, registry=backends), str(tasks))
+
+    kwargs = "def make(width, **options):\n    return width\n"
+    checked(kwargs, "{width: 2, depth: 3}")  # no SpecError
+    with pytest.raises(SpecError, match=r"make\(\) in .*kw_task_xyz.py:1 needs width"):
+        checked(kwargs, "{depth: 3}")
+    with pytest.raises(SpecError, match=r"make\(\) in .*kw_task_xyz.py:1 takes no argument 'depth'"):
+        checked("def make(width, *rest):\n    return width\n", "{width: 2, depth: 3}")
+
+
 def test_a_path_given_with_set_is_the_shells_as_every_other_command_line_path(tmp_path):
     # --set data.path=x.csv was read relative to the spec file, not the shell
     (tmp_path / "spec").mkdir()

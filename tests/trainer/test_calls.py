@@ -1,4 +1,6 @@
-"""``train.steps_per_call: auto`` (worker.trainer.calls): how many steps a device call runs."""
+"""``train.steps_per_call: auto`` (worker.trainer.calls): how many steps a device call runs;
+and that each log step of a call is logged from its own row of the call's metrics
+(``worker.telemetry.metrics.StepLogger``)."""
 
 import math
 
@@ -49,3 +51,39 @@ def test_log_steps_are_rows_of_the_call():
     for k, log_every in [(10, 4), (12, 8), (1000, 7)]:
         every = calls.metrics_every(k, log_every)
         assert k % every == 0 and math.lcm(every, log_every) == log_every
+
+
+def test_each_log_step_of_a_fused_call_is_written_with_its_own_row_of_the_call_s_metrics(
+        tmp_path):
+    """A call of 10 steps with a log step every 4 returns a row every 2 steps
+    (``metrics_every``): log steps 4 and 8 are rows 1 and 3 of the first call, 24, 28 and
+    30 rows 1, 3 and 4 of the third. Each is written with its own row (here each row's loss
+    is its step), not the call's last nor a neighbour's."""
+    import json
+
+    from harness.helpers import REPO
+    from launcher import backends
+    from launcher import spec as specs
+    from worker.contract.metrics import STEP_METRICS
+    from worker.telemetry.metrics import StepLogger
+    from worker.telemetry.tracker import METRICS_FILE, JsonlTracker
+
+    job = specs.load(f"{REPO}/jobs/linear.yaml", None, (
+        "train.num_steps=30", "logging.log_every_steps=4", "logging.tensorboard=false"),
+        registry=backends).job_file()
+    k, every = 10, calls.metrics_every(10, 4)
+    tracker = JsonlTracker(str(tmp_path / METRICS_FILE))
+    logger = StepLogger(job, 0, 1, tracker, out=lambda text: None, lag=0, read_every_s=0.0,
+                        steps_per_call=k, metrics_every=every)
+    assert len(STEP_METRICS) == 3  # loss, grad_norm, param_norm
+    # the call ending at step ``last``: [local_device_count, rows, STEP_METRICS], a row's loss
+    # its step
+    train_call = logger.timed(lambda last: np.array(
+        [[[step, 1.0, 2.0] for step in range(last - k + every, last + 1, every)]], np.float32))
+    for last in range(k, 31, k):
+        logger.after_dispatch(last, train_call(last))
+    logger.finish()
+    tracker.close()
+    written = [json.loads(line) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    assert [(w["step"], w["loss"]) for w in written] == [(s, float(s)) for s in
+                                                        (4, 8, 12, 16, 20, 24, 28, 30)]

@@ -366,3 +366,42 @@ def test_local_copies_are_no_closer_than_the_minimum_interval_however_fast_the_s
         assert written(tmp_path / "spaced", [201, 203]) == [201, 203]
     finally:
         spaced.close()
+
+
+def test_an_interval_whose_first_boundary_came_too_soon_takes_its_copy_at_a_later_one(tmp_path):
+    """A copy every 10 steps, a call a step: step 20, the first boundary of its interval,
+    comes within ``MIN_INTERVAL_S`` of step 10's copy and takes none; the interval is not
+    counted as copied for that, so step 21, past the minimum interval, takes it (not step 30,
+    an interval later)."""
+    import time
+
+    from worker.recovery import localtier
+
+    now = [100.0]
+    params, opt_state = {"w": np.ones((4, 1), np.float32)}, ()
+    path = tmp_path / "tier"
+    tier = localtier.LocalTier(str(path), every_steps=10, num_batches=3, order=None,
+                               unreplicate=lambda tree: tree, clock=lambda: now[0])
+
+    def written(steps):  # and the writer free for the next copy
+        deadline = time.monotonic() + 30
+        while (checkpoint.list_steps(str(path)) != steps or tier.writing) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        return checkpoint.list_steps(str(path))
+
+    try:
+        for step in range(1, 11):
+            tier.after_step(step, params, opt_state)
+        assert written([10]) == [10]
+        now[0] += localtier.MIN_INTERVAL_S / 2
+        for step in range(11, 21):  # 20: a new interval, too soon after the last copy
+            tier.after_step(step, params, opt_state)
+        assert not tier.writing and checkpoint.list_steps(str(path)) == [10]
+        now[0] += localtier.MIN_INTERVAL_S
+        tier.after_step(21, params, opt_state)
+        # handed to the writer now (``writing`` is set before after_step returns), or written
+        assert tier.writing or 21 in checkpoint.list_steps(str(path))
+        assert written([10, 21]) == [10, 21]
+    finally:
+        tier.close()

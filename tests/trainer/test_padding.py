@@ -1,7 +1,9 @@
 """The padded weighted mean without JAX (issue 51.9: only real-JAX runs checked it): when
 the devices do not divide the global batch, every row of the batch is on exactly one
 device with weight 1, padding has weight 0, and the step's mean (sums and counts averaged
-over devices, then their ratio: worker.trainer.train.weighted_means) is the batch's plain mean."""
+over devices, then their ratio: worker.trainer.train.weighted_means) is the batch's plain mean;
+and the step's own weighted_means, in JAX on this machine's CPU, gives that mean (fast: a
+slow shrink run was the only check of it)."""
 
 from __future__ import annotations
 
@@ -46,3 +48,42 @@ def test_the_weighted_mean_over_devices_is_the_batchs_mean(batch, processes, loc
     sums = np.mean([np.sum(w * values[r]) for r, w in devices])
     counts = np.mean([np.sum(w) for _, w in devices])
     assert sums / counts == pytest.approx(values[order.global_rows(2)].mean(), rel=1e-6)  # float32 counts
+
+
+@pytest.mark.parametrize("batch, devices", [(10, 3), (7, 4)])
+def test_the_steps_own_weighted_mean_over_padded_devices_is_the_batchs_mean(batch, devices):
+    """The step's own ``worker.trainer.train.weighted_means`` (in JAX, on this machine's CPU:
+    the devices a ``vmap`` over ``AXIS``, whose ``pmean`` is the one ``worker.trainer.sharded``
+    takes), fed the padded rows and weights of ``process_rows_weighted``: its loss, gradient
+    and metric are the global batch's plain means; a pad row (a copy of the batch's first row)
+    counts for nothing, neither in the sums nor in the count."""
+    import jax
+    import jax.numpy as jnp
+
+    from worker.trainer import train
+
+    order = orders.Order(300, batch)
+    rng = np.random.default_rng(7)
+    x, y = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    params = {"w": jnp.float32(0.5)}
+
+    def loss_fn(params, b):
+        return jnp.mean((b["x"] * params["w"] - b["y"]) ** 2)
+
+    def metrics_fn(params, b):
+        return {"mean_y": jnp.mean(b["y"])}
+
+    rows, weight = order.process_rows_weighted(2, 0, 1, devices)
+    assert not weight.all()  # padded
+    per_device = {"x": x[rows].reshape(devices, -1), "y": y[rows].reshape(devices, -1),
+                  orders.WEIGHT: weight.reshape(devices, -1)}
+    step = jax.jit(jax.vmap(lambda b: train.weighted_means(loss_fn, metrics_fn,
+                                                           train.averaging("per_leaf"), params, b),
+                            axis_name=train.AXIS))
+    grads, loss, extra = step(per_device)
+    plain = {"x": x[order.global_rows(2)], "y": y[order.global_rows(2)]}
+    want_loss, want_grads = jax.value_and_grad(loss_fn)(params, plain)
+    for d in range(devices):  # every device has the same means
+        assert float(loss[d]) == pytest.approx(float(want_loss), rel=1e-5)
+        assert float(grads["w"][d]) == pytest.approx(float(want_grads["w"]), rel=1e-5)
+        assert float(extra["mean_y"][d]) == pytest.approx(float(plain["y"].mean()), rel=1e-5)
