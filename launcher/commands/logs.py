@@ -46,6 +46,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+ATTEMPT_DIR = re.compile(r"attempt-(\d+)")  # logs/attempt-N: a restart's logs
+
+
 def log_file(run_dir: str, process: int | None) -> str:
     """``launcher.log``, or process ``process``'s log of the latest attempt that has one.
 
@@ -56,8 +59,11 @@ def log_file(run_dir: str, process: int | None) -> str:
         path = os.path.join(run_dir, "launcher.log")
     else:
         name = f"process-{process:03d}.log"
-        found = glob.glob(os.path.join(run_dir, "logs", "attempt-*", name))
-        attempt = lambda p: int(re.search(r"attempt-(\d+)", p).group(1))  # noqa: E731
+        # the run directory's own path may hold glob characters or "attempt-N" itself
+        found = [p for p in glob.glob(os.path.join(glob.escape(run_dir), "logs", "attempt-*", name))
+                 if ATTEMPT_DIR.fullmatch(os.path.basename(os.path.dirname(p)))]
+        attempt = lambda p: int(ATTEMPT_DIR.fullmatch(  # noqa: E731 - by number, not by name
+            os.path.basename(os.path.dirname(p))).group(1))
         path = (max(found, key=attempt) if found else os.path.join(run_dir, "logs", name))
     if not os.path.isfile(path):
         raise SpecError([Problem("RUN", None, "", f"{path} is not there (yet)"
