@@ -168,7 +168,9 @@ def test_a_process_the_journal_names_is_signalled_only_if_it_shows_the_runs_secr
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True, env={
         k: v for k, v in os.environ.items() if k != owned.SECRET_VAR})
     try:
-        until(lambda: proctl.start_ticks(sleeper.pid) is not None, "the sleep started")
+        # exec'd, not only forked: until its exec the child has this process's environment,
+        # the run's secret among it (a flake waiting only for its start tick)
+        until(lambda: _cmdline(sleeper.pid).startswith(b"sleep\0"), "the sleep exec'd")
         plan = ProcessPlan(process_id=0, host="localhost", local_device_count=1, argv=("x",), env={},
                            log_path=str(run_dir / "logs" / "process-000.log"),
                            run_dir=str(run_dir))
@@ -188,6 +190,14 @@ def test_a_process_the_journal_names_is_signalled_only_if_it_shows_the_runs_secr
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def _cmdlines_holding(values) -> list:
