@@ -29,7 +29,8 @@ def checkout_slot() -> int:
 
 def xdist_worker() -> int:
     """This pytest-xdist worker's number (gw3 -> 3), 0 without xdist; at most 9 (.ci/run
-    runs gw0-gw2, and gw5 and gw7 for its Slurm and newest-end sessions)."""
+    runs gw0-gw2, gw7 for its newest-end session, and gw0-gw1 again for its Slurm tests,
+    which start no sshd and take their ports free under the lock)."""
     name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
     return int(name) if name.isdigit() else 0
 
