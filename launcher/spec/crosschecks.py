@@ -12,6 +12,7 @@ import os
 
 from launcher.spec import datafiles, schema
 from launcher.spec.checks import BUILTIN_TASKS
+from worker.contract import periods
 from worker.contract.tasks import BUILTIN_TASK_ARGS, task_arg_problem
 from launcher.words import plural
 
@@ -37,9 +38,9 @@ def check_trainer(spec, raw: dict, ctx: schema.Context):
                   f"{train.global_batch_size} does not divide evenly over device_count "
                   f"{spec.device_count} ({plural(spec.num_processes, 'process')} x "
                   f"{plural(spec.local_device_count, 'device')}); use a multiple of {spec.device_count}")
-    k = train.steps_per_call  # auto: the worker picks a divisor of both (worker.trainer.calls)
-    for key, value in ((("train", "num_steps"), train.num_steps),
-                       (("checkpoint", "every_steps"), spec.checkpoint.every_steps)):
+    k = train.steps_per_call  # auto: the worker picks a divisor of all (worker.trainer.calls)
+    # every period that ends a call (the last step, the saves: worker.contract.periods)
+    for key, value in periods.of(spec, periods.ENDS_A_CALL):
         if k != "auto" and value % k:
             ctx.error(key, f"{value} is not a multiple of train.steps_per_call {k} (steps run "
                       f"{k} to a device call, and are saved and ended at call boundaries); use "

@@ -11,8 +11,8 @@ from worker.trainer import calls
 
 
 def test_auto_is_one_step_a_call_on_cpu_devices_and_a_number_is_used_as_given():
-    assert calls.steps_per_call("auto", "cpu", 30000, 0, 0, 1024) == 1
-    assert calls.steps_per_call(7, "tpu", 70, 0, 0, 10**9) == 7
+    assert calls.steps_per_call("auto", "cpu", (0, 30000, 0), 1024) == 1
+    assert calls.steps_per_call(7, "tpu", (0, 70, 0), 10**9) == 7
 
 
 @pytest.mark.parametrize("num_steps, done, every, want", [
@@ -25,7 +25,7 @@ def test_auto_is_one_step_a_call_on_cpu_devices_and_a_number_is_used_as_given():
     (3000, 0, 250, 250),
 ])
 def test_auto_on_a_chip_is_the_largest_common_divisor_under_the_cap(num_steps, done, every, want):
-    k = calls.steps_per_call("auto", "tpu", num_steps, done, every, 4096)
+    k = calls.steps_per_call("auto", "tpu", (done, num_steps, every), 4096)
     assert k == want
     assert num_steps % k == 0 and done % k == 0 and (every == 0 or every % k == 0)
 
@@ -36,12 +36,12 @@ def test_auto_keeps_a_large_step_call_short():
                              "y": np.zeros((65536, 1), np.float32)},
                             (np.zeros((256, 1), np.float32), np.zeros((1,), np.float32)))
     assert step == 65536 * 257 * 4 + 3 * 257 * 4
-    k = calls.steps_per_call("auto", "tpu", 3000, 0, 0, step)
+    k = calls.steps_per_call("auto", "tpu", (0, 3000, 0), step)
     assert k == 100  # the largest divisor of 3000 under the cap
     estimate_s = calls.STEP_OVERHEAD_S + step / calls.ASSUMED_BYTES_PER_S
     assert k * estimate_s <= calls.CALL_TARGET_S < (k + 20) * estimate_s * 1.2
     # a step estimated above the target: one step a call
-    assert calls.steps_per_call("auto", "gpu", 3000, 0, 0, 10**10) == 1
+    assert calls.steps_per_call("auto", "gpu", (0, 3000, 0), 10**10) == 1
 
 
 def test_log_steps_are_rows_of_the_call():
@@ -87,3 +87,48 @@ def test_each_log_step_of_a_fused_call_is_written_with_its_own_row_of_the_call_s
     written = [json.loads(line) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
     assert [(w["step"], w["loss"]) for w in written] == [(s, float(s)) for s in
                                                         (4, 8, 12, 16, 20, 24, 28, 30)]
+
+
+def test_the_settings_declare_their_periods_and_a_new_period_ends_calls_with_no_other_change():
+    """Steps per call follows from the periods the settings declare
+    (``worker.contract.periods``): the linear job's calls end at its last step and its saves,
+    its rows fall at its log steps, its local copies at the next call end. An evaluation every
+    250 steps, declared as one setting of a section of its own, makes ``auto`` end calls on
+    it, and nothing else is told."""
+    import dataclasses
+
+    from launcher import backends, spec as specs
+    from worker.contract import periods, sections
+    from worker.contract.job import WorkerJob
+
+    job = WorkerJob.from_spec_dict(specs.load("jobs/linear.yaml", registry=backends).to_dict())
+    assert periods.of(job, periods.ENDS_A_CALL) == [
+        (("train", "num_steps"), job.train.num_steps),
+        (("checkpoint", "every_steps"), job.checkpoint.every_steps)]
+    assert periods.of(job, periods.A_ROW) == [(("logging", "log_every_steps"),
+                                                job.logging.log_every_steps)]
+    assert periods.of(job, periods.NEXT_CALL_END) == [
+        (("checkpoint", "local_every_steps"), job.checkpoint.local_every_steps)]
+    off = dataclasses.replace(job, checkpoint=dataclasses.replace(job.checkpoint, every_steps=0))
+    assert periods.steps(off, periods.ENDS_A_CALL) == [job.train.num_steps]  # 0: never
+    with pytest.raises(ValueError, match="expected one of"):
+        periods.of(job, "sometimes")
+
+    @dataclasses.dataclass(frozen=True)
+    class Evaluation:
+        every_steps: int = sections.setting(250, period=periods.ENDS_A_CALL)
+
+    @dataclasses.dataclass(frozen=True)
+    class WithEvaluation:
+        train: sections.Train
+        checkpoint: sections.Checkpoint
+        evaluation: Evaluation
+
+    train = dataclasses.replace(job.train, num_steps=3000)
+    before = WithEvaluation(train, dataclasses.replace(job.checkpoint, every_steps=1000),
+                            Evaluation(every_steps=0))
+    after = dataclasses.replace(before, evaluation=Evaluation())
+    assert calls.steps_per_call("auto", "tpu", [0, *periods.steps(before, periods.ENDS_A_CALL)],
+                                4096) == 1000
+    assert calls.steps_per_call("auto", "tpu", [0, *periods.steps(after, periods.ENDS_A_CALL)],
+                                4096) == 250

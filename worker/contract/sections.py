@@ -17,15 +17,19 @@ import re
 from typing import Any, Callable, Literal
 
 from worker.contract.fields import check_fields
+from worker.contract.periods import A_ROW, ENDS_A_CALL, NEXT_CALL_END
 from worker.contract.tasks import BUILTIN_TASKS  # also read as sections.BUILTIN_TASKS
 
 MISSING = dataclasses.MISSING
 Check = Callable[[Any], "str | None"]
 
 
-def setting(default: Any = MISSING, *, check: Check | None = None, doc: str = ""):
-    """A spec field: its default (MISSING = required), a value check and a doc line."""
-    kwargs: dict[str, Any] = {"metadata": {"check": check, "doc": doc}}
+def setting(default: Any = MISSING, *, check: Check | None = None, doc: str = "",
+            period: str | None = None):
+    """A spec field: its default (MISSING = required), a value check, a doc line and, for a
+    number of steps that times the loop's work, what that asks of the device calls
+    (``worker.contract.periods``)."""
+    kwargs: dict[str, Any] = {"metadata": {"check": check, "doc": doc, "period": period}}
     if isinstance(default, (dict, list)):
         kwargs["default_factory"] = (lambda d=default: type(d)(d))
     elif default is not MISSING:
@@ -231,7 +235,7 @@ class Optimizer(_Section):
 class Train(_Section):
     """``train``: the schedule and the step (``worker.trainer.train``: pmap; ``worker.trainer.sharded``: jit)."""
 
-    num_steps: int = setting(check=positive, doc="optimizer steps to run")
+    num_steps: int = setting(check=positive, doc="optimizer steps to run", period=ENDS_A_CALL)
     global_batch_size: int = setting(check=positive,
                                      doc="examples per step over all devices; must divide by device_count")
     seed: int = setting(0, check=_seed, doc="seed of the parameter initialisation")
@@ -277,7 +281,7 @@ class Train(_Section):
 class Logging(_Section):
     """``logging``: progress lines, TensorBoard (process 0) and what a non-finite loss does."""
 
-    log_every_steps: int = setting(10, check=positive,
+    log_every_steps: int = setting(10, check=positive, period=A_ROW,
                                    doc="print progress and write TensorBoard scalars every N steps")
     tensorboard: bool = setting(True, doc="process 0 writes TensorBoard events and metrics.jsonl "
                                 "to <run dir>/tensorboard")
@@ -304,12 +308,12 @@ class Distributed(_Section):
 class Checkpoint(_Section):
     """``checkpoint``: what process 0 saves, how often, how many are kept (``worker.recovery.checkpoint``)."""
 
-    every_steps: int = setting(1000, check=non_negative,
+    every_steps: int = setting(1000, check=non_negative, period=ENDS_A_CALL,
                                doc="process 0 saves params, optimizer state, step and data position "
                                "every N steps and at the last step (0 = never)")
     keep: int = setting(3, check=in_range(1, 1000), doc="checkpoints kept (the newest)")
     local_every_steps: int = setting(
-        100, check=non_negative,
+        100, check=non_negative, period=NEXT_CALL_END,
         doc="every host also keeps the newest state in checkpoint.local_dir every N steps, "
         "no closer than 0.25 s apart (one process per host writes it; the copy off the devices on the step's path, the write in the background; the "
         "newest 2 kept); a restart resumes from the newest step any process or process 0's "

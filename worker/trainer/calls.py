@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 MAX_STEPS_PER_CALL = 1000
 # dispatched calls may wait this long in the devices' queue on TPU and GPU (worker.trainer.calls.InFlight)
@@ -48,21 +48,21 @@ def step_bytes(batch: dict, params: Any) -> int:
             + 3 * sum(int(np.asarray(leaf).nbytes) for leaf in jax.tree_util.tree_leaves(params)))
 
 
-def steps_per_call(setting: int | str, platform: str, num_steps: int, steps_done: int,
-                   checkpoint_every_steps: int, bytes_per_step: int) -> int:
+def steps_per_call(setting: int | str, platform: str, call_ends: Sequence[int],
+                   bytes_per_step: int) -> int:
     """``train.steps_per_call`` as the loop runs it.
 
     Args:
       setting: the spec's value, a number >= 1 or ``"auto"``.
       platform: the devices' platform (``jax.devices()[0].platform``: cpu, tpu, gpu).
-      num_steps: the run's last step.
-      steps_done: steps already done (a resumed run's checkpoint step; 0 for a new run).
-      checkpoint_every_steps: ``checkpoint.every_steps`` (0: no periodic checkpoints).
+      call_ends: steps at whose multiples a call must end: a resumed run's step (0 for a new
+        run) and every period that ends a call (``worker.contract.periods.ENDS_A_CALL``: the
+        run's last step, ``checkpoint.every_steps``; 0 stands for none).
       bytes_per_step: ``step_bytes``'s estimate.
 
     Returns:
-      A number of steps >= 1; for ``auto`` a divisor of ``num_steps``, ``steps_done`` and
-      ``checkpoint_every_steps`` (where not 0), at most ``MAX_STEPS_PER_CALL``.
+      A number of steps >= 1; for ``auto`` a divisor of every one of ``call_ends``, at most
+      ``MAX_STEPS_PER_CALL``.
     """
     if setting != "auto":
         return int(setting)
@@ -70,15 +70,18 @@ def steps_per_call(setting: int | str, platform: str, num_steps: int, steps_done
         return 1
     estimate_s = STEP_OVERHEAD_S + bytes_per_step / ASSUMED_BYTES_PER_S
     cap = max(1, min(MAX_STEPS_PER_CALL, int(CALL_TARGET_S / estimate_s)))
-    boundaries = math.gcd(num_steps, steps_done, checkpoint_every_steps)
+    boundaries = math.gcd(*call_ends)
+    if boundaries == 0:  # no call end asked for: the cap
+        return cap
     return next(k for k in range(min(cap, boundaries), 0, -1) if boundaries % k == 0)
 
 
-def metrics_every(steps_per_call: int, log_every_steps: int) -> int:
-    """Steps between the rows of metrics a call returns: every log step is a row's step
-    (call boundaries are multiples of ``steps_per_call``, log steps of ``log_every_steps``,
-    so both are multiples of their gcd), and no more rows than that."""
-    return math.gcd(steps_per_call, log_every_steps)
+def metrics_every(steps_per_call: int, *row_periods: int) -> int:
+    """Steps between the rows of metrics a call returns: every step of a period that is a
+    row (``worker.contract.periods.A_ROW``: the log steps) is a row's step (call boundaries
+    are multiples of ``steps_per_call``, each period's steps of it, so all are multiples of
+    their gcd), and no more rows than that."""
+    return math.gcd(steps_per_call, *row_periods)
 
 
 def in_flight(platform: str) -> tuple[int, float | None]:

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from worker import contract, tasks
-from worker.contract import job as jobs, wire
+from worker.contract import job as jobs, periods, wire
 from worker.contract.metrics import STEP_METRICS
 from worker.data import batches as datasets
 from worker.recovery import recovery
@@ -118,10 +118,12 @@ def begin(identity: contract.Identity, job: jobs.WorkerJob, out) -> Start:
             f"the checkpoint is at step {first_step - 1}, past train.num_steps {num_steps}: "
             f"nothing is left to train; resume with train.num_steps above {first_step - 1}, "
             "or start a new run")
-    k = calls.steps_per_call(job.train.steps_per_call, jax.devices()[0].platform, num_steps,
-                             first_step - 1, job.checkpoint.every_steps,
+    # the calls end where the settings' periods ask (the last step, the saves), rows of
+    # metrics fall where they ask (the log steps): worker.contract.periods
+    k = calls.steps_per_call(job.train.steps_per_call, jax.devices()[0].platform,
+                             [first_step - 1, *periods.steps(job, periods.ENDS_A_CALL)],
                              calls.step_bytes(sample, params))
-    every = calls.metrics_every(k, job.logging.log_every_steps)
+    every = calls.metrics_every(k, *periods.steps(job, periods.A_ROW))
     parallel = parallelism.of(job.train.parallelism, k, identity.num_processes,
                               identity.local_device_count)
     if (first_step - 1) % k:
