@@ -44,7 +44,6 @@ from harness import slurmenv  # noqa: E402
 from launcher import backends, spec as specs  # noqa: E402
 from launcher.proctl import free_port  # noqa: E402
 from worker import contract  # noqa: E402
-from worker.contract.job import WorkerJob  # noqa: E402
 
 STEP1 = re.compile(r"step 1/")
 ARGS = ("--set", "train.num_steps=200", "--set", "logging.log_every_steps=1",
@@ -132,7 +131,7 @@ def main() -> None:
                     "devices_per_process: 1\npoll_s: 0.2\n")
         job = specs.load(os.path.join(REPO, "jobs/linear.yaml"), cluster, ARGS[1::2], registry=backends)
         job_path = os.path.join(base, "job.json")
-        WorkerJob.from_spec_dict(job.to_dict()).to_json(job_path)
+        job.job_file().to_json(job_path)
         ratios, ours, hands = [], [], []
         for n in range(args.rounds):
             order = ("launch", "hand") if n % 4 in (0, 3) else ("hand", "launch")

@@ -39,7 +39,6 @@ from launcher import plan as planning  # noqa: E402
 from launcher import backends, spec as specs  # noqa: E402
 from launcher.backends.ssh import connection as ssh_connection  # noqa: E402
 from launcher.backends.ssh.session import SshSession  # noqa: E402
-from worker.contract.job import WorkerJob  # noqa: E402
 
 STEP1 = re.compile(r"^(?:\[p(\d+)[^\]]*\] )?step 1/", re.M)
 
@@ -107,7 +106,7 @@ def first_step_serial(base: str, env: sshenv.SshTestEnv, hosts: list, run: int) 
     run_dir = os.path.join(base, f"serial-{run}")
     os.makedirs(run_dir)
     job_path = os.path.join(run_dir, "job.json")
-    WorkerJob.from_spec_dict(job.to_dict()).to_json(job_path)
+    job.job_file().to_json(job_path)
     port = ssh_free_port()
     start = time.perf_counter()
     logs = []

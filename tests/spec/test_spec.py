@@ -236,7 +236,7 @@ def test_every_shipped_cluster_loads(path, tmp_path):
     # what the launcher writes for the workers (cli: job.json) reads back as the same job there
     from worker.contract.job import WorkerJob
 
-    worker_job = WorkerJob.from_spec_dict(job.to_dict())
+    worker_job = job.job_file()
     assert WorkerJob.from_dict(json.loads(json.dumps(worker_job.to_dict()))) == worker_job
     assert worker_job.train.global_batch_size % job.device_count == 0
 

@@ -99,9 +99,8 @@ def test_the_settings_declare_their_periods_and_a_new_period_ends_calls_with_no_
 
     from launcher import backends, spec as specs
     from worker.contract import periods, sections
-    from worker.contract.job import WorkerJob
 
-    job = WorkerJob.from_spec_dict(specs.load("jobs/linear.yaml", registry=backends).to_dict())
+    job = specs.load("jobs/linear.yaml", registry=backends).job_file()
     assert periods.of(job, periods.ENDS_A_CALL) == [
         (("train", "num_steps"), job.train.num_steps),
         (("checkpoint", "every_steps"), job.checkpoint.every_steps)]

@@ -55,18 +55,6 @@ class _JobFile(_Section):
         return job
 
     @classmethod
-    def from_spec_dict(cls, resolved: dict) -> "WorkerJob":
-        """Pick the worker's keys out of the launcher's ``JobSpec.to_dict()``.
-
-        Everything else in ``resolved`` (``cluster``, ``restarts``, ``program.argv``,
-        ...) is left out.
-
-        Raises:
-          ContractError: ``resolved`` lacks a key the worker needs.
-        """
-        return cls.from_dict(_pick(cls, resolved))
-
-    @classmethod
     def from_spec(cls, spec: Any) -> "WorkerJob":
         """This job file out of the launcher's typed spec (a ``launcher.spec`` job), its own
         section objects taken as they are: the spec's sections are this file's classes
@@ -187,17 +175,6 @@ def _build(cls, d: Any, prefix: str, problems: list):
         else:
             values[name] = d[name]
     return cls(**values) if ok else None
-
-
-def _pick(cls, resolved: Any) -> Any:
-    """The keys of dataclass ``cls`` (recursively) out of ``resolved``; others are dropped."""
-    if not isinstance(resolved, dict):
-        return resolved  # from_dict names it
-    hints = hints_of(cls)
-    return {name: (_pick(hints[name], resolved[name]) if dataclasses.is_dataclass(hints[name])
-                   else list(resolved[name]) if isinstance(resolved[name], tuple)  # as JSON has it
-                   else resolved[name])
-            for name in (field.name for field in dataclasses.fields(cls)) if name in resolved}
 
 
 def _as_read(value: Any) -> Any:
