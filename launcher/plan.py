@@ -250,7 +250,7 @@ def make_plan(job, placements, run_dir: str, coordinator_address: str) -> Plan:
                 argv=job.command(placement.python, run_dir, process_id),
                 log_path=log_path(run_dir, process_id), label=label, python=placement.python,
                 cwd=placement.cwd, program=job.user_command,
-                program_num_steps=job.num_steps if job.user_command else None,
+                program_num_steps=job.program_num_steps,
                 local_device_ids=placement.local_device_ids, run_dir=placement.run_dir,
                 unset=placement.unset))
     return Plan(job=job, run_dir=run_dir, coordinator_address=coordinator_address,
@@ -298,13 +298,11 @@ def restarts_text(policy) -> str:
 def describe(plan: Plan) -> str:
     """The ``--dry-run`` text: per process its host, id, env (secrets masked) and command."""
     job = plan.job
-    batch = (f"; global_batch_size {job.train.global_batch_size} "
-             f"= {job.per_device_batch_size} per device" if job.reads_data else "")
     lines = [
         f"job {job.name}: {plural(plan.num_processes, 'process')} x "
         f"{plural(job.local_device_count, 'device')} "
-        f"= device_count {job.device_count}{batch}",
-        *([job.epoch_text()] if job.reads_data else []),
+        f"= device_count {job.device_count}{job.batch_text}",
+        *job.data_lines,
         f"coordinator_address {plan.coordinator_address}",
         f"run directory {plan.run_dir}",
         restarts_text(job.restarts),

@@ -140,8 +140,8 @@ class Start:
             console.say(f"resuming with {plural(len(changes), 'changed setting')} (the earlier "
                         f"attempts' spec is kept as spec.before-attempt-{first}.yaml): "
                         + "; ".join(changes))
-        if job.reads_data:  # a program reads its own
-            console.say(job.epoch_text())
+        for line in job.data_lines:  # the epochs; a program reads its own
+            console.say(line)
         begin = restarts.Begin(first_attempt=first, resume=self.resume, began_at=launched_at,
                                adopted=adopted)
         return begin, Watchers([running, ledger.Written(run_dir, console.say), journal, record])

@@ -33,10 +33,8 @@ def check_fits_in_memory(spec, memory_bytes: int | None = None) -> None:
       SpecError: that exceeds 80% of the machine's memory (``memory_bytes``,
         default the physical memory from ``sysconf``).
     """
-    if not spec.reads_data:  # a program's memory is its own business
-        return
-    data = spec.data
-    if data.source != "synthetic":
+    data = spec.rows_in_memory  # synthetic rows; a file is memory-mapped, a program's its own
+    if data is None:
         return
     if memory_bytes is None:
         memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -31,8 +31,8 @@ class Trainer:
     """The built-in trainer's answers: every process runs podlaunch's worker over the
     spec's task, data, optimizer and train sections (``TrainerJobSpec``)."""
 
-    reads_data = True  # its workers read data: (the rows, in global batches)
     user_command = False  # every process runs podlaunch's worker, not the user's command
+    program_num_steps = None  # the steps a user's program says it will report: not one
     rendezvous = True  # its workers say their host's facts and take the coordinator's address
     working_directory = None  # the backend's own (the workdir); the task is found on PYTHONPATH
     synced_dirs = ()  # nothing of its own to sync (cluster.sync_dir is the cluster's)
@@ -43,6 +43,23 @@ class Trainer:
         return self.train.num_steps
 
     num_steps_key = "train.num_steps"  # the setting num_steps comes from
+
+    @property
+    def data_lines(self) -> tuple[str, ...]:
+        """What the launch says of the data before it starts: its epochs (``epoch_text``)."""
+        return (self.epoch_text(),)
+
+    @property
+    def batch_text(self) -> str:
+        """The dry run's words on the batch: ``; global_batch_size 64 = 16 per device``."""
+        return (f"; global_batch_size {self.train.global_batch_size} "
+                f"= {self.per_device_batch_size} per device")
+
+    @property
+    def rows_in_memory(self):
+        """The data section whose rows every worker makes and holds in memory
+        (``data.source: synthetic``), or None (a file's rows are memory-mapped)."""
+        return self.data if self.data.source == "synthetic" else None
 
     @property
     def uses_compilation_cache(self) -> bool:
@@ -116,8 +133,10 @@ class Program:
     ``program.dir``, and trains, reads data and saves checkpoints itself
     (``ProgramJobSpec``)."""
 
-    reads_data = False  # a program reads its own data
     user_command = True  # every process runs program.argv
+    data_lines = ()  # a program reads its own data
+    batch_text = ""  # and makes its own batches
+    rows_in_memory = None  # its memory is its own business
     rendezvous = False  # a program says no facts; a backend that needs them probes the hosts
 
     @property
@@ -138,6 +157,11 @@ class Program:
         return self.program.num_steps
 
     num_steps_key = "program.num_steps"  # the setting num_steps comes from
+
+    @property
+    def program_num_steps(self) -> int | None:
+        """The steps the program says it will report (``program.num_steps``), or None."""
+        return self.num_steps
     uses_compilation_cache = False  # a program runs its own JAX
     local_copies = False  # a program keeps its own checkpoints
     needs_coordinator = True  # a program calls jax.distributed.initialize itself
