@@ -260,10 +260,9 @@ class Train(_Section):
         "process's rows made global with jax.make_array_from_process_local_data; inside, the "
         "same per-device step under vmap with the axis name, so its pmean is one all-reduce that "
         "XLA's partitioner places (worker/trainer/sharded.py; JAX's recommended path, pmap being in "
-        "maintenance mode); auto: pmap, except jit with one device per process (a short step "
-        "ran 3 times faster at 2 x 1, as fast at 1 x 1) and for fused calls "
-        "(steps_per_call > 1) in one process (a lax.scan inside pmap ran up to 16 times "
-        "slower). Same params (rtol 1e-6) on every topology and backend; works with "
+        "maintenance mode); auto: pmap, except jit for fused calls (steps_per_call > 1) in one "
+        "process or with one device per process, where a lax.scan inside pmap ran up to 16 "
+        "times slower. Same params (rtol 1e-6) on every topology and backend; works with "
         "steps_per_call, checkpoints, restarts and the non-finite check. Speed: see "
         "docs/benchmarks.md")
     compilation_cache: bool = setting(

@@ -43,23 +43,20 @@ def of(name: str, steps_per_call: int = 1, num_processes: int = 1,
        local_device_count: int = 1) -> Parallelism:
     """The ``Parallelism`` named by ``train.parallelism``.
 
-    ``auto`` is pmap (the seed's step) except with one device per process, and for fused
-    calls (``steps_per_call`` > 1) in one process, where it is jit. With one device per
-    process a call's host work under a multi-process pmap (not compiled ahead: its lowering
-    takes each process's arrays as the whole) is the short step's cost: at one step a call
-    on CPU devices jit ran 3.0x pmap's steps/s at 2 x 1 (1,820 against 603, idle machine;
-    2.4x under load) and 1.06x at 1 x 1 (29.3k against 27.7k idle, 1.7-2.0x under load;
-    docs/benchmarks.md).
-    A ``lax.scan`` inside ``pmap`` ran 1.05-16 times slower than under jit on CPU devices (16x
-    at 1 x 1 and k = 1,000, 1.9x at 1 x 4 and k = 100), while with several processes of
-    several devices each pmap was ahead (2 x 2, k = 100: jit 0.70x).
+    ``auto`` is pmap (the seed's step) except for fused calls (``steps_per_call`` > 1) in one
+    process or with one device per process, where it is jit: there a ``lax.scan`` inside
+    ``pmap`` ran 1.05-16 times slower than under jit on CPU devices (16x at 1 x 1 and
+    k = 1,000, 1.9x at 1 x 4 and k = 100), while with several processes of several devices
+    each pmap was ahead (2 x 2, k = 100: jit 0.70x; docs/benchmarks.md). With one device per
+    process at one step a call jit ran 3.0x pmap at 2 x 1, but XProf's overview page finds no
+    steps in a jit trace on CPU devices, so ``auto`` keeps pmap there.
 
     Raises:
       ValueError: not ``auto``, ``pmap`` or ``jit`` (the spec and job.json refuse others first).
     """
     if name == "auto":
-        jit = local_device_count == 1 or (steps_per_call > 1 and num_processes == 1)
-        name = "jit" if jit else "pmap"
+        fused_alone = steps_per_call > 1 and (num_processes == 1 or local_device_count == 1)
+        name = "jit" if fused_alone else "pmap"
     if name == "pmap":
         from worker.trainer import train as module
         description = ""
