@@ -14,7 +14,10 @@ from __future__ import annotations
 import importlib
 import os
 
-# name -> (module under launcher.commands, its arguments, what --help says of it)
+# name -> (module under launcher.commands, its arguments, what --help says of it); the
+# arguments are the parser's (launcher.commands.usage_doc.listed: --root DIR left out), kept
+# here for launch --help, which imports no command module, and checked against it
+# (tests/fitness/test_usage_doc.py)
 COMMANDS = {
     "runs": ("runs", "[JOB]", "past and running runs, newest first (a running one's step, "
                               "loss, ETA, goodput so far and whether its supervisor is alive)"),
@@ -26,15 +29,16 @@ COMMANDS = {
                               "supervisor was killed is taken back first (any backend)"),
     "wait": ("wait", "RUN [--timeout S]", "wait for a run to end: its exit code, 124 "
                                           "at the timeout"),
-    "stop": ("stop", "RUN", "stop a running run as Ctrl-C does (an agreed step saved) and "
+    "stop": ("stop", "RUN [--timeout S]", "stop a running run as Ctrl-C does (an agreed step saved) and "
                             "return once every process is gone"),
-    "tensorboard": ("tensorboard", "[JOB | RUN_DIR]", "serve the TensorBoard of every run "
+    "tensorboard": ("tensorboard", "[JOB | RUN_DIR] [--host HOST] [--port PORT] "
+                    "[--startup-timeout-s SECONDS]", "serve the TensorBoard of every run "
                                    "of a job (default: the newest run's), or of one run"),
     "why": ("why", "RUN [--attempt N]", "why each failed attempt of a run failed: the "
                                          "launcher's verdict and the last lines of the "
                                          "process that failed first"),
-    "stacks": ("stacks", "RUN", "every process's stacks of a live run"),
-    "profile": ("profile", "RUN [--steps N]", "trace N steps of every process of a live run"),
+    "stacks": ("stacks", "RUN [--timeout-s SECONDS]", "every process's stacks of a live run"),
+    "profile": ("profile", "RUN [--steps N] [--timeout-s SECONDS]", "trace N steps of every process of a live run"),
 }
 
 
@@ -55,6 +59,15 @@ def run(name: str, argv: list) -> int:
     module = importlib.import_module(f"launcher.commands.{COMMANDS[name][0]}")
     main = getattr(module, f"{name}_main", None) or module.main
     return main(argv)
+
+
+def parser_of(name: str):
+    """Command ``name``'s ``argparse.ArgumentParser``, where its usage is written once: its
+    module's ``<name>_parser`` (where one module serves two) or ``parser``; ``launch`` is the
+    job's own (``launch.py``). ``launcher.commands.usage_doc`` reads the usage from it."""
+    module = importlib.import_module(
+        f"launcher.commands.{COMMANDS[name][0] if name in COMMANDS else name}")
+    return (getattr(module, f"{name}_parser", None) or module.parser)()
 
 
 def mistyped(word: str) -> str | None:

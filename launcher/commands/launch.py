@@ -33,12 +33,13 @@ from launcher.rundir.watcher import Ending
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch", usage="launch JOB.yaml [options]\n       launch COMMAND [args]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run one JAX data-parallel training job on the cluster its spec names.",
-        epilog="commands (`launch COMMAND --help` for each):\n" + commands.listing() + "\n"
+        epilog="commands (`launch COMMAND --help` for each; each also takes --root DIR, the "
+               "folder of runs it looks in):\n" + commands.listing() + "\n"
                "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted "
                "(Ctrl-C, SIGTERM, SIGHUP)")
     parser.add_argument("--version", action=_Version, help="print podlaunch's version and exit")
@@ -172,7 +173,7 @@ def _arguments(argv: list) -> tuple:
     """
     if argv[:1] == ["--adopt"]:
         argv = adopt.command(argv)
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     flags.check(("--status-every", args.status_every, flags.seconds_or_never,
                  "how often to print the progress line when stdout is not a terminal"))
     if args.detach and args.dry_run:

@@ -30,7 +30,7 @@ POLL_S = 0.2
 ATTACH_TAIL = 20  # lines of the past that attach shows first
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
+def parser(prog: str = "logs") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"launch {prog}", description=commands.described(prog))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
                         "lists, or a job's name (its newest run)")
@@ -42,7 +42,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         parser.add_argument("-t", "--timestamps", action="store_true",
                             help="lead each line with the UTC time it was written "
                                  "(2026-12-06T07:30:01.123Z)")
-    parser.add_argument("--root", default=None, help=names.ROOT_HELP)
+    parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
     return parser
 
 
@@ -113,7 +113,7 @@ def main(argv: list) -> int:
     Raises:
       SpecError: no such run or log (exit 2), at once.
     """
-    args = _parser("logs").parse_args(argv)
+    args = parser("logs").parse_args(argv)
     run_dir = names.resolve(args.run, args.root)
     path = log_file(run_dir, args.process)
     if args.follow:
@@ -139,6 +139,11 @@ def _open_log(path: str):
         raise SpecError([Problem("RUN", None, "", exc.strerror or str(exc))]) from None
 
 
+def attach_parser() -> argparse.ArgumentParser:
+    """``launch attach``'s parser (``parser``'s for ``logs``)."""
+    return parser("attach")
+
+
 def attach_main(argv: list) -> int:
     """``launch attach``: the run's exit code, or 0 after Ctrl-C (the run goes on). A detached
     run whose supervisor was killed is taken back first (``launcher.run.adopt``).
@@ -146,7 +151,7 @@ def attach_main(argv: list) -> int:
     Raises:
       SpecError: no such run, it has ended, or it cannot be taken back (exit 2), at once.
     """
-    args = _parser("attach").parse_args(argv)
+    args = parser("attach").parse_args(argv)
     run_dir = names.resolve(args.run, args.root)
     value, alive = names.state(run_dir)
     handed: list = []  # where the supervisor that took the run back left this terminal

@@ -29,14 +29,14 @@ from launcher.spec import schema
 from worker.contract import runfiles, sections
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch profile", description=commands.described("profile"))
     parser.add_argument("run_dir", metavar="RUN", help="the live run: its directory, a name "
                         "`launch runs` lists, or a job's name (its newest run)")
-    parser.add_argument("--root", default=None, help=names.ROOT_HELP)
-    parser.add_argument("--steps", type=int, default=None,
+    parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
+    parser.add_argument("--steps", type=int, metavar="N", default=None,
                         help="steps to trace (default: the job's profile.num_steps, 5 unless set)")
-    parser.add_argument("--timeout-s", type=float, default=60.0,
+    parser.add_argument("--timeout-s", type=float, metavar="SECONDS", default=60.0,
                         help="how long to wait for every process's trace (default 60)")
     return parser
 
@@ -63,7 +63,7 @@ def main(argv: list) -> int:
         nothing was asked.
       LaunchError: not every trace came within ``--timeout-s`` (exit 1).
     """
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for every trace"))
     if args.steps is not None:  # bad input is said before the run is looked for
         _num_steps("", args.steps)

@@ -44,13 +44,13 @@ def table(found: list) -> str:
                      for row in [header] + rows)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch runs",
         description="List past runs (job, started, state, attempts, steps, final loss, duration, "
                     "goodput, failed attempts by class, devices, run dir), newest first.")
     parser.add_argument("job", metavar="JOB", nargs="?", help="only this job's runs (its name)")
-    parser.add_argument("--root", default=None,
+    parser.add_argument("--root", metavar="DIR", default=None,
                         help="only the runs under this folder (default: runs/ here, as launch "
                              "makes them: runs/<job>/<time>, and every run you started anywhere)")
     return parser
@@ -62,7 +62,7 @@ def main(argv: list) -> int:
     Raises:
       SpecError: JOB has no runs under the root (exit 2), naming the jobs that do.
     """
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     found = find(args.root or "runs", args.job, indexed=args.root is None)
     if not found:
         root = os.path.abspath(args.root or "runs")

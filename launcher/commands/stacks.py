@@ -21,12 +21,12 @@ from launcher.errors import LaunchError
 from launcher.run import stacks
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch stacks", description=commands.described("stacks"))
     parser.add_argument("run_dir", metavar="RUN", help="the live run: its directory, a name "
                         "`launch runs` lists, or a job's name (its newest run)")
-    parser.add_argument("--root", default=None, help=names.ROOT_HELP)
-    parser.add_argument("--timeout-s", type=float, default=15.0,
+    parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
+    parser.add_argument("--timeout-s", type=float, metavar="SECONDS", default=15.0,
                         help="how long to wait for the launcher's answer (default 15)")
     return parser
 
@@ -39,7 +39,7 @@ def main(argv: list) -> int:
         with a live launcher on this machine (exit 2); nothing was asked.
       LaunchError: the launcher did not answer within ``--timeout-s`` (exit 1).
     """
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for the answer"))
     run_dir = names.resolve(args.run_dir, args.root)  # as logs, attach, wait and stop do
     launcher, proven = live_launcher(run_dir, "launch stacks")

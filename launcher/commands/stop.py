@@ -28,14 +28,14 @@ from worker.contract import runfiles
 POLL_S = 0.1
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch stop", description=commands.described("stop"))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
                         "lists, or a job's name (its newest run)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="how long to wait for every process to be gone (default 300: the "
                              "agreed step's save included)")
-    parser.add_argument("--root", default=None, help=names.ROOT_HELP)
+    parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
     return parser
 
 
@@ -58,7 +58,7 @@ def main(argv: list) -> int:
       SpecError: no such run, or it is not running (exit 2), at once.
       LaunchError: processes still alive at the timeout, named (exit 1).
     """
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     flags.check(("--timeout", args.timeout, flags.seconds, "how long to wait for every process "
                  "to be gone"))
     run_dir = names.resolve(args.run, args.root)

@@ -43,7 +43,7 @@ NAME_KEYS = 3  # differing settings named in a run's name, at most
 NAME_BYTES = 200
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch tensorboard",
         description="Serve the TensorBoard of every run of a job, or of one run, on a free port and "
@@ -53,11 +53,11 @@ def _parser() -> argparse.ArgumentParser:
                              "time and the settings it differs in), a run directory (that run), or "
                              "any directory of event files, e.g. runs/ (as it is); default: every "
                              "run of the newest run's job")
-    parser.add_argument("--root", default="runs", help="where runs are (default runs/)")
+    parser.add_argument("--root", metavar="DIR", default="runs", help="where runs are (default runs/)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1; 0.0.0.0 serves every interface)")
     parser.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
-    parser.add_argument("--startup-timeout-s", type=float, default=60.0,
+    parser.add_argument("--startup-timeout-s", type=float, metavar="SECONDS", default=60.0,
                         help="wait this long for the server to answer before giving up")
     return parser
 
@@ -251,7 +251,7 @@ def main(argv: list[str]) -> int:
       LaunchError: TensorBoard is not installed, or did not start, or no TCP socket can be
         opened or ``--host`` cannot be reached from here (exit 1).
     """
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     flags.check(("--port", args.port, flags.port, "the port to serve on"),
                 ("--startup-timeout-s", args.startup_timeout_s, flags.seconds,
                  "how long to wait for the server to answer"))

@@ -21,13 +21,13 @@ POLL_S = 0.2
 HANDOVER_S = 10.0  # how long a detached run's free lock is waited on for a take-back
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch wait", description=commands.described("wait"))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
                         "lists, or a job's name (its newest run)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="give up after S seconds with exit code 124 (default: no limit)")
-    parser.add_argument("--root", default=None, help=names.ROOT_HELP)
+    parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
     return parser
 
 
@@ -37,7 +37,7 @@ def main(argv: list) -> int:
     Raises:
       SpecError: no such run, or ``--timeout`` not a number of seconds > 0 (exit 2), at once.
     """
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.timeout is not None:  # -3, nan, inf: said, not waited on
         flags.check(("--timeout", args.timeout, flags.seconds, "how long to wait for the run's end"))
     run_dir = names.resolve(args.run, args.root)

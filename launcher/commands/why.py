@@ -25,13 +25,13 @@ VERDICT = re.compile(r"^(?:podlaunch: )?(attempt (?P<attempt>\d+)(?: \([^)]*\))?
 TAIL_LINES = 12
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch why", description=commands.described("why"))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
                         "lists, or a job's name (its newest run)")
     parser.add_argument("--attempt", type=int, default=None, metavar="N",
                         help="only attempt N (default: every failed attempt)")
-    parser.add_argument("--root", default=None, help=names.ROOT_HELP)
+    parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
     return parser
 
 
@@ -77,7 +77,7 @@ def main(argv: list) -> int:
     Raises:
       SpecError: no such run, another user's, or no attempt ``--attempt`` that failed (exit 2).
     """
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     run_dir = names.resolve(args.run, args.root)
     owned.check_dir(run_dir, "RUN")
     found = failures(run_dir)
