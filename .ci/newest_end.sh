@@ -25,9 +25,9 @@ echo "newest end: venv ready in $((SECONDS - started)) s"
 
 # What the newest Python and jax can break, not the whole suite again (it ran the fast
 # tests, 865 of them, in 860 s beside the oldest end: the largest share of CI's time): the
-# worker's parts (tests/trainer: jax's API, the step, the data, checkpoints), every module
+# worker's parts (tests/worker: jax's API, the step, the data, checkpoints), every module
 # imported and its floors (tests/fitness), the version rules (tests/spec/test_versions.py),
-# the profiler's requests (tests/run/test_profile.py), then real runs end to end: the main
+# the profiler's requests (tests/commands/test_profile.py), then real runs end to end: the main
 # job with TensorBoard read back, a 2 x 2 run's every tag, a worker killed and the run
 # resumed from its checkpoint, a re-run loading what the first compiled (the compilation
 # cache), a live profile, and four hosts over sshd equal to single-host mode.
@@ -36,12 +36,12 @@ echo "newest end: venv ready in $((SECONDS - started)) s"
 # PYTEST_XDIST_WORKER=gw7: the sshd port range of a worker the oldest end (three workers,
 # gw0 to gw2, running at the same time) does not have (tests/harness/sshenv.py FIRST_PORT)
 "$venv/bin/python" -m pytest -q -rs --timeout=300 -p no:cacheprovider -m "not slow" \
-  tests/trainer tests/fitness tests/spec/test_versions.py tests/run/test_profile.py
+  tests/worker tests/fitness tests/spec/test_versions.py tests/commands/test_profile.py
 PYTEST_XDIST_WORKER=gw7 "$venv/bin/python" -m pytest -q -rs --timeout=300 -p no:cacheprovider \
   "tests/backends/local/test_local_run.py::test_main_job_trains_and_logs_to_tensorboard" \
   "tests/console/test_monitoring.py::test_a_2x2_run_logs_every_tag_and_per_process_curve_and_matching_metrics_jsonl" \
   "tests/run/test_restart.py::test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run" \
   "tests/run/test_restart.py::test_a_rerun_of_a_job_loads_what_the_earlier_run_compiled" \
-  "tests/run/test_profile.py::test_launch_profile_on_a_live_run_traces_every_process_and_changes_no_param" \
+  "tests/commands/test_profile.py::test_launch_profile_on_a_live_run_traces_every_process_and_changes_no_param" \
   "tests/backends/ssh/test_ssh.py::test_four_hosts_match_single_host_debug_mode"
 echo "newest end: passed in $((SECONDS - started)) s"

@@ -1,10 +1,13 @@
 """The suite's floor plan.
 
 Folders by the product's rooms: ``spec/`` (loading and checking the spec, messages,
-versions), ``trainer/`` (the worker: contract, data, checkpoints, the step), ``run/``
-(supervision, restarts, the ledger, profiles, program jobs), ``console/`` (what the user
-sees: the first screen, the status line, the summary, next steps), ``commands/`` (the
-commands by run: detach, logs, tensorboard), ``backends/{local,ssh,tpu,slurm}/`` (single-host
+versions), ``worker/`` (the worker's parts, a folder each: ``contract/``, ``data/``,
+``trainer/``, ``recovery/``, ``runtime/``; and a program's helper), ``run/`` (supervision,
+failure classes, restarts, interrupts, notices), ``rundir/`` (the run directory's files: the
+journal, the ledger, the lock, what is trusted in it, a resume's changes), ``console/`` (what
+the user sees: the first screen, the status line, the summary, next steps), ``commands/``
+(the commands by run: detach, logs, stop, tensorboard, stacks, profile),
+``backends/{local,ssh,tpu,slurm}/`` (single-host
 runs, ...), ``fitness/`` (the house's own rules: the backend seam, the import floors, the
 settings table); ``harness/`` is the
 package the tests share (sshd hosts, a Slurm cluster, network namespaces, the fake gcloud,

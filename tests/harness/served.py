@@ -1,5 +1,5 @@
 """``launch tensorboard RUN`` as a user opens it: the profile plugin's answers over HTTP, and
-its page rendered by headless Chromium (tests/run/test_profile.py, the ssh profile test)."""
+its page rendered by headless Chromium (tests/commands/test_profile.py, the ssh profile test)."""
 
 from __future__ import annotations
 

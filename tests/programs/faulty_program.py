@@ -1,4 +1,4 @@
-"""A program job's program that fails on purpose (tests/run/test_program.py, and the trainer's
+"""A program job's program that fails on purpose (tests/worker/test_program.py, and the trainer's
 fault tests parametrized over both kinds of job: helpers.program_job).
 
     python faulty_program.py MODE PROCESS_ID STEP

@@ -1,5 +1,5 @@
 """A program job's program with its own checkpoints that stops for a preemption notice
-(``worker.program.stop_after`` and ``preempted``): tests/run/test_program.py.
+(``worker.program.stop_after`` and ``preempted``): tests/worker/test_program.py.
 
     python notice_program.py PROCESS_ID STEP
 

@@ -1,6 +1,6 @@
 """The built-in tasks' names and the arguments each takes, for checking ``task`` before anything
 starts (the functions themselves are ``worker.tasks.BUILTIN``: they import jax, this does not;
-``tests/trainer`` holds the two to each other).
+``tests/worker/contract/test_contract.py`` holds the two to each other).
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def test_killed_and_resumed_shuffled_run_sees_the_same_batches(tmp_path, uninter
     assert manifest["data"] == {"next_batch": 0, "num_batches": 4, "epoch": 10, "shuffle": True,
                                 "shuffle_seed": 11}, manifest
     # and --resume with another order is refused before anything starts (the checkpoint
-    # refuses it too: tests/trainer/test_checkpoint.py)
+    # refuses it too: tests/worker/recovery/test_checkpoint.py)
     again = launch("jobs/linear.yaml", *COMMON, "--resume", str(run_dir),
                    "--set", "data.shuffle_seed=12")
     assert again.returncode == 2, again.stdout[-3000:] + again.stderr
