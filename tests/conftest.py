@@ -32,6 +32,7 @@ Markers by what a test starts, set from its fixtures (so no test can forget its 
 runs without system services; ``.ci/run`` runs everything.
 """
 
+import atexit
 import fcntl
 import hashlib
 import inspect
@@ -53,8 +54,10 @@ from harness import helpers  # noqa: E402
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 # the user's podlaunch state (the key that seals detached runs' journals, the index of runs) in
 # a folder of this test process's own (0700, made here): the suite's runs never fill the
-# developer's `launch runs`, and every launch a test starts (helpers.env_for_tests) shares it
+# developer's `launch runs`, and every launch a test starts (helpers.env_for_tests) shares it;
+# removed when this process exits (no run of the suite leaves a folder behind)
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="podlaunch-test-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
 from harness.helpers import launch  # noqa: E402
 from harness.runs import params  # noqa: E402
 
@@ -162,7 +165,10 @@ def reference_run(tmp_path_factory):
     in the session, whichever pytest-xdist worker asks first: the others wait on its lock and
     read its run (each worker ran its own before, up to three runs of one reference)."""
     base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this session's
+    # this session's: an xdist worker's base is popen-gwN inside it. Not PYTEST_XDIST_WORKER,
+    # which .ci/newest_end.sh sets without xdist for its ports: the parent was then
+    # /tmp/pytest-of-USER itself, and a later session reused a reference an older tree ran
+    shared = base.parent if base.name.startswith("popen-gw") else base
 
     def get(*args: str):
         key = hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]
