@@ -85,6 +85,9 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{mark}: starts {words} (set from its fixtures)")
 
 
+SLURM_TESTS = os.path.join("tests", "backends", "slurm", "")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
@@ -98,6 +101,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, mark))
         if marks:
             item.add_marker(pytest.mark.slow)
+        # .ci/run collects the Slurm tests from their folder alone: one elsewhere never runs
+        if "slurm" in marks and SLURM_TESTS not in str(item.path):
+            raise pytest.UsageError(f"{item.nodeid} starts a Slurm cluster: put it under "
+                                    "tests/backends/slurm/, where .ci/run collects them")
 
 
 # ---- shared, session-scoped ---------------------------------------------------------

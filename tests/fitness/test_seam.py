@@ -308,3 +308,4 @@ def _subclasses(cls) -> set:
     for sub in cls.__subclasses__():
         found |= {sub} | _subclasses(sub)
     return found
+
