@@ -11,7 +11,7 @@ on a thread, in the persistent checkpoints' format (atomic rename, sha256), the 
 ``KEEP`` kept. In a data-parallel job every
 process holds the whole state, so any process's copy can restore every process: a restart
 resumes from the newest step that process 0's checkpoints or any process's local copy
-hold (``worker.recovery.checkpoint.restore_broadcast``), which also covers a host 0 that came back
+hold (``worker.recovery.broadcast.restore_broadcast``), which also covers a host 0 that came back
 with an empty disk.
 """
 

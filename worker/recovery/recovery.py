@@ -23,8 +23,8 @@ def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Call
 
     Computing the initial parameters op by op compiles each op (the PRNG's threefry twice):
     about 0.5 s of CPU per process, the same on every process. So process 0 computes them
-    and broadcasts them (``checkpoint.broadcast_exact``: bit for bit), and a resume restores
-    into zeros (``checkpoint.restore_broadcast``); the other processes take the shapes and
+    and broadcasts them (``broadcast.broadcast_exact``: bit for bit), and a resume restores
+    into zeros (``broadcast.restore_broadcast``); the other processes take the shapes and
     dtypes from ``jax.eval_shape``, which compiles nothing.
 
     Args:
@@ -43,7 +43,7 @@ def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Call
 
     if not identity.resume:
         return _from_process_0(identity.process_id, initial_state, zeros), 1
-    from worker.recovery import checkpoint
+    from worker.recovery import broadcast
 
     began = time.monotonic()
     template = zeros()
@@ -54,7 +54,7 @@ def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Call
         local = localtier.newest_here(job.checkpoint.local_dir, identity.run_dir,
                                       identity.process_id, jax.tree_util.tree_leaves(template),
                                       num_batches, order, warn=out)
-    state, step, source = checkpoint.restore_broadcast(identity.run_dir, identity.process_id,
+    state, step, source = broadcast.restore_broadcast(identity.run_dir, identity.process_id,
                                                        template, num_batches, warn=out,
                                                        order=order, local=local)
     if step:
@@ -66,14 +66,14 @@ def resume(identity: contract.Identity, job: jobs.WorkerJob, initial_state: Call
 
 def _from_process_0(process_id: int, initial_state: Callable[[], tuple], zeros: Callable[[], tuple]):
     """``initial_state()`` as process 0 computed it, on every process, bit for bit
-    (``checkpoint.broadcast_exact``; ``zeros()``: zeros of its shapes and dtypes, what the
+    (``broadcast.broadcast_exact``; ``zeros()``: zeros of its shapes and dtypes, what the
     others send)."""
     import jax
 
-    from worker.recovery import checkpoint
+    from worker.recovery import broadcast
 
     leaves, treedef = jax.tree_util.tree_flatten(initial_state() if process_id == 0 else zeros())
-    return jax.tree_util.tree_unflatten(treedef, checkpoint.broadcast_exact(leaves, process_id == 0))
+    return jax.tree_util.tree_unflatten(treedef, broadcast.broadcast_exact(leaves, process_id == 0))
 
 
 def local_tier(identity: contract.Identity, job: jobs.WorkerJob, num_batches: int, order: dict,
@@ -164,11 +164,11 @@ class Recovery:
 
     def save(self, step: int, params, opt_state) -> None:
         """Process 0: save ``step``'s checkpoint and say so (``wire.CheckpointSaved``)."""
-        from worker.recovery import checkpoint
+        from worker.recovery import broadcast
 
         with interrupts.held():  # a SIGTERM mid-save: the save and its line, then the exit
             began = time.monotonic()
-            path = checkpoint.save_replicated(self.identity.run_dir, step, params, opt_state,
+            path = broadcast.save_replicated(self.identity.run_dir, step, params, opt_state,
                                               self.num_batches, self.keep, self.order,
                                               self.unreplicate)
             self.saved_step, self.save_s = step, time.monotonic() - began

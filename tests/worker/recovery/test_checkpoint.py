@@ -316,7 +316,7 @@ jax.distributed.shutdown()
 
 @pytest.mark.slow
 def test_the_initial_state_and_a_restore_reach_every_process_bit_for_bit():
-    """``worker.recovery.recovery``'s broadcast of process 0's initial state (``checkpoint.
+    """``worker.recovery.recovery``'s broadcast of process 0's initial state (``broadcast.
     broadcast_exact``, also the restore's), in two real JAX processes over gloo: every leaf
     arrives with its bytes, dtype and shape, including what a sum with zeros (the plain
     ``broadcast_one_to_all``) loses: -0.0, subnormal floats (flushed to +0.0 there), a NaN's
