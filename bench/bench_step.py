@@ -48,7 +48,7 @@ sys.path.insert(0, REPO)
 
 from launcher import logtimes  # noqa: E402  (after the path is set)
 from launcher.proctl import free_port  # noqa: E402
-from launcher.state import ProcessStats  # noqa: E402
+from launcher.stats import ProcessStats  # noqa: E402
 
 SHAPES = {  # name: (global batch = rows, features)
     "seed": (256, 4),

@@ -33,7 +33,8 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 from harness.fakes import process_plan  # noqa: E402
 from launcher.console import Console  # noqa: E402
 from launcher.run import supervise as supervision  # noqa: E402
-from launcher.state import Exited, Killed, Watchdog  # noqa: E402
+from launcher.ends import Exited, Killed  # noqa: E402
+from launcher.state import Watchdog  # noqa: E402
 from worker.contract import wire  # noqa: E402
 
 

@@ -38,8 +38,8 @@ import resource  # loaded with the launcher: under EMFILE its import would fail
 import signal
 
 from launcher.console import explain
-from launcher.state import (EndedEarly, Exit, Exited, Final, Killed, Lost, Preempted, Result,
-                            Stalled, State, Tracked)
+from launcher.ends import EndedEarly, Exit, Exited, Final, Killed, Lost, Preempted, Stalled
+from launcher.state import Result, State, Tracked
 from worker import contract
 from worker.contract import causes, wire
 from worker.contract import notice

@@ -4,7 +4,7 @@ Goodput is the share of a run's wall time that trained the model forward; the re
 badput, split the way Google's ml-goodput-measurement splits it (initialization, program
 startup, compilation, checkpoint save and restore, progress lost to a disruption,
 recovery), but read from what the launcher already has: its own clock at each stage of
-an attempt, and the arrival time of each worker line (``state.ProcessStats``), plus the
+an attempt, and the arrival time of each worker line (``launcher.stats.ProcessStats``), plus the
 seconds the workers say their checkpoint saves and restores took. Nothing is added to a
 step.
 

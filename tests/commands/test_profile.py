@@ -28,7 +28,7 @@ from launcher.errors import SpecError
 from launcher.run import profiles
 from launcher.backends.ssh import fetches as ssh_fetches
 from launcher.run import supervise as supervision
-from launcher.state import Exited
+from launcher.ends import Exited
 from launcher.stats import ProcessStats
 from worker.contract import wire
 from worker.contract import profiling, sections

@@ -34,7 +34,8 @@ from launcher.run import supervise as supervision
 from launcher.console import Console
 from launcher.errors import SpecError
 from launcher.run.classes import FailureClass, Verdict
-from launcher.state import Exited, Result, State
+from launcher.ends import Exited
+from launcher.state import Result, State
 from launcher.console.status import status_text
 from launcher.words import duration, plural
 from worker.contract import causes, wire

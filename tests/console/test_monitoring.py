@@ -27,7 +27,9 @@ from harness.helpers import (LAUNCH, REPO, custom_scalars_layout, env_for_tests,
 from launcher.errors import SpecError
 from launcher.plan import ProcessPlan
 from launcher.console import CLEAR_LINE, StatusLine
-from launcher.state import Exited, Killed, ProcessStats, Result, State, Tracked
+from launcher.ends import Exited, Killed
+from launcher.state import Result, State, Tracked
+from launcher.stats import ProcessStats
 from launcher.console.status import parse_show, status_text, summary
 from worker.contract import wire
 

@@ -48,7 +48,7 @@ FLOORS = (
                                "launcher.remote",
                                "launcher.ports")),
     ("spec", ("launcher.spec",)),
-    ("plan", ("launcher.plan", "launcher.stats", "launcher.state")),
+    ("plan", ("launcher.plan", "launcher.stats", "launcher.ends", "launcher.state")),
     ("console", ("launcher.console",)),
     ("run directory", ("launcher.rundir",)),
     ("backends", ("launcher.backends",)),

@@ -22,7 +22,7 @@ from launcher import plan as planning
 from launcher.backends.base import Reattach, Session
 from launcher.plan import Placement, ProcessPlan
 from launcher.spec import kinds
-from launcher.state import Exit, Killed
+from launcher.ends import Exit, Killed
 from worker.contract import profiling
 
 SETTLE_TIMEOUT_S = 5.0  # real seconds: a reader that takes longer is a bug in the test or the product

@@ -12,8 +12,8 @@ from launcher import backends
 from launcher import spec as specs
 from launcher.run import classes
 from launcher.run.classes import FailureClass
-from launcher.state import (EndedEarly, Exited, Final, Killed, Lost, Preempted, Result, Stalled,
-                            State, Tracked)
+from launcher.ends import EndedEarly, Exited, Final, Killed, Lost, Preempted, Stalled
+from launcher.state import Result, State, Tracked
 from worker import contract
 
 # The last lines each cascade leaves, as jax 0.9 prints them (seen in this project's runs)

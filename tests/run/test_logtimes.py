@@ -15,7 +15,7 @@ from launcher.commands import logs as logs_command
 from launcher.console import Console, lines
 from launcher.console.status import summary
 from launcher.run import supervise as supervision
-from launcher.state import Exited
+from launcher.ends import Exited
 from worker.contract import wire
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ")  # UTC, milliseconds

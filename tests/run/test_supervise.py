@@ -25,7 +25,8 @@ from launcher.run import classes, restarts, stacks
 from launcher.run.classes import FailureClass
 from launcher.run import supervise as supervision
 from launcher.console import Console
-from launcher.state import Exited, Killed, Stalled, State, Watchdog
+from launcher.ends import Exited, Killed, Stalled
+from launcher.state import State, Watchdog
 from launcher.console.status import summary
 from worker import contract
 from worker.contract import wire

@@ -202,7 +202,7 @@ def _adopting(tmp_path, monkeypatch):
     from launcher.console import Console
     from launcher.run import restarts
     from launcher.run import supervise as supervision
-    from launcher.state import Exited
+    from launcher.ends import Exited
 
     clock = FakeClock()
     wall = types.SimpleNamespace(time=lambda: clock.now + WALL, monotonic=clock)

@@ -23,7 +23,7 @@ from launcher.run import restarts
 from launcher.rundir.watcher import Watchers
 from launcher.rundir import ledger
 from launcher.run import supervise as supervision
-from launcher.state import Exited, Killed
+from launcher.ends import Exited, Killed
 from worker.contract import wire
 
 STEP_TIME_S = 0.1  # every progress line's step_time_s

@@ -76,7 +76,8 @@ def test_library_texts_in_a_failed_tail_get_their_meaning(line, said):
 
 def test_the_summary_says_what_each_failed_process_s_library_text_means():
     from launcher.console import status
-    from launcher.state import Exited, Killed, Result, State, Tracked
+    from launcher.ends import Exited, Killed
+    from launcher.state import Result, State, Tracked
 
     def tracked(process_id, state, ended, tail):
         plan = type("P", (), {"process_id": process_id, "host": "h%d" % process_id,

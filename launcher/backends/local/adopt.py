@@ -24,7 +24,7 @@ from launcher.backends.local.worker import LocalWorker
 from launcher.errors import Problem, SpecError
 from launcher.plan import Plan, ProcessPlan, output_path
 from launcher.remote import tail, wrapper
-from launcher.state import Exit, Lost, exit_of
+from launcher.ends import Exit, Lost, exit_of
 from worker.contract import signals
 
 

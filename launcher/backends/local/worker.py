@@ -17,7 +17,7 @@ from launcher import proctl, remote
 from launcher.errors import LaunchError
 from launcher.plan import Plan, ProcessPlan
 from launcher.remote import tail, wrapper
-from launcher.state import Exit, exit_of
+from launcher.ends import Exit, exit_of
 from worker.contract import profiling, runfiles, signals
 
 HOST = "127.0.0.1"

@@ -35,7 +35,7 @@ from launcher.backends.slurm.commands import scrubbed
 from launcher.backends.slurm.workers import EOF_WAIT_S, SrunWorker
 from launcher.errors import LaunchError
 from launcher.remote import tail
-from launcher.state import Exit, Lost
+from launcher.ends import Exit, Lost
 from worker import contract
 from worker.contract import runfiles, wire
 

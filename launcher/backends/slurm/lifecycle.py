@@ -23,7 +23,7 @@ from typing import Callable
 
 from launcher.backends.slurm.commands import RESUBMIT, WAIT
 from launcher.errors import LaunchError
-from launcher.state import Exit, Exited, Final, Killed, Lost, Preempted
+from launcher.ends import Exit, Exited, Final, Killed, Lost, Preempted
 
 
 class Phase(enum.Enum):

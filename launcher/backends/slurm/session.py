@@ -32,7 +32,7 @@ from launcher.backends.slurm.filed import FiledWorker
 from launcher.backends.slurm.workers import SrunWorker, srun_argv
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
-from launcher.state import Exit, Lost
+from launcher.ends import Exit, Lost
 from launcher.words import plural
 from worker import contract
 from worker.contract import redact, runfiles

@@ -34,7 +34,7 @@ from launcher import proctl
 from launcher.backends.slurm.commands import Slurm, scrubbed
 from launcher.errors import LaunchError
 from launcher.plan import ProcessPlan
-from launcher.state import Exit, exit_of, Exited, Killed, Lost
+from launcher.ends import Exit, exit_of, Exited, Killed, Lost
 from worker import contract
 
 # srun's own report of how its task ended: "srun: error: n2: task 0: Killed"

@@ -35,7 +35,7 @@ from launcher.backends.ssh.preflight import state_dir
 from launcher.backends.ssh.settings import SshSettings
 from launcher.errors import LaunchError
 from launcher.remote import follow, wrapper
-from launcher.state import Exit, exit_of, Exited, Lost
+from launcher.ends import Exit, exit_of, Exited, Lost
 from launcher.words import plural
 from worker.contract import profiling, signals
 

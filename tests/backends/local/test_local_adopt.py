@@ -13,7 +13,7 @@ from launcher import owned, proctl
 from launcher.backends.local import adopt as localadopt
 from launcher.plan import ProcessPlan
 from launcher.remote import wrapper
-from launcher.state import Exited, Lost
+from launcher.ends import Exited, Lost
 
 
 def _plan(run_dir) -> ProcessPlan:

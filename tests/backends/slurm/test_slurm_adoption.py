@@ -16,7 +16,7 @@ from launcher import plan as planning
 from launcher.backends.slurm import adoption, launches, script
 from launcher.backends.slurm.filed import FiledWorker, srun_path
 from launcher.errors import SpecError
-from launcher.state import Exited, Killed, Lost
+from launcher.ends import Exited, Killed, Lost
 
 NAME = "podlaunch.linear"
 PREFIX = f"{NAME}.abc."

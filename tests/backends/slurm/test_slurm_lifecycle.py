@@ -11,7 +11,7 @@ from harness.fakes import FakeClock
 from launcher.backends.slurm import lifecycle
 from launcher.backends.slurm.lifecycle import JobLifecycle, Phase
 from launcher.errors import LaunchError
-from launcher.state import Exited, Final, Killed, Lost, Preempted
+from launcher.ends import Exited, Final, Killed, Lost, Preempted
 
 
 def job(state: str, **fields) -> dict:

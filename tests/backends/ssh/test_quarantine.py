@@ -16,7 +16,8 @@ from launcher.backends.ssh import spares
 from launcher.backends.ssh.session import SshSession
 from launcher.backends.ssh.settings import SshHost
 from launcher.run.classes import FailureClass, Verdict
-from launcher.state import Exited, Result, State, Tracked
+from launcher.ends import Exited
+from launcher.state import Result, State, Tracked
 from launcher.stats import ProcessStats
 
 
