@@ -48,7 +48,7 @@ import sys
 import time
 
 from worker import contract
-from worker.contract import causes, wire
+from worker.contract import causes, signals, wire
 from worker.contract import job as jobs
 from worker.runtime import interrupts
 
@@ -99,7 +99,7 @@ def _terminated(signum: int) -> None:
     # process 0 holds and exits at once, skipping JAX's shutdown barrier (it would wait
     # minutes for peers that are gone). Writing from the handler instead could deadlock on
     # a lock the interrupted code holds (the TensorBoard writer's, a file's).
-    _state["terminated"], _state["exit_code"] = True, interrupts.exit_code(signum)
+    _state["terminated"], _state["exit_code"] = True, signals.exit_code(signum)
 
 
 def initialize(num_steps: int | None = None):
@@ -161,7 +161,7 @@ def _at_exit() -> None:
     which would wait for peers that are waiting for this process in a collective."""
     # exiting already: a TERM now ends the process at once (a SystemExit raised in an atexit
     # hook is only printed, and the next hook is JAX's shutdown barrier)
-    signal.signal(signal.SIGTERM, lambda signum, frame: _exit_now(interrupts.exit_code(signum)))
+    signal.signal(signal.SIGTERM, lambda signum, frame: _exit_now(signals.exit_code(signum)))
     if _state.get("notice") is not None:  # its watcher out of JAX's client before JAX's shutdown
         _state["notice"].close()
     reporter = _state.get("reporter")
@@ -169,7 +169,7 @@ def _at_exit() -> None:
              and not _state.get("done"))
     if _state.get("terminated"):
         _close(wait_s=0.5)
-        _exit_now(_state.get("exit_code", interrupts.exit_code(signal.SIGTERM)))
+        _exit_now(_state.get("exit_code", signals.exit_code(signal.SIGTERM)))
     _close(wait_s=0.5 if early else 60.0)
     if early:
         code = _state.get("exit_code", 0)
@@ -345,7 +345,7 @@ def stop_after(step: int) -> bool:
             return True
         return False
     print(notice.line(), flush=True)
-    _state["terminated"], _state["exit_code"] = True, interrupts.exit_code(signal.SIGTERM)
+    _state["terminated"], _state["exit_code"] = True, signals.exit_code(signal.SIGTERM)
     raise SystemExit(_state["exit_code"])
 
 
@@ -370,7 +370,7 @@ def preempted() -> None:
     notice = _state.get("notice")
     if notice is not None:
         notice.leave()
-    _exit_now(interrupts.exit_code(signal.SIGTERM))
+    _exit_now(signals.exit_code(signal.SIGTERM))
 
 
 def done() -> None:

@@ -25,7 +25,6 @@ from launcher.rundir.asked import answers, ask, live_launcher, print_answer
 from launcher.words import plural
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import profiles
-from launcher.spec import schema
 from worker.contract import runfiles, sections
 
 
@@ -48,7 +47,7 @@ def _num_steps(run_dir: str, steps: int | None) -> int:
             steps = int(job["profile"]["num_steps"])  # its profile section
         except (OSError, ValueError, KeyError, TypeError, RecursionError):
             steps = sections.Profile().num_steps
-    problem = schema.in_range(1, 10000)(steps)
+    problem = sections.in_range(1, 10000)(steps)
     if problem:
         raise SpecError([Problem("--steps", None, "", f"{problem}: the number of steps to trace")])
     return steps

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from launcher.spec.schema import positive, setting
+from worker.contract.sections import positive, setting
 
 
 def _webhook(value: str | None) -> str | None:

@@ -14,14 +14,13 @@ import math
 import re
 import types
 import typing
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from launcher.errors import Problem
 from launcher.spec.yamlio import dotted, secret_path
-# the job's sections and their checks are the worker's too (worker.contract.sections): declared once
-from worker.contract.sections import (LOCAL_PATH, MISSING, NUMBER_MAX, SEED_MAX, Check,  # noqa: F401
-                             allows, identifier, in_range, index, non_negative, positive, seed,
-                             setting)
+# the job's sections and their checks are the worker's too (worker.contract.sections): declared
+# once, and imported from there by every module that declares a setting
+from worker.contract.sections import MISSING, Check, allows, identifier
 
 
 # ---- checks: return None when fine, else "expected ..." -------------------

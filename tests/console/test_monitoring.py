@@ -184,7 +184,7 @@ def reference_norms(steps: int, lr: float = 0.1):
     """Full-batch gradient descent on the seed's data in float64: per step ‖g‖ and ‖params‖ after."""
     import jax
 
-    from worker.data.batches import synthetic_rows
+    from worker.data.sources import synthetic_rows
     from worker.tasks import init_linear
 
     x, y = (a.astype(np.float64) for a in synthetic_rows(1, 4, 1, 0.1, 0, 256))

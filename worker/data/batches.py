@@ -28,9 +28,8 @@ from typing import Callable
 import numpy as np
 
 from worker.contract import sections
-from worker.data.order import WEIGHT, Order, num_batches, per_device_rows  # noqa: F401  (re-exported)
-from worker.data.sources import (DataError, aligned_empty, open_source,  # noqa: F401
-                            synthetic_rows, synthetic_truth)
+from worker.data.order import WEIGHT, Order, per_device_rows
+from worker.data.sources import aligned_empty
 
 
 def make_order(data: sections.Data, num_rows: int, global_batch_size: int) -> Order:

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable
 
-from worker.contract.runfiles import local_tier_base as base_directory  # noqa: F401 (its callers')
+from worker.contract.runfiles import local_tier_base as base_directory
 from worker.recovery import checkpoint
 
 KEEP = 2  # the newest two: one may be being written when the process dies

@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from worker import contract
-from worker.contract import job as jobs, wire
+from worker.contract import job as jobs, runfiles, wire
 from worker.runtime import interrupts
 from worker.runtime.joining import client_of
 
@@ -84,7 +84,7 @@ def local_tier(identity: contract.Identity, job: jobs.WorkerJob, num_batches: in
         return None
     from worker.recovery import localtier
 
-    base = localtier.base_directory(job.checkpoint.local_dir, identity.run_dir)
+    base = runfiles.local_tier_base(job.checkpoint.local_dir, identity.run_dir)
     try:
         if not localtier.writes_copies(client_of(identity), identity.process_id,
                                        identity.num_processes, base, identity.attempt):

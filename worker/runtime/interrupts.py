@@ -26,7 +26,7 @@ import signal
 import sys
 from typing import Callable, Iterator
 
-from worker.contract.signals import STACKS_SIGNAL, exit_code  # noqa: F401 (exit_code: the loop's)
+from worker.contract.signals import STACKS_SIGNAL, exit_code
 
 _state: dict = {"depth": 0, "pending": None, "on_signal": None, "notice": None}
 

@@ -19,9 +19,10 @@ import jax
 import numpy as np
 
 from worker import contract, tasks
-from worker.contract import job as jobs, periods, wire
+from worker.contract import job as jobs, periods, signals, wire
 from worker.contract.metrics import STEP_METRICS
-from worker.data import batches as datasets
+from worker.data import batches as datasets, sources
+from worker.data.order import WEIGHT
 from worker.recovery import recovery
 from worker.runtime import interrupts
 from worker.runtime.compilecache import CompilationCache
@@ -90,7 +91,7 @@ def begin(identity: contract.Identity, job: jobs.WorkerJob, out) -> Start:
     num_steps, global_batch = job.train.num_steps, job.train.global_batch_size
     cache = CompilationCache(identity.compilation_cache_dir, identity.run_dir,
                              job.train.compilation_cache)
-    source = datasets.open_source(job.data, identity.run_dir)
+    source = sources.open_source(job.data, identity.run_dir)
     order = datasets.make_order(job.data, source.num_rows, global_batch)
     order_key = {"shuffle": job.data.shuffle, "shuffle_seed": job.data.shuffle_seed}
     task = tasks.resolve(job.task.name, job.task.args)
@@ -101,7 +102,7 @@ def begin(identity: contract.Identity, job: jobs.WorkerJob, out) -> Start:
                                local_devices, place=None, prefetch=job.data.prefetch)
     sample = batches.host_batch(0)  # shapes and dtypes (and an early check of the first rows)
     batches.close()
-    weights = sample.pop(datasets.WEIGHT, None)  # padded rows: devices that do not divide the batch
+    weights = sample.pop(WEIGHT, None)  # padded rows: devices that do not divide the batch
     y = sample.get("y")
     out_features = y.shape[-1] if y is not None and y.ndim == 3 else 1
     optimizer = make_optimizer(job.optimizer)
@@ -252,7 +253,7 @@ class Loop:
                 if notice is not None and not notice.may_dispatch(step):
                     if notice.stop_step is None:  # no agreement (a peer gone): stop at once,
                         out(notice.line())        # waiting on no device (finally: as before)
-                        raise SystemExit(interrupts.exit_code(signal.SIGTERM))
+                        raise SystemExit(signals.exit_code(signal.SIGTERM))
                     stopped = True  # every process stops after the agreed step
                     break
                 for action in before:
@@ -267,7 +268,7 @@ class Loop:
             if stopped:  # a SIGTERM now (the launcher's, seeing a peer end) cuts no save short
                 self.checkpoints.after_notice(notice, step - k, params, opt_state)
                 notice.leave()
-                raise SystemExit(interrupts.exit_code(signal.SIGTERM))
+                raise SystemExit(signals.exit_code(signal.SIGTERM))
         return params
 
     def finish(self, params) -> dict:

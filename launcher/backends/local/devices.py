@@ -29,7 +29,9 @@ from launcher.backends.base import ClusterSettings
 from launcher.console.lines import printable
 from launcher.words import plural
 from launcher.spec import schema
-from launcher.spec.schema import non_negative, port_or_zero, setting
+from worker.contract import sections
+from launcher.spec.schema import port_or_zero
+from worker.contract.sections import non_negative, setting
 
 TPU_DEVICE_PATHS = ("/dev/accel*", "/dev/vfio/*")
 GPU_DEVICE_PATHS = ("/dev/nvidia*",)
@@ -211,13 +213,13 @@ class LocalCluster(ClusterSettings):
         "(this machine's TPU chips), gpu (its GPUs) or auto (what JAX would pick: TPU chips if "
         "any, else GPUs, else the CPU; docs/tpu.md#on-one-tpu-vm)")
     num_processes: int | None = setting(
-        None, check=schema.in_range(1, 256),
+        None, check=sections.in_range(1, 256),
         doc="worker processes to start; null: 2 on cpu, 1 on tpu (every chip), one per GPU on "
         "gpu, or on either the chips found divided by devices_per_process where that is set. On "
         "a TPU VM several processes split the chips only in the shapes libtpu knows: 4 "
         "chips 1, 2 or 4 processes, 8 chips 1, 2 or 8")
     devices_per_process: int | None = setting(
-        None, check=schema.in_range(1, 256),
+        None, check=sections.in_range(1, 256),
         doc="devices each process sees; null: 2 on cpu (JAX_NUM_CPU_DEVICES), the chips or "
         "GPUs divided evenly among the processes")
     coordinator_port: int = setting(0, check=port_or_zero,

@@ -84,7 +84,7 @@ def numpy_gradient_descent(steps: int, lr: float, num_examples=256, in_features=
     """Plain full-batch gradient descent on the same data and init, in float64."""
     import jax
 
-    from worker.data.batches import synthetic_rows
+    from worker.data.sources import synthetic_rows
     from worker.tasks import init_linear
 
     x, y = synthetic_rows(data_seed, in_features, 1, noise_std, 0, num_examples)
