@@ -19,7 +19,7 @@ import os
 
 from launcher import ports, proctl
 from launcher.backends.local import adopt as localadopt, devices as localdevices, nvml
-from launcher.backends.local.devices import LocalCluster
+from launcher.backends.local.settings import LocalCluster
 from launcher.spec import checks
 from launcher.backends.base import Backend, Options, Session
 from launcher.backends.local.worker import HOST, start_all
