@@ -84,7 +84,11 @@ def test_worker_killed_at_step_k_restarts_and_matches_the_uninterrupted_run(tmp_
     # show them (attempt 0 logged up to its last step line; attempt 1 resumed from step 15)
     ledger = checked_ledger(run_dir)
     first, again = ledger["attempts"]
-    assert first["buckets_s"]["teardown"] > 0 and first["buckets_s"]["shutdown"] == 0
+    # the crash's end is teardown, never shutdown. A save is taken out of the stretch its line
+    # arrived in: on a loaded machine process 0's last save line came after its last progress
+    # line, and its seconds emptied the teardown (0.0 in a CI run beside two busy loops)
+    assert first["buckets_s"]["shutdown"] == 0
+    assert first["buckets_s"]["teardown"] + first["buckets_s"]["checkpoint"] > 0
     assert again["buckets_s"]["restore"] > 0 and again["resumed_step"] == 15
     logged = max(logged_steps(logs / f"process-00{i}.log") for i in range(2))
     assert again["steps_again"] == logged - 15 == ledger["run"]["steps_again"], ledger
