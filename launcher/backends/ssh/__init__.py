@@ -5,8 +5,8 @@ The package, by concern: ``settings`` (the ``cluster:`` dataclasses),
 ``connection`` (one host's connection, known_hosts policy, keepalive, short
 scripts, signalling), ``preflight`` (checks and the refusal table),
 ``transfer`` (SFTP), ``mirror`` (process 0's checkpoints), ``workers``
-(``SshWorker``), ``session`` (``SshSession`` and the ``SshHosts`` machinery the
-tpu backend shares). The programs run on the hosts are ``launcher.remote``.
+(``SshWorker``), ``runhosts`` (``SshHosts``, one run's hosts: the machinery the tpu
+backend shares), ``session`` (``SshSession``). The programs run on the hosts are ``launcher.remote``.
 
 Importing this package imports no SSH library (a spec is loaded through
 ``cluster_type``): fabric and paramiko come with ``SshBackend.session``.

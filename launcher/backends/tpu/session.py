@@ -19,7 +19,7 @@ from launcher import plan as planning
 from launcher import tpu_topology
 from launcher.backends.base import Session
 from launcher.backends.ssh import adoption, preflight
-from launcher.backends.ssh.session import SshHosts
+from launcher.backends.ssh.runhosts import SshHosts
 from launcher.backends.ssh.settings import SshHost
 from launcher.backends.tpu import discovery as discovering
 from launcher.backends.tpu import holders
