@@ -5,7 +5,7 @@ The package, by concern: ``settings`` (the ``cluster:`` dataclasses),
 ``connection`` (one host's connection, known_hosts policy, keepalive, short
 scripts, signalling), ``preflight`` (checks and the refusal table),
 ``transfer`` (SFTP), ``mirror`` (process 0's checkpoints), ``workers``
-(``SshWorker``), ``runhosts`` (``SshHosts``, one run's hosts: the machinery the tpu
+(``SshWorker``), ``starting`` (the fan-out), ``runhosts`` (``SshHosts``, one run's hosts: the machinery the tpu
 backend shares), ``session`` (``SshSession``). The programs run on the hosts are ``launcher.remote``.
 
 Importing this package imports no SSH library (a spec is loaded through

@@ -15,7 +15,8 @@ from launcher.backends.ssh import preflight as checks
 from launcher.backends.ssh.channels import GroupStates
 from launcher.backends.ssh.connection import Host
 from launcher.backends.ssh.settings import SshSettings
-from launcher.backends.ssh.workers import SshWorker, pid_file
+from launcher.backends.ssh.starting import pid_file
+from launcher.backends.ssh.workers import SshWorker
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.remote import follow, tail
 from worker import contract

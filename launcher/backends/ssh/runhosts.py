@@ -20,7 +20,7 @@ from launcher.backends.ssh import reach
 from launcher.backends.ssh.channels import HostChannels, close_all
 from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S
 from launcher.backends.ssh.settings import SshHost, SshSettings
-from launcher.backends.ssh.workers import start_all
+from launcher.backends.ssh.starting import start_all
 from launcher.words import plural
 from worker import contract
 
@@ -35,7 +35,7 @@ class SshHosts:
       counts: worker processes per host, same order.
       run_dir: the local run directory.
       console: where progress is reported.
-      detached: a detached run's: its workers outlive the supervisor (``workers.start_host``).
+      detached: a detached run's: its workers outlive the supervisor (``starting.start_host``).
     """
 
     def __init__(self, job, settings: SshSettings, specs: Sequence[SshHost],

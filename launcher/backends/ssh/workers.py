@@ -1,24 +1,16 @@
-"""Remote workers: start them on every host, stream their lines, signal their process groups.
+"""A remote worker as the launcher watches it: its lines streamed, its end read, its process
+group signalled (``SshWorker``); ``launcher.backends.ssh.starting`` starts them on every host.
 
-``ThreadingGroup.run`` joins every host (no fail-fast) and does not quote env
-values: each worker is its own channel, watched on its own, and every value
-goes through ``shlex.quote`` in a script fed to ``sh -s`` on stdin. The
-worker runs under ``launcher.remote.wrapper``, which makes it a process-group
-leader, records its pgid in a pid file and reports the exit in-band (paramiko
-drops sshd's ``exit-signal``). Channels come from ``channels.HostChannels``
-(more connections where sshd's ``MaxSessions`` asks for them). A start that
-fails anywhere stops every worker already started, on every host, before
-``start_all`` raises.
+Each worker is its own channel, watched on its own (``ThreadingGroup.run`` would join every
+host, no fail-fast). It runs under ``launcher.remote.wrapper``, which makes it a process-group
+leader, records its pgid in a pid file and reports the exit in-band (paramiko drops sshd's
+``exit-signal``). Channels come from ``channels.HostChannels`` (more connections where sshd's
+``MaxSessions`` asks for them).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import json
-import os
-import secrets
 import shlex
-import socket
 import threading
 from typing import Callable, Iterator
 
@@ -26,17 +18,12 @@ import paramiko
 
 from launcher.console import lines
 from launcher import plan as planning
-from launcher import proctl, remote
-from launcher.backends.ssh import connection, fetches, followlines, hostscript, transfer
+from launcher import proctl
+from launcher.backends.ssh import connection, followlines
 from launcher.backends.ssh.channels import GroupStates, HostChannels
-from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S, Host
-from launcher.backends.ssh.hosts import expand
-from launcher.backends.ssh.preflight import state_dir
-from launcher.backends.ssh.settings import SshSettings
-from launcher.errors import LaunchError
-from launcher.remote import follow, wrapper
+from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S
+from launcher.remote import wrapper
 from launcher.ends import Exit, exit_of, Exited, Lost
-from launcher.words import plural
 from worker.contract import profiling, signals
 
 
@@ -274,125 +261,3 @@ class SshWorker:
         if self.pgid is not None:  # and gone before the launcher says so (or exits)
             self.channels.signal(self.pgid, ("KILL",), timeout_s, wait_s=proctl.KILL_WAIT_S)
         self._chan.close()
-
-
-def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: GroupStates,
-               settings: SshSettings, console, started: list, job_text: str,
-               abort: threading.Event | None = None, syncs: tuple = (),
-               detached: bool = False) -> None:
-    """Put the job (``job_text``, job.json's) and the directories of ``syncs``
-    (``transfer.walked``'s) on a host and start its workers (placement ``index``);
-    ``detached``: each writes its output into a file of the run there, which a follower sends
-    (``launcher.remote.follow``), so that they outlive the supervisor and lose nothing.
-
-    Each worker is appended to ``started`` as soon as it runs, so a failure
-    anywhere can stop it; ``abort`` set (another host failed) starts no more.
-    Process 0's worker also mirrors checkpoints and, at its end, fetches the
-    results; before a resumed attempt the checkpoints host 0 lacks are put back first.
-
-    Raises:
-      Whatever the host's SFTP or channels raise (paramiko.SSHException, OSError).
-    """
-    host = channels.host
-    placement = plan.placements[index]
-    writer = f"{socket.gethostname()}-{os.getpid()}-{index}"
-    # The job file goes in the first worker's script (hostscript.file_lines). One session is
-    # held back for a stop that finds every other taken: host 0's SFTP session (process 0's
-    # results, checkpoints put back), a bare one elsewhere (docs/ssh.md, MaxSessions).
-    host.connection.sftp() if index == 0 else channels.reserve()
-    transfer.sync_all(host, syncs, writer, console.say)
-    processes = plan.on_host(index)
-    for process in processes:
-        if abort is not None and abort.is_set():
-            return
-        # a pid file per run and process; the wrapper as a file, its args in env: a short ps line
-        states_dir, pid_path = pid_file(host, plan, placement, process.process_id)
-        argv, script = remote.script_call(placement.python, states_dir, "wrapper")
-        args = json.dumps({"argv": list(process.argv), "pid_file": pid_path, "process_id":
-                           process.process_id, "run_dir": placement.run_dir,
-                           "watch_stdin": not detached, "detached": detached,
-                           "env_from_stdin": detached})
-        token = secrets.token_hex(16)  # the wrapper's control lines carry it; the worker never sees it
-        written = f"podlaunch-job-written {token}" if process is processes[0] else None
-        files = ((placement.job_path, job_text, writer),) if written else ()
-        files += (script + (f"{writer}-p{process.process_id}",),)  # a temporary per process
-        env = {**process.env, wrapper.TOKEN_VAR: token, wrapper.ARGS_VAR: args}
-        out = None
-        if detached:  # the wrapper writes into a file there; a follower sends it (its docstring)
-            out = planning.output_path(placement.run_dir, process.process_id, process.attempt)
-            argv, files, env = followlines.script(host, plan, placement, process.process_id, files, {
-                wrapper.ARGS_VAR: args, follow.ARGS_VAR: json.dumps(
-                    {"start": argv, "out": out, "pid_file": pid_path, "env": process.env})}, token)
-        text = hostscript.shell_script(host.workdir, settings.setup, env, argv, files,
-                                       None if detached else written)  # detached: its follower says
-        on_exit, on_line = fetches.hooks(plan, process, host, placement, console)
-        started.append(SshWorker(process, channels, states, text, settings.grace_s, token,
-                                 on_exit, on_line, written, out))
-
-
-def pid_file(host: Host, plan: planning.Plan, placement: planning.Placement,
-             process_id: int) -> tuple:
-    """``(the job's state directory on the host, the process's pid file there)``."""
-    states_dir = state_dir(host.workdir, plan.job.name)
-    return states_dir, os.path.join(states_dir, f"{os.path.basename(placement.run_dir)}"
-                                                f".process-{process_id:03d}.pid")
-
-
-def stop_started(workers: list) -> None:
-    """SIGKILL every worker in ``workers`` (started, unwatched), all at once; returns when done."""
-    threads = [threading.Thread(target=w.stop_unwatched, name=f"stop-{w.plan.process_id}")
-               for w in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-
-def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, console,
-              detached: bool = False) -> list:
-    """Start every worker of ``plan``, hosts in parallel (host i runs placement i).
-
-    Args:
-      channels: host index -> ``HostChannels`` of every host, in placement order.
-      detached: a detached run's (``start_host``).
-
-    Returns:
-      SshWorkers in process_id order.
-
-    Raises:
-      LaunchError: some host could not start its workers. The first failure
-        stops the hosts still starting, and every worker already started on
-        any host is SIGKILLed (and gone) before this raises.
-    """
-    states = GroupStates(channels)
-    started: list = []
-    abort = threading.Event()
-    pool = concurrent.futures.ThreadPoolExecutor(min(settings.max_parallel, len(channels)))
-    with open(plan.job_path, encoding="utf-8") as f:
-        job_text = f.read()  # job.json as each host's first start script writes it
-    syncs = [(expand(d), d, settings.sync_rules) for d in [settings.sync_dir] if d]
-    # a program runs in the workdir, from its synced directory (program.dir)
-    syncs += [(d, d, rules) for _, d, rules in plan.job.synced_dirs]
-    syncs = transfer.walked(syncs, avoid=(plan.run_dir,))
-    futures = {pool.submit(start_host, plan, i, c, states, settings, console, started,
-                           job_text, abort, syncs, detached): c.host
-               for i, c in channels.items()}
-    try:
-        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
-        if any(f.exception() is not None for f in done):
-            abort.set()
-        pool.shutdown(wait=True)
-    except BaseException:  # an interrupt: hosts finish the worker they are starting, then all stop
-        abort.set()
-        pool.shutdown(wait=True)
-        stop_started(started)
-        raise
-    errors = [f"{host.name}: {type(f.exception()).__name__}: {f.exception()}"
-              for f, host in futures.items() if f.exception() is not None]
-    if errors:
-        stop_started(started)
-        raise LaunchError(f"could not start on every host; stopped the {plural(len(started), 'process')} "
-                          "already started:\n  " + "\n  ".join(errors))
-    for c in channels.values():
-        c.host.start_keepalive()
-    return sorted(started, key=lambda w: w.plan.process_id)
