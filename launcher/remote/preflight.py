@@ -23,7 +23,7 @@ survivor), ``stop_own`` (bool: stop only this run's own),
 files are), ``run_dir_env`` (the env name holding a worker's run dir),
 ``own_run_dir`` (this run's directory on the host), ``keep_own`` (bool: leave this run's own
 alone, a detached run taken back), ``synced`` (the sync manifest's path
-relative to the workdir, ``launcher.backends.ssh.transfer.MANIFEST``, or null: no sync),
+relative to the workdir, ``launcher.backends.ssh.syncdir.MANIFEST``, or null: no sync),
 ``commands`` (a program's command names, looked up on this shell's PATH: after the setup).
 
 Prints ``MARK`` + JSON: ``python``, ``workdir`` (absolute), ``jax``, ``jaxlib``

@@ -1,7 +1,7 @@
 """What a directory sync (``program.dir``, ``cluster.sync_dir``) may copy to the hosts.
 
 Stdlib only: the launcher checks a sync's source before anything starts, and
-``launcher.backends.ssh.transfer.sync_dir`` copies exactly what ``walk`` lists.
+``launcher.backends.ssh.syncdir.sync_dir`` copies exactly what ``walk`` lists.
 
 * **Never copied** (``SKIP``): version control, caches, virtual environments, build
   output and podlaunch's own state (``.git``, ``__pycache__``, ``.venv``, ``runs``, ...),

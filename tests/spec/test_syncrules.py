@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from launcher.backends.ssh import transfer
+from launcher.backends.ssh import syncdir
 from launcher.spec import syncrules
 
 
@@ -51,7 +51,7 @@ def _shared(tmp_path):
         workdir = src / "hosts" / host
         (workdir / ".podlaunch").mkdir(parents=True)
         (workdir / "main.py").write_text("print(1)\n")
-        (workdir / transfer.MANIFEST).write_text(json.dumps({"files": {}, "dirs": {}}))
+        (workdir / syncdir.MANIFEST).write_text(json.dumps({"files": {}, "dirs": {}}))
     run_dir = src / "out" / "run-1"
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "run.json").write_text("{}")
@@ -65,7 +65,7 @@ def test_the_hosts_workdirs_and_the_run_directory_inside_the_program_are_never_c
     # issue 51.7: with the workdirs inside program.dir, every launch copied every host's
     # workdir and the local run directory into every host, one level deeper each time
     src, run_dir = _shared(tmp_path)
-    [(_, _, _, (files, dirs))] = transfer.walked(
+    [(_, _, _, (files, dirs))] = syncdir.walked(
         [(str(src), "proj", syncrules.Rules(include=include))], avoid=(str(run_dir),))
     assert sorted(files) == ["main.py", "out/notes.txt"], sorted(files)
     assert sorted(dirs) == ["hosts", "out"]  # made, empty: the workdirs in it are not copied

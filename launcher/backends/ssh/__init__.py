@@ -4,7 +4,7 @@ The package, by concern: ``settings`` (the ``cluster:`` dataclasses),
 ``hosts`` (settings by precedence, ssh_config, connect errors),
 ``connection`` (one host's connection, known_hosts policy, keepalive, short
 scripts, signalling), ``preflight`` (checks and the refusal table),
-``transfer`` (SFTP), ``mirror`` (process 0's checkpoints), ``workers``
+``syncdir`` (a directory synced), ``transfer`` (SFTP, results), ``mirror`` (process 0's checkpoints), ``workers``
 (``SshWorker``), ``starting`` (the fan-out), ``runhosts`` (``SshHosts``, one run's hosts: the machinery the tpu
 backend shares), ``session`` (``SshSession``). The programs run on the hosts are ``launcher.remote``.
 

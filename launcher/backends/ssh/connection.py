@@ -70,7 +70,7 @@ class Host:
       hop_check: the ``hostkeys.KeyCheck`` for a ``ProxyJump`` hop's
         Connection (default: the host's own).
       synced: what the last preflight read of the syncs' manifest there
-        (``transfer.unchanged``), until the start's sync uses it; None: not read.
+        (``syncdir.unchanged``), until the start's sync uses it; None: not read.
     """
 
     index: int

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from launcher import plan as planning
 from launcher import remote
-from launcher.backends.ssh import reach, transfer
+from launcher.backends.ssh import reach, syncdir
 from launcher.backends.ssh.connection import Host, run_script
 from launcher.backends.ssh.hostscript import shell_script
 from launcher.backends.ssh.hosts import connect_error
@@ -65,7 +65,7 @@ def _check_host(host: Host, job, settings: SshSettings, survivors: str, port: in
             "state_dir": state_dir(".", job.name), "run_dir_env": contract.RUN_DIR,
             "own_run_dir": os.path.join("runs", job.name, run_name),  # relative to the workdir
             # what a start's sync needs to see that it would change nothing (no SFTP then)
-            "synced": transfer.MANIFEST if settings.sync_dir or job.synced_dirs else None}
+            "synced": syncdir.MANIFEST if settings.sync_dir or job.synced_dirs else None}
     program = remote.python_call(settings.python, "preflight", args)
     # with reach_argv: the coordinator reach check from this host, after the preflight, in
     # its channel (reach.Listener)

@@ -15,7 +15,7 @@ import threading
 
 from launcher import plan as planning
 from launcher import remote
-from launcher.backends.ssh import fetches, followlines, hostscript, transfer
+from launcher.backends.ssh import fetches, followlines, hostscript, syncdir
 from launcher.backends.ssh.channels import GroupStates, HostChannels
 from launcher.backends.ssh.connection import Host
 from launcher.backends.ssh.hosts import expand
@@ -32,7 +32,7 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
                abort: threading.Event | None = None, syncs: tuple = (),
                detached: bool = False) -> None:
     """Put the job (``job_text``, job.json's) and the directories of ``syncs``
-    (``transfer.walked``'s) on a host and start its workers (placement ``index``);
+    (``syncdir.walked``'s) on a host and start its workers (placement ``index``);
     ``detached``: each writes its output into a file of the run there, which a follower sends
     (``launcher.remote.follow``), so that they outlive the supervisor and lose nothing.
 
@@ -51,7 +51,7 @@ def start_host(plan: planning.Plan, index: int, channels: HostChannels, states: 
     # held back for a stop that finds every other taken: host 0's SFTP session (process 0's
     # results, checkpoints put back), a bare one elsewhere (docs/ssh.md, MaxSessions).
     host.connection.sftp() if index == 0 else channels.reserve()
-    transfer.sync_all(host, syncs, writer, console.say)
+    syncdir.sync_all(host, syncs, writer, console.say)
     processes = plan.on_host(index)
     for process in processes:
         if abort is not None and abort.is_set():
@@ -124,7 +124,7 @@ def start_all(plan: planning.Plan, channels: dict, settings: SshSettings, consol
     syncs = [(expand(d), d, settings.sync_rules) for d in [settings.sync_dir] if d]
     # a program runs in the workdir, from its synced directory (program.dir)
     syncs += [(d, d, rules) for _, d, rules in plan.job.synced_dirs]
-    syncs = transfer.walked(syncs, avoid=(plan.run_dir,))
+    syncs = syncdir.walked(syncs, avoid=(plan.run_dir,))
     futures = {pool.submit(start_host, plan, i, c, states, settings, console, started,
                            job_text, abort, syncs, detached): c.host
                for i, c in channels.items()}

@@ -21,7 +21,7 @@ from harness.runs import remote_run_dir
 from launcher import backends
 from launcher.rundir import runlock
 from launcher.spec import syncrules
-from launcher.backends.ssh import transfer
+from launcher.backends.ssh import syncdir, transfer
 from launcher.errors import SpecError
 from worker.contract import redact
 
@@ -272,7 +272,7 @@ def test_sync_mirrors_exactly_and_never_overwrites_what_it_did_not_write(tmp_pat
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "authorized_keys").write_text("the host's own key\n")
     rules = syncrules.Rules(exclude=(".ssh",))
-    assert transfer.sync_dir(sftp, str(src), str(home), rules) == 2
+    assert syncdir.sync_dir(sftp, str(src), str(home), rules) == 2
     assert (home / "helper" / "__init__.py").read_text() == "X = 1\n"
     assert (home / ".ssh" / "authorized_keys").read_text() == "the host's own key\n"
     assert stat.S_IMODE(os.stat(home / "main.py").st_mode) & 0o077 == 0
@@ -283,11 +283,11 @@ def test_sync_mirrors_exactly_and_never_overwrites_what_it_did_not_write(tmp_pat
         os.remove(src / "helper" / name)
     os.rmdir(src / "helper")
     (src / "helper.py").write_text("X = 2\n")
-    assert transfer.sync_dir(sftp, str(src), str(home), rules) == 2  # one removed, one copied
+    assert syncdir.sync_dir(sftp, str(src), str(home), rules) == 2  # one removed, one copied
     assert not (home / "helper").exists() and (home / "helper.py").read_text() == "X = 2\n"
-    manifest = home / transfer.MANIFEST
+    manifest = home / syncdir.MANIFEST
     written = os.stat(manifest)
-    assert transfer.sync_dir(sftp, str(src), str(home), rules) == 0
+    assert syncdir.sync_dir(sftp, str(src), str(home), rules) == 0
     # a sync that changed nothing leaves the manifest as it was (not rewritten)
     now = os.stat(manifest)
     assert (now.st_ino, now.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
@@ -295,22 +295,22 @@ def test_sync_mirrors_exactly_and_never_overwrites_what_it_did_not_write(tmp_pat
     # a file the sync did not write is never overwritten, nor written through a symlink
     (src / ".bashrc").write_text("echo synced\n")
     (home / ".bashrc").write_text("echo the host's own\n")
-    with pytest.raises(transfer.SyncRefused, match="podlaunch did not write it"):
-        transfer.sync_dir(sftp, str(src), str(home), rules)
+    with pytest.raises(syncdir.SyncRefused, match="podlaunch did not write it"):
+        syncdir.sync_dir(sftp, str(src), str(home), rules)
     assert (home / ".bashrc").read_text() == "echo the host's own\n"
     os.remove(src / ".bashrc")
     (tmp_path / "elsewhere").mkdir()
     (src / "data").mkdir()
     (src / "data" / "x.csv").write_text("1\n")
     os.symlink(tmp_path / "elsewhere", home / "data")
-    with pytest.raises(transfer.SyncRefused, match="not a directory"):
-        transfer.sync_dir(sftp, str(src), str(home), rules)
+    with pytest.raises(syncdir.SyncRefused, match="not a directory"):
+        syncdir.sync_dir(sftp, str(src), str(home), rules)
     assert os.listdir(tmp_path / "elsewhere") == []
     # a target that is the source itself, or contains it (a shared filesystem)
-    with pytest.raises(transfer.SyncRefused, match="shared filesystem"):
-        transfer.sync_dir(sftp, str(src), str(src), rules)
-    with pytest.raises(transfer.SyncRefused, match="shared filesystem"):
-        transfer.sync_dir(sftp, str(src), str(tmp_path), rules)
+    with pytest.raises(syncdir.SyncRefused, match="shared filesystem"):
+        syncdir.sync_dir(sftp, str(src), str(src), rules)
+    with pytest.raises(syncdir.SyncRefused, match="shared filesystem"):
+        syncdir.sync_dir(sftp, str(src), str(tmp_path), rules)
     # ... also where it already holds a manifest listing its own files as they are (it was
     # a sync's target from another machine once): the sync would change nothing, and is
     # refused all the same; nothing is written (the manifest neither)
@@ -320,11 +320,11 @@ def test_sync_mirrors_exactly_and_never_overwrites_what_it_did_not_write(tmp_pat
                            "mtime": int(os.stat(src / rel).st_mtime)}
                      for rel in ("data/x.csv", "helper.py", "main.py")}
     mine["dirs"] = {"data": os.path.realpath(src)}
-    (src / transfer.MANIFEST).write_text(json.dumps(mine, sort_keys=True))
-    before = (src / transfer.MANIFEST).read_bytes()
-    with pytest.raises(transfer.SyncRefused, match="shared filesystem"):
-        transfer.sync_dir(sftp, str(src), str(src), rules)
-    assert (src / transfer.MANIFEST).read_bytes() == before
+    (src / syncdir.MANIFEST).write_text(json.dumps(mine, sort_keys=True))
+    before = (src / syncdir.MANIFEST).read_bytes()
+    with pytest.raises(syncdir.SyncRefused, match="shared filesystem"):
+        syncdir.sync_dir(sftp, str(src), str(src), rules)
+    assert (src / syncdir.MANIFEST).read_bytes() == before
     assert sorted(os.listdir(src)) == sorted([".podlaunch", ".ssh", "data", "helper.py", "main.py"])
 
 
@@ -395,6 +395,6 @@ def test_the_syncs_temporaries_on_a_host_are_made_never_written_through_a_link(t
     os.symlink(victim, home / "main.py.sync.tmp")  # where the copy goes before its rename
     (home / ".podlaunch").mkdir()
     os.symlink(victim, home / ".podlaunch" / "synced.json.sync.tmp")
-    assert transfer.sync_dir(sftp, str(src), str(home)) == 1
+    assert syncdir.sync_dir(sftp, str(src), str(home)) == 1
     assert (home / "main.py").read_text() == "print(1)\n" and not os.path.islink(home / "main.py")
     assert victim.read_text() == "the host's own\n"

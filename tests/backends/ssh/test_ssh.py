@@ -33,7 +33,7 @@ from launcher import plan as planning
 from launcher import spec as specs
 from launcher.backends.ssh import connection, hostscript
 from launcher.backends.ssh import session as ssh_session
-from launcher.backends.ssh import transfer
+from launcher.backends.ssh import syncdir, transfer
 from launcher.errors import SpecError
 from launcher import remote
 from launcher.remote import preflight as remote_preflight
@@ -302,7 +302,7 @@ def _preflight_saw(c, host, workdir: str) -> dict:
     """The ``synced`` answer of the real preflight program, run on ``host`` in ``workdir``."""
     args = {"modules": [], "port": None, "kill_stale": False, "grace_s": 1.0,
             "state_dir": ".podlaunch/none", "run_dir_env": "PODLAUNCH_RUN_DIR", "own_run_dir": "",
-            "synced": transfer.MANIFEST}
+            "synced": syncdir.MANIFEST}
     status, out = connection.run_script(c.transport, hostscript.shell_script(
         workdir, (), {}, remote.python_call(host.python, "preflight", args)))
     assert status == 0, out
@@ -324,25 +324,25 @@ def test_sync_dir_copies_only_what_changed_and_the_job_file_arrives_whole(tmp_pa
     with host.open() as c:
         sftp = c.sftp()
         target = str(tmp_path / "synced")
-        assert transfer.sync_dir(sftp, str(src), target) == 2
+        assert syncdir.sync_dir(sftp, str(src), target) == 2
         # a relaunch that changes nothing only reads: the manifest, and an lstat per entry
         # (no own-source probe: that one writes, and runs before a sync's first change)
         counted = _CountingSftp(sftp)
-        assert transfer.sync_dir(counted, str(src), target) == 0
+        assert syncdir.sync_dir(counted, str(src), target) == 0
         assert sorted(counted.calls) == [
             ("lstat", f"{target}/b.txt"), ("lstat", f"{target}/pkg"),
-            ("lstat", f"{target}/pkg/a.py"), ("open", f"{target}/{transfer.MANIFEST}", "rb")]
+            ("lstat", f"{target}/pkg/a.py"), ("open", f"{target}/{syncdir.MANIFEST}", "rb")]
         # and preflight's program, run there, tells the launcher so without any SFTP request
-        assert transfer.unchanged(_preflight_saw(c, host, target), str(src))
+        assert syncdir.unchanged(_preflight_saw(c, host, target), str(src))
         (src / "pkg" / "a.py").write_text("A = 22\n")
-        assert not transfer.unchanged(_preflight_saw(c, host, target), str(src))
-        assert transfer.sync_dir(sftp, str(src), target) == 1
-        assert transfer.unchanged(_preflight_saw(c, host, target), str(src))
+        assert not syncdir.unchanged(_preflight_saw(c, host, target), str(src))
+        assert syncdir.sync_dir(sftp, str(src), target) == 1
+        assert syncdir.unchanged(_preflight_saw(c, host, target), str(src))
         # each kind of change on either side is seen: a file changed, gone or added there or
         # here, a directory gone there, a manifest that a directory above the source holds
         (tmp_path / "synced" / "b.txt").write_text("bb\n")
-        assert not transfer.unchanged(_preflight_saw(c, host, target), str(src))
-        assert transfer.sync_dir(sftp, str(src), target) == 1
+        assert not syncdir.unchanged(_preflight_saw(c, host, target), str(src))
+        assert syncdir.sync_dir(sftp, str(src), target) == 1
         for change, undo in [
                 (lambda: (src / "c.txt").write_text("c\n"), lambda: (src / "c.txt").unlink()),
                 (lambda: (src / "b.txt").rename(tmp_path / "b"), lambda: (tmp_path / "b").rename(src / "b.txt")),
@@ -353,9 +353,9 @@ def test_sync_dir_copies_only_what_changed_and_the_job_file_arrives_whole(tmp_pa
                 (lambda: shutil.copytree(tmp_path / "synced" / ".podlaunch", tmp_path / ".podlaunch"),
                  lambda: shutil.rmtree(tmp_path / ".podlaunch"))]:
             change()
-            assert not transfer.unchanged(_preflight_saw(c, host, target), str(src))
+            assert not syncdir.unchanged(_preflight_saw(c, host, target), str(src))
             undo()
-            assert transfer.unchanged(_preflight_saw(c, host, target), str(src))
+            assert syncdir.unchanged(_preflight_saw(c, host, target), str(src))
         # the job file, as each worker's script writes it before its worker starts
         # (hostscript.file_lines): the exact bytes, whatever the shell would make of them,
         # owner-only in directories made owner-only, no temporary left; written again, it
