@@ -55,8 +55,10 @@ os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.enviro
 # the user's podlaunch state (the key that seals detached runs' journals, the index of runs) in
 # a folder of this test process's own (0700, made here): the suite's runs never fill the
 # developer's `launch runs`, and every launch a test starts (helpers.env_for_tests) shares it;
-# removed when this process exits (no run of the suite leaves a folder behind)
-os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="podlaunch-test-state-")
+# removed when this process exits (no run of the suite leaves a folder behind); beside pytest's
+# own folders where .ci/run puts them (PYTEST_DEBUG_TEMPROOT, pytest's own variable)
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="podlaunch-test-state-",
+                                                dir=os.environ.get("PYTEST_DEBUG_TEMPROOT"))
 atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
 from harness.helpers import launch  # noqa: E402
 from harness.runs import params  # noqa: E402
