@@ -25,7 +25,7 @@ from launcher.rundir.asked import answers, ask, live_launcher, print_answer
 from launcher.words import plural
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import profiles
-from worker.contract import runfiles, sections
+from worker.contract import runfiles, sections, valuechecks
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,7 +47,7 @@ def _num_steps(run_dir: str, steps: int | None) -> int:
             steps = int(job["profile"]["num_steps"])  # its profile section
         except (OSError, ValueError, KeyError, TypeError, RecursionError):
             steps = sections.Profile().num_steps
-    problem = sections.in_range(1, 10000)(steps)
+    problem = valuechecks.in_range(1, 10000)(steps)
     if problem:
         raise SpecError([Problem("--steps", None, "", f"{problem}: the number of steps to trace")])
     return steps

@@ -23,9 +23,11 @@ from launcher.errors import Problem, SpecError
 from launcher.spec import programspec
 from launcher.spec.notifyspec import NotifySpec
 from launcher.spec.programspec import ProgramSpec
-from worker.contract.sections import MISSING, non_negative, setting
+from worker.contract.sections import MISSING, setting
+from worker.contract.valuechecks import non_negative
 from worker.contract import redact
 from worker.contract import sections
+from worker.contract import valuechecks
 
 # The job's sections, declared once in worker.contract.sections (the worker reads the same classes
 # back from job.json); the launcher adds restarts, program, cluster and secrets.
@@ -33,7 +35,7 @@ from worker.contract import sections
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 EXTENSION_PREFIX = "x-"
 
-_job_name = sections.identifier("a job name", _NAME.pattern,
+_job_name = valuechecks.identifier("a job name", _NAME.pattern,
                               "letters, digits, '_', '.', '-', at most 128; it names the run directory",
                               r"[A-Za-z0-9_.-]")
 
@@ -49,40 +51,40 @@ class RestartSpec:
     long run survives preemptions and lost hosts by default while an error in the job
     itself fails at once."""
 
-    program_errors: int = setting(0, check=sections.in_range(0, 1000),
+    program_errors: int = setting(0, check=valuechecks.in_range(0, 1000),
                                   doc="restarts after an error of the job itself (a Python error, "
                                   "an exit code not in retry_exit_codes, an early exit 0, a join "
                                   "that never happens): a restart usually repeats it "
                                   "(docs/recovery.md#failure-classes-and-their-budgets)")
-    infrastructure: int = setting(10, check=sections.in_range(0, 1000),
+    infrastructure: int = setting(10, check=valuechecks.in_range(0, 1000),
                                   doc="restarts after a fault of the machines: a death by a signal "
                                   "without notice (SIGKILL, the OOM killer), a lost host or "
                                   "connection, a node failure, an exit code in retry_exit_codes")
-    preemptions: int = setting(100, check=sections.in_range(0, 10000),
+    preemptions: int = setting(100, check=valuechecks.in_range(0, 10000),
                                doc="restarts after a preemption: SIGTERM from the system (exit "
                                "143), a Slurm job preempted or requeued")
-    stalls: int = setting(3, check=sections.in_range(0, 1000),
+    stalls: int = setting(3, check=valuechecks.in_range(0, 1000),
                           doc="restarts after the watchdog found a process without progress")
-    max_restarts: int | None = setting(None, check=sections.in_range(0, 10000),
+    max_restarts: int | None = setting(None, check=valuechecks.in_range(0, 10000),
                                        doc="a cap on restarts of every class together (null: each "
                                        "class's budget alone)")
     backoff_s: float = setting(5.0, check=non_negative,
                                doc="wait before a restart after a program error or a stall, and "
                                "before a second infrastructure fault or preemption in a row (the "
                                "first restarts at once); doubles as the same class repeats")
-    quarantine_after: int = setting(2, check=sections.in_range(1, 1000),
+    quarantine_after: int = setting(2, check=valuechecks.in_range(1, 1000),
                                     doc="a host whose processes failed this many times in a run "
                                     "(infrastructure faults and stalls) is not used again while "
                                     "a spare (cluster.spares, ssh) or shrinking can take its "
                                     "place (docs/recovery.md#keep-going-without-a-host-spares-"
                                     "shrinking-quarantine)")
     quarantine_slower_than: float | None = setting(
-        None, check=sections.in_range(1.0, 1000.0),
+        None, check=valuechecks.in_range(1.0, 1000.0),
         doc="also quarantine, at the next restart, a host whose processes' own time per step "
         "(outside JAX: the own of the progress lines) was more than this many times the median "
         "of the other hosts' "
         "processes, and 10 ms more; null: never for slowness")
-    min_processes: int | None = setting(None, check=sections.in_range(1, 100000),
+    min_processes: int | None = setting(None, check=valuechecks.in_range(1, 100000),
                                         doc="ssh: shrink onto the hosts left, down to this many "
                                         "processes, when a host is gone or quarantined and no "
                                         "spare is left; the global batch stays and the step stays "

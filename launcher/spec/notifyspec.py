@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from worker.contract.sections import positive, setting
+from worker.contract.sections import setting
+from worker.contract.valuechecks import positive
 
 
 def _webhook(value: str | None) -> str | None:

@@ -15,6 +15,7 @@ import re
 import worker
 from launcher.spec import schema, syncrules
 from worker.contract import sections
+from worker.contract import valuechecks
 from worker.contract.sections import setting
 
 
@@ -33,7 +34,7 @@ class ProgramSpec(sections.ProgramSteps):
 
     argv: tuple[str, ...] = setting(check=_argv, doc="the command and its arguments; argv[0] "
                                     "'python' or 'python3' is the cluster's python")
-    dir: str | None = setting(None, check=sections.LOCAL_PATH,
+    dir: str | None = setting(None, check=valuechecks.LOCAL_PATH,
                               doc="directory the program runs from, relative to the spec file "
                               "(default: the spec file's directory); synced into each ssh/tpu "
                               "host's workdir")

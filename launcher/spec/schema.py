@@ -20,7 +20,8 @@ from launcher.errors import Problem
 from launcher.spec.yamlio import dotted, secret_path
 # the job's sections and their checks are the worker's too (worker.contract.sections): declared
 # once, and imported from there by every module that declares a setting
-from worker.contract.sections import MISSING, Check, allows, identifier
+from worker.contract.sections import MISSING
+from worker.contract.valuechecks import Check, allows, identifier
 
 
 # ---- checks: return None when fine, else "expected ..." -------------------

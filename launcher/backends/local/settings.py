@@ -19,8 +19,9 @@ from launcher.backends.local.devices import (DEVICE_VARS, GPU_DEVICE_PATHS, LIBT
 from launcher.spec import schema
 from launcher.spec.schema import port_or_zero
 from launcher.words import plural
-from worker.contract import sections
-from worker.contract.sections import non_negative, setting
+from worker.contract import valuechecks
+from worker.contract.sections import setting
+from worker.contract.valuechecks import non_negative
 
 
 PLATFORMS = ("cpu", "tpu", "gpu")
@@ -40,13 +41,13 @@ class LocalCluster(ClusterSettings):
         "(this machine's TPU chips), gpu (its GPUs) or auto (what JAX would pick: TPU chips if "
         "any, else GPUs, else the CPU; docs/tpu.md#on-one-tpu-vm)")
     num_processes: int | None = setting(
-        None, check=sections.in_range(1, 256),
+        None, check=valuechecks.in_range(1, 256),
         doc="worker processes to start; null: 2 on cpu, 1 on tpu (every chip), one per GPU on "
         "gpu, or on either the chips found divided by devices_per_process where that is set. On "
         "a TPU VM several processes split the chips only in the shapes libtpu knows: 4 "
         "chips 1, 2 or 4 processes, 8 chips 1, 2 or 8")
     devices_per_process: int | None = setting(
-        None, check=sections.in_range(1, 256),
+        None, check=valuechecks.in_range(1, 256),
         doc="devices each process sees; null: 2 on cpu (JAX_NUM_CPU_DEVICES), the chips or "
         "GPUs divided evenly among the processes")
     coordinator_port: int = setting(0, check=port_or_zero,

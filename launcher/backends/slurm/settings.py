@@ -10,13 +10,14 @@ import re
 from typing import Literal
 
 from launcher.spec import schema
-from worker.contract import sections
+from worker.contract import valuechecks
 from launcher.backends.base import ClusterSettings
 from launcher.spec.schema import port_or_zero
-from worker.contract.sections import non_negative, positive, setting
+from worker.contract.sections import setting
+from worker.contract.valuechecks import non_negative, positive
 
 # Slurm names (partition, account, QoS): no shell or #SBATCH metacharacters.
-SLURM_NAME = sections.identifier("a Slurm name", r"[A-Za-z0-9_][A-Za-z0-9_.+-]*",
+SLURM_NAME = valuechecks.identifier("a Slurm name", r"[A-Za-z0-9_][A-Za-z0-9_.+-]*",
                                "letters, digits and _ . + -, not starting with '-' or '.'",
                                r"[A-Za-z0-9_.+-]")
 # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED/INFINITE.
@@ -120,21 +121,21 @@ class SlurmCluster(ClusterSettings):
     mode: Literal["auto", "allocation", "submit"] = setting(
         "auto", doc="allocation: run in the Slurm job of SLURM_JOB_ID (salloc/sbatch); submit: "
         "sbatch a job and run in it; auto: allocation when SLURM_JOB_ID is set, else submit")
-    nodes: int = setting(1, check=sections.in_range(1, 100000), doc="nodes of the job")
-    processes_per_node: int = setting(1, check=sections.in_range(1, 256),
+    nodes: int = setting(1, check=valuechecks.in_range(1, 100000), doc="nodes of the job")
+    processes_per_node: int = setting(1, check=valuechecks.in_range(1, 256),
                                       doc="worker processes (Slurm tasks) per node")
-    devices_per_process: int = setting(1, check=sections.in_range(1, 256),
+    devices_per_process: int = setting(1, check=valuechecks.in_range(1, 256),
                                        doc="devices each process sees (CPU devices, or GPUs)")
     platform: Literal["cpu", "gpu"] = setting(
         "cpu", doc="cpu: JAX_NUM_CPU_DEVICES per process; gpu: the job and each step ask for "
         "processes_per_node x devices_per_process GPUs per node (--gres=gpu:N, whatever the "
         "allocation's SLURM_GPUS_* say) and each process gets its local_device_ids of them")
-    cpus_per_process: int | None = setting(None, check=sections.in_range(1, 4096),
+    cpus_per_process: int | None = setting(None, check=valuechecks.in_range(1, 4096),
                                            doc="--cpus-per-task; unset: the site's default")
     partition: str | None = setting(None, check=SLURM_NAME, doc="partition; unset: the default one")
     time_limit: str | None = setting(None, check=time_limit, doc="--time, e.g. 02:00:00")
     time_limit_lead_s: int | None = setting(
-        None, check=sections.in_range(0, 65535),
+        None, check=valuechecks.in_range(0, 65535),
         doc="with time_limit: --signal=TERM@N, so Slurm SIGTERMs every task about N s before "
         "the limit (up to 60 s earlier) and every process saves one agreed step; unset: "
         f"{DEFAULT_LEAD_S} s, or half the time limit when that is less; 0: no lead (the "
@@ -153,7 +154,7 @@ class SlurmCluster(ClusterSettings):
     coordinator_port: int = setting(0, check=port_or_zero,
                                     doc="JAX coordinator port on the first node; 0 picks a free one there")
     poll_s: float = setting(1.0, check=positive, doc="seconds between queue checks while pending")
-    orphan_timeout_s: int = setting(600, check=sections.in_range(30, sections.NUMBER_MAX),
+    orphan_timeout_s: int = setting(600, check=valuechecks.in_range(30, valuechecks.NUMBER_MAX),
                                     doc="a submitted job ends itself when its launcher has been "
                                     "silent this long (killed with SIGKILL, host lost); a detached "
                                     "run's, once no step of the run is left either")

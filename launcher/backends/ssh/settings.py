@@ -10,10 +10,11 @@ import dataclasses
 from typing import ClassVar, Literal
 
 from launcher.spec import schema, syncrules
-from worker.contract import sections
+from worker.contract import valuechecks
 from launcher.backends.base import ClusterSettings
 from launcher.spec.schema import port_or_zero
-from worker.contract.sections import non_negative, positive, setting
+from worker.contract.sections import setting
+from worker.contract.valuechecks import non_negative, positive
 
 
 def _non_empty_hosts(hosts: tuple) -> str | None:
@@ -26,8 +27,8 @@ class SshHost:
 
     host: str = setting(check=schema.HOST, doc="host name (or ssh_config alias) or address")
     user: str | None = setting(None, check=schema.USER, doc="login user (default: cluster.user)")
-    port: int | None = setting(None, check=sections.in_range(1, 65535), doc="sshd port (default: cluster.port)")
-    num_processes: int | None = setting(None, check=sections.in_range(1, 256),
+    port: int | None = setting(None, check=valuechecks.in_range(1, 65535), doc="sshd port (default: cluster.port)")
+    num_processes: int | None = setting(None, check=valuechecks.in_range(1, 256),
                                         doc="worker processes on this host (default: cluster.processes_per_host)")
     workdir: str | None = setting(None, check=schema.REMOTE_PATH,
                                   doc="remote working directory (default: cluster.workdir)")
@@ -39,12 +40,12 @@ class SshSettings:
 
     user: str | None = setting(None, check=schema.USER,
                                doc="login user; unset: ssh_config, then the local user")
-    port: int | None = setting(None, check=sections.in_range(1, 65535), doc="sshd port; unset: ssh_config, then 22")
-    identity_file: str | None = setting(None, check=sections.LOCAL_PATH,
+    port: int | None = setting(None, check=valuechecks.in_range(1, 65535), doc="sshd port; unset: ssh_config, then 22")
+    identity_file: str | None = setting(None, check=valuechecks.LOCAL_PATH,
                                         doc="private key tried first; ssh_config's and ssh-agent's keys follow")
-    ssh_config_file: str = setting("~/.ssh/config", check=sections.LOCAL_PATH,
+    ssh_config_file: str = setting("~/.ssh/config", check=valuechecks.LOCAL_PATH,
                                    doc="OpenSSH client config read for every host")
-    known_hosts_file: str | None = setting(None, check=sections.LOCAL_PATH,
+    known_hosts_file: str | None = setting(None, check=valuechecks.LOCAL_PATH,
                                            doc="unset: ssh_config UserKnownHostsFile, then ~/.ssh/known_hosts")
     host_key_policy: Literal["strict", "accept-new"] | None = setting(
         None, doc="strict refuses unknown hosts; accept-new records them; a changed key is always refused; "
@@ -54,13 +55,13 @@ class SshSettings:
     keepalive_interval_s: float = setting(2.0, check=positive, doc="seconds between keepalive requests")
     keepalive_timeout_s: float = setting(15.0, check=positive,
                                          doc="a host that answers no keepalive for this long is lost")
-    max_parallel: int = setting(32, check=sections.in_range(1, 1024), doc="hosts contacted at once")
+    max_parallel: int = setting(32, check=valuechecks.in_range(1, 1024), doc="hosts contacted at once")
     workdir: str = setting("podlaunch", check=schema.REMOTE_PATH,
                            doc="remote working directory (relative paths: from the login home)")
     python: str = setting("python3", check=schema.COMMAND,
                           doc="remote python that runs the worker (sshd's PATH is minimal: prefer an absolute path)")
     setup: tuple[str, ...] = setting((), doc="shell commands run on each host before the worker (not quoted)")
-    sync_dir: str | None = setting(None, check=sections.LOCAL_PATH,
+    sync_dir: str | None = setting(None, check=valuechecks.LOCAL_PATH,
                                    doc="local directory mirrored into each host's workdir before start")
     sync_include: tuple[str, ...] = setting((), doc="globs of sync_dir synced even if skipped by "
                                             "default or looking like a secret")
@@ -83,8 +84,8 @@ class SshCluster(SshSettings, ClusterSettings):
     spares: tuple[SshHost, ...] = setting((), doc="hosts kept in reserve: one replaces a host "
                                           "that fails its preflight after a fault, or is "
                                           "quarantined (restarts.quarantine_after)")
-    processes_per_host: int = setting(1, check=sections.in_range(1, 256), doc="worker processes per host")
-    devices_per_process: int = setting(1, check=sections.in_range(1, 256),
+    processes_per_host: int = setting(1, check=valuechecks.in_range(1, 256), doc="worker processes per host")
+    devices_per_process: int = setting(1, check=valuechecks.in_range(1, 256),
                                        doc="devices each process sees (cpu: JAX_NUM_CPU_DEVICES)")
     platform: Literal["cpu", "gpu", "tpu"] = setting("cpu", doc="the platform the workers must report")
     coordinator_port: int = setting(0, check=port_or_zero,

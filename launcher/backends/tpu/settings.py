@@ -11,11 +11,12 @@ from typing import Literal
 
 from launcher import tpu_topology
 from launcher.spec import schema
-from worker.contract import sections
+from worker.contract import valuechecks
 from launcher.backends.base import ClusterSettings
 from launcher.backends.ssh.settings import SshSettings
 from launcher.spec.schema import port_or_zero
-from worker.contract.sections import positive, setting
+from worker.contract.sections import setting
+from worker.contract.valuechecks import positive
 from worker import contract
 
 DEFAULT_IDENTITY_FILE = "~/.ssh/google_compute_engine"
@@ -44,21 +45,21 @@ class TpuCluster(SshSettings, ClusterSettings):
                                   doc="GCP project; unset: gcloud's configured project")
     accelerator_type: str = setting(check=_accelerator_type,
                                     doc="e.g. v4-32; checked against gcloud; gives hosts and chips per slice")
-    num_slices: int | None = setting(None, check=sections.in_range(1, 1024),
+    num_slices: int | None = setting(None, check=valuechecks.in_range(1, 1024),
                                      doc="queued_resource only: slices it holds (default 1)")
     ip: Literal["internal", "external"] = setting(
         "internal", doc="connect to networkEndpoints[].ipAddress (internal) or .accessConfig.externalIp")
-    identity_file: str | None = setting("~/.ssh/google_compute_engine", check=sections.LOCAL_PATH,
+    identity_file: str | None = setting("~/.ssh/google_compute_engine", check=valuechecks.LOCAL_PATH,
                                         doc="private key tried first (gcloud's key); used only if it exists")
     platform: Literal["cpu", "gpu", "tpu"] = setting("tpu", doc="the platform the workers must report")
     local_device_count: int | None = setting(
-        None, check=sections.in_range(1, 256),
+        None, check=valuechecks.in_range(1, 256),
         doc="devices each host's process sees; unset: JAX devices per host of accelerator_type")
     coordinator_port: int | None = setting(
         None, check=port_or_zero,
         doc="JAX coordinator port on slice 0 worker 0; unset: JAX's TPU default for the hosts' jax "
         "(8482 since jax 0.8.1, 8476 before); 0 picks a free one")
-    megascale_port: int = setting(8080, check=sections.in_range(1, 65535),
+    megascale_port: int = setting(8080, check=valuechecks.in_range(1, 65535),
                                   doc="multislice: MEGASCALE_PORT, the DCN port between slices")
     cluster_detection_method: Literal["deactivate", "gcetpu"] = setting(
         "deactivate", doc="deactivate: the launcher gives every process its id; gcetpu: JAX reads it "
@@ -66,7 +67,7 @@ class TpuCluster(SshSettings, ClusterSettings):
     stop_other_tpu_holders: bool = setting(
         False, doc="also stop processes not started by podlaunch that hold the TPU devices")
     tpu_device_paths: tuple[str, ...] = setting(("/dev/accel*", "/dev/vfio/*"),
-                                                check=schema.each(sections.LOCAL_PATH),
+                                                check=schema.each(valuechecks.LOCAL_PATH),
                                                 doc="globs of the TPU device files checked for holders")
     libtpu_lockfile: str = setting("/tmp/libtpu_lockfile", check=schema.REMOTE_PATH,
                                    doc="libtpu's lock file; removed when stale (no holder left)")
