@@ -83,8 +83,10 @@ def fanout_serial(env: sshenv.SshTestEnv, hosts: list, command: str = "true") ->
 
 def first_step_podlaunch(base: str, cluster: str, run: int) -> float:
     start = time.perf_counter()
+    # --show all: every process's step line reaches the console (by default only process 0's)
     proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "jobs/linear.yaml", "--cluster", cluster,
-                             "--run-dir", os.path.join(base, f"run-{run}"), *job_args()],
+                             "--run-dir", os.path.join(base, f"run-{run}"), "--show", "all",
+                             *job_args()],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     n = len(yaml.safe_load(open(cluster))["hosts"])
     seen, elapsed = set(), None
