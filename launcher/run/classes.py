@@ -40,7 +40,7 @@ import signal
 from launcher.console import explain
 from launcher.ends import EndedEarly, Exit, Exited, Final, Killed, Lost, Preempted, Stalled
 from launcher.state import Result, State, Tracked
-from worker import contract
+from worker.contract.address import split_host_port
 from worker.contract import causes, wire
 from worker.contract import notice
 
@@ -176,7 +176,7 @@ def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
     explained = causes.said(t.tail) if isinstance(ended, Exited) else None
     if t.failed_to_join and explained is None:  # not the worker's own words: JAX's timeout
         try:
-            host = contract.split_host_port(t.joining)
+            host = split_host_port(t.joining)
         except ValueError:
             host = (t.joining, "?")
         return Verdict(FailureClass.PROGRAM, pid, (

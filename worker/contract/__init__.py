@@ -87,10 +87,6 @@ EXIT_INIT = 4
 # Bad data found reading batches (worker.data.sources.DataError: file, row, column): not retried
 EXIT_DATA = 5
 
-# host:port, IPv6 bracketed: built and parsed in one place (worker.contract.address)
-from worker.contract.address import host_port, split_host_port  # noqa: E402,F401
-
-
 # A run directory's checkpoints: <run_dir>/CHECKPOINTS_DIR/step-NNNNNNN/, each
 # complete once it has that name (worker.recovery.checkpoint renames it into place).
 CHECKPOINTS_DIR = "checkpoints"
@@ -110,8 +106,7 @@ CLUSTER_DETECTION_METHOD = "PODLAUNCH_CLUSTER_DETECTION_METHOD"
 
 
 # ContractError and the typed-field checks (Identity here, the job's sections in worker.contract.job)
-from worker.contract.fields import (ContractError, allowed_types, check_fields, describe_value,  # noqa: E402,F401
-                           expected_type, hints_of, type_ok)
+from worker.contract.fields import ContractError, check_fields  # noqa: E402
 
 
 # ---- the identity: the environment -----------------------------------------------------------

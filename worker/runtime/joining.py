@@ -15,6 +15,7 @@ import sys
 import time
 
 from worker import contract
+from worker.contract.address import split_host_port
 from worker.contract import causes, nodefacts, wire
 from worker.contract.address import unreachable
 from worker.contract import job as jobs
@@ -37,7 +38,7 @@ def bypass_proxies(coordinator_address: str, environ=os.environ) -> None:
     proxies = [name for name in environ if name.lower() in PROXY_VARIABLES and environ[name]]
     if not proxies:  # nothing to bypass (and JAX warns about any *_proxy variable it sees)
         return
-    host = contract.split_host_port(coordinator_address)[0]
+    host = split_host_port(coordinator_address)[0]
     for name in ("no_proxy", "NO_PROXY", "no_grpc_proxy"):
         items = [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
         if host not in items:
@@ -71,7 +72,7 @@ def wait_for_coordinator(address: str, timeout_s: float, clock=time.monotonic,
       Unreachable: ``address`` cannot be reached from this host (for 127.0.0.1: the
         loopback interface is down), with the errno's meaning.
     """
-    host, port = contract.split_host_port(address)
+    host, port = split_host_port(address)
     deadline = clock() + timeout_s
     while True:
         try:
@@ -201,7 +202,7 @@ def rendezvous(identity: contract.Identity, stdin=sys.stdin, out=print) -> contr
       ContractError: stdin ended first (the launcher refused the start), or the
         line is not ``host:port``.
     """
-    port = contract.split_host_port(identity.coordinator_address)[1] if identity.process_id == 0 else None
+    port = split_host_port(identity.coordinator_address)[1] if identity.process_id == 0 else None
     out(wire.Facts(nodefacts.facts(port)).text(), flush=True)
     import jax  # noqa: F401  (the import join() needs, done while the launcher checks)
 
@@ -210,7 +211,7 @@ def rendezvous(identity: contract.Identity, stdin=sys.stdin, out=print) -> contr
         raise contract.ContractError("no coordinator address on stdin: the launcher stopped "
                                      "the start (see its output)")
     try:
-        contract.split_host_port(address)
+        split_host_port(address)
     except ValueError:
         raise contract.ContractError(f"expected the coordinator's host:port on stdin, got {address!r}") from None
     return dataclasses.replace(identity, coordinator_address=address)

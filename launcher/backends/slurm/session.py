@@ -34,7 +34,7 @@ from launcher.errors import LaunchError, Problem, SpecError
 from launcher.plan import Placement, Plan
 from launcher.ends import Exit, Lost
 from launcher.words import plural
-from worker import contract
+from worker.contract.address import host_port, split_host_port
 from worker.contract import redact, runfiles
 
 
@@ -127,7 +127,7 @@ class SlurmSession(Session):
             else:  # one placement per process, each its own GPUs named explicitly (``gpus``)
                 placements += gpus.placements(job, node, python, self.run_dir, job_path, env, cwd)
         addr = self.slurm.node_addrs(nodes[:1]).get(nodes[0], nodes[0]) if self.job_id else nodes[0]
-        return tuple(placements), contract.host_port(addr, port)
+        return tuple(placements), host_port(addr, port)
 
     def _problem(self, key: str, message: str) -> SpecError:
         return SpecError([Problem(*self.job.where(("cluster", key)), f"cluster.{key}", message)])
@@ -289,7 +289,7 @@ class SlurmSession(Session):
         """Every worker's facts checked (``contract.RENDEZVOUS``), then the coordinator address sent."""
         port = nodefacts.rendezvous(workers, self.slurm.timeout_s,
                                     self.job.cluster.python or self.options.python, self._problem)
-        address = contract.host_port(contract.split_host_port(plan.coordinator_address)[0], port)
+        address = host_port(split_host_port(plan.coordinator_address)[0], port)
         for w in workers:
             w.send(address)
 

@@ -19,7 +19,7 @@ from launcher.backends.ssh.starting import pid_file
 from launcher.backends.ssh.workers import SshWorker
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.remote import follow, tail
-from worker import contract
+from worker.contract.address import host_port
 
 
 def reconnect(ssh, port: int | None, extra_env=None) -> tuple:
@@ -35,7 +35,7 @@ def reconnect(ssh, port: int | None, extra_env=None) -> tuple:
     found = ssh.connect(checks.ADOPT)
     ip = ssh.coordinator_ip()
     return (ssh.placements(extra_env=extra_env(ip) if extra_env else None),
-            contract.host_port(ip, port or 0), found)
+            host_port(ip, port or 0), found)
 
 
 def adopt_all(plan: planning.Plan, channels: dict, settings: SshSettings, console,

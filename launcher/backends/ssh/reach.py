@@ -29,7 +29,7 @@ from launcher.backends.ssh.connection import command_line
 from launcher.errors import Problem, SpecError
 from launcher.remote import reach as remote_reach
 from launcher.words import plural
-from worker import contract
+from worker.contract.address import split_host_port
 from worker.contract.address import is_loopback
 
 REACH_TIMEOUT_S = 5.0   # each host's connect; a firewall that drops shows as this timeout
@@ -79,7 +79,7 @@ class Listener:
 
     def start(self, open_channel) -> bool:
         """Start listening on a channel from ``open_channel(timeout_s)``; whether it listens."""
-        port = contract.split_host_port(self.address)[1]
+        port = split_host_port(self.address)[1]
         argv = remote.python_call(self.host.python, "reach", {
             "role": "listen", "port": port, "token": self.token, "count": None,
             "timeout_s": self.timeout_s})
@@ -175,7 +175,7 @@ def check(channels: Sequence[HostChannels], address: str, labels: Sequence[str],
         if problems:
             raise SpecError([Problem(where[0], where[1], key, p) for p in problems])
         return
-    ip = contract.split_host_port(address)[0]
+    ip = split_host_port(address)[0]
     rows = "; ".join(f"{h.name} ({ids}): {a.get('error')}" for h, ids, a in failed)
     message = (f"host 0 {host0.name} serves the coordinator at {address}, which "
                f"{len(failed)} of {plural(len(hosts), 'host')} cannot reach: {rows}. ")

@@ -22,7 +22,7 @@ from launcher.backends.ssh.connection import COMMAND_TIMEOUT_S
 from launcher.backends.ssh.settings import SshHost, SshSettings
 from launcher.backends.ssh.starting import start_all
 from launcher.words import plural
-from worker import contract
+from worker.contract.address import host_port
 
 
 class SshHosts:
@@ -107,7 +107,7 @@ class SshHosts:
         """Host 0's listener on the port its preflight found (None: no port, or it failed)."""
         if first.reason is not None or first.facts.get("port") is None:
             return None
-        address = contract.host_port(hostlib.coordinator_ip(first.host), first.facts["port"])
+        address = host_port(hostlib.coordinator_ip(first.host), first.facts["port"])
         # outlasting the other hosts' preflights: max_parallel at a time, each bounded by the
         # connect timeout, paramiko's banner and auth timeouts (15 and 30 s) and the command's
         batches = -(-(len(self.specs) - 1) // self.settings.max_parallel)

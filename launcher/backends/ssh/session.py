@@ -15,7 +15,7 @@ from launcher.backends.ssh import adoption, spares
 from launcher.backends.ssh.runhosts import SshHosts
 from launcher.backends.ssh.takenout import TakenOut
 from launcher.words import plural
-from worker import contract
+from worker.contract.address import host_port
 
 
 class SshSession(Session):
@@ -79,7 +79,7 @@ class SshSession(Session):
                 self.reference = {k: found[0].facts.get(k) for k in checks.VERSION_KEYS}
         else:
             found = self._connect_replacing(survivors, port, restart)
-        address = contract.host_port(self.ssh.coordinator_ip(), found[0].facts['port'])
+        address = host_port(self.ssh.coordinator_ip(), found[0].facts['port'])
         self.ssh.check_coordinator(address)  # ends host 0's listener, up since its preflight
         if first and not restart and self.spares:
             self._check_spares()

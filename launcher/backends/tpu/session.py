@@ -25,7 +25,7 @@ from launcher.backends.tpu import discovery as discovering
 from launcher.backends.tpu import holders
 from launcher.backends.tpu.settings import DEFAULT_IDENTITY_FILE, TpuCluster, slice_env
 from launcher.words import plural
-from worker import contract
+from worker.contract.address import host_port
 
 
 def ssh_settings(cluster: TpuCluster) -> TpuCluster:
@@ -87,9 +87,9 @@ class TpuSession(Session):
         holders.report(self.console, cleared, cluster.libtpu_lockfile, dry_run)
         coordinator_ip = self.ssh.coordinator_ip()
         # after the holders are cleared: the port is free; host 0 is the first slice's worker 0
-        self.ssh.check_coordinator(contract.host_port(coordinator_ip, port), key=("cluster", "tpu"))
+        self.ssh.check_coordinator(host_port(coordinator_ip, port), key=("cluster", "tpu"))
         placements = self.ssh.placements(extra_env=self.slice_envs(len(found.hosts), coordinator_ip))
-        return placements, contract.host_port(coordinator_ip, port)
+        return placements, host_port(coordinator_ip, port)
 
     def describe_start(self, plan: planning.Plan) -> str:
         cluster: TpuCluster = plan.job.cluster

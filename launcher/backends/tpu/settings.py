@@ -18,6 +18,7 @@ from launcher.spec.schema import port_or_zero
 from worker.contract.sections import setting
 from worker.contract.valuechecks import positive
 from worker import contract
+from worker.contract.address import host_port
 
 DEFAULT_IDENTITY_FILE = "~/.ssh/google_compute_engine"
 
@@ -121,7 +122,7 @@ def slice_env(cluster: TpuCluster, process_id: int, coordinator_ip: str) -> dict
     env = {contract.CLUSTER_DETECTION_METHOD: cluster.cluster_detection_method}
     if cluster.slice_count > 1:
         env.update({
-            "MEGASCALE_COORDINATOR_ADDRESS": contract.host_port(coordinator_ip, cluster.megascale_port),
+            "MEGASCALE_COORDINATOR_ADDRESS": host_port(coordinator_ip, cluster.megascale_port),
             "MEGASCALE_NUM_SLICES": str(cluster.slice_count),
             "MEGASCALE_SLICE_ID": str(process_id // cluster.hosts_per_slice),
             "MEGASCALE_PORT": str(cluster.megascale_port),

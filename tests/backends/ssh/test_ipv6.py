@@ -16,20 +16,20 @@ import yaml
 
 from harness import sshenv
 from harness.helpers import REPO, PROGRAMS, launch
-from worker import contract
+from worker.contract.address import host_port, split_host_port
 
 STEPS = ("--set", "train.num_steps=20", "--set", "cluster.devices_per_process=1")
 
 
 def test_host_port_brackets_ipv6_and_splits_both_forms():
-    assert contract.host_port("::1", 8476) == "[::1]:8476"
-    assert contract.host_port("[fe80::1]", 1) == "[fe80::1]:1"
-    assert contract.host_port("10.0.0.2", 8476) == "10.0.0.2:8476"
-    assert contract.split_host_port("[::1]:8476") == ("::1", 8476)
-    assert contract.split_host_port("n1:80") == ("n1", 80)
+    assert host_port("::1", 8476) == "[::1]:8476"
+    assert host_port("[fe80::1]", 1) == "[fe80::1]:1"
+    assert host_port("10.0.0.2", 8476) == "10.0.0.2:8476"
+    assert split_host_port("[::1]:8476") == ("::1", 8476)
+    assert split_host_port("n1:80") == ("n1", 80)
     for bad in ("::1:8476", "host", "host:", "[::1]:x"):
         with pytest.raises(ValueError):
-            contract.split_host_port(bad)
+            split_host_port(bad)
 
 
 @pytest.fixture(scope="module")
