@@ -77,8 +77,8 @@ def test_a_checkpoint_that_cannot_be_used_is_its_sentence_once_without_gloo_chat
     assert any("[Gloo]" in open(log, encoding="utf-8").read() for log in logs)  # in the logs only
     assert "Gloo" not in summary, summary
     # the process that failed first holds its traceback, between the markers; another may
-    # have been stopped before it met the same checkpoint (under load it was)
-    held = [log for log in logs if "Traceback" in open(log, encoding="utf-8").read()]
-    assert held, logs
-    for log in held:
-        _log_holds_the_traceback(log)
+    # have been stopped before it met the same checkpoint (under load it was), or while it
+    # wrote the same traceback (JAX's client ends a process whose coordinator is gone: seen
+    # once, the markers' end cut off in process 1's log)
+    first_id = int(re.search(r"FAILED: process_id (\d+)", summary).group(1))
+    _log_holds_the_traceback(str(run_dir / "logs" / "attempt-1" / f"process-{first_id:03d}.log"))
