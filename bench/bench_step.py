@@ -27,6 +27,8 @@ median steps/s, and the median (min-max) of the per-round ratios.
     python bench/bench_step.py --no-baselines --variant jit='--set train.parallelism=jit'
     python bench/bench_step.py --no-baselines --common '--set train.steps_per_call=100' \
         --variant jit='--set train.parallelism=jit'
+    python bench/bench_step.py --topologies 1x1 --shapes seed --steps 20000 --limit 1 \
+        --no-baselines --variant jit='--set train.parallelism=jit'   # against the hand loop
 
 Each variant is also compared with the default podlaunch side (``jit /
 podlaunch``: jax.jit over a global mesh against pmap, same rounds).
@@ -46,6 +48,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_limit import honest_ratio  # noqa: E402  (bench/step_limit.py, beside this file)
 from launcher import logtimes  # noqa: E402  (after the path is set)
 from launcher.proctl import free_port  # noqa: E402
 from launcher.stats import ProcessStats  # noqa: E402
@@ -93,6 +97,20 @@ def process0_steps_per_s(args: list, cwd: str, run_dir: str, steps: int, tag: st
     return 1.0 / stats.mean_step_time_s
 
 
+def run_limit(shape: str, steps: int, k: int) -> float:
+    """The step's limit on one CPU device (bench/step_limit.py): the hand-written loop, K steps
+    a call, the batch passed in as a trainer's is, the best of its formulations."""
+    batch, features = SHAPES[shape]
+    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "step_limit.py"),
+                           "--ks", str(k), "--batch-argument", "--steps", str(steps),
+                           "--batch", str(batch), "--features", str(features)],
+                          env=_env(1), capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"step_limit failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return float(next(line.split()[2] for line in done.stdout.splitlines()
+                      if line.startswith("RATE ")))
+
+
 def run_seed(shape: str, processes: int, devices: int, steps: int) -> float:
     """The seed's loop: one process of ``devices`` devices, or ``processes`` by hand."""
     batch, features = SHAPES[shape]
@@ -129,6 +147,9 @@ def main() -> None:
                         help="'--set KEY=VALUE ...' for every podlaunch side (the default's too)")
     parser.add_argument("--no-baselines", action="store_true",
                         help="leave out seed and seed-mp (variants against podlaunch only)")
+    parser.add_argument("--limit", type=int, default=0, metavar="K",
+                        help="also the step's limit at K steps a call (bench/step_limit.py, one "
+                        "CPU device: 1x1 only), each side divided by it (honest_ratio)")
     args = parser.parse_args()
     common = shlex.split(args.common)
     variants = [] if args.no_default else [("podlaunch", common)]
@@ -149,6 +170,10 @@ def main() -> None:
                     ("seed", lambda: run_seed(shape, 1, processes * devices, steps))]
                 if processes > 1 and not args.no_baselines:
                     sides.append(("seed-mp", lambda: run_seed(shape, processes, devices, steps)))
+                if args.limit:
+                    if (processes, devices) != (1, 1):
+                        raise SystemExit("--limit: the step's limit runs on one device: 1x1 only")
+                    sides.append(("limit", lambda: run_limit(shape, steps, args.limit)))
                 for name, extra in variants:
                     sides.append((name, lambda name=name, extra=extra, r=[0]: run_podlaunch(
                         extra, shape, processes, devices, steps, log_every, workdir,
@@ -168,6 +193,11 @@ def main() -> None:
                     for base in baselines:
                         ratios = [a / b for a, b in zip(rates[name], rates[base])]
                         print(f"  {name} / {base}: {statistics.median(ratios):.2f}x "
+                              f"({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+                    if args.limit:
+                        ratios = [honest_ratio(a, b, name)
+                                  for a, b in zip(rates[name], rates["limit"])]
+                        print(f"  {name} / limit (K={args.limit}): {statistics.median(ratios):.2f}x "
                               f"({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
                     if name != "podlaunch" and not args.no_default:
                         ratios = [a / b for a, b in zip(rates[name], rates["podlaunch"])]

@@ -145,7 +145,7 @@ def test_a_sigterm_during_a_checkpoint_save_ends_the_worker_after_it(sigterm_han
     recovery = Recovery(_identity(tmp_path), _job("linear.yaml"), num_batches=1,
                         out=lines.append, unreplicate=unreplicate)
     with pytest.raises(SystemExit) as raised:
-        recovery.after_step(100, params, (), loss=np.float32(0.5))  # linear.yaml's last step
+        recovery.after_step(100, params, (), done=np.float32(0.5))  # linear.yaml's last step
     assert raised.value.code == 143
     [line] = lines
     saved = wire.parse(line)

@@ -121,6 +121,13 @@ class LocalTier:
         """A copy has been handed to the writer thread and is not written yet."""
         return self._busy
 
+    def due(self, step: int) -> bool:
+        """Whether ``after_step`` has anything to do at ``step``: a line to say or a new
+        interval's copy to consider (the loop skips the call, and the state's trees, otherwise)."""
+        return bool(self._warning) or (
+            step // self.every_steps > self.last_step // self.every_steps and not self._failed
+            and self.clock() - self._taken_at >= MIN_INTERVAL_S)
+
     def after_step(self, step: int, params, opt_state) -> None:
         """Take a copy when ``step`` is the first call boundary of a new interval (and say
         here, on the loop's thread, what the writer thread could not write: a line printed

@@ -140,6 +140,12 @@ class Notice:
                else "the agreement failed")
         return f"{who} within {AGREE_TIMEOUT_S:g} s ({first})"
 
+    @property
+    def held(self) -> bool:
+        """A notice came and dispatches wait on its agreement: read without the lock (a stale
+        False lets one more call through; the loop then asks ``may_dispatch``)."""
+        return self._held
+
     def may_dispatch(self, step: int) -> bool:
         """Called by the loop before it dispatches the call that ends at ``step``.
 

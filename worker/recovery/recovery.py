@@ -140,10 +140,12 @@ class Recovery:
         """Whether ``step`` is a checkpoint step (on every process; process 0 writes it)."""
         return bool(self.every) and (step % self.every == 0 or step == self.num_steps)
 
-    def after_step(self, step: int, params, opt_state, loss, wait=None) -> None:
+    def after_step(self, step: int, params, opt_state, done, wait=None) -> None:
         """Save a checkpoint at checkpoint steps (process 0); beat when one is due.
 
         Args:
+          params, opt_state: the state after ``step`` (used only at a checkpoint step).
+          done: arrays ready once ``step``'s call has run (the heartbeat waits for them).
           wait: blocks until a device array is ready (default
             ``jax.block_until_ready``; the loop passes ``StepLogger.wait`` so the
             wait is not counted as the host's own step time).
@@ -157,7 +159,7 @@ class Recovery:
         if self.interval_s is None:
             return
         if saving or time.monotonic() - self.last_beat >= self.interval_s:
-            wait(loss)
+            wait(done)
             self.out(wire.Heartbeat(step).text())
             self.last_beat = time.monotonic()
 

@@ -197,6 +197,12 @@ class StepLogger:
         """Log steps: every ``log_every_steps``-th step, and the last one."""
         return step % self.log_every == 0 or step == self.num_steps
 
+    def logs_in(self, first: int, last: int) -> bool:
+        """Whether a log step falls in steps ``first`` .. ``last`` (a call's): only such a call
+        returns its rows of metrics (``worker.trainer.calls.StepCalls``)."""
+        return (last // self.log_every > (first - 1) // self.log_every
+                or first <= self.num_steps <= last)
+
     def after_dispatch(self, step: int, step_metrics) -> None:
         """After dispatching ``step``: keep it if it is a log step; time and read what finished.
 
@@ -210,19 +216,21 @@ class StepLogger:
             device; ``worker.trainer.train.make_train_step``). One array, so reading a log
             step back is one transfer. From a fused call
             (``steps_per_call`` k > 1): ``[local_device_count, k, len(STEP_METRICS)]``,
-            every step of the call; ``step`` is its last, whose row is logged.
+            every step of the call; ``step`` is its last, whose row is logged. None: a
+            call with no log step (``logs_in``), which returns no rows.
 
         Raises:
           FloatingPointError: see ``read``.
         """
         first = step - self.steps_per_call  # the call runs steps first + 1 .. step
-        kept = len(self._kept)
-        for logged in range(first + self.metrics_every, step + 1, self.metrics_every):
-            if self.is_log_step(logged):
-                row = (logged - first) // self.metrics_every - 1
-                self._kept.append([logged, self.timer.calls, None, step_metrics, row, step])
-        if len(self._kept) > kept:
-            fetch_when_done(step_metrics)
+        if step_metrics is not None:
+            kept = len(self._kept)
+            for logged in range(first + self.metrics_every, step + 1, self.metrics_every):
+                if self.is_log_step(logged):
+                    row = (logged - first) // self.metrics_every - 1
+                    self._kept.append([logged, self.timer.calls, None, step_metrics, row, step])
+            if len(self._kept) > kept:
+                fetch_when_done(step_metrics)
         done = self.finished_step() if self.finished_step is not None else step - self.lag
         while self._finished < len(self._kept) and self._kept[self._finished][5] <= done:
             self._time(self._kept[self._finished])

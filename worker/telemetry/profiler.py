@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import shutil
 import time
@@ -108,6 +109,14 @@ class Profiler:
             # late for it (another trace was running, or this attempt resumed inside it): its
             # steps from here, as many as asked
             self._start(first, session, max(window_last, first + window_last - window_first))
+
+    def next_step(self, step: int) -> float:
+        """After the call that ended at ``step``: the first step whose call needs ``before``
+        or ``after`` (the next call while tracing, else the next window's first step; inf
+        when no window is left). A live request is read by a time-bound poll in ``before``."""
+        if self.tracing is not None:
+            return step + 1
+        return self.windows[0][0] if self.windows and not self.broken else math.inf
 
     def after(self, last: int, wait, *args) -> None:
         """Called after the device call that ran up to step ``last`` was dispatched;

@@ -43,6 +43,12 @@ class StepTimer:
             return result
         return counted
 
+    def count(self, calls: int, seconds: float) -> None:
+        """``calls`` calls dispatched without ``timed`` (the loop's quiet ones, after the
+        first), ``seconds`` of them inside JAX."""
+        self.calls += calls * self.steps_per_call
+        self._not_own_s += seconds
+
     def charge(self, seconds: float) -> None:
         """``seconds`` spent outside the host's own work (JAX, logging's reads and writes)."""
         self._not_own_s += seconds

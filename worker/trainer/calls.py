@@ -1,6 +1,6 @@
 """The loop's device calls: how many optimizer steps each runs (``train.steps_per_call``,
-``auto`` resolved), how each is dispatched (``compiled_at_first_call``) and how far the host
-may run ahead of the devices (``InFlight``, ``in_flight``).
+``auto`` resolved), how each is dispatched (``StepCalls``) and how far the host may run ahead
+of the devices (``InFlight``, ``in_flight``).
 
 A small step on an accelerator is bound by its dispatch, not by the chip: on a TPU v5e
 (docs/tpu.md) the linear job's 256 x 4 step runs about 5,000 times a second one call per
@@ -84,11 +84,15 @@ def metrics_every(steps_per_call: int, *row_periods: int) -> int:
     return math.gcd(steps_per_call, *row_periods)
 
 
-def in_flight(platform: str) -> tuple[int, float | None]:
+def in_flight(platform: str, local_device_count: int = 1) -> tuple[int, float | None]:
     """``(max_calls, queue_s)`` of the loop's ``worker.trainer.calls.InFlight`` on ``platform``'s devices:
-    on CPU 2 calls (more deadlock there: ``InFlight``); on TPU and GPU up to
-    ``MAX_CALLS_IN_FLIGHT`` calls, none queued longer than ``QUEUE_S`` seconds."""
-    return (2, None) if platform == "cpu" else (MAX_CALLS_IN_FLIGHT, QUEUE_S)
+    with several CPU devices in the process 2 calls (more deadlock there: ``InFlight``); on
+    TPU and GPU, and on one CPU device (whose calls run one after the other, each taking the
+    state of the one before: nothing to interleave), up to ``MAX_CALLS_IN_FLIGHT`` calls, none
+    queued longer than ``QUEUE_S`` seconds."""
+    if platform == "cpu" and local_device_count > 1:
+        return 2, None
+    return MAX_CALLS_IN_FLIGHT, QUEUE_S
 
 
 def read_every_s(platform: str) -> float:
@@ -101,34 +105,86 @@ def read_every_s(platform: str) -> float:
     return 0.25 if platform == "cpu" else QUEUE_S / 4
 
 
-def compiled_at_first_call(mapped: Callable) -> Callable:
-    """``mapped`` (a ``jax.pmap`` or ``jax.jit`` function) lowered and compiled ahead of time
-    at its first call (``mapped.lower(*args).compile()``, JAX's AOT API; the persistent
-    compilation cache serves it as it would the call), then called as that executable.
+class StepCalls:
+    """The loop's device calls over the training state as one flat list of arrays.
 
-    The step is called with the same shapes, dtypes and shardings every time, so what
-    ``pmap`` works out again on every call (the mesh, the shardings, the argument checks:
-    about 250 us a call on CPU in jax 0.9, more than the step of a small model; on a TPU v5e
-    227 us against the executable's 182, ``bench/dispatch_costs.py``, docs/tpu.md) is done
-    once. With several processes ``pmap.lower`` reads each process's arrays as the global
-    ones and fails, so ``worker.trainer.train.make_train_step`` leaves a multi-process pmap as it is;
-    the jit step takes global arrays and is compiled so everywhere. Results, donation and
-    errors are the function's own. A call whose arguments differ from the first's in shape,
-    dtype or sharding, or in their tree (the executable refuses them with a TypeError before
-    running anything, so nothing is donated), falls back to ``mapped`` itself: compiled for
-    them, or refused with its own error.
+    A call takes ``(state, *inputs)``: ``state`` the leaves of ``(params, opt_state)`` in
+    ``treedef``'s order (donated), ``inputs`` the call's batches (``worker.data.batches``).
+    Two executables of the same steps: ``rows`` also returns the call's rows of metrics (a
+    call with a log step), ``bare`` returns the state alone. A list of leaves in and out, no
+    loss beside the metrics (its column 0), no metrics at calls nobody reads: each result
+    the host receives is a buffer and a Python object on every call, and each custom pytree
+    node one more to unflatten. On one CPU device (the 256 x 4 step,
+    ``bench/step_limit.py``'s hand-written loop at 80-90k steps/s), the trainer's call with
+    params and optimizer state as two trees, a loss and metrics ran 33-41k calls/s, the
+    same step as a list of leaves in and out 80-89k (docs/benchmarks.md).
+
+    ``ahead``: both executables are compiled before the first call runs (JAX's AOT API,
+    ``lower(*args).compile()``; the persistent compilation cache serves it as it would the
+    call), so the first call's time holds every compilation the loop does. ``pmap`` is then
+    called as its executables (what ``pmap`` works out again on every call, about 250 us on
+    CPU in jax 0.9 and 227 us against the executable's 182 on a TPU v5e, is done once:
+    ``bench/dispatch_costs.py``, docs/tpu.md), ``jit`` as itself (its C++ path, warmed by the
+    compilation, is faster than an executable's Python call: 85-89k against 76-78k calls/s).
+    A call the executable refuses (other shapes, dtypes, shardings or tree: a TypeError
+    before anything runs, nothing donated) falls back to the mapped function. With several
+    processes ``pmap.lower`` reads each process's arrays as the global ones and fails: there
+    ``bare`` is None and every call is ``rows``, compiled at its first call (as before).
+
+    Args:
+      treedef: ``(params, opt_state)``'s tree structure.
+      rows: ``(state, *inputs) -> (state, metrics)``, a ``jax.pmap`` or ``jax.jit`` function.
+      bare: ``(state, *inputs) -> state``, or None (every call is ``rows``).
+      run_compiled: call ``pmap``'s compiled executables (True) or the jitted functions.
+      local_rows: this process's part of ``rows``' metrics (``jit``: ``addressable_data(0)``).
     """
-    compiled: list = []
 
-    def call(*args):
-        if not compiled:
-            compiled.append(mapped.lower(*args).compile())
+    def __init__(self, treedef: Any, rows: Callable, bare: Callable | None = None,
+                 run_compiled: bool = False,
+                 local_rows: Callable[[Any], Any] | None = None):
+        self.treedef, self.local_rows, self.run_compiled = treedef, local_rows, run_compiled
+        self._mapped = {True: rows, False: bare}
+        self._call = dict(self._mapped)
+        self.compiled = bare is None  # nothing to compile ahead without a bare call
+
+    @property
+    def bare(self) -> Callable | None:
+        """The bare call as the loop may call it directly, ``(state, *inputs) -> state``, once
+        a first call has compiled it (None before, and where there is none)."""
+        return self._call[False] if self.compiled else None
+
+    def flatten(self, params: Any, opt_state: Any) -> list:
+        """The state a call takes: the leaves of ``(params, opt_state)``."""
+        return self.treedef.flatten_up_to((params, opt_state))
+
+    def unflatten(self, state: list) -> tuple:
+        """``(params, opt_state)`` of a call's state."""
+        return self.treedef.unflatten(state)
+
+    def __call__(self, state: list, inputs: tuple, rows: bool) -> tuple:
+        """Dispatch one call: ``(state, metrics)``, metrics None for a bare call (``rows``
+        False, where ``bare`` exists)."""
+        if not self.compiled:
+            self._compile(state, inputs)
+        if not rows and self._call[False] is None:
+            rows = True
         try:
-            return compiled[0](*args)
-        except TypeError:  # refused before it ran: ``mapped`` compiles for these, or says why
-            return mapped(*args)
+            out = self._call[rows](state, *inputs)
+        except TypeError:
+            if self._call[rows] is self._mapped[rows]:
+                raise
+            out = self._mapped[rows](state, *inputs)  # refused before it ran: compiled for these
+        if not rows:
+            return out, None
+        state, metrics = out
+        return state, (self.local_rows(metrics) if self.local_rows else metrics)
 
-    return call
+    def _compile(self, state: list, inputs: tuple) -> None:
+        for rows, mapped in self._mapped.items():
+            compiled = mapped.lower(state, *inputs).compile()
+            if self.run_compiled:
+                self._call[rows] = compiled
+        self.compiled = True
 
 
 class InFlight:
@@ -139,12 +195,13 @@ class InFlight:
     different calls then interleave on XLA's thread pool, and a device blocked
     in call s's cross-process all-reduce (gloo) can wait forever for a peer
     device busy with call s+1: seen as a deadlock after step 1 with 2 processes
-    x 2 devices and 50 steps between logs, every time. So on CPU devices
-    ``max_calls`` is 2 (``worker.trainer.calls.in_flight``): waiting for call s - 1
+    x 2 devices and 50 steps between logs, every time (and in one process of two
+    CPU devices, in XLA's in-process all-reduce). So with several CPU devices in
+    the process ``max_calls`` is 2 (``worker.trainer.calls.in_flight``): waiting for call s - 1
     before dispatching call s + 1 keeps the devices fed without a sync on the
     call just dispatched.
 
-    On a chip the queue is the host's slack: while the host reads a batch of log
+    On a chip (and on one CPU device) the queue is the host's slack: while the host reads a batch of log
     steps, hands a local copy over or collects garbage, the chip works through
     what is queued. Two calls of a fused 256 x 4 step are 5 ms of work, and a
     read of a quarter second's log steps took 60 ms on the v5e's host, so the
@@ -170,19 +227,46 @@ class InFlight:
                  clock: Callable[[], float] = time.perf_counter, finished_step: int = 0):
         self.max_calls, self.queue_s, self.clock = max_calls, queue_s, clock
         self.finished_step = finished_step
-        self._pending: collections.deque = collections.deque()  # (output, last step, when)
+        self._pending: collections.deque = collections.deque()  # [output, last step, when, own, calls]
+        self._calls = 0  # calls in _pending
 
-    def add(self, output: Any, step: int | None = None) -> None:
-        """Record a dispatched call's ``output`` (its last step ``step``); wait for the oldest
-        calls beyond the bounds."""
+    def add(self, output: Any, step: int | None = None, own: bool = True, calls: int = 1,
+            since: float | None = None) -> None:
+        """Record a dispatched call (its last step ``step``); wait for the oldest calls beyond
+        the bounds.
+
+        Args:
+          output: what to wait on for the call: one of its results (``own``), or, for a
+            call that returns only the state the next call takes (a bare call,
+            ``StepCalls``), that state (``own`` False): it can be waited on only until the
+            next call is added, which has it donated. A call left with nothing to wait on is
+            waited for through the first later call that has something: calls finish in
+            order, each taking the state of the one before, so the wait drains the queue
+            down to that call.
+          calls, since: a run of ``calls`` calls recorded as one, the first dispatched at
+            clock ``since`` (the loop's quiet calls: ``per_call`` False), ``step`` the last's.
+        """
         now = self.clock()
-        self._pending.append((output, step, now))
-        while len(self._pending) > self.max_calls or (
-                self.queue_s is not None and len(self._pending) > 2
-                and now - self._pending[0][2] > self.queue_s):
-            oldest, done, _ = self._pending.popleft()
+        pending = self._pending
+        if pending and not pending[-1][3]:
+            pending[-1][0] = None  # donated to this call
+        pending.append([output, step, now if since is None else since, own, calls])
+        self._calls += calls
+        while self._calls > self.max_calls or (
+                self.queue_s is not None and len(pending) > 2
+                and now - pending[0][2] > self.queue_s):
+            waited = next(i for i, entry in enumerate(pending) if entry[0] is not None)
             import jax
 
-            jax.block_until_ready(oldest)
-            if done is not None:
-                self.finished_step = done
+            jax.block_until_ready(pending[waited][0])
+            for _ in range(waited + 1):
+                _, done, _, _, calls = pending.popleft()
+                self._calls -= calls
+                if done is not None:
+                    self.finished_step = done
+
+    @property
+    def per_call(self) -> bool:
+        """Whether every call must be added as it is dispatched: the bound is a few calls
+        (several CPU devices in the process), not the age of a queue."""
+        return self.queue_s is None

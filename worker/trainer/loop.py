@@ -13,7 +13,7 @@ import gc
 import os
 import signal
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -33,6 +33,8 @@ from worker.telemetry.tracker import make_tracker
 from worker.trainer import actions as steps
 from worker.trainer import calls, parallelism
 from worker.trainer.calls import InFlight
+
+QUIET_CHECK_CALLS = 16  # quiet calls between two looks at the clock and the notice
 from worker.trainer.train import make_optimizer
 
 
@@ -64,8 +66,8 @@ class Start:
       first_step: the first step this attempt trains (1, or a checkpoint's step + 1).
       steps_per_call: k, the steps of one device call (``worker.trainer.calls``).
       metrics_every: how often a call's steps give a metrics row.
-      params, opt_state: the state, replicated as ``parallel`` lays it out.
-      step_fn: ``(params, opt_state, *inputs) -> (params, opt_state, loss, step_metrics)``.
+      state: the leaves of ``(params, opt_state)``, replicated as ``parallel`` lays them out.
+      calls: the step's device calls over ``state`` (``worker.trainer.calls.StepCalls``).
       batches: each call's inputs (``worker.data.batches.Batches``).
       metric_names: the step's metrics columns, a task's own after ``STEP_METRICS``.
     """
@@ -78,9 +80,8 @@ class Start:
     steps_per_call: int
     metrics_every: int
     parallel: Any
-    params: Any
-    opt_state: Any
-    step_fn: Callable
+    state: list
+    calls: Any
     batches: Any
     metric_names: tuple
 
@@ -135,15 +136,15 @@ def begin(identity: contract.Identity, job: jobs.WorkerJob, out) -> Start:
     if task.metrics_fn is not None:
         metric_names += tuple(jax.eval_shape(task.metrics_fn, parallel.unreplicate(params),
                                              {n: a[0] for n, a in sample.items()}))
-    step_fn = parallel.make_train_step(task.batch_loss(), optimizer, with_metrics=True,
-                                       steps_per_call=k, allreduce=job.train.allreduce,
-                                       metrics_fn=task.metrics_fn, metrics_every=every)
+    step_calls = parallel.make_train_step(task.batch_loss(), optimizer, (params, opt_state),
+                                          steps_per_call=k, allreduce=job.train.allreduce,
+                                          metrics_fn=task.metrics_fn, metrics_every=every)
     batches = datasets.Batches(source, order, identity.process_id, identity.num_processes,
                                local_devices, parallel.placer(k), steps_per_call=k,
                                prefetch=job.data.prefetch, first_step=first_step - 1,
                                num_steps=num_steps, resident=job.data.resident)
-    start = Start(cache, task, order, order_key, first_step, k, every, parallel, params,
-                  opt_state, step_fn, batches, metric_names)
+    start = Start(cache, task, order, order_key, first_step, k, every, parallel,
+                  step_calls.flatten(params, opt_state), step_calls, batches, metric_names)
     out(_start_line(identity.process_id, job, start, sample, weights))
     return start
 
@@ -201,7 +202,8 @@ class Loop:
         step actions, in the order their contract asks (``worker.trainer.actions``)."""
         identity, job, start, out = self.identity, self.job, self.start, self.out
         platform = jax.devices()[0].platform
-        in_flight = InFlight(*calls.in_flight(platform), finished_step=start.first_step - 1)
+        self.in_flight = in_flight = InFlight(*calls.in_flight(platform, jax.local_device_count()),
+                                              finished_step=start.first_step - 1)
         self.logger = metrics.StepLogger(job, identity.process_id, identity.num_processes,
                                          self.tracker, out,
                                          finished_step=lambda: in_flight.finished_step,
@@ -210,12 +212,17 @@ class Loop:
                                          metrics_every=start.metrics_every,
                                          read_every_s=calls.read_every_s(platform))
 
-        def dispatch(*args):
-            outputs = start.step_fn(*args)
-            # ``self.step``: the loop's, the call's last; waiting on the devices is JAX time,
-            # not the host's own
-            in_flight.add(outputs[2], self.step)
-            return outputs
+        step_calls, logs_in = start.calls, self.logger.logs_in
+
+        def dispatch(state, inputs, first, last):
+            # a call returns its rows of metrics only when one of its steps is logged
+            state, step_metrics = step_calls(state, inputs, logs_in(first, last))
+            # waiting on the devices is JAX time, not the host's own: inside the timed call
+            if step_metrics is None:
+                in_flight.add(state, last, own=False)
+            else:
+                in_flight.add(step_metrics, last)
+            return state, step_metrics
 
         self.timed_step = self.logger.timed(dispatch)
         self.tracker.text("devices", devices_text(identity.num_processes), step=0)
@@ -233,12 +240,16 @@ class Loop:
                          if self.local is not None else [])
         self.actions += ([steps.Hook(task.on_step_end, logger, identity.process_id)]
                          if task.on_step_end else [])
+        self.quiet = steps.Quiet([p for kind in periods.KINDS for p in periods.steps(job, kind)],
+                                 self.profiler, every_call=any(getattr(action, "every_call", False)
+                                                               for action in self.actions))
 
     def run(self):
         """Every call from the start to the last step, or to the step a preemption notice
         agreed (then process 0 saves it and the process exits 143); returns the params."""
         start, notice, out, k = self.start, self.notice, self.out, self.start.steps_per_call
-        params, opt_state, actions, timed_step = start.params, start.opt_state, self.actions, self.timed_step
+        state, actions, timed_step, unflatten, quiet = (
+            start.state, self.actions, self.timed_step, start.calls.unflatten, self.quiet)
         before = [action for action in actions if hasattr(action, "before")]
         stopped = False
         # Everything made so far lives as long as the loop: kept out of the garbage
@@ -248,8 +259,12 @@ class Loop:
         with interrupts.notices(notice.signalled if notice is not None else None):
             # ``step``: the last step of each call (k steps; log, checkpoint and last steps
             # are multiples of k, so they are call boundaries)
-            for step in range(start.first_step + k - 1, self.job.train.num_steps + 1, k):
+            step, num_steps = start.first_step + k - 1, self.job.train.num_steps
+            while step <= num_steps:
                 self.step = step
+                if quiet.quiet(step) and (notice is None or not notice.held):  # steps.Quiet
+                    state, step = self._quiet_calls(state, step)
+                    continue
                 if notice is not None and not notice.may_dispatch(step):
                     if notice.stop_step is None:  # no agreement (a peer gone): stop at once,
                         out(notice.line())        # waiting on no device (finally: as before)
@@ -260,16 +275,52 @@ class Loop:
                     action.before(step - k + 1, step)
                 inputs = start.batches.get(step - k)  # the call's batches, from its first step
                 with self.profiler.annotate(step):
-                    params, opt_state, loss, step_metrics = timed_step(params, opt_state, *inputs)
-                call = steps.Call(step - k + 1, step, params, opt_state, loss, step_metrics)
+                    state, step_metrics = timed_step(state, inputs, step - k + 1, step)
+                call = steps.Call(step - k + 1, step, state, step_metrics, unflatten)
                 for action in actions:  # worker.trainer.actions: the contract each keeps
                     action.after(call)
+                quiet.ran(step)
+                step += k
             self.logger.finish()  # the only device sync for logging: the last log steps, after the loop
             if stopped:  # a SIGTERM now (the launcher's, seeing a peer end) cuts no save short
-                self.checkpoints.after_notice(notice, step - k, params, opt_state)
+                self.checkpoints.after_notice(notice, step - k, *unflatten(state))
                 notice.leave()
                 raise SystemExit(signals.exit_code(signal.SIGTERM))
-        return params
+        return unflatten(state)[0]
+
+    def _quiet_calls(self, state: list, step: int) -> tuple[list, int]:
+        """Dispatch the quiet calls (``worker.trainer.actions.Quiet``) from the one that ends
+        at ``step``, for as long as they are: the state and the step of the next call.
+
+        The loop's tightest path: on one CPU device each Python call beside the step's
+        showed in its rate (the 256 x 4 step, 88-91k calls/s alone: 70-85k with a call for
+        the batches, 63k with the queue's bound added per call), so the clock, the notice
+        and the end of ``QUIET_S`` are looked at every ``QUIET_CHECK_CALLS`` calls, the run
+        of calls goes to the queue (``InFlight``) as one, at most its ``max_calls``, and its
+        seconds count as JAX's (``StepTimer.count``). Where the bound is a few calls (several
+        CPU devices: ``InFlight.per_call``) each call is added as it goes."""
+        start, quiet, notice, k = self.start, self.quiet, self.notice, self.start.steps_per_call
+        call, get, in_flight, clock = start.calls.bare, start.batches.get, self.in_flight, quiet.clock
+        if call is None or in_flight.per_call:  # the loop's own dispatch, its actions skipped
+            state, _ = self.timed_step(state, get(step - k), step - k + 1, step)
+            return state, step + k
+        began, first = clock(), step
+        last = min(quiet.until - 1, step + k * (in_flight.max_calls - 1))
+        try:
+            while step <= last:
+                state = call(state, *get(step - k))
+                step += k
+                if not (step - first) // k % QUIET_CHECK_CALLS and (
+                        clock() >= quiet.deadline or (notice is not None and notice.held)):
+                    break
+        except BaseException:
+            self.step = step  # the call that failed, as the loop's failure line says it
+            raise
+        self.step = step - k
+        calls = (step - first) // k
+        in_flight.add(state, step - k, own=False, calls=calls, since=began)
+        self.logger.timer.count(calls, clock() - began)
+        return state, step
 
     def finish(self, params) -> dict:
         """The final params by pytree path; process 0 writes them to ``params.npz``."""

@@ -23,9 +23,9 @@ class Parallelism:
     Attributes:
       name: ``pmap`` or ``jit``.
       description: how the worker's start line says it ("" for the default, pmap).
-      make_train_step: ``(loss_fn, optimizer, with_metrics=, steps_per_call=, allreduce=,
-        metrics_fn=) -> step``; the step maps ``(params, opt_state, batch)`` to
-        ``(params, opt_state, loss[, metrics])`` in this layout.
+      make_train_step: ``(loss_fn, optimizer, state, steps_per_call=, allreduce=,
+        metrics_fn=, metrics_every=) -> worker.trainer.calls.StepCalls``: the step's calls
+        over the leaves of ``state`` (``(params, opt_state)``) in this layout.
       replicate: a host pytree -> the same, on every local device, in this layout.
       unreplicate: the reverse: one host copy (numpy), for checkpoints and the final params.
       placer: ``steps_per_call -> (batch -> batch on the devices)``.

@@ -30,8 +30,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from worker.trainer.calls import compiled_at_first_call
-from worker.trainer.train import averaging, step_function
+from worker.trainer.calls import StepCalls
+from worker.trainer.train import averaging, flat_state, step_function
 
 AXIS = "batch"  # the mesh's one axis: data parallelism over every device
 
@@ -53,12 +53,12 @@ def batch_sharded(axis: int = 0) -> NamedSharding:
     return NamedSharding(mesh(), PartitionSpec(*([None] * axis), AXIS))
 
 
-def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
-                    with_metrics: bool = False, steps_per_call: int = 1,
-                    allreduce: str = "packed", metrics_fn: Callable | None = None,
-                    metrics_every: int | None = None) -> Callable:
-    """Build the jitted step; arguments and results as ``worker.trainer.train.make_train_step``'s,
-    with global arrays in place of per-device stacks.
+def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, state: Any,
+                    steps_per_call: int = 1, allreduce: str = "packed",
+                    metrics_fn: Callable | None = None,
+                    metrics_every: int | None = None) -> StepCalls:
+    """Build the jitted calls of the step; arguments and results as
+    ``worker.trainer.train.make_train_step``'s, with global arrays in place of per-device stacks.
 
     Inside the ``jit``, each batch's rows are split into ``[device_count,
     per_device_batch_size]`` (the split falls on the sharding, so no data
@@ -71,56 +71,50 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
     equal on every device).
 
     Args:
-      loss_fn, optimizer, with_metrics, steps_per_call, allreduce, metrics_fn, metrics_every:
+      loss_fn, optimizer, state, steps_per_call, allreduce, metrics_fn, metrics_every:
         as ``worker.trainer.train.make_train_step``.
 
-    Args (of the returned function, k = 1), global arrays:
-      params, opt_state: replicated pytrees (``replicate``), donated.
+    Args (of a call, k = 1), global arrays:
+      state: the leaves of the replicated ``(params, opt_state)`` (``replicate``), donated.
       batch: dict of arrays ``[global_batch_size, ...]``, batch-sharded (``placer(1)``).
 
-    Args (k > 1): ``(params, opt_state, window, first)``: window a dict of arrays
+    Args (k > 1): ``(state, window, first)``: window a dict of arrays
       ``[W, global_batch_size, ...]`` sharded along axis 1 (``placer(k)``);
       ``first`` a replicated int32 scalar.
 
-    Returns:
-      New params and opt_state (replicated), loss (a replicated float32 scalar;
-      ``[R]`` for k > 1) and, with ``with_metrics``, this process's first
-      device's copy of the metrics, ``[1, 3 + M]`` float32 (``[1, R, 3 + M]``
-      for k > 1, R = k / metrics_every; columns ``worker.contract.metrics.STEP_METRICS``
-      then ``metrics_fn``'s):
-      the layout ``pmap`` gives with one local device, so ``worker.telemetry.metrics``
-      reads either with one transfer (a global array spanning other processes
-      cannot be fetched).
+    Returns (of a call): the new state (replicated) and, for a ``rows`` call, this
+      process's first device's copy of the metrics, ``[1, 3 + M]`` float32
+      (``[1, R, 3 + M]`` for k > 1, R = k / metrics_every; columns
+      ``worker.contract.metrics.STEP_METRICS`` then ``metrics_fn``'s): the layout ``pmap``
+      gives with one local device, so ``worker.telemetry.metrics`` reads either with one
+      transfer (a global array spanning other processes cannot be fetched).
 
     Raises:
       ValueError: ``allreduce`` is neither ``per_leaf`` nor ``packed``.
     """
     devices = mesh().size
-    per_device = step_function(loss_fn, optimizer, averaging(allreduce, devices), with_metrics,
-                               steps_per_call, metrics_fn, metrics_every)
+    average = averaging(allreduce, devices)
+    treedef = jax.tree_util.tree_structure(state)
     rows = 0 if steps_per_call == 1 else 1  # the batch rows' axis (1: after the window's)
 
     def split(a):
         return a.reshape(a.shape[:rows] + (devices, -1) + a.shape[rows + 1:])
 
-    def step(params, opt_state, batch, *first):
-        outputs = jax.vmap(per_device, in_axes=(None, None, rows) + (None,) * len(first),
-                           out_axes=None, axis_name=AXIS)(
-            params, opt_state, jax.tree.map(split, batch), *first)
-        if not with_metrics:
-            return outputs
-        return (*outputs[:-1], outputs[-1][None])
+    def jitted(with_metrics: bool) -> Callable:
+        per_device = step_function(loss_fn, optimizer, average, with_metrics, steps_per_call,
+                                   metrics_fn, metrics_every)
 
-    jitted = compiled_at_first_call(jax.jit(step, out_shardings=replicated(),
-                                            donate_argnums=(0, 1)))
-    if not with_metrics:
-        return jitted
+        def step(params, opt_state, batch, *first):
+            outputs = jax.vmap(per_device, in_axes=(None, None, rows) + (None,) * len(first),
+                               out_axes=None, axis_name=AXIS)(
+                params, opt_state, jax.tree.map(split, batch), *first)
+            return (*outputs[:2], outputs[2][None]) if with_metrics else outputs
 
-    def call(*args):
-        *state, step_metrics = jitted(*args)
-        return (*state, step_metrics.addressable_data(0))
+        return jax.jit(flat_state(step, treedef), out_shardings=replicated(),
+                       donate_argnums=(0,))
 
-    return call
+    return StepCalls(treedef, jitted(True), jitted(False),
+                     local_rows=lambda metrics: metrics.addressable_data(0))
 
 
 def _global(local: np.ndarray, sharding: NamedSharding, axis: int) -> jax.Array:

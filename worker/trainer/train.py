@@ -21,7 +21,7 @@ from worker.contract import sections
 from worker.contract.metrics import STEP_METRICS
 from worker.data.order import WEIGHT
 from worker.data.sources import aligned
-from worker.trainer.calls import compiled_at_first_call
+from worker.trainer.calls import StepCalls
 
 AXIS = "batch"  # the seed's axis name
 
@@ -70,20 +70,20 @@ def packed_pmean(tree: Any, axis_name: str = AXIS) -> Any:
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
-                    with_metrics: bool = False, steps_per_call: int = 1,
-                    allreduce: str = "per_leaf", metrics_fn: Callable | None = None,
-                    metrics_every: int | None = None) -> Callable:
-    """Build the pmapped step ``(params, opt_state, batch) -> (params, opt_state, loss[, metrics])``.
+def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, state: Any,
+                    steps_per_call: int = 1, allreduce: str = "per_leaf",
+                    metrics_fn: Callable | None = None,
+                    metrics_every: int | None = None) -> StepCalls:
+    """Build the pmapped calls of the step (``worker.trainer.calls.StepCalls``).
 
     Args:
       loss_fn: ``(params, batch) -> loss``, the per-device batch mean; ``batch``
         a dict of named arrays ``[per_device_batch_size, ...]`` (``worker.data.batches``).
       optimizer: the optax optimizer.
-      with_metrics: also return ``metrics``; the update is the same either way.
+      state: ``(params, opt_state)`` (any layout): its tree structure is the calls'.
       steps_per_call: k optimizer steps per call (``lax.scan`` over the
-        step, one device loop, traced once). With k > 1 the returned function
-        takes a window of batches and the index of the first (below).
+        step, one device loop, traced once). With k > 1 a call takes a window of
+        batches and the index of the first (below).
       allreduce: ``per_leaf`` (a ``pmean`` of each gradient and of the loss, as
         the seed) or ``packed`` (``packed_pmean``: one collective per dtype);
         the same values.
@@ -91,39 +91,52 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
         ``metrics_fn``, e.g. accuracy) on the params before the update,
         averaged over every device like the loss; appended to ``metrics`` in
         the dict's order.
-      metrics_every: with k > 1, the call's steps whose loss and metrics are returned:
+      metrics_every: with k > 1, the call's steps whose metrics are returned:
         every ``metrics_every``-th (a divisor of k; default k, the last step only).
         Nothing is kept of the steps between (``worker.trainer.calls.metrics_every``).
 
-    Args (of the returned function, k = 1), each with a leading ``[local_device_count]`` axis:
-      params, opt_state: replicated pytrees (float32).
+    Args (of a call, k = 1), each with a leading ``[local_device_count]`` axis:
+      state: the leaves of the replicated ``(params, opt_state)`` (float32), donated.
       batch: dict of arrays ``[local_device_count, per_device_batch_size, ...]``.
 
-    Args (k > 1): ``(params, opt_state, window, first)``:
+    Args (k > 1): ``(state, window, first)``:
       window: dict of arrays ``[local_device_count, W, per_device_batch_size, ...]``;
         step i of the call (0-based) uses entry ``(first + i) % W``.
       first: ``[local_device_count]`` int32 (equal on every device).
 
-    Returns:
-      New params and opt_state (replicated), and loss ``[local_device_count]``
-      float32, the global-batch mean loss, equal on every device. With
-      ``with_metrics``, also ``metrics``: ``[local_device_count, 3 + M]`` float32,
-      columns ``worker.contract.metrics.STEP_METRICS`` (the loss, and the global L2 norm,
-      ``optax.global_norm``, of the averaged gradient and of the updated params)
-      then the M values of ``metrics_fn``; equal on every device. One array, so
-      a log step is read back with one device-to-host transfer.
-      With k > 1, loss is ``[local_device_count, R]`` and metrics
-      ``[local_device_count, R, 3 + M]``, R = k / metrics_every: the values of steps
-      ``metrics_every``, ``2 * metrics_every``, ..., k of the call, in step order.
+    Returns (of a call): the new state, and for a ``rows`` call ``metrics``:
+      ``[local_device_count, 3 + M]`` float32, columns ``worker.contract.metrics.STEP_METRICS``
+      (the global-batch mean loss, and the global L2 norm, ``optax.global_norm``, of the
+      averaged gradient and of the updated params) then the M values of ``metrics_fn``;
+      equal on every device. One array, so a log step is read back with one device-to-host
+      transfer. With k > 1 ``[local_device_count, R, 3 + M]``, R = k / metrics_every: the
+      rows of steps ``metrics_every``, ``2 * metrics_every``, ..., k of the call, in order.
 
     Raises:
       ValueError: ``allreduce`` is neither ``per_leaf`` nor ``packed``.
     """
-    step = step_function(loss_fn, optimizer, averaging(allreduce, jax.device_count()),
-                         with_metrics, steps_per_call, metrics_fn, metrics_every)
-    mapped = jax.pmap(step, axis_name=AXIS, donate_argnums=(0, 1))
-    # pmap's lowering takes this process's arrays as the whole: ahead of time only alone
-    return compiled_at_first_call(mapped) if jax.process_count() == 1 else mapped
+    average = averaging(allreduce, jax.device_count())
+    treedef = jax.tree_util.tree_structure(state)
+
+    def mapped(with_metrics: bool) -> Callable:
+        step = step_function(loss_fn, optimizer, average, with_metrics, steps_per_call,
+                             metrics_fn, metrics_every)
+        return jax.pmap(flat_state(step, treedef), axis_name=AXIS, donate_argnums=(0,))
+
+    if jax.process_count() > 1:  # pmap's lowering takes this process's arrays as the whole
+        return StepCalls(treedef, mapped(True))
+    return StepCalls(treedef, mapped(True), mapped(False), run_compiled=True)
+
+
+def flat_state(step: Callable, treedef: Any) -> Callable:
+    """``step`` (``(params, opt_state, *inputs) -> (params, opt_state, *rest)``) over the
+    state's leaves: ``(state, *inputs) -> state`` with no ``rest``, else ``(state, *rest)``."""
+    def call(state, *inputs):
+        params, opt_state, *rest = step(*treedef.unflatten(state), *inputs)
+        state = treedef.flatten_up_to((params, opt_state))
+        return (state, *rest) if rest else state
+
+    return call
 
 
 def averaging(allreduce: str, device_count: int | None = None) -> Callable[[tuple], tuple]:
@@ -158,17 +171,17 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
     """The step before it is mapped: ``make_train_step``'s (pmap) and ``worker.trainer.sharded``'s (jit).
 
     Args:
-      loss_fn, optimizer, with_metrics, steps_per_call, metrics_fn, metrics_every: as
-        ``make_train_step``.
+      loss_fn, optimizer, steps_per_call, metrics_fn, metrics_every: as ``make_train_step``.
       average: ``(grads, loss, extra) -> the same`` averaged over every device
         (``averaging``: ``pmean`` over ``AXIS``, which ``pmap`` and
         ``worker.trainer.sharded``'s ``vmap`` both name).
+      with_metrics: also return the metrics (a ``rows`` call); the update is the same.
 
     Returns:
-      ``(params, opt_state, batch) -> (params, opt_state, loss[, metrics])`` for
-      k = 1, or ``(params, opt_state, window, first)`` running k steps on the device
-      (window: batches along axis 0 of every array; ``first``: an int32 scalar), whose
-      loss and metrics gain a leading ``[k / metrics_every]`` axis, a row for every
+      ``(params, opt_state, batch) -> (params, opt_state[, metrics])`` for k = 1 (metrics
+      ``[3 + M]``, column 0 the loss), or ``(params, opt_state, window, first)`` running k
+      steps on the device (window: batches along axis 0 of every array; ``first``: an int32
+      scalar), whose metrics gain a leading ``[k / metrics_every]`` axis, a row for every
       ``metrics_every``-th step of the call; shapes are one device's.
 
     Raises:
@@ -185,13 +198,13 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
         updates, opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         if not with_metrics:
-            return new_params, opt_state, loss
+            return new_params, opt_state
         # Read-only reductions of values the update already made: they add no
         # collective (grads are averaged already) and do not feed the update.
         metrics = jnp.stack([loss, optax.global_norm(grads), optax.global_norm(new_params)]
                             + [jnp.asarray(v, jnp.float32) for v in extra.values()])
         assert metrics.shape == (len(STEP_METRICS) + len(extra),)
-        return new_params, opt_state, loss, metrics
+        return new_params, opt_state, metrics
 
     if steps_per_call == 1:
         return train_step
@@ -213,17 +226,20 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
                 lambda a: jax.lax.dynamic_index_in_dim(a, index, axis=0, keepdims=False), window)
 
         def bare(i, carry):
-            return bare_step(*carry, batch_at(i))[:2]
+            return bare_step(*carry, batch_at(i))
+
+        if not with_metrics:
+            return jax.lax.fori_loop(0, steps_per_call, bare, (params, opt_state))
 
         def row(carry, r):
             last = (r + 1) * every - 1  # the row's step, 0-based within the call
             carry = jax.lax.fori_loop(last - every + 1, last, bare, carry)
-            params, opt_state, *per_row = train_step(*carry, batch_at(last))
-            return (params, opt_state), tuple(per_row)
+            params, opt_state, metrics = train_step(*carry, batch_at(last))
+            return (params, opt_state), metrics
 
-        (params, opt_state), per_row = jax.lax.scan(
+        (params, opt_state), metrics = jax.lax.scan(
             row, (params, opt_state), jnp.arange(steps_per_call // every, dtype=jnp.int32))
-        return (params, opt_state, *per_row)
+        return params, opt_state, metrics
 
     return fused_steps
 

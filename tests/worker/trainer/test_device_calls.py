@@ -1,6 +1,8 @@
-"""How the loop's device calls are dispatched (worker.trainer.calls): compiled once, then called as the
-executable (``compiled_at_first_call``); how far the host runs ahead (``InFlight``)."""
+"""How the loop's device calls are dispatched (worker.trainer.calls): both executables compiled
+before the first call runs, then called as they are (``StepCalls``); how far the host runs
+ahead (``InFlight``); which calls go without the actions (``worker.trainer.actions.Quiet``)."""
 
+import math
 import os
 
 import numpy as np
@@ -10,7 +12,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from worker.trainer.calls import InFlight, compiled_at_first_call, in_flight  # noqa: E402
+from worker.trainer.actions import Quiet  # noqa: E402
+from worker.trainer.calls import (MAX_CALLS_IN_FLIGHT, QUEUE_S, InFlight, StepCalls,  # noqa: E402
+                                  in_flight)
 
 
 class Counted:
@@ -28,36 +32,72 @@ class Counted:
         return self.fn.lower(*args)
 
 
-def test_the_step_is_compiled_once_and_gives_pmaps_results_with_donation():
-    mapped = jax.pmap(lambda p, x: (p + x.sum(), (p * x).mean()), axis_name="d",
-                      donate_argnums=(0,))
-    counted = Counted(mapped)
-    step = compiled_at_first_call(counted)
-    p, x = jnp.ones((1, 3)), jnp.arange(6.0).reshape(1, 2, 3)
+def _calls(treedef):
+    def rows(state, x):
+        p, = state
+        return [p + x.sum()], jax.lax.pmean((p * x).mean(), "d")[None]
+
+    def bare(state, x):
+        return [state[0] + x.sum()]
+
+    mapped = {name: Counted(jax.pmap(fn, axis_name="d", donate_argnums=(0,)))
+              for name, fn in (("rows", rows), ("bare", bare))}
+    return StepCalls(treedef, mapped["rows"], mapped["bare"], run_compiled=True), mapped
+
+
+def test_both_calls_are_compiled_before_the_first_runs_and_keep_pmaps_results_and_donation():
+    calls, mapped = _calls(jax.tree_util.tree_structure(([0], ())))  # params [p], no opt_state
+    state, x = calls.flatten([jnp.ones((1, 3))], ()), jnp.arange(6.0).reshape(1, 2, 3)
+    assert len(state) == 1
+    assert calls.bare is None  # nothing compiled before a first call
     want = np.ones((1, 3))
-    for _ in range(3):
-        donated = p
-        p, mean = step(p, x)
-        np.testing.assert_allclose(np.asarray(mean), [np.mean(want * np.arange(6.0).reshape(2, 3))])
+    for rows in (False, True, False):
+        donated = state[0]
+        state, metrics = calls(state, (x,), rows)
+        if rows:
+            np.testing.assert_allclose(np.asarray(metrics),
+                                       [[np.mean(want * np.arange(6.0).reshape(2, 3))]])
+        else:
+            assert metrics is None  # a bare call returns the state alone
         want = want + 15.0
-        assert donated.is_deleted()  # the executable keeps pmap's donation
-    np.testing.assert_allclose(np.asarray(p), want)
-    assert (counted.lowered, counted.calls) == (1, 0)  # compiled once; pmap's path never taken
+        assert donated.is_deleted()  # the executables keep pmap's donation
+    np.testing.assert_allclose(np.asarray(state[0]), want)
+    # both lowered once, before the first call; pmap's per-call path never taken
+    assert [(m.lowered, m.calls) for m in mapped.values()] == [(1, 0), (1, 0)]
+    assert calls.bare is not None and calls.bare is not mapped["bare"]
 
 
 def test_a_call_with_other_shapes_falls_back_to_the_mapped_function():
-    counted = Counted(jax.pmap(lambda a: a * 2))
-    step = compiled_at_first_call(counted)
-    np.testing.assert_allclose(np.asarray(step(jnp.ones((1, 3)))), 2 * np.ones((1, 3)))
-    np.testing.assert_allclose(np.asarray(step(jnp.ones((1, 4)))), 2 * np.ones((1, 4)))
-    np.testing.assert_array_equal(np.asarray(step(jnp.ones((1, 3), jnp.int32))),
-                                  2 * np.ones((1, 3), np.int32))
-    assert (counted.lowered, counted.calls) == (1, 2)
+    calls, mapped = _calls(jax.tree_util.tree_structure(([0], ())))
+    state, _ = calls([jnp.ones((1, 3))], (jnp.ones((1, 2, 3)),), False)
+    state, _ = calls([jnp.ones((1, 4))], (jnp.ones((1, 2, 4)),), False)
+    np.testing.assert_allclose(np.asarray(state[0]), 9 * np.ones((1, 4)))
+    assert (mapped["bare"].lowered, mapped["bare"].calls) == (1, 1)
 
 
-def test_on_cpu_two_calls_are_in_flight_and_the_older_ones_have_finished():
-    assert in_flight("cpu") == (2, None)
-    queue = InFlight(*in_flight("cpu"), finished_step=100)
+def test_without_a_bare_call_every_call_returns_rows():
+    treedef = jax.tree_util.tree_structure(([0], ()))
+    rows = Counted(jax.pmap(lambda s, x: ([s[0] + 1], s[0].sum()[None]), donate_argnums=(0,)))
+    calls = StepCalls(treedef, rows)  # several processes' pmap: compiled at its first call
+    state, metrics = calls([jnp.ones((1, 2))], (jnp.ones((1, 2)),), False)
+    assert metrics is not None and calls.bare is None
+    assert (rows.lowered, rows.calls) == (0, 1)
+
+
+def test_the_state_is_the_leaves_of_params_and_optimizer_state():
+    params, opt_state = {"w": np.ones(2), "b": np.zeros(1)}, ((), {"mu": np.full(2, 3.0)})
+    calls = StepCalls(jax.tree_util.tree_structure((params, opt_state)), rows=None)
+    state = calls.flatten(params, opt_state)
+    assert len(state) == 3
+    back = calls.unflatten(state)
+    np.testing.assert_array_equal(back[1][1]["mu"], opt_state[1]["mu"])
+    assert back[0].keys() == params.keys()
+
+
+def test_with_several_cpu_devices_two_calls_are_in_flight_and_the_older_ones_have_finished():
+    assert in_flight("cpu", 2) == (2, None)
+    queue = InFlight(*in_flight("cpu", 2), finished_step=100)
+    assert queue.per_call
     outputs = [jnp.full((2,), float(i)) for i in range(4)]
     queue.add(outputs[0], 110)
     queue.add(outputs[1], 120)
@@ -66,6 +106,43 @@ def test_on_cpu_two_calls_are_in_flight_and_the_older_ones_have_finished():
     assert queue.finished_step == 110
     queue.add(outputs[3], 140)
     assert queue.finished_step == 120
+
+
+def test_one_cpu_device_queues_calls_as_a_chip_does():
+    assert in_flight("cpu", 1) == in_flight("tpu", 1) == (MAX_CALLS_IN_FLIGHT, QUEUE_S)
+    assert not InFlight(*in_flight("cpu", 1)).per_call
+
+
+def test_a_bare_calls_state_is_waited_on_only_until_the_next_call_takes_it():
+    queue = InFlight(2, None)
+    step = jax.jit(lambda s: [s[0] + 1], donate_argnums=(0,))
+    state = [jnp.zeros(3)]
+    for last in (1, 2, 3):
+        state = step(state)
+        queue.add(state, last, own=False)
+    # the third call went over the bound: calls 1 and 2 had nothing left to wait on (their
+    # states were donated), so the wait was for call 3's state, the newest: all finished
+    assert queue.finished_step == 3
+    state = step(state)
+    queue.add(state, 4, own=False)
+    metrics = jnp.ones(2)
+    queue.add(metrics, 5)  # a call with rows: waited on through its own result
+    queue.add(jnp.ones(2), 6)
+    assert queue.finished_step == 5  # call 4's state was donated: waited through 5's rows
+    np.testing.assert_allclose(np.asarray(state[0]), 4 * np.ones(3))
+
+
+def test_a_run_of_calls_counts_as_its_calls_and_its_first_calls_age():
+    now = [0.0]
+    queue = InFlight(100, 0.1, clock=lambda: now[0])
+    queue.add(jnp.ones(1), 10, calls=60, since=0.0)
+    queue.add(jnp.ones(1), 20, calls=30, since=0.01)
+    assert queue.finished_step == 0
+    queue.add(jnp.ones(1), 30, calls=20, since=0.02)  # 110 calls: over the bound
+    assert queue.finished_step == 10
+    now[0] = 0.2
+    queue.add(jnp.ones(1), 40, calls=1)  # the run of step 20 began 0.19 s ago
+    assert queue.finished_step == 20  # waited for down to two queued (30 and 40)
 
 
 def test_on_a_chip_calls_queue_until_the_oldest_has_waited_queue_s():
@@ -84,6 +161,34 @@ def test_on_a_chip_calls_queue_until_the_oldest_has_waited_queue_s():
     for step in range(1, 6):
         small.add(jnp.zeros(2), step)
     assert small.finished_step == 2  # max_calls bounds it too
+
+
+class _Profiler:
+    def __init__(self, next_step):
+        self.next = next_step
+
+    def next_step(self, step):
+        return self.next
+
+
+def test_a_call_is_quiet_until_the_next_periods_step_or_the_profilers_for_a_while():
+    now = [0.0]
+    quiet = Quiet([100, 1000, 0, 250], _Profiler(math.inf), quiet_s=0.01, clock=lambda: now[0])
+    assert not quiet.quiet(1)  # nothing ran yet: the first call has its actions
+    quiet.ran(1)
+    assert quiet.quiet(2) and quiet.quiet(99) and not quiet.quiet(100)  # a log step, say
+    quiet.ran(100)
+    assert quiet.quiet(199) and not quiet.quiet(200)
+    quiet.ran(200)
+    assert quiet.quiet(249) and not quiet.quiet(250)  # a local copy's period
+    now[0] = 0.011
+    assert not quiet.quiet(201)  # QUIET_S went by: the clock's work gets a call
+    windowed = Quiet([100], _Profiler(40), clock=lambda: 0.0)
+    windowed.ran(10)
+    assert windowed.quiet(39) and not windowed.quiet(40)  # a profile window starts at 40
+    hooked = Quiet([100], _Profiler(math.inf), every_call=True, clock=lambda: 0.0)
+    hooked.ran(1)
+    assert not hooked.quiet(2)  # a task's hook sees every call
 
 
 def _primitives(jaxpr) -> set:
