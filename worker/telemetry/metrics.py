@@ -56,6 +56,7 @@ the steps' own):
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import math
 import time
@@ -109,6 +110,13 @@ def fetch_when_done(array) -> None:
     copy = getattr(array, "copy_to_host_async", None)
     if copy is not None:
         copy()
+
+
+def _ready(array) -> bool:
+    """Whether a device array's value has been computed (``jax.Array.is_ready``; anything
+    else: yes)."""
+    ready = getattr(array, "is_ready", None)
+    return True if ready is None else ready()
 
 
 def json_value(value: float) -> float | None:
@@ -232,9 +240,15 @@ class StepLogger:
             if len(self._kept) > kept:
                 fetch_when_done(step_metrics)
         done = self.finished_step() if self.finished_step is not None else step - self.lag
-        while self._finished < len(self._kept) and self._kept[self._finished][5] <= done:
-            self._time(self._kept[self._finished])
+        # finished: its call is known to have (the queue waited for it), or its rows are on
+        # hand (a queue that waits only every 0.1 s would time a short run's log steps all at
+        # its end, a few microseconds apart)
+        newly = self._finished
+        while self._finished < len(self._kept) and (self._kept[self._finished][5] <= done
+                                                    or _ready(self._kept[self._finished][3])):
             self._finished += 1
+        if self._finished > newly:  # found finished together: the interval is theirs alike
+            self._time(list(itertools.islice(self._kept, newly, self._finished)))
         now = self.clock()
         if self._finished and now - self._last_read >= self.read_every_s:
             with interrupts.held():  # taken off _kept: printed and held whole, or not at all
@@ -249,12 +263,15 @@ class StepLogger:
         """``jax.block_until_ready(array)``, the time counted as JAX's, not the host's own."""
         self.timer.wait(array)
 
-    def _time(self, entry: list) -> None:
-        """Set ``entry``'s (step_time_s, own_step_time_s) from the interval since the mark; the
-        log steps of one call share its times (it is timed as a whole)."""
-        if self._taken is None or self._taken[0] != entry[1]:
-            self._taken = (entry[1], self.timer.take(entry[1]))
-        entry[2] = self._taken[1]
+    def _time(self, entries: list) -> None:
+        """Set each of ``entries``' (step_time_s, own_step_time_s) from the interval since the
+        mark to its newest (entries known finished at one time share it: the steps between
+        took that long on average; the log steps of one call are timed as a whole)."""
+        newest = entries[-1][1]
+        if self._taken is None or self._taken[0] != newest:
+            self._taken = (newest, self.timer.take(newest))
+        for entry in entries:
+            entry[2] = self._taken[1]
 
     def flush(self) -> None:
         """Read every kept log step, waiting for it (before a checkpoint, a task's hook)."""
@@ -320,7 +337,7 @@ class StepLogger:
         for entry in kept:  # flush(): wait for each in turn, so each gets its own interval
             if entry[2] is None:
                 self.wait(entry[3])  # waiting for the device: not host work
-                self._time(entry)
+                self._time([entry])
         start = self.clock()
         arrays = {id(entry[3]): entry[3] for entry in kept}  # a call's log steps share one
         fetched = dict(zip(arrays, jax.device_get(list(arrays.values()))))
