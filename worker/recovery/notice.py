@@ -118,7 +118,8 @@ class Notice:
         if value == END or self._done.is_set():
             return
         with self._lock:
-            self._held, mine, self._held_at = True, self._dispatched, self.clock()
+            self._held = True  # before the step is read: the loop's quiet calls (``passes``)
+            mine, self._held_at = self._dispatched, self.clock()  # take no lock
         self._source = int(value) if value.isdigit() else None
         try:
             self.client.key_value_set(f"{REPORT_DIR}{self.process_id}", str(mine))
@@ -139,6 +140,16 @@ class Notice:
         who = (f"process_id {', '.join(map(str, silent))} did not answer" if silent
                else "the agreement failed")
         return f"{who} within {AGREE_TIMEOUT_S:g} s ({first})"
+
+    def passes(self, step: int) -> bool:
+        """``may_dispatch`` without the lock, for the loop's quiet calls: records ``step`` as
+        dispatched, then says whether no notice holds the loop (False: ask ``may_dispatch``).
+        The watcher sets ``held`` before it reads the step (under the GIL each is one store
+        or load, in program order), so the step it reports is never below one dispatched:
+        at worst it is the step about to be refused here, which the agreement then has
+        every process dispatch."""
+        self._dispatched = step
+        return not self._held
 
     @property
     def held(self) -> bool:

@@ -229,6 +229,8 @@ class InFlight:
         self.finished_step = finished_step
         self._pending: collections.deque = collections.deque()  # [output, last step, when, own, calls]
         self._calls = 0  # calls in _pending
+        self._measured: tuple | None = None  # (clock, finished step) at the last wait
+        self.steps_per_s: float | None = None  # the devices' rate, measured by the waits
 
     def add(self, output: Any, step: int | None = None, own: bool = True, calls: int = 1,
             since: float | None = None) -> None:
@@ -247,6 +249,8 @@ class InFlight:
             clock ``since`` (the loop's quiet calls: ``per_call`` False), ``step`` the last's.
         """
         now = self.clock()
+        if self._measured is None:  # the rate's first interval starts at the first call
+            self._measured = (now if since is None else since, self.finished_step)
         pending = self._pending
         if pending and not pending[-1][3]:
             pending[-1][0] = None  # donated to this call
@@ -263,7 +267,25 @@ class InFlight:
                 _, done, _, _, calls = pending.popleft()
                 self._calls -= calls
                 if done is not None:
+                    self._measure(done)
                     self.finished_step = done
+
+    def _measure(self, done: int) -> None:
+        """The devices' steps per second, from the steps found finished between two waits
+        (a wait ends when its call has run)."""
+        now = self.clock()
+        if self._measured is not None and now > self._measured[0] and done > self._measured[1]:
+            self.steps_per_s = (done - self._measured[1]) / (now - self._measured[0])
+        self._measured = (now, done)
+
+    def ahead_calls(self, steps_per_call: int) -> int:
+        """Calls the loop may dispatch as one run before it adds them (``add``'s ``calls``):
+        those the devices run in ``queue_s`` at the rate last measured, at least 1 (1 until
+        it is measured: each call then meets the bounds as it is added). So a run of quiet
+        calls holds the host no further ahead of slow steps than the bounds do."""
+        if self.steps_per_s is None or self.queue_s is None:
+            return 1
+        return max(1, int(self.steps_per_s * self.queue_s) // steps_per_call)
 
     @property
     def per_call(self) -> bool:

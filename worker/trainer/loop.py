@@ -294,30 +294,37 @@ class Loop:
 
         The loop's tightest path: on one CPU device each Python call beside the step's
         showed in its rate (the 256 x 4 step, 88-91k calls/s alone: 70-85k with a call for
-        the batches, 63k with the queue's bound added per call), so the clock, the notice
-        and the end of ``QUIET_S`` are looked at every ``QUIET_CHECK_CALLS`` calls, the run
-        of calls goes to the queue (``InFlight``) as one, at most its ``max_calls``, and its
-        seconds count as JAX's (``StepTimer.count``). Where the bound is a few calls (several
-        CPU devices: ``InFlight.per_call``) each call is added as it goes."""
+        the batches, 63k with the queue's bound added per call), so the clock and the end of
+        ``QUIET_S`` are looked at every ``QUIET_CHECK_CALLS`` calls, and the run of calls goes
+        to the queue (``InFlight``) as one, no longer than the devices run in its ``queue_s``
+        (``InFlight.ahead_calls``: a slow step's run is one call, and the queue's bounds meet
+        every call), and its seconds count as JAX's (``StepTimer.count``). The notice is told
+        of every call (``Notice.passes``, no lock), as ``may_dispatch`` is. Where the bound is
+        a few calls (several CPU devices: ``InFlight.per_call``) each call is added as it goes."""
         start, quiet, notice, k = self.start, self.quiet, self.notice, self.start.steps_per_call
         call, get, in_flight, clock = start.calls.bare, start.batches.get, self.in_flight, quiet.clock
         if call is None or in_flight.per_call:  # the loop's own dispatch, its actions skipped
             state, _ = self.timed_step(state, get(step - k), step - k + 1, step)
             return state, step + k
         began, first = clock(), step
-        last = min(quiet.until - 1, step + k * (in_flight.max_calls - 1))
+        last = min(quiet.until - 1, step + k * (min(in_flight.max_calls,
+                                                    in_flight.ahead_calls(k)) - 1))
+        passes = notice.passes if notice is not None else None
         try:
             while step <= last:
+                if passes is not None and not passes(step):
+                    break  # a notice: the loop's own path asks may_dispatch
                 state = call(state, *get(step - k))
                 step += k
-                if not (step - first) // k % QUIET_CHECK_CALLS and (
-                        clock() >= quiet.deadline or (notice is not None and notice.held)):
+                if not (step - first) // k % QUIET_CHECK_CALLS and clock() >= quiet.deadline:
                     break
         except BaseException:
             self.step = step  # the call that failed, as the loop's failure line says it
             raise
         self.step = step - k
         calls = (step - first) // k
+        if not calls:  # a notice before the first: nothing dispatched here
+            return state, step
         in_flight.add(state, step - k, own=False, calls=calls, since=began)
         self.logger.timer.count(calls, clock() - began)
         return state, step

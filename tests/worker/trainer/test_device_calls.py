@@ -226,3 +226,26 @@ def test_one_device_averages_without_packing_the_gradients_into_one_buffer():
 
     assert "concatenate" not in primitives(1)
     assert "concatenate" in primitives(2)
+
+
+def test_a_run_of_quiet_calls_is_no_longer_than_the_devices_run_in_queue_s():
+    """Until the queue has measured the devices' rate, each quiet call is one run (its bounds
+    meet every call); then a run is what the devices run in ``queue_s``: a slow step's is one
+    call, so the host gets no further ahead of it than the bounds let it."""
+    now = [0.0]
+    queue = InFlight(1000, 0.1, clock=lambda: now[0])
+    assert queue.ahead_calls(1) == 1
+    for step in range(1, 4):  # calls of 1 s each, dispatched at once; waited for by age
+        now[0] = step * 1.0
+        queue.add(jnp.ones(1), step)
+    # step 1 found finished (waited for) 2 s after the first call: 0.5 steps/s, a run of 1
+    assert queue.steps_per_s == 0.5 and queue.ahead_calls(1) == 1
+    fast = InFlight(1000, 0.1, clock=lambda: now[0])
+    now[0] = 0.0
+    fast.add(jnp.ones(1), 1000, calls=1000, since=0.0)
+    now[0] = 0.2
+    fast.add(jnp.ones(1), 2000, calls=1000, since=0.1)
+    fast.add(jnp.ones(1), 2001)  # over the age bound: 1,000 steps found finished in 0.2 s
+    assert fast.steps_per_s == 5000.0
+    assert fast.ahead_calls(1) == 500 and fast.ahead_calls(100) == 5
+    assert InFlight(2, None).ahead_calls(1) == 1  # the bound is a few calls: every call added
