@@ -267,8 +267,8 @@ class InFlight:
                 _, done, _, _, calls = pending.popleft()
                 self._calls -= calls
                 if done is not None:
-                    self._measure(done)
                     self.finished_step = done
+            self._measure(self.finished_step)  # once a wait: the calls it found finished
 
     def _measure(self, done: int) -> None:
         """The devices' steps per second, from the steps found finished between two waits

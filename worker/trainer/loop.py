@@ -294,19 +294,24 @@ class Loop:
 
         The loop's tightest path: on one CPU device each Python call beside the step's
         showed in its rate (the 256 x 4 step, 88-91k calls/s alone: 70-85k with a call for
-        the batches, 63k with the queue's bound added per call), so the clock and the end of
-        ``QUIET_S`` are looked at every ``QUIET_CHECK_CALLS`` calls, and the run of calls goes
+        the batches, 63k with the queue's bound added per call), so the end of ``QUIET_S`` is
+        looked at every ``QUIET_CHECK_CALLS`` calls, and the run of calls goes
         to the queue (``InFlight``) as one, no longer than the devices run in its ``queue_s``
         (``InFlight.ahead_calls``: a slow step's run is one call, and the queue's bounds meet
-        every call), and its seconds count as JAX's (``StepTimer.count``). The notice is told
-        of every call (``Notice.passes``, no lock), as ``may_dispatch`` is. Where the bound is
-        a few calls (several CPU devices: ``InFlight.per_call``) each call is added as it goes."""
+        every call), and the calls' own seconds count as JAX's (``StepTimer.count``; the
+        batches' are the host's, as on the loop's path). The notice is told of every call
+        (``Notice.passes``, no lock), as ``may_dispatch`` is, on both paths. Where the bound is
+        a few calls (several CPU devices: ``InFlight.per_call``), or every call returns rows
+        (several processes' pmap), each call goes through the loop's own dispatch."""
         start, quiet, notice, k = self.start, self.quiet, self.notice, self.start.steps_per_call
         call, get, in_flight, clock = start.calls.bare, start.batches.get, self.in_flight, quiet.clock
         if call is None or in_flight.per_call:  # the loop's own dispatch, its actions skipped
+            if notice is not None and not notice.passes(step):
+                return state, step  # a notice: the loop's own path asks may_dispatch
+            self.step = step
             state, _ = self.timed_step(state, get(step - k), step - k + 1, step)
             return state, step + k
-        began, first = clock(), step
+        began, first, in_jax_s = clock(), step, 0.0
         last = min(quiet.until - 1, step + k * (min(in_flight.max_calls,
                                                     in_flight.ahead_calls(k)) - 1))
         passes = notice.passes if notice is not None else None
@@ -314,9 +319,13 @@ class Loop:
             while step <= last:
                 if passes is not None and not passes(step):
                     break  # a notice: the loop's own path asks may_dispatch
-                state = call(state, *get(step - k))
+                inputs = get(step - k)  # the host's own time, as on the loop's own path
+                called = clock()
+                state = call(state, *inputs)
+                now = clock()
+                in_jax_s += now - called
                 step += k
-                if not (step - first) // k % QUIET_CHECK_CALLS and clock() >= quiet.deadline:
+                if not (step - first) // k % QUIET_CHECK_CALLS and now >= quiet.deadline:
                     break
         except BaseException:
             self.step = step  # the call that failed, as the loop's failure line says it
@@ -326,7 +335,7 @@ class Loop:
         if not calls:  # a notice before the first: nothing dispatched here
             return state, step
         in_flight.add(state, step - k, own=False, calls=calls, since=began)
-        self.logger.timer.count(calls, clock() - began)
+        self.logger.timer.count(calls, in_jax_s)
         return state, step
 
     def finish(self, params) -> dict:

@@ -249,3 +249,25 @@ def test_a_run_of_quiet_calls_is_no_longer_than_the_devices_run_in_queue_s():
     assert fast.steps_per_s == 5000.0
     assert fast.ahead_calls(1) == 500 and fast.ahead_calls(100) == 5
     assert InFlight(2, None).ahead_calls(1) == 1  # the bound is a few calls: every call added
+
+
+def test_the_rate_is_measured_once_a_wait_over_every_call_it_found_finished():
+    """A wait through the newest bare call pops every call before it: the rate is the steps
+    it found finished over the time since the last measure, not each popped call's steps
+    over the microseconds between two pops (that read 20 million steps/s for 100)."""
+    now = [0.0]
+
+    def clock():
+        now[0] += 1e-6  # every read a microsecond later, as a real clock
+        return now[0]
+
+    queue = InFlight(1000, 0.1, clock=clock)
+    step_fn = jax.jit(lambda s: [s[0] + 1], donate_argnums=(0,))
+    state = [jnp.zeros(2)]
+    for step in range(1, 13):  # 100 calls a second: one every 10 ms
+        now[0] = step * 0.01
+        state = step_fn(state)
+        queue.add(state, step, own=False)
+    assert queue.finished_step == 12  # the 12th went over the age bound: all waited for
+    assert 80 < queue.steps_per_s < 120
+    assert queue.ahead_calls(1) in (8, 9, 10, 11)
