@@ -187,6 +187,7 @@ class StepLogger:
         # of step_metrics, last step of its call].
         self._kept: collections.deque = collections.deque()
         self._taken: tuple | None = None   # (calls, times) of the call timed last
+        self._found: tuple | None = None   # the log steps after_dispatch last found finished
         self._last_read = -float("inf")
         self._finished = 0                 # the first this many kept steps have finished (timed)
         self._stopped = False              # a non-finite loss stopped the run: log nothing after it
@@ -248,12 +249,18 @@ class StepLogger:
                                                     or _ready(self._kept[self._finished][3])):
             self._finished += 1
         if self._finished > newly:  # found finished together: the interval is theirs alike
-            self._time(list(itertools.islice(self._kept, newly, self._finished)))
+            found = list(itertools.islice(self._kept, newly, self._finished))
+            # found at this call, up to a log period after they finished: a flush at this
+            # same call (a checkpoint's) times them again with what it waits for
+            self._found = (self.timer.calls, self.timer.snapshot(), self._taken, found)
+            self._time(found)
         now = self.clock()
-        if self._finished and now - self._last_read >= self.read_every_s:
+        # read those found at earlier calls: those found now stay until the next read, so a
+        # flush at this call may time them again with its own
+        if newly and now - self._last_read >= self.read_every_s:
             with interrupts.held():  # taken off _kept: printed and held whole, or not at all
-                finished, self._finished = self._finished, 0
-                self.read([self._kept.popleft() for _ in range(finished)])
+                self._finished -= newly
+                self.read([self._kept.popleft() for _ in range(newly)])
         elif self.records.held and now - self.records.last_collect >= self.read_every_s:
             # Process 0 between its own reads: other processes' values may have come.
             self.records.collect()
@@ -334,10 +341,32 @@ class StepLogger:
         """
         import jax
 
-        for entry in kept:  # flush(): wait for each in turn, so each gets its own interval
-            if entry[2] is None:
-                self.wait(entry[3])  # waiting for the device: not host work
-                self._time([entry])
+        # flush(): wait for each in turn, so each gets its own interval; those finished
+        # already share the one since the last timed (timed one by one, microseconds apart,
+        # a checkpoint's flush showed millions of steps/s, then the next line a fraction)
+        found, self._found = self._found, None
+        if found is not None and found[0] == self.timer.calls and any(
+                entry[2] is None for entry in kept) and all(
+                any(entry is k for k in kept) for entry in found[3]):
+            # the log steps found finished at this call (late: the quiet calls after them
+            # had run too) and those waited for now share one interval: timed apart, the
+            # waited one got a few microseconds for its steps (a checkpoint step's line
+            # showed 0.3-1 million steps/s, the line before it half its rate)
+            self.timer.restore(found[1])
+            self._taken = found[2]
+            for entry in found[3]:
+                entry[2] = None
+        untimed = [entry for entry in kept if entry[2] is None]
+        while untimed:
+            # those finished already (when, exactly, is not known) and the first waited for
+            # (known: now) share the interval
+            ready = next((n for n, entry in enumerate(untimed) if not _ready(entry[3])),
+                         len(untimed))
+            if ready < len(untimed):
+                self.wait(untimed[ready][3])  # waiting for the device: not host work
+                ready += 1
+            self._time(untimed[:ready])
+            del untimed[:ready]
         start = self.clock()
         arrays = {id(entry[3]): entry[3] for entry in kept}  # a call's log steps share one
         fetched = dict(zip(arrays, jax.device_get(list(arrays.values()))))

@@ -43,6 +43,13 @@ class StepTimer:
             return result
         return counted
 
+    def snapshot(self) -> tuple:
+        """The mark, to go back to with ``restore`` (a timing to redo with later steps)."""
+        return self._mark, self._mark_calls, self._not_own_s
+
+    def restore(self, snapshot: tuple) -> None:
+        self._mark, self._mark_calls, self._not_own_s = snapshot
+
     def count(self, calls: int, seconds: float) -> None:
         """``calls`` calls dispatched without ``timed`` (the loop's quiet ones, after the
         first), ``seconds`` of them inside JAX."""
@@ -64,7 +71,7 @@ class StepTimer:
     def take(self, calls: int) -> tuple[float, float]:
         """``(step_time_s, own_step_time_s)`` of the log step dispatched when ``calls`` steps
         had been: the interval since the previous one, per step; the mark moves to now."""
-        now = self.clock()
+        now = max(self.clock(), self._mark + 1e-9)  # never a zero interval (a rate of it)
         steps = max(1, calls - self._mark_calls)
         times = ((now - self._mark) / steps, max(0.0, now - self._mark - self._not_own_s) / steps)
         self._mark, self._mark_calls, self._not_own_s = now, calls, 0.0

@@ -142,6 +142,36 @@ def test_a_log_step_is_timed_once_its_rows_are_ready_and_those_found_together_sh
     assert times[40] == pytest.approx(0.004 / 10)
 
 
+def test_a_flush_times_what_was_just_found_finished_with_what_it_waits_for():
+    """At a checkpoint step the logger finds the previous log step finished (late: the calls
+    after it have run too) and the save's flush then waits for the checkpoint step's own:
+    timed apart, the second got a few microseconds for its ten steps (0.3-1 million steps/s
+    shown, the line before at half its rate). Now they share the interval."""
+    from harness.helpers import REPO
+    from launcher import backends
+    from launcher import spec as specs
+    from worker.telemetry.metrics import StepLogger
+    from worker.telemetry.tracker import NullTracker
+
+    job = specs.load(f"{REPO}/jobs/linear.yaml", None, (
+        "train.num_steps=40", "logging.log_every_steps=10", "logging.tensorboard=false"),
+        registry=backends).job_file()
+    now, lines = [0.0], []
+    logger = StepLogger(job, 0, 1, NullTracker(), out=lines.append, clock=lambda: now[0],
+                        read_every_s=1e9, finished_step=lambda: 0)
+    rows = {step: _Rows(step) for step in range(1, 41)}
+    call = logger.timed(lambda step: rows[step])
+    for step in range(1, 21):
+        now[0] = step * 1e-3
+        if step == 20:
+            rows[10].ready = True  # found at step 20's dispatch, finished long before
+        logger.after_dispatch(step, call(step))
+    now[0] = 0.02001  # the checkpoint's flush: step 20's call ends 10 us later
+    logger.flush()
+    times = [float(m[1]) for m in re.finditer(r"step_time_s (\S+) ", "\n".join(lines))]
+    assert len(times) == 2 and times[0] == times[1] == pytest.approx(0.01901 / 20)
+
+
 def test_the_settings_declare_their_periods_and_a_new_period_ends_calls_with_no_other_change():
     """Steps per call follows from the periods the settings declare
     (``worker.contract.periods``): the linear job's calls end at its last step and its saves,
