@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Callable
 
 import numpy as np
@@ -62,6 +63,7 @@ class Batches:
                  local_device_count: int, place: Callable, steps_per_call: int = 1,
                  prefetch: int = 2, first_step: int = 0, num_steps: int = 0,
                  resident: bool = False):
+        self.waited_s = 0.0  # seconds the loop waited in get for the reading thread
         self.source, self.order, self.place = source, order, place
         self.process_id, self.num_processes = process_id, num_processes
         self.local_device_count, self.k = local_device_count, steps_per_call
@@ -158,7 +160,9 @@ class Batches:
             if "window" not in self._cache:
                 self._cache["window"] = self.place(self._window(range(self.order.num_batches)))
             return self._cache["window"], self._first(b)
+        waiting = time.perf_counter()
         got, item = self._queue.get()
+        self.waited_s += time.perf_counter() - waiting
         if got is None:
             raise item
         if got != start:
