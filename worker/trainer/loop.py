@@ -33,9 +33,9 @@ from worker.telemetry.tracker import make_tracker
 from worker.trainer import actions as steps
 from worker.trainer import calls, parallelism
 from worker.trainer.calls import InFlight
-
-QUIET_CHECK_CALLS = 16  # quiet calls between two looks at the clock and the notice
 from worker.trainer.train import make_optimizer
+
+QUIET_CHECK_CALLS = 16  # quiet calls between two looks at the clock (the end of QUIET_S)
 
 
 def train(identity: contract.Identity, job: jobs.WorkerJob, out=print) -> dict:
