@@ -19,7 +19,7 @@ import os
 # here for launch --help, which imports no command module, and checked against it
 # (tests/fitness/test_usage_doc.py)
 COMMANDS = {
-    "runs": ("runs", "[JOB]", "past and running runs, newest first (a running one's step, "
+    "runs": ("runs", "[JOB] [-n N] [--state STATE]", "past and running runs, newest first (a running one's step, "
                               "loss, ETA, goodput so far and whether its supervisor is alive)"),
     "logs": ("logs", "RUN [-f] [--process N] [-t]", "a run's console log (or one process's), "
                                                     "with -f followed to the run's end, "

@@ -1,20 +1,35 @@
-"""``launch runs [JOB]``: the runs of this directory's ``runs/`` and every run the user started
-anywhere (``launcher.rundir.index``), a table of each run's ``run.json``
-(``launcher.rundir.record``: its keys and how each is read).
+"""``launch runs [JOB] [-n N] [--state STATE]``: the runs of this directory's ``runs/`` and
+every run the user started anywhere (``launcher.rundir.index``), a table of each run's
+``run.json`` (``launcher.rundir.record``: its keys and how each is read), newest first.
 
-A run still ``running`` whose launcher is gone (killed with SIGKILL, a machine that
-rebooted) is listed as ``unfinished``; another user's as theirs, not read.
+The table fits the terminal (80 columns at least, wider where the terminal is; piped: 80
+or ``COLUMNS``): a row is never wrapped. Each run is named as every run command takes it
+(``JOB/STAMP``, the last two parts of its directory); the columns a narrow terminal has no
+room for are left out, the least needed first (``OPTIONAL``). A run still ``running`` whose
+launcher is gone (killed with SIGKILL, a machine that rebooted) is listed as ``unfinished``;
+another user's as theirs, not read.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import shutil
+import textwrap
 
 from launcher.errors import Problem, SpecError
 from launcher.console.lines import printable as lines_printable
 from launcher.rundir.names import find
-from launcher.words import duration
+from launcher.words import duration, plural
+
+MIN_COLUMNS = 80  # the table fits this many whatever the terminal says
+LIMIT = 20  # rows shown by default: the header stays on a 24-line screen
+STATES = ("running", "succeeded", "failed", "interrupted", "diverged", "unfinished")
+ENDED = ("succeeded", "failed", "interrupted", "diverged")
+# the columns beside run, state, steps and loss, in the order they are given up for room
+OPTIONAL = ("run dir", "devices", "failures", "attempts", "goodput", "time")
+JOB_KEPT = 8  # characters of a job's name kept in a run's name before ``time`` is given up
 
 
 def _shown_path(path: str) -> str:
@@ -22,58 +37,159 @@ def _shown_path(path: str) -> str:
     return lines_printable(path if relative.startswith("..") else relative)
 
 
-def table(found: list) -> str:
-    """The runs as an aligned table, one row each, in the order given."""
-    header = ("job", "started", "state", "attempts", "steps", "final loss", "duration", "goodput",
-              "failures", "devices", "run dir")
-    rows = []
-    for r in found:
-        steps = "-" if r.step is None else str(r.step) + ("" if r.num_steps is None else f"/{r.num_steps}")
-        state = r.state if r.eta_s is None else f"{r.state} (ETA {duration(r.eta_s)})"
-        rows.append((r.job, r.started.replace("T", " ") or "-", state,
-                     "-" if r.attempts is None else str(r.attempts), steps,
-                     "-" if r.final_loss is None else f"{r.final_loss:.6g}",
-                     "-" if r.duration_s is None else duration(r.duration_s),
-                     "-" if r.goodput is None else f"{r.goodput:.2f}",
-                     ", ".join(f"{name} {n}" for name, n in sorted(r.failures.items())) or "-",
-                     r.devices or "-", _shown_path(r.run_dir)))
-    widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
-    numeric = (3, 4, 7)
-    return "\n".join("  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
-                               for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
-                     for row in [header] + rows)
+def short_name(run_dir: str) -> str:
+    """The run as run commands take it: ``JOB/STAMP``, its directory's last two parts."""
+    return lines_printable(os.path.join(os.path.basename(os.path.dirname(run_dir)),
+                                        os.path.basename(run_dir)))
+
+
+def steps_cell(r) -> str:
+    """``reached/planned``: the furthest step the run reached (logged, or saved by an agreed
+    stop), of the steps its job asks for."""
+    if r.step is None:
+        return "-"
+    return str(r.step) + ("" if r.num_steps is None else f"/{r.num_steps}")
+
+
+def _cells(r) -> dict:
+    loss = "-" if r.final_loss is None else f"{r.final_loss:.4g}"
+    state = r.state if r.eta_s is None else f"{r.state}, ETA {duration(r.eta_s)}"
+    return {"run": short_name(r.run_dir), "state": state, "steps": steps_cell(r),
+            "loss": loss, "time": "-" if r.duration_s is None else duration(r.duration_s),
+            "goodput": "-" if r.goodput is None else f"{r.goodput:.2f}",
+            "attempts": "-" if r.attempts is None else str(r.attempts),
+            "failures": ", ".join(f"{name} {n}" for name, n in sorted(r.failures.items())) or "-",
+            "devices": r.devices or "-", "run dir": _shown_path(r.run_dir)}
+
+
+HEADERS = ("run", "state", "steps", "loss", "time", "goodput", "attempts", "failures", "devices",
+           "run dir")
+NUMERIC = ("steps", "loss", "time", "goodput", "attempts")
+
+
+def table(found: list, width: int = MIN_COLUMNS) -> str:
+    """The runs as an aligned table, one row each, in the order given, no row wider than
+    ``width`` columns: the columns of ``OPTIONAL`` are left out, the first first, until the
+    rows fit; before ``time``, long job names are cut (``diabetes…/STAMP``: the stamp alone
+    names the run too); a run name that still does not fit is cut at its start (``…``).
+
+    ``loss`` is an ended run's final loss and a running run's latest (the state says which);
+    ``steps``: see ``steps_cell``; ``time``: seconds the launcher ran, every launch of the
+    run directory together."""
+    rows = [_cells(r) for r in found]
+    columns = list(HEADERS)
+
+    def widths(cols):
+        return {c: max([len(c)] + [len(row[c]) for row in rows]) for c in cols}
+
+    def total(cols):
+        return sum(widths(cols).values()) + 2 * (len(cols) - 1)
+
+    def shorten(keep: int) -> None:  # the job's part of each name to ``keep`` characters
+        for row in rows:
+            job, _, stamp = row["run"].rpartition("/")
+            if len(job) > keep:
+                row["run"] = job[:max(keep - 1, 1)] + "…/" + stamp
+
+    for dropped in OPTIONAL:
+        if total(columns) <= width:
+            break
+        if dropped == "time":  # the jobs' long names give room first
+            over = total(columns) - width
+            longest = max(len(row["run"].rpartition("/")[0]) for row in rows)
+            shorten(max(longest - over, JOB_KEPT))
+            if total(columns) <= width:
+                break
+        columns.remove(dropped)
+    over = total(columns) - width
+    if over > 0:  # the run's name: its end (the stamp) is what tells runs apart
+        keep = max(widths(columns)["run"] - over, 8)
+        for row in rows:
+            if len(row["run"]) > keep:
+                row["run"] = "…" + row["run"][-(keep - 1):]
+    sized = widths(columns)
+    lines = []
+    for row in [dict(zip(HEADERS, HEADERS))] + rows:
+        lines.append("  ".join(row[c].rjust(sized[c]) if c in NUMERIC else row[c].ljust(sized[c])
+                               for c in columns).rstrip())
+    return "\n".join(lines)
+
+
+def width() -> int:
+    """The table's width: the terminal's (``COLUMNS`` first), never under ``MIN_COLUMNS``."""
+    return max(MIN_COLUMNS, shutil.get_terminal_size((MIN_COLUMNS, 24)).columns)
 
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch runs",
-        description="List past runs (job, started, state, attempts, steps, final loss, duration, "
-                    "goodput, failed attempts by class, devices, run dir), newest first.")
+        description="List runs, newest first: each as run commands name it (JOB/STAMP), its "
+                    "state, steps, loss, time, goodput, attempts, failed attempts by class, "
+                    "devices and run dir, as many columns as the terminal has room for.")
     parser.add_argument("job", metavar="JOB", nargs="?", help="only this job's runs (its name)")
+    parser.add_argument("-n", "--limit", type=int, default=LIMIT, metavar="N",
+                        help=f"the newest N runs (default {LIMIT}; 0: every run)")
+    parser.add_argument("--state", metavar="STATE", action="append", default=[],
+                        help="only runs in this state (" + ", ".join(STATES) + "; repeatable, "
+                             "or comma-separated)")
     parser.add_argument("--root", metavar="DIR", default=None,
                         help="only the runs under this folder (default: runs/ here, as launch "
                              "makes them: runs/<job>/<time>, and every run you started anywhere)")
     return parser
 
 
+def _states(given: list) -> set:
+    """The states ``--state`` asked for.
+
+    Raises:
+      SpecError: one that is no run's state, with the closest and every state.
+    """
+    wanted = {s.strip() for value in given for s in value.split(",") if s.strip()}
+    problems = []
+    for state in sorted(wanted - set(STATES)):
+        close = difflib.get_close_matches(state, STATES, n=1, cutoff=0.5)
+        problems.append(Problem("--state", None, "", f"{state!r} is no run's state"
+                                + (f"; did you mean {close[0]!r}?" if close else "")
+                                + f" (states: {', '.join(STATES)})"))
+    if problems:
+        raise SpecError(problems)
+    return wanted
+
+
 def main(argv: list) -> int:
     """Print the table; returns the exit code.
 
     Raises:
-      SpecError: JOB has no runs under the root (exit 2), naming the jobs that do.
+      SpecError: JOB has no runs under the root (exit 2), naming the jobs that do; a
+        ``--state`` or ``--limit`` that is not one.
     """
     args = parser().parse_args(argv)
+    states = _states(args.state)
+    if args.limit < 0:
+        raise SpecError([Problem("--limit", None, "", f"expected a number of runs >= 0 (0: "
+                                 f"every run), got {args.limit}")])
     found = find(args.root or "runs", args.job, indexed=args.root is None)
+    where = (os.path.abspath(args.root) if args.root else
+             f"{os.path.abspath('runs')} and your index of runs started anywhere")
     if not found:
-        root = os.path.abspath(args.root or "runs")
         if args.job is None:
-            print(f"launch runs: no runs under {root} yet; `launch JOB.yaml` starts one")
+            print(f"launch runs: no runs under {where} yet; `launch JOB.yaml` starts one")
             return 0
         others = sorted(r.job for r in {r.job: r for r in find(args.root or "runs", indexed=args.root is None)}.values())
-        raise SpecError([Problem("JOB", None, "", f"no runs of job {args.job!r} under {root}"
+        raise SpecError([Problem("JOB", None, "", f"no runs of job {args.job!r} under {where}"
                                  + (f"; jobs with runs: {', '.join(others)}" if others else ""))])
-    print(table(found))
-    if any(r.state == "unfinished" for r in found):
-        print("unfinished: its supervisor (the launch) is gone while its state says running "
-              "(killed, or its machine went away); workers may still run")
+    chosen = [r for r in found if not states or r.state in states]
+    if not chosen:
+        print(f"launch runs: none of the {plural(len(found), 'run')} is "
+              f"{' or '.join(sorted(states))} (under {where})")
+        return 0
+    shown = chosen if args.limit == 0 else chosen[:args.limit]
+    print(table(shown, width()))
+    if len(shown) < len(chosen):
+        print(f"({len(shown)} of {plural(len(chosen), 'run')} shown, newest first; "
+              f"-n 0 shows all)")
+    if any(r.state == "unfinished" for r in shown):
+        print(textwrap.fill("unfinished: its supervisor (the launch) is gone while its state "
+                            "says running (killed, or its machine went away); workers may "
+                            "still run", width()))
     return 0
