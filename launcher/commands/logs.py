@@ -14,6 +14,7 @@ run ends (its exit code) or Ctrl-C (the run goes on). Worker text is shown escap
 from __future__ import annotations
 
 import argparse
+import codecs
 import glob
 import os
 import re
@@ -28,6 +29,9 @@ from worker.contract import runfiles
 
 POLL_S = 0.2
 ATTACH_TAIL = 20  # lines of the past that attach shows first
+CHUNK_BYTES = 1 << 16  # read at a time: `launch logs` of a 400 MiB log holds about this much
+PIECE_BYTES = 1 << 20  # a line longer than this is printed in pieces as it is read
+TAIL_MAX_BYTES = 1 << 22  # attach reads back at most this far for its last lines
 
 
 def parser(prog: str = "logs") -> argparse.ArgumentParser:
@@ -72,13 +76,78 @@ def log_file(run_dir: str, process: int | None) -> str:
     return path
 
 
-def _show(text: str, timestamps: bool = False) -> None:
-    """Print whole lines of a log, each without its time unless ``timestamps``."""
-    if not timestamps:
-        text = logtimes.unstamped(text)
-    for line in text.splitlines():
-        print(printable(line), flush=False)
-    sys.stdout.flush()
+class _Shown:
+    """A log printed as it is read, in constant memory whatever its size: whole lines as they
+    come, each without its time unless ``timestamps``; a line longer than ``PIECE_BYTES``
+    (one worker's output line of 64 MiB) printed in pieces as it is read, never held whole."""
+
+    def __init__(self, timestamps: bool = False):
+        self.timestamps = timestamps
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.pending = ""  # the line still being written (or read): it waits for its end
+        self.mid_line = False  # a piece of the pending line was printed already
+
+    def feed(self, chunk: bytes) -> None:
+        self.pending += self.decoder.decode(chunk)
+        cut = self.pending.rfind("\n")
+        if cut >= 0:
+            self._write(self.pending[:cut + 1])
+            self.pending = self.pending[cut + 1:]
+        if len(self.pending) >= PIECE_BYTES:
+            self._write(self.pending)
+            self.pending = ""
+
+    def finish(self) -> None:
+        """The rest (a last line without its newline)."""
+        self.pending += self.decoder.decode(b"", final=True)
+        if self.pending or self.mid_line:
+            self._write(self.pending + "\n")
+            self.pending = ""
+
+    def _write(self, text: str) -> None:
+        if not self.timestamps:  # a line's time is at its start, never inside a piece's
+            head, newline, rest = text.partition("\n") if self.mid_line else ("", "", text)
+            text = head + newline + logtimes.unstamped(rest)
+        sys.stdout.write(printable(text, keep_newlines=True))
+        sys.stdout.flush()
+        self.mid_line = not text.endswith("\n")
+
+
+def _drain(f, shown: _Shown) -> bool:
+    """Print what ``f`` holds from where it is to its end, a chunk at a time; whether
+    anything was read."""
+    got = False
+    while True:
+        chunk = f.read(CHUNK_BYTES)
+        if not chunk:
+            return got
+        got = True
+        shown.feed(chunk)
+
+
+def tail_offset(f, lines: int) -> int:
+    """Where the last ``lines`` whole lines of the binary file ``f`` begin (a line still being
+    written after them is not counted), reading back from its end no more than
+    ``TAIL_MAX_BYTES``: lines longer than that start their tail inside a line."""
+    size = f.seek(0, os.SEEK_END)
+    window = min(size, CHUNK_BYTES)
+    while True:
+        start = size - window
+        f.seek(start)
+        data = f.read(window)
+        at = data.rfind(b"\n")
+        for _ in range(lines):
+            if at < 0:
+                break
+            at = data.rfind(b"\n", 0, at)
+        if at >= 0:
+            return start + at + 1
+        if start == 0:
+            return 0
+        if window >= TAIL_MAX_BYTES:
+            first = data.find(b"\n")
+            return start + first + 1 if 0 <= first < len(data) - 1 else start
+        window = min(size, window * 4, TAIL_MAX_BYTES)
 
 
 def follow(run_dir: str, path: str, name: str, tail: int | None = None,
@@ -86,24 +155,23 @@ def follow(run_dir: str, path: str, name: str, tail: int | None = None,
     """Print ``path`` (its last ``tail`` lines when given; from byte ``start`` when given: what
     this terminal showed already is not shown again), then what comes, until no supervisor
     holds the run; returns the run's exit code. The file is opened without following a link
-    and only as the user's own (``runfiles.opener``)."""
+    and only as the user's own (``runfiles.opener``), and read a chunk at a time (``_Shown``:
+    constant memory whatever the log's size)."""
+    shown = _Shown(timestamps)
     with _open_log(path) as f:
         if start is not None:
             f.seek(start)
-        # a line still being written waits for its end (its time is not cut in two)
-        whole, _, pending = f.read().rpartition("\n")
-        _show(whole if tail is None or start is not None
-              else "\n".join(whole.splitlines()[-tail:]), timestamps)
+        elif tail is not None:
+            f.seek(tail_offset(f, tail))
+        _drain(f, shown)  # a line still being written waits for its end (its time is whole)
         while True:
             alive = names.state(run_dir)[1]  # read before the file: its last lines come first
-            chunk = f.read()
-            if chunk:
-                whole, _, pending = (pending + chunk).rpartition("\n")
-                _show(whole, timestamps)
+            got = _drain(f, shown)
             if not alive:
-                _show(pending + f.read(), timestamps)
+                _drain(f, shown)
+                shown.finish()
                 return names.final_code(run_dir, name)
-            if not chunk:
+            if not got:
                 time.sleep(POLL_S)
 
 
@@ -122,19 +190,22 @@ def main(argv: list) -> int:
         except KeyboardInterrupt:
             print(f"launch logs: interrupted; the run in {run_dir} goes on")
             return 130
+    shown = _Shown(args.timestamps)
     with _open_log(path) as f:
-        _show(f.read(), args.timestamps)
+        _drain(f, shown)
+    shown.finish()
     return 0
 
 
 def _open_log(path: str):
-    """``path`` open for reading, never through a link nor another user's file.
+    """``path`` open for reading (binary: ``_Shown`` decodes it), never through a link nor
+    another user's file.
 
     Raises:
       SpecError: it is a link, not the user's own, or cannot be read (one sentence, exit 2).
     """
     try:
-        return open(path, "r", encoding="utf-8", errors="replace", opener=runfiles.opener)
+        return open(path, "rb", opener=runfiles.opener)
     except OSError as exc:
         raise SpecError([Problem("RUN", None, "", exc.strerror or str(exc))]) from None
 
