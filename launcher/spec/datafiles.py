@@ -22,6 +22,15 @@ SUFFIXES = (".npy", ".npz", ".csv")
 VALUES_CHECKED_MAX_BYTES = 1 << 30
 MAX_BYTES_VAR = "PODLAUNCH_DATA_CHECK_MAX_BYTES"
 CHUNK_ROWS = 1 << 16
+# numpy's own bound on an .npy header (numpy.lib.format's max_header_size): a longer one is
+# refused here in podlaunch's words, not numpy's (whose advice is allow_pickle=True)
+HEADER_MAX_BYTES = 10000
+# a compressed .npz member (numpy.savez_compressed) is read whole by every process, and by the
+# check before the start: one that expands past this many bytes is refused before anything
+# starts (a 10 MB file of zeros expands to gigabytes). PODLAUNCH_COMPRESSED_MAX_BYTES sets
+# another size.
+COMPRESSED_MAX_BYTES = 1 << 30
+COMPRESSED_VAR = "PODLAUNCH_COMPRESSED_MAX_BYTES"
 
 
 class DataFileError(Exception):
@@ -40,6 +49,10 @@ def _npy_header(stream: IO[bytes], name: str) -> tuple[tuple[int, ...], int]:
     major = magic[6]
     size_format = "<H" if major == 1 else "<I"
     (header_len,) = struct.unpack(size_format, stream.read(struct.calcsize(size_format)))
+    if header_len > HEADER_MAX_BYTES:
+        raise DataFileError(f"{name}'s header is {header_len:,} bytes; numpy's are at most "
+                            f"{HEADER_MAX_BYTES:,} (a longer one is not read: it may not be "
+                            "numpy's): save the array again with numpy.save")
     header = ast.literal_eval(stream.read(header_len).decode("latin1"))
     if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
         raise DataFileError(f"{name}'s header is not numpy's (a dict of descr, fortran_order "
@@ -56,6 +69,17 @@ def _npy_header(stream: IO[bytes], name: str) -> tuple[tuple[int, ...], int]:
         raise DataFileError(f"{name} is in Fortran order; save it with C order "
                             "(numpy.ascontiguousarray) so rows can be memory-mapped")
     return dims, int(descr[2:]) if descr[2:].isdigit() else 0
+
+
+def _size(bytes_: int) -> str:
+    return f"{bytes_ / (1 << 30):.1f} GiB" if bytes_ >= 1 << 30 else f"{bytes_ / (1 << 20):.1f} MiB"
+
+
+def compressed_max_bytes() -> int:
+    """The most a compressed .npz member may expand to (``COMPRESSED_VAR``, else
+    ``COMPRESSED_MAX_BYTES``)."""
+    limit = os.environ.get(COMPRESSED_VAR, "")
+    return int(limit) if limit.isdigit() else COMPRESSED_MAX_BYTES
 
 
 def _short(value) -> str:
@@ -141,6 +165,10 @@ def check_values(path: str) -> None:
                     raise DataFileError(bad)
     except (OSError, ValueError) as exc:
         raise DataFileError(f"cannot read its values: {exc}") from None
+    except MemoryError:  # numpy's _ArrayMemoryError included: said, never its traceback
+        raise DataFileError("cannot read its values: this machine has not the memory to read "
+                            "them; save the arrays uncompressed (numpy.save, numpy.savez) so "
+                            "they are read by rows") from None
 
 
 def npz_arrays(path: str) -> dict:
@@ -151,10 +179,22 @@ def npz_arrays(path: str) -> dict:
     """
     shapes = {}
     with zipfile.ZipFile(path) as archive:
-        for name in archive.namelist():
+        for info in archive.infolist():
+            name = info.filename
             if name.endswith(".npy"):
-                with archive.open(name) as f:
-                    shapes[name[:-4]] = _npy_shape(f, name[:-4])
+                with archive.open(info) as f:
+                    dims, itemsize = _npy_header(f, name[:-4])
+                shapes[name[:-4]] = dims
+                expanded = itemsize
+                for d in dims:
+                    expanded *= d
+                if info.compress_type != zipfile.ZIP_STORED and expanded > compressed_max_bytes():
+                    raise DataFileError(
+                        f"array {name[:-4]!r} is compressed ({_size(info.compress_size)} in the "
+                        f"file) and expands to {_size(expanded)}, which every process would "
+                        f"read whole into memory (more than {_size(compressed_max_bytes())}, "
+                        f"{COMPRESSED_VAR}): save the arrays with numpy.savez, uncompressed, "
+                        "so each process reads only the rows it needs")
     if not shapes:
         raise DataFileError("holds no arrays; save with numpy.savez(path, x=features, y=targets)")
     rows = {name: shape[0] if shape else None for name, shape in shapes.items()}

@@ -493,3 +493,69 @@ def test_a_large_learning_rate_is_no_int32_overflow():
     with pytest.raises(SpecError, match=r"distributed.initialization_timeout_s: expected at most"):
         spec.load(path, overrides=("distributed.initialization_timeout_s=100000000000",),
                   registry=backends)
+
+
+def _npz_claiming(path, rows: int, compressed: bool = True) -> None:
+    """An .npz of arrays x [rows, 2] and y [rows, 1] float32 whose member headers claim
+    ``rows`` rows, with 4 KiB of zeros after each: a small file that expands as its headers say."""
+    import zipfile
+
+    def member(shape) -> bytes:
+        text = repr({"descr": "<f4", "fortran_order": False, "shape": shape}).encode() + b" "
+        text += b" " * (-(10 + len(text) + 1) % 64) + b"\n"
+        return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + bytes(4096)
+
+    kind = zipfile.ZIP_DEFLATED if compressed else zipfile.ZIP_STORED
+    with zipfile.ZipFile(path, "w", kind) as archive:
+        archive.writestr("x.npy", member((rows, 2)))
+        archive.writestr("y.npy", member((rows, 1)))
+
+
+def _limited_launch(*args, as_bytes: int):
+    """``launch ARGS`` with its address space limited to ``as_bytes`` (a machine without the
+    memory a file asks for)."""
+    import resource
+    import subprocess
+
+    from harness.helpers import LAUNCH, env_for_tests
+
+    return subprocess.run(LAUNCH + list(args), env=env_for_tests(), capture_output=True, text=True,
+                          timeout=120, preexec_fn=lambda: resource.setrlimit(
+                              resource.RLIMIT_AS, (as_bytes, as_bytes)))
+
+
+def test_a_compressed_npz_that_expands_past_its_bound_and_a_huge_npy_header_are_one_line(tmp_path):
+    """A 10 KB .npz whose members expand to 3.6 GB ended the dry run in numpy's
+    _ArrayMemoryError traceback; a 20,000-byte .npy header got numpy's advice to use
+    allow_pickle=True. Each is now podlaunch's sentence before anything starts, dry run too."""
+    _npz_claiming(tmp_path / "big.npz", 300_000_000)
+    text = "{'descr': '<f4', 'fortran_order': False, 'shape': (40, 4), }"
+    _npy_with_header(tmp_path / "wide.npy", text + " " * (20000 - len(text)))
+    job = GOOD.replace("source: synthetic\n  num_examples: 64", "source: file\n  path: DATA").replace(
+        "global_batch_size: 64", "global_batch_size: 4").replace("num_processes: 2", "num_processes: 1")
+    for data, expected in [
+            ("big.npz", "array 'x' is compressed (0.0 MiB in the file) and expands to 2.2 GiB, which "
+                        "every process would read whole into memory (more than 1.0 GiB, "
+                        "PODLAUNCH_COMPRESSED_MAX_BYTES): save the arrays with numpy.savez"),
+            ("wide.npy", "wide.npy's header is 20,022 bytes; numpy's are at most 10,000")]:
+        (tmp_path / "job.yaml").write_text(job.replace("DATA", data))
+        for dry in (["--dry-run"], []):
+            result = _limited_launch(str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run"),
+                                     *dry, as_bytes=2 << 30)
+            assert result.returncode == 2, result.stdout + result.stderr
+            assert "job.yaml:6: data.path: " in result.stderr and expected in result.stderr, \
+                result.stderr
+            assert "Traceback" not in result.stderr and "allow_pickle" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_compressed_npz_within_its_bound_is_checked_and_the_bound_can_be_set(tmp_path, monkeypatch):
+    from launcher.spec import datafiles
+
+    _npz_claiming(tmp_path / "small.npz", 1024)
+    assert datafiles.shape(str(tmp_path / "small.npz")) == (1024, 2)
+    monkeypatch.setenv(datafiles.COMPRESSED_VAR, "8000")
+    with pytest.raises(datafiles.DataFileError, match="array 'x' is compressed .* expands to 0.0 MiB"):
+        datafiles.shape(str(tmp_path / "small.npz"))
+    _npz_claiming(tmp_path / "stored.npz", 1024, compressed=False)  # memory-mapped: no bound
+    assert datafiles.shape(str(tmp_path / "stored.npz")) == (1024, 2)

@@ -204,11 +204,57 @@ class _Mapped:
         return _take(self.table, rows)
 
 
-def _npy_header(stream) -> tuple[tuple, np.dtype, bool]:
+def _npy_header(stream, name: str = "") -> tuple[tuple, np.dtype, bool]:
     version = np.lib.format.read_magic(stream)
     read = (np.lib.format.read_array_header_1_0 if version[0] == 1
             else np.lib.format.read_array_header_2_0)
-    return read(stream)
+    try:
+        return read(stream)
+    except ValueError as exc:
+        if "max_header_size" not in str(exc):
+            raise
+        # numpy's words advise allow_pickle=True: never for a data file
+        raise DataError(f"{name or getattr(stream, 'name', 'the file')}: its .npy header is "
+                        "longer than numpy's are (10,000 bytes: it may not be numpy's); save "
+                        "the array again with numpy.save") from None
+
+
+def available_bytes() -> int | None:
+    """This host's memory available to a new allocation (``MemAvailable`` of /proc/meminfo),
+    or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _compressed(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, key: str):
+    """A compressed member (deflate has no random access), read whole once its header says
+    it fits in this host's available memory.
+
+    Raises:
+      DataError: it would not fit (its expanded size and the memory said), or numpy could not
+        get the memory for it: never numpy's ``_ArrayMemoryError`` traceback.
+    """
+    with archive.open(info) as f:
+        shape, _, dtype = _npy_header(f, f"{path}: array {key!r}")
+    expanded = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    free = available_bytes()
+    advice = ("save the arrays with numpy.savez, uncompressed, so each process reads only the "
+              "rows it needs")
+    if free is not None and expanded > free:
+        raise DataError(f"{path}: array {key!r} is compressed and expands to {expanded:,} bytes, "
+                        f"more than this host's available memory ({free:,} bytes); {advice}")
+    try:
+        with archive.open(info) as f:
+            return np.load(f, allow_pickle=False)
+    except MemoryError:
+        raise DataError(f"{path}: array {key!r} is compressed and expands to {expanded:,} bytes, "
+                        f"more memory than this process could get; {advice}") from None
 
 
 class NpyTable:
@@ -220,7 +266,7 @@ class NpyTable:
 
     def __init__(self, path: str, target_column: int, target_dtype: str, label: str = ""):
         with open(path, "rb") as f:
-            shape, fortran, dtype = _npy_header(f)
+            shape, fortran, dtype = _npy_header(f, path)
             offset = f.tell()
         if fortran or len(shape) != 2:
             raise DataError(f"{path}: expected a C-order 2-D array [rows, columns], got shape "
@@ -274,14 +320,13 @@ class NpzArrays:
                         name_len, extra_len = np.frombuffer(raw.read(4), "<u2")
                         start = info.header_offset + 30 + int(name_len) + int(extra_len)
                         raw.seek(start)
-                        shape, fortran, dtype = _npy_header(raw)
+                        shape, fortran, dtype = _npy_header(raw, f"{path}: array {key!r}")
                         offset = raw.tell()
                     if not fortran and len(shape) >= 1:
                         self.arrays[key] = _Mapped(path, offset, shape, np.dtype(dtype),
                                                    f"array {key!r}: ")
                         continue
-                with archive.open(info) as f:
-                    self.arrays[key] = np.load(f)
+                self.arrays[key] = _compressed(archive, info, path, key)
         rows = {k: (a.shape[0] if a.shape else 0) for k, a in self.arrays.items()}
         if len(set(rows.values())) != 1:
             raise DataError(f"{path}: arrays have different row counts {rows}; every array "

@@ -55,3 +55,18 @@ def test_a_spreadsheets_csv_keeps_its_first_row(tmp_path, text):
     path.write_text(text, encoding="utf-8")
     assert csvdata.shape(str(path)) == (2, 3)
     assert csvdata.read_rows(str(path), [(0, 2)]) == [[1.5, 2.0, 3.0], [4.0, 5.0, 6.0]]
+
+
+def test_a_compressed_member_larger_than_the_hosts_memory_is_refused_before_it_is_read(tmp_path):
+    """The worker reads a compressed .npz member whole: one that would not fit in this host's
+    available memory is a DataError saying so, not numpy's _ArrayMemoryError traceback."""
+    import zipfile
+
+    text = repr({"descr": "<f4", "fortran_order": False, "shape": (1 << 40, 4)}).encode() + b" "
+    text += b" " * (-(10 + len(text) + 1) % 64) + b"\n"
+    with zipfile.ZipFile(tmp_path / "big.npz", "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("x.npy", b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text
+                         + bytes(4096))
+    with pytest.raises(sources.DataError, match=r"big.npz: array 'x' is compressed and expands to "
+                       r"17,592,186,044,416 bytes, more than this host's available memory"):
+        sources.NpzArrays(str(tmp_path / "big.npz"))
