@@ -210,51 +210,30 @@ def _npy_header(stream, name: str = "") -> tuple[tuple, np.dtype, bool]:
             else np.lib.format.read_array_header_2_0)
     try:
         return read(stream)
-    except ValueError as exc:
+    except ValueError as exc:  # numpy's words advise allow_pickle=True: never for data
         if "max_header_size" not in str(exc):
             raise
-        # numpy's words advise allow_pickle=True: never for a data file
-        raise DataError(f"{name or getattr(stream, 'name', 'the file')}: its .npy header is "
-                        "longer than numpy's are (10,000 bytes: it may not be numpy's); save "
+        raise DataError(f"{name}: its .npy header is longer than numpy's 10,000 bytes; save "
                         "the array again with numpy.save") from None
 
 
-def available_bytes() -> int | None:
-    """This host's memory available to a new allocation (``MemAvailable`` of /proc/meminfo),
-    or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _compressed(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, key: str):
-    """A compressed member (deflate has no random access), read whole once its header says
-    it fits in this host's available memory.
-
-    Raises:
-      DataError: it would not fit (its expanded size and the memory said), or numpy could not
-        get the memory for it: never numpy's ``_ArrayMemoryError`` traceback.
-    """
+    """A compressed member (no random access), read whole once its header says it fits in
+    this host's available memory; DataError if not: never numpy's _ArrayMemoryError."""
     with archive.open(info) as f:
         shape, _, dtype = _npy_header(f, f"{path}: array {key!r}")
     expanded = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    free = available_bytes()
-    advice = ("save the arrays with numpy.savez, uncompressed, so each process reads only the "
-              "rows it needs")
-    if free is not None and expanded > free:
-        raise DataError(f"{path}: array {key!r} is compressed and expands to {expanded:,} bytes, "
-                        f"more than this host's available memory ({free:,} bytes); {advice}")
+    said = f"{path}: array {key!r} is compressed and expands to {expanded:,} bytes, more "
+    advice = "; save the arrays with numpy.savez, uncompressed (each process reads its rows)"
+    with open("/proc/meminfo", encoding="ascii") as f:  # MemAvailable: N kB
+        free = [int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:")]
+    if free and expanded > free[0]:
+        raise DataError(f"{said}than this host's available memory ({free[0]:,} bytes){advice}")
     try:
         with archive.open(info) as f:
             return np.load(f, allow_pickle=False)
     except MemoryError:
-        raise DataError(f"{path}: array {key!r} is compressed and expands to {expanded:,} bytes, "
-                        f"more memory than this process could get; {advice}") from None
+        raise DataError(f"{said}memory than this process could get{advice}") from None
 
 
 class NpyTable:
