@@ -32,6 +32,17 @@ def get(name: str):
     return getattr(importlib.import_module(module), cls)()
 
 
+def stopping_stale() -> tuple:
+    """The names of the backends ``--kill-stale`` applies to (``Backend.stops_stale``)."""
+    return tuple(name for name in REGISTRY if get(name).stops_stale)
+
+
+def rehearsing() -> tuple:
+    """What ``--rehearse`` applies to, one text per backend that has a rehearsal
+    (``Backend.rehearses``: ``"tpu"``)."""
+    return tuple(text for text in (get(name).rehearses for name in REGISTRY) if text)
+
+
 def cluster_type(name: str):
     """The ``cluster:`` settings dataclass of backend ``name``, or None."""
     backend = get(name)

@@ -78,11 +78,15 @@ class Options:
         remove no file).
       resume: the run continues an earlier one (``--resume``): its first attempt follows a
         fault too (a spare may take the place of a host that is gone).
-      detached: the supervisor is a detached run's (``launch --detach``, ``launch attach``):
-        a backend that can (``Session.reattach``) starts processes that outlive it and keep
-        their output on their hosts.
+      detached: the supervisor is a detached run's (``launch --detach``, ``launch attach``).
+        Part of the seam's contract (``Session``): a session with a ``reattach`` starts
+        processes that outlive it and keep their output on their hosts; one without ignores
+        it, its processes end with their supervisor.
       adopting: the first plan is of processes already running, taken back (``launch
-        attach``): nothing is checked that they themselves would fail (the chips they hold).
+        attach``). Part of the seam's contract (``Session``): only a session with a
+        ``reattach`` is given it, and its first ``prepare`` (``restart=False``) then checks
+        nothing that those processes themselves would fail (the chips they hold, the
+        coordinator port they listen on, this run's own processes as survivors).
     """
 
     python: str
@@ -103,6 +107,17 @@ class Session(abc.ABC):
 
     ``reattach``: how a detached run's processes, which outlive a supervisor that is killed,
     are taken back (``launch attach``), a ``Reattach``; None (the default): they cannot be.
+
+    The contract for a detached run and a take-back, whole (``tests/fitness/test_seam.py``
+    fails, naming the part, for a backend that misses one):
+
+    - with a ``reattach``: ``start`` reads ``options.detached`` (its processes then outlive
+      a killed supervisor and keep their output where ``Reattach.adopt`` reads it), and
+      ``prepare`` reads ``options.adopting`` (the first plan is of processes running already:
+      check nothing they themselves would fail);
+    - without one (None): no process outlives its supervisor, detached or not (a launcher
+      killed leaves nothing running: ``launch attach`` then says the run continues from its
+      last checkpoint), and neither option is read.
     """
 
     def __init__(self, job, run_dir: str, console=None, options: Options | None = None):
@@ -254,10 +269,12 @@ def reattach_of(session: Session) -> Reattach:
       SpecError: the session has no ``Reattach``; nothing was signalled.
     """
     if session.reattach is None:
+        # the seam's contract: a session without a Reattach lets no process outlive its
+        # supervisor, so nothing of the run is left to stop
         raise SpecError([Problem("RUN", None, "", (
             f"the {session.job.cluster.backend} backend cannot take a run's processes back: "
-            "stop what is left of it (`launch JOB.yaml --resume RUN --kill-stale` on ssh and "
-            "tpu hosts) and continue it from its last checkpoint"))])
+            "they ended with the supervisor that was killed; continue the run from its last "
+            "checkpoint (`launch JOB.yaml --resume RUN`)"))])
     return session.reattach
 
 
@@ -267,12 +284,19 @@ class Backend(abc.ABC):
     Attributes:
       name: the ``cluster.backend`` value that selects it.
       cluster_type: the frozen settings dataclass of ``cluster:`` (schema checked).
-      stops_stale: whether ``--kill-stale`` applies (hosts that outlive a launcher).
+      docs: the pages (from the repository's root) that document every field of
+        ``cluster_type``; ``tests/spec/test_spec.py`` holds each field to them.
+      stops_stale: whether ``--kill-stale`` applies (hosts that outlive a launcher); its help
+        and its refusal list the registry's backends that set it.
+      rehearses: where ``rehearsal`` gives a backend, what ``--rehearse`` applies to, as the
+        refusal of ``--rehearse`` lists it (``"tpu"``); "" for none.
     """
 
     name: ClassVar[str]
     cluster_type: ClassVar[type]
+    docs: ClassVar[tuple] = ()
     stops_stale: ClassVar[bool] = False
+    rehearses: ClassVar[str] = ""
 
     def check(self, job, options: Options) -> None:
         """Checks of this machine that only this backend needs (before any run file).
@@ -281,15 +305,10 @@ class Backend(abc.ABC):
           SpecError: e.g. a user task not importable here (local backends).
         """
 
-    def rehearsal(self, job) -> "Backend":
-        """The backend that rehearses this one on this machine (``--rehearse``).
-
-        Raises:
-          SpecError: this backend has no rehearsal.
-        """
-        raise SpecError([Problem("--rehearse", None, "", "only applies to cluster.backend: tpu, "
-                                 "or local with cluster.platform tpu or gpu (this job's is "
-                                 f"{self.name} on the CPU); remove the flag")])
+    def rehearsal(self, job) -> "Backend | None":
+        """The backend that rehearses this job on this machine (``--rehearse``), or None where
+        it has none (the launch refuses the flag, naming the registry's ``rehearses``)."""
+        return None
 
     @abc.abstractmethod
     def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:

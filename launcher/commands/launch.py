@@ -65,9 +65,9 @@ def parser() -> argparse.ArgumentParser:
                              "elapsed, loss, steps/s, slowest process) this often (default 5; 0 = "
                              "never); on a terminal it is redrawn in place")
     parser.add_argument("--kill-stale", action="store_true",
-                        help="ssh, tpu, slurm: stop processes of an earlier run of this job still "
-                             "alive on the hosts (recorded by pid, never matched by name) instead "
-                             "of refusing")
+                        help=f"{', '.join(backends.stopping_stale())}: stop processes of an "
+                             "earlier run of this job still alive on the hosts (recorded by pid, "
+                             "never matched by name) instead of refusing")
     parser.add_argument("--detach", action="store_true",
                         help="once every process started, leave the run to a supervisor of its "
                              "own (no terminal; its console in RUN_DIR/console.log) and exit 0; "
@@ -75,8 +75,9 @@ def parser() -> argparse.ArgumentParser:
     # launch attach's supervisor that takes back a detached run whose supervisor was killed
     parser.add_argument("--adopt", metavar="RUN_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--rehearse", action="store_true",
-                        help="tpu: run the pod's exact topology (hosts x chips per host, slices) as "
-                             "local processes with CPU devices, before paying for the pod")
+                        help="run the cluster's exact topology (hosts x chips per host, slices) "
+                             "as local processes with CPU devices, before paying for it (cluster."
+                             f"backend: {', or '.join(backends.rehearsing())})")
     return parser
 
 
@@ -192,10 +193,16 @@ def _job(args, show, handoff) -> tuple:
     check_show(show, job.num_processes)
     backend = backends.for_job(job)
     if args.rehearse:
-        backend = backend.rehearsal(job)  # SpecError unless the backend has one
+        rehearsal = backend.rehearsal(job)
+        if rehearsal is None:
+            raise SpecError([Problem("--rehearse", None, "", "only applies to cluster.backend: "
+                                     + ", or ".join(backends.rehearsing()) + f" (this job's is "
+                                     f"{backend.name} on {job.cluster.platform}); remove the flag")])
+        backend = rehearsal
     if args.kill_stale and not backend.stops_stale:
         raise SpecError([Problem("--kill-stale", None, "", "only applies to backends whose "
-                                 f"hosts can outlive a launcher (ssh, tpu, slurm); this job's is "
+                                 "hosts can outlive a launcher "
+                                 f"({', '.join(backends.stopping_stale())}); this job's is "
                                  f"{backend.name}; remove the flag")])
     options = Options(python=sys.executable, kill_stale=args.kill_stale, dry_run=args.dry_run,
                       resume=bool(args.resume), detached=handoff.detached,

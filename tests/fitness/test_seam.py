@@ -106,6 +106,8 @@ def test_every_registered_backend_is_complete(name):
     # the cluster type declares the backend it belongs to
     backend_field = {f.name: f for f in dataclasses.fields(backend.cluster_type)}["backend"]
     assert backend_field.default == name
+    # its settings' pages exist (tests/spec/test_spec.py holds every field to them)
+    assert backend.docs and all(os.path.isfile(os.path.join(REPO, d)) for d in backend.docs)
 
 
 def test_an_unknown_backend_is_bad_input_listing_the_registered_ones(tmp_path):
@@ -178,8 +180,15 @@ def test_a_coordinator_port_in_use_is_named_where_it_was_set(tmp_path, given):
 
 def test_rehearse_on_a_non_tpu_backend_is_bad_input(tmp_path):
     job = _job(tmp_path)
-    with pytest.raises(SpecError, match="--rehearse: only applies to cluster.backend: tpu"):
-        backends.for_job(job).rehearsal(job)
+    assert backends.for_job(job).rehearsal(job) is None  # the launch refuses the flag
+    # what the refusal lists is the registry's: each backend that has a rehearsal says its own
+    assert backends.rehearsing() == tuple(b.rehearses for b in map(backends.get, backends.names())
+                                          if b.rehearses)
+    assert "tpu" in backends.rehearsing()
+    result = launch("jobs/linear.yaml", "--rehearse", "--kill-stale", "--dry-run", timeout_s=60)
+    assert result.returncode == 2
+    assert ("--rehearse: only applies to cluster.backend: " + ", or ".join(backends.rehearsing())
+            + " (this job's is local on cpu); remove the flag") in result.stderr
 
 
 # ---- what no module may do ----------------------------------------------------------
@@ -322,3 +331,68 @@ def test_no_module_re_exports_what_another_declares():
                  for n, line in enumerate(text.splitlines())
                  if re.search(r"noqa:[\s\w,]*\bF401\b", line) and line.lstrip().startswith("from ")]
     assert not offenders, offenders
+
+
+# ---- the contract for detached runs and take-backs (launcher.backends.base.Session) ---------
+TAKE_BACK_OPTIONS = ("detached", "adopting")
+
+
+def contract_gaps(folder: str) -> list:
+    """What the backend whose code is under ``folder`` misses of the seam's contract for a
+    detached run and a take-back (``Session``'s docstring), one sentence each: a session that
+    sets a ``reattach`` reads both ``options.detached`` and ``options.adopting``; one that sets
+    none reads neither (its processes end with their supervisor, detached or not)."""
+    paths = sorted(glob.glob(os.path.join(folder, "**", "*.py"), recursive=True)) \
+        if os.path.isdir(folder) else [folder]
+    reattach, read = False, set()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Attribute) and t.attr == "reattach" for t in node.targets):
+                reattach = reattach or not (isinstance(node.value, ast.Constant)
+                                            and node.value.value is None)
+            if isinstance(node, ast.Attribute) and node.attr in TAKE_BACK_OPTIONS \
+                    and ast.unparse(node.value).endswith("options"):
+                read.add(node.attr)
+    if reattach:
+        return [f"sets a Session.reattach but never reads options.{name}"
+                for name in TAKE_BACK_OPTIONS if name not in read]
+    return [f"reads options.{name} but sets no Session.reattach: its processes must end with "
+            "their supervisor" for name in TAKE_BACK_OPTIONS if name in read]
+
+
+def _code_of(name: str) -> str:
+    """The folder (or the module) of backend ``name``'s code, from its registry entry."""
+    import importlib.util
+
+    found = importlib.util.find_spec(backends.REGISTRY[name].partition(":")[0])
+    return found.submodule_search_locations[0] if found.submodule_search_locations \
+        else found.origin
+
+
+@pytest.mark.parametrize("name", backends.names())
+def test_every_backend_keeps_the_whole_take_back_contract(name):
+    assert contract_gaps(_code_of(name)) == []
+
+
+def test_the_contract_check_names_what_a_new_backend_forgets(tmp_path):
+    forgot = tmp_path / "forgot"
+    forgot.mkdir()
+    (forgot / "session.py").write_text(
+        "class S:\n    def __init__(self):\n        self.reattach = R()\n"
+        "    def start(self, plan):\n        return go(plan, self.options.detached)\n")
+    assert contract_gaps(str(forgot)) == [
+        "sets a Session.reattach but never reads options.adopting"]
+    leaks = tmp_path / "leaks.py"
+    leaks.write_text("class S:\n    reattach = None\n"
+                     "    def start(self, plan):\n        return go(plan, self.options.detached)\n")
+    assert contract_gaps(str(leaks)) == [
+        "reads options.detached but sets no Session.reattach: its processes must end with "
+        "their supervisor"]
+    whole = tmp_path / "whole.py"
+    whole.write_text(forgot.joinpath("session.py").read_text()
+                     + "    def prepare(self, restart=False):\n"
+                       "        return self.options.adopting and not restart\n")
+    assert contract_gaps(str(whole)) == []

@@ -471,14 +471,12 @@ def test_every_setting_is_in_the_docs_settings_reference():
     for name in sorted(set(fields(spec.TrainerJobSpec)) | set(fields(spec.ProgramJobSpec))):
         if name not in settings_doc and not any(t.startswith(name + ".") for t in settings_doc):
             missing.append(f"docs/settings.md: {name}")
-    docs = {"local": "docs/settings.md", "ssh": "docs/ssh.md", "tpu": "docs/tpu.md",
-            "slurm": "docs/slurm.md"}
-    for backend, doc in docs.items():
-        documented = (_documented(doc) | {"backend"}  # cluster.backend: in docs/settings.md
-                      | (_documented("docs/ssh.md") if backend == "tpu" else set()))
-        for name in fields(_backends.get(backend).cluster_type):
+    for backend in map(_backends.get, _backends.names()):  # every one the registry has
+        assert backend.docs, f"{backend.name}: no Backend.docs names its settings' pages"
+        documented = {"backend"}.union(*map(_documented, backend.docs))  # backend: settings.md
+        for name in fields(backend.cluster_type):
             if name not in documented and f"cluster.{name}" not in documented:
-                missing.append(f"{doc}: cluster.{name}")
+                missing.append(f"{' or '.join(backend.docs)}: cluster.{name}")
     assert not missing, missing
 
 

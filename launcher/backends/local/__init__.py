@@ -234,6 +234,8 @@ class RehearsalSession(LocalSession):
 class LocalBackend(Backend):
     name = "local"
     cluster_type = LocalCluster
+    docs = ("docs/settings.md",)
+    rehearses = "local with cluster.platform tpu or gpu"
 
     def check(self, job, options: Options) -> None:
         checks.check_task_importable(job)
@@ -244,14 +246,13 @@ class LocalBackend(Backend):
     def session(self, job, run_dir: str, console=None, options: Options | None = None) -> Session:
         return LocalSession(job, run_dir, console, options)
 
-    def rehearsal(self, job) -> Backend:
+    def rehearsal(self, job) -> Backend | None:
         """A tpu or gpu split's processes and devices, on CPU devices (``--rehearse``).
 
-        Raises:
-          SpecError: the job already runs on the CPU.
+        None where the job already runs on the CPU.
         """
         if job.cluster.resolved_platform == "cpu":
-            return super().rehearsal(job)
+            return None
         return LocalRehearsal()
 
 

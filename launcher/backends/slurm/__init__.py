@@ -19,6 +19,7 @@ from launcher.backends.slurm.settings import SlurmCluster
 class SlurmBackend(Backend):
     name = "slurm"
     cluster_type = SlurmCluster
+    docs = ("docs/slurm.md",)
     stops_stale = True
 
     def check(self, job, options: Options) -> None:

@@ -25,6 +25,7 @@ PLACEHOLDER_DOMAINS = (".invalid", ".example")
 class SshBackend(Backend):
     name = "ssh"
     cluster_type = SshCluster
+    docs = ("docs/ssh.md",)
     stops_stale = True
 
     def check(self, job, options: Options) -> None:

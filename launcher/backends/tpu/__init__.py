@@ -16,7 +16,9 @@ from launcher.backends.tpu.settings import TpuCluster
 class TpuBackend(Backend):
     name = "tpu"
     cluster_type = TpuCluster
+    docs = ("docs/tpu.md", "docs/ssh.md")  # its settings beside the ssh transport's
     stops_stale = True
+    rehearses = "tpu"
 
     def check(self, job, options: Options) -> None:
         from launcher.spec import checks

@@ -199,7 +199,8 @@ def test_rehearse_needs_a_tpu_cluster():
     result = subprocess.run(LAUNCH + ["jobs/linear.yaml", "--rehearse", "--dry-run"], cwd=REPO,
                             env=env_for_tests(), capture_output=True, text=True)
     assert result.returncode == 2
-    assert "--rehearse: only applies to cluster.backend: tpu" in result.stderr
+    assert ("--rehearse: only applies to cluster.backend: local with cluster.platform tpu or gpu, "
+            "or tpu (this job's is local on cpu); remove the flag") in result.stderr
 
 
 # ---- on real sshd hosts -----------------------------------------------------------------
