@@ -37,7 +37,9 @@ TAIL_MAX_BYTES = 1 << 22  # attach reads back at most this far for its last line
 def parser(prog: str = "logs") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"launch {prog}", description=commands.described(prog))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
-                        "lists, or a job's name (its newest run)")
+                        "lists, or a job's name (its newest run"
+                        + ("" if prog == "logs" else "; its run that is running, where one is")
+                        + ")")
     if prog == "logs":
         parser.add_argument("-f", "--follow", action="store_true",
                             help="follow the log until the run ends; exit with its exit code")
@@ -223,7 +225,7 @@ def attach_main(argv: list) -> int:
       SpecError: no such run, it has ended, or it cannot be taken back (exit 2), at once.
     """
     args = parser("attach").parse_args(argv)
-    run_dir = names.resolve(args.run, args.root)
+    run_dir = names.resolve(args.run, args.root, names.LIVE)
     value, alive = names.state(run_dir)
     handed: list = []  # where the supervisor that took the run back left this terminal
     if not alive and value in names.EXIT_CODES:

@@ -31,7 +31,7 @@ from worker.contract import runfiles, sections, valuechecks
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch profile", description=commands.described("profile"))
     parser.add_argument("run_dir", metavar="RUN", help="the live run: its directory, a name "
-                        "`launch runs` lists, or a job's name (its newest run)")
+                        "`launch runs` lists, or a job's name (its run that is running, else its newest)")
     parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
     parser.add_argument("--steps", type=int, metavar="N", default=None,
                         help="steps to trace (default: the job's profile.num_steps, 5 unless set)")
@@ -66,7 +66,7 @@ def main(argv: list) -> int:
     flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for every trace"))
     if args.steps is not None:  # bad input is said before the run is looked for
         _num_steps("", args.steps)
-    run_dir = names.resolve(args.run_dir, args.root)  # as logs, attach, wait and stop do
+    run_dir = names.resolve(args.run_dir, args.root, names.LIVE)  # as logs, attach, wait and stop do
     num_steps = _num_steps(run_dir, args.steps)
     launcher, proven = live_launcher(run_dir, "launch profile")
     asked_at = time.time()

@@ -20,7 +20,7 @@ import textwrap
 
 from launcher.errors import Problem, SpecError
 from launcher.console.lines import printable as lines_printable
-from launcher.rundir.names import find
+from launcher.rundir.names import find, short
 from launcher.words import duration, plural
 
 MIN_COLUMNS = 80  # the table fits this many whatever the terminal says
@@ -37,10 +37,6 @@ def _shown_path(path: str) -> str:
     return lines_printable(path if relative.startswith("..") else relative)
 
 
-def short_name(run_dir: str) -> str:
-    """The run as run commands take it: ``JOB/STAMP``, its directory's last two parts."""
-    return lines_printable(os.path.join(os.path.basename(os.path.dirname(run_dir)),
-                                        os.path.basename(run_dir)))
 
 
 def steps_cell(r) -> str:
@@ -54,7 +50,7 @@ def steps_cell(r) -> str:
 def _cells(r) -> dict:
     loss = "-" if r.final_loss is None else f"{r.final_loss:.4g}"
     state = r.state if r.eta_s is None else f"{r.state}, ETA {duration(r.eta_s)}"
-    return {"run": short_name(r.run_dir), "state": state, "steps": steps_cell(r),
+    return {"run": lines_printable(short(r.run_dir)), "state": state, "steps": steps_cell(r),
             "loss": loss, "time": "-" if r.duration_s is None else duration(r.duration_s),
             "goodput": "-" if r.goodput is None else f"{r.goodput:.2f}",
             "attempts": "-" if r.attempts is None else str(r.attempts),

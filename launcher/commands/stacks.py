@@ -24,7 +24,7 @@ from launcher.run import stacks
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch stacks", description=commands.described("stacks"))
     parser.add_argument("run_dir", metavar="RUN", help="the live run: its directory, a name "
-                        "`launch runs` lists, or a job's name (its newest run)")
+                        "`launch runs` lists, or a job's name (its run that is running, else its newest)")
     parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
     parser.add_argument("--timeout-s", type=float, metavar="SECONDS", default=15.0,
                         help="how long to wait for the launcher's answer (default 15)")
@@ -41,7 +41,7 @@ def main(argv: list) -> int:
     """
     args = parser().parse_args(argv)
     flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for the answer"))
-    run_dir = names.resolve(args.run_dir, args.root)  # as logs, attach, wait and stop do
+    run_dir = names.resolve(args.run_dir, args.root, names.LIVE)  # as logs, attach, wait and stop do
     launcher, proven = live_launcher(run_dir, "launch stacks")
     asked_at = time.time()
     ask(proven, interrupts.STACKS_REQUEST_SIGNAL)

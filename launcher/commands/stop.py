@@ -31,7 +31,7 @@ POLL_S = 0.1
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch stop", description=commands.described("stop"))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
-                        "lists, or a job's name (its newest run)")
+                        "lists, or a job's name (its run that is running, else its newest)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="how long to wait for every process to be gone (default 300: the "
                              "agreed step's save included)")
@@ -61,7 +61,7 @@ def main(argv: list) -> int:
     args = parser().parse_args(argv)
     flags.check(("--timeout", args.timeout, flags.seconds, "how long to wait for every process "
                  "to be gone"))
-    run_dir = names.resolve(args.run, args.root)
+    run_dir = names.resolve(args.run, args.root, names.LIVE)
     value, alive = names.state(run_dir)
     pid = names.supervisor(run_dir) if alive else None
     if pid is None and not alive and value == "running":

@@ -1,7 +1,8 @@
 """``launch tensorboard [JOB | RUN_DIR]``: serve TensorBoard on a free port and print its URL,
 which opens on the loss and every process's own step time (``FIRST_VIEW``).
 
-With a job's name (or nothing: the job of the newest run under ``runs/``)
+With a job's name (or nothing: the job of the newest run; runs are found as every run
+command finds them, ``launcher.rundir.names``)
 every run of that job is served side by side, each under a readable name:
 when it started, and the settings in which it differs from the job's other
 runs (``2026-11-30 10:15:00 optimizer.learning_rate=0.3``). TensorBoard names
@@ -53,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
                              "time and the settings it differs in), a run directory (that run), or "
                              "any directory of event files, e.g. runs/ (as it is); default: every "
                              "run of the newest run's job")
-    parser.add_argument("--root", metavar="DIR", default="runs", help="where runs are (default runs/)")
+    parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1; 0.0.0.0 serves every interface)")
     parser.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
@@ -126,20 +127,27 @@ def run_names(run_dirs: list) -> dict:
     return names
 
 
-def served_runs(target: str | None, root: str = "runs") -> tuple:
+def served_runs(target: str | None, root: str | None = None) -> tuple:
     """What to serve for ``JOB | RUN_DIR``: (run dirs to name, or None; a directory, or None; what, in words).
+
+    Runs are found as every run command finds them (``launcher.rundir.names``): under
+    ``root``, and where it is not given under ``runs/`` here and in the user's index of runs
+    started anywhere. A job's name means every run of it; a run's name (``JOB/STAMP``,
+    ``STAMP``) that run.
 
     Returns:
       ([run dirs], None, words) for a job or a run; (None, directory, words) for any other
       directory of event files, served as it is.
 
     Raises:
-      SpecError: no such job or directory, or no run under ``root`` at all.
+      SpecError: no such job, run or directory (the closest names, where it looked), or no
+        run at all.
     """
+    indexed, base = root is None, root or "runs"
     if target is None:
-        newest = names.find(root)
+        newest = names.find(base, indexed=indexed)
         if not newest:
-            raise SpecError([Problem("JOB", None, "", f"no run under {os.path.abspath(root)}; "
+            raise SpecError([Problem("JOB", None, "", f"no run {names.looked_in(root)}; "
                                      "pass a job's name or the run directory `launch` printed")])
         target = newest[0].job
     elif os.path.isdir(target):
@@ -150,14 +158,16 @@ def served_runs(target: str | None, root: str = "runs") -> tuple:
         if inner:  # runs/<job>: a job's runs
             return inner, None, f"{plural(len(inner), 'run')} in {path}"
         return None, path, path
-    found = names.find(root, target)
-    if not found:
-        others = sorted({r.job for r in names.find(root)})
-        raise SpecError([Problem("JOB | RUN_DIR", None, "", f"{target!r} is neither a directory nor "
-                                 f"a job with runs under {os.path.abspath(root)}"
-                                 + (f" (jobs with runs: {', '.join(others)})" if others else ""))])
+    found = names.find(base, target, indexed=indexed) if os.sep not in target else []
+    if not found:  # a run's short name, or nothing: the resolver's words
+        try:
+            run_dir = names.resolve(target, root)
+        except SpecError as exc:
+            raise SpecError([Problem("JOB | RUN_DIR", None, "", problem.message)
+                             for problem in exc.problems]) from None
+        return [run_dir], None, os.path.join(run_dir, "tensorboard")
     dirs = [os.path.abspath(r.run_dir) for r in found]
-    return dirs, None, f"job {target}, {plural(len(dirs), 'run')} in {os.path.abspath(os.path.join(root, target))}"
+    return dirs, None, f"job {target}, {plural(len(dirs), 'run')} {names.looked_in(root)}"
 
 
 def _is_run(path: str) -> bool:

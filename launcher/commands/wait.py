@@ -24,7 +24,7 @@ HANDOVER_S = 10.0  # how long a detached run's free lock is waited on for a take
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch wait", description=commands.described("wait"))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
-                        "lists, or a job's name (its newest run)")
+                        "lists, or a job's name (its run that is running, else its newest)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="give up after S seconds with exit code 124 (default: no limit)")
     parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
@@ -40,7 +40,7 @@ def main(argv: list) -> int:
     args = parser().parse_args(argv)
     if args.timeout is not None:  # -3, nan, inf: said, not waited on
         flags.check(("--timeout", args.timeout, flags.seconds, "how long to wait for the run's end"))
-    run_dir = names.resolve(args.run, args.root)
+    run_dir = names.resolve(args.run, args.root, names.LIVE)
     deadline = None if args.timeout is None else time.monotonic() + max(0.0, args.timeout)
     began = time.monotonic()
     if names.state(run_dir)[1]:

@@ -28,7 +28,7 @@ TAIL_LINES = 12
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch why", description=commands.described("why"))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
-                        "lists, or a job's name (its newest run)")
+                        "lists, or a job's name (its newest failed run)")
     parser.add_argument("--attempt", type=int, default=None, metavar="N",
                         help="only attempt N (default: every failed attempt)")
     parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
@@ -78,7 +78,7 @@ def main(argv: list) -> int:
       SpecError: no such run, another user's, or no attempt ``--attempt`` that failed (exit 2).
     """
     args = parser().parse_args(argv)
-    run_dir = names.resolve(args.run, args.root)
+    run_dir = names.resolve(args.run, args.root, names.FAILED)
     owned.check_dir(run_dir, "RUN")
     found = failures(run_dir)
     if args.attempt is not None:

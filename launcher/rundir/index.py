@@ -19,7 +19,8 @@ INDEX_FILE = "runs.index"
 KEEP = 2000  # entries kept when the index is rewritten (the newest)
 
 
-def _path() -> str:
+def path() -> str:
+    """Where the index is: ``$XDG_STATE_HOME/podlaunch/runs.index``."""
     return os.path.join(owned.state_dir(), INDEX_FILE)
 
 
@@ -31,7 +32,7 @@ def add(run_dir: str) -> None:
         return
     try:
         os.makedirs(owned.state_dir(), mode=0o700, exist_ok=True)
-        fd = os.open(_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, (line + "\n").encode("utf-8", "surrogateescape"))
         finally:
@@ -44,7 +45,7 @@ def runs() -> list:
     """The indexed run directories that still hold a run of this user's, each once, newest
     entry last; the index is rewritten without the others when it has grown past ``KEEP``."""
     try:
-        fd = os.open(_path(), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path(), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as f:
             found = os.fstat(f.fileno())
             if owned.not_own(found) is not None:  # not the user's own: nothing in it is used
@@ -78,6 +79,6 @@ def _rewrite(entries: list) -> None:
     from worker.contract import runfiles
 
     try:
-        runfiles.write_whole(_path(), "".join(e + "\n" for e in entries))
+        runfiles.write_whole(path(), "".join(e + "\n" for e in entries))
     except OSError:
         pass

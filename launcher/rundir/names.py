@@ -1,8 +1,9 @@
 """A run named on the command line (``launch logs|stop|wait|attach RUN``), and its supervisor.
 
 RUN is a run directory, or a short name: ``JOB/STAMP`` or ``STAMP`` under ``runs/`` (what
-``launch runs`` lists), or a job's name under ``runs/``: its newest run, as ``launch runs JOB``
-lists first. Nothing in a run directory is trusted: run.json is read defensively
+``launch runs`` lists), or a job's name: its newest run, its live one for ``stop``, ``attach``
+and ``wait``, its newest failed one for ``why`` (``resolve``: one resolver for every command,
+``launch tensorboard`` included). Nothing in a run directory is trusted: run.json is read defensively
 (``record.read_record``) and its pid is only a first guess. The supervisor is the process
 that holds the run's lock (``launcher.rundir.runlock``): this user's, with the lock file open
 for writing per ``/proc/PID/fd`` and ``fdinfo``; only such a process is ever signalled.
@@ -23,51 +24,110 @@ EXIT_CODES = {"succeeded": 0, "diverged": 1, "failed": 1,
               "interrupted": 130}  # as launcher.cli exits
 
 
-def resolve(name: str, root: str | None = None) -> str:
-    """The run directory ``name`` means (absolute), looked for under ``root``, and where that
-    is not given (``--root`` left out) also among every run the user started anywhere
-    (``launcher.rundir.index``), after those under ``runs/`` here.
+NEWEST, LIVE, FAILED = "newest", "live", "failed"  # which run of a job its name means
+
+
+def resolve(name: str, root: str | None = None, prefer: str = NEWEST) -> str:
+    """The run directory ``name`` means (absolute): the one every run command, ``launch
+    tensorboard`` included, finds for the same name.
+
+    ``name`` is a run directory, a short name (``JOB/STAMP`` or ``STAMP``: what ``launch runs``
+    lists) or a job's name, looked for under ``root``, and where that is not given (``--root``
+    left out) also among every run the user started anywhere (``launcher.rundir.index``).
+    A job's name means one of its runs, by ``prefer``: ``NEWEST``; ``LIVE`` (``stop``,
+    ``attach``, ``wait``) its run that is running, where there is one (several: refused,
+    each listed), else its newest; ``FAILED`` (``why``) its newest run that failed, else its
+    newest that had a failed attempt, else its newest.
 
     Raises:
-      SpecError: no such run (exit 2), at once.
+      SpecError: no such run (with the closest names, and where it looked), a name that means
+        several, or another user's run (exit 2), at once.
     """
-    indexed, root = root is None, root or "runs"
-    candidates = [name, os.path.join(root, name)]
-    try:
-        candidates += [os.path.join(root, job, name) for job in sorted(os.listdir(root))]
-    except OSError:
-        pass
-    found = [os.path.abspath(c) for c in candidates if os.path.isdir(c) and is_run_dir(c)]
-    newest = (find(root, name) if os.sep not in name and not is_run_dir(
-        os.path.join(root, name)) and os.path.isdir(os.path.join(root, name)) else [])
-    if found and newest and not os.path.isdir(name):  # a run and a job of that name
+    indexed, base = root is None, root or "runs"
+    found = _runs_named(name, base, indexed)
+    of_job = (find(base, name, indexed=indexed)
+              if name and os.sep not in name and not os.path.isdir(name) else [])
+    if found and of_job:  # a run and a job of that name
         raise SpecError([Problem("RUN", None, "", (
             f"{name!r} names a run ({found[0]}) and a job whose newest run is "
-            f"{os.path.abspath(newest[0].run_dir)}: give the run's directory"))])
-    if not found and newest:  # a job's name: its newest run
-        found = [os.path.abspath(newest[0].run_dir)]
-    if not found and indexed and not os.path.isabs(name):  # started from another directory
-        found = _indexed(name)
+            f"{os.path.abspath(of_job[0].run_dir)}: give the run's directory"))])
+    if not found and of_job:
+        found = [os.path.abspath(_chosen(name, of_job, prefer).run_dir)]
     if not found:
-        raise SpecError([Problem("RUN", None, "", f"no run {name!r}: give a run directory, a job's name or a "
-                                 f"name `launch runs` lists (under {os.path.abspath(root)})")])
-    if len(set(found)) > 1 and not os.path.isdir(name):
+        raise SpecError([Problem("RUN", None, "", f"no run or job {name!r} {looked_in(root)}"
+                                 + _closest(name, base, indexed) + "; give a run directory, a "
+                                 "job's name or a name `launch runs` lists")])
+    if len(found) > 1:
         raise SpecError([Problem("RUN", None, "", f"{name!r} names several runs ("
-                                 + ", ".join(sorted(set(found))) + "): give its directory")])
+                                 + ", ".join(sorted(found)) + "): give its directory")])
     owned.check_dir(found[0])  # another user's run is theirs: said, nothing read or signalled
     return found[0]
 
 
-def _indexed(name: str) -> list:
-    """The user's runs from anywhere (``launcher.rundir.index``) that ``name`` means: the one whose
-    directory ends in ``name`` (``STAMP``, ``JOB/STAMP``), else a job's newest run."""
+def looked_in(root: str | None) -> str:
+    """Where a name was looked for, in words: ``root``, or ``runs/`` here and the index."""
+    if root is not None:
+        return f"under {os.path.abspath(root)}"
+    return f"under {os.path.abspath('runs')} or in your index of runs ({index.path()})"
 
-    known = index.runs()
-    ending = [d for d in known if d.endswith(os.sep + name.strip(os.sep))]
-    if ending:
-        return ending[-1:]
-    of_job = sorted((read(d) for d in known), key=lambda r: (r.started, r.run_dir))
-    return [r.run_dir for r in of_job if r.job == name][-1:]
+
+def _runs_named(name: str, base: str, indexed: bool) -> list:
+    """The run directories (absolute, each once) that ``name`` names as a run: a path, or a
+    short name under ``base`` and, ``indexed``, among the user's runs from anywhere (the one
+    whose directory ends in ``name``: ``STAMP``, ``JOB/STAMP``)."""
+    if os.path.isdir(name):
+        return [os.path.abspath(name)] if is_run_dir(name) else []
+    candidates = [os.path.join(base, name)]
+    try:
+        candidates += [os.path.join(base, job, name) for job in sorted(os.listdir(base))]
+    except OSError:
+        pass
+    found = [os.path.abspath(c) for c in candidates if os.path.isdir(c) and is_run_dir(c)]
+    if not found and indexed and name.strip(os.sep) and not os.path.isabs(name):
+        found = [d for d in index.runs() if d.endswith(os.sep + name.strip(os.sep))][-1:]
+    unique: dict = {}
+    for path in found:
+        unique.setdefault(os.path.realpath(path), path)
+    return list(unique.values())
+
+
+def _chosen(job: str, runs: list, prefer: str):
+    """The run of ``job`` its name means (``runs``: its runs, newest first; see ``resolve``).
+
+    Raises:
+      SpecError: ``LIVE`` with several of its runs running, each listed.
+    """
+    if prefer == LIVE:
+        live = [r for r in runs if r.state == "running"]
+        if len(live) > 1:
+            raise SpecError([Problem("RUN", None, "", (
+                f"job {job!r} has {len(live)} runs running: "
+                + ", ".join(short(r.run_dir) for r in live)
+                + "; name one of them (or its directory)"))])
+        if live:
+            return live[0]
+    if prefer == FAILED:
+        failed = ([r for r in runs if r.state in ("failed", "diverged")]
+                  or [r for r in runs if r.failures])
+        if failed:
+            return failed[0]
+    return runs[0]
+
+
+def short(run_dir: str) -> str:
+    """A run as run commands take it: ``JOB/STAMP``, its directory's last two parts."""
+    return os.path.join(os.path.basename(os.path.dirname(run_dir)), os.path.basename(run_dir))
+
+
+def _closest(name: str, base: str, indexed: bool) -> str:
+    """``; did you mean ...?`` with the job and run names closest to ``name``, or ""."""
+    import difflib  # only for a name that names nothing
+
+    known = find(base, indexed=indexed)
+    words = sorted({r.job for r in known} | {short(r.run_dir) for r in known}
+                   | {os.path.basename(r.run_dir) for r in known})
+    close = difflib.get_close_matches(name, words, n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def state(run_dir: str) -> tuple:

@@ -257,7 +257,7 @@ def test_an_answer_that_is_not_a_regular_file_is_skipped_not_waited_on(tmp_path)
 
 
 def test_launch_profile_needs_a_live_run_and_a_step_count_it_can_trace(tmp_path):
-    with pytest.raises(SpecError, match="no run '.*': give a run directory"):
+    with pytest.raises(SpecError, match="no run or job '.*' under .*; give a run directory"):
         profile_command.main([str(tmp_path)])
     with pytest.raises(SpecError, match=r"--steps: expected 1 to 10000, got 0"):
         profile_command.main([str(tmp_path), "--steps", "0"])

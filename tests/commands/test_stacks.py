@@ -233,7 +233,7 @@ def test_launch_stacks_needs_a_live_run_on_this_machine(tmp_path):
     from launcher.rundir import record as runs
     from launcher.errors import SpecError
 
-    with pytest.raises(SpecError, match="no run '.*': give a run directory"):
+    with pytest.raises(SpecError, match="no run or job '.*' under .*; give a run directory"):
         stacks_command.main([str(tmp_path)])
     record = runs.Record(str(tmp_path), "linear", 10)
     record.start()

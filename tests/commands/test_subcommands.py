@@ -61,7 +61,7 @@ def test_a_reader_that_closes_the_pipe_ends_logs_and_runs_quietly(tmp_path):
         (run / "run.json").write_text(json.dumps({"job": "linear", "state": "succeeded",
                                                   "started": f"2026-12-01T09:{i % 60:02d}:00"}))
     (run / "launcher.log").write_text("".join(f"podlaunch: line {n}\n" for n in range(50000)))
-    for argv in (["logs", str(run)], ["runs", "--root", str(root)]):
+    for argv in (["logs", str(run)], ["runs", "--root", str(root), "-n", "0"]):
         proc = subprocess.Popen(LAUNCH + argv, cwd=str(tmp_path), env=env_for_tests(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first = proc.stdout.readline()
@@ -191,7 +191,7 @@ def test_a_run_started_in_another_directory_is_listed_and_named_from_anywhere(tm
     state, here, there = tmp_path / "state", tmp_path / "here", tmp_path / "there"
     for folder in (state, here, there):
         folder.mkdir(mode=0o700)
-    env = env_for_tests(XDG_STATE_HOME=str(state), JAX_PLATFORMS="cpu")
+    env = env_for_tests(XDG_STATE_HOME=str(state), JAX_PLATFORMS="cpu", COLUMNS="200")
     job = os.path.join(REPO, "jobs", "linear.yaml")
 
     def launch(*args, cwd):

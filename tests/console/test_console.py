@@ -361,16 +361,17 @@ def test_launch_runs_lists_runs_newest_first_and_tells_unfinished_and_old_ones(t
     (old / "tensorboard" / "metrics.jsonl").write_text('{"step": 10, "loss": 3.5}\n'
                                                        '{"step": 20, "loss": 2.5}\n')
     result = subprocess.run(LAUNCH + ["runs", "--root", str(root)], cwd=str(tmp_path),
-                            env=env_for_tests(), capture_output=True, text=True, timeout=60)
+                            env=env_for_tests(COLUMNS="200"), capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
     rows = result.stdout.splitlines()
-    assert rows[0].split() == ["job", "started", "state", "attempts", "steps", "final", "loss",
-                               "duration", "goodput", "failures", "devices", "run", "dir"]
-    assert re.match(r"^linear +2026-12-01 09:00:00 +unfinished +0 +- +- +0\.0s +- +- +- +"
+    assert rows[0].split() == ["run", "state", "steps", "loss", "time", "goodput", "attempts",
+                               "failures", "devices", "run", "dir"]
+    assert re.match(r"^linear/20261201-090000-000 +unfinished +- +- +0\.0s +- +0 +- +- +"
                     r"runs/linear/20261201-090000-000$", rows[1]), rows
-    assert re.match(r"^linear +2026-11-30 10:15:00 +succeeded +3 +100/100 +0\.00886711 +2\.8s +"
-                    r"0\.81 +preemption 2 +1x4 tpu +runs/linear/20261130-101500-123$", rows[2]), rows
-    assert re.match(r"^diabetes +2026-11-29 08:00:00 +- +- +20 +2\.5 +- +- +- +- +"
+    assert re.match(r"^linear/20261130-101500-123 +succeeded +100/100 +0\.008867 +2\.8s +"
+                    r"0\.81 +3 +preemption 2 +1x4 tpu +runs/linear/20261130-101500-123$", rows[2]), rows
+    assert re.match(r"^diabetes/20261129-080000-000 +- +20 +2\.5 +- +- +- +- +- +"
                     r"runs/diabetes/20261129-080000-000$", rows[3]), rows
     only = subprocess.run(LAUNCH + ["runs", "diabetes", "--root", str(root)], cwd=str(tmp_path),
                           env=env_for_tests(), capture_output=True, text=True, timeout=60)
@@ -402,7 +403,7 @@ def test_launch_runs_survives_any_run_json_it_finds(tmp_path):
     rows = result.stdout.splitlines()
     assert len(rows) == 1 + len(bad) + 1, rows
     assert "\x1b" not in result.stdout and "\\x1b[2Jrunning" in result.stdout, rows
-    assert all(row.startswith("linear ") for row in rows[1:]), rows
+    assert all(row.startswith("linear/") for row in rows[1:]), rows
 
 
 def test_run_json_is_still_written_when_the_disk_is_full(tmp_path):
