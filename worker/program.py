@@ -224,6 +224,7 @@ class _Reporter:
         self.mark_step = 0
         self.last_beat = -math.inf
         self.last_step = 0
+        self.laid_out = False
         self.profiler = _profiler(me, job, num_steps)
 
     def report(self, step: int, scalars: dict) -> None:
@@ -249,8 +250,12 @@ class _Reporter:
         self.mark, self.mark_step = now, step
         loss = values.get("loss", math.nan)
         # a program's own host time is not told apart from JAX's: both numbers are the wall time
+        own = tuple((name, value) for name, value in values.items() if name != "loss")
+        if not self.laid_out:  # TensorBoard's landing view: the loss, then the program's own
+            self.tracker.layout(tuple(name for name, _ in own))
+            self.laid_out = True
         print(wire.Progress(step, self.num_steps, loss, 1.0 / step_time_s, step_time_s,
-                            step_time_s).text(), flush=True)
+                            step_time_s, own).text(), flush=True)
         self.last_beat = now
         values["step_time_s"] = step_time_s
         if step == self.num_steps and "loss" in values:

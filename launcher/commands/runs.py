@@ -47,11 +47,13 @@ def steps_cell(r) -> str:
     return str(r.step) + ("" if r.num_steps is None else f"/{r.num_steps}")
 
 
-def _cells(r) -> dict:
+def _cells(r, own: tuple = ()) -> dict:
     loss = "-" if r.final_loss is None else f"{r.final_loss:.4g}"
     state = r.state if r.eta_s is None else f"{r.state}, ETA {duration(r.eta_s)}"
     return {"run": lines_printable(short(r.run_dir)), "state": state, "steps": steps_cell(r),
-            "loss": loss, "time": "-" if r.duration_s is None else duration(r.duration_s),
+            "loss": loss,
+            **{name: "-" if r.metrics.get(name) is None else f"{r.metrics[name]:.4g}" for name in own},
+            "time": "-" if r.duration_s is None else duration(r.duration_s),
             "goodput": "-" if r.goodput is None else f"{r.goodput:.2f}",
             "attempts": "-" if r.attempts is None else str(r.attempts),
             "failures": ", ".join(f"{name} {n}" for name, n in sorted(r.failures.items())) or "-",
@@ -61,6 +63,7 @@ def _cells(r) -> dict:
 HEADERS = ("run", "state", "steps", "loss", "time", "goodput", "attempts", "failures", "devices",
            "run dir")
 NUMERIC = ("steps", "loss", "time", "goodput", "attempts")
+OWN_COLUMNS = 2  # columns of the jobs' own final metrics (accuracy) after the loss, at most
 
 
 def table(found: list, width: int = MIN_COLUMNS) -> str:
@@ -69,11 +72,17 @@ def table(found: list, width: int = MIN_COLUMNS) -> str:
     rows fit; before ``time``, long job names are cut (``diabetes…/STAMP``: the stamp alone
     names the run too); a run name that still does not fit is cut at its start (``…``).
 
-    ``loss`` is an ended run's final loss and a running run's latest (the state says which);
+    ``loss`` is an ended run's final loss and a running run's latest (the state says which),
+    and after it the jobs' own metrics at that step (a task's ``accuracy``: run.json's
+    ``final_metrics``), where a run listed has any, given up for room last;
     ``steps``: see ``steps_cell``; ``time``: seconds the launcher ran, every launch of the
     run directory together."""
-    rows = [_cells(r) for r in found]
-    columns = list(HEADERS)
+    own = tuple(dict.fromkeys(name for r in found for name in r.metrics
+                              if name not in HEADERS))[:OWN_COLUMNS]
+    rows = [_cells(r, own) for r in found]
+    at = HEADERS.index("loss") + 1
+    headers = HEADERS[:at] + own + HEADERS[at:]
+    columns = list(headers)
 
     def widths(cols):
         return {c: max([len(c)] + [len(row[c]) for row in rows]) for c in cols}
@@ -87,7 +96,7 @@ def table(found: list, width: int = MIN_COLUMNS) -> str:
             if len(job) > keep:
                 row["run"] = job[:max(keep - 1, 1)] + "…/" + stamp
 
-    for dropped in OPTIONAL:
+    for dropped in OPTIONAL + own[::-1]:
         if total(columns) <= width:
             break
         if dropped == "time":  # the jobs' long names give room first
@@ -105,8 +114,8 @@ def table(found: list, width: int = MIN_COLUMNS) -> str:
                 row["run"] = "…" + row["run"][-(keep - 1):]
     sized = widths(columns)
     lines = []
-    for row in [dict(zip(HEADERS, HEADERS))] + rows:
-        lines.append("  ".join(row[c].rjust(sized[c]) if c in NUMERIC else row[c].ljust(sized[c])
+    for row in [dict(zip(headers, headers))] + rows:
+        lines.append("  ".join(row[c].rjust(sized[c]) if c in NUMERIC + own else row[c].ljust(sized[c])
                                for c in columns).rstrip())
     return "\n".join(lines)
 
@@ -120,8 +129,9 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch runs",
         description="List runs, newest first: each as run commands name it (JOB/STAMP), its "
-                    "state, steps, loss, time, goodput, attempts, failed attempts by class, "
-                    "devices and run dir, as many columns as the terminal has room for.")
+                    "state, steps, loss and the job's own metrics (accuracy), time, goodput, "
+                    "attempts, failed attempts by class, devices and run dir, as many columns as "
+                    "the terminal has room for.")
     parser.add_argument("job", metavar="JOB", nargs="?", help="only this job's runs (its name)")
     parser.add_argument("-n", "--limit", type=int, default=LIMIT, metavar="N",
                         help=f"the newest N runs (default {LIMIT}; 0: every run)")

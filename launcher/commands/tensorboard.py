@@ -230,7 +230,7 @@ def profile_note(run_dirs: list | None, installed: bool) -> str | None:
 # data server, scalars=0 serves no point at all (measured; images=0 likewise, #5550).
 KEEP_EVERY_SCALAR = ("--samples_per_plugin", "scalars=10000000")
 # The view the printed URL opens on: the Custom Scalars tab, whose layout the job's process 0
-# writes (worker.telemetry.tracker.LAYOUT: the loss, then every process's own step time on
+# writes (worker.telemetry.tracker.layout_of: the loss, a task's own metrics such as accuracy, then every process's own step time on
 # one chart, one run per process so that each has its colour, then the step time and the
 # goodput). TensorBoard's own first tab is the Time Series of every tag in name order, where
 # the loss came 7th of 9 groups, after compile_time_s's single point.

@@ -198,6 +198,9 @@ def summary(result: Result) -> str:
     compiled = compile_text(result.processes)
     if compiled is not None:
         lines.append(compiled)
+    reached = final_text(result.processes) if first is None else None  # a failure says its step
+    if reached is not None:
+        lines.append(reached)
     if first is None and not result.interrupted and result.exit_code == 0:
         lost = result.diverged_loss
         lines.append(f"OK: {plural(len(result.processes), 'process')} succeeded in "
@@ -206,6 +209,18 @@ def summary(result: Result) -> str:
                      "diverged (lower optimizer.learning_rate, or look for extreme values in the "
                      "data); launch runs lists the run as diverged.")
     return "\n".join(lines)
+
+
+def final_text(processes: list) -> str | None:
+    """``last logged step 300/300: loss 0.213406, accuracy 0.957``: the furthest logged step's
+    loss and the job's own metrics (a task's ``accuracy``, a program's scalars), or None
+    before any step was logged."""
+    reported = [t.stats.progress for t in processes if t.stats.progress is not None]
+    if not reported:
+        return None
+    furthest = max(reported, key=lambda p: p.step)
+    return (f"last logged step {furthest.step}/{furthest.num_steps}: loss {furthest.loss:.6g}"
+            + "".join(f", {name} {value:.4g}" for name, value in furthest.metrics))
 
 
 def _never_joined(processes: list, timeout_s: float) -> list:

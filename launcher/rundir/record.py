@@ -16,6 +16,8 @@ included); ``--resume`` updates the same file. Its keys::
     num_steps    the steps the job asks for
     final_loss   the last loss logged ("nan", "inf" or "-inf" for one that is not a
                  number: JSON has none), or null
+    final_metrics  the job's own metrics at that step ({"accuracy": 0.957}: a task's, a
+                 program's scalars besides the loss; worker.contract.wire.Progress), or {}
     duration_s   seconds the launcher ran, over every launch of this run directory (while
                  running: so far, written with the step)
     launcher     {"pid", "host"} of the launch that is running or ran last
@@ -52,6 +54,7 @@ from launcher.console.lines import printable as lines_printable
 from launcher.state import HOST_CHANGE_FIELDS
 from launcher.rundir.watcher import RunWatcher
 from worker.contract import metrics, runfiles
+from worker.contract.wire import SHOWN_METRICS
 
 RUN_FILE = "run.json"
 STAMP = "%Y%m%d-%H%M%S-%f"  # the default run directory's name, as run.starts.run_dir_for makes it
@@ -127,6 +130,7 @@ class Record(RunWatcher):
             "step": earlier.get("step"),
             "num_steps": num_steps,
             "final_loss": earlier.get("final_loss"),
+            "final_metrics": {k: _loss(v) for k, v in _read_own(earlier.get("final_metrics")).items()},
             "duration_s": float(earlier.get("duration_s") or 0.0),
             "failures": _failures(earlier.get("failures")),
             "last_failure": earlier.get("last_failure") if isinstance(earlier.get("last_failure"),
@@ -162,6 +166,7 @@ class Record(RunWatcher):
         lead = max(reported, key=lambda t: t.stats.progress.step)
         eta = eta_s(lead, now)
         self.data.update(step=lead.stats.progress.step, final_loss=_loss(lead.stats.progress.loss),
+                         final_metrics=_own(lead.stats.progress),
                          eta_s=None if eta is None else round(eta, 1), progress_at=time.time(),
                          duration_s=round(self.before_s + self.clock() - self._launched, 3))
         if self.running is not None:
@@ -235,6 +240,7 @@ class Record(RunWatcher):
             if reported:
                 furthest = max(reported, key=lambda p: p.step)
                 data["step"], data["final_loss"] = furthest.step, _loss(furthest.loss)
+                data["final_metrics"] = _own(furthest)
             # a run stopped at an agreed step saved it after its last logged one (the summary's
             # table says the same): the step a --resume continues from
             saved = [t.stats.saved_step for t in result.processes if t.stats.saved_step is not None]
@@ -266,6 +272,18 @@ def _finite(value: float) -> float | None:
 def _loss(value: float) -> float | str:
     """A loss as run.json keeps it: the number, or its name when it is not one."""
     return value if _finite(value) is not None else str(float(value))
+
+
+def _own(progress) -> dict:
+    """A progress line's own metrics as run.json keeps them: name -> ``_loss``'s value."""
+    return {name: _loss(value) for name, value in progress.metrics}
+
+
+def _read_own(value) -> dict:
+    """``final_metrics`` read back: name -> number, at most ``SHOWN_METRICS``; else dropped."""
+    read = {_text(k)[:40]: _read_loss(v) for k, v in value.items()
+            if isinstance(k, str)} if isinstance(value, dict) else {}
+    return dict([(k, v) for k, v in read.items() if k and v is not None][:SHOWN_METRICS])
 
 
 _NOT_NUMBERS = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
@@ -306,6 +324,7 @@ class PastRun:
     eta_s: float | None = None  # a running run's: seconds left as of now
     devices: str = ""  # "2x2 cpu", "1x4 tpu" (launcher.plan.devices_text), "" when unknown
     backend: str = ""  # the newest launch's backend's name ("tpu-rehearsal"), "" when unknown
+    metrics: dict = dataclasses.field(default_factory=dict)  # final_metrics: {"accuracy": 0.957}
 
 
 def launcher_alive(launcher) -> bool:
@@ -366,7 +385,7 @@ def read(run_dir: str) -> PastRun:
                        _read_loss(data.get("final_loss")), _number(data.get("duration_s")), run_dir,
                        _failures(data.get("failures")), _number(data.get("goodput")),
                        eta if state == "running" else None, _text(data.get("devices")),
-                       _text(data.get("backend")))
+                       _text(data.get("backend")), _read_own(data.get("final_metrics")))
     try:  # a run directory from before run.json
         started = datetime.datetime.strptime(os.path.basename(run_dir), STAMP).isoformat(timespec="seconds")
     except ValueError:

@@ -389,7 +389,10 @@ def test_launch_runs_survives_any_run_json_it_finds(tmp_path):
                                                  "duration_s": "x", "started": ["x"]}),
            "nested": "[" * 100000 + "]" * 100000, "binary": "\udcff\x00garbage",
            "huge": json.dumps({"step": 1e400, "final_loss": 1e999,
-                                "duration_s": -1, "attempts": -3})}
+                                "duration_s": -1, "attempts": -3}),
+           "metrics": json.dumps({"job": "linear", "final_metrics": {
+               "accuracy": "high", "\x1b[2Jtop1": 0.5, "": 1.0, "nan": "nan",
+               **{f"m{n}": n for n in range(50)}}})}
     for i, (name, text) in enumerate(bad.items()):
         d = root / "linear" / f"20261201-09000{i}-000"
         d.mkdir(parents=True)
@@ -404,6 +407,8 @@ def test_launch_runs_survives_any_run_json_it_finds(tmp_path):
     assert len(rows) == 1 + len(bad) + 1, rows
     assert "\x1b" not in result.stdout and "\\x1b[2Jrunning" in result.stdout, rows
     assert all(row.startswith("linear/") for row in rows[1:]), rows
+    # the job's own metrics (issue 70): only names and numbers read, at most two columns
+    assert rows[0].split()[3:6] == ["loss", "\\x1b[2Jtop1", "nan"], rows
 
 
 def test_run_json_is_still_written_when_the_disk_is_full(tmp_path):

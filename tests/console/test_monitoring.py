@@ -58,6 +58,25 @@ def test_progress_lines_round_trip():
     assert wire.parse("[Gloo] step 3/4") == wire.Other("[Gloo] step 3/4")  # no progress
 
 
+def test_progress_lines_carry_the_jobs_own_metrics_after_the_loss():
+    """A task's metrics (digits' accuracy) and a program's scalars ride on the step line, a
+    name and a value each after the loss, at most ``SHOWN_METRICS``, names made one word."""
+    values = {"loss": 0.21, "grad_norm": 1.5, "param_norm": 3.0, "accuracy": 0.93359375}
+    own = wire.own_metrics(values)
+    assert own == (("accuracy", 0.93359375),)  # the step's own norms are not the task's
+    line = wire.Progress(50, 300, 0.219812, 45.3, 0.0220757, 0.0108214, own).text()
+    assert line == ("step 50/300 loss 0.219812 accuracy 0.9336 | 45.3 steps/s | step_time_s "
+                    "0.0220757 (own 0.0108214)")
+    assert wire.parse(line) == wire.Progress(50, 300, 0.219812, 45.3, 0.0220757, 0.0108214,
+                                             (("accuracy", 0.9336),))
+    many = tuple((f"m {n}|x", n / 10) for n in range(6))
+    shown = wire.parse(wire.Progress(1, 2, 0.5, 3.0, 0.1, 0.1, many).text())
+    assert shown.metrics == tuple((f"m_{n}_x", n / 10) for n in range(wire.SHOWN_METRICS))
+    assert shown.steps_per_s == 3.0 and shown.own_step_time_s == 0.1
+    assert wire.parse("step 1/2 loss 0.5 accuracy high | 3.0 steps/s") == \
+        wire.Other("step 1/2 loss 0.5 accuracy high | 3.0 steps/s")  # not a number: not ours
+
+
 def test_mean_step_time_of_a_resumed_attempt_counts_from_its_checkpoint():
     lines = [wire.RESUMED_FORMAT.format(step=1000, attempt=1, seconds=0.5),
              _progress(1010, 0.0, step_time_s=0.02), _progress(1020, 0.0, step_time_s=0.04)]
@@ -412,6 +431,8 @@ def test_a_background_tracker_writes_every_call_in_order_and_raises_its_writer_s
 
     made = trackers.make_tracker(str(tmp_path), 0, True, background=True)
     assert isinstance(made, trackers.BackgroundTracker)
+    made.layout(("accuracy", "top k"))  # the landing view: a chart of each after the loss
+    made.layout(("ignored",))  # laid out once
     for step in range(1, 2001):
         values = {"loss": 1.0 / step, "step_time_s": 0.5}
         made.scalars(step, values)
@@ -425,6 +446,13 @@ def test_a_background_tracker_writes_every_call_in_order_and_raises_its_writer_s
     lines = (tmp_path / "tensorboard" / METRICS_FILE).read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(1, 2001))
     assert json.loads(lines[-1])["loss"] == pytest.approx(1.0 / 2000)
+    charts = [chart for category in custom_scalars_layout(str(tmp_path / "tensorboard")).category
+              for chart in category.chart]
+    assert [chart.title for chart in charts] == ["loss", "accuracy", "top k",
+                                                 "own step time of each process (s)",
+                                                 "step time (s)", "goodput"]
+    assert [re.fullmatch(chart.multiline.tag[0], tag) is not None
+            for chart, tag in zip(charts[1:3], ("accuracy", "top k"))] == [True, True]
 
     class Full(trackers.NullTracker):
         written: list = []

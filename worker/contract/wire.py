@@ -21,15 +21,20 @@ import re
 from typing import NamedTuple
 
 from worker.contract import profiling
+from worker.contract.metrics import STEP_METRICS
 
-# "step 40/100 loss 0.012345 | 812.3 steps/s | step_time_s 0.001231 (own 0.000402)": wall
-# seconds per step since the last logged step (equal on every process), and own: this process's
-# host work outside JAX, what singles out a straggler (worker/telemetry/metrics.py).
+# "step 40/100 loss 0.012345 accuracy 0.9375 | 812.3 steps/s | step_time_s 0.001231 (own
+# 0.000402)": the task's own metrics after the loss (a name and a value each, ``Progress.text``
+# puts them there), wall seconds per
+# step since the last logged step (equal on every process), and own: this process's host work
+# outside JAX, what singles out a straggler (worker/telemetry/metrics.py).
 PROGRESS_FORMAT = ("step {step}/{num_steps} loss {loss:.6g} | {steps_per_s:.1f} steps/s"
                    " | step_time_s {step_time_s:.6g} (own {own_step_time_s:.6g})")
 PROGRESS_RE = re.compile(
-    r"^step (?P<step>\d+)/(?P<num_steps>\d+) loss (?P<loss>\S+) \| (?P<steps_per_s>\S+) steps/s"
+    r"^step (?P<step>\d+)/(?P<num_steps>\d+) loss (?P<loss>\S+)(?P<metrics>(?: [^\s|]+ [^\s|]+)*)"
+    r" \| (?P<steps_per_s>\S+) steps/s"
     r"(?: \| step_time_s (?P<step_time_s>\S+) \(own (?P<own_step_time_s>\S+)\))?")
+SHOWN_METRICS = 4  # a task's or program's own metrics on a step line, at most (the first ones)
 HEARTBEAT_FORMAT = "podlaunch-heartbeat step {step}"
 RESUMED_FORMAT = "resumed from the checkpoint of step {step} (attempt {attempt}) in {seconds:.3f} s"
 CACHE_FORMAT = ("compilation cache: {hits} hits, {misses} misses; first step (trace, compile, "
@@ -74,7 +79,9 @@ DONE_LINE = "done"
 
 
 class Progress(NamedTuple):
-    """A logged step; times in seconds (None when the line predates them)."""
+    """A logged step; times in seconds (None when the line predates them); ``metrics``: the
+    task's or program's own scalars at that step besides the loss, ``((name, value), ...)``
+    (``accuracy``), at most ``SHOWN_METRICS`` of them on the line."""
 
     step: int
     num_steps: int
@@ -82,13 +89,31 @@ class Progress(NamedTuple):
     steps_per_s: float
     step_time_s: float | None = None
     own_step_time_s: float | None = None
+    metrics: tuple = ()
 
     @property
     def finished(self) -> bool:
         return self.step >= self.num_steps
 
     def text(self) -> str:
-        return PROGRESS_FORMAT.format(**self._asdict())
+        shown = "".join(f" {metric_word(name)} {value:.4g}"
+                        for name, value in self.metrics[:SHOWN_METRICS])
+        fields = self._asdict()
+        del fields["metrics"]
+        return PROGRESS_FORMAT.format(**fields).replace(" | ", f"{shown} | ", 1)
+
+
+def metric_word(name: str) -> str:
+    """A metric's name as one word of a step line: blanks and ``|`` made ``_``."""
+    return re.sub(r"[\s|]", "_", str(name)) or "_"
+
+
+def own_metrics(values: dict, names=None) -> tuple:
+    """``((name, value), ...)`` of ``values`` (name -> float) other than the loss and the
+    step's own norms (``worker.contract.metrics.STEP_METRICS``), in ``names``' order
+    (default: ``values``'): what a step line shows after the loss."""
+    return tuple((name, values[name]) for name in (values if names is None else names)
+                 if name not in STEP_METRICS and name in values)
 
 
 class Heartbeat(NamedTuple):
@@ -271,8 +296,11 @@ def _progress(line: str) -> Progress | Other:
     try:
         times = [None if match.group(k) is None else float(match.group(k))
                  for k in ("step_time_s", "own_step_time_s")]
+        words = match.group("metrics").split()
+        metrics = tuple((words[i], float(words[i + 1])) for i in range(0, len(words) - 1, 2))
         return Progress(int(match.group("step")), int(match.group("num_steps")),
-                        float(match.group("loss")), float(match.group("steps_per_s")), *times)
+                        float(match.group("loss")), float(match.group("steps_per_s")), *times,
+                        metrics)
     except ValueError:
         return Other(line)
 

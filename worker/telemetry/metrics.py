@@ -166,6 +166,8 @@ class StepLogger:
         self._finished = 0                 # the first this many kept steps have finished (timed)
         self._stopped = False              # a non-finite loss stopped the run: log nothing after it
         tracker.text("spec", spec_markdown(job), step=0)
+        # TensorBoard's landing view: the loss, then the task's own metrics (accuracy)
+        tracker.layout(tuple(n for n in self.metric_names if n not in STEP_METRICS))
 
     @property
     def compile_time_s(self) -> float | None:
@@ -352,7 +354,8 @@ class StepLogger:
             loss_value = values["loss"]
             self.last_loss = loss_value
             lines.append(wire.Progress(step, self.num_steps, loss_value, 1.0 / step_time_s,
-                                       step_time_s, own_step_time_s).text())
+                                       step_time_s, own_step_time_s,
+                                       wire.own_metrics(values, self.metric_names)).text())
             values.update(learning_rate=self.learning_rate, step_time_s=step_time_s,
                           examples_per_s=self.global_batch_size / step_time_s)
             if self.timer.compile_time_s is not None:

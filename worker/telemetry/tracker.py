@@ -10,6 +10,7 @@ import json
 import math
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -57,6 +58,12 @@ class NullTracker:
     def text(self, tag: str, text: str, step: int = 0) -> None:
         pass
 
+    def layout(self, own_metrics: tuple = ()) -> None:
+        """TensorBoard's landing view (the Custom Scalars tab, ``layout_of``): the loss, then a
+        chart of each of ``own_metrics`` (a task's or program's scalars: ``accuracy``), then
+        the step times and the goodput. Once, before the first scalars; else the first
+        ``scalars`` writes the view without a task's own."""
+
     def hparams(self, hparams: dict, metrics: dict) -> None:
         """Record the run's hyperparameters (flat: bool/int/float/str) and final metrics."""
 
@@ -103,10 +110,12 @@ class TensorBoardTracker(NullTracker):
         self._logdir, self._process_id, self._writer = logdir, process_id, EventsWriter
         self._own: dict = {}  # process id -> the EventsWriter of its own run (process_run)
         self._event, self._summary = Event, Summary
-        # the Custom Scalars tab: the loss first, then one chart of every process's own step
-        # time (the Scalars tab gives each process a card and a y-scale of its own, so "which
-        # host is slow" cannot be read there), then the launcher's goodput ledger
-        self._write(custom_scalars(LAYOUT))
+        self._custom_scalars, self._laid_out = custom_scalars, False
+
+    def layout(self, own_metrics: tuple = ()) -> None:
+        if not self._laid_out:
+            self._laid_out = True
+            self._write(self._custom_scalars(layout_of(own_metrics)))
 
     def _write(self, summary, step: int | None = None, events=None) -> None:
         event = self._event(wall_time=time.time(), summary=summary)
@@ -118,6 +127,7 @@ class TensorBoardTracker(NullTracker):
         """One event of ``values`` (tag -> number) at ``step``; each process's own step time
         (``step_time_s/process_NNN``) goes to that process's own run instead, as
         ``own_step_time_s`` (``worker.contract.metrics``)."""
+        self.layout()  # a no-op once laid out
         Value, prefix = self._summary.Value, metrics.PROCESS_STEP_TIME
         own = [tag for tag in values if tag.startswith(prefix)]
         self._write(self._summary(value=[Value(tag=tag, simple_value=float(value))
@@ -211,6 +221,10 @@ class Trackers(NullTracker):
         for tracker in self._trackers:
             tracker.text(tag, text, step)
 
+    def layout(self, own_metrics: tuple = ()) -> None:
+        for tracker in self._trackers:
+            tracker.layout(own_metrics)
+
     def hparams(self, hparams: dict, metrics: dict) -> None:
         for tracker in self._trackers:
             tracker.hparams(hparams, metrics)
@@ -280,6 +294,9 @@ class BackgroundTracker(NullTracker):
     def text(self, tag: str, text: str, step: int = 0) -> None:
         self._put("text", tag, text, step)
 
+    def layout(self, own_metrics: tuple = ()) -> None:
+        self._put("layout", tuple(own_metrics))
+
     def hparams(self, hparams: dict, metrics: dict) -> None:
         self._put("hparams", dict(hparams), dict(metrics))
 
@@ -309,6 +326,19 @@ LAYOUT = {"podlaunch": {
     "step time (s)": ["Multiline", ["^step_time_s$"]],
     "goodput": ["Multiline", ["^goodput/goodput$"]],
 }}
+
+
+def layout_of(own_metrics: tuple = ()) -> dict:
+    """The Custom Scalars tab's layout (tensorboardX's ``custom_scalars``): ``LAYOUT`` with a
+    chart of each of ``own_metrics`` (a task's ``accuracy``) after the loss. The loss first,
+    then one chart of every process's own step time (the Scalars tab gives each process a
+    card and a y-scale of its own, so "which host is slow" cannot be read there), then the
+    launcher's goodput ledger."""
+    charts = dict(LAYOUT["podlaunch"])
+    loss = {"loss": charts.pop("loss")}
+    own = {name: ["Multiline", [f"^{re.escape(name)}$"]] for name in own_metrics
+           if name not in loss and name not in charts}
+    return {"podlaunch": {**loss, **own, **charts}}
 
 
 def make_tracker(run_dir: str, process_id: int, enabled: bool, background: bool = False):

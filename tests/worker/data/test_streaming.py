@@ -18,7 +18,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from harness.helpers import PROGRAMS, REPO, launch, launched
+from harness.helpers import PROGRAMS, REPO, custom_scalars_layout, launch, launched
 from harness.runs import assert_same_params, fault, params, ssh_cluster
 from launcher import logtimes
 
@@ -198,16 +198,34 @@ def test_a_file_replaced_between_the_check_and_the_start_is_a_data_error(tmp_pat
 
 def test_digits_job_classifies_the_digits(tmp_path):
     """The shipped job: softmax regression on shuffled batches; its final params classify at
-    least 97% of the 1,797 digits right (measured: 99.2%), and accuracy is logged."""
-    run_dir = tmp_path / "run"
+    least 97% of the 1,797 digits right (measured: 99.2%), and accuracy is logged and shown
+    where the user looks (issue 70): in each console step line, the summary, ``launch runs``
+    and TensorBoard's landing view (the Custom Scalars tab: a chart after the loss), each the
+    value metrics.jsonl holds."""
+    run_dir = tmp_path / "runs" / "digits" / "run"
     result = launch("jobs/digits.yaml", "--run-dir", str(run_dir))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    records = [json.loads(line) for line in
+               (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
+    steps = re.findall(r"^\[p0\] step (\d+)/300 loss \S+ accuracy (\S+) \|", result.stdout, re.M)
+    assert [(int(s), float(a)) for s, a in steps] == [
+        (r["step"], float(f"{r['accuracy']:.4g}")) for r in records], result.stdout[-3000:]
+    final = f"{records[-1]['accuracy']:.4g}"
+    assert f"last logged step 300/300: loss {records[-1]['loss']:.6g}, accuracy {final}\n" \
+        in result.stdout, result.stdout[-3000:]
+    listed = launch("runs", "--root", str(tmp_path / "runs"), cwd=str(tmp_path))
+    header, row = listed.stdout.splitlines()
+    column = header.index("  accuracy") + 2  # after the final loss, aligned with its values
+    assert listed.returncode == 0 and header.index("loss") < column, listed.stdout
+    assert row[column:].split()[0] == final, listed.stdout
+    charts = [chart for category in custom_scalars_layout(str(run_dir / "tensorboard")).category
+              for chart in category.chart]
+    assert [chart.title for chart in charts][:2] == ["loss", "accuracy"]
+    assert re.match(charts[1].multiline.tag[0], "accuracy")
     assert "7 batches of [1, 128, 64] x, [1, 128] y int32 on 1 cpu device, shuffled (seed 0)" \
         in result.stdout, result.stdout[-3000:]
     table = np.loadtxt(os.path.join(REPO, "jobs", "data", "digits.csv"), delimiter=",", skiprows=1)
     got = params(run_dir)
     predicted = ((table[:, :64] / 16) @ got["[0]"] + got["[1]"]).argmax(axis=1)
     assert (predicted == table[:, 64]).mean() >= 0.97
-    records = [json.loads(line) for line in
-               (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["step"] == 300 and records[-1]["accuracy"] >= 0.95, records[-1]
