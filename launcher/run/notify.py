@@ -19,12 +19,18 @@ or null.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import threading
+import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Callable
+
+from launcher import owned
+from worker.contract import redact
 
 FIELDS = ("state", "attempts", "step", "num_steps", "final_loss", "goodput", "duration_s",
           "last_failure")
@@ -42,20 +48,87 @@ def payload(event: str, job: str, run_dir: str, record: dict) -> dict:
             **{key: record.get(key) for key in FIELDS}}
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A webhook's redirect is not followed: urllib would send a GET without the payload to
+    wherever it points (another host too); the answer stays the ``HTTPError`` it is."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def _post(url: str, body: bytes, timeout_s: float) -> None:
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json",
                                               "User-Agent": "podlaunch-notify"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # HTTPError: >= 400
-        answer.read(65536)
+    try:
+        with _OPENER.open(request, timeout=timeout_s) as answer:  # HTTPError: >= 300
+            answer.read(65536)
+    except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            raise Failed(f"it answered {exc.code} {exc.reason}, a redirect, which is not "
+                         "followed (the payload would not go with it): give the URL it "
+                         "redirects to") from None
+        raise Failed(f"it answered {exc.code} {exc.reason}") from None
+
+
+class Failed(Exception):
+    """A notifier failed; the message is podlaunch's (masked where it is said)."""
+
+
+TAIL_BYTES = 4096  # of a command's output, kept for the reason it failed: never all of it
+
+
+def _tail(stream, kept: bytearray) -> None:
+    """Read ``stream`` to its end, keeping its last ``TAIL_BYTES`` in ``kept``."""
+    while True:
+        chunk = stream.read(65536)
+        if not chunk:
+            return
+        kept += chunk
+        del kept[:-TAIL_BYTES]
 
 
 def _run(argv: tuple, body: bytes, timeout_s: float) -> None:
-    done = subprocess.run(list(argv), input=body, capture_output=True, timeout=timeout_s,
-                          stdin=None)
-    if done.returncode != 0:
-        last = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        raise RuntimeError(f"exit code {done.returncode}" + (f": {last[0][:200]}" if last[0] else ""))
+    """Run the notify command in a process group of its own, the JSON on its stdin, its output
+    read to its last ``TAIL_BYTES`` only; once it ends (or at ``timeout_s``) what is left of its
+    group is killed: a background child neither outlives it nor keeps it counted as running.
+    It gets the supervisor's environment but the run's proof (``owned.SECRET_VAR``): nothing
+    it starts can pass for one of the run's processes."""
+    env = {k: v for k, v in os.environ.items() if k not in (owned.SECRET_VAR, owned.RUN_DIR_VAR)}
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    except OSError as exc:
+        raise Failed(f"it cannot be started: {exc.strerror}") from None
+    kept = bytearray()
+    reader = threading.Thread(target=_tail, args=(proc.stdout, kept), daemon=True)
+    reader.start()
+    try:
+        try:
+            proc.stdin.write(body)
+            proc.stdin.close()
+        except OSError:  # it did not read its stdin: its exit code says how it went
+            pass
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise Failed(f"it did not end within notify.timeout_s ({timeout_s:g} s): it was "
+                         "stopped, with every process it started") from None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:  # its group is gone already
+            pass
+        proc.wait()
+        reader.join(1.0)
+    if code != 0:
+        lines = bytes(kept).decode(errors="replace").strip().splitlines()[-1:] or [""]
+        ended = (f"killed by {signal.Signals(-code).name}" if -code in signal.valid_signals()
+                 else f"exit code {code}")
+        raise Failed(ended + (f": {lines[0][:200]}" if lines[0] else ""))
 
 
 def sender(spec, job: str, run_dir: str, say: Callable[[str], None]) -> Callable | None:
@@ -68,6 +141,18 @@ def sender(spec, job: str, run_dir: str, say: Callable[[str], None]) -> Callable
     if spec.webhook is None and not spec.command:
         return None
     targets = []
+
+    def masked(text: str) -> str:  # a library's words may quote the URL or the command line
+        if spec.webhook:
+            parts = urllib.parse.urlsplit(spec.webhook)
+            for secret in (spec.webhook, parts.path, parts.query):
+                if len(secret) > 1:
+                    text = text.replace(secret, "/****")
+        for item in spec.command:
+            if len(item) > 3 and item not in redact.masked_argv(spec.command):
+                text = text.replace(item, redact.MASK)
+        return redact.mask_text(text)
+
     if spec.webhook is not None:
         targets.append((f"webhook {shown_url(spec.webhook)}",
                         lambda body: _post(spec.webhook, body, spec.timeout_s)))
@@ -101,9 +186,10 @@ def sender(spec, job: str, run_dir: str, say: Callable[[str], None]) -> Callable
                 say(f"notify: {what} did not answer within notify.timeout_s ({spec.timeout_s:g} "
                     "s); given up (the run's outcome stands)")
             elif failed:
-                why = getattr(failed[0], "reason", None) or failed[0]
-                say(f"notify: {what} failed ({type(failed[0]).__name__}: {why}); the run's "
-                    "outcome stands")
+                exc = failed[0]
+                why = str(exc) if isinstance(exc, Failed) else \
+                    f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}"
+                say(f"notify: {what} failed ({masked(why)}); the run's outcome stands")
             else:
                 say(f"notify: {what} told ({event}: {record.get('state')})")
 

@@ -4,15 +4,33 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import urllib.parse
 
 from worker.contract.sections import setting
 from worker.contract.valuechecks import positive
 
 
 def _webhook(value: str | None) -> str | None:
-    if value is None or re.match(r"https?://[^\s/]+", value):
+    """The URL checked whole, as the HTTP client will take it; what is wrong is said without
+    the URL (a credential)."""
+    if value is None:
         return None
-    return "expected an http:// or https:// URL (a Slack, Teams or any webhook that takes a JSON POST)"
+    expected = "expected an http:// or https:// URL (a Slack, Teams or any webhook that takes a JSON POST)"
+    if not re.match(r"https?://[^\s/]+", value):
+        return expected
+    odd = re.search(r"[\x00-\x20\x7f]", value)
+    if odd:
+        what = "a space" if odd.group() == " " else f"control character {odd.group()!r}"
+        return (f"{expected}; this one holds {what} at character {odd.start() + 1} of "
+                f"{len(value)}: write a space as %20, and check it was pasted whole")
+    try:
+        parts = urllib.parse.urlsplit(value)
+        parts.port  # noqa: B018 (a port that is not a number raises)
+    except ValueError:  # urllib's words would quote the URL
+        return f"{expected}; this one's host or port cannot be read (a port is a number)"
+    if not parts.hostname:
+        return f"{expected}; this one names no host"
+    return None
 
 
 def _command(value: tuple) -> str | None:

@@ -16,8 +16,8 @@ A value is masked when:
   * or, inside any string, it is the password of a URL
     (``postgres://user:pw@db/x`` -> ``postgres://user:****@db/x``, RFC 3986
     userinfo; ``user:pw@host`` without a scheme too), or the value of a secret
-    keyword in a connection string or query (``password=pw dbname=x``,
-    ``Server=x;Pwd=pw;``, ``?token=t&y=1``: the keyword is a secret by the rules
+    keyword in a connection string, query or command line (``password=pw dbname=x``,
+    ``Server=x;Pwd=pw;``, ``?token=t&y=1``, ``curl --token=t``: the keyword is a secret by the rules
     above), or an HTTP credential (``Bearer T``, ``Authorization: Basic B``);
   * or, in a list of strings (a command line: ``program.argv``, list values of
     ``task.args``), it is the value of a flag or assignment whose name is a
@@ -48,8 +48,9 @@ _BARE_PASSWORD = re.compile(r"(?P<head>(?<![\w/:@.-])[A-Za-z_][A-Za-z0-9_.+-]*:)
 # an HTTP credential: "Bearer T" anywhere, any scheme after "Authorization:" (curl -H, a header env)
 _HTTP_AUTH = re.compile(r"(?P<head>\bBearer\s+|\bAuthorization:\s*[A-Za-z-]+\s+)(?P<pw>[^\s'\"]+)",
                         re.IGNORECASE)
-# name=value in a connection string or a query: the value ends at whitespace, ; & or ,
-_KEYWORD = re.compile(r"(?P<head>(?:^|(?<=[\s;&?,]))(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)\s*=\s*)"
+# name=value in a connection string or a query, --name=value in a command line written as one
+# string (a notify command's shell script): the value ends at whitespace, ; & or ,
+_KEYWORD = re.compile(r"(?P<head>(?:^|(?<=[\s;&?,]))-{0,2}(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)\s*=\s*)"
                       r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s;&,]+)")
 # scheme://user:password@ : the password ends at the last '@' before the host
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)(?P<pw>[^\s]*?)(?=@[^@\s]*$|@[^@\s/]*[/?#\s])")
