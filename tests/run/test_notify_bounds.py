@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.server
 import io
-import os
 import subprocess
 import sys
 import textwrap
