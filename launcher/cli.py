@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from launcher import commands, owned
+from launcher import commands, owned, proctl
 from launcher.commands import launch
 from launcher.commands.launch import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 from launcher.console import lines
@@ -20,6 +20,7 @@ from launcher.words import plural
 
 
 def main(argv: list[str] | None = None) -> int:
+    _sane_process()
     try:
         code = _run(argv)
         sys.stdout.flush()  # what is still buffered: a reader that left shows here
@@ -80,6 +81,27 @@ def _supervisor_argv() -> list:
         raise SpecError([Problem(owned.ARGV_VAR, None, "", "is not a JSON list of arguments")])
     sys.argv[1:] = argv
     return argv
+
+
+def _sane_process() -> None:
+    """What the process that started this one may have left, undone before anything starts: a
+    closed stdin, stdout or stderr (``launch job.yaml >&-``) is /dev/null (otherwise the first
+    file or pipe opened takes its number: the detached supervisor's pipe became its stdout,
+    and a message written to a closed stdout failed a run that succeeded); the signals the
+    launcher and its processes need are unblocked and not ignored (``proctl.sane_signals``),
+    but for an ignored SIGHUP (``nohup launch``, kept: the run outlives the terminal)."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+        if getattr(sys, name) is None:  # Python found it closed at its start
+            setattr(sys, name, open(fd, mode, encoding="utf-8", errors="replace", closefd=False,
+                                    buffering=1 if mode == "w" else -1))
+    proctl.sane_signals(keep_ignored=(signal.SIGHUP,))
 
 
 def _stdout_broken() -> bool:

@@ -1,3 +1,4 @@
+# long: shipped by source to every host and inlined alone (launcher.remote.source): all the process control hosts share
 """Process control shared by the launcher and the programs it ships to hosts.
 
 One definition of: the stop sequence (TERM and CONT, wait, KILL, wait), dying
@@ -155,6 +156,39 @@ def kill_descendants(root, rounds=20, poll_s=0.02):
             signal_pid(pid, (signal.SIGKILL,))
         time.sleep(poll_s)
     return descendants(root)
+
+
+# The signals podlaunch's processes are driven by: stop in order (TERM, INT, HUP, QUIT), the
+# stacks and profile requests (USR1, USR2), a frozen process continued (CONT), children's ends
+# (CHLD: ignored, the kernel reaps them and ``wait`` fails), a timer (ALRM).
+NEEDED_SIGNALS = tuple(getattr(signal, name) for name in (
+    "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCONT", "SIGCHLD", "SIGALRM"))
+
+
+def sane_signals(keep_ignored=()):
+    """Undo what the process that started this one may have left: ``NEEDED_SIGNALS`` unblocked
+    in this thread's mask and each one ignored back to its default (SIGINT to Python's
+    ``KeyboardInterrupt``), but those in ``keep_ignored`` (``nohup``'s SIGHUP). A runner that
+    blocks or ignores SIGTERM (``trap '' TERM``, a JVM or .NET host) passes both on to every
+    child through fork and exec: a preemption's SIGTERM never reached a worker, and ``launch
+    stop`` signalled a launcher that could not hear it. Called first by the launcher and by the
+    wrapper on each host; every process they start inherits the result.
+
+    Returns:
+      The names of the signals that were blocked or ignored (empty: the process was sane).
+    """
+    fixed = []
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, NEEDED_SIGNALS)
+    for sig in NEEDED_SIGNALS:
+        if sig in blocked:
+            fixed.append(sig.name)
+        if sig in keep_ignored or signal.getsignal(sig) is not signal.SIG_IGN:
+            continue
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        if sig.name not in fixed:
+            fixed.append(sig.name)
+    return fixed
 
 
 def set_child_subreaper():

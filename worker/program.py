@@ -50,7 +50,7 @@ import time
 from worker import contract
 from worker.contract import causes, signals, wire
 from worker.contract import job as jobs
-from worker.runtime import interrupts
+from worker.runtime import channel, interrupts
 
 _state: dict = {}
 
@@ -88,8 +88,7 @@ def _job() -> jobs.ProgramJob:
 
 
 def _exit_now(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
+    channel.flush()
     os._exit(code)
 
 
@@ -127,21 +126,22 @@ def initialize(num_steps: int | None = None):
         return jax
     from worker.runtime import joining
 
+    channel.keep()  # the launcher's lines go where stdout is now, whatever the program does
     try:
         me = identity()
         job = _job()
         jax = joining.join(me, job)
     except contract.ContractError as exc:
-        print(causes.line(causes.MISMATCH, str(exc)), flush=True)
+        channel.say(causes.line(causes.MISMATCH, str(exc)))
         _exit_now(contract.EXIT_MISMATCH)
     # jax.distributed.initialize installs a SIGTERM handler that swallows the launcher's TERM
     interrupts.install(on_signal=_terminated)
     interrupts.answer_stack_requests()  # launcher.run.stacks: what a hung run was doing
     if joining.single_process(me):
-        print("process 0/1: one process, in-process collectives (no jax.distributed)", flush=True)
+        channel.say("process 0/1: one process, in-process collectives (no jax.distributed)")
     else:
-        print(wire.Joined(jax.process_index(), jax.process_count(),
-                          me.coordinator_address).text(), flush=True)
+        channel.say(wire.Joined(jax.process_index(), jax.process_count(),
+                                me.coordinator_address).text())
     _state.update(identity=me, num_steps=num_steps or job.program.num_steps)
     atexit.register(_at_exit)  # after JAX's own: runs before its shutdown barrier
     sys.excepthook = _on_uncaught
@@ -184,15 +184,15 @@ def _on_uncaught(kind, exc, tb) -> None:
 
     traceback.print_exception(kind, exc, tb)
     reporter = _state.get("reporter")
-    print(wire.FailedAt(time.time()).text(), flush=True)
-    print(wire.Failed(reporter.last_step if reporter else 0, f"{kind.__name__}: {exc}").text(),
-          flush=True)
+    channel.say(wire.FailedAt(time.time()).text())
+    channel.say(wire.Failed(reporter.last_step if reporter else 0,
+                            f"{kind.__name__}: {exc}").text())
     full = causes.disk_full(exc) if isinstance(exc, OSError) else None
     ran_out = causes.exhausted(exc) if isinstance(exc, OSError) else None
     if full:  # the class and the advice come from this line (worker.contract.causes), not exit 1
-        print(causes.line(causes.DISK_FULL, full), flush=True)
+        channel.say(causes.line(causes.DISK_FULL, full))
     elif ran_out:
-        print(causes.line(causes.EXHAUSTED, ran_out), flush=True)
+        channel.say(causes.line(causes.EXHAUSTED, ran_out))
     _close(wait_s=0.5)
     _exit_now(1)
 
@@ -236,7 +236,7 @@ class _Reporter:
         self.last_step = step
         if not (step % self.log_every == 0 or step == self.num_steps):
             if self.interval_s is not None and now - self.last_beat >= self.interval_s:
-                print(wire.Heartbeat(step).text(), flush=True)
+                channel.say(wire.Heartbeat(step).text())
                 self.last_beat = now
             return
         with interrupts.held():  # a progress line printed is a record written or held
@@ -254,8 +254,8 @@ class _Reporter:
         if not self.laid_out:  # TensorBoard's landing view: the loss, then the program's own
             self.tracker.layout(tuple(name for name, _ in own))
             self.laid_out = True
-        print(wire.Progress(step, self.num_steps, loss, 1.0 / step_time_s, step_time_s,
-                            step_time_s, own).text(), flush=True)
+        channel.say(wire.Progress(step, self.num_steps, loss, 1.0 / step_time_s, step_time_s,
+                                  step_time_s, own).text())
         self.last_beat = now
         values["step_time_s"] = step_time_s
         if step == self.num_steps and "loss" in values:
@@ -276,7 +276,7 @@ def _profiler(me: contract.Identity, job: jobs.ProgramJob, num_steps: int):
     from worker.telemetry.profiler import Profiler
 
     return Profiler(me.run_dir, me.process_id, me.num_processes, job.profile, client_of(me),
-                    lambda text: print(text, flush=True), num_steps)
+                    channel.say, num_steps)
 
 
 def _ready(scalars: dict) -> None:
@@ -319,7 +319,7 @@ def resumed_from(step: int, seconds: float = 0.0) -> None:
     """Say that this attempt continues after ``step`` (a checkpoint the program restored,
     in ``seconds``): the launcher's status line, step times and goodput ledger then count
     from it (``wire.Resumed``), not from step 0."""
-    print(wire.Resumed(step, attempt(), seconds).text(), flush=True)
+    channel.say(wire.Resumed(step, attempt(), seconds).text())
 
 
 def stop_after(step: int) -> bool:
@@ -346,10 +346,10 @@ def stop_after(step: int) -> bool:
         notice = _state["notice"] = _start_notice(_state["identity"])
     if notice.may_dispatch(step):
         if notice.stop_step == step:
-            print(notice.line("; the program saves it"), flush=True)
+            channel.say(notice.line("; the program saves it"))
             return True
         return False
-    print(notice.line(), flush=True)
+    channel.say(notice.line())
     _state["terminated"], _state["exit_code"] = True, signals.exit_code(signal.SIGTERM)
     raise SystemExit(_state["exit_code"])
 
@@ -382,7 +382,7 @@ def done() -> None:
     """Say the program completed (the launcher counts its exit 0 as a success)."""
     _close(wait_s=60.0)
     _state["done"] = True
-    print(wire.Done().text(), flush=True)
+    channel.say(wire.Done().text())
 
 
 def _close(wait_s: float = 60.0) -> None:

@@ -55,7 +55,7 @@ class Console:
     """Writes worker lines, launcher messages and the status line to one stream.
 
     Args:
-      stream: where everything goes.
+      stream: where everything goes (default: ``sys.stdout`` as it is when the console is made).
       show: process_ids whose every line is written (None: all); their log files get every line anyway.
       others: whether the other processes' notable lines (warnings, errors) are written too.
       status_every_s: seconds between plain status lines when ``stream`` is not a terminal (0 = never).
@@ -63,9 +63,10 @@ class Console:
       clock: seconds, monotonic (the clock ``supervise`` reads, for the ETA and the elapsed time).
     """
 
-    def __init__(self, stream: TextIO = sys.stdout, show: frozenset | None = None,
+    def __init__(self, stream: TextIO | None = None, show: frozenset | None = None,
                  status_every_s: float = 5.0, tty: bool | None = None, others: bool = True,
                  clock: Callable[[], float] = time.monotonic):
+        stream = sys.stdout if stream is None else stream  # as it is now, not at import
         self.stream = stream
         self.show = show
         self.others = others

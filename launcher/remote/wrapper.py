@@ -152,6 +152,9 @@ def main(args):
     # test that calls main() in its own process must not kill the test runner's children.
     own_process = __name__ == "__main__"
     if own_process:
+        # the worker inherits this process's mask and ignored signals: as the launcher, the
+        # wrapper undoes a runner's (or a host's login's) blocked or ignored SIGTERM first
+        proctl.sane_signals()
         proctl.set_child_subreaper()
         # What the worker writes on a host (its run directory, checkpoints, metrics, the pid
         # file) may hold the job's secrets: owner-only, whatever the login's umask.

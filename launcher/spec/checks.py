@@ -128,8 +128,8 @@ def check_task_importable(spec, pythonpath: str | None = None) -> None:
 def check_program_found(spec) -> None:
     """For workers on this machine: a program job's command (``program.argv[0]``) must be one
     they can run: ``python``/``python3`` (the cluster's python), an executable file (a path,
-    relative to the program's directory), or a name on the workers' PATH (``cluster.env.PATH``,
-    else this environment's). Its wrapper's ``FileNotFoundError`` after the start said it late.
+    relative to the program's directory), or a name on the workers' PATH (``program.env.PATH``,
+    else ``cluster.env.PATH``, else this environment's). Its wrapper's ``FileNotFoundError`` after the start said it late.
 
     Raises:
       SpecError: naming the key, where it was set, what was looked at, and a close name.
@@ -144,7 +144,9 @@ def check_program_found(spec) -> None:
             return
         why = f"{os.path.normpath(path)} is not an executable file"
     else:
-        search = spec.cluster.env.get("PATH") or os.environ.get("PATH", "")
+        # the workers' environment: program.env after cluster.env after this one (kinds.py)
+        search = (program.env.get("PATH") or spec.cluster.env.get("PATH")
+                  or os.environ.get("PATH", ""))
         if shutil.which(command, path=search):
             return
         import difflib  # only for a command that is not found

@@ -12,7 +12,9 @@ host code, 2 s each, as a process busy with its input or a logger would: it is n
 collective when the faulty one ends), ``helpers`` (after step 1 every
 process starts two ``sleep 1234`` helpers, one in its process group, one in a session of
 its own: they must die with the run), ``init-twice`` (every process calls initialize a second
-time: a library and the program both do). Faults fire on attempt 0 only
+time: a library and the program both do), ``own-stdout`` (after initialize every process
+points ``sys.stdout``, and descriptor 1, at a file of its own in its working directory,
+``own-stdout-N.txt``, as a program that keeps its own log does). Faults fire on attempt 0 only
 (``PODLAUNCH_ATTEMPT``), so a restarted run can finish. Every process trains STEPS
 (environment, default 20) steps of a tiny pmean, 0.05 s apart.
 """
@@ -44,6 +46,10 @@ from worker import program  # noqa: E402
 jax = program.initialize()
 if "init-twice" in modes:
     assert program.initialize() is jax
+if "own-stdout" in modes:
+    sys.stdout = open(f"own-stdout-{me}.txt", "w", buffering=1)
+    os.dup2(sys.stdout.fileno(), 1)
+    print(f"faulty_program: process {me} prints here", flush=True)
 import jax.numpy as jnp  # noqa: E402
 
 step_fn = jax.pmap(lambda x: jax.lax.pmean(x, "i"), axis_name="i")

@@ -99,12 +99,14 @@ def test_a_run_directory_others_may_write_is_refused_and_an_empty_one_of_ones_ow
         tmp_path):
     run_dir = tmp_path / "open"
     _killed_run(run_dir)
-    os.chmod(run_dir, 0o777)
-    for args in (("attach", str(run_dir)), ("jobs/linear.yaml", "--resume", str(run_dir))):
-        done = _cli(*args)
-        assert done.returncode == 2, done.stdout + done.stderr
-        assert f"{run_dir} is writable by group and others (mode 0777)" in done.stderr
-        assert f"chmod go-w {run_dir}" in done.stderr
+    # each side of the check (issue 71: a check that refused 0777 and trusted 0770 passed)
+    for mode, whom in ((0o777, "group and others"), (0o770, "group"), (0o702, "others")):
+        os.chmod(run_dir, mode)
+        for args in (("attach", str(run_dir)), ("jobs/linear.yaml", "--resume", str(run_dir))):
+            done = _cli(*args)
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert f"{run_dir} is writable by {whom} (mode {mode:04o})" in done.stderr
+            assert f"chmod go-w {run_dir}" in done.stderr
     os.chmod(run_dir, 0o700)
     os.chmod(run_dir / "run.json", 0o666)  # a file others may write is refused as theirs
     done = _cli("logs", str(run_dir))

@@ -394,6 +394,24 @@ def test_known_hosts_names_and_fingerprints_as_openssh_writes_them(tmp_path):
     assert sha256_fingerprint(paramiko.Ed25519Key.from_private_key_file(str(key_file))) == expected
 
 
+@pytest.mark.parametrize("section", ["cluster", "program"])
+def test_a_program_command_found_only_on_the_workers_path_is_accepted(tmp_path, section):
+    """Both sides of the check (issue 71): a command on the workers' PATH, which
+    ``cluster.env`` or ``program.env`` sets and this shell's PATH lacks, is theirs to run."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "trainme").write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(tools / "trainme", 0o755)
+    spec = tmp_path / "prog.yaml"
+    spec.write_text(f"name: prog\nprogram:\n  argv: [trainme]\n"
+                    + (f"  env: {{PATH: '{tools}:/usr/bin:/bin'}}\n" if section == "program" else "")
+                    + "cluster:\n  num_processes: 1\n"
+                    + (f"  env: {{PATH: '{tools}:/usr/bin:/bin'}}\n" if section == "cluster" else ""))
+    done = launch(str(spec), "--dry-run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trainme" in done.stdout
+
+
 @pytest.mark.parametrize("argv, needle", [
     ("[pythn, train.py]", "program.argv: 'pythn' is not on the workers' PATH"),
     ("[./nosuch.sh]", "program.argv: {tmp}/nosuch.sh is not an executable file"),
@@ -445,6 +463,14 @@ def test_a_value_that_is_not_finite_in_a_npy_or_npz_is_refused_before_start(tmp_
     assert (f"error: {spec}:6: data.path: {data}: {where}row 42, column 3: nan is not a finite "
             "number") in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "run" / "logs").exists()
+    if suffix == ".npz":  # every array is read, not the first alone (issue 71)
+        table[41, 2], table[6, 3] = 1.0, np.inf
+        np.savez(data, x=table[:, :3], y=table[:, 3:])
+        done = launch(str(spec), "--dry-run", cwd=str(tmp_path))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert (f"error: {spec}:6: data.path: {data}: array 'y', row 7, column 1: inf is not a "
+                "finite number") in done.stderr, done.stderr
+        table[6, 3] = 1.0
     table[41, 2] = 1e300  # finite in the file, inf in float32
     np.save(tmp_path / "big.npy", table)
     done = launch(str(spec), "--set", "data.path=big.npy", "--dry-run", cwd=str(tmp_path))

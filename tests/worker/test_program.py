@@ -231,6 +231,24 @@ def test_a_program_that_calls_initialize_twice_gets_the_same_joined_jax(tmp_path
 
 
 @pytest.mark.slow
+def test_a_program_that_points_its_stdout_at_its_own_file_still_tells_every_step_and_its_end(
+        tmp_path):
+    """Issue 71: a program that points ``sys.stdout`` (and descriptor 1) at its own file after
+    ``initialize()`` trained every step and was failed as "never said done": the helper's
+    lines for the launcher went into the program's file. They go down the stdout the process
+    was started with, which the program cannot take back."""
+    done = launch(program_job(tmp_path, "own-stdout", num_processes=2), "--run-dir",
+                  str(tmp_path / "run"), timeout_s=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "OK: 2 processes succeeded" in out and "never said done" not in out, out[-3000:]
+    assert re.search(r"^\[p0\] step 20/20 ", out, re.M), out[-3000:]
+    for me in (0, 1):  # the program's own prints went where it pointed them
+        own = (tmp_path / f"own-stdout-{me}.txt").read_text()
+        assert f"faulty_program: process {me} prints here" in own and "step 20/20" not in own
+
+
+@pytest.mark.slow
 def test_program_exiting_0_early_is_a_failure(tmp_path):
     run_dir = tmp_path / "run"
     done = launch(program_job(tmp_path, "exit0", target=1, at=5), "--run-dir", str(run_dir),

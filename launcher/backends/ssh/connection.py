@@ -39,6 +39,9 @@ from launcher.backends.ssh.hostscript import command_line
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 COMMAND_TIMEOUT_S = 60.0
+# paramiko's waits of a connection (SSHClient.connect's keywords) besides the TCP connect's
+# own: the server's banner, the login, the first channel; each given connect_timeout_s
+SSH_WAITS = ("banner_timeout", "auth_timeout", "channel_timeout")
 
 
 class JumpHostError(Exception):
@@ -131,7 +134,11 @@ class Host:
         # not they exist); paramiko would fail the login on one.
         keys = [f for f in c.connect_kwargs.get("key_filename") or []
                 if os.path.exists(os.path.expanduser(f))]
-        c.connect_kwargs = dict(c.connect_kwargs, **hostkeys.identities(keys, c.connect_kwargs),
+        # connect_timeout_s bounds every wait of the connection, as OpenSSH's ConnectTimeout
+        # does the handshake: paramiko's own banner (15 s), auth (30 s) and channel waits
+        # refused a slow host after 15 s with connect_timeout_s: 40, saying "within 40 s"
+        waits = dict.fromkeys(SSH_WAITS, c.connect_timeout) if c.connect_timeout else {}
+        c.connect_kwargs = dict(c.connect_kwargs, **waits, **hostkeys.identities(keys, c.connect_kwargs),
                                 **hostkeys.prepare(c.client, c.host, c.port, check))
         c.open()
 

@@ -51,7 +51,7 @@ class SshSettings:
         None, doc="strict refuses unknown hosts; accept-new records them; a changed key is always refused; "
         "unset: ssh_config StrictHostKeyChecking accept-new, else strict")
     connect_timeout_s: int | None = setting(None, check=positive,
-                                            doc="TCP connect + handshake; unset: ssh_config ConnectTimeout, then 10")
+                                            doc="every wait of a connection: TCP connect, the SSH banner, the handshake, the login, the first channel; unset: ssh_config ConnectTimeout, then 10")
     keepalive_interval_s: float = setting(2.0, check=positive, doc="seconds between keepalive requests")
     keepalive_timeout_s: float = setting(15.0, check=positive,
                                          doc="a host that answers no keepalive for this long is lost")
