@@ -161,3 +161,23 @@ def test_a_diverged_loss_ends_with_a_fix_and_no_resume_or_retry_of_the_same_sett
     again = _run_printed(command.replace("optimizer.learning_rate=100", "optimizer.learning_rate=0.1")
                          + f" --run-dir {tmp_path / 'again'}")
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("failure_class", ["INFRASTRUCTURE", "STALL", "PREEMPTION", "PROGRAM"])
+def test_the_advice_after_a_failure_is_its_classes(failure_class):
+    """Every class's side of the advice (issue 71: only the program error's was checked, so
+    advice that told a user to fix the code after a node died, or a stall, passed): a failure a
+    restart does not repeat is continued from its checkpoint as it is; a program error is fixed
+    first."""
+    from launcher.console import nextsteps
+    from launcher.run.classes import FailureClass, Verdict
+
+    verdict = Verdict(FailureClass[failure_class], 1, "what happened")
+    lines = nextsteps.closing("jobs/linear.yaml", "/runs/r1", 1, False, overrides=("a.b=1",),
+                              failure=verdict, saved_step=40)
+    resume = "launch jobs/linear.yaml --set a.b=1 --resume /runs/r1"
+    if failure_class == "PROGRAM":
+        assert lines[1:] == [f"{nextsteps.FIX_FIRST}, then continue from the checkpoint of step "
+                             f"40: {resume}"], lines
+    else:
+        assert lines[1:] == [f"continue this failed run from its last checkpoint: {resume}"], lines

@@ -157,3 +157,16 @@ def test_a_webhook_url_that_the_http_client_would_refuse_is_refused_before_start
     assert "notify.webhook: expected an http:// or https:// URL" in done.stderr and \
         said in done.stderr, done.stderr
     assert "T0KEN" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("script, said", [
+    ("echo going; kill -KILL $$", "killed by SIGKILL: going"),
+    ("echo no route; exit 3", "exit code 3: no route"),
+])
+def test_a_command_killed_by_a_signal_or_failing_is_said_as_failed_not_told(tmp_path, script, said):
+    """Both ways a command fails (issue 71: one killed by a signal, said as "told", passed every
+    test, which tried an exit code alone)."""
+    shown, logged, _ = _told(tmp_path, command=("sh", "-c", script), timeout_s=10.0)
+    for text in (shown, logged):
+        assert f"notify: command sh failed ({said}); the run's outcome stands" in text, text
+        assert "told" not in text

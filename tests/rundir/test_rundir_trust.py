@@ -111,13 +111,16 @@ def run_json(run_dir, pid: int) -> None:
 
 
 def ask(command: str, run_dir) -> subprocess.CompletedProcess:
-    return subprocess.run(LAUNCH + [command, str(run_dir), "--timeout-s", "3"], cwd=REPO,
+    timeout = ["--timeout", "3"] if command == "stop" else ["--timeout-s", "3"]
+    return subprocess.run(LAUNCH + [command, str(run_dir), *timeout], cwd=REPO,
                           env=env_for_tests(), capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.parametrize("command", ["stacks", "profile"])
+@pytest.mark.parametrize("command", ["stacks", "profile", "stop"])
 def test_a_process_run_json_names_is_not_signalled_unless_it_holds_the_runs_lock(tmp_path, command):
+    """``launch stop`` too (issue 71: a stop that signalled run.json's pid unproven passed
+    every test, which covered stacks and profile alone)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     sleeper = subprocess.Popen(["sleep", "300"])
@@ -126,8 +129,10 @@ def test_a_process_run_json_names_is_not_signalled_unless_it_holds_the_runs_lock
         run_json(run_dir, sleeper.pid)
         done = ask(command, run_dir)  # no lock held at all
         assert done.returncode == 2, done.stdout + done.stderr
-        assert f"no launcher holds {run_dir / 'launcher.lock'}" in done.stderr
-        assert f"launch {command} signalled nothing" in done.stderr
+        assert sleeper.poll() is None, done.stdout + done.stderr
+        if command != "stop":  # stop: the run has no live supervisor (docs/long-runs.md)
+            assert f"no launcher holds {run_dir / 'launcher.lock'}" in done.stderr
+            assert f"launch {command} signalled nothing" in done.stderr
         holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
             import sys, time
             sys.path.insert(0, {REPO!r})
@@ -138,10 +143,14 @@ def test_a_process_run_json_names_is_not_signalled_unless_it_holds_the_runs_lock
         """)], stdout=subprocess.PIPE, text=True)
         assert holder.stdout.readline() == "held\n"
         done = ask(command, run_dir)  # a lock held, by another process than the one named
+        assert "Traceback" not in done.stderr
+        if command == "stop":  # the lock's holder is the run's proven launcher: it is stopped
+            assert done.returncode == 0 and f"pid {holder.pid}" in done.stdout, done.stdout
+            assert sleeper.poll() is None and holder.wait(10) is not None
+            return
         assert done.returncode == 2, done.stdout + done.stderr
         assert (f"pid {sleeper.pid} (sleep 300), named in the run's files as its launcher, "
                 f"does not hold {run_dir / 'launcher.lock'}") in done.stderr
-        assert "Traceback" not in done.stderr
         assert sleeper.poll() is None and holder.poll() is None  # neither was signalled
         assert not list(run_dir.glob("profile-request-*"))  # nothing was asked
     finally:

@@ -81,3 +81,23 @@ def test_a_new_lock_holder_replaces_the_whole_record_a_longer_stale_one_left(tmp
         assert runlock.holder(str(run_dir / runlock.LOCK_FILE))["pid"] == os.getpid()
     finally:
         lock.release()
+
+
+def test_an_index_of_runs_past_its_bound_keeps_the_newest_runs(tmp_path, monkeypatch):
+    """The user's index of runs is rewritten once past ``index.KEEP`` lines: the newest runs
+    stay, the oldest go (issue 71: a rewrite that kept the oldest passed every test, none of
+    which reached the bound)."""
+    from launcher.rundir import index
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    made = []
+    for n in range(index.KEEP + 30):
+        run = tmp_path / "runs" / f"r{n:05d}"
+        run.mkdir(parents=True)
+        (run / "spec.yaml").write_text("name: linear\n")
+        made.append(os.path.realpath(run))
+        index.add(str(run))
+    assert index.runs() == made  # every run is found; the index is rewritten after the read
+    with open(index.path(), encoding="utf-8") as f:
+        assert f.read().splitlines() == made[-index.KEEP:]
+    assert index.runs() == made[-index.KEEP:]
