@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     """The command's exit code; bad input, a failed launch and Ctrl-C are said here."""
+    # nothing podlaunch makes is writable by group or others, whatever umask it was given
+    # (logs/, TensorBoard's event files, the podlaunch folder: 0777 and 0666 under umask 000)
+    os.umask(os.umask(0o077) | 0o022)
     try:
         argv = sys.argv[1:] if argv is None else argv
         if not argv and owned.ARGV_VAR in os.environ:  # a detached supervisor (detach.spawn)

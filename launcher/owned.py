@@ -65,6 +65,14 @@ def not_own(found: os.stat_result) -> str | None:
     return None
 
 
+def real_path(path: str) -> str:
+    """``path`` as the run is known everywhere: absolute, every link above it resolved (a run
+    reached through a linked folder is the same run), the last name kept as it is (a link
+    there is refused by ``check_dir``, not followed)."""
+    path = os.path.abspath(path)
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
 def check_dir(run_dir: str, flag: str = "RUN") -> None:
     """Refuse ``run_dir`` unless it is the user's own: a directory (not a link), this user's,
     writable by nobody else.
@@ -123,36 +131,89 @@ def state_dir() -> str:
     return os.path.join(base, "podlaunch")
 
 
-def key(create: bool = False) -> bytes | None:
-    """The user's own key (``KEY_BYTES`` random bytes) that seals records and derives run
-    secrets: ``$XDG_STATE_HOME/podlaunch/key``. Made (0600, its folder 0700) when ``create``
-    and missing; None when missing and not made.
+def state_folder(create: bool = False, flag: str = "--detach", folder: str | None = None,
+                 holds: str = "your key and index of runs") -> str | None:
+    """The user's podlaunch folder (``state_dir``, or ``folder``: another of podlaunch's own
+    that ``holds`` what is said), checked as a run directory is: a real directory (no link),
+    the user's own, open to nobody else. Made 0700 when ``create`` and missing; None when
+    missing and not made, or when it cannot be made (a read-only home).
 
     Raises:
-      SpecError: it (or its folder) is a link, another user's, or open to others; or it cannot
-        be made or read.
+      SpecError: it is a link, not a directory, another user's or open to others (one
+        sentence: what was found, and what to do; said under ``flag``).
     """
-    folder = state_dir()
-    path = os.path.join(folder, "key")
+    folder = folder or state_dir()
+    try:
+        if create:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        found = os.lstat(folder)
+    except OSError:
+        return None
+    mode = stat.S_IMODE(found.st_mode)
+    what = (f"is a link (to {os.path.realpath(folder)})" if stat.S_ISLNK(found.st_mode)
+            else "is not a directory" if not stat.S_ISDIR(found.st_mode)
+            else not_own(found) or (f"is open to others (mode {mode:04o})" if mode & 0o077 else None))
+    if what is not None:
+        raise SpecError([Problem(flag, None, "", (
+            f"your podlaunch folder {folder} ({holds}) {what}; podlaunch keeps them only in a "
+            f"folder of your own that nobody else can open: remove it if it is a link or not "
+            f"yours, `chmod 700 {folder}` if it is, or set XDG_STATE_HOME to a folder of your "
+            "own"))])
+    return folder
+
+
+def open_state_file(path: str, flags: int, flag: str = "--detach") -> int:
+    """A file of the user's podlaunch folder, opened as a run directory's are: never through a
+    link, never a FIFO or a device (opened without waiting, then refused), only the user's own
+    and writable by nobody else; made 0600.
+
+    Raises:
+      SpecError: it is any of those (one sentence, said under ``flag``).
+      OSError: it cannot be opened otherwise (FileNotFoundError: it is not there).
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        found = os.fstat(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO):  # ENXIO: a FIFO nobody reads
+            raise
+        fd, found = None, os.lstat(path)
+    why = ("is a symbolic link" if stat.S_ISLNK(found.st_mode)
+           else "is not a regular file (a FIFO or a device)" if not stat.S_ISREG(found.st_mode)
+           else not_own(found))
+    if why is None:
+        os.set_blocking(fd, True)
+        return fd
+    if fd is not None:
+        os.close(fd)
+    raise SpecError([Problem(flag, None, "", (
+        f"{path}, in your podlaunch folder, {why}; podlaunch reads and writes only regular files of your own there: remove it "
+        "(it is made again)"))])
+
+
+def key(create: bool = False) -> bytes | None:
+    """The user's own key (``KEY_BYTES`` random bytes) that seals records and derives run
+    secrets: ``$XDG_STATE_HOME/podlaunch/key``. Made (0600, its folder 0700: ``state_folder``)
+    when ``create`` and missing; None when missing and not made.
+
+    Raises:
+      SpecError: it (or its folder) is a link, another user's, open to others, not a regular
+        file; or it cannot be made or read.
+    """
+    folder = state_folder(create)
+    path = os.path.join(state_dir(), "key")
 
     def refuse(why: str) -> SpecError:
         return SpecError([Problem("--detach", None, "", (
             f"the key that proves your detached runs ({path}) {why}"))])
 
-    try:
+    if folder is None:
         if create:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-        found = os.lstat(folder)
-    except FileNotFoundError:
+            raise refuse(f"cannot be kept: {state_dir()} cannot be made; set XDG_STATE_HOME to "
+                         "a folder of your own")
         return None
-    except OSError as exc:
-        raise refuse(f"cannot be kept: {folder}: {exc.strerror}; set XDG_STATE_HOME to a "
-                     "folder of your own") from None
-    if stat.S_ISLNK(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o077:
-        raise refuse(f"is in a folder that is a link, not yours or open to others ({folder}, "
-                     f"mode {stat.S_IMODE(found.st_mode):04o}): `chmod 700 {folder}`")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_state_file(path, os.O_RDONLY)
     except FileNotFoundError:
         if not create:
             return None
@@ -174,12 +235,11 @@ def key(create: bool = False) -> bytes | None:
             except OSError:
                 pass
     except OSError as exc:
-        why = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
-        raise refuse(f"{why}: remove it (a new one is made)") from None
+        raise refuse(f"cannot be read ({exc.strerror}): remove it (a new one is made)") from None
     with os.fdopen(fd, "rb") as f:
         found = os.fstat(f.fileno())
         data = f.read(KEY_BYTES + 1)
-    if found.st_uid != os.geteuid() or found.st_mode & 0o077 or len(data) != KEY_BYTES:
+    if found.st_mode & 0o077 or len(data) != KEY_BYTES:
         raise refuse(f"is not yours alone or not a key (mode {stat.S_IMODE(found.st_mode):04o}, "
                      f"{len(data)} B): remove it (a new one is made; runs detached with "
                      "the old one can then not be taken back)")
@@ -273,10 +333,11 @@ def refuse_live_processes(run_dir: str, name: str) -> None:
 
 def processes_of(run_dir: str) -> list:
     """The live processes of this user whose environment names ``run_dir`` as their run
-    directory (its path or real path), whatever else they show: a run's workers and
-    wrappers that outlived their supervisor. Nothing is signalled."""
-    dirs = [f"{RUN_DIR_VAR}={d}".encode("utf-8", "surrogateescape")
-            for d in {os.path.abspath(run_dir), os.path.realpath(run_dir)}]
+    directory by any path (its real path the same: a run started through a linked folder,
+    asked for by its real path), whatever else they show: a run's workers and wrappers that
+    outlived their supervisor. Nothing is signalled."""
+    real = os.path.realpath(run_dir)
+    prefix = f"{RUN_DIR_VAR}=".encode()
     found = []
     for pid in proctl.pids():
         if pid == os.getpid():
@@ -288,7 +349,7 @@ def processes_of(run_dir: str) -> list:
             continue
         if proctl.state(pid) in (None, "Z"):
             continue
-        items = proctl.environ(pid)
-        if any(d in items for d in dirs):
+        named = [item[len(prefix):] for item in proctl.environ(pid) if item.startswith(prefix)]
+        if any(os.path.realpath(os.fsdecode(d)) == real for d in named):
             found.append(pid)
     return found

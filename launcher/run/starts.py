@@ -254,7 +254,7 @@ def run_dir_for(job, requested: str | None, create: bool = False) -> str:
     """
     if requested is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
-        base = os.path.abspath(os.path.join("runs", job.name, stamp))
+        base = owned.real_path(os.path.join("runs", job.name, stamp))
         if not create:
             return base
         _check_creatable(base, "--run-dir")
@@ -271,7 +271,7 @@ def run_dir_for(job, requested: str | None, create: bool = False) -> str:
     if not requested.strip():
         raise SpecError([Problem("--run-dir", None, "", "is empty; name a new directory, "
                                  "or leave the flag out for runs/<job>/<timestamp>")])
-    run_dir = os.path.abspath(requested)
+    run_dir = owned.real_path(requested)
     if os.path.isdir(os.path.join(run_dir, "logs")):
         raise SpecError([Problem("--run-dir", None, "", f"{run_dir} already holds a run; "
                                  "choose a new directory so nothing is overwritten "

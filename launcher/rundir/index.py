@@ -25,14 +25,19 @@ def path() -> str:
 
 
 def add(run_dir: str) -> None:
-    """Record ``run_dir`` (absolute) as one of the user's runs; a failure to is never an error
-    (the run is found under its root as before)."""
-    line = os.path.abspath(run_dir)
-    if "\n" in line:
+    """Record ``run_dir`` (its real path) as one of the user's runs; a folder that cannot be
+    made or written is never an error (the run is found under its root as before).
+
+    Raises:
+      SpecError: the podlaunch folder or the index is not the user's own (a link, another
+        user's, open to others, a FIFO or a device: ``owned.state_folder``,
+        ``owned.open_state_file``); nothing was written there.
+    """
+    line = os.path.realpath(run_dir)
+    if "\n" in line or owned.state_folder(create=True, flag="launch") is None:
         return
     try:
-        os.makedirs(owned.state_dir(), mode=0o700, exist_ok=True)
-        fd = os.open(path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        fd = owned.open_state_file(path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, flag="launch")
         try:
             os.write(fd, (line + "\n").encode("utf-8", "surrogateescape"))
         finally:
@@ -43,13 +48,15 @@ def add(run_dir: str) -> None:
 
 def runs() -> list:
     """The indexed run directories that still hold a run of this user's, each once, newest
-    entry last; the index is rewritten without the others when it has grown past ``KEEP``."""
+    entry last; the index is rewritten without the others when it has grown past ``KEEP``.
+
+    Raises:
+      SpecError: the podlaunch folder or the index is not the user's own (as ``add``).
+    """
+    if owned.state_folder(flag="RUN") is None:
+        return []
     try:
-        fd = os.open(path(), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            found = os.fstat(f.fileno())
-            if owned.not_own(found) is not None:  # not the user's own: nothing in it is used
-                return []
+        with os.fdopen(owned.open_state_file(path(), os.O_RDONLY, flag="RUN"), "rb") as f:
             lines = f.read(1 << 24).decode("utf-8", "surrogateescape").splitlines()
     except OSError:
         return []

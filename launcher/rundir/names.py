@@ -61,7 +61,7 @@ def resolve(name: str, root: str | None = None, prefer: str = NEWEST) -> str:
         raise SpecError([Problem("RUN", None, "", f"{name!r} names several runs ("
                                  + ", ".join(sorted(found)) + "): give its directory")])
     owned.check_dir(found[0])  # another user's run is theirs: said, nothing read or signalled
-    return found[0]
+    return owned.real_path(found[0])  # one run, one path (a linked folder above it resolved)
 
 
 def looked_in(root: str | None) -> str:

@@ -119,7 +119,7 @@ def resume_dir(job, run_dir: str, flag: str = "--resume") -> str:
       SpecError: no such run directory, it holds another job's run, or the spec changes
         what the run trains (``launcher.rundir.specdiff``).
     """
-    run_dir = os.path.abspath(run_dir)
+    run_dir = owned.real_path(run_dir)  # one run, one path: its live processes are found by it
     owned.check_dir(run_dir, flag)  # another user's, or open to others: refused first
     spec_file = os.path.join(run_dir, "spec.yaml")
     try:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import os
 
+from launcher import owned
+from launcher.errors import SpecError
 from launcher.rundir import runlock
 
 
@@ -32,19 +34,25 @@ def registry_path(tag: str) -> str:
 def register_run(run_dir: str) -> None:
     """Record which run directory a step tag names (the home directory is shared on a cluster)."""
     path = registry_path(run_tag(run_dir))
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
+    try:  # a folder and file of the user's own only (``owned.state_folder``): none is followed
+        if owned.state_folder(True, "cluster.backend", os.path.dirname(path), "step tags") is None:
+            return
+        with open(owned.open_state_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                        "cluster.backend"), "w", encoding="utf-8") as f:
             f.write(os.path.realpath(run_dir))
-    except OSError:
+    except (OSError, SpecError):
         pass  # then its steps look stale to a later launch: refused, never cancelled unasked
 
 
 def registered_run_dir(tag: str) -> str:
     try:
-        with open(registry_path(tag), encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
+        path = registry_path(tag)
+        if owned.state_folder(False, "cluster.backend", os.path.dirname(path), "step tags") is None:
+            return ""
+        with open(owned.open_state_file(path, os.O_RDONLY, "cluster.backend"),
+                  encoding="utf-8") as f:
+            return f.read(4096).strip()
+    except (OSError, SpecError):
         return ""
 
 
