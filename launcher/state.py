@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import enum
 import math
+import re
 import signal
 import threading
 import time
@@ -26,6 +27,11 @@ from worker import contract
 from worker.contract import signals, wire
 
 TAIL_LINES = 15
+# A frame of a native stack trace (absl's, after "*** Check failure stack trace: ***"): an
+# address and a symbol, for the log only. A dozen of them pushed the coordination service's
+# words (another process died) out of the tail, and a peer aborted because of a frozen
+# process was then named the cause, as often as the trace was printed before the verdict.
+NATIVE_FRAME = re.compile(r"^\s+@\s+0x[0-9a-fA-F]+\s")
 
 
 class Worker(Protocol):
@@ -166,7 +172,8 @@ class Tracked:
                 self.joining, self.joining_at, self.joining_timeout_s = address, now, timeout_s
             case wire.Joined() if not self.joined:
                 self.joined, self.joined_at = True, now
-        self.tail.append(line)
+        if not NATIVE_FRAME.match(line):
+            self.tail.append(line)
         self.stats.observe(parsed, now)
         return True
 

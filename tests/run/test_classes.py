@@ -160,6 +160,25 @@ def test_an_error_of_its_own_is_read_in_every_form_the_worker_prints(own):
     assert verdict.failure_class is FailureClass.PROGRAM and verdict.process_id == 0, own
 
 
+def test_a_native_stack_trace_after_the_coordination_services_words_leaves_them_in_the_tail():
+    """Issue 71: a peer aborted by JAX's coordination service prints its words, then absl's
+    stack trace, a dozen frames; read after the whole trace (a loaded machine), the tail held
+    frames alone, the abort was not read as a consequence, and the peer of a frozen process
+    was named the cause (test_restart's frozen-process test failed under load)."""
+    aborted = tracked(0, Killed(signal.SIGABRT))
+    trace = [COORDINATION_ABORT, "1", "The tasks have crashed. Check the task logs for an earlier "
+             "error, or scheduler events (e.g. preemption, eviction) to debug further.",
+             "RPC: /xla.coordination.CoordinationService/PollForError "
+             "[type.googleapis.com/tensorflow.CoordinationServiceError='']",
+             "*** Check failure stack trace: ***",
+             *[f"    @     0x7f1d1024{n:04x}  absl::log_internal::LogMessage::Flush()"
+               for n in range(20)], "    @     0x7f1d1f4a71f5  (unknown)"]
+    for line in trace:
+        assert aborted.observe(line, 0.0)  # every line is still the log's and the console's
+    assert list(aborted.tail) == trace[:5]
+    assert classes.follows_from_another(aborted)
+
+
 def test_budgets_are_per_class_with_defaults_a_long_run_survives_on():
     policy = specs.RestartSpec()
     assert (policy.program_errors, policy.infrastructure, policy.preemptions, policy.stalls,
