@@ -368,4 +368,7 @@ def _build_cluster(raw: Any, ctx: schema.Context, registry) -> Any:
 # port free).
 LATE_CHECKED = (("task", "name"), ("task", "args"), ("data", "num_examples"),
                 ("cluster", "hosts", 0), ("cluster", "env", "PYTHONPATH"),
-                ("cluster", "coordinator_port"), ("program", "argv"))
+                ("cluster", "coordinator_port"), ("program", "argv"),
+                # what names a TPU: a placeholder left there is refused with its line
+                ("cluster", "tpu"), ("cluster", "slices"), ("cluster", "queued_resource"),
+                ("cluster", "project"), ("cluster", "user"))

@@ -31,6 +31,11 @@ report it, e.g. https://github.com/marin-community/marin/issues/3404)::
       resourceName: projects/P/locations/Z/nodes/N
 
 Every call is appended to ``bin_dir/gcloud.calls`` (one JSON argv per line).
+
+``install(..., signed_in=False)`` answers every call as gcloud without an account does, and
+``default_project=None`` one without ``--project`` as gcloud with no configured project
+does: exit 1, the texts gcloud 5xx prints (``NO_ACCOUNT``, ``NO_PROJECT``, taken from the
+real CLI on this machine).
 """
 
 from __future__ import annotations
@@ -41,6 +46,27 @@ import stat
 import sys
 
 PROJECT = "test-project"
+
+NO_ACCOUNT = """ERROR: (gcloud.%s) You do not currently have an active account selected.
+Please run:
+
+  $ gcloud auth login
+
+to obtain new credentials.
+
+If you have already logged in with a different account, run:
+
+  $ gcloud config set account ACCOUNT
+
+to select an already authenticated account to use.
+"""
+NO_PROJECT = """ERROR: (gcloud.%s) Error parsing [tpu].
+The [tpu] resource is not properly specified.
+Failed to find attribute [project]. The attribute can be set in the following ways: 
+- provide the argument `tpu` on the command line with a fully specified name
+- provide the argument `--project` on the command line
+- set the property `core/project`
+"""
 
 _SCRIPT = r'''#!{python}
 import json, sys
@@ -58,6 +84,12 @@ elif argv[:4] == ["compute", "tpus", "queued-resources", "describe"]:
 else:
     sys.stderr.write("ERROR: (gcloud) Invalid choice: %r. (fake gcloud)\n" % " ".join(argv[:4]))
     sys.exit(2)
+if project is None:
+    sys.stderr.write({no_project!r} % command)
+    sys.exit(1)
+if not {signed_in!r}:
+    sys.stderr.write({no_account!r} % command)
+    sys.exit(1)
 name = argv[4]
 resource = "projects/%s/locations/%s/%s/%s" % (project, zone, group, name)
 item = db[kind].get(name)
@@ -139,12 +171,16 @@ def queued_resource(accelerator_type: str, node_count: int, prefix: str | None, 
 
 
 def install(bin_dir, nodes: dict, queued_resources: dict | None = None,
-            zone: str = "us-central2-b") -> str:
+            zone: str = "us-central2-b", signed_in: bool = True,
+            default_project: str | None = PROJECT) -> str:
     """Write the fake ``gcloud`` into ``bin_dir``; returns its path.
 
     Args:
       nodes: {name: node(...)} for ``tpu-vm describe``.
       queued_resources: {name: queued_resource(...)} for ``queued-resources describe``.
+      signed_in: False: every call fails as gcloud without an active account does.
+      default_project: gcloud's configured project (``core/project``); None: a call without
+        ``--project`` fails as gcloud without one does.
     """
     bin_dir = str(bin_dir)
     os.makedirs(bin_dir, exist_ok=True)
@@ -155,8 +191,9 @@ def install(bin_dir, nodes: dict, queued_resources: dict | None = None,
                                         for k, v in (queued_resources or {}).items()}}, f)
     path = os.path.join(bin_dir, "gcloud")
     with open(path, "w") as f:
-        f.write(_SCRIPT.format(python=sys.executable, db=db, project=PROJECT,
-                               calls=os.path.join(bin_dir, "gcloud.calls")))
+        f.write(_SCRIPT.format(python=sys.executable, db=db, project=default_project,
+                               calls=os.path.join(bin_dir, "gcloud.calls"), signed_in=signed_in,
+                               no_account=NO_ACCOUNT, no_project=NO_PROJECT))
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path
 

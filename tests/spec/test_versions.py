@@ -108,6 +108,19 @@ def test_pyproject_range_is_the_tested_range(name):
                                         parse_version(TESTED_JAX[1])[1] + 1)
 
 
+def test_every_jax_install_the_docs_show_keeps_the_supported_range():
+    """Issue 70: the GPU quick start's ``pip install -U 'jax[cuda12]'`` installed the newest
+    jax, past the supported range; every ``jax[...]`` install in the README and docs/ names
+    pyproject.toml's bounds."""
+    want = _range("jax", _pyproject())
+    installs = [(path.name, spec) for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+                for spec in re.findall(r"'(jax\[[a-z0-9_]+\][^']*)'", path.read_text())]
+    assert {name for name, _ in installs} >= {"README.md", "gpu.md", "tpu.md"}, installs
+    for name, spec in installs:
+        assert re.fullmatch(r"jax\[\w+\]>=([\d.]+),<([\d.]+)", spec), (name, spec)
+        assert re.fullmatch(r"jax\[\w+\]>=([\d.]+),<([\d.]+)", spec).groups() == want, (name, spec)
+
+
 def test_requires_python_is_the_oldest_tested():
     match = re.search(r'requires-python = ">=([\d.]+)"', _pyproject())
     assert match and match.group(1) == TESTED_PYTHON[0]

@@ -41,6 +41,27 @@ def scrubbed(environ=None, extra: dict | None = None, drop=()) -> dict:
     return env
 
 
+# What a client command's failure says, and what to do: Slurm 22-24's own words
+_ADVICE = (
+    (("configuration source", "configuration file", "slurm.conf"),
+     "this machine has no Slurm configuration: run launch on a login node of your Slurm cluster "
+     "or inside salloc there, or point SLURM_CONF at the cluster's slurm.conf"),
+    (("Unable to contact slurm controller", "Connection refused", "Zero Bytes were transmitted"),
+     "slurmctld does not answer from here: check scontrol ping, and that this is your cluster's "
+     "login node"),
+)
+
+
+def failed(argv: list, output: str) -> str:
+    """A client command's failure in one sentence: its fatal (else last) line and, where Slurm's
+    words say why, what to do; the doc to read."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    said = next((line for line in lines if ": fatal: " in line), lines[-1] if lines else "no output")
+    todo = next((advice for words, advice in _ADVICE if any(w in output for w in words)), None)
+    return (f"{' '.join(argv[:3])} failed ({said})" + (f": {todo}" if todo else "")
+            + " (docs/slurm.md)")
+
+
 def parse_record(text: str) -> dict:
     """``scontrol -o show ...`` one-line output as {Key: value} (values never hold spaces here)."""
     record = {}
@@ -63,13 +84,14 @@ class Slurm:
                                     input=stdin, timeout=self.timeout_s,
                                     stdin=None if stdin is not None else subprocess.DEVNULL)
         except FileNotFoundError:
-            raise LaunchError(f"{argv[0]} not found: is this a Slurm login node? (install Slurm's "
-                              "client commands or put them on PATH)") from None
+            raise LaunchError(f"{argv[0]} is not on PATH, so this machine cannot ask Slurm: run "
+                              "launch on a login node of your Slurm cluster or inside salloc there, "
+                              "or put Slurm's client commands on PATH (docs/slurm.md)") from None
         except subprocess.TimeoutExpired:
-            raise LaunchError(f"{' '.join(argv[:3])} did not answer within {self.timeout_s:g} s "
-                              "(is slurmctld up?)") from None
+            raise LaunchError(f"{' '.join(argv[:3])} did not answer within {self.timeout_s:g} s: "
+                              "is slurmctld up? (scontrol ping; docs/slurm.md)") from None
         if check and result.returncode != 0:
-            raise LaunchError(f"{' '.join(argv[:3])} failed: {(result.stderr or result.stdout).strip()}")
+            raise LaunchError(failed(argv, result.stderr or result.stdout))
         return result
 
     def job(self, job_id: str) -> dict | None:

@@ -12,6 +12,27 @@ from __future__ import annotations
 from launcher.backends.base import Backend, Options, Session
 from launcher.backends.tpu.settings import TpuCluster
 
+# the names jobs/clusters/tpu-*.yaml and docs/tpu.md stand in with for the user's own: refused
+# before gcloud is asked (its answer to them is an account or NOT_FOUND error in its own words)
+PLACEHOLDERS = ("my-v4-32", "my-slice-0", "my-slice-1", "my-qr", "my-project", "my-user")
+# the settings that name things: what each names, and what else the user may do
+NAMED = {"tpu": ("the TPU's name", ""), "slices": ("a slice's name", ""),
+         "queued_resource": ("the queued resource's name", ""),
+         "project": ("the GCP project", ", or remove the line for gcloud's configured one"),
+         "user": ("the login on the TPU VMs", ", or remove the line for your local user name")}
+
+
+def placeholders(cluster: TpuCluster) -> list:
+    """``[(key path, value)]`` of the cluster's settings left at an example's placeholder."""
+    found = []
+    named = {"tpu": cluster.tpu, "slices": cluster.slices, "queued_resource": cluster.queued_resource,
+             "project": cluster.project, "user": cluster.user}
+    for key, value in named.items():
+        for i, item in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
+            if item in PLACEHOLDERS:
+                found.append((("cluster", key) + (() if i is None else (i,)), item))
+    return found
+
 
 class TpuBackend(Backend):
     name = "tpu"
@@ -21,8 +42,15 @@ class TpuBackend(Backend):
     rehearses = "tpu"
 
     def check(self, job, options: Options) -> None:
+        from launcher.errors import Problem, SpecError
         from launcher.spec import checks
 
+        found = placeholders(job.cluster)
+        if found:  # jobs/clusters/tpu-v4-32.yaml run as it is: gcloud is not asked
+            raise SpecError([Problem(*job.where(key), ".".join(map(str, key[:2])) + (
+                f"[{key[2]}]" if len(key) > 2 else ""), f"{value} is the example's placeholder for "
+                f"{NAMED[key[1]][0]}: put yours there{NAMED[key[1]][1]} (docs/tpu.md; --rehearse "
+                "runs the example here as it is); gcloud was not asked") for key, value in found])
         checks.check_syncs(job)
 
     def rehearsal(self, job) -> Backend:

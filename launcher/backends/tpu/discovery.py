@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import subprocess
 
@@ -95,21 +96,50 @@ def gcloud_json(cluster: TpuCluster, source: str, args: list, key: str) -> dict:
     except subprocess.TimeoutExpired:
         raise LaunchError(f"`{shown}` gave no answer within {cluster.gcloud_timeout_s:g} s; "
                           "nothing was started") from None
-    # gcloud's own error is its "ERROR: (gcloud.<command>) ..." line; what follows it is
-    # detail (a NOT_FOUND is followed by a google.rpc.ResourceInfo block as YAML)
-    lines = done.stderr.strip().splitlines()
-    error = " ".join([line for line in lines if line.startswith("ERROR:")][:1] or lines[-2:])
     if done.returncode != 0:
-        if "NOT_FOUND" in done.stderr:
-            where = f"zone {cluster.zone}" + (f", project {cluster.project}" if cluster.project else "")
-            raise SpecError([Problem(source, None, key, f"{args[-1]!r} was not found in {where} "
-                                     f"(gcloud: {error}); check the name, zone and project")])
-        raise LaunchError(f"`{shown}` failed with exit {done.returncode}: {error or 'no output'}; "
-                          "nothing was started")
+        raise _failure(done.stderr, shown, cluster, source, key, args[-1])
     try:
         return json.loads(done.stdout)
     except ValueError:
         raise LaunchError(f"`{shown}` printed no JSON: {done.stdout[:200]!r}") from None
+
+
+# What gcloud's error says, and what the user does about it: (words in its text, the spec key
+# at fault or None where the input is not, what to do). gcloud 5xx's own words.
+_GCLOUD_ADVICE = (
+    (("Failed to find attribute [project]", "required property [project] is not currently set"),
+     "cluster.project", "set cluster.project, or gcloud's own: gcloud config set project PROJECT"),
+    (("do not currently have an active account", "gcloud auth login"), None,
+     "sign in first (gcloud auth login, or gcloud config set account ACCOUNT), then launch again"),
+    (("PERMISSION_DENIED",), None, "check that the account gcloud uses may use TPUs in that "
+     "project (gcloud auth list; the TPU Viewer role at least) and that cluster.project is right"),
+    (("Invalid value for [--zone]", "INVALID_ARGUMENT"), "cluster.zone",
+     "check cluster.zone (gcloud compute tpus locations list)"),
+)
+
+
+def _failure(stderr: str, shown: str, cluster: TpuCluster, source: str, key: str,
+             name: str) -> Exception:
+    """gcloud's failure as one sentence with what to do and the doc to read: a SpecError (exit
+    2) where the spec is at fault (an unknown name, no project, a bad zone), else a LaunchError."""
+    # gcloud's own error is its "ERROR: (gcloud.<command>) ..." line; what follows it is
+    # detail (a NOT_FOUND is followed by a google.rpc.ResourceInfo block as YAML)
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    error = next((line for line in lines if line.startswith("ERROR:")), " ".join(lines[-2:]))
+    said = re.sub(r"^ERROR: \(gcloud[^)]*\) ", "", error) or "no output"
+    where = f"zone {cluster.zone}" + (f", project {cluster.project}" if cluster.project else "")
+    if "NOT_FOUND" in stderr:
+        return SpecError([Problem(source, None, key, f"{name!r} was not found in {where} "
+                                  f"(gcloud: {said}); check the name, zone and project (docs/tpu.md)")])
+    for words, at_fault, todo in _GCLOUD_ADVICE:
+        if any(w in stderr for w in words):
+            if at_fault is not None:
+                return SpecError([Problem(source, None, at_fault, f"gcloud could not describe "
+                                          f"{name!r} in {where}: {said}; {todo} (docs/tpu.md)")])
+            return LaunchError(f"gcloud could not describe {name!r} in {where}: {said}; {todo} "
+                               "(docs/tpu.md); nothing was started")
+    return LaunchError(f"gcloud could not describe {name!r} in {where} (`{shown}`): {said}; see "
+                       "docs/tpu.md; nothing was started")
 
 
 def slice_names(job) -> tuple[list, str]:

@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -37,6 +38,26 @@ SHORT = ("--set", "train.num_steps=30", "--set", "train.global_batch_size=255",
 LONG = ("--set", "train.num_steps=1000000", "--set", "train.global_batch_size=255",
         "--set", "logging.log_every_steps=20", "--set", "logging.tensorboard=false", *NO_RESTARTS,
         *PACED)
+
+
+def test_the_quick_start_where_slurm_cannot_be_asked_says_why_in_one_line(tmp_path):
+    """Issue 70: jobs/clusters/slurm-example.yaml on a machine without Slurm's commands, or
+    with them and no configuration (a real sinfo with an empty slurm.conf: its own 'fatal'
+    line), is one line of ours: what failed, what to do, docs/slurm.md; nothing starts."""
+    bare = env_for_tests(PATH=os.path.dirname(sys.executable))  # no sinfo there
+    empty = tmp_path / "slurm.conf"
+    empty.write_text("")
+    configless = env_for_tests(SLURM_CONF=str(empty))
+    for env, said in ((bare, "sinfo is not on PATH, so this machine cannot ask Slurm: run launch "
+                       "on a login node of your Slurm cluster or inside salloc there"),
+                      (configless, "sinfo -h -a failed (sinfo: fatal: Unable to process "
+                       "configuration file): this machine has no Slurm configuration")):
+        result = subprocess.run(LAUNCH + ["jobs/linear.yaml", "--cluster",
+                                          "jobs/clusters/slurm-example.yaml", "--dry-run"],
+                                cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1 and not result.stdout, result.stdout + result.stderr
+        assert result.stderr.startswith(f"launch: {said}") and result.stderr.rstrip().endswith(
+            "(docs/slurm.md)") and len(result.stderr.splitlines()) == 1, result.stderr
 
 
 @pytest.fixture
