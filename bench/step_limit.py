@@ -5,7 +5,8 @@ regression, mean squared error, ``value_and_grad``, SGD), run K times inside one
 ``lax.fori_loop`` over a batch already on the device, nothing between the steps, one
 device (the chip). Nothing of podlaunch is imported. The limit is the best of its
 formulations (``FORMS``: ``grad`` or ``value_and_grad``, donated or not, the batch a
-constant of the program or passed in, resident, as a trainer's is): one of them alone was
+constant of the program or passed in, resident, as a trainer's is; a step a turn of the loop
+or ``UNROLL``): one of them alone was
 beaten by the launch on the v5e (1.31 of it), which only says the limit was wrong. Prints
 ``FORM <K> <form> <steps/s>`` for each, then ``RATE <K> <steps/s>``, the best, per K,
 compilation excluded (each is compiled and run once first), timed over ``--steps`` steps with
@@ -21,15 +22,20 @@ import time
 
 
 # The formulations tried per K (the best is the limit): the gradient alone or with the loss,
-# the parameters donated or not, the batch a constant of the program or passed in. A launch
-# that beats all of them by more than LIMIT_SLACK means a formulation is missing here.
-FORMS = [(grad, donate, arg) for grad in ("grad", "value_and_grad") for donate in (True, False)
-         for arg in (False, True)]
+# the parameters donated or not, the batch a constant of the program or passed in, and for
+# K > 1 the loop a step a turn or UNROLL steps a turn (the trainer's: on a TPU v5e a turn of
+# the loop cost the 256 x 4 step as much as the step, docs/tpu.md). A launch that beats all
+# of them by more than LIMIT_SLACK means a formulation is missing here.
+UNROLL = 10
+FORMS = [(grad, donate, arg, unroll) for unroll in (1, UNROLL)
+         for grad in ("grad", "value_and_grad") for donate in (True, False) for arg in (False, True)]
 LIMIT_SLACK = 1.05
 
 
-def form_name(grad: str, donate: bool, arg: bool) -> str:
-    return f"{grad}{'+donate' if donate else ''}{'+batch-argument' if arg else '+batch-constant'}"
+def form_name(grad: str, donate: bool, arg: bool, unroll: int = 1) -> str:
+    return (f"{grad}{'+donate' if donate else ''}"
+            f"{'+batch-argument' if arg else '+batch-constant'}"
+            f"{f'+unroll{unroll}' if unroll > 1 else ''}")
 
 
 def main() -> None:
@@ -66,19 +72,23 @@ def main() -> None:
         return step
 
     forms = [f for f in FORMS if (not args.batch_argument or f[2])
-             and (not args.one_form or (f[0] == "grad" and f[1]))]
+             and (not args.one_form or (f[0] == "grad" and f[1] and f[3] == 1))]
     for k in args.ks:
         best = 0.0
-        for grad, donate, arg in forms:
+        for grad, donate, arg, unroll in forms:
+            if unroll > 1 and k == 1:
+                continue  # one step a call: nothing to unroll
             step = step_of(grad)
             donated = (0,) if donate else ()
             if arg:
-                run = jax.jit(lambda p, x, y, k=k, step=step: jax.lax.fori_loop(
-                    0, k, lambda _, p: step(p, x, y), p), donate_argnums=donated)
+                run = jax.jit(lambda p, x, y, k=k, step=step, u=unroll: jax.lax.fori_loop(
+                    0, k, lambda _, p: step(p, x, y), p, unroll=min(u, k)),
+                    donate_argnums=donated)
                 batch = (x, y)
             else:
-                run = jax.jit(lambda p, k=k, step=step: jax.lax.fori_loop(
-                    0, k, lambda _, p: step(p, x, y), p), donate_argnums=donated)
+                run = jax.jit(lambda p, k=k, step=step, u=unroll: jax.lax.fori_loop(
+                    0, k, lambda _, p: step(p, x, y), p, unroll=min(u, k)),
+                    donate_argnums=donated)
                 batch = ()
             p = jax.block_until_ready(run(jax.tree.map(jnp.copy, params), *batch))
             calls = max(1, args.steps // k)
@@ -87,7 +97,7 @@ def main() -> None:
                 p = run(p, *batch)
             jax.block_until_ready(p)
             rate = calls * k / (time.perf_counter() - start)
-            print(f"FORM {k} {form_name(grad, donate, arg)} {rate:.1f}", flush=True)
+            print(f"FORM {k} {form_name(grad, donate, arg, unroll)} {rate:.1f}", flush=True)
             best = max(best, rate)
         print(f"RATE {k} {best:.1f}", flush=True)
 

@@ -39,6 +39,13 @@ def make_order(data: sections.Data, num_rows: int, global_batch_size: int) -> Or
                  shuffle=data.shuffle, seed=data.shuffle_seed)
 
 
+def is_resident(order: Order, resident: bool, prefetch: int, steps_per_call: int = 1) -> bool:
+    """Whether ``Batches`` keeps every batch on the devices once placed: an unshuffled order
+    whose batches all fit in the prefetch window (``prefetch`` batches, or a call's), or any
+    unshuffled order with ``resident`` (``data.resident``)."""
+    return not order.shuffle and (resident or order.num_batches <= max(prefetch, steps_per_call))
+
+
 class Batches:
     """This process's batches, call by call, read ahead on a thread and placed on its devices.
 
@@ -75,8 +82,7 @@ class Batches:
         # Unshuffled batches that all fit in the prefetch window are read and placed once
         # and reused every epoch: on-device as before, and still only a few batches. With
         # ``resident`` (data.resident) every batch is kept, whatever their number.
-        self.resident = not order.shuffle and (
-            resident or order.num_batches <= max(prefetch, steps_per_call))
+        self.resident = is_resident(order, resident, prefetch, steps_per_call)
         self._cache: dict = {}
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()

@@ -36,6 +36,9 @@ MAX_CALLS_IN_FLIGHT = 1000
 CALL_TARGET_S = 0.1
 ASSUMED_BYTES_PER_S = 80e9
 STEP_OVERHEAD_S = 5e-6
+UNROLL = 10  # steps per turn of a fused call's device loop (``unroll``)
+DONATE_ABOVE_BYTES = 16 << 20  # a state donated above this size on TPU and GPU (``donate``)
+CONSTANT_MAX_BYTES = 256 << 20  # a resident batch made a constant up to this size (``constant_batch``)
 
 
 def step_bytes(batch: dict, params: Any) -> int:
@@ -74,6 +77,42 @@ def steps_per_call(setting: int | str, platform: str, call_ends: Sequence[int],
     if boundaries == 0:  # no call end asked for: the cap
         return cap
     return next(k for k in range(min(cap, boundaries), 0, -1) if boundaries % k == 0)
+
+
+def unroll(steps_per_call: int) -> int:
+    """Steps per turn of a fused call's device loop (``worker.trainer.train.step_function``):
+    ``UNROLL``, or fewer in a shorter call. A turn of an XLA ``while`` loop costs a tiny step
+    as much as the step itself: on a TPU v5e the 256 x 4 step ran 421k steps/s a turn at a
+    time and 849k ten to a turn, 1,000 steps a call; the 65,536 x 256 step with its batch a
+    constant 5,351 against 9,257 (bench/step_account.py, docs/tpu.md). The steps and their
+    order are the same; the program holds ``UNROLL`` copies of the step (compilation time)."""
+    return max(1, min(UNROLL, steps_per_call))
+
+
+def donate(platform: str, state_bytes: int) -> bool:
+    """Whether a call donates its state (its buffers reused for the new state).
+
+    On CPU devices, and for a state over ``DONATE_ABOVE_BYTES`` (where a second copy during a
+    call costs device memory a model needs), yes. A smaller state on a TPU or GPU is not
+    donated: on a TPU v5e a donated carry was moved between memory spaces on every turn of
+    the device loop, and the 256 x 4 step ran 849k steps/s donated, 918k not (1,000 steps a
+    call, ten a turn; docs/tpu.md)."""
+    return platform == "cpu" or state_bytes > DONATE_ABOVE_BYTES
+
+
+def constant_batch(platform: str, num_processes: int, local_device_count: int,
+                   resident: bool, num_batches: int, batch_bytes: int) -> bool:
+    """Whether the calls take the run's one batch as a constant of their program
+    (``worker.trainer.sharded.make_train_step``'s ``constants``): one batch that never changes
+    (resident and alone: every step reads the same rows), one device in one process (the
+    whole job's batch is this device's), on a TPU or GPU (on CPU devices the trace and the
+    debugger see the batch as an argument, as written), and at most ``CONSTANT_MAX_BYTES``
+    (the executable and the compilation cache hold it). XLA then prepares the data at
+    compile time for the step that reads it: on a TPU v5e the 65,536 x 256 job ran 4,582
+    steps/s with its batch an argument and 5,311 with it a constant (a transposed copy of
+    the batch for the backward's product, folded at compile time: docs/tpu.md)."""
+    return (platform != "cpu" and num_processes == 1 and local_device_count == 1 and resident
+            and num_batches == 1 and batch_bytes <= CONSTANT_MAX_BYTES)
 
 
 def metrics_every(steps_per_call: int, *row_periods: int) -> int:
@@ -137,12 +176,18 @@ class StepCalls:
       bare: ``(state, *inputs) -> state``, or None (every call is ``rows``).
       run_compiled: call ``pmap``'s compiled executables (True) or the jitted functions.
       local_rows: this process's part of ``rows``' metrics (``jit``: ``addressable_data(0)``).
+      baked: ``rows`` and ``bare`` take the state alone, their inputs constants of the
+        program (``worker.trainer.sharded.make_train_step``'s ``constants``): the inputs a
+        call is given are not passed on.
     """
 
     def __init__(self, treedef: Any, rows: Callable, bare: Callable | None = None,
                  run_compiled: bool = False,
-                 local_rows: Callable[[Any], Any] | None = None):
+                 local_rows: Callable[[Any], Any] | None = None, baked: bool = False):
         self.treedef, self.local_rows, self.run_compiled = treedef, local_rows, run_compiled
+        if baked:
+            rows, bare = _inputs_dropped(rows), bare and _inputs_dropped(bare)
+        self.baked = baked
         self._mapped = {True: rows, False: bare}
         self._call = dict(self._mapped)
         self.compiled = bare is None  # nothing to compile ahead without a bare call
@@ -185,6 +230,20 @@ class StepCalls:
             if self.run_compiled:
                 self._call[rows] = compiled
         self.compiled = True
+
+
+class _inputs_dropped:
+    """A function of the state alone called as ``(state, *inputs)``: the inputs are constants
+    of its program (``StepCalls``' ``baked``). ``lower`` as the function's."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, state, *inputs):
+        return self.fn(state)
+
+    def lower(self, state, *inputs):
+        return self.fn.lower(state)
 
 
 class InFlight:

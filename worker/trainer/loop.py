@@ -126,23 +126,34 @@ def begin(identity: contract.Identity, job: jobs.WorkerJob, out) -> Start:
                              [first_step - 1, *periods.steps(job, periods.ENDS_A_CALL)],
                              calls.step_bytes(sample, params))
     every = calls.metrics_every(k, *periods.steps(job, periods.A_ROW))
+    platform = jax.devices()[0].platform
+    # the run's one batch, resident: a constant of the calls' program (calls.constant_batch)
+    constant = job.train.parallelism != "pmap" and calls.constant_batch(
+        platform, identity.num_processes, local_devices,
+        datasets.is_resident(order, job.data.resident, job.data.prefetch, k), order.num_batches,
+        sum(int(a.nbytes) for a in sample.values()))
     parallel = parallelism.of(job.train.parallelism, k, identity.num_processes,
-                              identity.local_device_count)
+                              identity.local_device_count, constant)
     if (first_step - 1) % k:
         raise ValueError(f"the checkpoint is at step {first_step - 1}, not a multiple of "
                          f"train.steps_per_call {k}; resume with the steps_per_call that saved it")
+    state_bytes = sum(int(np.asarray(leaf).nbytes)
+                      for leaf in jax.tree_util.tree_leaves((params, opt_state)))
     params, opt_state = parallel.replicate(params), parallel.replicate(opt_state)
     metric_names = STEP_METRICS
     if task.metrics_fn is not None:
         metric_names += tuple(jax.eval_shape(task.metrics_fn, parallel.unreplicate(params),
                                              {n: a[0] for n, a in sample.items()}))
-    step_calls = parallel.make_train_step(task.batch_loss(), optimizer, (params, opt_state),
-                                          steps_per_call=k, allreduce=job.train.allreduce,
-                                          metrics_fn=task.metrics_fn, metrics_every=every)
     batches = datasets.Batches(source, order, identity.process_id, identity.num_processes,
                                local_devices, parallel.placer(k), steps_per_call=k,
                                prefetch=job.data.prefetch, first_step=first_step - 1,
                                num_steps=num_steps, resident=job.data.resident)
+    baked = {"constants": batches.get(first_step - 1)} if constant and batches.resident else {}
+    step_calls = parallel.make_train_step(task.batch_loss(), optimizer, (params, opt_state),
+                                          steps_per_call=k, allreduce=job.train.allreduce,
+                                          metrics_fn=task.metrics_fn, metrics_every=every,
+                                          unroll=calls.unroll(k),
+                                          donate=calls.donate(platform, state_bytes), **baked)
     start = Start(cache, task, order, order_key, first_step, k, every, parallel,
                   step_calls.flatten(params, opt_state), step_calls, batches, metric_names)
     out(_start_line(identity.process_id, job, start, sample, weights))

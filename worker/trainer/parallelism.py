@@ -40,7 +40,7 @@ class Parallelism:
 
 
 def of(name: str, steps_per_call: int = 1, num_processes: int = 1,
-       local_device_count: int = 1) -> Parallelism:
+       local_device_count: int = 1, constant_batch: bool = False) -> Parallelism:
     """The ``Parallelism`` named by ``train.parallelism``.
 
     ``auto`` is pmap (the seed's step) except for fused calls (``steps_per_call`` > 1) in one
@@ -49,14 +49,15 @@ def of(name: str, steps_per_call: int = 1, num_processes: int = 1,
     k = 1,000, 1.9x at 1 x 4 and k = 100), while with several processes of several devices
     each pmap was ahead (2 x 2, k = 100: jit 0.70x; docs/benchmarks.md). With one device per
     process at one step a call jit ran 3.0x pmap at 2 x 1, but XProf's overview page finds no
-    steps in a jit trace on CPU devices, so ``auto`` keeps pmap there.
+    steps in a jit trace on CPU devices, so ``auto`` keeps pmap there. A batch made a constant
+    of the program (``constant_batch``: ``worker.trainer.calls.constant_batch``) is jit's alone.
 
     Raises:
       ValueError: not ``auto``, ``pmap`` or ``jit`` (the spec and job.json refuse others first).
     """
     if name == "auto":
         fused_alone = steps_per_call > 1 and (num_processes == 1 or local_device_count == 1)
-        name = "jit" if fused_alone else "pmap"
+        name = "jit" if fused_alone or constant_batch else "pmap"
     if name == "pmap":
         from worker.trainer import train as module
         description = ""

@@ -73,7 +73,8 @@ def packed_pmean(tree: Any, axis_name: str = AXIS) -> Any:
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, state: Any,
                     steps_per_call: int = 1, allreduce: str = "per_leaf",
                     metrics_fn: Callable | None = None,
-                    metrics_every: int | None = None) -> StepCalls:
+                    metrics_every: int | None = None, unroll: int = 1,
+                    donate: bool = True) -> StepCalls:
     """Build the pmapped calls of the step (``worker.trainer.calls.StepCalls``).
 
     Args:
@@ -94,6 +95,10 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
       metrics_every: with k > 1, the call's steps whose metrics are returned:
         every ``metrics_every``-th (a divisor of k; default k, the last step only).
         Nothing is kept of the steps between (``worker.trainer.calls.metrics_every``).
+      unroll: with k > 1, steps per turn of the device loop (``step_function``).
+      donate: the call's state is donated (its buffers reused for the new state); False
+        keeps a second copy of the state on the devices during a call
+        (``worker.trainer.calls.donate``).
 
     Args (of a call, k = 1), each with a leading ``[local_device_count]`` axis:
       state: the leaves of the replicated ``(params, opt_state)`` (float32), donated.
@@ -120,8 +125,9 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
 
     def mapped(with_metrics: bool) -> Callable:
         step = step_function(loss_fn, optimizer, average, with_metrics, steps_per_call,
-                             metrics_fn, metrics_every)
-        return jax.pmap(flat_state(step, treedef), axis_name=AXIS, donate_argnums=(0,))
+                             metrics_fn, metrics_every, unroll)
+        return jax.pmap(flat_state(step, treedef), axis_name=AXIS,
+                        donate_argnums=(0,) if donate else ())
 
     if jax.process_count() > 1:  # pmap's lowering takes this process's arrays as the whole
         return StepCalls(treedef, mapped(True))
@@ -148,7 +154,7 @@ def averaging(allreduce: str, device_count: int | None = None) -> Callable[[tupl
     there is no collective to save, a mean over one device compiles to nothing, and
     ``packed``'s ravel and unravel are copies inside every step of a fused call (on a TPU
     v5e they held the 256 x 4 step at 283k steps/s against 384k without them,
-    bench/step_variants.py at 1,000 steps a call; docs/tpu.md).
+    at 1,000 steps a call, measured by bench/step_account.py's predecessor; docs/tpu.md).
 
     Raises:
       ValueError: ``allreduce`` is neither.
@@ -167,7 +173,7 @@ def averaging(allreduce: str, device_count: int | None = None) -> Callable[[tupl
 def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
                   average: Callable[[tuple], tuple], with_metrics: bool = False,
                   steps_per_call: int = 1, metrics_fn: Callable | None = None,
-                  metrics_every: int | None = None) -> Callable:
+                  metrics_every: int | None = None, unroll: int = 1) -> Callable:
     """The step before it is mapped: ``make_train_step``'s (pmap) and ``worker.trainer.sharded``'s (jit).
 
     Args:
@@ -176,6 +182,9 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
         (``averaging``: ``pmean`` over ``AXIS``, which ``pmap`` and
         ``worker.trainer.sharded``'s ``vmap`` both name).
       with_metrics: also return the metrics (a ``rows`` call); the update is the same.
+      unroll: with k > 1, steps per turn of the device loop between rows
+        (``jax.lax.fori_loop``'s ``unroll``; ``worker.trainer.calls.unroll``): the same
+        steps in the same order, fewer turns of the loop.
 
     Returns:
       ``(params, opt_state, batch) -> (params, opt_state[, metrics])`` for k = 1 (metrics
@@ -225,15 +234,20 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
             return jax.tree.map(
                 lambda a: jax.lax.dynamic_index_in_dim(a, index, axis=0, keepdims=False), window)
 
-        def bare(i, carry):
-            return bare_step(*carry, batch_at(i))
+        def bare_steps(begin, count, carry):
+            # ``count`` steps from the call's step ``begin`` (0-based), a loop of a static
+            # trip count unrolled ``unroll`` steps a turn (``worker.trainer.calls.unroll``)
+            if count <= 0:
+                return carry
+            return jax.lax.fori_loop(0, count, lambda i, c: bare_step(*c, batch_at(begin + i)),
+                                     carry, unroll=max(1, min(unroll, count)))
 
         if not with_metrics:
-            return jax.lax.fori_loop(0, steps_per_call, bare, (params, opt_state))
+            return bare_steps(0, steps_per_call, (params, opt_state))
 
         def row(carry, r):
             last = (r + 1) * every - 1  # the row's step, 0-based within the call
-            carry = jax.lax.fori_loop(last - every + 1, last, bare, carry)
+            carry = bare_steps(last - every + 1, every - 1, carry)
             params, opt_state, metrics = train_step(*carry, batch_at(last))
             return (params, opt_state), metrics
 
