@@ -9,11 +9,24 @@ import sys
 GLOSSARY = "docs/glossary.md"
 
 
-def pip_install(extra: str) -> str:
-    """The command that installs podlaunch's ``extra`` (``tensorboard``, ``profile``) from its
-    checkout into the Python running this launcher: its own ``-m pip``, so it lands in the
-    venv whether or not the venv is activated (a plain ``pip`` may be the system's)."""
-    return f"{shlex.quote(sys.executable)} -m pip install -e '.[{extra}]'"
+def pip_install(*packages: str) -> str:
+    """The command that installs ``packages`` (``tensorboard``, ``xprof``) from PyPI into the
+    Python running this launcher, typed in any directory: its own ``-m pip``, so it lands in
+    the venv whether or not the venv is activated (a plain ``pip`` may be the system's), and
+    no ``-e '.[extra]'``, which works only in podlaunch's checkout."""
+    return f"{shlex.quote(sys.executable)} -m pip install " + " ".join(map(shlex.quote, packages))
+
+
+def missing(module: str, package: str | None = None) -> str | None:
+    """``pip_install(package)`` when ``module`` cannot be imported by this launcher's Python
+    (nothing is imported), else None: the install to say before the command that needs it."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules
+        found = False
+    return None if found else pip_install(package or module)
 
 
 def plural(count: int, word: str, words: str | None = None) -> str:

@@ -11,7 +11,7 @@ temporary directory, one per run, to the run's ``tensorboard/`` (removed
 when the server stops). A run directory is served alone, under the same
 kind of name; any other directory of event files is served as it is.
 
-TensorBoard is an optional extra (``pip install -e '.[tensorboard]'``);
+TensorBoard is optional (``python -m pip install tensorboard``, from any directory);
 the launcher never imports it, it runs ``python -m tensorboard.main`` as a
 child process, so ``launch --help`` stays instant.
 """
@@ -36,8 +36,8 @@ from launcher.errors import LaunchError, Problem, SpecError
 from launcher.words import pip_install, plural
 from worker.contract import profiling
 
-INSTALL = pip_install("tensorboard")  # the extra in pyproject.toml, from a checkout
-PROFILE_INSTALL = pip_install("profile")  # TensorBoard's profile plugin (xprof)
+INSTALL = pip_install("tensorboard")  # from any directory (pyproject.toml's extra: a checkout's)
+PROFILE_INSTALL = pip_install("xprof")  # TensorBoard's profile plugin
 PROFILES_SUFFIX = "profiles"  # "<run name> profiles": where the plugin finds a run's traces
 NAME_KEYS = 3  # differing settings named in a run's name, at most
 # a run's name in bytes, at most: a file name (255 bytes on Linux) with room for " profiles"
@@ -220,7 +220,7 @@ def profile_note(run_dirs: list | None, installed: bool) -> str | None:
                 f"(runs named '... {PROFILES_SUFFIX}/<session>', one host per process)")
     return (f"podlaunch: these runs hold {plural(len(sessions), 'profile session')}, which "
             f"TensorBoard shows with its profile plugin, not installed in {sys.executable}; "
-            f"install it with: {PROFILE_INSTALL}  (or: pip install xprof), then run this again")
+            f"install it with: {PROFILE_INSTALL}, then run this again")
 
 
 # TensorBoard keeps 1,000 points per scalar tag by default (reservoir sampling), so a run
@@ -268,7 +268,7 @@ def main(argv: list[str]) -> int:
     run_dirs, logdir, what = served_runs(args.run_dir, args.root)
     if not tensorboard_installed():
         raise LaunchError(f"TensorBoard is not installed in {sys.executable}; install it with: "
-                          f"{INSTALL}  (or: pip install tensorboard)")
+                          f"{INSTALL}, then run this again")
     links = None
     if run_dirs is not None:
         links = logdir = tempfile.mkdtemp(prefix="podlaunch-tensorboard-")

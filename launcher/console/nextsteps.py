@@ -6,11 +6,10 @@ stopped or failed run's exact ``--resume`` command; after a first success, where
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
 import shlex
 
-from launcher.words import GLOSSARY, pip_install
+from launcher.words import GLOSSARY, missing
 from worker.contract import redact
 
 CLUSTER_EXAMPLE = "jobs/clusters/ssh-example.yaml"
@@ -126,9 +125,10 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
     launch = launch_word()
     lines = [f"logs: {os.path.join(run_dir, 'logs')}"]
     if tensorboard:
-        missing = importlib.util.find_spec("tensorboard") is None
-        lines.append(f"view: {launch} tensorboard {shlex.quote(run_dir)}"
-                     + (f"  (TensorBoard first: {pip_install('tensorboard')})" if missing else ""))
+        install = missing("tensorboard")
+        if install:  # said before the command that needs it, and works from any directory
+            lines.append(f"TensorBoard is not installed here; first: {install}")
+        lines.append(f"view: {launch} tensorboard {shlex.quote(run_dir)}")
     if exit_code not in (0, 130) and getattr(failure, "repeats", False):
         lines += _fix_first(job_path, run_dir, cluster, overrides, secrets, failure, saved_step)
     elif exit_code != 0:

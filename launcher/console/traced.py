@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from launcher.words import plural
+from launcher.words import missing, plural
 from worker.contract import profiling
 
 
@@ -37,12 +37,16 @@ def session_lines(session: str, traces: dict, labels: dict, run_dir: str) -> lis
                  "ms per step" + (f"; fastest {labels.get(fastest, f'p{fastest}')} "
                                   f"{traces[fastest].ms_per_step:.2f}" if len(traces) > 1 else "")
                  + ")")
+    install = missing("xprof")  # said before the command that needs it
     out = [f"profile {session}: steps {', '.join(f'{a}-{b}' for a, b in steps)} traced by {said}"]
     if kept:
         out.append(f"profile {session}: {plural(len(kept), 'trace')} in {where}/ "
                    f"({', '.join(os.path.basename(t.path) for t in list(kept.values())[:4])}"
-                   f"{', ...' if len(kept) > 4 else ''}); see {'it' if len(kept) == 1 else 'them'} "
-                   f"with: launch tensorboard {run_dir} (the Profile tab)")
+                   f"{', ...' if len(kept) > 4 else ''}); "
+                   + (f"the Profile tab needs TensorBoard's profile plugin, first: {install}; then "
+                      if install else "")
+                   + f"see {'it' if len(kept) == 1 else 'them'} with: launch tensorboard {run_dir} "
+                   "(the Profile tab)")
     return out
 
 

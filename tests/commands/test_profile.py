@@ -277,7 +277,7 @@ def test_launch_tensorboard_links_each_runs_profiles_and_names_the_plugin_to_ins
     assert tensorboard_command.profile_note([str(run)], installed=False) is None  # no trace: no word
     (run / profiling.PLUGIN_DIR / "steps_3-4").mkdir(parents=True)
     note = tensorboard_command.profile_note([str(run)], installed=False)
-    assert "1 profile session" in note and "pip install -e '.[profile]'" in note
+    assert "1 profile session" in note and "-m pip install xprof, then run this again" in note
     assert "Profile tab" in tensorboard_command.profile_note([str(run)], installed=True)
 
 

@@ -35,6 +35,40 @@ def _last_lines(out: str, count: int) -> list:
     return [line for line in out.splitlines() if line.strip()][-count:]
 
 
+def test_an_install_is_said_before_the_command_that_needs_it_and_works_from_any_directory(
+        tmp_path, monkeypatch):
+    """Issue 70: every summary said ``pip install -e '.[tensorboard]'`` (beside the view
+    command), which fails outside the clone, where a user's own program lives; and a profile's
+    line pointed to the Profile tab with no word that it needs xprof. Now each install comes
+    first, on its own, as a PyPI install into the launcher's own Python, and it works typed in
+    a directory that is not the clone (here: already installed, so nothing is downloaded)."""
+    import subprocess
+    import sys
+
+    from launcher.console import nextsteps, traced
+    from worker.contract import profiling
+
+    run_dir = str(tmp_path / "run")
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    lines = nextsteps.closing("jobs/linear.yaml", run_dir, 0, True)
+    first = f"{shlex.quote(sys.executable)} -m pip install tensorboard"
+    assert lines[1:3] == [f"TensorBoard is not installed here; first: {first}",
+                          f"view: {nextsteps.launch_word()} tensorboard {run_dir}"], lines
+    monkeypatch.setitem(sys.modules, "xprof", None)
+    trace = profiling.Trace(3, 4, "steps_3-4", 0.005, 2.5, "p0.xplane.pb")
+    said = traced.session_lines("steps_3-4", {0: trace}, {0: "p0"}, run_dir)[-1]
+    plugin = f"{shlex.quote(sys.executable)} -m pip install xprof"
+    assert said.endswith(f"; the Profile tab needs TensorBoard's profile plugin, first: {plugin}; "
+                         f"then see it with: launch tensorboard {run_dir} (the Profile tab)"), said
+    monkeypatch.delitem(sys.modules, "tensorboard")
+    monkeypatch.delitem(sys.modules, "xprof")
+    assert nextsteps.closing("jobs/linear.yaml", run_dir, 0, True)[1].startswith("view: ")
+    for command in (first, plugin):
+        done = subprocess.run(shlex.split(command) + ["--no-index", "--quiet"], cwd=str(tmp_path),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stdout + done.stderr)
+
+
 @pytest.mark.slow
 def test_a_failed_run_ends_with_the_command_that_continues_it_and_that_command_does(tmp_path):
     run_dir = str(tmp_path / "run")
@@ -43,9 +77,8 @@ def test_a_failed_run_ends_with_the_command_that_continues_it_and_that_command_d
     failed = launch(*args, "--run-dir", run_dir)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "tensorboard --logdir" not in failed.stdout
-    assert _last_lines(failed.stdout, 2)[0] == f"podlaunch: view: launch tensorboard {run_dir}" \
-        or f"podlaunch: view: launch tensorboard {run_dir}  (TensorBoard first: " \
-        in _last_lines(failed.stdout, 2)[0], failed.stdout
+    assert _last_lines(failed.stdout, 2)[0] == f"podlaunch: view: launch tensorboard {run_dir}", \
+        failed.stdout
     # a program error: the fix first, then the resume from the checkpoint the run saved
     command = _printed(failed.stdout, "a restart with the same settings repeats this failure: fix "
                        "its cause (above) first, then continue from the checkpoint of step 20: ")
