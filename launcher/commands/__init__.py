@@ -21,8 +21,9 @@ import os
 COMMANDS = {
     "runs": ("runs", "[JOB] [-n N] [--state STATE]", "past and running runs, newest first (a running one's step, "
                               "loss, ETA, goodput so far and whether its supervisor is alive)"),
-    "logs": ("logs", "RUN [-f] [--process N] [-t]", "a run's console log (or one process's), "
-                                                    "with -f followed to the run's end, "
+    "logs": ("logs", "RUN [-f] [-n N] [--process N] [-t]", "a run's console log (or one process's), "
+                                                    "with -f followed from its last lines "
+                                                    "(-n N) to the run's end, "
                                                     "with -t each line's time"),
     "attach": ("logs", "RUN", "the live console view of a running run again (Ctrl-C "
                               "leaves the run running); a detached run whose "

@@ -2,8 +2,9 @@
 
 ``logs`` prints the run's ``launcher.log`` (what the console showed: the launcher's
 messages, process 0's lines, the progress line every few seconds and the summary), or with
-``--process N`` that process's own log of its latest attempt; with ``-f`` it follows the
-file until the run ends and exits with the run's exit code. Each line of the file carries
+``--process N`` that process's own log of its latest attempt, with ``-n N`` its last N lines;
+with ``-f`` it follows the file from its last lines (``FOLLOW_TAIL``, or ``-n N``: as ``tail
+-f``) until the run ends and exits with the run's exit code. Each line of the file carries
 the UTC time it was written (``launcher.logtimes``): shown with ``-t/--timestamps``, taken
 off otherwise, so the lines read as the console showed them. ``attach`` is the console view
 of a running run again (no times): the last lines, then everything as it comes, until the
@@ -29,6 +30,7 @@ from worker.contract import runfiles
 
 POLL_S = 0.2
 ATTACH_TAIL = 20  # lines of the past that attach shows first
+FOLLOW_TAIL = 10  # lines of the past that logs -f shows first, as tail -f
 CHUNK_BYTES = 1 << 16  # read at a time: `launch logs` of a 400 MiB log holds about this much
 PIECE_BYTES = 1 << 20  # a line longer than this is printed in pieces as it is read
 TAIL_MAX_BYTES = 1 << 22  # attach reads back at most this far for its last lines
@@ -42,7 +44,10 @@ def parser(prog: str = "logs") -> argparse.ArgumentParser:
                         + ")")
     if prog == "logs":
         parser.add_argument("-f", "--follow", action="store_true",
-                            help="follow the log until the run ends; exit with its exit code")
+                            help="follow the log until the run ends, from its last lines (-n, "
+                                 f"default {FOLLOW_TAIL}, as tail -f); exit with its exit code")
+        parser.add_argument("-n", "--lines", type=int, metavar="N", default=None,
+                            help=f"only the last N lines (default: all; with -f {FOLLOW_TAIL})")
         parser.add_argument("--process", type=int, metavar="N",
                             help="process N's own log (its latest attempt's) instead")
         parser.add_argument("-t", "--timestamps", action="store_true",
@@ -184,16 +189,22 @@ def main(argv: list) -> int:
       SpecError: no such run or log (exit 2), at once.
     """
     args = parser("logs").parse_args(argv)
+    if args.lines is not None and args.lines < 0:
+        raise SpecError([Problem("-n", None, "", f"expected a number of lines >= 0, got "
+                                 f"{args.lines}")])
     run_dir = names.resolve(args.run, args.root)
     path = log_file(run_dir, args.process)
     if args.follow:
         try:
-            return follow(run_dir, path, args.run, timestamps=args.timestamps)
+            return follow(run_dir, path, args.run, timestamps=args.timestamps,
+                          tail=FOLLOW_TAIL if args.lines is None else args.lines)
         except KeyboardInterrupt:
             print(f"launch logs: interrupted; the run in {run_dir} goes on")
             return 130
     shown = _Shown(args.timestamps)
     with _open_log(path) as f:
+        if args.lines is not None:
+            f.seek(tail_offset(f, args.lines))
         _drain(f, shown)
     shown.finish()
     return 0

@@ -92,3 +92,22 @@ def test_attach_shows_the_last_lines_of_a_large_log_reading_back_only_its_end(tm
         assert f.read().splitlines() == [b"line %d" % i for i in range(10, 30)] + [b"half a line"]
         f.seek(tail_offset(f, 40))  # more lines than the 4 MiB read back holds: from a line start
         assert f.read().splitlines()[0] == b"line 0"
+
+
+def test_logs_n_and_f_start_from_the_last_lines_as_tail_does(tmp_path, capsys):
+    """Issue 70, item 2: `launch logs -f` replayed the whole launcher.log (415 lines 30 s into
+    a run, thousands on a long one) and had no -n. An ended run's log, so -f returns."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"job": "linear", "state": "succeeded"}))
+    (run_dir / "launcher.log").write_text("".join(
+        f"2026-12-06T07:30:01.123Z podlaunch: line {n}\n" for n in range(1000)))
+    assert logs_command.main([str(run_dir), "-n", "3"]) == 0
+    assert capsys.readouterr().out == "podlaunch: line 997\npodlaunch: line 998\npodlaunch: line 999\n"
+    assert logs_command.main([str(run_dir), "-f"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown == [f"podlaunch: line {n}" for n in range(990, 1000)]  # tail -f's 10
+    assert logs_command.main([str(run_dir), "-f", "-n", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["podlaunch: line 998", "podlaunch: line 999"]
+    assert logs_command.main([str(run_dir)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1000  # without -f or -n: all of it
