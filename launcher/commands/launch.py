@@ -27,7 +27,7 @@ from launcher.console import Console, nextsteps
 from launcher.console.status import check_show, parse_show, summary
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import adopt, detach, restarts, starts
-from launcher.rundir import ledger, ledgerscalars, specdiff
+from launcher.rundir import launched, ledger, ledgerscalars, names, specdiff
 from launcher.rundir.watcher import Ending
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -35,7 +35,8 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="launch", usage="launch JOB.yaml [options]\n       launch COMMAND [args]",
+        prog="launch", usage="launch JOB.yaml [options]\n       launch resume RUN [--set "
+                             "KEY=VALUE ...] [options]\n       launch COMMAND [args]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run one JAX data-parallel training job on the cluster its spec names.",
         epilog="commands (`launch COMMAND --help` for each; each also takes --root DIR, the "
@@ -43,18 +44,35 @@ def parser() -> argparse.ArgumentParser:
                "exit codes: 0 ok, 1 run failed, 2 bad input (nothing started), 130 interrupted "
                "(Ctrl-C, SIGTERM, SIGHUP)")
     parser.add_argument("--version", action=_Version, help="print podlaunch's version and exit")
-    parser.add_argument("job", metavar="JOB.yaml", help="the job spec")
+    # optional only beside --resume RUN, which reads the run's own (launcher.rundir.launched)
+    parser.add_argument("job", metavar="JOB.yaml", nargs="?", help="the job spec")
+    _options(parser)
+    # launch attach's supervisor that takes back a detached run whose supervisor was killed
+    parser.add_argument("--adopt", metavar="RUN_DIR", help=argparse.SUPPRESS)
+    return parser
+
+
+def _options(parser: argparse.ArgumentParser, resume: bool = False) -> None:
+    """The options of ``launch JOB.yaml`` and, but for those that name a run directory, of
+    ``launch resume RUN`` (``resume``), written once for both."""
     parser.add_argument("--cluster", metavar="FILE",
-                        help="cluster YAML that replaces the job's cluster: section")
+                        help="cluster YAML that replaces the " + ("run's cluster" if resume else
+                                                                  "job's cluster: section"))
     parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
-                        help="override a dotted key of the spec, e.g. train.num_steps=50 (repeatable)")
+                        help=("override a dotted key on top of the run's own --set settings, "
+                              "e.g. train.num_steps=50000" if resume else
+                              "override a dotted key of the spec, e.g. train.num_steps=50")
+                        + " (repeatable)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the resolved plan (hosts, ids, env, commands) and start nothing")
-    parser.add_argument("--run-dir", metavar="DIR",
-                        help="where logs, events and params go (default runs/<job>/<timestamp>)")
-    parser.add_argument("--resume", metavar="RUN_DIR",
-                        help="continue the run in RUN_DIR from its latest complete checkpoint "
-                             "(new logs go to RUN_DIR/logs/attempt-N/)")
+    if not resume:
+        parser.add_argument("--run-dir", metavar="DIR",
+                            help="where logs, events and params go (default runs/<job>/<timestamp>)")
+        parser.add_argument("--resume", metavar="RUN_DIR",
+                            help="continue the run in RUN_DIR from its latest complete checkpoint "
+                                 "(new logs go to RUN_DIR/logs/attempt-N/); without JOB.yaml, with "
+                                 "the job and --set settings the run recorded, as `launch resume "
+                                 "RUN`")
     parser.add_argument("--show", metavar="IDS", default="0",
                         help="process_ids whose every line reaches the console: 0 (the default), "
                              "0,3-5, all, or none; from the others only warnings, errors and the last "
@@ -65,20 +83,16 @@ def parser() -> argparse.ArgumentParser:
                              "elapsed, loss, steps/s, slowest process) this often (default 5; 0 = "
                              "never); on a terminal it is redrawn in place")
     parser.add_argument("--kill-stale", action="store_true",
-                        help=f"{', '.join(backends.stopping_stale())}: stop processes of an "
-                             "earlier run of this job still alive on the hosts (recorded by pid, "
-                             "never matched by name) instead of refusing")
+                        help="ssh, tpu, slurm: stop processes of an earlier run of this job still "
+                             "alive on the hosts (recorded by pid, never matched by name) instead "
+                             "of refusing")
     parser.add_argument("--detach", action="store_true",
                         help="once every process started, leave the run to a supervisor of its "
                              "own (no terminal; its console in RUN_DIR/console.log) and exit 0; "
                              "`launch logs|attach|wait|stop RUN` reach it")
-    # launch attach's supervisor that takes back a detached run whose supervisor was killed
-    parser.add_argument("--adopt", metavar="RUN_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--rehearse", action="store_true",
-                        help="run the cluster's exact topology (hosts x chips per host, slices) "
-                             "as local processes with CPU devices, before paying for it (cluster."
-                             f"backend: {', or '.join(backends.rehearsing())})")
-    return parser
+                        help="tpu: run the pod's exact topology (hosts x chips per host, slices) as "
+                             "local processes with CPU devices, before paying for the pod")
 
 
 class _Version(argparse.Action):
@@ -167,7 +181,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
 
 def _arguments(argv: list) -> tuple:
     """(the command line, its parsed flags), checked; ``--adopt RUN_DIR`` (``launch attach``'s
-    supervisor) stands for the run's own command line, read from its sealed journal.
+    supervisor) stands for the run's own command line, read from its sealed journal, and
+    ``--resume RUN`` without a job for the run's job and settings (``continued``).
 
     Raises:
       SpecError: a flag's value is bad, or ``--detach`` with ``--dry-run``.
@@ -175,6 +190,11 @@ def _arguments(argv: list) -> tuple:
     if argv[:1] == ["--adopt"]:
         argv = adopt.command(argv)
     args = parser().parse_args(argv)
+    if args.job is None:
+        if not args.resume:
+            parser().error("the following arguments are required: JOB.yaml (or --resume RUN)")
+        argv = continued(args, names.resolve(args.resume))
+        args = parser().parse_args(argv)
     flags.check(("--status-every", args.status_every, flags.seconds_or_never,
                  "how often to print the progress line when stdout is not a terminal"))
     if args.detach and args.dry_run:
@@ -241,3 +261,51 @@ def main(argv: list[str]) -> int:
     """``launch JOB.yaml [options]``, as every command is run (``launcher.commands``): run the
     job; returns the exit code."""
     return run(argv)
+
+
+def resume_parser() -> argparse.ArgumentParser:
+    """``launch resume``'s parser: ``RUN`` in place of the job, the launch's other options
+    but those that name a run directory."""
+    resume = argparse.ArgumentParser(prog="launch resume", description=commands.described("resume"))
+    resume.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` lists, "
+                        "or a job's name (its newest run)")
+    _options(resume, resume=True)
+    resume.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
+    return resume
+
+
+def resume_main(argv: list[str]) -> int:
+    """``launch resume RUN [--set KEY=VALUE ...] [options]``: continue a run with the job and
+    ``--set`` settings it recorded (``launcher.rundir.launched``), new ``--set``s on top, from
+    any directory; returns the exit code."""
+    args = resume_parser().parse_args(argv)
+    return run(continued(args, names.resolve(args.run, args.root)))
+
+
+def continued(args, run_dir: str) -> list:
+    """The full command line that continues the run in ``run_dir``: the job, cluster and
+    ``--set``s it recorded (``args.cluster`` in place of its cluster, ``args.overrides`` after
+    its own), the options of ``args`` that differ from their defaults, ``--resume RUN_DIR``;
+    said on the console first (secrets masked).
+
+    Raises:
+      SpecError: the run recorded nothing to continue from (``launched.read``).
+    """
+    from worker.contract import redact
+
+    recorded = launched.read(run_dir)
+    inputs = launched.Inputs(recorded.job, os.path.abspath(args.cluster) if args.cluster
+                             else recorded.cluster, recorded.overrides + tuple(args.overrides))
+    defaults, options = parser(), []
+    for flag in ("show", "status_every"):
+        if getattr(args, flag) != defaults.get_default(flag):
+            options += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    options += [f"--{flag.replace('_', '-')}" for flag in ("kill_stale", "detach", "dry_run", "rehearse")
+                if getattr(args, flag)]
+    argv = [*inputs.argv(), *options, "--resume", run_dir]
+    secrets = specdiff.spec_of(run_dir).get("secrets")  # the spec's own secret names
+    shown = redact.masked_argv(["launch", *inputs.argv()], tuple(
+        n for n in secrets if isinstance(n, str)) if isinstance(secrets, list) else ())[1:]
+    print(f"podlaunch: continuing {run_dir} with the job and settings it recorded: "
+          + " ".join(shown), flush=True)
+    return argv

@@ -20,10 +20,10 @@ import time
 
 from launcher import commands, flags
 from launcher import proctl
-from launcher.rundir import names
+from launcher.console import nextsteps
+from launcher.rundir import names, specdiff
 from launcher.errors import LaunchError, Problem, SpecError
 from worker import contract
-from worker.contract import runfiles
 
 POLL_S = 0.1
 
@@ -96,8 +96,10 @@ def main(argv: list) -> int:
         print(f"launch stop: interrupted while waiting; the run's supervisor is stopping it "
               f"(`launch wait {run_dir}` waits for its end)")
         return 130
-    print(f"launch stop: every process is gone (state {names.state(run_dir)[0]}); continue it "
-          f"with `{_resume_command(run_dir)}`")
+    local_dir = specdiff.spec_of(run_dir).get("checkpoint.local_dir")
+    said, command = nextsteps.continue_lines(run_dir, specdiff.newest_checkpoint(
+        run_dir, local_dir if isinstance(local_dir, str) else "local-checkpoints"))
+    print(f"launch stop: every process is gone (state {names.state(run_dir)[0]}); {said}\n{command}")
     return 0
 
 
@@ -125,41 +127,3 @@ def _taken_back(run_dir: str) -> int | None:
         raise LaunchError(f"the run in {run_dir} could not be taken back to be stopped (exit "
                           f"{code}, said above); nothing was signalled by this command")
     return pid
-
-
-def _resume_command(run_dir: str) -> str:
-    """The exact command the stopped run's supervisor printed to continue it (its job, cluster
-    and ``--set``s, secrets masked; launcher.log's last such line), else the general one."""
-    from launcher.console.nextsteps import RESUME_PREFIX
-
-    command = None
-    try:
-        with open(os.path.join(run_dir, "launcher.log"), encoding="utf-8", errors="replace",
-                  opener=runfiles.opener) as f:  # a link in the run directory is not followed
-            for line in f:
-                if RESUME_PREFIX in line:
-                    command = line.split(RESUME_PREFIX, 1)[1].strip()
-    except OSError:
-        pass
-    if command is None:
-        return f"launch JOB.yaml --resume {run_dir}"
-    return _from_its_directory(run_dir, command)
-
-
-def _from_its_directory(run_dir: str, command: str) -> str:
-    """``command`` as it works from here: its job file's path was written relative to the
-    directory the run was launched from (a detached run's journal keeps it), so elsewhere the
-    command starts with a ``cd`` there."""
-    import shlex
-
-    from launcher.rundir import journal
-
-    try:
-        words = shlex.split(command.split("  (", 1)[0])
-        cwd = journal.read(run_dir).get("cwd")
-    except (SpecError, ValueError):  # no journal (not detached), or one that cannot be read
-        return command
-    if len(words) < 2 or os.path.isabs(words[1]) or not isinstance(cwd, str) or \
-            os.path.realpath(cwd) == os.path.realpath(os.getcwd()):
-        return command
-    return f"cd {shlex.quote(cwd)} && {command}"

@@ -30,6 +30,8 @@ def synopsis(name: str) -> list[str]:
     parser.usage = None  # the job's parser writes its usage by hand for --help: the options'
     text = parser.format_usage().split(":", 1)[1].strip()
     tokens = [t for t in TOKEN.findall(text[len(parser.prog):]) if t not in LEFT_OUT]
+    # the job is optional only beside --resume RUN (launch resume RUN says that form)
+    tokens = ["JOB.yaml" if t == "[JOB.yaml]" else t for t in tokens]
     options = [t for t in tokens if t.startswith("[-") and t != COMMON]
     return [t for t in tokens if not t.startswith("[-")] + options + (
         [COMMON] if COMMON in tokens else [])

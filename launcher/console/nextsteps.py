@@ -1,6 +1,11 @@
 """The lines that end a run: where its files are, and the next commands that work with what
 the README installed (``launch tensorboard``, not a ``tensorboard`` the install may lack; a
-stopped or failed run's exact ``--resume`` command; after a first success, where to go next).
+stopped or failed run's ``launch resume RUN``; after a first success, where to go next).
+
+Every command is written to work as printed from any directory (``launch`` where it is on
+PATH, else this install's entry point by its absolute path; job and run paths absolute) and
+stands on a line of its own, indented under the sentence that says what it does, which the
+console never wraps (``launcher.console.width``): a terminal's selection of it pastes whole.
 """
 
 from __future__ import annotations
@@ -14,28 +19,26 @@ from worker.contract import redact
 
 CLUSTER_EXAMPLE = "jobs/clusters/ssh-example.yaml"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RESUME_PREFIX = "continue this stopped run from its last checkpoint: "
 FIX_FIRST = "a restart with the same settings repeats this failure: fix its cause (above) first"
+COMMAND_INDENT = "  "  # a command's line, under the sentence that says what it does
 
 
 def cluster_example(job_path: str) -> str | None:
-    """The ssh cluster example as the user can name it from here: beside the job file
-    (``jobs/clusters/ssh-example.yaml`` for ``jobs/linear.yaml``), else the one in podlaunch's
-    checkout; relative to the current directory when under it, else absolute; None where
-    neither exists (an install without the checkout)."""
+    """The ssh cluster example as the user can name it from any directory (its absolute path):
+    beside the job file (``jobs/clusters/ssh-example.yaml`` for ``jobs/linear.yaml``), else the
+    one in podlaunch's checkout; None where neither exists (an install without the checkout)."""
     for path in (os.path.join(os.path.dirname(job_path), "clusters", "ssh-example.yaml"),
                  os.path.join(REPO, CLUSTER_EXAMPLE)):
         if os.path.isfile(path):
-            relative = os.path.relpath(path)
-            return relative if not relative.startswith("..") else os.path.abspath(path)
+            return os.path.abspath(path)
     return None
 
 
 def launch_word() -> str:
-    """``launch`` as the user can type it here: ``launch`` where that is on PATH and is this very
-    install's; else this install's entry point (``.venv/bin/launch`` after the README's first
-    command, which runs it by its path), relative to the current directory when under it.
-    Next steps are written with it, so that each works as printed."""
+    """``launch`` as the user can type it anywhere: ``launch`` where that is on PATH and is this
+    very install's; else this install's entry point by its absolute path (``.venv/bin/launch``
+    after the README's first command, which runs it by its path). Next steps are written with
+    it, so that each works as printed, in this directory or another."""
     import shutil
     import sys
 
@@ -45,17 +48,27 @@ def launch_word() -> str:
     found = shutil.which("launch")
     if mine is None or (found and os.path.realpath(found) == os.path.realpath(mine)):
         return "launch"
-    relative = os.path.relpath(mine)
-    return shlex.quote(relative if not relative.startswith("..") else os.path.abspath(mine))
+    return shlex.quote(os.path.abspath(mine))
 
 
-def resume_command(job_path: str, run_dir: str, cluster: str | None = None,
-                   overrides: tuple = (), secrets=()) -> str:
-    """The command that continues the run in ``run_dir``: the same job, cluster and ``--set``s
-    (a resume refuses a spec that trains something else), ``--resume RUN_DIR``; a secret's
-    value in a ``--set`` (``worker.contract.redact``: its key, the spec's ``secrets``, a
-    password in a URL) is shown as ``****``, with a word that it must be given again."""
-    return _new_run_command(job_path, cluster, overrides, secrets, ("--resume", run_dir))
+def resume_command(run_dir: str) -> str:
+    """The command that continues the run in ``run_dir`` from any directory: ``launch resume
+    RUN_DIR``, which reads the job, cluster and ``--set``s the run recorded
+    (``launcher.rundir.launched``: secrets too, so nothing is given again)."""
+    return f"{launch_word()} resume {shlex.quote(os.path.abspath(run_dir))}"
+
+
+def continue_lines(run_dir: str, saved_step: int | None, what: str = "stopped") -> list:
+    """What continues a stopped or failed run: a sentence, then its command on a line of its
+    own; "from its checkpoint of step N" only where there is one (else the run starts again
+    at step 1 in its run directory)."""
+    if saved_step is None:
+        said = (f"this {what} run saved no checkpoint; run it again from step 1 in its run "
+                "directory (add --set KEY=VALUE to change a setting):")
+    else:
+        said = (f"continue this {what} run from its checkpoint of step {saved_step} (its job "
+                "and settings; add --set KEY=VALUE to change one):")
+    return [said, COMMAND_INDENT + resume_command(run_dir)]
 
 
 def _fix_first(job_path: str, run_dir: str, cluster, overrides: tuple, secrets, failure,
@@ -74,18 +87,21 @@ def _fix_first(job_path: str, run_dir: str, cluster, overrides: tuple, secrets, 
             changed = tuple(kv for kv in overrides if not kv.startswith(lr_key)) + (
                 f"{lr_key}{lower:g}",)
             return [f"{FIX_FIRST}; the loss diverged: a new run with a lower learning rate "
-                    f"({given[-1][len(lr_key):]} -> {lower:g}): "
-                    + _new_run_command(job_path, cluster, changed, secrets)]
+                    f"({given[-1][len(lr_key):]} -> {lower:g}):",
+                    COMMAND_INDENT + _new_run_command(job_path, cluster, changed, secrets)]
     if saved_step is not None:
-        return [f"{FIX_FIRST}, then continue from the checkpoint of step {saved_step}: "
-                + resume_command(job_path, run_dir, cluster, overrides, secrets)]
-    return [f"{FIX_FIRST}, then run the job again (the run saved no checkpoint to continue "
-            "from): " + _new_run_command(job_path, cluster, overrides, secrets)]
+        return [f"{FIX_FIRST}, then continue from the checkpoint of step {saved_step} (add "
+                "--set KEY=VALUE to change a setting):", COMMAND_INDENT + resume_command(run_dir)]
+    return [f"{FIX_FIRST}, then run it again from step 1 in its run directory (it saved no "
+            "checkpoint; add --set KEY=VALUE to change a setting):",
+            COMMAND_INDENT + resume_command(run_dir)]
 
 
 def _new_run_command(job_path: str, cluster, overrides: tuple, secrets, tail: tuple = ()) -> str:
-    """``launch JOB [--cluster C] [--set KV ...] TAIL`` as typed here, secret values masked."""
-    argv = ["launch", job_path, *(["--cluster", cluster] if cluster else []),
+    """``launch JOB [--cluster C] [--set KV ...] TAIL`` as it works from any directory (the
+    files by their absolute paths), secret values masked."""
+    argv = ["launch", os.path.abspath(job_path), *(["--cluster", os.path.abspath(cluster)]
+                                                   if cluster else []),
             *[part for kv in overrides for part in ("--set", kv)], *tail]
     shown = redact.masked_argv(argv, secrets)
     return launch_word() + " " + " ".join(shlex.quote(a) for a in shown[1:]) + (
@@ -108,8 +124,8 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
       run_dir: the run directory.
       exit_code: the launch's exit code (0 succeeded, 130 interrupted, else failed).
       tensorboard: whether the job writes TensorBoard events.
-      cluster, overrides: the launch's ``--cluster`` and ``--set``s, repeated in a resume
-        (secret values masked: ``resume_command``).
+      cluster, overrides: the launch's ``--cluster`` and ``--set``s, repeated in a new run's
+        command (secret values masked).
       secrets: the spec's ``secrets:`` names.
       default_dir: the run is in the default place (``runs/JOB/TIME``, no ``--run-dir`` or
         ``--resume``): a success that is the only run under ``runs/`` is the user's first,
@@ -117,7 +133,8 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
       failure: the last attempt's ``Verdict`` (None: no failure was classified). One a restart
         repeats (``repeats``: a program error) gets a fix to make first and no retry of the
         same: a loss that diverged, a new run with a tenth of the ``--set`` learning rate; else
-        ``--resume`` only where a checkpoint exists (``saved_step``: its step, or None).
+        ``launch resume``, "from its checkpoint" only where one exists (``saved_step``: its
+        step, or None).
 
     Returns:
       Lines without a prefix; the console adds its own.
@@ -132,11 +149,9 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
     if exit_code not in (0, 130) and getattr(failure, "repeats", False):
         lines += _fix_first(job_path, run_dir, cluster, overrides, secrets, failure, saved_step)
     elif exit_code != 0:
-        what = "stopped" if exit_code == 130 else "failed"
-        lines.append(f"continue this {what} run from its last checkpoint: "
-                     + resume_command(job_path, run_dir, cluster, overrides, secrets))
+        lines += continue_lines(run_dir, saved_step, "stopped" if exit_code == 130 else "failed")
     elif default_dir and first_run(os.path.dirname(os.path.dirname(run_dir)), run_dir):
-        job = shlex.quote(job_path)
+        job = shlex.quote(os.path.abspath(job_path))
         example = cluster_example(job_path)
         lines += ["next steps:",
                   f"  {launch} runs                      your runs, newest first",

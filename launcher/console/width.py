@@ -5,8 +5,8 @@ a word or a path; at 80 columns most of the launcher's sentences did. On a termi
 (``Console`` with ``tty``) each line of the launcher's own text is wrapped at spaces to
 the terminal's width, its continuation lines indented under its text. What must stay whole
 does: a command (the part of an indented next-step line before its three-space gap, a
-`backquoted` span, a labelled ``view: launch ...``, a ``pip install``), a path or a URL (a
-word is never broken). A worker's line (``[p0] ...``) is wrapped the same way under its
+`backquoted` span, a labelled ``view: launch ...``, a ``pip install``, a command on an
+indented line of its own, which is never wrapped), a path or a URL (a word is never broken). A worker's line (``[p0] ...``) is wrapped the same way under its
 text (``worker_line``). Lines that are not sentences are left as they are: a log tail
 (``  | ...``), a table (columns apart by two spaces or more). Where the output is not a terminal (a pipe,
 a file, ``launcher.log``) nothing is wrapped: one line a sentence, for grep.
@@ -26,6 +26,9 @@ KEEP = "\x00"  # a space inside something that must stay whole, while wrapping
 WHOLE = re.compile(r"`[^`\n]*`|\S*python[0-9.]* -m pip install .*?(?=\)|  |$)")
 LABELLED = re.compile(r"^([a-z]{2,12}: )((?:\S*/)?launch \S.*?)(?=  |$)")
 TABLE = re.compile(r"\S {2,}\S.* {2,}\S")  # two gaps of two spaces or more: a table's row
+# a command on a line of its own, indented under the sentence that says what it does
+# (launcher.console.nextsteps): never wrapped, so that a terminal's selection pastes it whole
+COMMAND = re.compile(r"^(?:'?\S*/)?launch'? \S")
 MIN_COLUMNS = 40  # narrower than this, wrapping helps nobody: lines are left as they are
 
 
@@ -67,7 +70,7 @@ def _fitted_line(line: str, width: int) -> str:
         return line
     head = HEAD.match(line)
     lead, body = head.group(0), line[head.end():]
-    if not _is_sentence(body):
+    if not _is_sentence(body) or (head.group(2) and GAP not in body and COMMAND.match(body)):
         return line
     indent = len(lead)
     if head.group(2) and GAP in body:  # a next step: its command whole, what it does after

@@ -44,7 +44,7 @@ def check(run_dir: str) -> dict:
     data = journals.read(run_dir)
     if not isinstance(data.get("attempt"), int):
         raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} was killed before its "
-                                 "first attempt started; `launch JOB.yaml --resume RUN` starts it")])
+                                 f"first attempt started; `launch resume {run_dir}` starts it")])
     return data
 
 

@@ -26,7 +26,7 @@ from launcher import plan as planning
 from launcher.backends.base import reattach_of
 from launcher.errors import Problem, SpecError
 from launcher.run import adopt, notify, restarts
-from launcher.rundir import index, journal as journals, ledger, runlock, specdiff
+from launcher.rundir import index, journal as journals, launched, ledger, runlock, specdiff
 from launcher.rundir.record import Record
 from launcher.rundir.watcher import Watchers
 from launcher.words import plural
@@ -45,8 +45,11 @@ def choose(args, job, argv: list, backend: str) -> "Start":
     if args.resume:
         if args.run_dir:
             raise SpecError([Problem("--resume", None, "", "resumes in place; drop --run-dir")])
-        return Resume(job, args.resume, argv, backend)
-    return Fresh(job, args.run_dir, argv, backend, dry_run=args.dry_run)
+        start = Resume(job, args.resume, argv, backend)
+    else:
+        start = Fresh(job, args.run_dir, argv, backend, dry_run=args.dry_run)
+    start.inputs = launched.Inputs.given(args.job, args.cluster, args.overrides)
+    return start
 
 
 class Start:
@@ -60,6 +63,7 @@ class Start:
     flag = "--run-dir"
     resume = False
     taken: dict | None = None  # a take-back's: the verified journal
+    inputs: launched.Inputs | None = None  # what launch resume continues from (launch.json)
 
     def __init__(self, job, requested: str | None, argv: list, backend: str):
         self.job, self.requested, self.argv, self.backend = job, requested, list(argv), backend
@@ -84,9 +88,13 @@ class Start:
         return restarts.next_attempt(self.dir)
 
     def write_files(self, plan: planning.Plan, first_attempt: int) -> list:
-        """``spec.yaml`` and ``job.json`` (``write_run_files``); the settings changed since an
-        earlier attempt (none for a fresh run)."""
-        return write_run_files(plan, 0, self.job)
+        """``spec.yaml``, ``job.json`` (``write_run_files``) and ``launch.json``, what the
+        launch was given (``launcher.rundir.launched``); the settings changed since an earlier
+        attempt (none for a fresh run)."""
+        changes = write_run_files(plan, first_attempt if self.resume else 0, self.job)
+        if self.inputs is not None:
+            launched.write(self.dir, self.inputs)
+        return changes
 
     def said(self, first_attempt: int) -> str:
         return f"run directory {self.dir}"
@@ -193,9 +201,6 @@ class Resume(Start):
             owned.refuse_live_processes(self.dir, self.requested)
         _check_creatable(self.dir, self.flag)
         return self.dir
-
-    def write_files(self, plan: planning.Plan, first_attempt: int) -> list:
-        return write_run_files(plan, first_attempt, self.job)
 
     def said(self, first_attempt: int) -> str:
         return f"run directory {self.dir} (resuming; attempt {first_attempt})"

@@ -187,7 +187,7 @@ def after_supervisor(run_dir: str, name: str) -> str:
     if os.path.exists(os.path.join(run_dir, JOURNAL_FILE)):
         return f"its processes may go on: `launch attach {name}` takes them back"
     return ("it was started without --detach, so its processes ended with its launcher: "
-            f"`launch JOB.yaml --resume {name}` continues it from its last checkpoint")
+            f"`launch resume {name}` continues it from its newest checkpoint")
 
 
 def is_run_dir(path: str) -> bool:

@@ -79,10 +79,12 @@ def test_a_detached_run_is_reached_by_logs_runs_wait_attach_and_stopped_in_order
             open(f"/proc/{pid}/stat").read().split()[2] == "Z"
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert "every process is gone (state interrupted)" in stopped.stdout
-        # the exact command that continues it, as its supervisor printed it (a newcomer
-        # followed a bare `launch JOB.yaml --resume RUN`, and the job file's 100 steps)
-        assert re.search(r"continue it with `launch jobs/linear.yaml --set train.num_steps=1000000 "
-                         rf".* --resume {re.escape(str(run_dir))}`$", stopped.stdout, re.M), stopped.stdout
+        # the command that continues it with the run's own job and settings, on a line of its
+        # own (a newcomer followed a bare `launch JOB.yaml --resume RUN`, and the job file's
+        # 100 steps)
+        assert re.search(r"; continue this stopped run from its checkpoint of step \d+ .*:\n"
+                         rf"  launch resume {re.escape(str(run_dir))}$", stopped.stdout, re.M), \
+            stopped.stdout
         assert attached.wait(timeout=60) == 130 and follow.wait(timeout=60) == 130
     finally:
         for proc in (attached, follow):

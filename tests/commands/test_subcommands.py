@@ -109,7 +109,7 @@ def test_wait_and_stop_say_attach_only_for_a_detached_run_whose_supervisor_is_go
                 assert f"`launch attach {run}` takes them back" in said, said
             else:
                 assert "started without --detach" in said and "launch attach" not in said, said
-                assert f"`launch JOB.yaml --resume {run}` continues it" in said, said
+                assert f"`launch resume {run}` continues it" in said, said
 
 
 def test_a_job_s_name_names_its_newest_run(tmp_path):
@@ -152,32 +152,51 @@ def test_a_name_that_is_both_a_run_and_a_job_is_refused_naming_both(tmp_path):
     assert whole.returncode == 0, whole  # its directory: no doubt
 
 
-def test_stop_s_continue_command_works_from_another_directory(tmp_path, monkeypatch):
-    """A tester's report: `launch stop RUN` from /tmp printed `launch jobs/linear.yaml ...
-    --resume RUN`, a job path relative to where the run was launched, which did not resolve
-    there. Elsewhere than that directory the command now starts with a cd to it."""
+def test_resume_continues_from_the_job_and_settings_the_run_recorded_from_any_directory(tmp_path):
+    """Issue 70, item 1: a continue command had the job path relative to the clone (typed
+    elsewhere: `cannot read`), every --set to repeat, and `launch --resume RUN` alone was
+    refused though the run directory holds the job. A dry run started in the clone, then
+    `launch resume RUN` and `launch --resume RUN` from another directory, with a --set on top."""
     import json
+    import os
 
-    from launcher.commands import stop
-    from launcher.console.nextsteps import RESUME_PREFIX
-
+    state, elsewhere = tmp_path / "state", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = env_for_tests(XDG_STATE_HOME=str(state))
     run = tmp_path / "run"
-    run.mkdir()
-    command = f"launch jobs/linear.yaml --set train.num_steps=500 --resume {run}"
-    (run / "launcher.log").write_text(f"2026-12-06T10:00:00.000Z podlaunch: {RESUME_PREFIX}{command}\n")
-    from launcher.rundir.journal import VERSION
-
-    from launcher import owned
-
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_STATE_HOME", str(state))
-    (run / "supervisor.json").write_text(json.dumps(owned.seal(str(run), {
-        "version": VERSION, "argv": [], "cwd": REPO}, owned.key(create=True))))
-    monkeypatch.chdir(tmp_path)
-    assert stop._resume_command(str(run)) == f"cd {REPO} && {command}"
-    monkeypatch.chdir(REPO)
-    assert stop._resume_command(str(run)) == command
+    first = subprocess.run(LAUNCH + ["jobs/linear.yaml", "--set", "train.num_steps=3",
+                                     "--set", "cluster.env.HF_TOKEN=pw-rec-1", "--run-dir", str(run),
+                                     "--set", "cluster.num_processes=1"],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    recorded = json.loads((run / "launch.json").read_text())
+    assert recorded == {"job": os.path.join(REPO, "jobs", "linear.yaml"), "cluster": None,
+                        "overrides": ["train.num_steps=3", "cluster.env.HF_TOKEN=pw-rec-1",
+                                      "cluster.num_processes=1"]}
+    assert (run / "launch.json").stat().st_mode & 0o777 == 0o600  # a secret may be in it
+    for argv in (["resume", "run", "--dry-run"], ["--resume", "run", "--dry-run"],
+                 ["resume", str(run), "--dry-run", "--set", "train.num_steps=6"]):
+        done = subprocess.run(LAUNCH + argv, cwd=str(tmp_path if "run" in argv else elsewhere),
+                              env=env, capture_output=True, text=True, timeout=120)
+        said = done.stdout + done.stderr
+        assert done.returncode == 0, said
+        assert "pw-rec-1" not in said and "HF_TOKEN='****'" in said, said  # recorded, masked
+        assert f"podlaunch: continuing {run} with the job and settings it recorded: " \
+            f"{os.path.join(REPO, 'jobs', 'linear.yaml')} --set train.num_steps=3 " in said, said
+        assert "process_id 0" in said and "process_id 1" not in said  # num_processes=1, as recorded
+    assert said.rstrip().count("--set train.num_steps=3 ") == 1 and \
+        "--set cluster.num_processes=1 --set train.num_steps=6" in said, said  # on top
+    lower = subprocess.run(LAUNCH + ["resume", str(run), "--set", "train.num_steps=2"],
+                           cwd=str(elsewhere), env=env, capture_output=True, text=True, timeout=60)
+    assert lower.returncode == 2 and "below step 3, the run's newest checkpoint" in lower.stderr
+    missing = subprocess.run(LAUNCH + ["--dry-run"], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2 and "JOB.yaml (or --resume RUN)" in missing.stderr
+    (run / "launch.json").unlink()  # a run from before: said, with what to give instead
+    old = subprocess.run(LAUNCH + ["resume", str(run)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert old.returncode == 2 and "no launch.json" in old.stderr and \
+        f"launch JOB.yaml [--set KEY=VALUE ...] --resume {run}" in old.stderr, old.stderr
 
 
 def test_a_run_started_in_another_directory_is_listed_and_named_from_anywhere(tmp_path):

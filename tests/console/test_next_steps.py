@@ -19,8 +19,9 @@ from harness.runs import fault
 
 
 def _printed(out: str, prefix: str) -> str:
-    """The command after ``prefix`` on the console's line that holds it."""
-    found = re.search(rf"^podlaunch: {re.escape(prefix)}(.+)$", out, re.M)
+    """The command on the console's line under the sentence that starts with ``prefix``: one
+    line of its own, as a terminal's selection takes it."""
+    found = re.search(rf"^podlaunch: {re.escape(prefix)}.*\npodlaunch:   (\S.*)$", out, re.M)
     assert found, out
     return found.group(1).strip()
 
@@ -77,14 +78,13 @@ def test_a_failed_run_ends_with_the_command_that_continues_it_and_that_command_d
     failed = launch(*args, "--run-dir", run_dir)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "tensorboard --logdir" not in failed.stdout
-    assert _last_lines(failed.stdout, 2)[0] == f"podlaunch: view: launch tensorboard {run_dir}", \
+    assert _last_lines(failed.stdout, 3)[0] == f"podlaunch: view: launch tensorboard {run_dir}", \
         failed.stdout
     # a program error: the fix first, then the resume from the checkpoint the run saved
     command = _printed(failed.stdout, "a restart with the same settings repeats this failure: fix "
-                       "its cause (above) first, then continue from the checkpoint of step 20: ")
-    assert command == " ".join(shlex.quote(a) for a in (
-        "launch", *args, "--resume", run_dir)), command
-    resumed = _run_printed(command)
+                       "its cause (above) first, then continue from the checkpoint of step 20")
+    assert command == f"launch resume {run_dir}", command
+    resumed = _run_printed(command, cwd=str(tmp_path))  # from another directory
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "(resuming; attempt 1)" in resumed.stdout
     assert "continue this" not in resumed.stdout  # a success ends without one
@@ -116,9 +116,8 @@ def test_a_stopped_run_says_interrupt_reports_the_saved_step_and_ends_with_the_r
     assert rows == [str(agreed)] * 2, text
     with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
         assert json.load(f)["step"] == agreed  # launch runs says the saved step too
-    command = _printed(text, "continue this stopped run from its last checkpoint: ")
-    assert command.startswith("launch jobs/linear.yaml --set train.num_steps=1000000 ")
-    assert command.endswith(f"--resume {run_dir}")
+    command = _printed(text, f"continue this stopped run from its checkpoint of step {agreed} ")
+    assert command == f"launch resume {run_dir}"
 
 
 @pytest.mark.slow
@@ -131,8 +130,9 @@ def test_a_first_success_points_to_runs_more_processes_and_another_cluster(tmp_p
     lines = out[out.index("podlaunch: next steps:"):].splitlines()[1:]
     commands = [line.split("podlaunch:   ", 1)[1].split("   ")[0].strip() for line in lines
                 if line.startswith("podlaunch:   launch ")]
-    assert commands == ["launch runs", "launch jobs/linear.yaml --set cluster.num_processes=4",
-                        "launch jobs/linear.yaml --cluster jobs/clusters/ssh-example.yaml"], lines
+    job = tmp_path / "jobs" / "linear.yaml"  # paths that work from any directory
+    assert commands == ["launch runs", f"launch {job} --set cluster.num_processes=4",
+                        f"launch {job} --cluster {tmp_path / 'jobs' / 'clusters' / 'ssh-example.yaml'}"], lines
     assert "docs/glossary.md" in out and os.path.isfile(os.path.join(REPO, "docs", "glossary.md"))
     assert "your runs" in lines[0]
     listed = _run_printed(commands[0], cwd=str(tmp_path))
@@ -143,7 +143,7 @@ def test_a_first_success_points_to_runs_more_processes_and_another_cluster(tmp_p
     assert "next steps:" not in more.stdout  # the pointer is for the first run only
     # another cluster needs its hosts; the file and the pages it names are there to edit
     cluster = commands[2].split("--cluster ", 1)[1]
-    assert os.path.isfile(os.path.join(REPO, cluster)), cluster
+    assert os.path.isfile(cluster), cluster
     for page in re.findall(r"docs/\w+\.md", lines[2]):
         assert os.path.isfile(os.path.join(REPO, page)), page
 
@@ -189,8 +189,8 @@ def test_a_diverged_loss_ends_with_a_fix_and_no_resume_or_retry_of_the_same_sett
     assert "--resume" not in tail and "set it to retry" not in failed.stdout, tail
     command = _printed(failed.stdout, "a restart with the same settings repeats this failure: fix "
                        "its cause (above) first; the loss diverged: a new run with a lower "
-                       "learning rate (1000 -> 100): ")
-    assert command == "launch jobs/linear.yaml --set optimizer.learning_rate=100", command
+                       "learning rate (1000 -> 100):")
+    assert command == f"launch {REPO}/jobs/linear.yaml --set optimizer.learning_rate=100", command
     again = _run_printed(command.replace("optimizer.learning_rate=100", "optimizer.learning_rate=0.1")
                          + f" --run-dir {tmp_path / 'again'}")
     assert again.returncode == 0, again.stdout + again.stderr
@@ -208,9 +208,54 @@ def test_the_advice_after_a_failure_is_its_classes(failure_class):
     verdict = Verdict(FailureClass[failure_class], 1, "what happened")
     lines = nextsteps.closing("jobs/linear.yaml", "/runs/r1", 1, False, overrides=("a.b=1",),
                               failure=verdict, saved_step=40)
-    resume = "launch jobs/linear.yaml --set a.b=1 --resume /runs/r1"
+    resume = "  " + nextsteps.resume_command("/runs/r1")  # launch resume /runs/r1
     if failure_class == "PROGRAM":
         assert lines[1:] == [f"{nextsteps.FIX_FIRST}, then continue from the checkpoint of step "
-                             f"40: {resume}"], lines
+                             "40 (add --set KEY=VALUE to change a setting):", resume], lines
     else:
-        assert lines[1:] == [f"continue this failed run from its last checkpoint: {resume}"], lines
+        assert lines[1:] == ["continue this failed run from its checkpoint of step 40 (its job "
+                             "and settings; add --set KEY=VALUE to change one):", resume], lines
+
+
+@pytest.mark.slow
+def test_after_ctrl_c_the_printed_command_pasted_in_another_directory_continues_to_the_end(
+        tmp_path):
+    """Issue 70's example (at 2,000 steps of its 20,000: the same path, a CI's minute): Ctrl-C
+    of `launch jobs/linear.yaml --set train.num_steps=2000`; the continue command it prints,
+    pasted into a shell in another directory, continues the run to step 2,000 with the params
+    of an uninterrupted run. Nothing is given again: no job path, no --set."""
+    import subprocess
+
+    from harness.helpers import env_for_tests
+    from harness.runs import assert_same_params, params
+
+    clone, other = tmp_path / "clone", tmp_path / "other"
+    shutil.copytree(os.path.join(REPO, "jobs"), clone / "jobs")
+    other.mkdir()
+    env = env_for_tests(XDG_STATE_HOME=str(tmp_path / "state"))
+    proc = subprocess.Popen(["launch", "jobs/linear.yaml", "--set", "train.num_steps=2000"],
+                            cwd=str(clone), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    out = Output.of(proc)
+    out.wait_for(r"^\[p0\] step ([3-9]\d\d|1\d\d\d)/2000 ", 120)
+    proc.send_signal(signal.SIGINT)
+    code, text = out.finish(60)
+    assert code == 130, text
+    agreed = re.search(r"continue this stopped run from its checkpoint of step (\d+) ", text)
+    assert agreed and 300 <= int(agreed.group(1)) < 2000, text
+    command = _printed(text, "continue this stopped run from its checkpoint of step")
+    [run_dir] = [str(d) for d in (clone / "runs" / "linear").iterdir() if d.name[0].isdigit()]
+    assert command == f"launch resume {run_dir}", command
+    pasted = subprocess.run(command, shell=True, cwd=str(other), env=env, capture_output=True,
+                            text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert pasted.returncode == 0, pasted.stdout + pasted.stderr
+    assert "(resuming; attempt 1)" in pasted.stdout and "[p0] step 2000/2000 " in pasted.stdout
+    assert f"resumed from the checkpoint of step {agreed.group(1)} (attempt 1)" in pasted.stdout
+    with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+        record = json.load(f)
+    assert (record["state"], record["step"], record["num_steps"]) == ("succeeded", 2000, 2000)
+    whole = subprocess.run(["launch", "jobs/linear.yaml", "--set", "train.num_steps=2000",
+                            "--run-dir", str(tmp_path / "whole")], cwd=str(clone), env=env,
+                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert_same_params(params(run_dir), params(str(tmp_path / "whole")))

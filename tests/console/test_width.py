@@ -94,3 +94,18 @@ def test_a_workers_line_wraps_under_its_text_and_its_tables_do_not():
     row = "[p1 n2] name     shape        dtype    mean      std       notes and more notes here"
     assert width.worker_line(row, 80) == row
     assert width.worker_line(WORKER, 200) == WORKER
+
+
+def test_a_command_on_its_own_line_is_never_wrapped_so_that_it_pastes_whole():
+    """Issue 70, item 1: the continue command was wrapped with a hanging indent, and a terminal
+    selection ran `launch jobs/linear.yaml --set` and `train.num_steps=20000 --resume ...` as
+    two broken commands. Its sentence wraps; the command under it stays one line, however
+    narrow the terminal."""
+    sentence = ("podlaunch: continue this stopped run from its checkpoint of step 4210 (its job "
+                "and settings; add --set KEY=VALUE to change one):")
+    command = ("podlaunch:   /home/someone/src/podlaunch/.venv/bin/launch resume "
+               "/home/someone/src/podlaunch/runs/linear/20261207-031920-373")
+    lines = width.fitted(sentence + "\n" + command, 80).split("\n")
+    assert lines[-1] == command and len(lines) == 3, lines
+    assert width.fitted("podlaunch:   launch resume /a/b --set x=1", 40) == \
+        "podlaunch:   launch resume /a/b --set x=1"

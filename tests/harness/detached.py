@@ -14,10 +14,12 @@ import pytest
 from harness.helpers import LAUNCH, REPO, env_for_tests
 
 
-def launch(*args, timeout_s=120, cwd=REPO) -> subprocess.CompletedProcess:
-    """``launch ARGS`` to its end, stdin from /dev/null, output captured (text)."""
-    return subprocess.run(LAUNCH + list(args), cwd=cwd, env=env_for_tests(), capture_output=True,
-                          text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+def launch(*args, timeout_s=120, cwd=REPO, **env) -> subprocess.CompletedProcess:
+    """``launch ARGS`` to its end, stdin from /dev/null, output captured (text); ``env``:
+    variables beside ``env_for_tests``'s."""
+    return subprocess.run(LAUNCH + list(args), cwd=cwd, env=env_for_tests(**env),
+                          capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
 
 
 def until(done, what: str, timeout_s: float = 120.0):

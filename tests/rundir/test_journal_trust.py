@@ -267,7 +267,7 @@ def test_a_copied_run_takes_back_nothing_a_resume_beside_live_workers_starts_non
 
 # every name the launcher reads or writes in a run directory, and what may be planted there
 PLANTED_NAMES = ("run.json", journal.JOURNAL_FILE, runlock.LOCK_FILE, "ledger.json", "launcher.log",
-                 "spec.yaml", "job.json", "console.log", "logs/process-000.log")
+                 "spec.yaml", "job.json", "console.log", "logs/process-000.log", "launch.json")
 KINDS = ("link", "garbage", "another owner", "world-writable")
 GARBAGE = b"\x00\xff{[\"garbage\": 1e999999, \"offset\": -7}\n\x1b[2J"
 
@@ -290,6 +290,8 @@ def _run_dir_with(tmp_path, state: str, name: str, kind: str, victim, sentinel: 
         runlock.LOCK_FILE: json.dumps({"pid": sentinel}), "ledger.json": "[]",
         "launcher.log": "2026-12-06T10:00:00.000Z podlaunch: a line\n",
         "spec.yaml": "name: linear\n", "job.json": "{}", "console.log": "",
+        "launch.json": json.dumps({"job": os.path.join(REPO, "jobs", "linear.yaml"),
+                                   "cluster": None, "overrides": []}),
         "logs/process-000.log": "2026-12-06T10:00:00.000Z step 1\n"}
     for file, text in files.items():
         (run_dir / file).write_text(text)
@@ -325,12 +327,12 @@ def _holding(run_dir) -> subprocess.Popen | None:
 
 COMMANDS = (["logs"], ["logs", "--process", "0"], ["logs", "-f"], ["wait", "--timeout", "0.2"],
             ["attach"], ["stop", "--timeout", "0.2"], ["stacks", "--timeout-s", "0.2"],
-            ["profile", "--timeout-s", "0.2"], ["runs", "--root"], ["resume"])
+            ["profile", "--timeout-s", "0.2"], ["runs", "--root"], ["resume"], ["continue"])
 
 
 # a live run's launcher (a process holding its lock) is the run's own, and would be signalled
 # by stop, stacks and profile as it should: those ask a live run only where nothing holds it
-LIVE_ONLY_READS = ("logs", "wait", "runs", "resume")
+LIVE_ONLY_READS = ("logs", "wait", "runs", "resume", "continue")
 
 
 @pytest.mark.parametrize("state", ["live", "running", "succeeded"])
@@ -362,6 +364,8 @@ def test_what_is_planted_at_each_name_of_a_run_directory_steers_no_command(
                         argv = [*command, str(tmp_path / "runs"), "linear"]
                     elif command[0] == "resume":
                         argv = ["jobs/linear.yaml", "--resume", str(run_dir), "--dry-run"]
+                    elif command[0] == "continue":  # launch resume RUN: launch.json's job
+                        argv = ["resume", str(run_dir), "--dry-run"]
                     else:
                         argv = [command[0], str(run_dir), *command[1:]]
                     try:

@@ -77,10 +77,14 @@ def test_ordinary_words_stay_visible(name):
     assert not redact.is_secret(name)
 
 
-def test_a_set_flag_s_secrets_are_masked_in_the_resume_command_and_the_run_lock():
+def test_a_set_flag_s_secrets_are_masked_in_the_commands_printed_and_the_run_lock():
     """A newcomer's report: ``--set cluster.env.HF_TOKEN=...`` and the flow form ``--set
     'cluster.env={HF_TOKEN: ...}'`` came back in clear in the failed run's "continue this
-    run" command (the console, launcher.log) and the flow form in launcher.lock's command."""
+    run" command (the console, launcher.log) and the flow form in launcher.lock's command.
+    The continue command is now ``launch resume RUN`` (issue 70: the run recorded its settings,
+    none is given again); a new run's command (after a diverged loss) masks them."""
+    import types
+
     from launcher.console import nextsteps
 
     sets = ("cluster.env.HF_TOKEN=pw-set-3", "cluster.env={HF_TOKEN: pw-set-4, MODE: fast}",
@@ -89,13 +93,16 @@ def test_a_set_flag_s_secrets_are_masked_in_the_resume_command_and_the_run_lock(
             "optimizer.learning_rate=0.5")
     lines = nextsteps.closing("jobs/linear.yaml", "/runs/r1", 1, False, overrides=sets,
                               secrets=("TEAM",))
+    assert lines[-2].startswith("this failed run saved no checkpoint"), lines
+    assert lines[-1].endswith("launch resume /runs/r1") and "pw-" not in "".join(lines), lines
+    diverged = types.SimpleNamespace(repeats=True, why="the loss is inf: lower "
+                                     "optimizer.learning_rate")
+    lines = nextsteps.closing("jobs/linear.yaml", "/runs/r1", 1, False, overrides=sets,
+                              secrets=("TEAM",), failure=diverged)
     command = lines[-1]
-    assert command.startswith("continue this failed run from its last checkpoint: launch "), lines
     assert not re.findall(r"pw-[a-z]+-\d", command), command
-    assert "MODE: fast" in command and "optimizer.learning_rate=0.5" in command
-    assert command.endswith("--resume /runs/r1  (secrets shown as ****: give their values again)")
-    plain = nextsteps.closing("jobs/linear.yaml", "/runs/r1", 1, False, overrides=sets[-1:])
-    assert plain[-1].endswith("--resume /runs/r1"), plain  # nothing masked: nothing said
+    assert "MODE: fast" in command and "optimizer.learning_rate=0.05" in command
+    assert command.endswith("(secrets shown as ****: give their values again)")
     # the run lock's record of the command line (launcher.rundir.runlock)
     locked = " ".join(redact.masked_argv([part for s in sets[:4] for part in ("--set", s)]))
     assert not re.findall(r"pw-[a-z]+-\d", locked), locked
