@@ -119,8 +119,8 @@ def test_a_long_run_at_one_step_a_call_logs_each_log_step_once_and_saves_each_ch
         tmp_path):
     """3,000 steps at one step a call on one device (pmap's compiled bare call between the
     log steps): 30 log lines and metrics rows, each once and in order, the checkpoints of
-    steps 1,000, 2,000 and 3,000. Then the run resumed from its first checkpoint: its first
-    call is step 1,001, its lines and checkpoints those after it, its params the
+    steps 1,000, 2,000 and 3,000. Then the run resumed from its first checkpoint (its first
+    call step 1,001's): its lines and checkpoints those after it, each once, its params the
     uninterrupted run's."""
     run_dir = tmp_path / "run"
     whole = _train(run_dir, *LONG)
