@@ -16,7 +16,8 @@ What reaches it of a worker's lines (``launcher.console.lines`` says which line 
 which; every line is in the process's log file regardless):
 
 * every line, but library noise, of the processes ``show`` names (the
-  CLI's default: process 0, so a step is shown once, not once per process);
+  CLI's default: process 0, so a step is shown once, not once per process); on a
+  terminal their step lines at a pace a person reads (``launcher.console.pace``);
 * from the others only notable lines (warnings, errors, tracebacks), and,
   once an attempt is over, the last lines of one that failed and that the
   summary does not already show (``attempt_over``).
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 import sys
 import threading
 import time
@@ -35,6 +35,7 @@ from typing import Callable, TextIO
 from launcher import logtimes
 from launcher.console import lines as kinds
 from launcher.console import width
+from launcher.console.pace import StepPace
 from launcher.state import State
 from launcher.console.status import status_text
 from launcher.words import plural
@@ -82,6 +83,7 @@ class Console:
         self.log = None          # the run directory's launcher.log, once ``log_to`` opened it
         self._log_lock = threading.Lock()
         self._logged_status_at = -float("inf")
+        self.pace = StepPace(clock)  # a terminal's step lines, at a pace a person reads
         # called with (tracked, now) at every status refresh, each rate-limiting itself:
         # run.json's progress (launch runs), a detached launch's hand-off
         self.watchers: list = []
@@ -145,6 +147,11 @@ class Console:
                 self._same_failure.add(process_id)
                 return
         if shown and (self.show is None or process_id in self.show or (self.others and notable)):
+            if self.live.tty and not self.pace.admit(process_id, text):
+                said = self.pace.notice()  # once; launcher.log keeps every line
+                if said is not None:
+                    self.live.write(self._fitted(f"podlaunch: {said}") + "\n")
+                return
             line = f"[{label}] {text}"
             self.live.write((width.worker_line(line, width.columns()) if self.live.tty
                              else line) + "\n")
@@ -186,7 +193,8 @@ class Console:
         if not self.live.due() and not to_log:  # the text walks every process: only when shown
             return
         text = status_text(tracked, now=now, elapsed_s=now - self.started)
-        self.live.update(text)
+        self.live.update(status_text(tracked, now=now, elapsed_s=now - self.started,
+                                     width=width.columns() - 1) if self.live.tty else text)
         if to_log:
             self._logged_status_at = now
             self._log_text(f"podlaunch: {text}\n")
@@ -347,5 +355,5 @@ class StatusLine:
     @staticmethod
     def _fit(text: str) -> str:
         # A line wider than the terminal wraps, and \r then redraws only its last row.
-        columns = shutil.get_terminal_size((120, 24)).columns
+        columns = width.columns()
         return text if len(text) < columns else text[:max(columns - 2, 10)] + "…"
