@@ -252,8 +252,22 @@ def _closing(args, job, run_dir: str, ending: Ending, console: Console) -> None:
                                   cluster=args.cluster, overrides=tuple(args.overrides),
                                   default_dir=not (args.run_dir or args.resume), secrets=job.secrets,
                                   failure=attempts[-1].failure, saved_step=specdiff.newest_checkpoint(
-                                      run_dir, job.checkpoint.local_dir)):
+                                      run_dir, job.checkpoint.local_dir),
+                                  rates=_learning_rates(args, job, attempts[-1].failure)):
         console.say(line)
+
+
+def _learning_rates(args, job, failure) -> tuple | None:
+    """(the run's learning rate, the job file's own before ``--set``, or None), after a failure
+    that names the learning rate (a diverged loss), for the next run's advice; else None."""
+    if job.learning_rate is None or failure is None or "learning_rate" not in failure.why:
+        return None
+    try:
+        own = specs.load(args.job, args.cluster, tuple(
+            kv for kv in args.overrides if not kv.startswith(nextsteps.LR_KEY)), registry=backends)
+        return job.learning_rate, own.learning_rate
+    except (SpecError, OSError):  # the file changed since: the run's own rate alone
+        return job.learning_rate, None
     console.close()
 
 

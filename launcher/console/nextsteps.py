@@ -72,29 +72,44 @@ def continue_lines(run_dir: str, saved_step: int | None, what: str = "stopped") 
 
 
 def _fix_first(job_path: str, run_dir: str, cluster, overrides: tuple, secrets, failure,
-               saved_step: int | None) -> list:
+               saved_step: int | None, rates: tuple | None = None) -> list:
     """Advice after a failure a restart repeats: what to fix, then the command that runs after
-    it (a diverged loss: a new run with a tenth of the learning rate the ``--set`` gave, where
-    one did; else ``--resume`` from the checkpoint there is, or the job again in a new run)."""
-    lr_key = "optimizer.learning_rate="
-    given = [kv for kv in overrides if kv.startswith(lr_key)]
-    if "optimizer.learning_rate" in failure.why and given:
-        try:
-            lower = float(given[-1][len(lr_key):]) / 10
-        except ValueError:
-            lower = None
-        if lower is not None:
-            changed = tuple(kv for kv in overrides if not kv.startswith(lr_key)) + (
-                f"{lr_key}{lower:g}",)
-            return [f"{FIX_FIRST}; the loss diverged: a new run with a lower learning rate "
-                    f"({given[-1][len(lr_key):]} -> {lower:g}):",
-                    COMMAND_INDENT + _new_run_command(job_path, cluster, changed, secrets)]
+    it (a diverged loss: a new run at a learning rate that does not diverge the same way,
+    ``lower_rate``; else ``launch resume`` from the checkpoint there is, or from step 1)."""
+    if "optimizer.learning_rate" in failure.why and rates is not None and rates[0] > 0:
+        rate, lower, changed = lower_rate(overrides, *rates)
+        again = "" if lower.startswith("the job") else "; if that diverges too, a hundredth again"
+        return [f"{FIX_FIRST}; the loss diverged: a new run at {lower} ({rate:g} -> "
+                f"{rate_of(changed, rates[1]):g}{again}):",
+                COMMAND_INDENT + _new_run_command(job_path, cluster, changed, secrets)]
     if saved_step is not None:
         return [f"{FIX_FIRST}, then continue from the checkpoint of step {saved_step} (add "
                 "--set KEY=VALUE to change a setting):", COMMAND_INDENT + resume_command(run_dir)]
     return [f"{FIX_FIRST}, then run it again from step 1 in its run directory (it saved no "
             "checkpoint; add --set KEY=VALUE to change a setting):",
             COMMAND_INDENT + resume_command(run_dir)]
+
+
+LR_KEY = "optimizer.learning_rate="
+
+
+def lower_rate(overrides: tuple, rate: float, file_rate: float | None) -> tuple:
+    """After a diverged loss at learning rate ``rate``: (rate, what the new run is at, its
+    overrides). The job file's own rate where a ``--set`` raised the rate above it (a rate
+    the job's author chose, and one run away, where lowering by tenths took a run per order
+    of magnitude: 1000, 100 and 10 all diverged before 1 did); else a hundredth of the rate
+    (a loss that leaves the numbers is rarely a factor of ten from stable)."""
+    kept = tuple(kv for kv in overrides if not kv.startswith(LR_KEY))
+    if file_rate is not None and 0 < file_rate < rate:
+        return rate, "the job file's own learning rate", kept
+    return rate, "a hundredth of the learning rate", kept + (f"{LR_KEY}{rate / 100:g}",)
+
+
+def rate_of(overrides: tuple, file_rate: float | None) -> float:
+    """The learning rate ``overrides`` set (their last ``optimizer.learning_rate=``), else the
+    job file's."""
+    given = [kv[len(LR_KEY):] for kv in overrides if kv.startswith(LR_KEY)]
+    return float(given[-1]) if given else file_rate
 
 
 def _new_run_command(job_path: str, cluster, overrides: tuple, secrets, tail: tuple = ()) -> str:
@@ -116,7 +131,8 @@ def first_run(runs_root: str, run_dir: str) -> bool:
 
 def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
             cluster: str | None = None, overrides: tuple = (), default_dir: bool = False,
-            secrets=(), failure=None, saved_step: int | None = None) -> list:
+            secrets=(), failure=None, saved_step: int | None = None,
+            rates: tuple | None = None) -> list:
     """The run's last lines, each a thing to do and how.
 
     Args:
@@ -132,9 +148,11 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
         and the lines point to what comes next.
       failure: the last attempt's ``Verdict`` (None: no failure was classified). One a restart
         repeats (``repeats``: a program error) gets a fix to make first and no retry of the
-        same: a loss that diverged, a new run with a tenth of the ``--set`` learning rate; else
+        same: a loss that diverged, a new run at a rate that does not diverge alike; else
         ``launch resume``, "from its checkpoint" only where one exists (``saved_step``: its
         step, or None).
+      rates: (the run's learning rate, the job file's own before any ``--set``, or None),
+        for a diverged loss's new run (``lower_rate``); None: a job without a learning rate.
 
     Returns:
       Lines without a prefix; the console adds its own.
@@ -147,7 +165,8 @@ def closing(job_path: str, run_dir: str, exit_code: int, tensorboard: bool, *,
             lines.append(f"TensorBoard is not installed here; first: {install}")
         lines.append(f"view: {launch} tensorboard {shlex.quote(run_dir)}")
     if exit_code not in (0, 130) and getattr(failure, "repeats", False):
-        lines += _fix_first(job_path, run_dir, cluster, overrides, secrets, failure, saved_step)
+        lines += _fix_first(job_path, run_dir, cluster, overrides, secrets, failure, saved_step,
+                            rates)
     elif exit_code != 0:
         lines += continue_lines(run_dir, saved_step, "stopped" if exit_code == 130 else "failed")
     elif default_dir and first_run(os.path.dirname(os.path.dirname(run_dir)), run_dir):

@@ -45,6 +45,12 @@ class Trainer:
     num_steps_key = "train.num_steps"  # the setting num_steps comes from
 
     @property
+    def learning_rate(self) -> float | None:
+        """The optimizer's step size (``optimizer.learning_rate``): what a diverged loss's
+        advice lowers."""
+        return self.optimizer.learning_rate
+
+    @property
     def data_lines(self) -> tuple[str, ...]:
         """What the launch says of the data before it starts: its epochs (``epoch_text``)."""
         return (self.epoch_text(),)
@@ -138,6 +144,7 @@ class Program:
     batch_text = ""  # and makes its own batches
     rows_in_memory = None  # its memory is its own business
     rendezvous = False  # a program says no facts; a backend that needs them probes the hosts
+    learning_rate = None  # a program's optimizer is its own
 
     @property
     def working_directory(self) -> str:

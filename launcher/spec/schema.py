@@ -150,6 +150,29 @@ def _hint(expected: str, value: Any) -> str:
     return ""
 
 
+# the lists that are a command's words (no shell): a string given there is shown split
+COMMANDS = {("notify", "command"), ("program", "argv")}
+
+
+def _list_form(path: tuple, value: Any) -> str:
+    """A string where a list was expected: the list it was meant as, to paste (a command's
+    words split as a shell would; any other list, the string as its one item)."""
+    if not isinstance(value, str):
+        return ""
+    import json
+    import shlex
+
+    from worker.contract import redact
+
+    try:
+        items = shlex.split(value) if tuple(path[-2:]) in COMMANDS else [value]
+    except ValueError:  # an unbalanced quote
+        items = [value]
+    what = "a list of the command's words (no shell runs it)" if len(items) > 1 else "a list"
+    shown = ["****"] * len(items) if secret_path(path) else redact.masked_argv(items)
+    return f"; write it as {what}: {json.dumps(shown)}"
+
+
 def convert(tp: Any, value: Any, path: tuple, ctx: Context) -> Any:
     """Convert ``value`` to type ``tp``; on failure record a problem and return MISSING."""
     origin = typing.get_origin(tp)
@@ -216,7 +239,7 @@ def convert(tp: Any, value: Any, path: tuple, ctx: Context) -> Any:
         return value
     if origin is tuple:
         if not isinstance(value, list):
-            ctx.error(path, f"expected a list, got {describe(value)}")
+            ctx.error(path, f"expected a list, got {describe(value)}{_list_form(path, value)}")
             return MISSING
         out = [convert(args[0], item, path + (i,), ctx) for i, item in enumerate(value)]
         return MISSING if any(o is MISSING for o in out) else tuple(out)

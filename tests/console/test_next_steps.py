@@ -187,13 +187,37 @@ def test_a_diverged_loss_ends_with_a_fix_and_no_resume_or_retry_of_the_same_sett
     assert failed.returncode == 1, failed.stdout + failed.stderr
     tail = "\n".join(_last_lines(failed.stdout, 6))
     assert "--resume" not in tail and "set it to retry" not in failed.stdout, tail
+    # issue 70: not a tenth (100, then 10, diverged too before 1 did): the job file's own rate,
+    # the --set that raised it dropped; run as printed, it trains
     command = _printed(failed.stdout, "a restart with the same settings repeats this failure: fix "
-                       "its cause (above) first; the loss diverged: a new run with a lower "
-                       "learning rate (1000 -> 100):")
-    assert command == f"launch {REPO}/jobs/linear.yaml --set optimizer.learning_rate=100", command
-    again = _run_printed(command.replace("optimizer.learning_rate=100", "optimizer.learning_rate=0.1")
-                         + f" --run-dir {tmp_path / 'again'}")
+                       "its cause (above) first; the loss diverged: a new run at the job file's "
+                       "own learning rate (1000 -> 0.1):")
+    assert command == f"launch {REPO}/jobs/linear.yaml", command
+    again = _run_printed(command + f" --run-dir {tmp_path / 'again'}")
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_diverged_loss_at_the_job_files_own_rate_gets_a_hundredth_of_it():
+    """Issue 70: with no lower rate known (the file's own diverged), a hundredth, the other
+    settings kept, not a tenth a run; a rate the --set lowered below the file's is lowered
+    again, not raised back to the file's."""
+    from launcher.console import nextsteps
+    from launcher.run.classes import FailureClass, Verdict
+
+    verdict = Verdict(FailureClass.PROGRAM, 0, "a loss that is no longer a number: loss is inf at "
+                      "step 3; lower optimizer.learning_rate or look at the data")
+    for overrides, rates, said, command in (
+            (("a.b=1",), (1000.0, 1000.0), "a hundredth of the learning rate (1000 -> 10; if that "
+             "diverges too, a hundredth again)", "--set a.b=1 --set optimizer.learning_rate=10"),
+            (("optimizer.learning_rate=0.01", "a.b=1"), (0.01, 0.1), "a hundredth of the learning "
+             "rate (0.01 -> 0.0001; if that diverges too, a hundredth again)",
+             "--set a.b=1 --set optimizer.learning_rate=0.0001"),
+            (("optimizer.learning_rate=5", "a.b=1"), (5.0, 0.1), "the job file's own learning rate "
+             "(5 -> 0.1)", "--set a.b=1")):
+        lines = nextsteps.closing("jobs/linear.yaml", "/runs/r1", 1, False, overrides=overrides,
+                                  failure=verdict, saved_step=None, rates=rates)
+        assert lines[1:] == [f"{nextsteps.FIX_FIRST}; the loss diverged: a new run at {said}:",
+                             f"  launch {os.path.abspath('jobs/linear.yaml')} {command}"], lines
 
 
 @pytest.mark.parametrize("failure_class", ["INFRASTRUCTURE", "STALL", "PREEMPTION", "PROGRAM"])

@@ -118,6 +118,13 @@ BAD = [
      ["task.args: record_env() in ", "ssh_task.py:16 needs names: add it under task.args"]),
     ("set-task-not-importable", GOOD, ["--set", "task.name=no_such_module_xyz:make"],
      ["--set: task.name: module 'no_such_module_xyz' is not importable by the workers"]),
+    # issue 70: a string where a list was meant shows the list to write (a command's words
+    # split, its secret flags masked; a secret list's items masked)
+    ("notify-command-string", GOOD + "notify: {command: 'sh notify.sh --api-token=abc run'}\n", [],
+     ["bad.yaml:20: notify.command: expected a list, got ", " (a string); write it as a list of the "
+      "command's words (no shell runs it): [\"sh\", \"notify.sh\", \"--api-token=****\", \"run\"]"]),
+    ("secrets-string", GOOD, ["--set", "secrets=MY_TOKEN"],
+     ["--set: secrets: expected a list, got **** (a string); write it as a list: [\"****\"]"]),
     ("env-float", GOOD + "  env: {RATIO: 1.50}\n", [],
      ["bad.yaml:20: cluster.env.RATIO: expected a string or an integer, got 1.5", "quote it"]),
     ("env-bad-name", GOOD + "  env: {A-B: x}\n", [], ["cluster.env: expected environment variable name (letters, digits and '_', not starting with a digit), got 'A-B': '-' at position 1"]),
