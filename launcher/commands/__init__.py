@@ -32,9 +32,9 @@ COMMANDS = {
     "attach": ("logs", "RUN", "the live console view of a running run again (Ctrl-C "
                               "leaves the run running); a detached run whose "
                               "supervisor was killed is taken back first (any backend)"),
-    "wait": ("wait", "RUN [--timeout S]", "wait for a run to end: its exit code, 124 "
+    "wait": ("wait", "RUN [--timeout-s SECONDS]", "wait for a run to end: its exit code, 124 "
                                           "at the timeout"),
-    "stop": ("stop", "RUN [--timeout S]", "stop a running run as Ctrl-C does (an agreed step saved) and "
+    "stop": ("stop", "RUN [--timeout-s SECONDS]", "stop a running run as Ctrl-C does (an agreed step saved) and "
                             "return once every process is gone"),
     "tensorboard": ("tensorboard", "[JOB | RUN_DIR] [--host HOST] [--port PORT] "
                     "[--startup-timeout-s SECONDS]", "serve the TensorBoard of every run "

@@ -32,9 +32,10 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch stop", description=commands.described("stop"))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
                         "lists, or a job's name (its run that is running, else its newest)")
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+    parser.add_argument("--timeout-s", "--timeout", dest="timeout_s", type=float, default=300.0,
+                        metavar="SECONDS",
                         help="how long to wait for every process to be gone (default 300: the "
-                             "agreed step's save included)")
+                             "agreed step's save included; --timeout, its former name, too)")
     parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
     return parser
 
@@ -59,7 +60,7 @@ def main(argv: list) -> int:
       LaunchError: processes still alive at the timeout, named (exit 1).
     """
     args = parser().parse_args(argv)
-    flags.check(("--timeout", args.timeout, flags.seconds, "how long to wait for every process "
+    flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for every process "
                  "to be gone"))
     run_dir = names.resolve(args.run, args.root, names.LIVE)
     value, alive = names.state(run_dir)
@@ -81,14 +82,14 @@ def main(argv: list) -> int:
               "so that it stops the run", flush=True)
     print(f"launch stop: stopping the run in {run_dir} (its supervisor, pid {pid}, stops every "
           "process in order; an agreed step is saved)", flush=True)
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + args.timeout_s
     try:
         while True:
             left = [p for p, since in watched if _alive(p, since)]
             if not left:
                 break
             if time.monotonic() >= deadline:
-                raise LaunchError(f"after {args.timeout:g} s these processes of the run in "
+                raise LaunchError(f"after {args.timeout_s:g} s these processes of the run in "
                                   f"{run_dir} are still alive on this machine: "
                                   + "; ".join(map(_named, left)))
             time.sleep(POLL_S)

@@ -1,4 +1,4 @@
-"""``launch wait RUN [--timeout S]``: wait for a run to end; its exit code, 124 at the timeout.
+"""``launch wait RUN [--timeout-s SECONDS]``: wait for a run to end; its exit code, 124 at the timeout.
 
 The run has ended once no supervisor holds its lock (``launcher.rundir.runlock``: the kernel
 drops it however the supervisor ends); its exit code is then its run.json state's. A detached
@@ -25,32 +25,33 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch wait", description=commands.described("wait"))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
                         "lists, or a job's name (its run that is running, else its newest)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S",
-                        help="give up after S seconds with exit code 124 (default: no limit)")
+    parser.add_argument("--timeout-s", "--timeout", dest="timeout_s", type=float, default=None,
+                        metavar="SECONDS", help="give up after SECONDS with exit code 124 (default: "
+                        "no limit; --timeout, its former name, too)")
     parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
     return parser
 
 
 def main(argv: list) -> int:
-    """Returns the run's exit code (0, 1, 130), or 124 when ``--timeout`` passed first.
+    """Returns the run's exit code (0, 1, 130), or 124 when ``--timeout-s`` passed first.
 
     Raises:
-      SpecError: no such run, or ``--timeout`` not a number of seconds > 0 (exit 2), at once.
+      SpecError: no such run, or ``--timeout-s`` not a number of seconds > 0 (exit 2), at once.
     """
     args = parser().parse_args(argv)
-    if args.timeout is not None:  # -3, nan, inf: said, not waited on
-        flags.check(("--timeout", args.timeout, flags.seconds, "how long to wait for the run's end"))
+    if args.timeout_s is not None:  # -3, nan, inf: said, not waited on
+        flags.check(("--timeout-s", args.timeout_s, flags.seconds, "how long to wait for the run's end"))
     run_dir = names.resolve(args.run, args.root, names.LIVE)
-    deadline = None if args.timeout is None else time.monotonic() + max(0.0, args.timeout)
+    deadline = None if args.timeout_s is None else time.monotonic() + max(0.0, args.timeout_s)
     began = time.monotonic()
     if names.state(run_dir)[1]:
         print(f"launch wait: waiting for the run in {run_dir} to end"
-              + (f" (at most {args.timeout:g} s)" if args.timeout is not None else ""), flush=True)
+              + (f" (at most {args.timeout_s:g} s)" if args.timeout_s is not None else ""), flush=True)
     try:
         while True:
             while names.state(run_dir)[1]:
                 if deadline is not None and time.monotonic() >= deadline:
-                    print(f"launch wait: {run_dir} still running after {args.timeout:g} s")
+                    print(f"launch wait: {run_dir} still running after {args.timeout_s:g} s")
                     return EXIT_TIMEOUT
                 time.sleep(POLL_S)
             if not _changing_hands(run_dir, deadline):

@@ -68,7 +68,7 @@ def spawn(argv: list, cwd: str | None = None, quiet: bool = False,
           f"run directory {run_dir}\n"
           f"  {launch} logs {run_dir} -f    follow it (exits with the run's exit code)\n"
           f"  {launch} attach {run_dir}     its live console view\n"
-          f"  {launch} wait {run_dir}       wait for its end (its exit code; --timeout S: 124)\n"
+          f"  {launch} wait {run_dir}       wait for its end (its exit code; --timeout-s SECONDS: 124)\n"
           f"  {launch} stop {run_dir}       stop it in order (an agreed step saved)\n"
           f"  {launch} runs                 its step, loss and ETA", flush=True)
     return 0

@@ -236,14 +236,17 @@ def test_a_run_started_in_another_directory_is_listed_and_named_from_anywhere(tm
     assert json.loads((run_dir / "run.json").read_text())["state"] == "succeeded"
 
 
-@pytest.mark.parametrize("argv", [["wait", "r", "--timeout", "-3"], ["wait", "r", "--timeout", "nan"],
-                                  ["wait", "r", "--timeout", "inf"], ["stop", "r", "--timeout", "-5"],
-                                  ["stop", "r", "--timeout", "0"]])
+@pytest.mark.parametrize("argv", [["wait", "r", "--timeout-s", "-3"], ["wait", "r", "--timeout", "nan"],
+                                  ["wait", "r", "--timeout-s", "inf"], ["stop", "r", "--timeout", "-5"],
+                                  ["stop", "r", "--timeout-s", "0"], ["stacks", "r", "--timeout-s", "0"],
+                                  ["profile", "r", "--timeout-s", "-1"]])
 def test_a_timeout_that_is_no_number_of_seconds_is_bad_input(argv):
+    """Every command's timeout is ``--timeout-s`` (issue 70: stop and wait said ``--timeout``,
+    stacks and profile ``--timeout-s``); stop's and wait's former ``--timeout`` still works."""
     done = subprocess.run(LAUNCH + argv, cwd=REPO, env=env_for_tests(), capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert f"error: --timeout: expected a number of seconds > 0, got {argv[-1]}" in done.stderr
+    assert f"error: --timeout-s: expected a number of seconds > 0, got {argv[-1]}" in done.stderr
 
 
 @pytest.mark.slow
