@@ -38,11 +38,13 @@ import stat
 
 from launcher import proctl
 from launcher.errors import Problem, SpecError
+from worker.contract import runfiles
 
 KEY_BYTES = 32
 SECRET_VAR = "PODLAUNCH_RUN_SECRET"  # a detached run's processes' proof of the run
 RUN_DIR_VAR = "PODLAUNCH_RUN_DIR"  # worker.contract.RUN_DIR (kept here: no worker import)
 ARGV_VAR = "PODLAUNCH_SUPERVISOR_ARGV"  # a detached supervisor's arguments, never its argv
+PROOF_FILE = "secret.sha256"  # a detached run's secret's digest: proves its processes keyless
 
 
 def user_name(uid: int) -> str:
@@ -311,7 +313,39 @@ def carry_run_secret(run_dir: str, taken: dict | None) -> tuple:
     secret = key(create=True)
     nonce = str(taken.get("nonce") or "") if taken else secrets.token_hex(16)
     os.environ[SECRET_VAR] = run_secret(run_dir, nonce, secret)
+    try:  # what proves the run's processes without the key (``proven``): its digest alone
+        runfiles.write_whole(os.path.join(run_dir, PROOF_FILE), _digest(os.environ[SECRET_VAR]) + "\n")
+    except OSError:
+        pass  # then a stop without the key finds none proven, and says so
     return secret, nonce
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def proven(run_dir: str) -> tuple:
+    """``(proven, unproven)``: this user's live processes that name ``run_dir`` as their run
+    directory (``processes_of``) and show the run's secret, with the wrappers above them that
+    show it too; and those that name it without showing it. The secret is checked against its
+    SHA-256 digest kept in the run directory (``PROOF_FILE``, the user's own file in the user's
+    own directory): no key and no spec needed, nothing of the secret on disk. A copy of the
+    run directory names other processes: it proves none. Nothing is signalled."""
+    try:
+        digest = runfiles.read_regular(os.path.join(run_dir, PROOF_FILE), 128).strip()
+    except OSError:
+        digest = ""
+    prefix = f"{SECRET_VAR}=".encode()
+    showing = set()
+    for pid in proctl.pids() if len(digest) == 64 else ():
+        shown = [item[len(prefix):] for item in proctl.environ(pid) if item.startswith(prefix)]
+        if any(hmac.compare_digest(_digest(os.fsdecode(v)), digest) for v in shown) \
+                and pid != os.getpid() and proctl.state(pid) not in (None, "Z"):
+            showing.add(pid)  # environ is readable by its owner alone: the user's own
+    named = processes_of(run_dir)
+    found = [p for p in named if p in showing]
+    above = {(proctl.stat_fields(p) or (b"", 0, 0))[1] for p in found}
+    return found + sorted(showing & above - set(found)), [p for p in named if p not in showing]
 
 
 def refuse_live_processes(run_dir: str, name: str) -> None:

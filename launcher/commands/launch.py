@@ -20,14 +20,14 @@ import sys
 import time
 
 from launcher import backends
-from launcher import commands, flags, interrupts
+from launcher import commands, flags, interrupts, owned
 from launcher import spec as specs
 from launcher.backends.base import Options
 from launcher.console import Console, nextsteps
 from launcher.console.status import check_show, parse_show, summary
 from launcher.errors import LaunchError, Problem, SpecError
 from launcher.run import adopt, detach, restarts, starts
-from launcher.rundir import launched, ledger, ledgerscalars, names, specdiff
+from launcher.rundir import jobrecord, launched, ledger, ledgerscalars, names, specdiff
 from launcher.rundir.watcher import Ending
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -73,6 +73,10 @@ def _options(parser: argparse.ArgumentParser, resume: bool = False) -> None:
                                  "(new logs go to RUN_DIR/logs/attempt-N/); without JOB.yaml, with "
                                  "the job and --set settings the run recorded, as `launch resume "
                                  "RUN`")
+    parser.add_argument("--apply-changes", action="store_true",
+                        help=("resume" if resume else "with --resume: resume") + " with the spec "
+                             "files as they are now; without it a run resumes with the job "
+                             "recorded at its start, and says what changed since")
     parser.add_argument("--show", metavar="IDS", default="0",
                         help="process_ids whose every line reaches the console: 0 (the default), "
                              "0,3-5, all, or none; from the others only warnings, errors and the last "
@@ -147,8 +151,9 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     show = parse_show(args.show)
     console = console or Console(show=show, status_every_s=args.status_every,
                                  others=show != frozenset(), tty=False if handoff.detached else None)
-    job, backend, options = _job(args, show, handoff)
+    job, backend, options, recorded = _job(args, show, handoff, console.say)
     start = starts.choose(args, job, argv, backend.name)
+    start.recorded = recorded
     run_dir = start.run_dir(held)
     session = backend.session(job, run_dir, console, options)
     try:
@@ -203,13 +208,14 @@ def _arguments(argv: list) -> tuple:
     return argv, args
 
 
-def _job(args, show, handoff) -> tuple:
-    """(the job spec, its backend, the options the backend is given), each checked.
+def _job(args, show, handoff, say) -> tuple:
+    """(the job spec, its backend, the options the backend is given, the job's record to keep
+    or None), each checked.
 
     Raises:
       SpecError: bad input in the spec, ``--show``, ``--rehearse`` or ``--kill-stale``.
     """
-    job = specs.load(args.job, args.cluster, tuple(args.overrides), registry=backends)
+    job, recorded = _loaded(args, say)
     check_show(show, job.num_processes)
     backend = backends.for_job(job)
     if args.rehearse:
@@ -228,7 +234,62 @@ def _job(args, show, handoff) -> tuple:
                       resume=bool(args.resume), detached=handoff.detached,
                       adopting=bool(args.adopt))
     backend.check(job, options)
-    return job, backend, options
+    return job, backend, options, recorded
+
+
+def _loaded(args, say) -> tuple:
+    """(the job, its record to keep or None): a run taken back (``--adopt``) or resumed runs
+    the job recorded at its start (``launcher.rundir.jobrecord``; the files as they are now
+    with ``--resume --apply-changes``), a change since said; a new run records its files.
+
+    Raises:
+      SpecError: bad input in the spec; a record that is not the user's own or not one;
+        ``--apply-changes`` without ``--resume``.
+    """
+    overrides, run = tuple(args.overrides), args.adopt or args.resume
+    if args.apply_changes and not args.resume:
+        raise SpecError([Problem("--apply-changes", None, "", "goes with --resume RUN (a new run "
+                                 "reads its files as they are); remove it")])
+    if run:
+        owned.check_dir(owned.real_path(run), "RUN" if args.adopt else "--resume")
+    recorded = jobrecord.read(owned.real_path(run)) if run else None
+    if recorded is None or args.apply_changes:
+        texts: dict = {}
+        job = specs.load(args.job, args.cluster, overrides, registry=backends, texts=texts)
+        return job, jobrecord.Recorded.of(args.job, args.cluster, texts)
+    # a --cluster file other than the recorded one is asked for: read as it is now
+    cluster = recorded.cluster_path if args.cluster is None or \
+        os.path.abspath(args.cluster) == recorded.cluster_path else args.cluster
+    job = specs.load(recorded.job_path, cluster, overrides, registry=backends,
+                     texts=dict(recorded.texts))
+    now: dict = {}
+    try:
+        current = specs.load(args.job, args.cluster, overrides, registry=backends, texts=now) \
+            if jobrecord.Recorded.of(args.job, args.cluster, _texts(args)) != recorded else job
+        changed = jobrecord.changes(job, current)
+    except SpecError as exc:
+        changed = [f"it cannot be loaded now ({exc.problems[0].message})"]
+    if changed:
+        files = " and ".join(filter(None, (args.job, args.cluster)))
+        then = ("the run resumes with the job recorded at its start; --apply-changes resumes "
+                "with the files as they are now" if args.resume else
+                "the run goes on with the job recorded at its start")
+        say(f"{files} changed since the run started ({'; '.join(changed[:8])}"
+            f"{'; ...' if len(changed) > 8 else ''}): {then} "
+            f"({os.path.join(owned.real_path(run), jobrecord.FILE)})")
+    return job, None
+
+
+def _texts(args) -> dict:
+    """The spec files' texts as they are now, by path ({} for one that cannot be read)."""
+    texts = {}
+    for path in filter(None, (args.job, args.cluster)):
+        try:
+            with open(path, encoding="utf-8") as f:
+                texts[path] = f.read()
+        except (OSError, UnicodeDecodeError):
+            pass
+    return texts
 
 
 def _closing(args, job, run_dir: str, ending: Ending, console: Console) -> None:
@@ -314,7 +375,8 @@ def continued(args, run_dir: str) -> list:
     for flag in ("show", "status_every"):
         if getattr(args, flag) != defaults.get_default(flag):
             options += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    options += [f"--{flag.replace('_', '-')}" for flag in ("kill_stale", "detach", "dry_run", "rehearse")
+    options += [f"--{flag.replace('_', '-')}" for flag in ("kill_stale", "detach", "dry_run", "rehearse",
+                                                           "apply_changes")
                 if getattr(args, flag)]
     argv = [*inputs.argv(), *options, "--resume", run_dir]
     secrets = specdiff.spec_of(run_dir).get("secrets")  # the spec's own secret names

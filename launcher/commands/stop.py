@@ -18,7 +18,7 @@ import os
 import signal
 import time
 
-from launcher import commands, flags
+from launcher import commands, flags, owned
 from launcher import proctl
 from launcher.console import nextsteps
 from launcher.rundir import names, specdiff
@@ -66,7 +66,11 @@ def main(argv: list) -> int:
     value, alive = names.state(run_dir)
     pid = names.supervisor(run_dir) if alive else None
     if pid is None and not alive and value == "running":
-        pid = _taken_back(run_dir)  # a detached run whose supervisor was killed
+        try:
+            pid = _taken_back(run_dir)  # a detached run whose supervisor was killed
+        except (SpecError, LaunchError) as exc:  # no key, no spec: its processes prove themselves
+            why = exc.problems[0].message if isinstance(exc, SpecError) else str(exc)
+            return _stop_proven(run_dir, why, args.timeout)
     if pid is None:
         why = (f"has ended (state {value})" if value in names.EXIT_CODES else
                "has no live supervisor on this machine (it was killed, or runs elsewhere: stop "
@@ -97,10 +101,8 @@ def main(argv: list) -> int:
         print(f"launch stop: interrupted while waiting; the run's supervisor is stopping it "
               f"(`launch wait {run_dir}` waits for its end)")
         return 130
-    local_dir = specdiff.spec_of(run_dir).get("checkpoint.local_dir")
-    said, command = nextsteps.continue_lines(run_dir, specdiff.newest_checkpoint(
-        run_dir, local_dir if isinstance(local_dir, str) else "local-checkpoints"))
-    print(f"launch stop: every process is gone (state {names.state(run_dir)[0]}); {said}\n{command}")
+    print(f"launch stop: every process is gone (state {names.state(run_dir)[0]}); "
+          f"{_continuing(run_dir)}")
     return 0
 
 
@@ -128,3 +130,60 @@ def _taken_back(run_dir: str) -> int | None:
         raise LaunchError(f"the run in {run_dir} could not be taken back to be stopped (exit "
                           f"{code}, said above); nothing was signalled by this command")
     return pid
+
+
+def _stop_proven(run_dir: str, why: str, timeout_s: float) -> int:
+    """Stop, without a supervisor, the processes of a run that cannot be taken back (its
+    journal not trusted: the user's key is gone; its spec gone): those that show the run's
+    secret (``owned.proven``: its digest in the run directory; no key, no spec needed). Each
+    worker gets TERM, as a preemption notice (they agree a step and save it where they can),
+    then, at ``timeout_s``, every one still alive KILL; what names the run without proving it
+    is said and never signalled. 0 once every proven process is gone.
+
+    Raises:
+      SpecError: none proves itself (nothing signalled; the unproven named).
+      LaunchError: some are still alive after the KILL, named.
+    """
+    proven, unproven = owned.proven(run_dir)
+    unsaid = (f"; not signalled, as they do not show the run's secret: "
+              + "; ".join(map(_named, unproven))) if unproven else ""
+    if not proven:
+        raise SpecError([Problem("RUN", None, "", (
+            f"the run in {run_dir} cannot be taken back ({why}) and no process of this user "
+            f"proves itself the run's (by the run's secret){unsaid}; nothing was signalled"))])
+    watched = [(p, proctl.start_ticks(p)) for p in proven]
+    parent = {p: (proctl.stat_fields(p) or (b"", 0, 0))[1] for p in proven}
+    wrappers = {p for p in proven if parent[p] not in parent}
+    # the wrappers' workers (each a process group of its own): TERM is their notice
+    workers = [p for p in proven if parent[p] in wrappers]
+    print(f"launch stop: the run cannot be taken back ({why}); stopping the "
+          f"{len(proven)} processes that prove themselves the run's by its secret (pid "
+          f"{', '.join(map(str, proven))}): TERM to each worker as a preemption notice, KILL "
+          f"at {timeout_s:g} s{unsaid}", flush=True)
+
+    def alive() -> list:
+        return [p for p, since in watched if _alive(p, since)]
+
+    def send(signals) -> None:
+        if signal.SIGKILL in signals:
+            for p in alive():
+                proctl.signal_pid(p, signals)
+        else:
+            for p in workers or alive():
+                proctl.signal_group(p, signals)
+
+    proctl.stop(send, alive, timeout_s)
+    left = alive()
+    if left:
+        raise LaunchError(f"these processes of the run in {run_dir} are still alive after KILL: "
+                          + "; ".join(map(_named, left)))
+    print(f"launch stop: every process that proved itself the run's is gone; {_continuing(run_dir)}")
+    return 0
+
+
+def _continuing(run_dir: str) -> str:
+    """How to continue the stopped run: a sentence, then the command on a line of its own."""
+    local_dir = specdiff.spec_of(run_dir).get("checkpoint.local_dir")
+    said, command = nextsteps.continue_lines(run_dir, specdiff.newest_checkpoint(
+        run_dir, local_dir if isinstance(local_dir, str) else "local-checkpoints"))
+    return f"{said}\n{command}"

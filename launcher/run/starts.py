@@ -26,7 +26,7 @@ from launcher import plan as planning
 from launcher.backends.base import reattach_of
 from launcher.errors import Problem, SpecError
 from launcher.run import adopt, notify, restarts
-from launcher.rundir import index, journal as journals, launched, ledger, runlock, specdiff
+from launcher.rundir import index, jobrecord, journal as journals, launched, ledger, runlock, specdiff
 from launcher.rundir.record import Record
 from launcher.rundir.watcher import Watchers
 from launcher.words import plural
@@ -64,6 +64,7 @@ class Start:
     resume = False
     taken: dict | None = None  # a take-back's: the verified journal
     inputs: launched.Inputs | None = None  # what launch resume continues from (launch.json)
+    recorded = None  # the job's files to record (``launcher.rundir.jobrecord``), or None
 
     def __init__(self, job, requested: str | None, argv: list, backend: str):
         self.job, self.requested, self.argv, self.backend = job, requested, list(argv), backend
@@ -88,12 +89,15 @@ class Start:
         return restarts.next_attempt(self.dir)
 
     def write_files(self, plan: planning.Plan, first_attempt: int) -> list:
-        """``spec.yaml``, ``job.json`` (``write_run_files``) and ``launch.json``, what the
-        launch was given (``launcher.rundir.launched``); the settings changed since an earlier
-        attempt (none for a fresh run)."""
+        """``spec.yaml``, ``job.json`` (``write_run_files``), ``launch.json``, what the launch
+        was given (``launcher.rundir.launched``), and the job's record (``launcher.rundir.
+        jobrecord``: a new run's, or a resume's with ``--apply-changes``); the settings changed
+        since an earlier attempt (none for a fresh run)."""
         changes = write_run_files(plan, first_attempt if self.resume else 0, self.job)
         if self.inputs is not None:
             launched.write(self.dir, self.inputs)
+        if self.recorded is not None:
+            jobrecord.write(self.dir, self.recorded)
         return changes
 
     def said(self, first_attempt: int) -> str:

@@ -203,10 +203,18 @@ SECTION_ORDER = ("name", "task", "data", "optimizer", "train", "program", "loggi
                  "checkpoint", "restarts", "watchdog", "profile", "notify", "cluster", "secrets")
 
 
-def _read(path: str, flag: str | None = None) -> tuple[Any, dict]:
+def _read(path: str, flag: str | None = None, texts: dict | None = None) -> tuple[Any, dict]:
+    """The settings of the YAML file ``path`` and their lines; ``texts``: the files' texts by
+    path, read instead of the file where it holds ``path`` (the job recorded at a run's
+    start), else given what was read (recorded)."""
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            text = f.read()
+        if texts is not None and isinstance(texts.get(path), str):
+            text = texts[path]
+        else:
+            with open(path, "r", encoding="utf-8") as f:
+                text = f.read()
+            if texts is not None:
+                texts[path] = text
     except OSError as exc:
         where = f"{flag} {path}" if flag else path
         raise SpecError([Problem(where, None, "", f"cannot read: {exc.strerror}; "
@@ -255,7 +263,7 @@ def parse_override(text: str) -> tuple[tuple, Any]:
 
 
 def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] = (), *,
-         registry) -> JobSpec:
+         registry, texts: dict | None = None) -> JobSpec:
     """Read, merge, validate and freeze a job spec.
 
     Args:
@@ -266,6 +274,9 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
       registry: the backends, by ``cluster.backend`` (``names()`` and ``cluster_type(name)``:
         ``launcher.backends``, which the CLI hands in). Spec loading knows no backend of its
         own and imports none: the registry stands on a floor above it.
+      texts: the spec files' texts by path: a file it holds is read from it (the job
+        recorded at a run's start, ``launcher.rundir.jobrecord``), one it does not is read
+        from disk and its text added (recorded); None: the files as they are.
 
     Returns:
       The frozen JobSpec, with ``data.path`` made absolute.
@@ -273,10 +284,10 @@ def load(path: str, cluster_path: str | None = None, overrides: tuple[str, ...] 
     Raises:
       SpecError: listing every problem found (nothing has been started).
     """
-    raw, lines = _read(path)
+    raw, lines = _read(path, texts=texts)
     sources: dict = {}
     if cluster_path is not None:
-        cluster_raw, cluster_lines = _read(cluster_path, "--cluster")
+        cluster_raw, cluster_lines = _read(cluster_path, "--cluster", texts)
         prefix = ()
         if set(cluster_raw) == {"cluster"}:
             cluster_raw, prefix = cluster_raw["cluster"], ("cluster",)
