@@ -19,8 +19,8 @@ import os
 # here for launch --help, which imports no command module, and checked against it
 # (tests/fitness/test_usage_doc.py)
 COMMANDS = {
-    "resume": ("launch", "RUN [--cluster FILE] [--set KEY=VALUE] [--dry-run] [--show IDS] "
-               "[--status-every SECONDS] [--kill-stale] [--detach] [--rehearse]",
+    "resume": ("launch", "RUN [--cluster FILE] [--set KEY=VALUE] [--dry-run] [--apply-changes] "
+               "[--show IDS] [--status-every SECONDS] [--kill-stale] [--detach] [--rehearse]",
                "continue a stopped or failed run from its newest checkpoint, from any "
                "directory, with the job and --set settings it recorded (new --set on top)"),
     "runs": ("runs", "[JOB] [-n N] [--state STATE]", "past and running runs, newest first (a running one's step, "
