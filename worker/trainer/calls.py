@@ -38,6 +38,7 @@ ASSUMED_BYTES_PER_S = 80e9
 STEP_OVERHEAD_S = 5e-6
 UNROLL = 10  # steps per turn of a fused call's device loop (``unroll``)
 DONATE_ABOVE_BYTES = 16 << 20  # a state donated above this size on TPU and GPU (``donate``)
+UNDONATED_MIN_STEPS = 500  # and in calls shorter than this
 CONSTANT_MAX_BYTES = 256 << 20  # a resident batch made a constant up to this size (``constant_batch``)
 
 
@@ -89,15 +90,19 @@ def unroll(steps_per_call: int) -> int:
     return max(1, min(UNROLL, steps_per_call))
 
 
-def donate(platform: str, state_bytes: int) -> bool:
+def donate(platform: str, state_bytes: int, steps_per_call: int = 1) -> bool:
     """Whether a call donates its state (its buffers reused for the new state).
 
-    On CPU devices, and for a state over ``DONATE_ABOVE_BYTES`` (where a second copy during a
-    call costs device memory a model needs), yes. A smaller state on a TPU or GPU is not
-    donated: on a TPU v5e a donated carry was moved between memory spaces on every turn of
-    the device loop, and the 256 x 4 step ran 849k steps/s donated, 918k not (1,000 steps a
-    call, ten a turn; docs/tpu.md)."""
-    return platform == "cpu" or state_bytes > DONATE_ABOVE_BYTES
+    On CPU devices, for a state over ``DONATE_ABOVE_BYTES`` (where a second copy during a
+    call costs device memory a model needs) and for calls of fewer than
+    ``UNDONATED_MIN_STEPS`` steps, yes. Else (a small state, long calls, a TPU or GPU) no: on
+    a TPU v5e a donated carry moved between memory spaces on every turn of the device loop,
+    a state not donated is copied in and out once a call instead, which pays off over long
+    calls only: the 256 x 4 step, ten steps a turn, ran 828k steps/s donated and 915k not at
+    1,000 steps a call, but 581k donated and 512k not at 100 (bench/step_account.py,
+    docs/tpu.md)."""
+    return (platform == "cpu" or state_bytes > DONATE_ABOVE_BYTES
+            or steps_per_call < UNDONATED_MIN_STEPS)
 
 
 def constant_batch(platform: str, num_processes: int, local_device_count: int,

@@ -153,7 +153,7 @@ def begin(identity: contract.Identity, job: jobs.WorkerJob, out) -> Start:
                                           steps_per_call=k, allreduce=job.train.allreduce,
                                           metrics_fn=task.metrics_fn, metrics_every=every,
                                           unroll=calls.unroll(k),
-                                          donate=calls.donate(platform, state_bytes), **baked)
+                                          donate=calls.donate(platform, state_bytes, k), **baked)
     start = Start(cache, task, order, order_key, first_step, k, every, parallel,
                   step_calls.flatten(params, opt_state), step_calls, batches, metric_names)
     out(_start_line(identity.process_id, job, start, sample, weights))

@@ -240,7 +240,7 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
             if count <= 0:
                 return carry
             return jax.lax.fori_loop(0, count, lambda i, c: bare_step(*c, batch_at(begin + i)),
-                                     carry, unroll=max(1, min(unroll, count)))
+                                     carry, unroll=turn_steps(count, unroll))
 
         if not with_metrics:
             return bare_steps(0, steps_per_call, (params, opt_state))
@@ -256,6 +256,15 @@ def step_function(loss_fn: Callable, optimizer: optax.GradientTransformation,
         return params, opt_state, metrics
 
     return fused_steps
+
+
+def turn_steps(count: int, unroll: int) -> int:
+    """Steps per turn of a loop of ``count`` steps unrolled up to ``unroll``: the largest
+    divisor of ``count`` from ``unroll // 2`` to ``unroll`` (a loop whose turns divide its
+    steps has no remainder, which ``fori_loop`` runs as a second loop a step a turn: a row's
+    99 steps between log steps are 11 turns of 9), else ``unroll``."""
+    unroll = max(1, min(unroll, count))
+    return next((u for u in range(unroll, max(1, unroll // 2) - 1, -1) if count % u == 0), unroll)
 
 
 def weighted_means(loss_fn: Callable, metrics_fn: Callable | None,

@@ -14,7 +14,7 @@ import jax  # noqa: E402
 from worker import tasks  # noqa: E402
 from worker.contract import sections  # noqa: E402
 from worker.trainer import calls, parallelism  # noqa: E402
-from worker.trainer.train import make_optimizer  # noqa: E402
+from worker.trainer.train import make_optimizer, turn_steps  # noqa: E402
 
 TASK = tasks.resolve("linear_regression", {})
 OPTIMIZER = make_optimizer(sections.Optimizer(name="sgd", learning_rate=0.1))
@@ -79,9 +79,13 @@ def test_auto_is_jit_where_the_batch_is_a_constant():
 def test_what_chooses_the_forms():
     assert calls.unroll(1) == 1 and calls.unroll(4) == 4 and calls.unroll(1000) == calls.UNROLL
     # donated on CPU devices and above the size a second copy would cost; not a small state on a chip
-    assert calls.donate("cpu", 100)
-    assert not calls.donate("tpu", 100) and not calls.donate("gpu", calls.DONATE_ABOVE_BYTES)
-    assert calls.donate("tpu", calls.DONATE_ABOVE_BYTES + 1)
+    long = calls.UNDONATED_MIN_STEPS
+    assert calls.donate("cpu", 100, long)
+    assert not calls.donate("tpu", 100, long) and not calls.donate("gpu", calls.DONATE_ABOVE_BYTES, long)
+    assert calls.donate("tpu", calls.DONATE_ABOVE_BYTES + 1, long)
+    assert calls.donate("tpu", 100, long - 1)  # a short call: the copies in and out cost more
+    # a loop's turns divide its steps where they can, so that no remainder loop runs
+    assert [turn_steps(n, 10) for n in (99, 999, 100, 9, 97, 1, 14)] == [9, 9, 10, 9, 10, 1, 7]
     ok = dict(platform="tpu", num_processes=1, local_device_count=1, resident=True,
               num_batches=1, batch_bytes=1 << 20)
     assert calls.constant_batch(**ok)
