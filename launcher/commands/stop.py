@@ -70,7 +70,7 @@ def main(argv: list) -> int:
             pid = _taken_back(run_dir)  # a detached run whose supervisor was killed
         except (SpecError, LaunchError) as exc:  # no key, no spec: its processes prove themselves
             why = exc.problems[0].message if isinstance(exc, SpecError) else str(exc)
-            return _stop_proven(run_dir, why, args.timeout)
+            return _stop_proven(run_dir, why, args.timeout_s)
     if pid is None:
         why = (f"has ended (state {value})" if value in names.EXIT_CODES else
                "has no live supervisor on this machine (it was killed, or runs elsewhere: stop "
