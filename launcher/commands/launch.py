@@ -297,8 +297,9 @@ def _closing(args, job, run_dir: str, ending: Ending, console: Console) -> None:
     ledger's line and TensorBoard scalars (over ssh, process 0's tensorboard/ is back by
     then), the attempts' table and the next steps."""
     result, attempts, entries = ending.result, ending.attempts, ending.entries
-    console.block(summary(result))
-    run_ledger = ledger.summary_line(ledger.totals(entries)) if entries else None
+    run = ledger.totals(entries) if entries else None
+    console.block(summary(result, None if run is None else run["wall_s"]))
+    run_ledger = ledger.summary_line(run) if run is not None else None
     if run_ledger is not None:
         console.say(f"{run_ledger} (ledger: {os.path.join(run_dir, ledger.LEDGER_FILE)})")
     if entries and job.logging.tensorboard:

@@ -192,8 +192,12 @@ def compile_text(processes: list) -> str | None:
             f"over {plural(len(seen), 'process')}")
 
 
-def summary(result: Result) -> str:
-    """The end-of-run report; a failure report leads with the first failure's tail."""
+def summary(result: Result, run_s: float | None = None) -> str:
+    """The end-of-run report; a failure report leads with the first failure's tail.
+
+    ``run_s``: the run's seconds over every launch of its run directory (the ledger's), when
+    known: where this launch's own differ (a resume, a take-back), the success says both, as
+    the goodput line that follows it counts the run's."""
     lines = []
     first = result.first_failure
     if first is not None:
@@ -241,11 +245,20 @@ def summary(result: Result) -> str:
     if first is None and not result.interrupted and result.exit_code == 0:
         lost = result.diverged_loss
         lines.append(f"OK: {plural(len(result.processes), 'process')} succeeded in "
-                     f"{result.elapsed_s:.1f}s." if lost is None else
+                     f"{_took(result.elapsed_s, run_s)}." if lost is None else
                      f"DIVERGED: every step ran, but the final loss is {lost}: the training "
                      "diverged (lower optimizer.learning_rate, or look for extreme values in the "
                      "data); launch runs lists the run as diverged.")
     return "\n".join(lines)
+
+
+def _took(elapsed_s: float, run_s: float | None) -> str:
+    """``3.5s``, or ``the run's 98.6 s, 15.2 s of them this launch's`` where the run's seconds
+    over every launch (a take-back, a resume) are not this launch's (a tenth apart, a second
+    at least)."""
+    if run_s is None or abs(run_s - elapsed_s) <= max(1.0, 0.1 * run_s):
+        return f"{elapsed_s:.1f}s"
+    return f"the run's {run_s:.1f} s, {elapsed_s:.1f} s of them this launch's"
 
 
 def final_text(processes: list) -> str | None:

@@ -83,6 +83,11 @@ def test_a_killed_supervisor_is_taken_back_by_one_attach_and_the_run_ends_as_uni
     viewed, said = viewer.stdout.read(), other.stdout.read()
     assert ok == 0, viewed[-3000:]
     assert "OK: 2 processes succeeded" in viewed, viewed[-3000:]
+    # issue 70: the taking launch's seconds beside the run's, the goodput line's (every launch)
+    took = re.search(r"OK: 2 processes succeeded in the run's ([0-9.]+) s, [0-9.]+ s of them "
+                     r"this launch's\.", viewed)
+    counted = re.search(r"goodput [0-9.]+: [0-9.]+ s of the run's ([0-9.]+) s went", viewed)
+    assert took and counted and took[1] == counted[1], viewed[-3000:]
     # the other attach came at once: it found the run without a supervisor too and lost the
     # race for it (refused by name), or it came once the first's supervisor held the run and
     # viewed it; either way the run was taken back once

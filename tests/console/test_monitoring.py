@@ -186,6 +186,19 @@ def test_summary_reports_each_process_compilation_and_the_attempts_slowest():
     assert "compilation" not in summary(Result([_tracked(0, lines=done)], None, False, 1.0))
 
 
+def test_a_success_after_a_take_back_or_resume_says_the_runs_seconds_beside_this_launchs():
+    """Issue 70: after a take-back the summary said ``OK ... in 15.2s`` (this launch's) above
+    ``the run's 98.6 s`` (the ledger's, every launch): a success says both where they differ,
+    and its own alone where they do not."""
+    done = [_progress(50, 0.001, num_steps=100), _progress(100, 0.001, num_steps=100)]
+    result = Result([_tracked(0, lines=done, state=State.SUCCEEDED, exit=Exited(0))], None,
+                    False, 15.24)
+    ok = [line for line in summary(result, 98.6).splitlines() if line.startswith("OK:")]
+    assert ok == ["OK: 1 process succeeded in the run's 98.6 s, 15.2 s of them this launch's."]
+    for run_s in (None, 15.9, 16.1):  # one launch: its ledger's wall is its own, near enough
+        assert "OK: 1 process succeeded in 15.2s." in summary(result, run_s).splitlines()
+
+
 def test_launch_tensorboard_names_the_install_command_when_it_is_missing(tmp_path):
     code = ("import sys; sys.modules['tensorboard'] = None\n"
             "from launcher.cli import main; main(['tensorboard', sys.argv[1]])")
