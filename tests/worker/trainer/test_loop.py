@@ -35,7 +35,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
-from harness.helpers import REPO, launch  # noqa: E402
+from harness.helpers import NO_RESTARTS, REPO, launch  # noqa: E402
 from launcher import backends, logtimes  # noqa: E402
 from launcher import spec as specs  # noqa: E402
 from worker import contract  # noqa: E402
@@ -199,7 +199,10 @@ def test_waits_for_batches_are_the_hosts_own_time_not_jaxs(tmp_path, monkeypatch
 
 def _launched(tmp_path, *settings: str) -> str:
     run_dir = str(tmp_path / "run")
+    # processes out of step (one past the last step, one waiting in a collective for it) fail
+    # the run at the stall, said, with their stacks; not restarted from the last checkpoint
     result = launch("jobs/linear.yaml", "--run-dir", run_dir, "--set", "checkpoint.keep=10",
+                    "--set", "watchdog.stall_timeout_s=30", *NO_RESTARTS,
                     *(a for s in settings for a in ("--set", s)), timeout_s=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     return run_dir
