@@ -8,7 +8,8 @@ with ``-f`` it follows the file from its last lines (``FOLLOW_TAIL``, or ``-n N`
 the UTC time it was written (``launcher.logtimes``): shown with ``-t/--timestamps``, taken
 off otherwise, so the lines read as the console showed them. ``attach`` is the console view
 of a running run again (no times): the last lines, then everything as it comes, until the
-run ends (its exit code) or Ctrl-C (the run goes on). Worker text is shown escaped
+run ends (its exit code) or Ctrl-C (the run goes on); on a terminal the foreground's live
+view (``_LiveView``: its progress line redrawn in place, step lines at its pace). Worker text is shown escaped
 (``lines.printable``): a log's bytes never drive the terminal.
 """
 
@@ -88,8 +89,9 @@ class _Shown:
     come, each without its time unless ``timestamps``; a line longer than ``PIECE_BYTES``
     (one worker's output line of 64 MiB) printed in pieces as it is read, never held whole."""
 
-    def __init__(self, timestamps: bool = False):
+    def __init__(self, timestamps: bool = False, sink=None):
         self.timestamps = timestamps
+        self.sink = sink  # where the text goes (``_LiveView.write``); None: stdout
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.pending = ""  # the line still being written (or read): it waits for its end
         self.mid_line = False  # a piece of the pending line was printed already
@@ -115,8 +117,11 @@ class _Shown:
         if not self.timestamps:  # a line's time is at its start, never inside a piece's
             head, newline, rest = text.partition("\n") if self.mid_line else ("", "", text)
             text = head + newline + logtimes.unstamped(rest)
-        sys.stdout.write(printable(text, keep_newlines=True))
-        sys.stdout.flush()
+        if self.sink is not None:
+            self.sink(printable(text, keep_newlines=True))
+        else:
+            sys.stdout.write(printable(text, keep_newlines=True))
+            sys.stdout.flush()
         self.mid_line = not text.endswith("\n")
 
 
@@ -157,14 +162,65 @@ def tail_offset(f, lines: int) -> int:
         window = min(size, window * 4, TAIL_MAX_BYTES)
 
 
+STATUS_LINE = re.compile(r"^podlaunch: \d+/\d+ running(?: \||$)")  # launcher.log's progress line
+LABEL = re.compile(r"^\[([^\]]+)\] ")  # a worker line's "[p0] "
+
+
+class _LiveView:
+    """``launch attach`` on a terminal: the foreground launch's view. The run's lines above a
+    progress line redrawn in place (``console.StatusLine``) from what its supervisor says now
+    (``console.STATUS_FILE``, every second; launcher.log's own progress lines are left out),
+    step lines at the foreground's pace (``console.pace``)."""
+
+    def __init__(self, run_dir: str):
+        from launcher.console import STATUS_FILE, StatusLine
+        from launcher.console.pace import StepPace
+
+        self.live, self.pace = StatusLine(sys.stdout, tty=True), StepPace()
+        self.status_file = os.path.join(run_dir, STATUS_FILE)
+
+    def write(self, text: str) -> None:
+        shown = []
+        for line in text.splitlines(keepends=True):
+            body = line.rstrip("\n")
+            if STATUS_LINE.match(body):
+                continue
+            label = LABEL.match(body)
+            if label and not self.pace.admit(label.group(1), body[label.end():]):
+                said = self.pace.notice()
+                if said is not None:
+                    shown.append(f"podlaunch: {said}\n")
+                continue
+            shown.append(line)
+        if shown:
+            self.live.write("".join(shown))
+
+    def refresh(self) -> None:
+        """Redraw the progress line from the supervisor's status file, if there is one."""
+        from launcher.console import width
+        from launcher.console.status import fit
+
+        try:
+            text = runfiles.read_regular(self.status_file, limit=4096).strip()
+        except OSError:  # none yet, or gone at the run's end
+            return
+        if text and "\n" not in text:
+            self.live.update(fit(printable(text), width.columns() - 1))
+
+    def end(self) -> None:
+        self.live.end()
+
+
 def follow(run_dir: str, path: str, name: str, tail: int | None = None,
-           timestamps: bool = False, start: int | None = None) -> int:
+           timestamps: bool = False, start: int | None = None, live: bool = False) -> int:
     """Print ``path`` (its last ``tail`` lines when given; from byte ``start`` when given: what
     this terminal showed already is not shown again), then what comes, until no supervisor
     holds the run; returns the run's exit code. The file is opened without following a link
     and only as the user's own (``runfiles.opener``), and read a chunk at a time (``_Shown``:
-    constant memory whatever the log's size)."""
-    shown = _Shown(timestamps)
+    constant memory whatever the log's size). ``live``: the foreground's view on a terminal
+    (``_LiveView``)."""
+    view = _LiveView(run_dir) if live else None
+    shown = _Shown(timestamps, view.write if view else None)
     with _open_log(path) as f:
         if start is not None:
             f.seek(start)
@@ -177,7 +233,11 @@ def follow(run_dir: str, path: str, name: str, tail: int | None = None,
             if not alive:
                 _drain(f, shown)
                 shown.finish()
+                if view is not None:
+                    view.end()
                 return names.final_code(run_dir, name)
+            if view is not None:
+                view.refresh()
             if not got:
                 time.sleep(POLL_S)
 
@@ -262,7 +322,9 @@ def attach_main(argv: list) -> int:
             return code
     try:
         return follow(run_dir, log_file(run_dir, None), args.run, tail=ATTACH_TAIL,
-                      start=handed[0] if handed else None)
+                      start=handed[0] if handed else None, live=sys.stdout.isatty())
     except KeyboardInterrupt:
-        print(f"launch attach: left; the run goes on (`launch attach {args.run}` again)")
+        print(f"\r\x1b[Klaunch attach: left; the run goes on (`launch attach {args.run}` again)"
+              if sys.stdout.isatty() else
+              f"launch attach: left; the run goes on (`launch attach {args.run}` again)")
         return 0

@@ -124,7 +124,7 @@ def _taken_back(run_dir: str) -> int | None:
     journal.read(run_dir)  # SpecError: not trusted, or not a run that can be taken back
     print(f"launch stop: the run's supervisor is gone; taking the run back to stop it in order "
           f"({run_dir})", flush=True)
-    code = adopt.spawn(run_dir)
+    code = adopt.spawn(run_dir, quiet=True)  # what it does, not a replay of the run's lines
     pid = names.supervisor(run_dir)
     if code != 0 or pid is None:
         raise LaunchError(f"the run in {run_dir} could not be taken back to be stopped (exit "

@@ -45,6 +45,8 @@ from worker.contract import notice
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line (ANSI EL)
 HIDDEN_TAIL = 5  # a failed process's last lines kept, to show once it failed
 LOG_STATUS_EVERY_S = 10.0  # the progress line in launcher.log: when did the run stop moving
+STATUS_FILE = "status.txt"  # the progress line now, for launch attach (beside launcher.log)
+STATUS_FILE_EVERY_S = 1.0
 
 
 # How a worker's failure sentence starts: the loop's "failed at step N: ..." and worker/trainer/main.py's
@@ -84,6 +86,8 @@ class Console:
         self._log_lock = threading.Lock()
         self._logged_status_at = -float("inf")
         self.pace = StepPace(clock)  # a terminal's step lines, at a pace a person reads
+        self._status_file = None  # STATUS_FILE, once ``log_to`` named the run directory
+        self._status_written_at = -float("inf")
         # called with (tracked, now) at every status refresh, each rate-limiting itself:
         # run.json's progress (launch runs), a detached launch's hand-off
         self.watchers: list = []
@@ -92,6 +96,7 @@ class Console:
         """Also append launcher messages and the summary to ``path`` (the run's launcher.log)."""
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.log = open(path, "a", encoding="utf-8", errors="replace", opener=runfiles.opener)
+        self._status_file = os.path.join(os.path.dirname(path) or ".", STATUS_FILE)
         if self.live.lost is not None:
             self._log_text(f"podlaunch: {self.live.lost}\n")
 
@@ -176,6 +181,11 @@ class Console:
         return width.fitted(text, width.columns()) if self.live.tty else text
 
     def close(self) -> None:
+        if self._status_file is not None:  # the run's end: no progress line to show
+            try:
+                os.unlink(self._status_file)
+            except OSError:
+                pass
         with self._log_lock:
             if self.log is not None:
                 try:
@@ -190,9 +200,17 @@ class Console:
         for watcher in list(self.watchers):
             watcher(tracked, now)
         to_log = self.log is not None and now - self._logged_status_at >= LOG_STATUS_EVERY_S
-        if not self.live.due() and not to_log:  # the text walks every process: only when shown
+        to_file = (self._status_file is not None
+                   and now - self._status_written_at >= STATUS_FILE_EVERY_S)
+        if not self.live.due() and not to_log and not to_file:  # it walks every process
             return
         text = status_text(tracked, now=now, elapsed_s=now - self.started)
+        if to_file:  # launch attach's progress line, redrawn as the foreground's is
+            self._status_written_at = now
+            try:
+                runfiles.write_whole(self._status_file, text + "\n")
+            except OSError:
+                pass
         self.live.update(status_text(tracked, now=now, elapsed_s=now - self.started,
                                      width=width.columns() - 1) if self.live.tty else text)
         if to_log:

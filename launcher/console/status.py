@@ -101,8 +101,7 @@ def eta_s(t, now: float | None = None) -> float | None:
 # what a status line too wide for the terminal gives up first: the elapsed time, the slowest
 # process's detail (its label stays), the rate, its host (its process id stays), then the
 # slowest process altogether
-FIT_ORDER = (("elapsed", None), ("slowest", "name"), ("rate", None), ("slowest", "id"),
-             ("slowest", None))
+FIT_ORDER = ("elapsed", "slowest detail", "rate", "slowest host", "slowest")
 
 
 def status_text(tracked: Sequence, now: float | None = None, elapsed_s: float | None = None,
@@ -114,66 +113,64 @@ def status_text(tracked: Sequence, now: float | None = None, elapsed_s: float | 
       now: the clock ``Tracked.progress_at`` was read from, now: the ETA counts down between
         progress lines (None: the ETA as of the last one).
       elapsed_s: seconds since the launch started (None: not shown).
-      width: the most characters the line may have (a terminal's columns less one: a line
-        that fills the last column wraps, and a redraw then erases only its last row); parts
-        are given up in ``FIT_ORDER`` until it fits, then it is cut with ``…``. None: whole.
+      width: the most characters the line may have (``fit``). None: whole.
     """
     running = [t for t in tracked if t.state is State.RUNNING]
-    parts: dict = {"head": f"{len(running)}/{len(tracked)} running"}
-    if elapsed_s is not None:
-        parts["elapsed"] = f"elapsed {duration(elapsed_s)}"
+    head = f"{len(running)}/{len(tracked)} running"
+    elapsed = [] if elapsed_s is None else [f"elapsed {duration(elapsed_s)}"]
     reported = [t for t in tracked if t.stats.progress is not None]
     if not reported:
-        parts["waiting"] = "waiting for the first logged step"
-        return _fitted(parts, {}, width)
+        return fit(" | ".join([head] + elapsed + ["waiting for the first logged step"]), width)
     lead = max(reported, key=lambda t: t.stats.progress.step)
     furthest = lead.stats.progress
-    parts = {"head": parts["head"], "step": f"step {furthest.step}/{furthest.num_steps}"}
+    parts = [head, f"step {furthest.step}/{furthest.num_steps}"]
     eta = eta_s(lead, now)
     if eta is not None and furthest.step < furthest.num_steps:
-        parts["ETA"] = f"ETA {duration(eta)}"
-    if elapsed_s is not None:
-        parts["elapsed"] = f"elapsed {duration(elapsed_s)}"
-    parts.update(loss=f"loss {furthest.loss:.4g}", rate=f"{furthest.steps_per_s:.1f} steps/s")
+        parts.append(f"ETA {duration(eta)}")
+    parts += elapsed + [f"loss {furthest.loss:.4g}", f"{furthest.steps_per_s:.1f} steps/s"]
     candidates = running or tracked
     silent = [t for t in candidates if t.stats.progress is None]
     timed = [t for t in candidates if t.stats.progress is not None
              and t.stats.progress.own_step_time_s is not None]
-    slow, detail = None, ""
     if silent:
-        slow, detail = silent[0], "no step logged yet"
+        parts.append(f"slowest {silent[0].plan.label} (no step logged yet)")
     elif timed:
         owns = [t.stats.progress.own_step_time_s for t in timed]
         slow = max(timed, key=lambda t: t.stats.progress.own_step_time_s)
         detail = f"own {_ms(slow.stats.progress.own_step_time_s)} ms/step"
         if len(timed) > 1:
             detail += f"; median {_ms(statistics.median(owns))}"
+        parts.append(f"slowest {slow.plan.label} ({detail})")
     elif candidates:
         slow = min(candidates, key=lambda t: t.stats.progress.step)
-        detail = f"step {slow.stats.progress.step}"
-    forms = {}
-    if slow is not None:
-        parts["slowest"] = f"slowest {slow.plan.label} ({detail})"
-        forms = {("slowest", "name"): f"slowest {slow.plan.label}",
-                 ("slowest", "id"): f"slowest p{slow.plan.process_id}"}
-    return _fitted(parts, forms, width)
+        parts.append(f"slowest {slow.plan.label} (step {slow.stats.progress.step})")
+    return fit(" | ".join(parts), width)
 
 
-def _fitted(parts: dict, forms: dict, width: int | None) -> str:
-    """``parts`` joined by `` | ``, within ``width`` (see ``status_text``)."""
-    text = " | ".join(parts.values())
-    if width is None:
+def fit(text: str, width: int | None) -> str:
+    """A status line (``status_text``'s, or one read back from a run's files) within
+    ``width`` characters: its parts given up in ``FIT_ORDER`` until it fits, then it is cut
+    with ``…``. A terminal's status line is given its columns less one (a line that fills
+    the last column wraps, and a redraw then erases only its last row). None: as it is."""
+    if width is None or len(text) <= width:
         return text
-    for key, form in FIT_ORDER:
+    parts = text.split(" | ")
+    for step in FIT_ORDER:
+        for i, part in enumerate(parts):
+            if step == "elapsed" and part.startswith("elapsed "):
+                parts[i] = ""
+            elif step == "rate" and part.endswith(" steps/s"):
+                parts[i] = ""
+            elif part.startswith("slowest "):
+                label = part[len("slowest "):].split(" (", 1)[0]
+                parts[i] = {"slowest detail": f"slowest {label}",
+                            "slowest host": f"slowest {label.split(' ', 1)[0]}",
+                            "slowest": ""}.get(step, part)
+        parts = [p for p in parts if p]
+        text = " | ".join(parts)
         if len(text) <= width:
             return text
-        if key in parts:
-            if form is None:
-                del parts[key]
-            else:
-                parts[key] = forms.get((key, form), parts[key])
-        text = " | ".join(parts.values())
-    return text if len(text) <= width else text[:max(width - 1, 1)] + "…"
+    return text[:max(width - 1, 1)] + "…"
 
 
 def compile_text(processes: list) -> str | None:

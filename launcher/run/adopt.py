@@ -118,7 +118,8 @@ def take_back(session, plan: planning.Plan, data: dict, console, run_dir: str,
             began, started_at=started, unsupervised=gaps + [(now - gap, now)]), **common)
         console.say(f"taking the run back after {gap:.1f} s without a supervisor: attempt "
                     f"{attempt}'s {plural(len(workers), 'process')}, each proven before anything "
-                    "is signalled; what they printed meanwhile follows")
+                    "is signalled" + ("" if console.show == frozenset() else
+                                      "; what they printed meanwhile follows"))
     if entries:
         ledger.write(run_dir, ledger.read(run_dir) + entries)
     return adopted
@@ -155,26 +156,32 @@ def continue_record(record, data: dict) -> None:
         record._launched = journals.to_mono(float(launched["wall"]), record.clock)
 
 
-def spawn(run_dir: str, handed: list | None = None) -> int:
+QUIET = ("--show", "none")  # a take-back to stop the run: no replay of what workers printed
+
+
+def spawn(run_dir: str, handed: list | None = None, quiet: bool = False) -> int:
     """Start the supervisor that takes the run back: ``launch --adopt RUN_DIR``, what the user
     asked, nothing read from a file (``detach.spawn``; it reads the run's sealed journal itself,
-    ``command``); 0 once it holds the run, else its exit code. ``handed``: ``detach.spawn``'s."""
+    ``command``); 0 once it holds the run, else its exit code. ``handed``: ``detach.spawn``'s.
+    ``quiet`` (``launch stop``): it shows no worker line (``QUIET``), only what it does, and
+    the workers' warnings and errors; their lines are in the logs as ever."""
     from launcher.run import detach
 
-    return detach.spawn(["--adopt", run_dir], quiet=True, handed=handed)
+    return detach.spawn(["--adopt", run_dir, *(QUIET if quiet else ())], quiet=True,
+                        handed=handed)
 
 
 def command(argv: list) -> list:
-    """``--adopt RUN_DIR`` (``spawn``'s supervisor) as the command line the run was started
-    with, from its journal once that proves itself (``journal.read``: the user's own directory,
-    the seal of the user's own launcher for this very directory); the process moves to the
-    directory the run was launched from, which the same sealed journal names.
+    """``--adopt RUN_DIR [--show none]`` (``spawn``'s supervisor) as the command line the run
+    was started with, from its journal once that proves itself (``journal.read``: the user's own
+    directory, the seal of the user's own launcher for this very directory); the process moves
+    to the directory the run was launched from, which the same sealed journal names.
 
     Raises:
       SpecError: ``argv`` is not ``--adopt RUN_DIR``, or the journal is missing, not the
         user's or not sealed for this directory; nothing was started.
     """
-    if len(argv) != 2:
+    if len(argv) != 2 and tuple(argv[2:]) != QUIET:
         raise SpecError([Problem("--adopt", None, "", "takes one run directory and nothing "
                                  "else (`launch attach RUN` starts it)")])
     run_dir = os.path.abspath(argv[1])
@@ -186,4 +193,4 @@ def command(argv: list) -> list:
         raise SpecError([Problem("RUN", None, "", f"the run was launched from {data['cwd']}, "
                                  f"which cannot be entered now ({exc.strerror}); the run cannot "
                                  "be taken back from there")]) from None
-    return [*data["argv"], "--adopt", run_dir]
+    return [*data["argv"], *argv[2:], "--adopt", run_dir]

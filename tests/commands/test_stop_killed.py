@@ -27,6 +27,7 @@ def _start_detached(run_dir) -> None:
 
 def test_stop_of_a_run_whose_supervisor_was_killed_stops_every_process_with_the_agreed_step_saved(
         tmp_path, supervisors):
+    """Also issue 70, item 2: the take-back prints what it does, not the workers' lines."""
     run_dir = tmp_path / "run"
     _start_detached(run_dir)
     killed = supervisor(run_dir)
@@ -42,6 +43,11 @@ def test_stop_of_a_run_whose_supervisor_was_killed_stops_every_process_with_the_
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "taking the run back to stop it in order" in stopped.stdout
     assert "every process is gone (state interrupted)" in stopped.stdout
+    # what matters, not a replay (issue 70: about 60 step lines came first): no worker line,
+    # and the take-back's words without "what they printed meanwhile follows"
+    assert not re.search(r"^\[p\d", stopped.stdout, re.M), stopped.stdout
+    assert "what they printed meanwhile follows" not in stopped.stdout
+    assert "[p0] step " in (run_dir / "launcher.log").read_text()  # the log has every line
     assert run_pids(str(run_dir)) == []
     assert re.search(r"checkpoint of step \d+ saved",
                      (run_dir / "logs" / "process-000.log").read_text())
@@ -64,4 +70,9 @@ def test_stop_of_a_run_whose_supervisor_is_stopped_continues_it_and_it_stops_the
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert f"the run's supervisor (pid {pid}) was stopped (SIGSTOP); continued" in stopped.stdout
     assert "every process is gone (state interrupted)" in stopped.stdout
+    # what matters, not a replay (issue 70: about 60 step lines came first): no worker line,
+    # and the take-back's words without "what they printed meanwhile follows"
+    assert not re.search(r"^\[p\d", stopped.stdout, re.M), stopped.stdout
+    assert "what they printed meanwhile follows" not in stopped.stdout
+    assert "[p0] step " in (run_dir / "launcher.log").read_text()  # the log has every line
     assert run_pids(str(run_dir)) == []
