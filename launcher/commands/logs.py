@@ -20,6 +20,7 @@ import codecs
 import glob
 import os
 import re
+import shlex
 import sys
 import time
 
@@ -301,7 +302,7 @@ def attach_main(argv: list) -> int:
     handed: list = []  # where the supervisor that took the run back left this terminal
     if not alive and value in names.EXIT_CODES:
         raise SpecError([Problem("RUN", None, "", f"the run in {run_dir} has ended (state "
-                                 f"{value}): `launch logs {args.run}` shows it")])
+                                 f"{value}): `launch logs {shlex.quote(run_dir)}` shows it")])
     if not alive:
         from launcher.run import adopt
         from launcher.rundir import journal
@@ -313,18 +314,17 @@ def attach_main(argv: list) -> int:
             code = adopt.spawn(run_dir, handed)
         except KeyboardInterrupt:
             print(f"launch attach: left; the run is being taken back and goes on (`launch attach "
-                  f"{args.run}` again)")
+                  f"{shlex.quote(run_dir)}` again)")
             return 0
         if code != 0:  # its own error said why
             if names.state(run_dir)[1]:
                 print(f"launch attach: another supervisor took the run back first (named above); "
-                      f"`launch attach {args.run}` again views it", flush=True)
+                      f"`launch attach {shlex.quote(run_dir)}` again views it", flush=True)
             return code
     try:
         return follow(run_dir, log_file(run_dir, None), args.run, tail=ATTACH_TAIL,
                       start=handed[0] if handed else None, live=sys.stdout.isatty())
     except KeyboardInterrupt:
-        print(f"\r\x1b[Klaunch attach: left; the run goes on (`launch attach {args.run}` again)"
-              if sys.stdout.isatty() else
-              f"launch attach: left; the run goes on (`launch attach {args.run}` again)")
+        left = f"launch attach: left; the run goes on (`launch attach {shlex.quote(run_dir)}` again)"
+        print(f"\r\x1b[K{left}" if sys.stdout.isatty() else left)  # the progress line erased
         return 0

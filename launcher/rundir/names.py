@@ -12,6 +12,7 @@ for writing per ``/proc/PID/fd`` and ``fdinfo``; only such a process is ever sig
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 
 from launcher import owned, proctl
@@ -179,15 +180,15 @@ def final_code(run_dir: str, name: str) -> int:
 
 
 def after_supervisor(run_dir: str, name: str) -> str:
-    """What to do about a run whose supervisor is gone: a detached run (it kept a journal)
-    is taken back by ``launch attach``; a run started in the foreground ended with its
-    launcher, and ``--resume`` continues it."""
+    """What to do about a run whose supervisor is gone, as a command that works from any
+    directory: a detached run (it kept a journal) is taken back by ``launch attach``; a run
+    started in the foreground ended with its launcher, and ``launch resume`` continues it."""
     from launcher.rundir.journal import JOURNAL_FILE
 
     if os.path.exists(os.path.join(run_dir, JOURNAL_FILE)):
-        return f"its processes may go on: `launch attach {name}` takes them back"
+        return f"its processes may go on: `launch attach {shlex.quote(run_dir)}` takes them back"
     return ("it was started without --detach, so its processes ended with its launcher: "
-            f"`launch resume {name}` continues it from its newest checkpoint")
+            f"`launch resume {shlex.quote(run_dir)}` continues it from its newest checkpoint")
 
 
 def is_run_dir(path: str) -> bool:
