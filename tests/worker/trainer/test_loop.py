@@ -115,6 +115,24 @@ def _timed_within(trained: Trained, since: int = 0) -> float:
     return timed_s
 
 
+def _resumed(run_dir, settings: tuple, at: int) -> Trained:
+    """The run in ``run_dir`` resumed from its checkpoint of step ``at``, as a crash after
+    that save would have left it (the later checkpoints and the params gone)."""
+    for name in os.listdir(os.path.join(run_dir, "checkpoints")):
+        if int(name.split("-")[1]) > at:
+            shutil.rmtree(os.path.join(run_dir, "checkpoints", name))
+    os.remove(os.path.join(run_dir, "params.npz"))
+    resumed = _train(run_dir, *settings, resume=True)
+    assert [r.step for r in resumed.of(wire.Resumed)] == [at]
+    return resumed
+
+
+def _same_params(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=0, err_msg=name)
+
+
 def test_a_long_run_at_one_step_a_call_logs_each_log_step_once_and_saves_each_checkpoint(
         tmp_path):
     """3,000 steps at one step a call on one device (pmap's compiled bare call between the
@@ -130,31 +148,37 @@ def test_a_long_run_at_one_step_a_call_logs_each_log_step_once_and_saves_each_ch
     assert whole.saved == _checkpoints(run_dir) == [1000, 2000, 3000]
     _timed_within(whole)
 
-    for step in (2000, 3000):  # the run as a crash after step 1,000's save left it
-        shutil.rmtree(run_dir / "checkpoints" / f"step-{step:07d}")
-    os.remove(run_dir / "params.npz")
-    resumed = _train(run_dir, *LONG, resume=True)
-    assert [r.step for r in resumed.of(wire.Resumed)] == [1000]
+    resumed = _resumed(run_dir, LONG, at=1000)
     assert resumed.logged == steps[10:], resumed.lines
     assert [row["step"] for row in _rows(run_dir)] == steps + steps[10:]  # appended
     assert resumed.saved == [2000, 3000] and _checkpoints(run_dir) == [1000, 2000, 3000]
     _timed_within(resumed, 1000)
-    for name, value in whole.params.items():
-        np.testing.assert_allclose(resumed.params[name], value, rtol=1e-6, atol=0, err_msg=name)
+    _same_params(resumed.params, whole.params)
 
 
 @pytest.mark.parametrize("parallelism", ["pmap", "jit"])
 def test_fused_calls_log_each_log_step_once_inside_calls_and_save_each_checkpoint(
         tmp_path, parallelism):
-    """Two steps a call, 1,500 calls: log steps every 25 steps (odd ones inside a call, each
-    from its own row), each once and in order; every checkpoint saved."""
-    trained = _train(tmp_path / "run", "train.num_steps=3000", "train.steps_per_call=2",
-                     f"train.parallelism={parallelism}", "logging.log_every_steps=25",
-                     "checkpoint.every_steps=1000", "logging.tensorboard=false")
-    assert "2 steps per call" in trained.lines[0]
-    assert trained.logged == list(range(25, 3001, 25)), trained.lines
-    assert trained.saved == _checkpoints(tmp_path / "run") == [1000, 2000, 3000]
-    _timed_within(trained)
+    """Two steps a call, 1,500 calls over 4 batches kept on the device: log steps every 25
+    steps (odd ones inside a call, each from its own row), each once and in order; every
+    checkpoint saved. Resumed from step 750's (the window's batch 2 first: a call that
+    started at the wrong batch would end at other params), the same."""
+    run_dir = tmp_path / "run"
+    settings = ("train.num_steps=3000", "train.steps_per_call=2", "data.num_examples=1024",
+                "data.resident=true",
+                f"train.parallelism={parallelism}", "logging.log_every_steps=25",
+                "checkpoint.every_steps=750", "checkpoint.keep=4", "logging.tensorboard=false")
+    whole = _train(run_dir, *settings)
+    assert "4 batches of [1, 256, 4] x" in whole.lines[0]
+    assert "2 steps per call" in whole.lines[0] and "resident" in whole.lines[0]
+    assert whole.logged == list(range(25, 3001, 25)), whole.lines
+    assert whole.saved == _checkpoints(run_dir) == [750, 1500, 2250, 3000]
+    _timed_within(whole)
+    resumed = _resumed(run_dir, settings, at=750)
+    assert resumed.logged == list(range(775, 3001, 25)), resumed.lines
+    assert resumed.saved == [1500, 2250, 3000]
+    _timed_within(resumed, 750)
+    _same_params(resumed.params, whole.params)
 
 
 class _Slow:
