@@ -123,10 +123,12 @@ class JobLifecycle:
         return record
 
     def judge(self, job_id: str, ended: Exit, resume_hint: str, limit_s: float = 30.0,
-              lead_s: float = 0.0) -> Exit:
+              lead_s: float = 0.0, time_limit: bool = False) -> Exit:
         """A failed step read against its job: a time limit is ``Final``, a job being
         preempted (or PREEMPTED) is ``Preempted``, one otherwise gone is ``Lost``; else the step's own end. A job Slurm is ending is
-        waited out (``limit_s``) for its state; a read that fails leaves ``ended`` as it is."""
+        waited out (``limit_s``) for its state; a read that fails leaves ``ended`` as it is.
+        ``time_limit``: slurmstepd said it cancelled the step at its time limit, which is the
+        verdict whatever the job's state reads (still RUNNING as its tasks are killed)."""
         deadline = self.clock() + limit_s
         try:
             record = self.read(job_id)
@@ -134,9 +136,11 @@ class JobLifecycle:
                 self.sleep(self.poll_s)
                 record = self.read(job_id)
         except LaunchError:
-            return ended
+            record = None
+            if not time_limit:
+                return ended
         now = phase(record)
-        if now is Phase.TIMEOUT:
+        if now is Phase.TIMEOUT or time_limit:
             return Final(f"Slurm job {job_id} reached its time limit (TIMEOUT; task {ended}): "
                          f"raise cluster.time_limit and continue with --resume {resume_hint}")
         if now is not Phase.RUNNING:

@@ -203,14 +203,15 @@ class SlurmSession(Session):
         self.exclusions.before_resubmission(self.job, self.run_dir)
         self._submit()
 
-    def judge(self, ended: Exit, failed_node: str | None = None) -> Exit:
+    def judge(self, ended: Exit, failed_node: str | None = None, time_limit: bool = False) -> Exit:
         """A failed step read against its job: preemption, node failure, time limit
-        (``JobLifecycle.judge``). The node srun reported failed (``failed_node``), and those
+        (``JobLifecycle.judge``; ``time_limit``: slurmstepd said the step reached it). The node srun reported failed (``failed_node``), and those
         of the job's nodes Slurm holds unfit when a step is lost with its job, are excluded
         when the job is submitted again (``NodeExclusions``)."""
         # the lead is what podlaunch asked of the job it submitted; an allocation's is the user's
         lead_s = self.job.cluster.signal_lead_s if self.mode == "submit" else 0
-        verdict = self.lifecycle.judge(self.job_id, ended, self.run_dir, lead_s=lead_s)
+        verdict = self.lifecycle.judge(self.job_id, ended, self.run_dir, lead_s=lead_s,
+                                       time_limit=time_limit)
         if isinstance(verdict, Lost) and self.nodes:
             self.exclusions.lost(self.nodes, failed_node)
         return verdict

@@ -42,6 +42,9 @@ from worker.contract import profiling, signals, wire
 TASK_END = re.compile(r"^srun: error: (?P<node>\S+): task \d+: (?P<what>.+)$")
 NODE_FAILURE = re.compile(r"^srun: error: Node failure on (?P<node>\S+)$")  # srun then exits 0
 EXITED = re.compile(r"^Exited with exit code (\d+)$")
+# slurmstepd's word that the step (or its job) reached its time limit, relayed by srun:
+# "slurmstepd: error: *** STEP 26.1 ON n2 CANCELLED AT 2026-12-01T10:00:00 DUE TO TIME LIMIT ***"
+TIME_LIMIT = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT \*\*\*")
 EOF_WAIT_S = 1.0
 # Runs the task on its node with its stderr joined to its stdout, so srun's own stderr
 # carries srun's messages alone, and owner-only files (what it writes may hold secrets).
@@ -124,8 +127,13 @@ class SrunWorker:
             self._srun.put(line)
         self._proc.stderr.close()
 
+    time_limit: str | None = None  # slurmstepd's line that the step reached its time limit
+
     def _said_by_srun(self, line: str) -> None:
-        """One line of srun's own stderr: how its task ended, or a node failure, kept."""
+        """One line of srun's own stderr: how its task ended, a node failure, or the step's
+        time limit, kept."""
+        if "DUE TO TIME LIMIT" in line and TIME_LIMIT.search(line):
+            self.time_limit = TIME_LIMIT.search(line).group(0)
         match = TASK_END.match(line)
         failure = NODE_FAILURE.match(line)
         if failure:
@@ -195,11 +203,15 @@ class SrunWorker:
 
     def _verdict(self, code: int) -> Exit:
         """How the task ended, from srun's exit ``code`` and its own lines, read against the job."""
-        if code == 0 and self._ended is None:
+        if code == 0 and self._ended is None and self.time_limit is None:
             return Exited(0)
-        # no "task 0:" line: srun failed itself (no step, the job is gone) or died of a signal
+        # no "task 0:" line: srun failed itself (no step, the job is gone) or died of a signal;
+        # a step Slurm said it cancelled at its time limit is that, whatever its task's end
+        # and in whichever order srun's lines came (an exit 0 read first was a program error)
         ended = self._ended or exit_of(code)
-        return self.judge(ended, self.failed_node) if self.judge else ended
+        if self.judge is None:
+            return ended
+        return self.judge(ended, self.failed_node, time_limit=self.time_limit is not None)
 
     def step(self) -> str | None:
         """This process's step id ``J.S``, once Slurm lists it."""

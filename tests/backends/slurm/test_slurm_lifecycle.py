@@ -119,3 +119,38 @@ def test_a_sigterm_within_the_time_limit_lead_is_the_limit_s_notice_and_final():
                                 ([(0, job("RUNNING", EndTime="Unknown"))], Exited(143), 120)):
         life, _ = follow(script)
         assert life.judge("7", ended, "/runs/r", lead_s=lead) == ended
+
+
+CANCELLED = "slurmstepd: error: *** STEP 26.1 ON n2 CANCELLED AT 2026-12-01T10:00:00 DUE TO TIME LIMIT ***"
+TIMED_OUT = "srun: error: Timed out waiting for job step to complete"
+
+
+@pytest.mark.parametrize("said", [
+    [CANCELLED, TIMED_OUT], [TIMED_OUT, CANCELLED],
+    [TIMED_OUT, "srun: error: n2: task 0: Terminated", CANCELLED],
+    ["srun: error: n2: task 0: Exited with exit code 143", CANCELLED],
+])
+@pytest.mark.parametrize("code", [0, 143])
+def test_a_step_slurm_cancelled_at_its_time_limit_is_final_in_any_order_of_lines(said, code):
+    """Issue 71: in one of two CI runs a job at its time limit was filed as a program error
+    (its task's exit 0 read before the job's state said TIMEOUT): the class depended on which
+    line came first. slurmstepd's line decides it, whatever the order and the job's state as
+    read (still RUNNING while its tasks are killed)."""
+    from launcher.backends.slurm.workers import SrunWorker
+
+    life, _ = follow([(0, job("RUNNING"))])
+    worker = SrunWorker.__new__(SrunWorker)  # srun's lines and exit code alone, no srun
+    worker._ended, worker.failed_node = None, None
+    worker.judge = lambda ended, node, time_limit=False: life.judge("7", ended, "/runs/r",
+                                                                    time_limit=time_limit)
+    for line in said:
+        worker._said_by_srun(line)
+    got = worker._verdict(code)
+    assert type(got) is Final, got
+    assert str(got).startswith("Slurm job 7 reached its time limit (TIMEOUT; task "), got
+    assert "raise cluster.time_limit and continue with --resume /runs/r" in str(got)
+    # without slurmstepd's line, an exit 0 is the task's own (a success, or an early end)
+    plain = SrunWorker.__new__(SrunWorker)
+    plain._ended, plain.failed_node, plain.judge = None, None, worker.judge
+    plain._said_by_srun(TIMED_OUT)
+    assert plain._verdict(0) == Exited(0)
