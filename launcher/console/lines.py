@@ -68,6 +68,12 @@ NOISE = (
     # XLA/TSL C++ INFO lines (glog format: I0000 00:00:1712345678.901234  1234 file.cc:12] ...);
     # their W and E lines are not noise
     Noise("xla info", r"^I\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [\w.\-/]+:\d+\] .*", "] "),
+    # XLA:CPU refusing a compilation cache entry made on another CPU (it compiles anew): each
+    # host has a folder of its own (worker.runtime.compilecache.machine); a cache the user
+    # shares otherwise still costs no console line per process
+    Noise("xla cpu cache entry of another machine",
+          r"^E\d{4} .*cpu_aot_loader\.cc:\d+\] Loading XLA:CPU AOT result\. Target machine "
+          r"feature \S+ is not supported on the host machine.*", "cpu_aot_loader"),
 )
 _NEEDLES = tuple(n.needle for n in NOISE)
 

@@ -114,6 +114,10 @@ def test_noise_is_only_what_users_cannot_act_on():
                           "written to STDERR")
     assert kinds.is_noise("I0000 00:00:1712345678.901234   12345 service.cc:145] XLA service "
                           "0x55d5 initialized for platform Host")
+    # XLA:CPU refusing a cache entry another CPU made (issue 71: some 30 of these on a console)
+    assert kinds.is_noise("E1201 10:00:00.123456   12345 cpu_aot_loader.cc:210] Loading XLA:CPU AOT "
+                          "result. Target machine feature +prefer-no-scatter is not supported on "
+                          "the host machine")
     for line in (progress(10), "E0000 00:00:1712345678.901234   12345 gloo.cc:9] connection reset",
                  "W0000 00:00:1712345678.901234   12345 pjrt.cc:9] slow", "[Gloo] step 3/4 in text",
                  "process 1/4 joined 127.0.0.1:1234", "done"):

@@ -13,6 +13,34 @@ from worker.contract import wire
 JAX_CACHE_DIR_VAR = "JAX_COMPILATION_CACHE_DIR"
 
 
+# /proc/cpuinfo's fields that decide what code XLA compiles for this CPU: its features (flags)
+# and its model, from which LLVM derives tuning features such as +prefer-no-scatter
+CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "flags", "Features", "CPU part")
+
+
+def machine(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This machine's folder in a compilation cache: ``<arch>-<hash of CPU_FIELDS>``.
+
+    JAX's cache key holds the program, the devices and the versions, not the host CPU that
+    XLA:CPU compiles for; hosts of different CPUs sharing one cache (a shared file system)
+    loaded each other's code, and XLA said so on the console of every process that did
+    ("cpu_aot_loader ... Target machine feature +prefer-no-scatter is not supported on the
+    host machine"). Hosts of one CPU share their folder."""
+    import hashlib
+    import platform
+
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            first = f.read(1 << 16).split("\n\n")[0]
+    except OSError:
+        first = ""
+    fields = sorted(line.split(":", 1)[0].strip() + ":" + line.split(":", 1)[1].strip()
+                    for line in first.splitlines()
+                    if ":" in line and line.split(":", 1)[0].strip() in CPU_FIELDS)
+    digest = hashlib.sha256("\n".join(fields).encode()).hexdigest()[:12]
+    return f"{platform.machine() or 'cpu'}-{digest}"
+
+
 class CompilationCache:
     """JAX's persistent compilation cache in the directory the launcher names (or
     ``JAX_COMPILATION_CACHE_DIR``), counted.
@@ -25,7 +53,8 @@ class CompilationCache:
     worker's environment names it instead, as it would for any JAX program: a
     cache a team keeps on a shared filesystem, or one per machine, used by
     every job there.
-    Every attempt of a run uses the same directory, so a restart (or a re-run)
+    Entries go to this machine's folder in it (``machine``): hosts of different CPUs never
+    load each other's code. Every attempt of a run uses the same directory, so a restart (or a re-run)
     loads what was compiled before instead of compiling again; so do the other
     local processes. JAX writes entries from process 0 only: processes on
     other hosts (whose directory is their own) read none and compile as
@@ -49,7 +78,7 @@ class CompilationCache:
             path = os.path.abspath(os.path.expanduser(named))
         self.path = (path or os.path.join(run_dir, contract.COMPILATION_CACHE)) if enabled else "off"
         if enabled:  # off (train.compilation_cache: false): every compile is a miss
-            jax.config.update("jax_compilation_cache_dir", self.path)
+            jax.config.update("jax_compilation_cache_dir", os.path.join(self.path, machine()))
             # The worker's steps compile in well under JAX's default 1 s threshold on
             # small models; a restart should skip those compilations too.
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
