@@ -30,13 +30,25 @@ import numpy as np
 
 from worker.contract import sections
 from worker.data.order import WEIGHT, Order, per_device_rows
-from worker.data.sources import aligned_empty
+from worker.data.sources import DataError, aligned_empty
 
 
 def make_order(data: sections.Data, num_rows: int, global_batch_size: int) -> Order:
-    """The job's ``Order`` over ``num_rows`` rows (``last_batch``, ``shuffle``, ``shuffle_seed``)."""
-    return Order(num_rows, global_batch_size, pad=data.last_batch == "pad",
-                 shuffle=data.shuffle, seed=data.shuffle_seed)
+    """The job's ``Order`` over ``num_rows`` rows (``last_batch``, ``shuffle``, ``shuffle_seed``).
+
+    Raises:
+      DataError: a file too short for one global batch, which the launch checked was not: it
+        was changed since (bad data in one line, not ``Order``'s ValueError and its traceback).
+    """
+    try:
+        return Order(num_rows, global_batch_size, pad=data.last_batch == "pad",
+                     shuffle=data.shuffle, seed=data.shuffle_seed)
+    except ValueError as exc:
+        if data.source == "synthetic":
+            raise
+        raise DataError(f"{data.path}: {exc}, though it could when the launch checked it: was "
+                        "it changed, or still being written, since? copy it whole, then launch "
+                        "again") from None
 
 
 def is_resident(order: Order, resident: bool, prefetch: int, steps_per_call: int = 1) -> bool:

@@ -9,12 +9,13 @@ selection and cycling are checked, not only a full-batch mean.
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
 import numpy as np
 import pytest
 
-from harness.helpers import launch
+from harness.helpers import launch, launched
 
 pytestmark = pytest.mark.slow
 
@@ -135,3 +136,40 @@ def test_a_resume_in_the_middle_of_an_epoch_continues_the_same_batches(tmp_path,
                       y.astype(np.float32).astype(np.float64), batches)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_file_too_short_for_a_batch_since_the_check_is_bad_data_in_one_line(tmp_path):
+    """Issue 71: a .npy replaced after the launch checked it (its rows now short of one global
+    batch) ended in the order's raw ValueError and its traceback, exit 1. ``make_order`` is what
+    every worker builds its batches' order with, from the rows it finds in the file."""
+    from worker.contract import sections
+    from worker.data.batches import make_order
+    from worker.data.sources import DataError
+
+    data = sections.Data(source="file", path=str(tmp_path / "rows.npy"))
+    assert make_order(data, 256, 32).num_batches == 8
+    with pytest.raises(DataError) as said:
+        make_order(data, 10, 32)
+    assert str(said.value).startswith(f"{tmp_path / 'rows.npy'}: 10 rows cannot fill a global "
+                                      "batch of 32, though it could when the launch checked it")
+    with pytest.raises(ValueError):  # synthetic rows are the spec's, checked before the start
+        make_order(sections.Data(source="synthetic"), 10, 32)
+
+
+@pytest.mark.slow
+def test_a_npy_swapped_after_the_check_ends_the_run_in_one_line_of_bad_data(tmp_path):
+    np.save(tmp_path / "data.npy", np.random.default_rng(0).random((256, 5), dtype=np.float32))
+    np.save(tmp_path / "short.npy", np.ones((10, 5), dtype=np.float32))
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: swap\ntask: {name: linear_regression}\n"
+                    "data: {source: file, path: data.npy}\n"
+                    "train: {num_steps: 20, global_batch_size: 32}\ncluster: {num_processes: 2}\n")
+    with launched(str(spec), "--run-dir", str(tmp_path / "run")) as out:
+        out.wait_for(r"^podlaunch: attempt 0: starting", 120)  # checked; the workers read it later
+        os.replace(tmp_path / "short.npy", tmp_path / "data.npy")
+        code, text = out.finish(120)
+    assert code == 1, text[-3000:]
+    assert "Traceback" not in text and "ValueError" not in text, text[-3000:]
+    assert re.search(rf"attempt 0 failed: process_id \d on localhost exited with code 5, bad data "
+                     rf".*: {re.escape(str(tmp_path / 'data.npy'))}: 10 rows cannot fill a global "
+                     rf"batch of 32, though it could when the launch checked it", text), text[-3000:]
