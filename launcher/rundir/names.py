@@ -46,9 +46,8 @@ def resolve(name: str, root: str | None = None, prefer: str = NEWEST) -> str:
     """
     indexed, base = root is None, root or "runs"
     found = _runs_named(name, base, indexed)
-    of_job = (find(base, name, indexed=indexed)
-              if name and os.sep not in name and not os.path.isdir(name) else [])
-    if found and of_job:  # a run and a job of that name
+    of_job = find(base, name, indexed=indexed) if name and os.sep not in name else []
+    if found and of_job and not (os.path.isdir(name) and is_run_dir(name)):  # a run and a job
         raise SpecError([Problem("RUN", None, "", (
             f"{name!r} names a run ({found[0]}) and a job whose newest run is "
             f"{os.path.abspath(of_job[0].run_dir)}: give the run's directory"))])
@@ -76,8 +75,8 @@ def _runs_named(name: str, base: str, indexed: bool) -> list:
     """The run directories (absolute, each once) that ``name`` names as a run: a path, or a
     short name under ``base`` and, ``indexed``, among the user's runs from anywhere (the one
     whose directory ends in ``name``: ``STAMP``, ``JOB/STAMP``)."""
-    if os.path.isdir(name):
-        return [os.path.abspath(name)] if is_run_dir(name) else []
+    if os.path.isdir(name) and is_run_dir(name):
+        return [os.path.abspath(name)]
     candidates = [os.path.join(base, name)]
     try:
         candidates += [os.path.join(base, job, name) for job in sorted(os.listdir(base))]

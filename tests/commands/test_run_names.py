@@ -44,6 +44,8 @@ def test_a_job_s_name_means_its_live_run_for_stop_attach_and_wait(here):
     live = _run(here, "linear", "20261201-090000-000", "running")
     ended = _run(here, "linear", "20261202-090000-000", "succeeded")
     assert names.resolve("linear") == ended  # logs, tensorboard: the newest
+    (here / "linear").mkdir()  # a folder of the user's named like the job is no run
+    assert names.resolve("linear") == ended
     assert names.resolve("linear", prefer=names.LIVE) == live
     second = _run(here, "linear", "20261203-090000-000", "running")
     with pytest.raises(SpecError) as err:  # more than one: listed, none chosen
