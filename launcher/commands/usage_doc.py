@@ -3,7 +3,8 @@
 Two copies are read from it and checked against it (``tests/fitness/test_usage_doc.py``): the
 arguments ``launch --help`` lists for each command (``launcher.commands.COMMANDS``, kept in
 that table because ``launch --help`` imports no command module) and the block of usage lines
-at the top of docs/usage.md. ``python -m launcher.commands.usage_doc`` prints the block.
+at the top of docs/usage.md and under the README's Usage. ``python -m launcher.commands.usage_doc``
+prints the block.
 
 A synopsis is the parser's usage (``argparse``'s ``format_usage``) read back as tokens, its
 positional arguments first, without ``[-h]``.

@@ -121,11 +121,32 @@ def test_a_stopped_run_says_interrupt_reports_the_saved_step_and_ends_with_the_r
 
 
 @pytest.mark.slow
-def test_a_first_success_points_to_runs_more_processes_and_another_cluster(tmp_path):
+def _shape(line: str, here: str) -> str:
+    """A console line as the README's sample is held to it: ``here`` (the run's clone) as
+    ``/path``, the entry point by any path as ``launch``, every number as ``#``, blanks as one,
+    and the largest badput's name (the machine's load decides it) as ``BUCKET``."""
+    line = re.sub(r"(?<!\S)\S*/launch(?=\s|$)", "launch", line.replace(here, "/path"))
+    line = re.sub(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", "#", line)
+    return " ".join(re.sub(r"\(badput\): [^#]+ #", "(badput): BUCKET #", line).split())
+
+
+def test_a_first_success_points_to_runs_more_processes_and_another_cluster(tmp_path,
+                                                                        own_compilation_cache):
+    """Also issue 70, item 8: the README's sample output of its first command, right under
+    it, is this run's output (numbers, paths and the entry point's path aside; the step
+    lines its ``...`` leaves out, and the status lines a pipe gets, aside)."""
     shutil.copytree(os.path.join(REPO, "jobs"), tmp_path / "jobs")
-    first = launch("jobs/linear.yaml", "--set", "train.num_steps=20", cwd=str(tmp_path))
+    first = launch("jobs/linear.yaml", cwd=str(tmp_path))  # the README's first command
     assert first.returncode == 0, first.stdout + first.stderr
     out = first.stdout
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    sample = re.search(r"^```\n(podlaunch: run directory .*?)^```$", readme, re.S | re.M).group(1)
+    head, tail = (part.splitlines() for part in sample.split("\n...\n"))
+    printed = [line for line in out.splitlines() if not line.startswith("podlaunch: status:")]
+    assert [_shape(line, str(tmp_path)) for line in printed[:len(head)] + printed[-len(tail):]] \
+        == [_shape(line, "/path") for line in head + tail], \
+        "README.md's sample under its first command: paste this run's output\n" + "\n".join(printed)
     assert "podlaunch: next steps:" in out, out
     lines = out[out.index("podlaunch: next steps:"):].splitlines()[1:]
     commands = [line.split("podlaunch:   ", 1)[1].split("   ")[0].strip() for line in lines

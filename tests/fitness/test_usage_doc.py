@@ -1,5 +1,5 @@
 """Each command's usage is written once, by its parser: the arguments ``launch --help`` lists
-and docs/usage.md's block of usage lines are copies read from it
+and the blocks of usage lines of docs/usage.md and the README are copies read from it
 (``launcher.commands.usage_doc``), and stay so."""
 
 import os
@@ -32,6 +32,16 @@ def test_the_usage_block_of_docs_usage_md_is_the_parsers():
     start = text.index("```\n") + 4
     assert text[start:text.index("```\n", start)] == usage_doc.block() + "\n", (
         "docs/usage.md: paste the output of python -m launcher.commands.usage_doc")
+
+
+def test_the_usage_block_of_the_readme_is_the_parsers():
+    """Issue 70: the README's own block lacked ``why``, ``logs -t`` and tensorboard's
+    ``--host``/``--port``; it is the parsers' block too."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    start = text.index("```\n", text.index("\n## Usage\n")) + 4
+    assert text[start:text.index("```\n", start)] == usage_doc.block() + "\n", (
+        "README.md's Usage: paste the output of python -m launcher.commands.usage_doc")
 
 
 def test_a_synopsis_is_read_from_the_parser_not_written_beside_it():
