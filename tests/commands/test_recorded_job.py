@@ -76,7 +76,7 @@ def test_stop_without_the_spec_or_the_key_stops_every_process_that_proves_itself
     # a process of the user's that names the run without its secret: said, never signalled
     decoy = subprocess.Popen(["sleep", "120"], env={"PODLAUNCH_RUN_DIR": str(run_dir)})
     try:
-        stopped = _launch("stop", str(run_dir), "--timeout", "60", env=env)
+        stopped = _launch("stop", str(run_dir), "--timeout-s", "60", env=env)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert "stopping the 4 processes that prove themselves the run's by its secret" in \
             stopped.stdout, stopped.stdout

@@ -14,6 +14,7 @@ from typing import Iterator
 
 from launcher import plan as planning
 from launcher import proctl, remote
+from launcher.console import lines
 from launcher.errors import LaunchError
 from launcher.plan import Plan, ProcessPlan
 from launcher.remote import tail, wrapper
@@ -88,10 +89,7 @@ class LocalWorker:
             if self.out_path is not None:
                 yield from self._tailed(lambda: self._proc.poll() is None)
                 return
-            for line in self._proc.stdout:
-                head = self._take(line.rstrip("\n"))
-                if head:
-                    yield head
+            yield from self._taken(lines.stream_lines(self._proc.stdout))
             self._proc.stdout.close()
         finally:
             self._eof.set()
@@ -109,13 +107,30 @@ class LocalWorker:
         """The output file's lines from ``read_to`` to the wrapper's exit report (or its end,
         once the wrapper is gone); ``read_to`` moves past a line once the reader has taken it
         (written it to the process's log)."""
-        for line, end in tail.lines(self.out_path, self.read_to, writer_alive):
-            head = self._take(line)
-            if head:
+        def read():
+            for line, end in tail.lines(self.out_path, self.read_to, writer_alive):
+                yield lines.Piece(line) if end is None else line
+                if end is not None:
+                    self.read_to = end
+                if self._reported is not None:
+                    return
+
+        yield from self._taken(read())
+
+    def _taken(self, items) -> Iterator[str]:
+        """The worker's text of ``items`` (whole lines and a long line's ``Piece``s, in constant
+        memory): the wrapper's control lines taken; a long line's parts passed on as they come,
+        its last part even when empty (the line ends there)."""
+        piece = False
+        for item in items:
+            if isinstance(item, lines.Piece):
+                piece = True
+                yield item
+                continue
+            head = self._take(item)
+            if head or piece:
                 yield head
-            self.read_to = end
-            if self._reported is not None:
-                return
+            piece = False
 
     def journal_entry(self) -> dict:
         """What a supervisor that takes the run back needs of this process (``launcher.rundir.journal``)."""

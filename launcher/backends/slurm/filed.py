@@ -33,6 +33,7 @@ from launcher import plan as planning
 from launcher import owned, proctl
 from launcher.backends.slurm.commands import scrubbed
 from launcher.backends.slurm.workers import EOF_WAIT_S, SrunWorker
+from launcher.console import lines
 from launcher.errors import LaunchError
 from launcher.remote import tail
 from launcher.ends import Exit, Lost
@@ -146,6 +147,9 @@ class FiledWorker(SrunWorker):
             early, self._early = self._early, []
             yield from early
             for line, end in tail.lines(self.out_path, self.read_to, self._alive):
+                if end is None:  # a part of a long line, more to follow: never held whole
+                    yield lines.Piece(line)
+                    continue
                 yield line
                 self.read_to = end
             yield from self._srun_said()

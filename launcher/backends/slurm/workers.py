@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 
 from launcher import proctl
 from launcher.backends.slurm.commands import Slurm, scrubbed
+from launcher.console import lines
 from launcher.errors import LaunchError
 from launcher.plan import ProcessPlan
 from launcher.ends import Exit, exit_of, Exited, Killed, Lost
@@ -183,9 +184,12 @@ class SrunWorker:
     def lines(self) -> Iterator[str]:
         for line in self._early:
             yield line.rstrip("\n")
-        for line in self._proc.stdout:
-            yield from self._srun_lines()
-            yield line.rstrip("\n")
+        within = False  # inside a long line (after a Piece): srun's lines wait for its end
+        for line in lines.stream_lines(self._proc.stdout):  # a long line in pieces
+            if not within:
+                yield from self._srun_lines()
+            yield line
+            within = isinstance(line, lines.Piece)
         self._proc.stdout.close()
         self._srun_reader.join(EOF_WAIT_S * 5)  # srun's last lines say how the task ended
         yield from self._srun_lines()
