@@ -274,7 +274,7 @@ def reattach_of(session: Session) -> Reattach:
         raise SpecError([Problem("RUN", None, "", (
             f"the {session.job.cluster.backend} backend cannot take a run's processes back: "
             "they ended with the supervisor that was killed; continue the run from its last "
-            "checkpoint (`launch JOB.yaml --resume RUN`)"))])
+            "checkpoint (`launch resume RUN`)"))])
     return session.reattach
 
 

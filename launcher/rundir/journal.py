@@ -236,14 +236,14 @@ def read(run_dir: str) -> dict:
                 isinstance(a, str) for a in data["argv"]) or not isinstance(data.get("cwd"), str):
         raise SpecError([Problem("RUN", None, "", (
             f"the run in {run_dir} has no supervisor's journal ({path}): only a run started with "
-            "--detach can be taken back; `launch JOB.yaml --resume RUN` continues it from its "
-            "last checkpoint once its processes are gone"))])
+            f"--detach can be taken back; `launch resume {run_dir}` continues it from its "
+            "newest checkpoint once its processes are gone"))])
     if data.get("adopts") is False:
         raise SpecError([Problem("RUN", None, "", (
             f"the run in {run_dir} was started where its backend ({data.get('backend')}) could "
             "not take a run's processes back (its journal says so): its processes go on "
-            "unwatched; stop them and continue the run from its last checkpoint (`launch "
-            f"JOB.yaml --resume {run_dir} --kill-stale`)"))])
+            "unwatched; stop them and continue the run from its newest checkpoint (`launch "
+            f"resume {run_dir} --kill-stale`)"))])
     return data
 
 

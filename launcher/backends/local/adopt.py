@@ -135,7 +135,7 @@ def adopt(plan: Plan, records: list) -> list:
         raise SpecError([Problem("RUN", None, "", (
             f"the run's journal names no process {', '.join(map(str, missing))} of its attempt "
             f"{plan.processes[0].attempt} (its supervisor was killed while starting them?): "
-            "they cannot be taken back; stop what is left and `launch JOB.yaml --resume RUN`"))])
+            "they cannot be taken back; stop what is left and `launch resume RUN`"))])
     try:
         return [AdoptedWorker(p, by_id[p.process_id]) for p in plan.processes]
     except (KeyError, TypeError, ValueError) as exc:

@@ -28,7 +28,7 @@ ONE_USER = re.compile(r"\((\d+)\)")  # scontrol's UserId=name(uid)
 
 def _refused(text: str) -> SpecError:
     return SpecError([Problem("RUN", None, "", f"{text}: nothing was signalled; cancel what is left "
-                              "of it (scancel) and continue with `launch JOB.yaml --resume RUN`")])
+                              "of it (scancel) and continue with `launch resume RUN`")])
 
 
 @dataclasses.dataclass(frozen=True)

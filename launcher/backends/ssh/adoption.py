@@ -68,7 +68,7 @@ def adopt_all(plan: planning.Plan, channels: dict, settings: SshSettings, consol
                 raise SpecError([Problem("RUN", None, "", (
                     f"process {process.process_id} of the run's attempt {process.attempt} cannot "
                     f"be taken back: {why}; stop what is left and continue the run from its last "
-                    "checkpoint (`launch JOB.yaml --resume RUN --kill-stale`)"))])
+                    "checkpoint (`launch resume RUN --kill-stale`)"))])
             jobs.append((index, c, placement, process, record))
     states = GroupStates(channels)
 
