@@ -92,7 +92,8 @@ def _sane_process() -> None:
     file or pipe opened takes its number: the detached supervisor's pipe became its stdout,
     and a message written to a closed stdout failed a run that succeeded); the signals the
     launcher and its processes need are unblocked and not ignored (``proctl.sane_signals``),
-    but for an ignored SIGHUP (``nohup launch``, kept: the run outlives the terminal)."""
+    but for an ignored SIGHUP (``nohup launch``, kept: the run outlives the terminal); the
+    open-files limit is its hard limit (``proctl.open_files_to_the_hard_limit``)."""
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         try:
             os.fstat(fd)
@@ -105,6 +106,7 @@ def _sane_process() -> None:
             setattr(sys, name, open(fd, mode, encoding="utf-8", errors="replace", closefd=False,
                                     buffering=1 if mode == "w" else -1))
     proctl.sane_signals(keep_ignored=(signal.SIGHUP,))
+    proctl.open_files_to_the_hard_limit()
 
 
 def _stdout_broken() -> bool:

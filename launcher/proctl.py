@@ -191,6 +191,22 @@ def sane_signals(keep_ignored=()):
     return fixed
 
 
+def open_files_to_the_hard_limit():
+    """The open-files limit (``ulimit -n``) raised to its hard limit, for this process and
+    every one it starts (a pipe and a log per worker, JAX's sockets in each): a low soft
+    limit (a runner's 20, a login's 1024) ended runs in gloo's "Too many open files" and
+    launcher logs that could not be opened, though the hard limit allowed far more. What
+    cannot be raised is named where it bites (``worker.contract.causes.exhausted``)."""
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):  # a hard limit the kernel refuses as a soft one (macOS)
+        pass
+
+
 def set_child_subreaper():
     """Make this process the reaper of its orphaned descendants (Linux PR_SET_CHILD_SUBREAPER).
 

@@ -155,6 +155,7 @@ def main(args):
         # the worker inherits this process's mask and ignored signals: as the launcher, the
         # wrapper undoes a runner's (or a host's login's) blocked or ignored SIGTERM first
         proctl.sane_signals()
+        proctl.open_files_to_the_hard_limit()  # the host's login may have a low soft limit
         proctl.set_child_subreaper()
         # What the worker writes on a host (its run directory, checkpoints, metrics, the pid
         # file) may hold the job's secrets: owner-only, whatever the login's umask.

@@ -174,7 +174,9 @@ def classify_one(t: Tracked, retry_exit_codes: tuple = ()) -> Verdict:
     ended, pid = t.exit, t.plan.process_id
     where = f"process_id {pid} on {t.plan.host}"
     explained = causes.said(t.tail) if isinstance(ended, Exited) else None
-    if t.failed_to_join and explained is None:  # not the worker's own words: JAX's timeout
+    # an exhausted limit in its last lines (gloo's socket: Too many open files) is the cause,
+    # not a join that failed because of it ("a configuration or network problem")
+    if t.failed_to_join and explained is None and _ran_out(t.tail) is None:
         try:
             host = split_host_port(t.joining)
         except ValueError:

@@ -101,3 +101,38 @@ def test_a_closed_stdout_changes_no_outcome_attached_or_detached(tmp_path):
         time.sleep(0.2)
     assert not run_pids(str(detached))
     assert re.search(r"^\S+ podlaunch: ", (detached / "launcher.log").read_text(), re.M)
+
+
+def _open_files(soft: int, hard: int):
+    def limit() -> None:
+        import resource
+
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return limit
+
+
+@pytest.mark.parametrize("soft, hard", [(20, 4096), (20, 20)])
+def test_a_low_open_files_limit_is_raised_to_the_hard_one_or_named_as_the_cause(tmp_path, soft,
+                                                                                  hard):
+    """Issue 71: at a low open-files limit 2 of 8 logs were missing and the verdict blamed
+    the network ("could not join the coordinator ... a configuration or network problem").
+    The launcher raises the soft limit to the hard one for itself and every worker; a hard
+    limit too low is named as the cause."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        LAUNCH + ["jobs/linear.yaml", "--set", "cluster.num_processes=8",
+                  "--set", "cluster.devices_per_process=1", "--set", "train.num_steps=10",
+                  "--set", "restarts.max_restarts=0", "--run-dir", str(run_dir)],
+        cwd=REPO, env=env_for_tests(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.DEVNULL, preexec_fn=_open_files(soft, hard))
+    code, text = Output.of(proc).finish(240)
+    if hard > soft:
+        assert code == 0, text[-3000:]
+        assert len(os.listdir(run_dir / "logs")) == 8
+        return
+    assert code == 1, text[-3000:]
+    assert re.search(r"attempt 0 failed: process_id \d on localhost .*a limit of its host that ran "
+                     r"out, which a restart finds run out again: too many open files .*\[final\]",
+                     text), text[-3000:]
+    assert "network problem" not in text, text[-3000:]
