@@ -15,6 +15,7 @@ REGISTRY = {
     "ssh": "launcher.backends.ssh:SshBackend",
     "tpu": "launcher.backends.tpu:TpuBackend",
     "slurm": "launcher.backends.slurm:SlurmBackend",
+    "ray": "launcher.backends.ray:RayBackend",
 }
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import types
 
+from launcher import backends
 from launcher.commands import settings_doc
 from worker.contract import sections
 
@@ -36,8 +37,9 @@ def test_every_setting_has_a_row_with_its_default_type_and_doc():
     assert rows["train.steps_per_call"].startswith(
         "| `train.steps_per_call` | `auto` | integer 1 to 100000 or `auto` | ")
     assert rows["data.last_batch"].startswith("| `data.last_batch` | `drop` | `drop` or `pad` | ")
+    names = [f"`{name}`" for name in backends.names()]  # every one the registry has
     assert rows["cluster.backend"].startswith(
-        "| `cluster.backend` | `local` | `local`, `ssh`, `tpu` or `slurm` | ")
+        f"| `cluster.backend` | `local` | {', '.join(names[:-1])} or {names[-1]} | ")
     assert rows["restarts.max_restarts"].startswith(
         "| `restarts.max_restarts` | `null` | integer 0 to 10000 or null | ")
     assert "[recovery.md](recovery.md#failure-classes-and-their-budgets)" in rows[

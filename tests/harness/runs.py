@@ -26,6 +26,18 @@ SLOW_PROCESS_0 = ("--set", "task.name=faulty_task:make", "--set", "task.args.sle
                   "--set", "task.args.slow_process_id=0")
 
 
+# A run that loses a host (or a node) mid-run, in the tests of every backend that can: 1,024
+# shuffled rows (4 batches of 256 per epoch, so a resume from step 10 or 15 is in the middle of
+# an epoch), a checkpoint every 5 steps, process 0 sleeping on attempt 0 only (so that the test
+# can act while it trains)
+STEPS_LOST = 40
+LOSES_A_HOST = ("--set", f"train.num_steps={STEPS_LOST}", "--set", "data.num_examples=1024",
+                "--set", "data.shuffle=true", "--set", "logging.log_every_steps=5",
+                "--set", "checkpoint.every_steps=5", "--set", "restarts.backoff_s=0.2",
+                "--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.1",
+                "--set", "task.args.slow_process_id=0", "--set", "task.args.slow_attempt=0")
+
+
 def remote_run_dir(workdir, run_dir, job: str = "linear"):
     """A host's copy of the run: ``<workdir>/runs/<job>/<name>`` as podlaunch names it
     (``plan.remote_run_name``: the local name and a hash of its path), a ``Path``."""

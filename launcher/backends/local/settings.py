@@ -34,8 +34,9 @@ class LocalCluster(ClusterSettings):
 
     backend: Literal["local"] = setting(
         "local", doc="local (this machine), ssh (docs/ssh.md: hosts, users, keys, known_hosts, "
-        "workdir, python, setup, sync), tpu (docs/tpu.md: TPU name or slices, zone, project) or "
-        "slurm (docs/slurm.md: in an allocation or by submission; nodes, partition, time limit)")
+        "workdir, python, setup, sync), tpu (docs/tpu.md: TPU name or slices, zone, project), "
+        "slurm (docs/slurm.md: in an allocation or by submission; nodes, partition, time limit) "
+        "or ray (docs/ray.md: a Ray cluster's address, resources per process, strategy)")
     platform: Literal["cpu", "tpu", "gpu", "auto"] = setting(
         "cpu", doc="the devices the processes train on: cpu (CPU devices, the debug mode), tpu "
         "(this machine's TPU chips), gpu (its GPUs) or auto (what JAX would pick: TPU chips if "

@@ -20,19 +20,13 @@ import yaml
 
 from harness.helpers import (PROGRAMS, REPO, checked_ledger, launch, launched, pids_with_env,
                              program_job)
-from harness.runs import assert_same_params, params, remote_run_dir
+from harness.runs import LOSES_A_HOST, STEPS_LOST, assert_same_params, params, remote_run_dir
 from launcher import backends
 
 pytestmark = pytest.mark.slow
 
-STEPS = 40
-# 1,024 shuffled rows: 4 batches of 256 per epoch, so a resume from step 10 or 15 is in the
-# middle of an epoch; process 0 sleeps on attempt 0 only, so the test can act while it trains
-COMMON = ("--set", f"train.num_steps={STEPS}", "--set", "data.num_examples=1024",
-          "--set", "data.shuffle=true", "--set", "logging.log_every_steps=5",
-          "--set", "checkpoint.every_steps=5", "--set", "restarts.backoff_s=0.2",
-          "--set", "task.name=faulty_task:make", "--set", "task.args.sleep_s=0.1",
-          "--set", "task.args.slow_process_id=0", "--set", "task.args.slow_attempt=0")
+STEPS = STEPS_LOST
+COMMON = LOSES_A_HOST
 
 
 def cluster_file(tmp_path, env, num_hosts: int, spares: int = 0, **settings) -> str:
