@@ -382,4 +382,4 @@ LATE_CHECKED = (("task", "name"), ("task", "args"), ("data", "num_examples"),
                 ("cluster", "coordinator_port"), ("program", "argv"),
                 # what names a TPU: a placeholder left there is refused with its line
                 ("cluster", "tpu"), ("cluster", "slices"), ("cluster", "queued_resource"),
-                ("cluster", "project"), ("cluster", "user"))
+                ("cluster", "project"), ("cluster", "user"), ("cluster", "backend"))

@@ -41,23 +41,26 @@ LONG = ("--set", "train.num_steps=1000000", "--set", "train.global_batch_size=25
 
 
 def test_the_quick_start_where_slurm_cannot_be_asked_says_why_in_one_line(tmp_path):
-    """Issue 70: jobs/clusters/slurm-example.yaml on a machine without Slurm's commands, or
-    with them and no configuration (a real sinfo with an empty slurm.conf: its own 'fatal'
-    line), is one line of ours: what failed, what to do, docs/slurm.md; nothing starts."""
-    bare = env_for_tests(PATH=os.path.dirname(sys.executable))  # no sinfo there
+    """Issue 70: jobs/clusters/slurm-example.yaml on a machine without Slurm's commands (bad
+    input, as platform: gpu where no GPU is: exit 2 at the file's line, nothing run), or with
+    them and no configuration (a real sinfo with an empty slurm.conf: its own 'fatal' line,
+    exit 1), is said in our words: what failed, what to do, docs/slurm.md; nothing starts."""
+    bare = env_for_tests(PATH=os.path.dirname(sys.executable))  # no Slurm command there
     empty = tmp_path / "slurm.conf"
     empty.write_text("")
     configless = env_for_tests(SLURM_CONF=str(empty))
-    for env, said in ((bare, "sinfo is not on PATH, so this machine cannot ask Slurm: run launch "
-                       "on a login node of your Slurm cluster or inside salloc there"),
-                      (configless, "sinfo -h -a failed (sinfo: fatal: Unable to process "
-                       "configuration file): this machine has no Slurm configuration")):
+    for env, code, said, end in (
+            (bare, 2, "error: jobs/clusters/slurm-example.yaml:5: cluster.backend: slurm, but "
+             "sinfo, sbatch, srun, squeue, scontrol, scancel are not on PATH here: run launch on a "
+             "login node of your Slurm cluster or inside salloc there", "nothing was started."),
+            (configless, 1, "launch: sinfo -h -a failed (sinfo: fatal: Unable to process "
+             "configuration file): this machine has no Slurm configuration", "(docs/slurm.md)")):
         result = subprocess.run(LAUNCH + ["jobs/linear.yaml", "--cluster",
                                           "jobs/clusters/slurm-example.yaml", "--dry-run"],
                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-        assert result.returncode == 1 and not result.stdout, result.stdout + result.stderr
-        assert result.stderr.startswith(f"launch: {said}") and result.stderr.rstrip().endswith(
-            "(docs/slurm.md)") and len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.returncode == code and not result.stdout, result.stdout + result.stderr
+        assert result.stderr.startswith(said) and result.stderr.rstrip().endswith(end) and \
+            len(result.stderr.splitlines()) == code, result.stderr
 
 
 @pytest.fixture
