@@ -118,6 +118,7 @@ class Tracked:
     exit: Exit | None = None
     ended_at: float | None = None   # when the launcher noticed the exit
     eof_at: float | None = None     # when its output closed: the closest we see to its death
+    seen_end_wall: float | None = None  # this machine's clock (time.time) when either came first
     failed_reported_at: float | None = None  # host time the worker says it caught its error
     last_step: int | None = None
     failed_at_step: bool = False      # last_step came from the worker's own "failed at step" line
@@ -195,6 +196,7 @@ class Tracked:
     def output_closed(self, now: float) -> None:
         """Its output ended at ``now``: the closest the launcher sees to its death."""
         self.eof_at = now
+        self.seen_end_wall = self.seen_end_wall or time.time()
 
     def poll(self, clock: Callable[[], float] = time.monotonic) -> bool:
         """Poll a running worker; when it has ended, record how (SUCCEEDED or FAILED).
@@ -210,6 +212,7 @@ class Tracked:
         if ended.ok and not self._saw_finish() and self._expected_finish():
             ended = EndedEarly(self._early_text(), at=ended.at)
         self.exit, self.ended_at = ended, clock()
+        self.seen_end_wall = self.seen_end_wall or time.time()
         self.state = State.SUCCEEDED if ended.ok else State.FAILED
         return True
 

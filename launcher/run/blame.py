@@ -94,6 +94,20 @@ def stalled(tracked: list, watchdog: Watchdog, started: float, console: Console,
 
 
 READER_JOIN_S = 1.0
+# How far apart two hosts' reports may lie from when this machine saw each end before their
+# clocks are taken to differ (a host without NTP): a report queued behind output on an SSH
+# channel arrives seconds late at most; one host's clock 60 s behind named its victim the
+# cause, and the run an infrastructure fault.
+CLOCKS_AGREE_S = 10.0
+
+
+def clocks_agree(ended: list, host_time: Callable) -> bool:
+    """Whether the hosts' clocks of ``ended`` (each one's ``host_time``) can order their ends:
+    each end's lag, from its host's time to this machine's when it was seen
+    (``Tracked.seen_end_wall``), within ``CLOCKS_AGREE_S`` of every other's. Else the order
+    in which this machine saw them decides."""
+    lags = [t.seen_end_wall - host_time(t) for t in ended if t.seen_end_wall is not None]
+    return len(lags) < 2 or max(lags) - min(lags) <= CLOCKS_AGREE_S
 
 
 def frozen(tracked: list, cause: Tracked) -> Tracked | None:
@@ -168,7 +182,7 @@ def root_cause(tracked: list, output: Output, clock: Callable[[], float],
     def host_time(t: Tracked):
         return t.failed_reported_at if t.failed_reported_at is not None else t.exit.at
 
-    if all(host_time(t) is not None for t in candidates):
+    if all(host_time(t) is not None for t in candidates) and clocks_agree(candidates, host_time):
         # Each host timed its own process's failure: the host clocks (NTP) differ far
         # less than a cascade's milliseconds of traceback printing.
         return min(candidates, key=host_time)

@@ -158,6 +158,21 @@ def test_the_root_cause_is_the_earliest_end_its_host_reported_not_the_first_noti
     assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 1
 
 
+def test_a_host_whose_clock_is_60_s_behind_does_not_lead_the_cascade(tmp_path):
+    """Issue 71: one host's clock 60 s behind named the wrong host first (its victim's end,
+    by its own clock, came before the cause's) and filed the run as an infrastructure fault.
+    Clocks that disagree by more than the lag of a report cannot order ends: the order this
+    machine saw them in decides."""
+    run = Run(tmp_path)
+    run.worker(exit=Exited(1, at=1700000000.10), exit_at=1.0)               # the cause
+    run.worker(exit=Killed(signal.SIGKILL, at=1700000000.30 - 60), exit_at=1.15)  # 60 s behind
+    result = run.supervise()
+    assert result.first_failure is result.processes[0]
+    assert summary(result).startswith("FAILED: process_id 0 on localhost (exit code 1)")
+    verdict = classes.classify(result)
+    assert verdict.process_id == 0 and verdict.failure_class is not FailureClass.INFRASTRUCTURE
+
+
 def test_a_process_that_lost_a_peer_is_a_consequence_even_when_its_time_is_earlier(tmp_path):
     """Under load a wrapper notices its worker's exit late; the victims' own catch times are
     then earlier than the cause's end. Their words say they lost a peer: they do not lead."""
