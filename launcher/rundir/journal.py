@@ -158,7 +158,12 @@ class Journal(RunWatcher):
                                 "gaps": [[to_wall(a, self.clock), to_wall(b, self.clock)]
                                          for a, b in times.unsupervised]},
                          waiting=None)
-        self._marks, self._sizes = [w.read_to for w in self.workers], {}
+        # no reader has run yet: every log holds exactly what precedes its process's offset
+        # (a taken-back one was cut there). Without its size, a supervisor killed again within
+        # EVERY_S left "logged" unset, and the next take-back read again, into the process's
+        # own log, the lines the one before had written (each step line twice).
+        self._marks = [w.read_to for w in self.workers]
+        self._sizes = {w.plan.log_path: _size(w.plan.log_path) for w in self.workers}
         self.write()
 
     def waiting(self, since: float, wait_s: float) -> None:
@@ -206,6 +211,14 @@ class Journal(RunWatcher):
             os.unlink(self.path)
         except OSError:
             pass
+
+
+def _size(path: str) -> int:
+    """The file's size in bytes; 0 when it is not there yet."""
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0
 
 
 def read(run_dir: str) -> dict:

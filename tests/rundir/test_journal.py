@@ -292,3 +292,28 @@ def test_a_taken_back_launchs_duration_counts_from_the_killed_launchs_start_once
     clock.sleep(9.0)
     record.end("succeeded")
     assert json.loads((tmp_path / "run.json").read_text())["duration_s"] == 5.0 + 20.0
+
+
+def test_a_take_back_killed_within_a_second_leaves_each_log_its_size_at_the_offset(tmp_path,
+                                                                                   user_key):
+    """Issue 71: after two quick take-backs a process's own log held step lines twice. The
+    journal written as an attempt's processes start (or are taken back) names each log's size
+    with its offset, not only at the next flush a second later: the next take-back cuts the
+    log there and reads again only what follows."""
+    log = tmp_path / "logs" / "process-000.log"
+    log.parent.mkdir()
+    log.write_text("2026-12-01T10:00:00.000Z step 5/100\n")  # what was logged up to the offset
+
+    class Worker:
+        plan = type("Plan", (), {"log_path": str(log)})()
+        read_to = 120
+
+        def journal_entry(self) -> dict:
+            return {"pid": 1}
+
+    kept = journal.Journal(str(tmp_path), "local", ["jobs/linear.yaml"], str(tmp_path),
+                           key=user_key, nonce="n")
+    kept.started(ledger.Times(0.0, started_at=1.0), [Worker()])
+    [entry] = journal.read(str(tmp_path))["workers"]
+    assert entry == {"pid": 1, "offset": 120, "logged": log.stat().st_size}
+    kept.close()
