@@ -254,9 +254,10 @@ def read(run_dir: str) -> dict:
     if data.get("adopts") is False:
         raise SpecError([Problem("RUN", None, "", (
             f"the run in {run_dir} was started where its backend ({data.get('backend')}) could "
-            "not take a run's processes back (its journal says so): its processes go on "
-            "unwatched; stop them and continue the run from its newest checkpoint (`launch "
-            f"resume {run_dir} --kill-stale`)"))])
+            "not take a run's processes back (its journal says so): they ended with the "
+            "supervisor that was killed (such a backend lets none outlive it: "
+            "launcher.backends.base.Session); continue the run from its newest checkpoint "
+            f"(`launch resume {run_dir}`)"))])
     return data
 
 
