@@ -63,7 +63,17 @@ def spawn(argv: list, cwd: str | None = None, quiet: bool = False,
     from launcher.console.nextsteps import launch_word
 
     launch = launch_word()
-    print(f"podlaunch: detached: the supervisor (pid {child.pid}) goes on without this terminal; "
+    try:
+        _said_started(child.pid, run_dir, launch)
+    except (OSError, ValueError):  # stdout closed or its reader gone (`| head -1`): the run
+        devnull = os.open(os.devnull, os.O_WRONLY)  # started all the same, so this exits 0
+        os.dup2(devnull, 1)  # (Python's own flush of stdout at exit lands here)
+        os.close(devnull)
+    return 0
+
+
+def _said_started(pid: int, run_dir: str, launch: str) -> None:
+    print(f"podlaunch: detached: the supervisor (pid {pid}) goes on without this terminal; "
           f"its console: {os.path.join(run_dir, CONSOLE_FILE)}\n"
           f"run directory {run_dir}\n"
           f"  {launch} logs {run_dir} -f    follow it (exits with the run's exit code)\n"
@@ -71,7 +81,6 @@ def spawn(argv: list, cwd: str | None = None, quiet: bool = False,
           f"  {launch} wait {run_dir}       wait for its end (its exit code; --timeout-s SECONDS: 124)\n"
           f"  {launch} stop {run_dir}       stop it in order (an agreed step saved)\n"
           f"  {launch} runs                 its step, loss and ETA", flush=True)
-    return 0
 
 
 class Handoff:

@@ -101,6 +101,13 @@ def test_a_closed_stdout_changes_no_outcome_attached_or_detached(tmp_path):
         time.sleep(0.2)
     assert not run_pids(str(detached))
     assert re.search(r"^\S+ podlaunch: ", (detached / "launcher.log").read_text(), re.M)
+    # its reader gone at once (`| head -c 1`): the run started, so the command exits 0
+    cut = tmp_path / "cut"
+    started = _shell(f"{launch_cmd} jobs/linear.yaml --set train.num_steps=20 "
+                     f"--set cluster.devices_per_process=1 --run-dir {cut} --detach "
+                     "| head -c 1 >/dev/null; exit ${PIPESTATUS[0]}")
+    assert started.returncode == 0, started.stderr[-3000:]
+    assert launch("wait", str(cut), timeout_s=300).returncode == 0
 
 
 def _open_files(soft: int, hard: int):
