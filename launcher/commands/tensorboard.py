@@ -1,5 +1,6 @@
 """``launch tensorboard [JOB | RUN_DIR]``: serve TensorBoard on a free port and print its URL,
-which opens on the loss and every process's own step time (``FIRST_VIEW``).
+which opens on the loss, the job's own metrics (accuracy) and every process's own step time
+(``FIRST_VIEW``).
 
 With a job's name (or nothing: the job of the newest run; runs are found as every run
 command finds them, ``launcher.rundir.names``)
@@ -341,9 +342,9 @@ def _serve(args, logdir: str, what: str) -> int:
         _wait_ready(f"http://{args.host}:{port}/", proc, args.startup_timeout_s)
         print(f"podlaunch: TensorBoard of {what} at {url}{FIRST_VIEW} (Ctrl-C stops it)",
               flush=True)
-        print(f"podlaunch: it opens on the loss, then each process's own step time, a colour "
-              f"each; every scalar: {url}{EVERY_SCALAR}; TensorBoard's own messages: "
-              f"{output.name}", flush=True)
+        print(f"podlaunch: it opens on the loss, any metric of the job's own (accuracy), then "
+              f"each process's own step time, a colour each; every scalar: {url}{EVERY_SCALAR}; "
+              f"TensorBoard's own messages: {output.name}", flush=True)
         note = profile_note(args.profiled, profile_plugin_installed())
         if note is not None:
             print(note, flush=True)

@@ -150,8 +150,8 @@ def test_tensorboard_opens_on_the_loss_then_each_processs_own_step_time_a_colour
         url = re.search(r"at (http://localhost:\d+/)#custom_scalars \(Ctrl-C stops it\)$",
                         line).group(1)
         said = out.wait_for(r"^podlaunch: it opens on ", 30)
-        assert "the loss, then each process's own step time, a colour each; every scalar: " \
-               f"{url}#timeseries;" in said, said
+        assert ("the loss, any metric of the job's own (accuracy), then each process's own step "
+                f"time, a colour each; every scalar: {url}#timeseries;") in said, said
         with urllib.request.urlopen(url + "data/plugin/custom_scalars/layout", timeout=30) as reply:
             layout = json.load(reply)
         charts = [chart for category in layout["category"] for chart in category["chart"]]
