@@ -67,8 +67,8 @@ WARMUP_FRACTION = 0.05
 
 
 class Check:
-    def __init__(self, out: str, platform: str):
-        self.out, self.platform = out, platform
+    def __init__(self, out: str, platform: str, restart_shape: str = "large"):
+        self.out, self.platform, self.restart_shape = out, platform, restart_shape
         self.runs = os.path.join(out, "runs")
         os.makedirs(self.runs, exist_ok=True)
         self.results: dict = {}
@@ -106,8 +106,10 @@ class Check:
         done = self.launch(self.args("linear"))
         log = _read(os.path.join(run, "logs", "process-000.log"))
         # launch runs lists <root>/<job>/<run>: here every run under OUT/runs
-        runs = self.launch([sys.executable, "-m", "launcher.cli", "runs", "--root",
-                            os.path.dirname(self.runs)])
+        # wide enough for every column (launch runs fits its columns to the terminal's width)
+        runs = subprocess.run([sys.executable, "-m", "launcher.cli", "runs", "--root",
+                               os.path.dirname(self.runs)], cwd=REPO, capture_output=True,
+                              text=True, timeout=300, env={**_env(), "COLUMNS": "400"})
         row = next((line for line in runs.stdout.splitlines()
                     if line.rstrip().endswith(os.path.join("runs", "linear"))), "")
         events = glob.glob(os.path.join(run, "tensorboard", "**", "events.out.tfevents.*"),
@@ -151,8 +153,9 @@ class Check:
         sets = ("train.num_steps=20000", "train.steps_per_call=1", "logging.log_every_steps=100",
                 "checkpoint.every_steps=5000", "checkpoint.local_every_steps=1000",
                 "restarts.backoff_s=0")
-        reference = self.launch(self.args(f"{name}-reference", *sets, shape="large"), 600)
-        proc = self.start(self.args(name, *sets, shape="large"))
+        shape = self.restart_shape
+        reference = self.launch(self.args(f"{name}-reference", *sets, shape=shape), 600)
+        proc = self.start(self.args(name, *sets, shape=shape))
         run = os.path.join(self.runs, name)
         lines = []
         for line in proc.stdout:
@@ -170,7 +173,7 @@ class Check:
         rest, _ = proc.communicate(timeout=600)
         text = "".join(lines) + rest
         if how == "int-launcher":
-            again = self.args(name, *sets, shape="large")
+            again = self.args(name, *sets, shape=shape)
             again[again.index("--run-dir")] = "--resume"  # launch JOB.yaml --resume RUN_DIR
             resumed = self.launch(again, 600)
             text += resumed.stdout + resumed.stderr
@@ -439,10 +442,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="benchmark rounds")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES),
                         help="the benchmark's jobs: seed (256 x 4), large (65,536 x 256)")
+    parser.add_argument("--restart-shape", choices=list(SHAPES), default="large",
+                        help="the job the notice, resume and local-copy checks interrupt "
+                             "(seed for a try on CPU first)")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="the benchmark's steps times this (a try on CPU first: 0.01)")
     args = parser.parse_args()
-    check = Check(os.path.abspath(args.out), args.platform)
+    check = Check(os.path.abspath(args.out), args.platform, args.restart_shape)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {', '.join(args.only)} on "
           f"{args.platform}", flush=True)
     for name in args.only:
