@@ -10,6 +10,7 @@ for what a test must not leave behind: an actor or a placement group still alive
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -43,6 +44,18 @@ print("rayenv-probe " + json.dumps({
                if g["state"] != "REMOVED"],
     "actors": [a.get("Name") or a["ActorID"] for a in state.actors().values()
                if a.get("State") != "DEAD"]}))
+"""
+
+
+HOLD = r"""
+import json, logging, sys
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level=logging.ERROR)
+from ray.util.placement_group import placement_group
+group = placement_group(json.loads(sys.argv[2]), strategy="SPREAD", name="rayenv-hold")
+ray.get(group.ready(), timeout=120)
+print("rayenv-held", flush=True)
+sys.stdin.read()  # until the test is done: the driver's end removes its group
 """
 
 
@@ -129,6 +142,24 @@ class RayTestEnv:
         """The actors and placement groups still alive on the cluster (none after a test)."""
         found = self.probe()
         return {"actors": found["actors"], "groups": found["groups"]}
+
+    @contextlib.contextmanager
+    def holding(self, bundles: list):
+        """Other work on the cluster: a driver of its own holds a placement group of
+        ``bundles`` while the block runs."""
+        proc = subprocess.Popen([sys.executable, "-c", HOLD, self.address, json.dumps(bundles)],
+                                env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert any(line.startswith("rayenv-held") for line in proc.stdout), "not held"
+            yield
+        finally:
+            proc.stdin.close()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
     def stop_node(self, ip: str) -> None:
         """The worker node ``ip`` gone at once: its raylet and every process of it SIGKILLed."""

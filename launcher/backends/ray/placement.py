@@ -17,6 +17,7 @@ from launcher.errors import LaunchError, Problem, SpecError
 from launcher.words import plural
 
 SAY_EVERY_S = 5.0  # the count-down's period
+FIRST_SAY_S = 1.0  # a group reserved sooner says nothing
 POLL_S = 0.2
 
 
@@ -79,6 +80,16 @@ def refuse_impossible(ray, job) -> None:
                              f"{_amount(total_asked)} in all, and {where} has {_amount(total)}"))
     fit = [n for n in nodes if all(n["Resources"].get(k, 0) >= v
                                    for k, v in wanted[-1].items())]
+    # every bundle but process 0's (a slice's head resource) is the same: how many fit a node
+    each = {k: v for k, v in wanted[-1].items() if v > 0}
+    room = sum(min(int(n["Resources"].get(k, 0) // v) for k, v in each.items())
+               for n in nodes) if each else len(wanted)
+    if not problems and room < len(wanted):
+        key = _key_of(min(each, key=lambda k: sum(n["Resources"].get(k, 0) // each[k]
+                                                  for n in nodes)), cluster)
+        problems.append((key, f"{plural(len(wanted), 'bundle')} of {_asked(wanted[-1])} do "
+                         f"not fit: the nodes of {where} hold {room} such bundles at most, "
+                         "whole bundles on one node each"))
     if not problems and cluster.placement_strategy == "STRICT_SPREAD" and len(fit) < len(wanted):
         problems.append(("strategy" if not cluster.tpu_slice else "tpu_slice",
                          f"STRICT_SPREAD puts each of {plural(len(wanted), 'bundle')} on a node "
@@ -98,7 +109,7 @@ def _state(ray, group) -> str:
     return ray.util.placement_group_table(group).get("state", "")
 
 
-def wait_ready(ray, group, job, console, first: bool = False) -> None:
+def wait_ready(ray, group, job, console) -> None:
     """Wait until every bundle of ``group`` is reserved (again, after a node was lost), saying
     how long is left every ``SAY_EVERY_S``.
 
@@ -109,24 +120,25 @@ def wait_ready(ray, group, job, console, first: bool = False) -> None:
     cluster = job.cluster
     timeout_s = cluster.placement_timeout_s
     began = time.monotonic()
-    said = began
+    say_at = began + FIRST_SAY_S
     while _state(ray, group) != "CREATED":
         now = time.monotonic()
         left = timeout_s - (now - began)
         if left <= 0:
-            free = ray.available_resources()
+            free = {k: v for k, v in sorted(ray.available_resources().items())
+                    if not k.startswith("node:") and "memory" not in k}
             release(ray, group)
             raise LaunchError(
                 f"the Ray cluster at {cluster.address} did not reserve the run's "
                 f"{plural(job.num_processes, 'bundle')} ({_asked(cluster.bundle(0))} each, "
                 f"{cluster.placement_strategy}) in {timeout_s:g} s: other work holds what it "
-                f"needs (free now: {_asked({k: v for k, v in sorted(free.items()) if not k.startswith('node:') and 'memory' not in k}) or 'nothing'}); "
-                "free it, or raise cluster.placement_timeout_s")
-        if now - said >= SAY_EVERY_S or (first and now == began):
+                f"needs (free now: {_asked(free) or 'nothing'}); free it, or raise "
+                "cluster.placement_timeout_s")
+        if now >= say_at:
             console.say(f"waiting for the Ray cluster to reserve "
                         f"{plural(job.num_processes, 'bundle')} ({_asked(cluster.bundle(0))} "
                         f"each): {left:.0f} s left (cluster.placement_timeout_s)")
-            said = now
+            say_at = now + SAY_EVERY_S
         time.sleep(POLL_S)
 
 
@@ -168,4 +180,7 @@ def describe(job, name: str, nodes: list, address: str) -> str:
         role = " (coordinator)" if i == 0 else ""
         lines.append(f"  bundle {i}: {_asked(cluster.bundle(i))} on node {node} -> "
                      f"process {i}{role}")
+    if not cluster.coordinator_port:
+        lines.append(f"  coordinator: on node {nodes[0]}, a port free there picked at start "
+                     "(the plan below says :0)")
     return "\n".join(lines)

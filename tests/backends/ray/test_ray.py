@@ -102,6 +102,9 @@ def test_an_impossible_request_is_refused_before_anything_starts(tmp_path, ray_e
          "devices_per_process", "a process asks for TPU 4, and no node of the Ray cluster"),
         (("--set", "cluster.cpus_per_process=3"),
          "cpus_per_process", "a process asks for CPU 3, and no node of the Ray cluster"),
+        (("--set", "cluster.num_processes=3", "--set", "cluster.devices_per_process=1",
+          "--set", "cluster.cpus_per_process=1.2", "--set", "train.global_batch_size=96"),
+         "cpus_per_process", "3 bundles of CPU 1.2 do not fit: the nodes of the Ray cluster"),
         (("--set", "cluster.num_processes=4", "--set", "cluster.devices_per_process=1",
           "--set", "cluster.strategy=STRICT_SPREAD"),
          "strategy", "STRICT_SPREAD puts each of 4 bundles on a node of its own, and only 2 "
@@ -113,6 +116,21 @@ def test_an_impossible_request_is_refused_before_anything_starts(tmp_path, ray_e
             result.stderr
         assert "Traceback" not in result.stderr and "step 1" not in result.stdout
         assert ray_env.left() == {"actors": [], "groups": []}
+
+
+def test_a_group_the_cluster_cannot_hold_now_waits_with_a_count_down(tmp_path, ray_env):
+    with ray_env.holding([{"CPU": 2}, {"CPU": 2}]):  # other work holds every CPU
+        result = launch("jobs/linear.yaml", "--cluster",
+                        cluster_file(tmp_path, ray_env, placement_timeout_s=7),
+                        "--run-dir", str(tmp_path / "run"), timeout_s=120)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    said = re.findall(r"^podlaunch: waiting for the Ray cluster to reserve 2 bundles \(CPU 1 "
+                      r"each\): (\d) s left \(cluster\.placement_timeout_s\)$", result.stdout, re.M)
+    assert len(said) == 2 and int(said[0]) > int(said[1]), result.stdout  # at 1 s, then 6 s
+    assert (f"the Ray cluster at {ray_env.address} did not reserve the run's 2 bundles (CPU 1 "
+            "each, SPREAD) in 7 s: other work holds what it needs (free now: ") in result.stderr, \
+        result.stderr
+    assert "Traceback" not in result.stderr and "step 1" not in result.stdout
 
 
 def test_a_worker_killed_mid_run_restarts_to_the_uninterrupted_params(tmp_path, ray_env,
