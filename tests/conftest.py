@@ -65,7 +65,7 @@ from harness.runs import params  # noqa: E402
 
 # What a fixture starts, read from its source once: the harness it calls
 STARTS = {"sshd": ("hosts_or_skip", "SshTestEnv("), "slurm": ("SlurmTestEnv(",),
-          "netns": ("netns.", "namespaces=")}
+          "netns": ("netns.", "namespaces="), "ray": ("RayTestEnv(",)}
 _starts: dict = {}
 
 
@@ -83,7 +83,8 @@ def _what(fixturedef) -> set:
 def pytest_configure(config):
     for mark, words in (("sshd", "real OpenSSH servers on loopback addresses"),
                         ("slurm", "a real Slurm cluster (slurmctld, slurmd, munge)"),
-                        ("netns", "network namespaces (unshare -n)")):
+                        ("netns", "network namespaces (unshare -n)"),
+                        ("ray", "a real Ray cluster (a head and two worker nodes on loopback)")):
         config.addinivalue_line("markers", f"{mark}: starts {words} (set from its fixtures)")
 
 
