@@ -20,7 +20,7 @@ from worker import contract, program
 from worker.contract import wire
 from worker.contract import job as jobs
 from worker.recovery import checkpoint
-from worker.runtime import interrupts
+from worker.runtime import channel, interrupts
 from worker.contract.metrics import STEP_METRICS
 from worker.telemetry.metrics import StepLogger
 from worker.telemetry.tracker import METRICS_FILE, JsonlTracker
@@ -112,12 +112,12 @@ def test_a_sigterm_during_a_program_log_step_loses_no_record(sigterm_handler, tm
     reporter = program._Reporter(_identity(tmp_path), job, num_steps=100)
     printed = []
 
-    def fake_print(text="", **kwargs):  # program.py's print; the TERM arrives during step 20's
+    def fake_say(text=""):  # program.py's lines for the launcher; the TERM arrives during step 20's
         printed.append(text)
         if str(text).startswith("step 20/"):
             _term_self()
 
-    monkeypatch.setattr(program, "print", fake_print, raising=False)
+    monkeypatch.setattr(channel, "say", fake_say)
     with pytest.raises(SystemExit) as raised:
         try:
             for step in range(1, 31):
