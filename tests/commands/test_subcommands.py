@@ -210,7 +210,7 @@ def test_a_run_started_in_another_directory_is_listed_and_named_from_anywhere(tm
     state, here, there = tmp_path / "state", tmp_path / "here", tmp_path / "there"
     for folder in (state, here, there):
         folder.mkdir(mode=0o700)
-    env = env_for_tests(XDG_STATE_HOME=str(state), JAX_PLATFORMS="cpu", COLUMNS="200")
+    env = env_for_tests(XDG_STATE_HOME=str(state), JAX_PLATFORMS="cpu", COLUMNS="400")  # the run dir column too
     job = os.path.join(REPO, "jobs", "linear.yaml")
 
     def launch(*args, cwd):
