@@ -43,6 +43,10 @@ from worker.contract import wire  # noqa: E402
 from worker.data import sources  # noqa: E402
 from worker.telemetry.tracker import METRICS_FILE  # noqa: E402
 
+# a run that hangs fails in minutes, not at the suite's timeout (a quiet run past the last
+# step waits forever for a batch nobody reads: issue 69's planted bound did)
+pytestmark = pytest.mark.timeout(150)
+
 # one process of this process's one CPU device, no persistent compilation cache (it is JAX's
 # global setting: this process's other tests keep theirs)
 IN_PROCESS = ("cluster.num_processes=1", "cluster.devices_per_process=1",
