@@ -6,6 +6,7 @@ checkpoint."""
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Iterator
 
@@ -70,6 +71,8 @@ class RayWorker:
 
 
 def gone_why(exc: BaseException) -> str:
-    """Ray's error in one line: its class and the first line of its text."""
+    """Ray's error in one line: its class and the first sentence of its text, without the
+    actor's id (``ActorUnavailableError: The actor is unavailable: ... Socket closed``)."""
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    return f"{type(exc).__name__}: {first}"[:300]
+    first = re.sub(r"\b(actor|Actor) [0-9a-f]{16,} ", r"\1 ", first).split(". ", 1)[0]
+    return f"{type(exc).__name__}: {first}"[:200]

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.slow
 
 STEPS = STEPS_LOST
 COMMON = LOSES_A_HOST  # as the ssh spares' tests
+# process 0 slower on attempt 0 (12 s for the 40 steps): a node stopped at step 10 is stopped
+# before the run ends even on a busy machine (the same params: sleeping changes no number)
+SLOWER = ("--set", "task.args.sleep_s=0.3")
 
 @pytest.fixture(scope="module")
 def ray_cluster():
@@ -163,7 +166,7 @@ def test_a_worker_node_stopped_mid_run_restarts_from_the_agreed_checkpoint(tmp_p
     run_dir = tmp_path / "run"
     with launched("jobs/linear.yaml", "--cluster", cluster_file(tmp_path, ray_env,
                                                                devices_per_process=1),
-                  *COMMON, "--show", "all", "--run-dir", str(run_dir)) as out:
+                  *COMMON, *SLOWER, "--show", "all", "--run-dir", str(run_dir)) as out:
         node = out.wait_for(r"^\[p1 (127\.0\.0\.[23])\] step 10/", 180)
         node = re.search(r"^\[p1 (127\.0\.0\.[23])\] step 10/", node, re.M)[1]
         ray_env.stop_node(node)
@@ -173,7 +176,8 @@ def test_a_worker_node_stopped_mid_run_restarts_from_the_agreed_checkpoint(tmp_p
                      text), text[-5000:]
     assert re.search(r"attempt 1 \(infrastructure restart 1 of 10.*\): starting 2 processes",
                      text), text[-5000:]
-    assert re.search(r"resumed from the checkpoint of step (10|15|20|25) \(attempt 1\)", text), \
+    assert re.search(r"resumed from the checkpoint of step (10|15|20|25|30|35) \(attempt 1\)",
+                     text), \
         text[-5000:]
     assert_same_params(params(run_dir), reference_params(
         *COMMON, "--set", "cluster.devices_per_process=1"))
