@@ -323,8 +323,10 @@ class Loop:
             state, _ = self.timed_step(state, get(step - k), step - k + 1, step)
             return state, step + k
         began, first, waited_s = clock(), step, start.batches.waited_s
-        last = min(quiet.until - 1, step + k * (min(in_flight.max_calls,
-                                                    in_flight.ahead_calls(k)) - 1))
+        # never past the run's last step, whatever the periods say (a quiet run past it left
+        # one process training on while its peers waited in a collective for a stall's kill)
+        last = min(quiet.until - 1, self.job.train.num_steps,
+                   step + k * (min(in_flight.max_calls, in_flight.ahead_calls(k)) - 1))
         passes = notice.passes if notice is not None else None
         try:
             while step <= last:
