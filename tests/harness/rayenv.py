@@ -92,10 +92,11 @@ class RayTestEnv:
                                      f"--num-cpus={self.head_cpus}", "--include-dashboard=false",
                                      f"--temp-dir={self.temp}",
                                      f"--system-config={json.dumps(SYSTEM_CONFIG)}"])
-                self.wait_nodes(1)
-            for n, ip in enumerate(self.worker_ips):  # one at a time: two at once overload
-                self.start_worker(ip)                   # the GCS of a busy 2-core machine
-                self.wait_nodes(2 + n)
+                self._wait_started("head")
+            for ip in self.worker_ips:  # one at a time: two at once overload the GCS of a
+                self.start_worker(ip)   # busy 2-core machine
+                self._wait_started(ip)
+            self.wait_nodes(1 + len(self.worker_ips))
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -114,6 +115,19 @@ class RayTestEnv:
         cpus = self.worker_cpus[self.worker_ips.index(ip)]
         self._start(ip, [f"--address={self.address}", f"--node-ip-address={ip}",
                          f"--num-cpus={cpus}"])
+
+    def _wait_started(self, name: str, timeout_s: float = 300) -> None:
+        """Until ``ray start`` of node ``name`` says it runs (read from its log: a driver that
+        asks the cluster costs about a CPU-second each time)."""
+        path = os.path.join(self.temp, f"{name}.log")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with open(path, errors="replace") as f:
+                if "Ray runtime started" in f.read():
+                    return
+            assert self.nodes[name].poll() is None, f"node {name} ended:\n{self.logs()}"
+            assert time.monotonic() < deadline, f"node {name} not started:\n{self.logs()}"
+            time.sleep(0.5)
 
     def probe(self, tries: int = 3) -> dict:
         """What a driver of its own reads of the cluster; tried again where it could not
@@ -136,7 +150,7 @@ class RayTestEnv:
             if len(found) == count or time.monotonic() > deadline:
                 assert len(found) == count, (found, self.logs())
                 return found
-            time.sleep(1)
+            time.sleep(2)
 
     def left(self) -> dict:
         """The actors and placement groups still alive on the cluster (none after a test)."""
@@ -168,10 +182,12 @@ class RayTestEnv:
 
     def restore(self) -> None:
         """Every worker node a test stopped started again."""
-        for ip in self.worker_ips:
-            if ip not in self.nodes:
-                self.start_worker(ip)
-                self.wait_nodes(1 + sum(w in self.nodes for w in self.worker_ips))
+        gone = [ip for ip in self.worker_ips if ip not in self.nodes]
+        for ip in gone:
+            self.start_worker(ip)
+            self._wait_started(ip)
+        if gone:
+            self.wait_nodes(1 + len(self.worker_ips))
 
     def logs(self) -> str:
         out = []
