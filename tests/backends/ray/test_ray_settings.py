@@ -50,3 +50,25 @@ def test_bad_input_is_refused_on_load_naming_the_key(tmp_path, text, message):
     with pytest.raises(SpecError) as err:
         _load(tmp_path, text)
     assert message in str(err.value), str(err.value)
+
+
+def test_a_node_unlike_the_launcher_is_named_with_what_differs():
+    """The preflight's verdict on one actor's facts (``session.unfit``): the same Python
+    major.minor, jax, jaxlib and podlaunch as the launcher, the run directory seen there, the
+    coordinator port free."""
+    import importlib.metadata
+    import platform
+
+    from launcher.backends.ray.session import unfit
+
+    same = {name: importlib.metadata.version(name) for name in ("jax", "jaxlib", "podlaunch")}
+    here = {"python": "/venv/bin/python", "python_version": platform.python_version(),
+            "run_dir_seen": True, **same}
+    assert unfit(here) == []
+    found = unfit({**here, "python_version": "3.9.1", "jax": "0.4.1", "run_dir_seen": False,
+                   "port_error": "port 1234 is in use"})
+    assert found[0].startswith("Python 3.9.1 (/venv/bin/python), the launcher's ")
+    assert f"jax 0.4.1, the launcher's {same['jax']}: install the same in the node's Python" \
+        in found
+    assert any(f.startswith("does not see the run directory") for f in found), found
+    assert any(f.startswith("coordinator port: port 1234 is in use") for f in found), found
