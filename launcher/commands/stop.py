@@ -23,6 +23,7 @@ from launcher import proctl
 from launcher.console import nextsteps
 from launcher.rundir import names, specdiff
 from launcher.errors import LaunchError, Problem, SpecError
+from launcher.words import plural
 from worker import contract
 
 POLL_S = 0.1
@@ -157,7 +158,7 @@ def _stop_proven(run_dir: str, why: str, timeout_s: float) -> int:
     # the wrappers' workers (each a process group of its own): TERM is their notice
     workers = [p for p in proven if parent[p] in wrappers]
     print(f"launch stop: the run cannot be taken back ({why}); stopping the "
-          f"{len(proven)} processes that prove themselves the run's by its secret (pid "
+          f"{plural(len(proven), 'process')} that prove themselves the run's by its secret (pid "
           f"{', '.join(map(str, proven))}): TERM to each worker as a preemption notice, KILL "
           f"at {timeout_s:g} s{unsaid}", flush=True)
 
