@@ -16,6 +16,7 @@ import shlex
 import stat
 
 from launcher import owned, proctl
+from launcher.words import plural
 from launcher.rundir import index, runlock
 from launcher.rundir.record import RUN_FILE, read, read_record
 from launcher.errors import Problem, SpecError
@@ -101,7 +102,7 @@ def _chosen(job: str, runs: list, prefer: str):
         live = [r for r in runs if r.state == "running"]
         if len(live) > 1:
             raise SpecError([Problem("RUN", None, "", (
-                f"job {job!r} has {len(live)} runs running: "
+                f"job {job!r} has {plural(len(live), 'run')} running: "
                 + ", ".join(short(r.run_dir) for r in live)
                 + "; name one of them (or its directory)"))])
         if live:

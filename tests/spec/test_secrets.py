@@ -97,11 +97,12 @@ def test_a_set_flag_s_secrets_are_masked_in_the_commands_printed_and_the_run_loc
     assert lines[-1].endswith("launch resume /runs/r1") and "pw-" not in "".join(lines), lines
     diverged = types.SimpleNamespace(repeats=True, why="the loss is inf: lower "
                                      "optimizer.learning_rate")
+    # the run's rate 0.5, the job file's not known: a hundredth (launcher.console.nextsteps.lower_rate)
     lines = nextsteps.closing("jobs/linear.yaml", "/runs/r1", 1, False, overrides=sets,
-                              secrets=("TEAM",), failure=diverged)
+                              secrets=("TEAM",), failure=diverged, rates=(0.5, None))
     command = lines[-1]
     assert not re.findall(r"pw-[a-z]+-\d", command), command
-    assert "MODE: fast" in command and "optimizer.learning_rate=0.05" in command
+    assert "MODE: fast" in command and "optimizer.learning_rate=0.005" in command
     assert command.endswith("(secrets shown as ****: give their values again)")
     # the run lock's record of the command line (launcher.rundir.runlock)
     locked = " ".join(redact.masked_argv([part for s in sets[:4] for part in ("--set", s)]))
