@@ -42,9 +42,11 @@ def ray_cluster():
 
 @pytest.fixture
 def ray_env(ray_cluster):
-    """The module's cluster, every worker node back after the test, and nothing left on it."""
-    yield ray_cluster
+    """The module's cluster with every worker node (one a test before stopped started again:
+    the module's last test stops one, and nothing starts it again for nothing), and nothing
+    left on it after the test."""
     ray_cluster.restore()
+    yield ray_cluster
     deadline = time.monotonic() + 30  # a lost node's actors are told dead within seconds
     while (left := ray_cluster.left()) != {"actors": [], "groups": []} \
             and time.monotonic() < deadline:
@@ -157,6 +159,23 @@ def test_a_worker_killed_mid_run_restarts_to_the_uninterrupted_params(tmp_path, 
     assert not run_pids(str(run_dir))
 
 
+def test_a_killed_launcher_leaves_no_actor_group_or_process(tmp_path, ray_env):
+    run_dir = tmp_path / "run"
+    with launched("jobs/linear.yaml", "--cluster", cluster_file(tmp_path, ray_env,
+                                                               devices_per_process=1),
+                  *COMMON, "--set", "train.num_steps=100000", "--run-dir", str(run_dir)) as out:
+        out.wait_for(r"^\[p0 127\.0\.0\.[23]\] step 10/", 180)
+        assert len(run_pids(str(run_dir))) == 2
+        out.proc.send_signal(signal.SIGKILL)
+        out.proc.wait(10)
+    deadline = time.monotonic() + 60  # Ray tells the driver's end, then kills its actors
+    while (run_pids(str(run_dir)) or ray_env.left() != {"actors": [], "groups": []}) \
+            and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not run_pids(str(run_dir))
+    assert ray_env.left() == {"actors": [], "groups": []}
+
+
 def test_a_worker_node_stopped_mid_run_restarts_from_the_agreed_checkpoint(tmp_path, ray_env,
                                                                           reference_params):
     """Process 1's node (its raylet and every process of it) SIGKILLed at step 10 or after: its
@@ -182,20 +201,3 @@ def test_a_worker_node_stopped_mid_run_restarts_from_the_agreed_checkpoint(tmp_p
     assert_same_params(params(run_dir), reference_params(
         *COMMON, "--set", "cluster.devices_per_process=1"))
     assert not run_pids(str(run_dir))
-
-
-def test_a_killed_launcher_leaves_no_actor_group_or_process(tmp_path, ray_env):
-    run_dir = tmp_path / "run"
-    with launched("jobs/linear.yaml", "--cluster", cluster_file(tmp_path, ray_env,
-                                                               devices_per_process=1),
-                  *COMMON, "--set", "train.num_steps=100000", "--run-dir", str(run_dir)) as out:
-        out.wait_for(r"^\[p0 127\.0\.0\.[23]\] step 10/", 180)
-        assert len(run_pids(str(run_dir))) == 2
-        out.proc.send_signal(signal.SIGKILL)
-        out.proc.wait(10)
-    deadline = time.monotonic() + 60  # Ray tells the driver's end, then kills its actors
-    while (run_pids(str(run_dir)) or ray_env.left() != {"actors": [], "groups": []}) \
-            and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not run_pids(str(run_dir))
-    assert ray_env.left() == {"actors": [], "groups": []}
