@@ -19,7 +19,7 @@ from launcher.errors import LaunchError
 from launcher.plan import Plan, ProcessPlan
 from launcher.remote import tail, wrapper
 from launcher.ends import Exit, exit_of
-from worker.contract import profiling, runfiles, signals
+from worker.contract import causes, profiling, runfiles, signals
 
 HOST = "127.0.0.1"
 
@@ -68,7 +68,7 @@ class LocalWorker:
                 env=inherited)
         except OSError as exc:
             raise LaunchError(f"cannot start process_id {plan.process_id}: {plan.argv[0]}: "
-                              f"{exc.strerror}") from None
+                              f"{causes.exhausted(exc) or exc.strerror}") from None
         finally:
             if out_path is not None and out != subprocess.PIPE:
                 os.close(out)

@@ -38,7 +38,7 @@ from launcher.errors import LaunchError
 from launcher.remote import tail
 from launcher.ends import Exit, Lost
 from worker import contract
-from worker.contract import runfiles, wire
+from worker.contract import causes, runfiles, wire
 
 REPORT = re.compile(r"^podlaunch-srun-exit (\d+)$")
 # srun a child of sh, which reports its exit code; a signal to the holder's group reaches srun
@@ -99,7 +99,7 @@ class FiledWorker(SrunWorker):
                 errors="replace", bufsize=1)
         except OSError as exc:
             raise LaunchError(f"cannot start srun for process_id {plan.process_id}: "
-                              f"{exc.strerror}") from None
+                              f"{causes.exhausted(exc) or exc.strerror}") from None
         finally:
             for fd in (out, err):
                 if fd is not None:

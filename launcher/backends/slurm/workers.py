@@ -37,9 +37,9 @@ from launcher.errors import LaunchError
 from launcher.plan import ProcessPlan
 from launcher.ends import Exit, exit_of, Exited, Killed, Lost
 from worker import contract
+from worker.contract import causes, profiling, signals, wire
 
 # srun's own report of how its task ended: "srun: error: n2: task 0: Killed"
-from worker.contract import profiling, signals, wire
 TASK_END = re.compile(r"^srun: error: (?P<node>\S+): task \d+: (?P<what>.+)$")
 NODE_FAILURE = re.compile(r"^srun: error: Node failure on (?P<node>\S+)$")  # srun then exits 0
 EXITED = re.compile(r"^Exited with exit code (\d+)$")
@@ -115,7 +115,7 @@ class SrunWorker:
                 text=True, encoding="utf-8", errors="replace", bufsize=1)
         except OSError as exc:
             raise LaunchError(f"cannot start srun for process_id {plan.process_id}: "
-                              f"{exc.strerror}") from None
+                              f"{causes.exhausted(exc) or exc.strerror}") from None
         self._srun_reader = threading.Thread(target=self._read_srun, daemon=True,
                                              name=f"srun-{plan.process_id}")
         self._srun_reader.start()
