@@ -64,6 +64,17 @@ class _Terminal:
             time.sleep(0.05)
         return self.text()
 
+    def wait_for_step(self, at_least: int, timeout_s: float = 120, since: int = 0) -> str:
+        """Everything read so far once process 0 shows a step line of ``at_least`` or later
+        past character ``since``: on a terminal step lines come at a person's pace (one in
+        2 s a process, launcher.console.pace), not every log step."""
+        deadline = time.monotonic() + timeout_s
+        while max(map(int, re.findall(r"\[p0\] step (\d+)/", self.text()[since:])),
+                  default=-1) < at_least:
+            assert time.monotonic() < deadline and not self.ended, self.text()[-4000:]
+            time.sleep(0.05)
+        return self.text()
+
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_path, kind):
@@ -78,7 +89,7 @@ def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_pa
     os.close(slave)
     terminal = _Terminal(master)
     try:
-        shown = terminal.wait_for(r"\[p0\] step 60/")
+        shown = terminal.wait_for_step(60)
         assert len(run_pids(str(run_dir))) == 2
         # launch stacks on the live run: every process's stacks, and the run goes on
         asked = subprocess.run(LAUNCH + ["stacks", str(run_dir)], cwd=REPO, env=env_for_tests(),
@@ -94,7 +105,7 @@ def test_the_terminal_closing_is_sighup_and_stops_everything_like_sigterm(tmp_pa
                              re.M), asked.stdout
         seen = terminal.wait_for(r"stacks \(asked by launch stacks\): read 2 of 2 processes")
         step = max(int(s) for s in re.findall(r"\[p0\] step (\d+)/", seen))
-        terminal.wait_for(rf"\[p0\] step {step + 20}/", since=len(seen))  # still training
+        terminal.wait_for_step(step + 20, since=len(seen))  # still training
         assert len(run_pids(str(run_dir))) == 2
     finally:
         os.close(master)  # the terminal goes away
