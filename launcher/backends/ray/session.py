@@ -60,8 +60,10 @@ class RaySession(Session):
                 ray.init(address=cluster.address, **kwargs)
         except Exception as exc:  # noqa: BLE001 - Ray's many ways to fail to connect
             raise LaunchError(f"cannot reach the Ray cluster at {cluster.address}: "
-                              f"{gone_why(exc)}; is it running (`ray status` on one of its "
-                              "nodes)?") from None
+                              f"{gone_why(exc)}; start one (`ray start --head` on its first "
+                              "node), name a running one in cluster.address, or set "
+                              "cluster.address: local for a head of the run's own "
+                              "(docs/ray.md)") from None
         # Ray prints its cluster's error messages (a node marked dead, ...) on the driver's
         # stdout from a thread of its own, past the console: they are the console's lines
         from ray._private import worker as driver
