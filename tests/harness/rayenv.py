@@ -107,7 +107,11 @@ class RayTestEnv:
         with log:
             self.nodes[name] = subprocess.Popen(
                 [RAY, "start", "--block", "--disable-usage-stats", "--include-log-monitor=false",
-                 f"--object-store-memory={OBJECT_STORE_BYTES}", *args],
+                 f"--object-store-memory={OBJECT_STORE_BYTES}",
+                 # workers on ports the system picks free: Ray's own range (10002-19999)
+                 # holds this checkout's head port in some checkouts (refused at start: 'a
+                 # port number ... used by other components') and the suite's sshd ports
+                 "--min-worker-port=0", "--max-worker-port=0", *args],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
 
