@@ -124,10 +124,14 @@ def test_a_job_s_name_names_its_newest_run(tmp_path):
         (run / "run.json").write_text(json.dumps({"job": "linear", "state": state,
                                                   "started": stamp[:4] + "-12-0" + stamp[7]}))
         (run / "launcher.log").write_text(f"podlaunch: the {state} one\n")
-    logs = subprocess.run(LAUNCH + ["logs", "linear"], cwd=str(tmp_path), env=env_for_tests(),
+    # an index of runs of its own: a job's name also finds the runs the user started anywhere
+    # (the suite's shared index holds other tests' newer linear runs)
+    (tmp_path / "state").mkdir(mode=0o700)
+    env = env_for_tests(XDG_STATE_HOME=str(tmp_path / "state"))
+    logs = subprocess.run(LAUNCH + ["logs", "linear"], cwd=str(tmp_path), env=env,
                           capture_output=True, text=True, timeout=60)
     assert logs.returncode == 0 and logs.stdout == "podlaunch: the failed one\n", logs
-    waited = subprocess.run(LAUNCH + ["wait", "linear"], cwd=str(tmp_path), env=env_for_tests(),
+    waited = subprocess.run(LAUNCH + ["wait", "linear"], cwd=str(tmp_path), env=env,
                             capture_output=True, text=True, timeout=60)
     assert waited.returncode == 1, waited  # the newest, failed
 
