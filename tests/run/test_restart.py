@@ -535,7 +535,8 @@ def test_host_0_back_empty_resumes_from_another_hosts_local_copy(tmp_path, two_s
     """Issue 27 over two real sshd hosts: process 0 removes its whole run directory on host 0
     (checkpoints and local copies) and is SIGKILLed after step 17; with no persistent
     checkpoint before step 40, the restart restores every process from process 1's local
-    copy on host 1 (step 15, or an earlier one when 15's was unfinished), checked by its sha256, and ends
+    copy on host 1 (step 15, an earlier one when 15's was unfinished, a later one up to 17 when
+    15's was put off by the tier's minimum interval), checked by its sha256, and ends
     at the uninterrupted params."""
     run_dir = tmp_path / "run"
     result = launch("jobs/linear.yaml", "--cluster", ssh_cluster(tmp_path, two_ssh_hosts), *COMMON,
@@ -544,8 +545,10 @@ def test_host_0_back_empty_resumes_from_another_hosts_local_copy(tmp_path, two_s
                     "--set", "checkpoint.local_every_steps=5", "--run-dir", str(run_dir))
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr
-    # 10 or 5: the copies after it unfinished (a loaded machine's writer thread lags)
-    assert re.search(r"^\[p0 127\.0\.0\.2\] resumed from the checkpoint of step (?:1[05]|5) \(attempt 1\) "
+    # 15; 10 or 5 where the copies after it were unfinished (a loaded machine's writer thread
+    # lags); 16 or 17 where a copy came within MIN_INTERVAL_S of the one before and waited for
+    # a later call boundary (worker.recovery.localtier: seen once in CI, step 16)
+    assert re.search(r"^\[p0 127\.0\.0\.2\] resumed from the checkpoint of step (?:1[05-7]|5) \(attempt 1\) "
                      r"in [0-9.]+ s: process 1's local copy$", out, re.M), out[-4000:]
     # one writer per host: each host's process writes its own host's copies
     assert len(re.findall(r"local tier: this process writes its host's copies", "".join(
