@@ -143,7 +143,7 @@ class SlurmTestEnv:
             "JobAcctGatherType=jobacct_gather/none", "JobCompType=jobcomp/none",
             "SlurmdParameters=config_overrides",
             "ReturnToService=2", "SlurmctldTimeout=30", "SlurmdTimeout=30",
-            "KillWait=2", "InactiveLimit=0", "MinJobAge=300", "WaitTime=0",
+            "KillWait=10", "InactiveLimit=0", "MinJobAge=300", "WaitTime=0",
             "MessageTimeout=10", "TCPTimeout=5",
             "PreemptType=preempt/partition_prio", f"PreemptMode={self.preempt_mode}",
             "SchedulerParameters=defer_batch=0",
