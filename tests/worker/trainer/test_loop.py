@@ -221,8 +221,11 @@ def test_waits_for_batches_are_the_hosts_own_time_not_jaxs(tmp_path, monkeypatch
     progress = trained.of(wire.Progress)[1:]  # the first log step's batches were read ahead
     own = sum(p.own_step_time_s for p in progress) / sum(p.step_time_s for p in progress)
     assert own >= 0.6, progress  # 0.87-0.92 measured; with the waits as JAX's 0.13-0.45
-    for p in progress:
-        assert p.own_step_time_s >= 0.3 * p.step_time_s, p  # 0.74 and up; 0.03-0.09
+    # most rows too, not only their sum: the median row's share (every row 0.74 and up when
+    # idle, the waits as JAX's 0.03-0.09 each). Not every row: under CI's load one row of
+    # 29 was seen at 0.14 (a row whose ten reads were done while the loop was held up)
+    shares = sorted(p.own_step_time_s / p.step_time_s for p in progress)
+    assert shares[len(shares) // 2] >= 0.3, progress
 
 
 def _launched(tmp_path, *settings: str) -> str:
