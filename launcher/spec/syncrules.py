@@ -14,9 +14,11 @@ Stdlib only: the launcher checks a sync's source before anything starts, and
 * ``include`` also brings back what ``SKIP`` leaves out (``build``, say).
 * **Never copied, whatever ``include`` says**: a directory that is a sync's target
   (it holds ``MANIFEST``: a host's workdir seen through a shared filesystem, when the
-  workdirs lie inside ``program.dir``) and the directories the launch names in ``avoid``
-  (its local run directory): copied, each launch would nest every host's copy one level
-  deeper in every host.
+  workdirs lie inside ``program.dir``), a run directory of any launch (it holds
+  ``launcher.rundir.runlock.LOCK_FILE``: an earlier run's job, lock, logs and checkpoints,
+  wherever ``--run-dir`` put it) and the directories the launch names in ``avoid`` (its
+  local run directory, before its lock is written): copied, each launch would carry every
+  earlier run, or nest every host's copy one level deeper, in every host.
 
 Patterns are ``fnmatch`` globs matched against a path relative to the source
 (``data/*.csv``) and against each of its names (``*.log`` anywhere).
@@ -29,6 +31,8 @@ import os
 import pwd
 import stat
 from typing import NamedTuple
+
+from launcher.rundir.runlock import LOCK_FILE
 
 SKIP = (".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "runs", ".podlaunch",
         ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox", ".nox", "node_modules", "build",
@@ -117,8 +121,9 @@ def walk(source: str, rules: Rules, avoid: tuple = ()) -> tuple[dict, set, list]
             pass
 
     def is_output(entry: os.DirEntry) -> bool:
-        """A sync's target or a directory to avoid: the launch's output, never its input."""
-        if os.path.exists(os.path.join(entry.path, MANIFEST)):
+        """A sync's target, a run directory or a directory to avoid: a launch's output, never
+        its input."""
+        if any(os.path.lexists(os.path.join(entry.path, marker)) for marker in (MANIFEST, LOCK_FILE)):
             return True
         st = entry.stat(follow_symlinks=False)
         return (st.st_dev, st.st_ino) in avoided

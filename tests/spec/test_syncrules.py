@@ -81,6 +81,24 @@ def test_a_run_directory_reached_through_another_spelling_is_still_avoided(tmp_p
     assert "out/run-1/run.json" not in files
 
 
+@pytest.mark.parametrize("include", [(), ("earlier",)])
+def test_an_earlier_runs_directory_inside_the_program_is_never_copied(tmp_path, include):
+    # issue 71.7: a second launch with --run-dir inside program.dir copied the first run's
+    # directory (its job.json, lock, launcher.log, logs and checkpoints) to every host: only
+    # this launch's own run directory was avoided
+    src, run_dir = _shared(tmp_path)
+    earlier = src / "earlier"
+    (earlier / "logs").mkdir(parents=True)
+    (earlier / "launcher.lock").write_text('{"pid": 1}\n')
+    (earlier / "job.json").write_text("{}")
+    (earlier / "logs" / "process-000.log").write_text("step 1\n")
+    files, dirs, _ = syncrules.walk(str(src), syncrules.Rules(include=include),
+                                    avoid=(str(run_dir),))
+    assert not [f for f in files if f.startswith("earlier")], sorted(files)
+    assert "earlier" not in dirs
+    assert "main.py" in files
+
+
 def test_a_file_gone_between_the_listing_and_its_stat_is_left_out(tmp_path, monkeypatch):
     # another process's temporary file (an editor's, a test's spec written and removed beside
     # a synced program): the sync skips it instead of failing the start with FileNotFoundError
