@@ -119,6 +119,7 @@ class Tracked:
     ended_at: float | None = None   # when the launcher noticed the exit
     eof_at: float | None = None     # when its output closed: the closest we see to its death
     seen_end_wall: float | None = None  # this machine's clock (time.time) when either came first
+    clock_behind_s: float | None = None  # its host's clock behind the others' (blame.mark_clocks_off)
     failed_reported_at: float | None = None  # host time the worker says it caught its error
     last_step: int | None = None
     failed_at_step: bool = False      # last_step came from the worker's own "failed at step" line

@@ -228,6 +228,7 @@ def summary(result: Result, run_s: float | None = None) -> str:
                 if other:
                     lines.append(f"p{t.plan.process_id} on {t.plan.host} ({t.exit}): {other}")
         lines += late
+        lines += _clocks_off(result.processes)
     elif result.interrupted:
         lines.append("INTERRUPTED: every process was stopped.")
     lines += result.stacks  # read before the teardown (launcher.run.stacks)
@@ -247,6 +248,20 @@ def summary(result: Result, run_s: float | None = None) -> str:
                      "diverged (lower optimizer.learning_rate, or look for extreme values in the "
                      "data); launch runs lists the run as diverged.")
     return "\n".join(lines)
+
+
+def _clocks_off(processes: list) -> list:
+    """A line for each host whose clock is off from the others' (``Tracked.clock_behind_s``):
+    its processes' ends could not be ordered by their hosts' times."""
+    lines = []
+    for t in processes:
+        off = t.clock_behind_s
+        if off is not None:
+            lines.append(f"note: {t.plan.host}'s clock (process_id {t.plan.process_id}) is about "
+                         f"{abs(off):.0f} s {'behind' if off > 0 else 'ahead of'} the others': "
+                         "which process failed first was decided by when this machine saw each "
+                         "end; keep the hosts' clocks in step (NTP)")
+    return lines
 
 
 def _took(elapsed_s: float, run_s: float | None) -> str:

@@ -110,6 +110,21 @@ def clocks_agree(ended: list, host_time: Callable) -> bool:
     return len(lags) < 2 or max(lags) - min(lags) <= CLOCKS_AGREE_S
 
 
+def mark_clocks_off(ended: list, host_time: Callable) -> None:
+    """Set ``Tracked.clock_behind_s`` on each of ``ended`` whose host's clock is more than
+    ``CLOCKS_AGREE_S`` from the others' (positive: behind, negative: ahead), for the summary
+    to name. The reference is the median lag of the hosts' and this machine's own (lag 0), so
+    that one host off among several, or beside a launcher in step, is the one named."""
+    lags = {id(t): t.seen_end_wall - host_time(t) for t in ended
+            if t.seen_end_wall is not None and host_time(t) is not None}
+    ordered = sorted([0.0, *lags.values()])
+    reference = ordered[len(ordered) // 2]
+    for t in ended:
+        off = lags.get(id(t))
+        if off is not None and abs(off - reference) > CLOCKS_AGREE_S:
+            t.clock_behind_s = off - reference
+
+
 def frozen(tracked: list, cause: Tracked) -> Tracked | None:
     """A process stopped (SIGSTOP, a paused VM, a debugger) while the failure seen first only
     lost a peer (``classes.follows_from_another``: JAX's coordination service aborted it when
@@ -182,8 +197,10 @@ def root_cause(tracked: list, output: Output, clock: Callable[[], float],
     def host_time(t: Tracked):
         return t.failed_reported_at if t.failed_reported_at is not None else t.exit.at
 
-    if all(host_time(t) is not None for t in candidates) and clocks_agree(candidates, host_time):
-        # Each host timed its own process's failure: the host clocks (NTP) differ far
-        # less than a cascade's milliseconds of traceback printing.
-        return min(candidates, key=host_time)
+    if all(host_time(t) is not None for t in candidates):
+        if clocks_agree(candidates, host_time):
+            # Each host timed its own process's failure: the host clocks (NTP) differ far
+            # less than a cascade's milliseconds of traceback printing.
+            return min(candidates, key=host_time)
+        mark_clocks_off(candidates, host_time)  # named in the summary (console.status)
     return min(candidates, key=lambda t: (t.ended_at if t.eof_at is None else t.eof_at, t.ended_at))

@@ -153,6 +153,7 @@ def test_the_root_cause_is_the_earliest_end_its_host_reported_not_the_first_noti
     assert result.first_failure is result.processes[1]
     assert run.said[0] == "p1 failed (killed by SIGKILL)"  # none left running: no "other 0"
     assert summary(result).startswith("FAILED: process_id 1 on localhost (killed by SIGKILL)")
+    assert "clock" not in summary(result)  # clocks in step (both far from this machine's) say nothing
     # the cascade's exit 1 was reported first, yet the attempt's class is p1's SIGKILL
     verdict = classes.classify(result)
     assert verdict.failure_class is FailureClass.INFRASTRUCTURE and verdict.process_id == 1
@@ -168,7 +169,11 @@ def test_a_host_whose_clock_is_60_s_behind_does_not_lead_the_cascade(tmp_path):
     run.worker(exit=Killed(signal.SIGKILL, at=1700000000.30 - 60), exit_at=1.15)  # 60 s behind
     result = run.supervise()
     assert result.first_failure is result.processes[0]
-    assert summary(result).startswith("FAILED: process_id 0 on localhost (exit code 1)")
+    report = summary(result)
+    assert report.startswith("FAILED: process_id 0 on localhost (exit code 1)")
+    # and the host whose clock is off is named, the others not
+    assert "note: localhost's clock (process_id 1) is about 60 s behind the others'" in report
+    assert "(process_id 0) is about" not in report
     verdict = classes.classify(result)
     assert verdict.process_id == 0 and verdict.failure_class is not FailureClass.INFRASTRUCTURE
 
