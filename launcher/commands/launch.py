@@ -298,7 +298,12 @@ def _closing(args, job, run_dir: str, ending: Ending, console: Console) -> None:
     then), the attempts' table and the next steps."""
     result, attempts, entries = ending.result, ending.attempts, ending.entries
     run = ledger.totals(entries) if entries else None
-    console.block(summary(result, None if run is None else run["wall_s"]))
+    # the run's seconds beside this launch's only after an earlier launch (a take-back, a
+    # resume, whose entries or attempt came before): a first launch's own ledger counts its
+    # launch and preflight (a Slurm job's wait in the queue), which its attempts' elapsed
+    # time does not
+    earlier = run is not None and (bool(args.adopt) or len(entries) > len(attempts or ()))
+    console.block(summary(result, run["wall_s"] if earlier else None))
     run_ledger = ledger.summary_line(run) if run is not None else None
     if run_ledger is not None:
         console.say(f"{run_ledger} (ledger: {os.path.join(run_dir, ledger.LEDGER_FILE)})")

@@ -417,6 +417,8 @@ def test_two_launches_of_one_job_run_side_by_side_and_kill_stale_spares_the_live
     assert second.returncode == 0, second.stdout + second.stderr
     assert "has its launcher running: this one runs beside it" in second.stdout
     assert "cancelling stale" not in second.stdout
+    # a first launch says its own seconds alone (its ledger also counts the queue's wait)
+    assert re.search(r"^OK: 1 process succeeded in [\d.]+s\.$", second.stdout, re.M), second.stdout
     read_rest(first, lines, 120)
     assert first.returncode == 0, "".join(lines)
     assert re.search(r"OK: 1 process(es)? succeeded", "".join(lines)), "".join(lines)
