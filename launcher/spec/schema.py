@@ -155,10 +155,11 @@ COMMANDS = {("notify", "command"), ("program", "argv")}
 
 
 def _list_form(path: tuple, value: Any) -> str:
-    """A string where a list was expected: the list it was meant as, to paste (a command's
-    words split as a shell would; any other list, the string as its one item)."""
+    """A string where a list was expected, masked as the list's words are: ``got ...`` and the
+    list it was meant as, to paste (a command's words split as a shell would; any other list,
+    the string as its one item). Anything else: ``got`` and its kind."""
     if not isinstance(value, str):
-        return ""
+        return f"got {describe(value)}"
     import json
     import shlex
 
@@ -170,7 +171,10 @@ def _list_form(path: tuple, value: Any) -> str:
         items = [value]
     what = "a list of the command's words (no shell runs it)" if len(items) > 1 else "a list"
     shown = ["****"] * len(items) if secret_path(path) else redact.masked_argv(items)
-    return f"; write it as {what}: {json.dumps(shown)}"
+    # the string itself as its masked words: a token in it is never printed whole
+    got = " ".join(shlex.quote(word) if not word or any(c.isspace() or c in "'\"" for c in word)
+                   else word for word in shown) if len(items) > 1 else shown[0]
+    return f"got {describe(got)}; write it as {what}: {json.dumps(shown)}"
 
 
 def convert(tp: Any, value: Any, path: tuple, ctx: Context) -> Any:
@@ -239,7 +243,7 @@ def convert(tp: Any, value: Any, path: tuple, ctx: Context) -> Any:
         return value
     if origin is tuple:
         if not isinstance(value, list):
-            ctx.error(path, f"expected a list, got {describe(value)}{_list_form(path, value)}")
+            ctx.error(path, f"expected a list, {_list_form(path, value)}")
             return MISSING
         out = [convert(args[0], item, path + (i,), ctx) for i, item in enumerate(value)]
         return MISSING if any(o is MISSING for o in out) else tuple(out)

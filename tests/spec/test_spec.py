@@ -121,8 +121,14 @@ BAD = [
     # issue 70: a string where a list was meant shows the list to write (a command's words
     # split, its secret flags masked; a secret list's items masked)
     ("notify-command-string", GOOD + "notify: {command: 'sh notify.sh --api-token=abc run'}\n", [],
-     ["bad.yaml:20: notify.command: expected a list, got ", " (a string); write it as a list of the "
+     ["bad.yaml:20: notify.command: expected a list, got 'sh notify.sh --api-token=**** run' "
+      "(a string); write it as a list of the "
       "command's words (no shell runs it): [\"sh\", \"notify.sh\", \"--api-token=****\", \"run\"]"]),
+    # the string as given is masked too, not only the list to write
+    ("notify-command-string-bearer", GOOD + "notify: {command: \"curl -H 'Authorization: Bearer "
+     "sk-ab12' --token=zz99 https://x\"}\n", [],
+     ["notify.command: expected a list, got \"curl -H 'Authorization: Bearer ****' --token=**** "
+      "https://x\" (a string)"]),
     ("secrets-string", GOOD, ["--set", "secrets=MY_TOKEN"],
      ["--set: secrets: expected a list, got **** (a string); write it as a list: [\"****\"]"]),
     ("env-float", GOOD + "  env: {RATIO: 1.50}\n", [],
