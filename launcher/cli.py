@@ -47,6 +47,9 @@ def _run(argv: list[str] | None) -> int:
         argv = sys.argv[1:] if argv is None else argv
         if not argv and owned.ARGV_VAR in os.environ:  # a detached supervisor (detach.spawn)
             argv = _supervisor_argv()
+        if not argv:  # bare `launch`: what it takes, and every command, one line each
+            _say_error(launch.parser().format_usage().rstrip() + "\n\n" + _bare_text())
+            return EXIT_BAD_INPUT
         if argv[:1] and argv[0] in commands.COMMANDS:
             code = commands.run(argv[0], argv[1:])
         elif argv[:1] and commands.mistyped(argv[0]):
@@ -67,6 +70,17 @@ def _run(argv: list[str] | None) -> int:
         _say_error(f"launch: interrupted ({str(exc) or 'SIGINT'}); nothing is left running")
         code = EXIT_INTERRUPTED
     return code
+
+
+def _bare_text() -> str:
+    """What a bare ``launch`` says under its usage: a job to run, then the commands by name
+    with their first words (``launch --help`` has every option and each command's arguments)."""
+    width = max(map(len, commands.COMMANDS))
+    lines = ["run a job: launch JOB.yaml (with --dry-run: its plan, nothing started)", "commands:"]
+    lines += [f"  {name:<{width}}  {about.split(' (')[0].split(', from any')[0].split(': ')[0]}"
+              for name, (_, _, about) in commands.COMMANDS.items()]
+    lines.append("launch --help: every option; launch COMMAND --help: a command's own")
+    return "\n".join(lines)
 
 
 def _supervisor_argv() -> list:

@@ -43,3 +43,14 @@ def test_the_usage_synopsis_names_every_command_with_its_options(name):
     missing = [option for option in options if option not in lines[0].split()
                and f"[{option}" not in lines[0]]
     assert not missing, (lines[0], usage)
+
+
+def test_a_bare_launch_says_what_it_takes_and_lists_every_command():
+    # a new user's first try: `launch` alone said only that JOB.yaml is required
+    done = subprocess.run(LAUNCH, cwd=REPO, env=env_for_tests(), capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("usage: launch JOB.yaml [options]"), done.stderr
+    listed = re.findall(r"^  (\w+) {2,}\S", done.stderr, re.M)
+    assert listed == list(commands.COMMANDS), done.stderr
+    assert "launch --help: every option" in done.stderr and "Traceback" not in done.stderr
