@@ -25,7 +25,7 @@ COMMANDS = {
                "directory, with the job and --set settings it recorded (new --set on top)"),
     "runs": ("runs", "[JOB] [-n N] [--state STATE]", "past and running runs, newest first (a running one's step, "
                               "loss, ETA, goodput so far and whether its supervisor is alive)"),
-    "logs": ("logs", "RUN [-f] [-n N] [--process N] [-t]", "a run's console log (or one process's), "
+    "logs": ("logs", "[RUN] [-f] [-n N] [--process N] [-t]", "a run's console log (or one process's), "
                                                     "with -f followed from its last lines "
                                                     "(-n N) to the run's end, "
                                                     "with -t each line's time"),
@@ -39,7 +39,7 @@ COMMANDS = {
     "tensorboard": ("tensorboard", "[JOB | RUN_DIR] [--host HOST] [--port PORT] "
                     "[--startup-timeout-s SECONDS]", "serve the TensorBoard of every run "
                                    "of a job (default: the newest run's), or of one run"),
-    "why": ("why", "RUN [--attempt N]", "why each failed attempt of a run failed: the "
+    "why": ("why", "[RUN] [--attempt N]", "why each failed attempt of a run failed: the "
                                          "launcher's verdict and the last lines of the "
                                          "process that failed first"),
     "stacks": ("stacks", "RUN [--timeout-s SECONDS]", "every process's stacks of a live run"),

@@ -42,8 +42,9 @@ def parser(prog: str = "logs") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"launch {prog}", description=commands.described(prog))
     parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
                         "lists, or a job's name (its newest run"
-                        + ("" if prog == "logs" else "; its run that is running, where one is")
-                        + ")")
+                        + ("); left out: your newest run of any job" if prog == "logs" else
+                           "; its run that is running, where one is)"),
+                        **({"nargs": "?", "default": None} if prog == "logs" else {}))
     if prog == "logs":
         parser.add_argument("-f", "--follow", action="store_true",
                             help="follow the log until the run ends, from its last lines (-n, "
@@ -254,10 +255,12 @@ def main(argv: list) -> int:
         raise SpecError([Problem("-n", None, "", f"expected a number of lines >= 0, got "
                                  f"{args.lines}")])
     run_dir = names.resolve(args.run, args.root)
+    if args.run is None:  # which run "your newest" was, beside the log (stderr)
+        print(f"launch logs: {run_dir}", file=sys.stderr, flush=True)
     path = log_file(run_dir, args.process)
     if args.follow:
         try:
-            return follow(run_dir, path, args.run, timestamps=args.timestamps,
+            return follow(run_dir, path, args.run or run_dir, timestamps=args.timestamps,
                           tail=FOLLOW_TAIL if args.lines is None else args.lines)
         except KeyboardInterrupt:
             print(f"launch logs: interrupted; the run in {run_dir} goes on")

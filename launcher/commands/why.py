@@ -27,8 +27,9 @@ TAIL_LINES = 12
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch why", description=commands.described("why"))
-    parser.add_argument("run", metavar="RUN", help="a run directory, a name `launch runs` "
-                        "lists, or a job's name (its newest failed run)")
+    parser.add_argument("run", metavar="RUN", nargs="?", default=None,
+                        help="a run directory, a name `launch runs` lists, or a job's name (its "
+                        "newest failed run); left out: your newest failed run of any job")
     parser.add_argument("--attempt", type=int, default=None, metavar="N",
                         help="only attempt N (default: every failed attempt)")
     parser.add_argument("--root", metavar="DIR", default=None, help=names.ROOT_HELP)
@@ -80,6 +81,8 @@ def main(argv: list) -> int:
     args = parser().parse_args(argv)
     run_dir = names.resolve(args.run, args.root, names.FAILED)
     owned.check_dir(run_dir, "RUN")
+    if args.run is None:  # say which run "your newest failed one" was
+        print(f"launch why: {run_dir}")
     found = failures(run_dir)
     if args.attempt is not None:
         chosen = [f for f in found if f[0] == args.attempt]

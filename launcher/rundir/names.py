@@ -36,7 +36,8 @@ def resolve(name: str, root: str | None = None, prefer: str = NEWEST) -> str:
     ``name`` is a run directory, a short name (``JOB/STAMP`` or ``STAMP``: what ``launch runs``
     lists) or a job's name, looked for under ``root``, and where that is not given (``--root``
     left out) also among every run the user started anywhere (``launcher.rundir.index``).
-    A job's name means one of its runs, by ``prefer``: ``NEWEST``; ``LIVE`` (``stop``,
+    None (no name given: ``launch why``, ``launch logs``) means one of every run there, as a
+    job's name means one of its runs, by ``prefer``: ``NEWEST``; ``LIVE`` (``stop``,
     ``attach``, ``wait``) its run that is running, where there is one (several: refused,
     each listed), else its newest; ``FAILED`` (``why``) its newest run that failed, else its
     newest that had a failed attempt, else its newest.
@@ -46,6 +47,14 @@ def resolve(name: str, root: str | None = None, prefer: str = NEWEST) -> str:
         several, or another user's run (exit 2), at once.
     """
     indexed, base = root is None, root or "runs"
+    if name is None:  # no name given: every run, as a job's name means its own (``prefer``)
+        runs = find(base, None, indexed=indexed)
+        if not runs:
+            raise SpecError([Problem("RUN", None, "", f"no runs {looked_in(root)}; start one "
+                                     "with `launch JOB.yaml`, or give a run directory")])
+        chosen = os.path.abspath(_chosen("", runs, prefer).run_dir)
+        owned.check_dir(chosen)
+        return owned.real_path(chosen)
     found = _runs_named(name, base, indexed)
     of_job = find(base, name, indexed=indexed) if name and os.sep not in name else []
     if found and of_job and not (os.path.isdir(name) and is_run_dir(name)):  # a run and a job

@@ -67,6 +67,25 @@ def test_why_means_the_newest_failed_run(here):
     assert names.resolve("linear", prefer=names.FAILED) == restarted  # else a failed attempt
 
 
+def test_no_name_means_the_newest_run_of_any_job_and_for_why_the_newest_failed(here):
+    # `launch why` and `launch logs` with no name (a usage error before): every run counts,
+    # as a job's name counts its own
+    with pytest.raises(SpecError) as err:
+        names.resolve(None)
+    assert "no runs under " + str(here / "runs") in str(err.value.problems[0])
+    failed = _run(here, "digits", "20261201-090000-000", "failed")
+    newest = _run(here, "linear", "20261202-090000-000", "succeeded")
+    assert names.resolve(None) == newest
+    assert names.resolve(None, prefer=names.FAILED) == failed
+    (here / "runs" / "digits" / "20261201-090000-000" / "launcher.log").write_text(
+        "attempt 0 failed: process_id 1 on localhost exited with code 1 [program error]\n")
+    done = subprocess.run(LAUNCH + ["why"], cwd=str(here), capture_output=True, text=True,
+                          env=env_for_tests(XDG_STATE_HOME=str(here / "state")), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"launch why: {failed}\nattempt 0 failed: process_id 1"), \
+        done.stdout
+
+
 def test_a_typo_gets_the_closest_names_and_says_where_it_looked(here):
     _run(here, "linear", "20261201-090000-000", "succeeded")
     _run(here, "diabetes", "20261202-090000-000", "succeeded")
