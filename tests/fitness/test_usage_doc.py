@@ -49,7 +49,7 @@ def test_a_synopsis_is_read_from_the_parser_not_written_beside_it():
     tokens = usage_doc.synopsis("launch")
     assert tokens[0] == "JOB.yaml" and "[--cluster FILE]" in tokens and "[-h]" not in tokens
     assert "[--version]" not in tokens and usage_doc.block().endswith("\nlaunch --version")
-    assert usage_doc.synopsis("logs") == ["RUN", "[-f]", "[-n N]", "[--process N]", "[-t]", "[--root DIR]"]
+    assert usage_doc.synopsis("logs") == ["[RUN]", "[-f]", "[-n N]", "[--process N]", "[-t]", "[--root DIR]"]
     printed = subprocess.run([sys.executable, "-m", "launcher.commands.usage_doc"], cwd=REPO,
                              capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0 and printed.stdout == usage_doc.block() + "\n", printed.stderr
