@@ -116,11 +116,14 @@ class Context:
         return source, None
 
     def error(self, path: tuple, message: str) -> None:
-        """A problem at ``path``; under a secret key (``cluster.env.DB_PASSWORD``) the value
-        the message quotes after "got" is shown as ``****``."""
+        """A problem at ``path``; the value the message quotes after "got" is masked: shown as
+        ``****`` under a secret key (``cluster.env.DB_PASSWORD``), else its credentials
+        (``Bearer T``, ``--token=T``, a URL's password: ``redact.mask_text``) wherever it is."""
+        from worker.contract import redact
+
         source, line = self.where(path)
-        if secret_path(path):
-            message = _GOT_VALUE.sub("got ****", message)
+        message = _GOT_VALUE.sub("got ****" if secret_path(path) else
+                                 lambda m: redact.mask_text(m.group(0)), message)
         self.problems.append(Problem(source, line, dotted(path), message))
 
 

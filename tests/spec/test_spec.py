@@ -129,6 +129,9 @@ BAD = [
      "sk-ab12' --token=zz99 https://x\"}\n", [],
      ["notify.command: expected a list, got \"curl -H 'Authorization: Bearer ****' --token=**** "
       "https://x\" (a string)"]),
+    # any value quoted back after "got", whatever the key, has its credentials masked
+    ("notify-timeout-token", GOOD + "notify: {timeout_s: 'Bearer sk-ab12'}\n", [],
+     ["bad.yaml:20: notify.timeout_s: expected a number, got 'Bearer ****' (a string)"]),
     ("secrets-string", GOOD, ["--set", "secrets=MY_TOKEN"],
      ["--set: secrets: expected a list, got **** (a string); write it as a list: [\"****\"]"]),
     ("env-float", GOOD + "  env: {RATIO: 1.50}\n", [],
