@@ -315,8 +315,8 @@ def test_launch_profile_on_a_live_run_traces_every_process_and_changes_no_param(
                                cwd=REPO, env=env_for_tests(), capture_output=True, text=True, timeout=90)
         took_s = time.monotonic() - began
         assert asked.returncode == 0, asked.stdout + asked.stderr
-        session = re.search(r"profile (steps_(\d+)-(\d+)): steps \d+-\d+ traced by 2 processes",
-                            asked.stdout)
+        session = re.search(r"profile (steps_(\d+)-(\d+)): steps \d+-\d+(, \d+-\d+)* traced by "
+                            r"2 processes", asked.stdout)
         assert session and int(session[3]) - int(session[2]) == 4, asked.stdout
         for p in (0, 1):
             path = profiling.trace_path(str(run_dir), session[1], p)
