@@ -137,7 +137,7 @@ def run(argv: list[str] | None = None, console: Console | None = None) -> int:
         with interrupts.stacks_requests():  # launch stacks RUN (launcher.commands.stacks)
             return _run(argv, console, held)
     finally:
-        for lock in held:
+        for lock in reversed(held):  # last taken first: a lock before its directory
             lock.release()
         interrupts.restore(previous)
 
@@ -158,6 +158,8 @@ def _run(argv: list[str] | None, console: Console | None, held: list) -> int:
     session = backend.session(job, run_dir, console, options)
     try:
         start.join(session, held)
+        if not args.dry_run:  # before the plan: what it queues is known as a live launch's
+            start.lock(held)
         plan = session.plan()
         if args.dry_run:
             console.block(session.describe(plan))

@@ -10,7 +10,8 @@ Flow (``launcher.commands.launch``)::
     start = choose(args, job, argv)      # Fresh | Resume | TakeBack
     run_dir = start.run_dir(held)
     start.join(session, held)            # before the plan (a take-back: lock, rejoin)
-    start.claim(held)                    # after a dry run's exit: lock, index
+    start.lock(held)                     # unless a dry run: before the plan queues anything
+    start.claim(held)                    # after a dry run's exit: index
     begin, watchers = start.open(plan, session, console, handoff, launched_at)
 """
 
@@ -79,10 +80,17 @@ class Start:
         """Before the plan: what the session must know of the run (nothing, but for a
         take-back)."""
 
-    def claim(self, held: list) -> None:
-        """Once no dry run: the run's lock (one launcher per run directory) and the user's
-        index of runs (every run command finds it from anywhere)."""
+    def lock(self, held: list) -> None:
+        """Unless a dry run, before the plan: the run's lock (one launcher per run directory).
+        A backend's plan queues what another launch of the job sees (a Slurm job, its probe
+        step), and tells a live launch's from a stale one by this lock
+        (``launcher.backends.slurm.launches``): taken after the plan, a sweep's second launch
+        found the first's pending job unlocked and refused it as stale."""
         held.append(runlock.acquire(self.dir, self.flag, self.job.secrets))
+
+    def claim(self, held: list) -> None:
+        """Once no dry run, after the plan: the user's index of runs (every run command finds
+        it from anywhere)."""
         index.add(self.dir)
 
     def first_attempt(self) -> int:
@@ -190,6 +198,11 @@ class Fresh(Start):
         _check_creatable(self.dir, self.flag)
         return self.dir
 
+    def lock(self, held: list) -> None:
+        """As every start's, its file removed again with a start that wrote nothing else (one
+        refused in the plan leaves the directory as it found it: not "not empty" to a rerun)."""
+        held.append(_NewRunLock(runlock.acquire(self.dir, self.flag, self.job.secrets), self.dir))
+
 
 class Resume(Start):
     """``--resume RUN_DIR``: the run goes on in place from its latest complete checkpoint;
@@ -231,8 +244,11 @@ class TakeBack(Start):
         reattach = reattach_of(session)  # SpecError where the backend cannot
         reattach.rejoin(reattach.read_handle(self.taken.get("session")))
 
+    def lock(self, held: list) -> None:
+        """Held since ``join``."""
+
     def claim(self, held: list) -> None:
-        """Its lock is held since ``join``; the run is indexed since its first launch."""
+        """The run is indexed since its first launch."""
 
     def first_attempt(self) -> int:
         return self.taken["attempt"]
@@ -309,6 +325,23 @@ class _RemovedIfEmpty:
             os.rmdir(self.path)
         except OSError:  # not empty (the run's files), or gone
             pass
+
+
+class _NewRunLock:
+    """A fresh run's lock; released after its file is removed if the run directory holds
+    nothing else (released before the directory's ``_RemovedIfEmpty``: ``held`` goes last
+    first)."""
+
+    def __init__(self, lock: runlock.RunLock, run_dir: str):
+        self.lock, self.run_dir = lock, run_dir
+
+    def release(self) -> None:
+        try:
+            if os.listdir(self.run_dir) == [runlock.LOCK_FILE]:
+                os.unlink(self.lock.path)  # still held: no other launcher took it meanwhile
+        except OSError:
+            pass
+        self.lock.release()
 
 
 def _check_creatable(path: str, flag: str) -> None:
