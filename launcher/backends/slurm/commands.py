@@ -9,6 +9,7 @@ cluster) and ``SLURM_JOB_ID`` (podlaunch passes ``--jobid`` explicitly anyway).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 from launcher.backends.slurm.gpus import gpu_indices
@@ -62,13 +63,22 @@ def failed(argv: list, output: str) -> str:
             + " (docs/slurm.md)")
 
 
+# A field of ``scontrol -o show``: its key (JobState, StdOut, CPUs/Task, ReqB:S:C:T) and ``=``
+FIELD = re.compile(r"[A-Z][A-Za-z0-9_:/]*=")
+
+
 def parse_record(text: str) -> dict:
-    """``scontrol -o show ...`` one-line output as {Key: value} (values never hold spaces here)."""
-    record = {}
-    for token in text.split():
-        key, sep, value = token.partition("=")
-        if sep:
+    """``scontrol -o show ...`` one-line output as {Key: value}. A value may hold spaces (a
+    path's: ``StdOut=/home/me/my runs/...``, ``WorkDir=``, ``Command=``): a word that does not
+    start a field goes on the value before it."""
+    record: dict = {}
+    key = None
+    for token in text.strip().split(" "):
+        if FIELD.match(token):
+            key, _, value = token.partition("=")
             record[key] = value
+        elif key is not None:
+            record[key] += " " + token
     return record
 
 

@@ -28,8 +28,10 @@ def check_request(slurm, job, run_dir: str, detached: bool, problem) -> list:
       The nodes ``sbatch --test-only`` says the job would start on ([] when it does not say).
 
     Raises:
-      SpecError: the partition, the node count or the request's shape cannot be served.
+      SpecError: the partition, the node count or the request's shape cannot be served, or the
+        run directory's path cannot be the job's output path (``script.check_run_dir``).
     """
+    script.check_run_dir(run_dir)
     cluster = job.cluster
     partitions = slurm.partitions()
     name = cluster.partition or next((p for p, (_, _, d) in partitions.items() if d), None)

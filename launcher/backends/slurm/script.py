@@ -11,9 +11,11 @@ The same options go to ``sbatch --test-only`` in the preflight.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 
 from launcher.backends.slurm import launches
+from launcher.errors import Problem, SpecError
 
 HEARTBEAT_EVERY_S = 10
 
@@ -47,6 +49,31 @@ def sbatch_options(job, run_dir: str, exclude: tuple = ()) -> list:
     return opts + list(c.sbatch_options)
 
 
+def check_run_dir(run_dir: str) -> None:
+    """The run directory's path can be the batch job's output path, as it is: it names the run
+    to every later launch (``launches.batch_run_dir``) and to ``launch attach``.
+
+    Raises:
+      SpecError: it holds a line break or another control character (it would end the
+        ``#SBATCH`` line, and the rest of the path would run as a command of the batch script),
+        or ``%`` (Slurm reads ``%u``, ``%j`` ... in an output path as its own patterns).
+    """
+    bad = next((c for c in run_dir if not c.isprintable() or c == "%"), None)
+    if bad is not None:
+        raise SpecError([Problem("--run-dir", None, "", (
+            f"{run_dir!r} holds {'%' if bad == '%' else repr(bad)}, which a Slurm job's output "
+            "path cannot carry as it is; name a run directory without it with --run-dir"))])
+
+
+def directive(opt: str) -> str:
+    """``--key=value`` as one ``#SBATCH`` token: a value holding a space, a quote or a backslash
+    double-quoted, with ``\\`` and ``"`` escaped (sbatch reads the line as a shell would)."""
+    key, sep, value = opt.partition("=")
+    if not sep or not re.search(r"[\s'\"\\]", value):
+        return opt
+    return f'{key}="' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def heartbeat_path(run_dir: str) -> str:
     return os.path.join(run_dir, "slurm", "launcher-heartbeat")
 
@@ -59,7 +86,8 @@ def script_text(job, run_dir: str, exclude: tuple = (), detached: bool = False) 
     their end, or the job's time limit, until ``launch attach`` takes the run back."""
     c = job.cluster
     beat = shlex.quote(heartbeat_path(run_dir))
-    lines = ["#!/bin/bash"] + [f"#SBATCH {opt}" for opt in sbatch_options(job, run_dir, exclude)] + [
+    lines = ["#!/bin/bash"] + [f"#SBATCH {directive(opt)}"
+                               for opt in sbatch_options(job, run_dir, exclude)] + [
         f"# Written by podlaunch for job {job.name!r}. It holds the allocation; the launcher",
         "# starts one step per process (srun --ntasks=1 --nodelist=NODE) and cancels this job",
         "# when the run ends. Without the launcher's heartbeat for orphan_timeout_s, it ends itself"

@@ -349,19 +349,20 @@ def test_a_pending_jobs_launcher_is_live_to_a_second_launch_and_ctrl_c_cancels_t
         slurm, cluster_file, tmp_path):
     # Issue 71: a sweep's second launch, while the first's job pended, refused it as "still
     # queued and their launcher is gone": the first took its run's lock only after the plan,
-    # which submits the job and waits for it to run.
+    # which submits the job and waits for it to run. A path with a space and a quote: sbatch
+    # refused it, and scontrol's StdOut, split at the space, named no run directory.
     blocker = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-N3", "--exclusive", "--wrap", "sleep 300").strip()
     try:
         while "RUNNING" not in slurm.run("squeue", "-h", "-j", blocker, "-o", "%T"):
             time.sleep(0.1)
         proc = start(slurm, "jobs/linear.yaml", "--cluster", cluster_file(),
-                     "--run-dir", str(tmp_path / "run"), *SHORT)
+                     "--run-dir", str(tmp_path / "it's a run"), *SHORT)
         lines: list = []
         read_until(proc, r"pending \((Resources|Priority)\)", lines)
         second = run(slurm, "jobs/linear.yaml", "--cluster", cluster_file(), "--dry-run", *SHORT,
                      "--set", "optimizer.learning_rate=0.5")
         assert second.returncode == 0, second.stdout + second.stderr
-        assert re.search(r"Slurm job \d+ \(PENDING\) of another launch of 'linear' \(.*/run\) "
+        assert re.search(r"Slurm job \d+ \(PENDING\) of another launch of 'linear' \(.*/it's a run\) "
                          "has its launcher running: this one runs beside it", second.stdout), \
             second.stdout
         proc.send_signal(signal.SIGINT)

@@ -14,6 +14,7 @@ import pytest
 
 from launcher import plan as planning
 from launcher.backends.slurm import adoption, launches, script
+from launcher.backends.slurm.commands import parse_record
 from launcher.backends.slurm.filed import FiledWorker, srun_path
 from launcher.errors import SpecError
 from launcher.ends import Exited, Killed, Lost
@@ -129,15 +130,41 @@ def test_a_holder_gone_without_its_report_is_lost(tmp_path):
     assert isinstance(worker.poll(), Lost)
 
 
+def test_a_run_directorys_path_goes_to_slurm_and_comes_back_whole(tmp_path):
+    """Issue 71: a space in the run directory's path made sbatch refuse the script (blamed on
+    cluster.sbatch_options), and ``scontrol -o``'s StdOut, split at the space, named no run
+    directory: a live launch's job was stale to the next launch and not this run's to take back.
+    A line break would end the #SBATCH line and run the rest as a command; ``%`` is Slurm's."""
+    run_dir = str(tmp_path / "it's a \"run\" \\ dir")
+    output = [o for o in script.sbatch_options(Job, run_dir) if o.startswith("--output=")][0]
+    assert f"#SBATCH {script.directive(output)}\n" in script.script_text(Job, run_dir)
+    assert script.directive(output) == '--output="' + output[9:].replace("\\", "\\\\").replace(
+        '"', '\\"') + '"' and script.directive("--nodes=1") == "--nodes=1"
+    line = (f"JobId=7 JobName={NAME} UserId=me({os.getuid()}) JobState=RUNNING Reason=None "
+            f"Socks/Node=* WorkDir=/home/me/my  work StdErr={run_dir}/slurm/batch-7.out "
+            f"StdIn=/dev/null StdOut={run_dir}/slurm/batch-7.out Power=")
+    found = parse_record(line)
+    assert (found["WorkDir"], found["Socks/Node"], found["Power"]) == ("/home/me/my  work", "*", "")
+    assert launches.batch_run_dir(found) == run_dir
+    adoption.prove("7", found, "submit", NAME, run_dir)
+    for bad, said in (("/tmp/a\ntouch /tmp/x", "'\\n'"), ("/tmp/100%u", "%")):
+        with pytest.raises(SpecError, match=f"holds {re.escape(said)}, which a Slurm job's output "
+                           "path cannot carry as it is; name a run directory without it"):
+            script.check_run_dir(bad)
+    script.check_run_dir(run_dir)
+
+
+class Cluster:
+    nodes, processes_per_node, cpus_per_process, platform, partition = 1, 1, None, "cpu", None
+    time_limit = account = qos = None
+    signal_lead_s, requeue, sbatch_options, orphan_timeout_s = 0, True, (), 600
+
+
+class Job:
+    name, cluster = "linear", Cluster
+
+
 def test_a_detached_runs_batch_script_keeps_the_job_while_a_step_of_the_run_is_left(tmp_path):
-    class Cluster:
-        nodes, processes_per_node, cpus_per_process, platform, partition = 1, 1, None, "cpu", None
-        time_limit = account = qos = None
-        signal_lead_s, requeue, sbatch_options, orphan_timeout_s = 0, True, (), 600
-
-    class Job:
-        name, cluster = "linear", Cluster
-
     foreground, detached = (script.script_text(Job, "/r/un dir", detached=d) for d in (False, True))
     assert "squeue" not in foreground and "ending the job\"; exit 0" in foreground
     assert "steps=podlaunch.linear." in detached and 'squeue -h -s -j "$SLURM_JOB_ID"' in detached
