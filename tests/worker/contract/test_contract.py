@@ -310,8 +310,11 @@ def test_the_parallelism_is_a_value_named_by_train_parallelism():
     assert (jit.name, jit.replicate) == ("jit", sharded.replicate) and "jax.jit" in jit.description
     with pytest.raises(ValueError, match="expected 'auto', 'pmap' or 'jit'"):
         parallelism.of("pjit")
-    # auto: the seed's pmap, but jit for fused calls in one process or one device per process
-    assert parallelism.of("auto").name == "pmap"
+    # auto: the seed's pmap, but jit in one process of one device, and for fused calls in one
+    # process or one device per process
+    assert parallelism.of("auto").name == "jit"
+    assert parallelism.of("auto", num_processes=2).name == "pmap"
+    assert parallelism.of("auto", local_device_count=2).name == "pmap"
     assert parallelism.of("auto", steps_per_call=100, num_processes=1, local_device_count=4).name == "jit"
     assert parallelism.of("auto", steps_per_call=100, num_processes=4, local_device_count=1).name == "jit"
     assert parallelism.of("auto", steps_per_call=100, num_processes=2, local_device_count=2).name == "pmap"

@@ -71,9 +71,15 @@ def test_a_constant_batch_ends_at_the_same_params_and_rows_as_the_batch_passed_i
         _same(given_rows, baked_rows)
 
 
-def test_auto_is_jit_where_the_batch_is_a_constant():
-    assert parallelism.of("auto", 1, 1, 1).name == "pmap"
+def test_auto_is_jit_in_one_process_of_one_device_or_where_the_batch_is_a_constant():
+    # one device alone: jit at any steps_per_call (its dispatch is the cheaper); pmap where a
+    # process has several devices, or one of several processes steps one at a time
+    assert parallelism.of("auto", 1, 1, 1).name == "jit"
     assert parallelism.of("auto", 1, 1, 1, constant_batch=True).name == "jit"
+    assert parallelism.of("auto", 1, 1, 2).name == "pmap"
+    assert parallelism.of("auto", 1, 2, 1).name == "pmap"
+    assert parallelism.of("auto", 10, 2, 1).name == "jit"
+    assert parallelism.of("auto", 10, 2, 2).name == "pmap"
 
 
 def test_what_chooses_the_forms():
