@@ -162,6 +162,12 @@ class Batches:
         """0-based ``step``'s batch on the host (shapes and dtypes; the first batch's check)."""
         return self._host_batch(step)
 
+    @property
+    def same_every_call(self) -> bool:
+        """Whether every call's inputs are the same arrays (resident data of one batch:
+        ``get`` returns one tuple whatever the step), so a loop may take them once."""
+        return self.resident and self.order.num_batches == 1
+
     def get(self, start: int) -> tuple:
         """The inputs of the call whose first step (0-based) is ``start``.
 

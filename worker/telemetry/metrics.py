@@ -14,7 +14,7 @@ every process's own step time is in) ``worker.telemetry.records.Records``', each
   oldest kept one has finished (``worker.trainer.calls.InFlight`` says which steps
   have: on CPU at most 2 calls are in flight, so step s has finished once the
   call 2 after it has been dispatched) and ``read_every_s`` has passed since the last read. A batch is
-  one ``device_get``, one write of its progress lines, one post of this
+  one read of its rows, one write of its progress lines, one post of this
   process's own step times to process 0 (``worker.runtime.gather``: the coordination
   service's key-value store, no device collective), then process 0 writes the
   TensorBoard scalars and metrics.jsonl of every log step whose per-process
@@ -60,6 +60,8 @@ import itertools
 import math
 import time
 from typing import Callable
+
+import numpy as np
 
 from worker.contract import job as jobs
 from worker.contract import redact, wire
@@ -122,6 +124,10 @@ class StepLogger:
         log step among them (``worker.trainer.calls.metrics_every``); default ``steps_per_call``.
       finished_step: returns the last step known to have finished (``worker.trainer.calls.InFlight``'s
         ``finished_step``); default: the step ``lag`` steps before the one dispatched.
+      fetch_early: ask for each log step's copy to the host as it is dispatched
+        (``fetch_when_done``): on TPU and GPU. On CPU devices the device's memory is the
+        host's, and the ask was 31% of a log step's logging (``Log.after``, py-spy, the
+        256 x 4 job at one step a call: docs/benchmarks.md): False there.
     """
 
     def __init__(self, job: jobs.WorkerJob, process_id: int, num_processes: int, tracker,
@@ -130,8 +136,9 @@ class StepLogger:
                  read_every_s: float = 0.25, gather=None, gather_timeout_s: float = 60.0,
                  steps_per_call: int = 1, metric_names: tuple = STEP_METRICS,
                  metrics_every: int | None = None,
-                 finished_step: Callable[[], int] | None = None):
+                 finished_step: Callable[[], int] | None = None, fetch_early: bool = True):
         logging = job.logging
+        self.fetch_early = fetch_early
         self.metric_names = tuple(metric_names)  # the step's metrics columns (a task's added)
         self.log_every = logging.log_every_steps
         self.on_nonfinite = logging.on_nonfinite_loss
@@ -207,15 +214,8 @@ class StepLogger:
         Raises:
           FloatingPointError: see ``read``.
         """
-        first = step - self.steps_per_call  # the call runs steps first + 1 .. step
         if step_metrics is not None:
-            kept = len(self._kept)
-            for logged in range(first + self.metrics_every, step + 1, self.metrics_every):
-                if self.is_log_step(logged):
-                    row = (logged - first) // self.metrics_every - 1
-                    self._kept.append([logged, self.timer.calls, None, step_metrics, row, step])
-            if len(self._kept) > kept:
-                fetch_when_done(step_metrics)
+            self.keep(step, step_metrics, self.timer.calls)
         done = self.finished_step() if self.finished_step is not None else step - self.lag
         # finished: its call is known to have (the queue waited for it), or its rows are on
         # hand (a queue that waits only every 0.1 s would time a short run's log steps all at
@@ -241,6 +241,33 @@ class StepLogger:
             # Process 0 between its own reads: other processes' values may have come.
             self.records.collect()
             self.timer.charge(self.records.last_collect - now)  # logging's work, as in read()
+
+    def keep(self, step: int, step_metrics, calls: int) -> None:
+        """Keep the log steps of the call that ends at ``step`` (its rows ``step_metrics``, as
+        ``after_dispatch`` takes them), dispatched when ``calls`` steps had been
+        (``StepTimer.calls`` counting this call): read once found finished, by a later
+        ``after_dispatch``, ``flush`` or ``finish``. The loop's quiet calls keep their log
+        steps here alone (``worker.trainer.loop``)."""
+        first = step - self.steps_per_call  # the call runs steps first + 1 .. step
+        kept = len(self._kept)
+        for logged in range(first + self.metrics_every, step + 1, self.metrics_every):
+            if self.is_log_step(logged):
+                row = (logged - first) // self.metrics_every - 1
+                self._kept.append([logged, calls, None, step_metrics, row, step])
+        if len(self._kept) > kept and self.fetch_early:
+            fetch_when_done(step_metrics)
+
+    def next_logging_call(self, step: int) -> float:
+        """The end of the first call, of those ending at ``step``, ``step + k``, ..., that
+        holds a log step (``logs_in``; k = ``steps_per_call``); inf where none does."""
+        k = self.steps_per_call
+        first = step - k + 1  # the first step of the call that ends at step
+        logged = -(-first // self.log_every) * self.log_every  # the first log period's step
+        if first <= self.num_steps < logged:
+            logged = self.num_steps  # the last step is logged too
+        if logged > self.num_steps:
+            return math.inf
+        return step + max(0, -(-(logged - step) // k)) * k
 
     def wait(self, array) -> None:
         """``jax.block_until_ready(array)``, the time counted as JAX's, not the host's own."""
@@ -315,8 +342,6 @@ class StepLogger:
             and so does the exception's ``step`` attribute. The steps before it
             are logged, the ones after it are not.
         """
-        import jax
-
         # flush(): wait for each in turn, so each gets its own interval; those finished
         # already share the one since the last timed (timed one by one, microseconds apart,
         # a checkpoint's flush showed millions of steps/s, then the next line a fraction)
@@ -345,7 +370,10 @@ class StepLogger:
             del untimed[:ready]
         start = self.clock()
         arrays = {id(entry[3]): entry[3] for entry in kept}  # a call's log steps share one
-        fetched = dict(zip(arrays, jax.device_get(list(arrays.values()))))
+        # each already asked for (fetch_early) or in the host's memory (CPU devices): read as
+        # it is (jax.device_get asked again for each, through its tree and a profiler
+        # annotation: 15% of a log step's logging on one CPU device)
+        fetched = {key: np.asarray(array) for key, array in arrays.items()}
         records, lines, error = [], [], None
         for step, _, (step_time_s, own_step_time_s), step_metrics, row, _ in kept:
             rows = fetched[id(step_metrics)]  # device 0's rows (of a fused call: log steps')

@@ -22,13 +22,18 @@ The contract every action keeps:
   the other actions add.
 * It may raise to end the run (a non-finite loss, a hook's exit, a full disk), as the loop's
   own code may: the loop's ``finally`` closes everything.
-* It is not run at a quiet call (``Quiet``): one with no step of a declared period in it
-  (``worker.contract.periods``: log, checkpoint, local copy and last steps), no profile
-  window's step, no notice, within ``QUIET_S`` of the last call the actions ran at. So
-  work an action does by the clock (a heartbeat, a read of finished log steps, a profile
+* It is not run at a quiet call (``Quiet``): one with no step in it of a declared period
+  that ends a call (``worker.contract.periods.ENDS_A_CALL``: checkpoint and last steps), no
+  profile window's step, no notice, within ``QUIET_S`` of the last call the actions ran at.
+  So work an action does by the clock (a heartbeat, a read of finished log steps, a profile
   request's poll) may come up to ``QUIET_S`` late, and work at a step must be declared as a
-  period (or, for the profiler, be its ``next_step``). An action that must see every call
-  (a task's hook) says ``every_call = True``: then no call is quiet.
+  period (or, for the profiler, be its ``next_step``). A period done at the next call end
+  (``NEXT_CALL_END``: a local copy) is done at the first call with actions after its step,
+  within ``QUIET_S``; a log step (``A_ROW``) in a quiet call has its rows kept by the logger
+  there (``StepLogger.keep``: what ``Log`` does first; read at the next call with actions),
+  or, where the loop cannot dispatch rows in a run of quiet calls, it ends the run
+  (``worker.trainer.loop``). An action that must see every call (a task's hook) says
+  ``every_call = True``: then no call is quiet.
 """
 
 from __future__ import annotations
@@ -163,13 +168,14 @@ class Quiet:
     """Which calls the loop dispatches with no action before or after them.
 
     After each call the actions ran at (``ran``), the next call that needs them is the
-    first whose steps reach the next multiple of any declared period, or the profiler's
+    first whose steps reach the next multiple of any period given, or the profiler's
     ``next_step``; until then, and for at most ``QUIET_S`` seconds, calls are quiet. A
     task's ``on_step_end`` needs every call: then none is quiet.
 
     Args:
-      period_steps: every period of the job, in steps (``worker.contract.periods.steps``
-        of each kind; the last step's, ``train.num_steps``, among them).
+      period_steps: the periods that end a run of quiet calls, in steps (the loop's: those
+        that end a call, ``worker.contract.periods.ENDS_A_CALL``, the last step's,
+        ``train.num_steps``, among them; the log steps' where a run cannot dispatch rows).
       profiler: has ``next_step(step)`` (``worker.telemetry.profiler.Profiler``).
       every_call: no call is quiet (an action's ``every_call``: a task's hook).
       clock: seconds, monotonic.

@@ -203,6 +203,20 @@ class StepCalls:
         a first call has compiled it (None before, and where there is none)."""
         return self._call[False] if self.compiled else None
 
+    @property
+    def has_bare(self) -> bool:
+        """Whether there is a bare call (none where every call is ``rows``: several processes'
+        pmap), compiled or not yet."""
+        return self._mapped[False] is not None
+
+    @property
+    def rows(self) -> Callable | None:
+        """The rows call as the loop may call it directly, ``(state, *inputs) -> (state,
+        metrics)`` with this process's metrics (``local_rows``), once a first call has compiled
+        it; None before, and where there is no bare call (then the loop's own dispatch makes
+        every call)."""
+        return self._rows if self.compiled and self._mapped[False] is not None else None
+
     def flatten(self, params: Any, opt_state: Any) -> list:
         """The state a call takes: the leaves of ``(params, opt_state)``."""
         return self.treedef.flatten_up_to((params, opt_state))
@@ -235,6 +249,10 @@ class StepCalls:
             if self.run_compiled:
                 self._call[rows] = compiled
         self.compiled = True
+
+    def _rows(self, state: list, *inputs) -> tuple:
+        state, metrics = self._call[True](state, *inputs)
+        return state, (self.local_rows(metrics) if self.local_rows else metrics)
 
 
 class _inputs_dropped:

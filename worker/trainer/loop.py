@@ -221,7 +221,8 @@ class Loop:
                                          steps_per_call=start.steps_per_call,
                                          metric_names=start.metric_names,
                                          metrics_every=start.metrics_every,
-                                         read_every_s=calls.read_every_s(platform))
+                                         read_every_s=calls.read_every_s(platform),
+                                         fetch_early=platform != "cpu")
 
         step_calls, logs_in = start.calls, self.logger.logs_in
 
@@ -251,9 +252,16 @@ class Loop:
                          if self.local is not None else [])
         self.actions += ([steps.Hook(task.on_step_end, logger, identity.process_id)]
                          if task.on_step_end else [])
-        self.quiet = steps.Quiet([p for kind in periods.KINDS for p in periods.steps(job, kind)],
-                                 self.profiler, every_call=any(getattr(action, "every_call", False)
-                                                               for action in self.actions))
+        # Which periods end a run of quiet calls (steps.Quiet): those that end a call (a save,
+        # the last step); a log step's rows too, unless the run dispatches them itself (its
+        # fast path: a bare call to make the others); a local copy's never (its work is at the
+        # first call end after its step: the next call with actions, within QUIET_S)
+        self.rows_in_runs = not in_flight.per_call and start.calls.has_bare
+        ending = periods.steps(job, periods.ENDS_A_CALL) + (
+            [] if self.rows_in_runs else periods.steps(job, periods.A_ROW))
+        self.quiet = steps.Quiet(ending, self.profiler,
+                                 every_call=any(getattr(action, "every_call", False)
+                                                for action in self.actions))
 
     def run(self):
         """Every call from the start to the last step, or to the step a preemption notice
@@ -311,16 +319,22 @@ class Loop:
         (``InFlight.ahead_calls``: a slow step's run is one call, and the queue's bounds meet
         every call), and the run's seconds count as JAX's (``StepTimer.count``) but for its
         waits for batches (``Batches.waited_s``: the host's own, as on the loop's path). The notice is told of every call
-        (``Notice.passes``, no lock), as ``may_dispatch`` is, on both paths. Where the bound is
+        (``Notice.passes``, no lock), as ``may_dispatch`` is, on both paths. A call with a log
+        step is the rows call, its rows kept by the logger (``StepLogger.keep``) and read at the
+        next call with actions, as the Log action would (``rows_in_runs``). Where the bound is
         a few calls (several CPU devices: ``InFlight.per_call``), or every call returns rows
-        (several processes' pmap), each call goes through the loop's own dispatch."""
+        (several processes' pmap), each call goes through the loop's own dispatch, and a run
+        ends before a log step."""
         start, quiet, notice, k = self.start, self.quiet, self.notice, self.start.steps_per_call
         call, get, in_flight, clock = start.calls.bare, start.batches.get, self.in_flight, quiet.clock
-        if call is None or in_flight.per_call:  # the loop's own dispatch, its actions skipped
+        rows = start.calls.rows
+        if call is None or rows is None or in_flight.per_call:  # the loop's own dispatch, its actions skipped
             if notice is not None and not notice.passes(step):
                 return state, step  # a notice: the loop's own path asks may_dispatch
             self.step = step
-            state, _ = self.timed_step(state, get(step - k), step - k + 1, step)
+            state, step_metrics = self.timed_step(state, get(step - k), step - k + 1, step)
+            if step_metrics is not None:  # kept as the Log action keeps them (read later)
+                self.logger.keep(step, step_metrics, self.logger.timer.calls)
             return state, step + k
         began, first, waited_s = clock(), step, start.batches.waited_s
         # never past the run's last step, whatever the periods say (a quiet run past it left
@@ -328,11 +342,25 @@ class Loop:
         last = min(quiet.until - 1, self.job.train.num_steps,
                    step + k * (min(in_flight.max_calls, in_flight.ahead_calls(k)) - 1))
         passes = notice.passes if notice is not None else None
+        # resident data of one batch: every call's inputs are one tuple, taken once (a call
+        # for them beside each step's was 2-3% of the 256 x 4 step's on one CPU device)
+        same = get(step - k) if start.batches.same_every_call else None
+        # a call with a log step returns its rows, kept by the logger as the loop's Log action
+        # keeps them (read at the next call with actions): a log step costs its rows, not the
+        # actions (every 100 steps, those held the 256 x 4 step at one step a call on one CPU
+        # device to 0.8 of its quiet calls' rate; docs/benchmarks.md)
+        logger = self.logger
+        logged, calls_before = logger.next_logging_call(step), logger.timer.calls
         try:
             while step <= last:
                 if passes is not None and not passes(step):
                     break  # a notice: the loop's own path asks may_dispatch
-                state = call(state, *get(step - k))
+                if step == logged:
+                    state, step_metrics = rows(state, *(same or get(step - k)))
+                    logger.keep(step, step_metrics, calls_before + step - first + k)
+                    logged = logger.next_logging_call(step + k)
+                else:
+                    state = call(state, *(same or get(step - k)))
                 step += k
                 if not (step - first) // k % QUIET_CHECK_CALLS and clock() >= quiet.deadline:
                     break

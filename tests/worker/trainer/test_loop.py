@@ -137,22 +137,25 @@ def _same_params(got: dict, want: dict) -> None:
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=0, err_msg=name)
 
 
+@pytest.mark.parametrize("parallelism", ["jit", "pmap"])
 def test_a_long_run_at_one_step_a_call_logs_each_log_step_once_and_saves_each_checkpoint(
-        tmp_path):
-    """3,000 steps at one step a call on one device (pmap's compiled bare call between the
-    log steps): 30 log lines and metrics rows, each once and in order, the checkpoints of
-    steps 1,000, 2,000 and 3,000. Then the run resumed from its first checkpoint (its first
-    call step 1,001's): its lines and checkpoints those after it, each once, its params the
-    uninterrupted run's."""
+        tmp_path, parallelism):
+    """3,000 steps at one step a call on one device (runs of quiet calls dispatching the
+    log steps' rows calls themselves, between the checkpoints; jit, auto's, and pmap's
+    compiled executables): 30 log lines and metrics rows, each once and in order, the
+    checkpoints of steps 1,000, 2,000 and 3,000. Then the run resumed from its first
+    checkpoint (its first call step 1,001's): its lines and checkpoints those after it,
+    each once, its params the uninterrupted run's."""
     run_dir = tmp_path / "run"
-    whole = _train(run_dir, *LONG)
+    settings = (*LONG, f"train.parallelism={parallelism}")
+    whole = _train(run_dir, *settings)
     steps = list(range(100, 3001, 100))
     assert whole.logged == steps, whole.lines
     assert [row["step"] for row in _rows(run_dir)] == steps
     assert whole.saved == _checkpoints(run_dir) == [1000, 2000, 3000]
     _timed_within(whole)
 
-    resumed = _resumed(run_dir, LONG, at=1000)
+    resumed = _resumed(run_dir, settings, at=1000)
     assert resumed.logged == steps[10:], resumed.lines
     assert [row["step"] for row in _rows(run_dir)] == steps + steps[10:]  # appended
     assert resumed.saved == [2000, 3000] and _checkpoints(run_dir) == [1000, 2000, 3000]
