@@ -18,6 +18,8 @@ import hashlib
 import os
 
 from launcher import owned
+from launcher.backends.slurm import lifecycle
+from launcher.backends.slurm.lifecycle import Phase
 from launcher.errors import SpecError
 from launcher.rundir import runlock
 
@@ -65,11 +67,18 @@ def batch_run_dir(record: dict | None) -> str:
 
 def queued_jobs(slurm, name: str) -> tuple[list, list]:
     """This user's queued jobs named ``name``, as ``(stale, beside)``: lists of
-    ``(job id, state, run dir or "")``; ``beside``: their launcher holds their run dir."""
+    ``(job id, state, run dir or "")``; ``beside``: their launcher holds their run dir. A job
+    whose lock is free is read again after the lock: a launcher releases it only once its job
+    has left the queue, so a launch that ended between the two reads is neither."""
     stale, beside = [], []
     for job_id, state in slurm.jobs_named(name):
         run_dir = batch_run_dir(slurm.job(job_id))
-        (beside if run_dir and runlock.held(run_dir) else stale).append((job_id, state, run_dir))
+        if run_dir and runlock.held(run_dir):
+            beside.append((job_id, state, run_dir))
+            continue
+        again = slurm.job(job_id)
+        if lifecycle.phase(again) in (Phase.RUNNING, Phase.SETTLING, Phase.WAITING):
+            stale.append((job_id, again.get("JobState", state), run_dir))
     return stale, beside
 
 
@@ -85,4 +94,7 @@ def job_steps(slurm, job_id: str, name: str, own_prefix: str) -> tuple[list, lis
         other = registered_run_dir(step_name[len(name) + 1:].split(".")[0])
         if not (other and runlock.held(other)):
             stale.append((step, step_name))
+    if stale:  # listed again after the locks, as ``queued_jobs`` reads a job again
+        left = set(slurm.steps_named(job_id, name + "."))
+        stale = [s for s in stale if s in left]
     return own, stale
