@@ -192,8 +192,9 @@ class Fresh(Start):
         self.dry_run = dry_run
 
     def run_dir(self, held: list) -> str:
+        made = not os.path.exists(self.requested) if self.requested is not None else True
         self.dir = run_dir_for(self.job, self.requested, create=not self.dry_run)
-        if self.requested is None and not self.dry_run:
+        if made and not self.dry_run:  # a --run-dir is made by the lock, before the plan
             held.append(_RemovedIfEmpty(self.dir))  # a start that fails before any file: no trace
         _check_creatable(self.dir, self.flag)
         return self.dir

@@ -1,3 +1,4 @@
+# long: the step logger whole: what a log step keeps, how it is timed, read and written, one state shared by each of them
 """What a worker measures and logs at log steps: timing, norms, the per-process gather.
 
 The training loop stays a few lines; everything it reports goes through one

@@ -1,3 +1,4 @@
+# long: one process's loop whole: where it starts from, its actors, and its two paths of calls (the quiet calls' is the loop's own path, kept beside it)
 """One process's training: what the loop starts from (``begin``), the actors it runs with
 (``Loop.arm``), then one pass per device call through the step actions
 (``worker.trainer.actions``, ``Loop.run``).
