@@ -214,3 +214,26 @@ def test_the_settings_declare_their_periods_and_a_new_period_ends_calls_with_no_
                                 4096) == 1000
     assert calls.steps_per_call("auto", "tpu", [0, *periods.steps(after, periods.ENDS_A_CALL)],
                                 4096) == 250
+
+
+def test_the_next_logging_call_is_the_first_call_that_logs_as_logs_in_says():
+    """A run of quiet calls dispatches the rows call at ``next_logging_call`` alone
+    (``worker.trainer.loop``): it must be the first call end, of ``step``, ``step + k``, ...,
+    whose call ``logs_in`` says logs (log steps at call ends or inside calls, the last step
+    off the period; k divides the last step, as the launcher asks), else a log line is lost or
+    a call returns rows for nobody."""
+    from harness.helpers import REPO
+    from launcher import backends
+    from launcher import spec as specs
+    from worker.telemetry.metrics import StepLogger
+    from worker.telemetry.tracker import NullTracker
+
+    for k, log_every, num_steps in ((1, 10, 95), (2, 25, 3000), (4, 10, 96), (5, 3, 40), (8, 100, 64)):
+        job = specs.load(f"{REPO}/jobs/linear.yaml", None, (
+            f"train.num_steps={num_steps}", f"logging.log_every_steps={log_every}",
+            "logging.tensorboard=false"), registry=backends).job_file()
+        logger = StepLogger(job, 0, 1, NullTracker(), out=lambda text: None, steps_per_call=k,
+                            metrics_every=math.gcd(k, log_every))
+        for step in range(k, num_steps + 1, k):
+            ends = [e for e in range(step, num_steps + 1, k) if logger.logs_in(e - k + 1, e)]
+            assert logger.next_logging_call(step) == (ends[0] if ends else math.inf), (k, log_every, step)
