@@ -215,7 +215,7 @@ class StepCalls:
         metrics)`` with this process's metrics (``local_rows``), once a first call has compiled
         it; None before, and where there is no bare call (then the loop's own dispatch makes
         every call)."""
-        return self._rows if self.compiled and self._mapped[False] is not None else None
+        return self._rows if self.compiled and self.has_bare else None
 
     def flatten(self, params: Any, opt_state: Any) -> list:
         """The state a call takes: the leaves of ``(params, opt_state)``."""
@@ -240,8 +240,7 @@ class StepCalls:
             out = self._mapped[rows](state, *inputs)  # refused before it ran: compiled for these
         if not rows:
             return out, None
-        state, metrics = out
-        return state, (self.local_rows(metrics) if self.local_rows else metrics)
+        return out[0], self._local(out[1])
 
     def _compile(self, state: list, inputs: tuple) -> None:
         for rows, mapped in self._mapped.items():
@@ -252,7 +251,10 @@ class StepCalls:
 
     def _rows(self, state: list, *inputs) -> tuple:
         state, metrics = self._call[True](state, *inputs)
-        return state, (self.local_rows(metrics) if self.local_rows else metrics)
+        return state, self._local(metrics)
+
+    def _local(self, metrics):
+        return self.local_rows(metrics) if self.local_rows else metrics
 
 
 class _inputs_dropped:

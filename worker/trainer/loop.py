@@ -257,9 +257,9 @@ class Loop:
         # the last step); a log step's rows too, unless the run dispatches them itself (its
         # fast path: a bare call to make the others); a local copy's never (its work is at the
         # first call end after its step: the next call with actions, within QUIET_S)
-        self.rows_in_runs = not in_flight.per_call and start.calls.has_bare
+        rows_in_runs = not in_flight.per_call and start.calls.has_bare
         ending = periods.steps(job, periods.ENDS_A_CALL) + (
-            [] if self.rows_in_runs else periods.steps(job, periods.A_ROW))
+            [] if rows_in_runs else periods.steps(job, periods.A_ROW))
         self.quiet = steps.Quiet(ending, self.profiler,
                                  every_call=any(getattr(action, "every_call", False)
                                                 for action in self.actions))
@@ -322,7 +322,7 @@ class Loop:
         waits for batches (``Batches.waited_s``: the host's own, as on the loop's path). The notice is told of every call
         (``Notice.passes``, no lock), as ``may_dispatch`` is, on both paths. A call with a log
         step is the rows call, its rows kept by the logger (``StepLogger.keep``) and read at the
-        next call with actions, as the Log action would (``rows_in_runs``). Where the bound is
+        next call with actions, as the Log action would (``Loop.arm``'s periods). Where the bound is
         a few calls (several CPU devices: ``InFlight.per_call``), or every call returns rows
         (several processes' pmap), each call goes through the loop's own dispatch, and a run
         ends before a log step."""
