@@ -96,6 +96,39 @@ def _ready(array) -> bool:
     return True if ready is None else ready()
 
 
+def finished_upto(kept, begin: int, done: int) -> int:
+    """The index past the last of ``kept[begin:]`` known to have finished: those whose call
+    ends at or before ``done`` (a step the queue saw finish), then those whose rows are ready.
+
+    Calls finish in the order they were dispatched (each takes the state the one before
+    returned), so readiness is ``True ... True False ... False`` along ``kept``: the newest is
+    asked first, then the boundary is bisected: a few ``is_ready`` calls for any number of
+    kept log steps, where each was asked in turn before (a fused call's ten log steps share
+    one array; ``is_ready`` costs the v5e's host 5-9 us: bench/host_costs.py, docs/tpu.md).
+
+    Args:
+      kept: the logger's kept log steps, oldest first (index 5: the call's last step; index
+        3: its rows, a device array).
+      begin: those before it are finished already.
+      done: the last step known finished.
+    """
+    end, size = begin, len(kept)
+    while end < size and kept[end][5] <= done:
+        end += 1
+    if end == size or not _ready(kept[end][3]):
+        return end
+    if _ready(kept[size - 1][3]):
+        return size
+    low, high = end + 1, size - 1  # kept[end] ready, kept[size - 1] not
+    while low < high:
+        middle = (low + high) // 2
+        if _ready(kept[middle][3]):
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
 def json_value(value: float) -> float | None:
     """``value`` for strict JSON: non-finite numbers (NaN, inf) become None (``null``)."""
     return value if math.isfinite(value) else None
@@ -222,9 +255,7 @@ class StepLogger:
         # hand (a queue that waits only every 0.1 s would time a short run's log steps all at
         # its end, a few microseconds apart)
         newly = self._finished
-        while self._finished < len(self._kept) and (self._kept[self._finished][5] <= done
-                                                    or _ready(self._kept[self._finished][3])):
-            self._finished += 1
+        self._finished = finished_upto(self._kept, self._finished, done)
         if self._finished > newly:  # found finished together: the interval is theirs alike
             found = list(itertools.islice(self._kept, newly, self._finished))
             # found at this call, up to a log period after they finished: a flush at this
@@ -362,8 +393,7 @@ class StepLogger:
         while untimed:
             # those finished already (when, exactly, is not known) and the first waited for
             # (known: now) share the interval
-            ready = next((n for n, entry in enumerate(untimed) if not _ready(entry[3])),
-                         len(untimed))
+            ready = finished_upto(untimed, 0, -1)
             if ready < len(untimed):
                 self.wait(untimed[ready][3])  # waiting for the device: not host work
                 ready += 1
