@@ -11,6 +11,10 @@ so what counts is all the CPU time it takes, on every thread, not only the calle
   ``multiprocessing.Queue`` and its writer thread), then ``flush``.
 * ``tracker``: ``worker.telemetry.tracker.TensorBoardTracker.scalars``, then ``flush``.
 
+Then the calling thread's share alone where a ``BackgroundTracker`` writes on a thread of its
+own (the worker's loop): log steps handed over one by one (``scalars``) against in batches of
+``BATCH`` (``rows``, what a read of log steps hands over).
+
 Prints, per side, microseconds per event of this thread's CPU time (``time.thread_time``) and of
 the whole process's (``time.process_time``: every thread), the best of ``--rounds``, and the
 ratios tracker / summarywriter. CPU time, not wall time: other load on a shared machine
@@ -33,6 +37,7 @@ from worker.telemetry import tracker as trackers  # noqa: E402  (after the path 
 
 VALUES = {"loss": 0.1, "grad_norm": 0.2, "param_norm": 1.0, "learning_rate": 0.1,
           "step_time_s": 1e-6, "examples_per_s": 1e8, "step_time_s/process_000": 1e-7}
+BATCH = 250  # log steps a read hands over at the default on a TPU v5e (25 ms of them)
 
 
 def summarywriter(logdir: str, events: int) -> None:
@@ -52,6 +57,30 @@ def tracker(logdir: str, events: int) -> None:
     for step in range(events):
         tb.scalars(step, VALUES)
     tb.close()
+
+
+def handed_each(logdir: str, events: int) -> None:
+    # the loop's thread handing each log step to the writer thread (BackgroundTracker.scalars)
+    tb = trackers.BackgroundTracker(trackers.TensorBoardTracker(logdir))
+    for step in range(events):
+        tb.scalars(step, VALUES)
+    tb.close()
+
+
+def handed_batches(logdir: str, events: int) -> None:
+    # the same log steps handed over 250 at a time (BackgroundTracker.rows: one read's batch)
+    tb = trackers.BackgroundTracker(trackers.TensorBoardTracker(logdir))
+    for first in range(0, events, BATCH):
+        tb.rows([(step, VALUES) for step in range(first, min(events, first + BATCH))])
+    tb.close()
+
+
+def caller_share(side, events: int) -> float:
+    """Microseconds per event of the calling thread's CPU alone (the writer thread's not)."""
+    with tempfile.TemporaryDirectory() as logdir:
+        thread = time.thread_time()
+        side(logdir, events)
+        return (time.thread_time() - thread) / events * 1e6
 
 
 def measure(side, events: int) -> tuple:
@@ -78,6 +107,13 @@ def main() -> None:
     ref, new = best["summarywriter"], best["tracker"]
     print(f"tracker / summarywriter: {new[0] / ref[0]:.2f} this thread, "
           f"{new[1] / ref[1]:.2f} every thread ({args.events} events, best of {args.rounds})")
+    # the loop's thread's share when the writing is on a thread of its own: a log step handed
+    # over alone, against a batch of them (the calling thread's CPU only; the close's wait
+    # for the writer is a sleep, not CPU)
+    each = min(caller_share(handed_each, args.events) for _ in range(args.rounds))
+    batches = min(caller_share(handed_batches, args.events) for _ in range(args.rounds))
+    print(f"handed to the writer thread: {each:.1f} us/event one by one, {batches:.1f} in "
+          f"batches of {BATCH} ({batches / each:.2f}), the calling thread's CPU")
 
 
 if __name__ == "__main__":

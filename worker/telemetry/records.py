@@ -49,9 +49,10 @@ class Records:
         written now (one process), or posted and, on process 0, held until complete.
         ``post`` False: nothing is sent (a process ending while process 0 may be gone)."""
         if self.gather is None:
-            for step, own, values in records:
-                values[process_tag(self.process_id)] = own
-                self._write(step, values)
+            tag = process_tag(self.process_id)
+            for _, own, values in records:
+                values[tag] = own
+            self._write_rows([(step, values) for step, _, values in records])
             self.tracker.flush()
         elif post:
             self.gather.post((step, own) for step, own, _ in records)
@@ -84,20 +85,27 @@ class Records:
             if not ending:
                 raise
         with interrupts.held():
-            while self.held:
-                self._write(*self.held.popleft())
+            rows, self.held = list(self.held), collections.deque()
+            self._write_rows(rows)
             self.tracker.flush()
 
     def _write_held(self, arrived: dict) -> None:
         """Write held records in step order while their per-process values have arrived."""
         with interrupts.held():  # taken off held: written, or still held
+            rows = []
             while self.held and self.held[0][0] in arrived:
                 step, values = self.held.popleft()
                 values.update(zip(map(process_tag, range(self.num_processes)), arrived.get(step, ())))
-                self._write(step, values)
+                rows.append((step, values))
+            self._write_rows(rows)
             self.tracker.flush()
 
-    def _write(self, step: int, values: dict) -> None:
-        self.tracker.scalars(step, values)
+    def _write_rows(self, rows: list) -> None:
+        """``(step, values)`` records, in step order, to the tracker as one batch; the last
+        step's also writes the hparams (after its scalars)."""
+        if not rows:
+            return
+        self.tracker.rows(rows)
+        step, values = rows[-1]
         if step == self.num_steps and "loss" in values:
             self.tracker.hparams(self.hparams, {"final_loss": values["loss"]})

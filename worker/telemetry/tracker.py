@@ -1,3 +1,4 @@
+# long: the metrics sinks behind one interface (TensorBoard, metrics.jsonl, the writer thread, nothing) and TensorBoard's landing layout, each written on the hot path of a log step
 """Metrics sinks: TensorBoard + metrics.jsonl (process 0) or nothing (everyone else).
 
 Callers never branch on "am I process 0": they get a ``Tracker`` either way,
@@ -11,6 +12,7 @@ import math
 import os
 import queue
 import re
+import struct
 import sys
 import threading
 import time
@@ -55,6 +57,12 @@ class NullTracker:
     def scalars(self, step: int, values: dict) -> None:
         pass
 
+    def rows(self, rows: list) -> None:
+        """``scalars(step, values)`` of each ``(step, values)`` in ``rows``, in order (a batch
+        of log steps, handed over in one call: ``BackgroundTracker``)."""
+        for step, values in rows:
+            self.scalars(step, values)
+
     def text(self, tag: str, text: str, step: int = 0) -> None:
         pass
 
@@ -76,6 +84,31 @@ class NullTracker:
 
     def close(self) -> None:
         pass
+
+
+# sets of scalar tags whose events a TensorBoardTracker keeps built (TensorBoardTracker._shape)
+SHAPES_KEPT = 16
+_LENGTH, _CRC = struct.Struct("<Q"), struct.Struct("<I")
+
+
+def record(data: bytes, crc32c) -> bytes:
+    """``data`` framed as one TFRecord, the container of TensorBoard's event files: its length
+    (uint64, little-endian), the masked CRC-32C of those 8 bytes (uint32), the data, the
+    masked CRC-32C of the data (uint32). Masked: the CRC rotated right by 15 bits plus
+    0xa282ead8, modulo 2**32. Source: TensorFlow's ``tensorflow/core/lib/io/record_writer.cc``
+    and ``crc32c.h`` (``Mask``), as tensorboardX's ``RecordWriter`` writes it.
+
+    Args:
+      data: a serialized ``Event``.
+      crc32c: ``bytes -> int``, the CRC-32C (Castagnoli) of its argument.
+    """
+    header = _LENGTH.pack(len(data))
+    return b"".join((header, _CRC.pack(_masked(crc32c(header))), data,
+                     _CRC.pack(_masked(crc32c(data)))))
+
+
+def _masked(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 class TensorBoardTracker(NullTracker):
@@ -111,6 +144,10 @@ class TensorBoardTracker(NullTracker):
         self._own: dict = {}  # process id -> the EventsWriter of its own run (process_run)
         self._event, self._summary = Event, Summary
         self._custom_scalars, self._laid_out = custom_scalars, False
+        self._shapes: dict = {}  # tags -> what scalars fills (_shape)
+        from tensorboardX.crc32c import crc32c  # native where the crc32c package is installed
+
+        self._crc32c = crc32c
 
     def layout(self, own_metrics: tuple = ()) -> None:
         if not self._laid_out:
@@ -126,18 +163,52 @@ class TensorBoardTracker(NullTracker):
     def scalars(self, step: int, values: dict) -> None:
         """One event of ``values`` (tag -> number) at ``step``; each process's own step time
         (``step_time_s/process_NNN``) goes to that process's own run instead, as
-        ``own_step_time_s`` (``worker.contract.metrics``)."""
-        self.layout()  # a no-op once laid out
-        Value, prefix = self._summary.Value, metrics.PROCESS_STEP_TIME
-        own = [tag for tag in values if tag.startswith(prefix)]
-        self._write(self._summary(value=[Value(tag=tag, simple_value=float(value))
-                                         for tag, value in values.items()
-                                         if not tag.startswith(prefix)]), step)
-        for tag in own:
-            process_id = int(tag[len(prefix):])
-            self._write(self._summary(value=[Value(tag=metrics.OWN_STEP_TIME,
-                                                   simple_value=float(values[tag]))]),
-                        step, self._own_run(process_id))
+        ``own_step_time_s`` (``worker.contract.metrics``).
+
+        Log steps carry the same tags step after step, so the events of one set of tags are
+        built once (``_shape``) and only their time, step and values are set on each call
+        before they are serialized: building a ``Summary`` of seven values and its ``Event``
+        afresh was a third of an event's CPU time (bench/bench_tracker.py)."""
+        shared, event, owns = self._shape(tuple(values))
+        now, step = time.time(), int(step)
+        event.wall_time, event.step = now, step
+        for value, tag in zip(event.summary.value, shared):
+            value.simple_value = float(values[tag])
+        self._append(self._events, event)
+        for tag, own, events in owns:
+            own.wall_time, own.step = now, step
+            own.summary.value[0].simple_value = float(values[tag])
+            self._append(events, own)
+
+    def _append(self, events, event) -> None:
+        """``events.write_event(event)``: framed here (``record``) and appended to the file
+        tensorboardX's writer opened, where that file is reachable; tensorboardX's own framing,
+        a Python call per field, was half of what an event cost after that
+        (bench/bench_tracker.py)."""
+        file = getattr(getattr(events, "_py_recordio_writer", None), "_writer", None)
+        if file is None or not hasattr(file, "write"):  # another tensorboardX: its own path
+            events.write_event(event)
+        else:
+            file.write(record(event.SerializeToString(), self._crc32c))
+
+    def _shape(self, tags: tuple) -> tuple:
+        """The events ``scalars`` fills for ``tags``: the shared tags, their ``Event``, and
+        per own step time its tag, its ``Event`` and its run's writer. Kept for the last
+        ``SHAPES_KEPT`` sets of tags (a program may log other scalars at some steps)."""
+        shape = self._shapes.get(tags)
+        if shape is None:
+            self.layout()  # a no-op once laid out
+            Value, prefix = self._summary.Value, metrics.PROCESS_STEP_TIME
+            shared = [tag for tag in tags if not tag.startswith(prefix)]
+            event = self._event(summary=self._summary(value=[Value(tag=tag) for tag in shared]))
+            owns = [(tag, self._event(summary=self._summary(
+                value=[Value(tag=metrics.OWN_STEP_TIME)])),
+                     self._own_run(int(tag[len(prefix):])))
+                    for tag in tags if tag.startswith(prefix)]
+            if len(self._shapes) >= SHAPES_KEPT:
+                self._shapes.pop(next(iter(self._shapes)))
+            shape = self._shapes[tags] = (shared, event, owns)
+        return shape
 
     def _own_run(self, process_id: int):
         """The event writer of process ``process_id``'s own run, opened at its first value."""
@@ -193,12 +264,21 @@ class JsonlTracker(NullTracker):
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self._file = open(path, "a", encoding="utf-8", opener=runfiles.opener)
+        self._keys: dict = {}  # tags -> their JSON keys ("loss": )
 
     def scalars(self, step: int, values: dict) -> None:
-        record = {"step": step}
-        record.update({tag: (float(v) if math.isfinite(float(v)) else None)
-                       for tag, v in values.items()})
-        self._file.write(json.dumps(record) + "\n")
+        # json.dumps's own text (its separators, ``float.__repr__`` for numbers), with each
+        # set of tags encoded once: a dict and json.dumps per log step was twice the CPU
+        keys = self._keys.get(tuple(values))
+        if keys is None:
+            if len(self._keys) >= SHAPES_KEPT:
+                self._keys.pop(next(iter(self._keys)))
+            keys = self._keys[tuple(values)] = [json.dumps(tag) + ": " for tag in values]
+        parts = [f'{{"step": {int(step)}']
+        for key, value in zip(keys, values.values()):
+            value = float(value)
+            parts.append(key + (repr(value) if math.isfinite(value) else "null"))
+        self._file.write(", ".join(parts) + "}\n")
 
     def flush(self) -> None:
         self._file.flush()
@@ -216,6 +296,10 @@ class Trackers(NullTracker):
     def scalars(self, step: int, values: dict) -> None:
         for tracker in self._trackers:
             tracker.scalars(step, values)
+
+    def rows(self, rows: list) -> None:
+        for tracker in self._trackers:
+            tracker.rows(rows)
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
         for tracker in self._trackers:
@@ -248,9 +332,9 @@ class BackgroundTracker(NullTracker):
     queued, then closes ``tracker``.
 
     For the training loop's thread on an accelerator: a log step's TensorBoard event and
-    metrics.jsonl line cost the host about 16 us here and several times that on a TPU v5e's
-    host, and at 100 steps a call of the 256 x 4 job a log step comes every 0.3 ms, which the
-    loop also needs to dispatch the next call (docs/tpu.md). On the writer thread that work
+    metrics.jsonl line cost the host about 17 us here (bench/bench_tracker.py) and more on a
+    TPU v5e's host, and at 100 steps a call of the 256 x 4 job a log step comes every 0.3 ms,
+    which the loop also needs to dispatch the next call (docs/tpu.md). On the writer thread that work
     runs while the loop's thread waits in JAX's dispatch, which leaves the interpreter lock.
 
     A call's values are copied when it is made. An error of the writer's (a full disk) is
@@ -290,6 +374,11 @@ class BackgroundTracker(NullTracker):
 
     def scalars(self, step: int, values: dict) -> None:
         self._put("scalars", step, dict(values))
+
+    def rows(self, rows: list) -> None:
+        # one hand-over a batch: a queue's put per log step cost the loop's thread 2-3 us
+        # each on the v5e's host, at thousands of log steps a second
+        self._put("rows", [(step, dict(values)) for step, values in rows])
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
         self._put("text", tag, text, step)
