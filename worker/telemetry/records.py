@@ -11,6 +11,7 @@ until a wait runs out: a value that never came is NaN), so a record is written o
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from typing import Callable
 
@@ -85,27 +86,35 @@ class Records:
             if not ending:
                 raise
         with interrupts.held():
-            rows, self.held = list(self.held), collections.deque()
-            self._write_rows(rows)
+            rows = list(self.held)
+            self._write_rows(rows)  # raises: every record still held, none lost
+            self.held.clear()
             self.tracker.flush()
 
     def _write_held(self, arrived: dict) -> None:
         """Write held records in step order while their per-process values have arrived."""
-        with interrupts.held():  # taken off held: written, or still held
+        # taken off held once written: a write that raises loses none (the writer thread's
+        # error is raised before it takes the batch; a tracker in this thread may have
+        # written part of it, written again by the next try)
+        with interrupts.held():
             rows = []
-            while self.held and self.held[0][0] in arrived:
-                step, values = self.held.popleft()
+            for step, values in itertools.takewhile(lambda record: record[0] in arrived, self.held):
                 values.update(zip(map(process_tag, range(self.num_processes)), arrived.get(step, ())))
                 rows.append((step, values))
             self._write_rows(rows)
+            for _ in rows:
+                self.held.popleft()
             self.tracker.flush()
 
     def _write_rows(self, rows: list) -> None:
-        """``(step, values)`` records, in step order, to the tracker as one batch; the last
-        step's also writes the hparams (after its scalars)."""
-        if not rows:
-            return
-        self.tracker.rows(rows)
-        step, values = rows[-1]
-        if step == self.num_steps and "loss" in values:
-            self.tracker.hparams(self.hparams, {"final_loss": values["loss"]})
+        """``(step, values)`` records, in step order, to the tracker in one batch (two where the
+        last step's record is not the batch's last: a program may report past it), the
+        hparams right after the last step's scalars."""
+        last = next((index for index, (step, values) in enumerate(rows)
+                     if step == self.num_steps and "loss" in values), None)
+        if last is not None:
+            self.tracker.rows(rows[:last + 1])
+            self.tracker.hparams(self.hparams, {"final_loss": rows[last][1]["loss"]})
+            rows = rows[last + 1:]
+        if rows:
+            self.tracker.rows(rows)

@@ -267,6 +267,12 @@ class JsonlTracker(NullTracker):
         self._keys: dict = {}  # tags -> their JSON keys ("loss": )
 
     def scalars(self, step: int, values: dict) -> None:
+        if "step" in values:  # a scalar named step overwrites the key, as it always has
+            record = {"step": step}
+            record.update({tag: (float(v) if math.isfinite(float(v)) else None)
+                           for tag, v in values.items()})
+            self._file.write(json.dumps(record) + "\n")
+            return
         # json.dumps's own text (its separators, ``float.__repr__`` for numbers), with each
         # set of tags encoded once: a dict and json.dumps per log step was twice the CPU
         keys = self._keys.get(tuple(values))

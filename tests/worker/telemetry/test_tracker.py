@@ -9,9 +9,11 @@ import os
 import struct
 
 import numpy as np
+import pytest
 
 from tests.harness import helpers
 from worker.telemetry import tracker as trackers
+from worker.telemetry.records import Records
 
 
 def test_events_built_once_per_set_of_tags_read_back_as_written(tmp_path):
@@ -84,3 +86,60 @@ def test_metrics_lines_are_what_json_dumps_writes(tmp_path):
                 for step, values in rows]
     assert open(path).read().splitlines() == expected
     assert [json.loads(line)["step"] for line in expected] == [1, 2, 3, 4]
+
+
+class Arrived:
+    """Every process's step times arrived for every step (process 0 of 2's gather)."""
+
+    lost_batches = 0
+
+    def post(self, items):
+        list(items)
+
+    def collect(self, steps):
+        return {step: (0.1, 0.2) for step in steps}
+
+    def wait(self, steps, timeout_s):
+        return self.collect(steps)
+
+
+class Written(trackers.NullTracker):
+    """What reached the writer, in order; fails once at ``fail_at``'s step."""
+
+    def __init__(self, fail_at=None):
+        self.calls, self.fail_at = [], fail_at
+
+    def scalars(self, step, values):
+        if step == self.fail_at:
+            self.fail_at = None
+            raise OSError(28, "No space left on device")
+        self.calls.append(("scalars", step))
+
+    def hparams(self, hparams, metrics):
+        self.calls.append(("hparams", metrics["final_loss"]))
+
+
+def test_held_records_in_one_batch_keep_the_hparams_after_the_last_steps_scalars():
+    # process 0 of 2, the last step's record and one past it (a program reporting on)
+    # complete at one collect: the hparams come right after the last step's scalars
+    written = Written()
+    records = Records(written, Arrived(), 0, 2, 10, {"lr": 1})
+    records.add([(9, 0.1, {"loss": 0.6}), (10, 0.1, {"loss": 0.5}), (11, 0.1, {"loss": 0.4})])
+    assert written.calls == [("scalars", 9), ("scalars", 10), ("hparams", 0.5), ("scalars", 11)]
+
+
+def test_a_write_error_loses_no_held_record_through_the_writer_thread():
+    # the writer thread met a full disk on an earlier call: the loop's next hand-over raises
+    # it, and the batch it was handing over stays held, written whole at the end's drain
+    inner = Written(fail_at=0)
+    tracker = trackers.BackgroundTracker(inner)
+    records = Records(tracker, Arrived(), 0, 2, 10, {})
+    tracker.scalars(0, {"loss": 1.0})
+    tracker._calls.join()  # the writer has met its error
+    records.held.extend((step, {"loss": 1.0}) for step in (1, 2, 3))
+    with pytest.raises(OSError):
+        records.collect()
+    assert [step for step, _ in records.held] == [1, 2, 3]
+    records.drain(0.0, ending=True)
+    tracker.close()
+    assert [step for kind, step in inner.calls if kind == "scalars"] == [1, 2, 3]
