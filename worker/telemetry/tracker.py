@@ -115,10 +115,10 @@ class TensorBoardTracker(NullTracker):
     """Writes one TensorBoard event file with tensorboardX's event writer, in this thread.
 
     Each ``scalars`` call is one ``Event`` (every value a ``simple_value``, as ``add_scalar``
-    writes them) serialized, checksummed and appended to the file's buffer
-    (``tensorboardX.event_file_writer.EventsWriter``); ``flush`` (once per batch of log
-    steps) hands the buffer to the OS, so a run killed by SIGKILL loses at most the batch
-    being written, and ``close`` writes the rest.
+    writes them) serialized, framed (``record``) and appended to the buffer of the file
+    ``tensorboardX.event_file_writer.EventsWriter`` opened, the way that writer appends it;
+    ``flush`` (once per batch of log steps) hands the buffer to the OS, so a run killed by
+    SIGKILL loses at most the batch being written, and ``close`` writes the rest.
 
     Not ``SummaryWriter``: its writer passes every event through a ``multiprocessing.Queue``
     (a semaphore, a pickle through a pipe, a feeder thread and a writer thread): 35 us of CPU
