@@ -302,13 +302,17 @@ def test_a_spec_profile_traces_every_process_and_tensorboard_shows_each(tmp_path
 
 
 SLOW = (*SLOW_PROCESS_0, "--set", "checkpoint.local_every_steps=0")  # reference_params()'s params
+# a live request must land before the run ends: under a CI run `launch profile` itself took
+# longer than the 90 steps' 4.5 s left at 0.05 s a step (asked steps 96-100: process 1 had
+# ended), as it did over ssh (tests/backends/ssh/test_ssh_profile.py)
+SLOWER = ("--set", "task.args.sleep_s=0.2")
 
 
 @pytest.mark.slow
 def test_launch_profile_on_a_live_run_traces_every_process_and_changes_no_param(tmp_path,
                                                                                 reference_params):
     run_dir = tmp_path / "run"
-    with launched("jobs/linear.yaml", *SLOW, "--run-dir", str(run_dir)) as out:
+    with launched("jobs/linear.yaml", *SLOW, *SLOWER, "--run-dir", str(run_dir)) as out:
         out.wait_for(r"\[p0\] step 10/100", 120)
         began = time.monotonic()
         asked = subprocess.run(LAUNCH + ["profile", str(run_dir), "--steps", "5", "--timeout-s", "60"],
