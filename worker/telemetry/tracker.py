@@ -111,6 +111,13 @@ def _masked(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+def _file_of(events):
+    """The file a tensorboardX ``EventsWriter`` appends its records to, or None where this
+    tensorboardX keeps it elsewhere (then the writer's own methods are used)."""
+    file = getattr(getattr(events, "_py_recordio_writer", None), "_writer", None)
+    return file if file is not None and hasattr(file, "write") and hasattr(file, "flush") else None
+
+
 class TensorBoardTracker(NullTracker):
     """Writes one TensorBoard event file with tensorboardX's event writer, in this thread.
 
@@ -145,6 +152,7 @@ class TensorBoardTracker(NullTracker):
         self._event, self._summary = Event, Summary
         self._custom_scalars, self._laid_out = custom_scalars, False
         self._shapes: dict = {}  # tags -> what scalars fills (_shape)
+        self._file = _file_of(self._events)
         from tensorboardX.crc32c import crc32c  # native where the crc32c package is installed
 
         self._crc32c = crc32c
@@ -174,26 +182,25 @@ class TensorBoardTracker(NullTracker):
         event.wall_time, event.step = now, step
         for value, tag in zip(event.summary.value, shared):
             value.simple_value = float(values[tag])
-        self._append(self._events, event)
-        for tag, own, events in owns:
+        self._append(self._events, self._file, event)
+        for tag, own, events, file in owns:
             own.wall_time, own.step = now, step
             own.summary.value[0].simple_value = float(values[tag])
-            self._append(events, own)
+            self._append(events, file, own)
 
-    def _append(self, events, event) -> None:
-        """``events.write_event(event)``: framed here (``record``) and appended to the file
-        tensorboardX's writer opened, where that file is reachable; tensorboardX's own framing,
-        a Python call per field, was half of what an event cost after that
-        (bench/bench_tracker.py)."""
-        file = getattr(getattr(events, "_py_recordio_writer", None), "_writer", None)
-        if file is None or not hasattr(file, "write"):  # another tensorboardX: its own path
+    def _append(self, events, file, event) -> None:
+        """``events.write_event(event)``: framed here (``record``) and appended to ``file``,
+        the one tensorboardX's writer opened (``_file_of``; None: the writer's own path).
+        tensorboardX's own framing, a Python call per field, was half of what an event cost
+        after the events were built once (bench/bench_tracker.py)."""
+        if file is None:
             events.write_event(event)
         else:
             file.write(record(event.SerializeToString(), self._crc32c))
 
     def _shape(self, tags: tuple) -> tuple:
         """The events ``scalars`` fills for ``tags``: the shared tags, their ``Event``, and
-        per own step time its tag, its ``Event`` and its run's writer. Kept for the last
+        per own step time its tag, its ``Event``, its run's writer and that writer's file. Kept for the last
         ``SHAPES_KEPT`` sets of tags (a program may log other scalars at some steps)."""
         shape = self._shapes.get(tags)
         if shape is None:
@@ -201,10 +208,12 @@ class TensorBoardTracker(NullTracker):
             Value, prefix = self._summary.Value, metrics.PROCESS_STEP_TIME
             shared = [tag for tag in tags if not tag.startswith(prefix)]
             event = self._event(summary=self._summary(value=[Value(tag=tag) for tag in shared]))
-            owns = [(tag, self._event(summary=self._summary(
-                value=[Value(tag=metrics.OWN_STEP_TIME)])),
-                     self._own_run(int(tag[len(prefix):])))
-                    for tag in tags if tag.startswith(prefix)]
+            owns = []
+            for tag in tags:
+                if tag.startswith(prefix):
+                    events = self._own_run(int(tag[len(prefix):]))
+                    owns.append((tag, self._event(summary=self._summary(
+                        value=[Value(tag=metrics.OWN_STEP_TIME)])), events, _file_of(events)))
             if len(self._shapes) >= SHAPES_KEPT:
                 self._shapes.pop(next(iter(self._shapes)))
             shape = self._shapes[tags] = (shared, event, owns)
@@ -241,9 +250,9 @@ class TensorBoardTracker(NullTracker):
         # a process's end (close) or the OS writes the pages anyway; only a machine's crash
         # loses what is not yet on disk
         for events in (self._events, *self._own.values()):
-            writer = getattr(getattr(events, "_py_recordio_writer", None), "_writer", None)
-            if writer is not None and hasattr(writer, "flush"):
-                writer.flush()
+            file = _file_of(events)
+            if file is not None:
+                file.flush()
             else:  # another tensorboardX: its own flush
                 events.flush()
 
